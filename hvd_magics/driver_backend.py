@@ -1,0 +1,93 @@
+"""Run a job's ranks as processes on the driver (``np < 0``), with no Spark job at all."""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from typing import Any
+
+from hvd_magics.rank_process import RankProcess, rank_environment
+from hvd_magics.slots import plan_ranks, slot_env, start_rendezvous
+
+_HOST = "localhost"
+
+
+def visible_gpu_count() -> int:
+    """How many NVIDIA GPUs this machine has, without initialising CUDA."""
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
+class DriverBackend:
+    """Start ``size`` rank processes on this machine with a fresh rendezvous.
+
+    Parameters
+    ----------
+    size : int
+        Number of ranks.
+    env : dict
+        Extra environment for the ranks.
+    """
+
+    def __init__(self, size: int, env: dict[str, str]) -> None:
+        self.size = size
+        self.env = env
+        self.where = "driver"
+        self.error: BaseException | None = None
+        self._procs: list[RankProcess] = []
+        self._waiters: list[threading.Thread] = []
+        self._server: Any = None
+
+    def start(self, payload: bytes, job_id: str, events: queue.Queue) -> None:
+        """Start the rendezvous and the ranks (from the calling thread, which outlives them)."""
+        slots = plan_ranks([_HOST] * self.size)
+        self._server, port = start_rendezvous(slots)
+        gpus = visible_gpu_count()
+        base = rank_environment(dict(os.environ), self.env)
+        for slot in slots:
+            env = {**base, **slot_env(slot, "127.0.0.1", port, "lo")}
+            if gpus and "CUDA_VISIBLE_DEVICES" not in self.env:
+                env["CUDA_VISIBLE_DEVICES"] = str(slot.local_rank % gpus)
+            sink = _QueueSink(events, slot.rank)
+            sink("task_started", partition=slot.rank, local_rank=slot.local_rank, pid=os.getpid())
+            proc = RankProcess(env, payload, sink)
+            self._procs.append(proc)
+            waiter = threading.Thread(target=proc.wait, name="hvd-rank-wait", daemon=True)
+            waiter.start()
+            self._waiters.append(waiter)
+
+    @property
+    def finished(self) -> bool:
+        return bool(self._waiters) and not any(w.is_alive() for w in self._waiters)
+
+    def stop(self) -> None:
+        """Kill every rank and its children."""
+        for proc in self._procs:
+            proc.kill()
+
+    def join(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        for waiter in self._waiters:
+            waiter.join(max(deadline - time.monotonic(), 0))
+        if self.finished and self._server is not None:
+            self._server.stop()
+            self._server = None
+        return self.finished
+
+    def describe_failure(self) -> str:
+        return str(self.error or "")
+
+
+class _QueueSink:
+    """Stamp a rank's events the way the channel does and put them on the driver's queue."""
+
+    def __init__(self, events: queue.Queue, rank: int) -> None:
+        self._events = events
+        self._rank = rank
+
+    def __call__(self, kind: str, **payload: Any) -> None:
+        self._events.put({"kind": kind, "rank": self._rank, "host": _HOST, "time": time.time(),
+                          **payload})

@@ -1,0 +1,91 @@
+"""Errors a user sees. Remote failures read like local ones: one error, one labelled block per rank."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: How many failed ranks an error shows in full (the rest are only named).
+MAX_RANKS_SHOWN = 4
+#: How many of a failed rank's last output lines an error shows.
+OUTPUT_TAIL_LINES = 20
+
+
+@dataclass
+class RankFailure:
+    """What one failed rank left behind."""
+
+    rank: int
+    host: str
+    exit_code: int | None
+    error: str = ""
+    message: str = ""
+    traceback: str = ""
+    output_tail: list[str] = field(default_factory=list)
+
+    def headline(self) -> str:
+        """One line: which rank, where, and what happened."""
+        where = f"rank {self.rank} on {self.host}" if self.host else f"rank {self.rank}"
+        if self.error:
+            return f"{where}: {self.error}: {self.message}".rstrip(": ")
+        if self.exit_code is not None and self.exit_code < 0:
+            return f"{where}: killed by signal {-self.exit_code} without a Python exception"
+        if self.exit_code is not None:
+            return f"{where}: exited with code {self.exit_code} without a Python exception"
+        return f"{where}: did not finish"
+
+
+class HorovodJobError(RuntimeError):
+    """A Horovod job failed: one or more ranks raised, died, or never started.
+
+    Attributes
+    ----------
+    failures : list of RankFailure
+        One entry per failed rank, first failure first.
+    log_path : str
+        The file on the driver that holds every line every rank wrote.
+    """
+
+    def __init__(self, summary: str, failures: list[RankFailure] | None = None,
+                 log_path: str = "") -> None:
+        self.summary = summary
+        self.failures = failures or []
+        self.log_path = log_path
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        lines = [self.summary]
+        lines += [f"  {f.headline()}" for f in self.failures[:MAX_RANKS_SHOWN]]
+        if len(self.failures) > MAX_RANKS_SHOWN:
+            lines.append(f"  ... and {len(self.failures) - MAX_RANKS_SHOWN} more ranks")
+        if self.log_path:
+            lines.append(f"  full logs: {self.log_path}")
+        return "\n".join(lines)
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows instead of a driver-side traceback: each failed rank's own."""
+        out = [f"{type(self).__name__}: {self.summary}"]
+        for failure in self.failures[:MAX_RANKS_SHOWN]:
+            label = f"[rank {failure.rank}]"
+            out.append(f"\n{label} {failure.headline()}")
+            if failure.traceback:
+                out += [f"{label} {ln}" for ln in failure.traceback.rstrip().splitlines()]
+            if failure.output_tail:
+                out.append(f"{label} last {len(failure.output_tail)} lines of output:")
+                out += [f"{label}   {ln}" for ln in failure.output_tail]
+        if len(self.failures) > MAX_RANKS_SHOWN:
+            rest = ", ".join(str(f.rank) for f in self.failures[MAX_RANKS_SHOWN:])
+            out.append(f"\n... ranks {rest} failed too (see the logs)")
+        if self.log_path:
+            out.append(f"\nfull logs of every rank: {self.log_path}")
+        return out
+
+
+class StartTimeoutError(HorovodJobError):
+    """Not every rank started within the start timeout."""
+
+
+class NotEnoughSlotsError(ValueError):
+    """The Spark cluster has fewer free task slots than the job has ranks."""
+
+
+class PayloadError(TypeError):
+    """Something the job needs cannot be pickled and shipped to the ranks."""

@@ -1,0 +1,143 @@
+"""The driver's picture of a running job, built only from events; it also writes the full log."""
+from __future__ import annotations
+
+import base64
+import collections
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import cloudpickle
+
+from hvd_magics.errors import OUTPUT_TAIL_LINES, RankFailure
+
+#: Rank states, in the order a healthy rank goes through them.
+WAITING, STARTING, RUNNING, DONE, FAILED = "waiting", "starting", "running", "done", "failed"
+
+
+class JobView(Protocol):
+    """Something that shows a job to the user (text printer, widgets)."""
+
+    def on_event(self, job: "JobState", event: dict[str, Any]) -> None: ...
+
+    def on_end(self, job: "JobState") -> None: ...
+
+
+@dataclass
+class RankState:
+    """What the driver knows of one rank."""
+
+    rank: int
+    host: str = ""
+    state: str = WAITING
+    pid: int | None = None
+    exit_code: int | None = None
+    error: dict[str, Any] | None = None
+    task_error: str = ""
+    has_result: bool = False
+    last_seen: float = field(default_factory=time.monotonic)
+    tail: collections.deque = field(
+        default_factory=lambda: collections.deque(maxlen=OUTPUT_TAIL_LINES))
+
+    @property
+    def exited(self) -> bool:
+        return self.exit_code is not None or bool(self.task_error)
+
+    @property
+    def failed(self) -> bool:
+        if self.error is not None or self.task_error:
+            return True
+        return self.exit_code is not None and (self.exit_code != 0 or not self.has_result)
+
+    def failure(self) -> RankFailure:
+        err = self.error or {}
+        return RankFailure(self.rank, self.host, self.exit_code, err.get("error", ""),
+                           err.get("message", ""), err.get("traceback", "") or self.task_error,
+                           list(self.tail))
+
+
+class JobState:
+    """Apply events to per-rank state, keep rank 0's value, and append every line to the log.
+
+    Parameters
+    ----------
+    size : int
+        Number of ranks.
+    log_path : Path
+        File that receives every output line of every rank (``<time> [rank@host] line``).
+    views : sequence of JobView
+        Told of every event and of the end.
+    """
+
+    def __init__(self, size: int, log_path: Path, views: list[JobView] | None = None) -> None:
+        self.size = size
+        self.ranks = [RankState(r) for r in range(size)]
+        self.views = list(views or [])
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self.value: Any = None
+        self.value_blob: str | None = None
+        self.started_at = time.monotonic()
+
+    def handle(self, event: dict[str, Any]) -> None:
+        """Apply one event."""
+        rank = event.get("rank")
+        if not isinstance(rank, int) or not 0 <= rank < self.size:
+            return
+        state = self.ranks[rank]
+        state.last_seen = time.monotonic()
+        state.host = event.get("host", state.host) or state.host
+        kind = event["kind"]
+        if kind == "output":
+            stamp = time.strftime("%H:%M:%S", time.localtime(event.get("time", time.time())))
+            for line in event.get("lines", []):
+                state.tail.append(line)
+                self._log.write(f"{stamp} [{rank}@{state.host}] {line}\n")
+        elif kind == "task_started":
+            state.state = STARTING
+        elif kind == "started":
+            state.state = RUNNING
+            state.pid = event.get("pid")
+        elif kind == "error":
+            state.error = event
+            state.state = FAILED
+        elif kind == "task_error":
+            state.task_error = event.get("traceback", "")
+            state.state = FAILED
+        elif kind == "result":
+            state.has_result = True
+            if rank == 0:
+                self.value_blob = event.get("value")
+        elif kind == "exit":
+            state.exit_code = event.get("code")
+            state.state = FAILED if state.failed else DONE
+        for view in self.views:
+            view.on_event(self, event)
+
+    def decode_value(self) -> Any:
+        """Rank 0's return value (the line was verified by the channel before it got here)."""
+        if self.value_blob is not None:
+            self.value = cloudpickle.loads(base64.b64decode(self.value_blob))
+        return self.value
+
+    @property
+    def all_exited(self) -> bool:
+        return all(r.exited for r in self.ranks)
+
+    @property
+    def all_started(self) -> bool:
+        return all(r.state != WAITING and r.pid is not None or r.exited for r in self.ranks)
+
+    def failures(self) -> list[RankFailure]:
+        """Failed ranks, the first to fail first."""
+        failed = [r for r in self.ranks if r.failed]
+        failed.sort(key=lambda r: (r.error is None and not r.task_error, r.last_seen))
+        return [r.failure() for r in failed]
+
+    def end(self) -> None:
+        """Tell the views the job is over and close the log."""
+        for view in self.views:
+            view.on_end(self)
+        self._log.close()

@@ -1,0 +1,223 @@
+"""HorovodRunner: run a function as a Horovod job, on Spark (``np > 0``) or on the driver (``np < 0``)."""
+from __future__ import annotations
+
+import queue
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from hvd_magics.driver_backend import DriverBackend
+from hvd_magics.errors import HorovodJobError, StartTimeoutError
+from hvd_magics.job_state import JobState, JobView
+from hvd_magics.payload import serialize_job
+from hvd_magics.run_record import RunRecord
+from hvd_magics.spark_backend import SparkBackend, active_session, start_local_session
+from hvd_magics.text_view import VERBOSITY_ALL, TextView
+
+#: Default seconds to wait for every rank process to start (Spark scheduling included).
+DEFAULT_START_TIMEOUT_S = 120.0
+#: After the first rank fails, how long to gather the other ranks' errors before stopping them.
+FAILURE_GRACE_S = 1.0
+#: How long to wait for the Spark job / rank processes to end after a stop.
+STOP_WAIT_S = 30.0
+
+_last_run: RunRecord | None = None
+
+
+def last_run() -> RunRecord | None:
+    """The record of the most recent job in this process (also failed or interrupted ones)."""
+    return _last_run
+
+
+def runs_dir() -> Path:
+    """Where each job's log folder goes on the driver."""
+    return Path(tempfile.gettempdir()) / "hvd_magics" / "runs"
+
+
+def validate_np(np: Any) -> int:
+    """Return ``np`` as an int, or raise ``ValueError`` naming the fix."""
+    if isinstance(np, bool) or not isinstance(np, int):
+        raise ValueError(f"np must be a whole number of ranks, got {np!r}")
+    if np == 0:
+        raise ValueError("np=0 runs nothing: use np>0 for ranks as Spark tasks, "
+                         "or np<0 for -np ranks on the driver")
+    return np
+
+
+class HorovodRunner:
+    """Run a Horovod training function on Spark, compatible with Databricks' ``sparkdl.HorovodRunner``.
+
+    Parameters
+    ----------
+    np : int
+        ``np > 0``: ``np`` ranks as tasks of one Spark barrier stage on the active SparkSession
+        (an embedded local one is started when there is none). ``np < 0``: ``-np`` ranks as
+        processes on the driver, no Spark job. ``np = 0`` is an error.
+    driver_log_verbosity : {"all", "log_callback_only"}
+        ``"all"`` shows every rank's output on the driver; ``"log_callback_only"`` shows only
+        what ranks send with :func:`hvd_magics.log_to_driver`. The full log is always kept.
+    start_timeout : float
+        Seconds to wait for every rank process to start before giving up.
+    env : mapping, optional
+        Extra environment variables for the rank processes.
+
+    Raises
+    ------
+    ValueError
+        For ``np = 0``, a non-integer ``np`` or an unknown verbosity.
+
+    Examples
+    --------
+    >>> hr = HorovodRunner(np=2)
+    >>> hr.run(train, learning_rate=0.1)  # doctest: +SKIP
+    """
+
+    def __init__(self, np: int, driver_log_verbosity: str = VERBOSITY_ALL,
+                 start_timeout: float = DEFAULT_START_TIMEOUT_S,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.num_processor = validate_np(np)
+        self.text_view = TextView(driver_log_verbosity)
+        if start_timeout <= 0:
+            raise ValueError(f"start_timeout must be positive seconds, got {start_timeout!r}")
+        self.start_timeout = float(start_timeout)
+        self.env = {str(k): str(v) for k, v in (env or {}).items()}
+
+    def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
+        """Run ``main(**kwargs)`` on every rank; return what it returned on rank 0.
+
+        Raises
+        ------
+        PayloadError
+            When ``main`` or an argument cannot be pickled (before anything starts).
+        NotEnoughSlotsError
+            When the cluster has fewer free task slots than ``np``.
+        HorovodJobError
+            When a rank raised or died; the error shows each failed rank's traceback.
+        StartTimeoutError
+            When ranks did not start within ``start_timeout``.
+        """
+        payload = serialize_job(main, kwargs)
+        return self.run_payload(payload).value
+
+    def run_payload(self, payload: bytes, views: list[JobView] | None = None) -> RunRecord:
+        """Run an already serialised job; return its :class:`RunRecord` (used by the magics)."""
+        views = [self.text_view] if views is None else views
+        return launch(payload, self.num_processor, self.env, self.start_timeout, views)
+
+
+def _make_backend(np: int, env: dict[str, str]) -> SparkBackend | DriverBackend:
+    if np < 0:
+        return DriverBackend(-np, env)
+    spark = active_session() or start_local_session(np)
+    return SparkBackend(spark, np, env)
+
+
+def launch(payload: bytes, np: int, env: dict[str, str], start_timeout: float,
+           views: list[JobView]) -> RunRecord:
+    """Run one job to its end and return its record; raise when it failed."""
+    global _last_run
+    job_id = uuid.uuid4().hex[:12]
+    backend = _make_backend(np, env)
+    log_path = runs_dir() / job_id / "ranks.log"
+    job = JobState(abs(np), log_path, views)
+    record = RunRecord(job_id=job_id, np=np, where=backend.where, log_path=str(log_path))
+    _last_run = record
+    events: queue.Queue = queue.Queue()
+    clean = False
+    try:
+        backend.start(payload, job_id, events)
+        _watch(job, backend, events, start_timeout, record)
+        clean = True
+    except KeyboardInterrupt:
+        record.status = "interrupted"
+        raise
+    except HorovodJobError as exc:
+        record.status = "failed"
+        record.error = str(exc)
+        raise
+    finally:
+        if not clean:
+            backend.stop()
+        ended = backend.join(STOP_WAIT_S)
+        _drain(job, events)
+        _finish(record, job)
+        if record.status == "interrupted":
+            print(f"hvd_magics: interrupted; stopped {job.size} rank processes"
+                  + (f" and cancelled Spark job group hvd_magics-{job_id}" if np > 0 else "")
+                  + ("" if ended else " (still waiting for Spark to end the tasks)"),
+                  file=sys.stderr)
+    return record
+
+
+def _drain(job: JobState, events: queue.Queue) -> None:
+    while True:
+        try:
+            job.handle(events.get_nowait())
+        except queue.Empty:
+            return
+
+
+def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: float,
+           record: RunRecord) -> None:
+    started = time.monotonic()
+    failed_since: float | None = None
+    finished_since: float | None = None
+    while not job.all_exited:
+        try:
+            job.handle(events.get(timeout=0.1))
+            _drain(job, events)
+        except queue.Empty:
+            pass
+        now = time.monotonic()
+        if failed_since is None and job.failures():
+            failed_since = now
+        if failed_since is not None and now - failed_since >= FAILURE_GRACE_S:
+            break
+        if backend.finished and finished_since is None:
+            finished_since = now
+        if finished_since is not None and now - finished_since >= FAILURE_GRACE_S:
+            break  # the Spark job ended but some ranks never reported their exit
+        if not job.all_started and now - started > start_timeout:
+            waiting = [r.rank for r in job.ranks if r.pid is None and not r.exited]
+            backend.stop()
+            record.status = "failed"
+            raise StartTimeoutError(
+                f"Timed out after {start_timeout:.0f} s waiting for ranks {_ranks(waiting)} to "
+                f"start ({job.size - len(waiting)} of {job.size} started on {backend.where}). "
+                "If the cluster needs longer to schedule the tasks, raise start_timeout "
+                "(%%horovod --start-timeout SECONDS).", log_path=str(job.log_path))
+    failures = job.failures()
+    if not failures and job.all_exited:
+        return
+    backend.stop()
+    record.status = "failed"
+    if backend.error is not None and not failures:
+        raise HorovodJobError(f"The Spark job failed before the ranks finished: "
+                              f"{backend.describe_failure()}", log_path=str(job.log_path))
+    if not failures:
+        missing = [r.rank for r in job.ranks if not r.exited]
+        raise HorovodJobError(f"Ranks {_ranks(missing)} ended without reporting an exit code.",
+                              log_path=str(job.log_path))
+    first = failures[0]
+    raise HorovodJobError(
+        f"{len(failures)} of {job.size} ranks failed; the first was {first.headline()}",
+        failures, str(job.log_path))
+
+
+def _finish(record: RunRecord, job: JobState) -> None:
+    record.ended_at = datetime.now()
+    record.exit_codes = {r.rank: r.exit_code for r in job.ranks}
+    record.hosts = {r.rank: r.host for r in job.ranks}
+    record.pids = {r.rank: r.pid for r in job.ranks if r.pid is not None}
+    if record.status == "running":
+        record.status = "succeeded"
+        record.value = job.decode_value()
+    job.end()
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks)) or "none"

@@ -1,0 +1,106 @@
+"""One record per run: what ran where, how it ended, what it returned. Prints well as text and HTML."""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass
+class RunRecord:
+    """The record of one Horovod job.
+
+    Attributes
+    ----------
+    job_id : str
+        Unique id (also the Spark job group, ``hvd_magics-<job_id>``).
+    np : int
+        As given: positive for Spark ranks, negative for ranks on the driver.
+    where : str
+        ``"spark local[2]"``, ``"spark spark://host:7077"`` or ``"driver"``.
+    status : str
+        ``"running"``, ``"succeeded"``, ``"failed"`` or ``"interrupted"``.
+    exit_codes : dict
+        Rank to exit code (``None`` for a rank that never exited on its own).
+    hosts, pids : dict
+        Rank to host and to process id.
+    value : object
+        What ``main`` (or the cell) returned on rank 0.
+    returned : dict
+        Variables copied back into the notebook by ``%%horovod --return``.
+    epochs : list of dict
+        Epoch timing rows (filled when ranks report epochs).
+    log_path : str
+        The driver-side file with every line of every rank.
+    timeline_path : str or None
+        The Horovod Timeline file on the driver, when one was recorded.
+    """
+
+    job_id: str
+    np: int
+    where: str = ""
+    status: str = "running"
+    started_at: datetime = field(default_factory=datetime.now)
+    ended_at: datetime | None = None
+    exit_codes: dict[int, int | None] = field(default_factory=dict)
+    hosts: dict[int, str] = field(default_factory=dict)
+    pids: dict[int, int] = field(default_factory=dict)
+    value: Any = None
+    returned: dict[str, Any] = field(default_factory=dict)
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    log_path: str = ""
+    timeline_path: str | None = None
+    error: str = ""
+
+    @property
+    def size(self) -> int:
+        """Number of ranks."""
+        return abs(self.np)
+
+    @property
+    def wall_time_s(self) -> float | None:
+        """Seconds from submission to the end of the job."""
+        if self.ended_at is None:
+            return None
+        return (self.ended_at - self.started_at).total_seconds()
+
+    def _rows(self) -> list[tuple[str, str]]:
+        wall = f"{self.wall_time_s:.2f} s" if self.wall_time_s is not None else "-"
+        codes = ", ".join(f"{r}:{c}" for r, c in sorted(self.exit_codes.items())) or "-"
+        rows = [("job", self.job_id), ("status", self.status), ("ranks", str(self.size)),
+                ("where", self.where), ("started", self.started_at.strftime("%Y-%m-%d %H:%M:%S")),
+                ("wall time", wall), ("exit codes", codes)]
+        if self.returned:
+            rows.append(("returned", ", ".join(self.returned)))
+        if self.value is not None:
+            rows.append(("value", _short(repr(self.value))))
+        if self.epochs:
+            rows.append(("epochs", str(len(self.epochs))))
+        if self.timeline_path:
+            rows.append(("timeline", self.timeline_path))
+        if self.error:
+            rows.append(("error", _short(self.error.splitlines()[0])))
+        rows.append(("logs", self.log_path))
+        return rows
+
+    def __str__(self) -> str:
+        width = max(len(k) for k, _ in self._rows())
+        return "\n".join([f"HorovodRun {self.job_id}"] +
+                         [f"  {k:<{width}}  {v}" for k, v in self._rows()])
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        colour = {"succeeded": "#2e7d32", "failed": "#c62828", "interrupted": "#ef6c00"}.get(
+            self.status, "#1565c0")
+        body = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+                       f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
+                       for k, v in self._rows())
+        return (f"<div class='hvd-run-record'><b style='color:{colour}'>HorovodRun "
+                f"{html.escape(self.status)}</b><table>{body}</table></div>")
+
+
+def _short(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -1,0 +1,82 @@
+"""Which rank each task gets, and the Horovod Gloo environment of each rank.
+
+Ranks on the same host get contiguous local ranks (Horovod's ``get_host_assignments``), hosts in
+the order in which they first appear among the tasks.
+"""
+from __future__ import annotations
+
+import ipaddress
+from typing import Sequence
+
+import psutil
+
+
+def plan_ranks(task_hosts: Sequence[str]) -> list:
+    """Give every task a Horovod slot.
+
+    Parameters
+    ----------
+    task_hosts : sequence of str
+        The host of each task, indexed by task (partition) id.
+
+    Returns
+    -------
+    list of horovod.runner.common.util.hosts.SlotInfo
+        ``result[task]`` is that task's slot; ranks are contiguous within a host.
+    """
+    from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
+
+    order: list[str] = []
+    for host in task_hosts:
+        if host not in order:
+            order.append(host)
+    counts = {host: task_hosts.count(host) for host in order}
+    slots = get_host_assignments([HostInfo(h, counts[h]) for h in order], len(task_hosts))
+    by_host = {host: [s for s in slots if s.hostname == host] for host in order}
+    return [by_host[host].pop(0) for host in task_hosts]
+
+
+def slot_env(slot, rendezvous_host: str, rendezvous_port: int, iface: str = "") -> dict[str, str]:
+    """The environment ``hvd.init()`` reads to join a Gloo job as ``slot``."""
+    return {
+        "HOROVOD_HOSTNAME": slot.hostname,
+        "HOROVOD_RANK": str(slot.rank),
+        "HOROVOD_SIZE": str(slot.size),
+        "HOROVOD_LOCAL_RANK": str(slot.local_rank),
+        "HOROVOD_LOCAL_SIZE": str(slot.local_size),
+        "HOROVOD_CROSS_RANK": str(slot.cross_rank),
+        "HOROVOD_CROSS_SIZE": str(slot.cross_size),
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_host,
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_IFACE": iface,
+    }
+
+
+def iface_for_address(host: str) -> str:
+    """The name of the local network interface that holds ``host`` (an IP), or ``""``."""
+    try:
+        wanted = ipaddress.ip_address(host)
+    except ValueError:
+        return ""
+    if wanted.is_loopback:
+        wanted = ipaddress.ip_address("127.0.0.1")
+    for name, addrs in psutil.net_if_addrs().items():
+        for addr in addrs:
+            try:
+                if ipaddress.ip_address(addr.address.split("%")[0]) == wanted:
+                    return name
+            except ValueError:
+                continue
+    return ""
+
+
+def start_rendezvous(slots: Sequence) -> tuple[object, int]:
+    """Start a fresh Horovod rendezvous server for one job; return ``(server, port)``."""
+    from horovod.runner.http.http_server import RendezvousServer
+
+    server = RendezvousServer(verbose=0)
+    port = server.start()
+    server.init(sorted(slots, key=lambda s: s.rank))
+    return server, port

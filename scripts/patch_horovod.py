@@ -1,0 +1,43 @@
+"""Apply the two small changes Horovod 0.28.1 needs to build against TF 2.21 and PyTorch 2.13.
+
+Run inside an unpacked ``horovod-0.28.1`` source tree. Each change is an exact text replacement;
+if the text is not found (another Horovod version), the script stops and says which file.
+
+1. ``horovod/torch/CMakeLists.txt`` forces C++14, but PyTorch 2.x headers need C++17.
+2. ``horovod/tensorflow/CMakeLists.txt`` compiles ``xla_mpi_ops.cc``, which includes XLA headers
+   (highwayhash, farmhash) that the TensorFlow wheel does not ship. Those ops only serve
+   XLA-compiled Horovod ops (``HOROVOD_ENABLE_XLA_OPS``), off by default, so the file is dropped.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+CHANGES = [
+    (
+        "horovod/torch/CMakeLists.txt",
+        "set(CMAKE_CXX_STANDARD 14)",
+        "set(CMAKE_CXX_STANDARD 17)  # hvd_magics: PyTorch 2.x needs C++17",
+    ),
+    (
+        "horovod/tensorflow/CMakeLists.txt",
+        'list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/tensorflow/xla_mpi_ops.cc")',
+        "# hvd_magics: xla_mpi_ops.cc dropped (XLA headers missing from the TF wheel)",
+    ),
+]
+
+
+def main(tree: Path) -> None:
+    for rel, old, new in CHANGES:
+        path = tree / rel
+        text = path.read_text()
+        if new in text:
+            continue  # already applied
+        if text.count(old) != 1:
+            sys.exit(f"patch_horovod: expected text not found once in {path}: {old!r}")
+        path.write_text(text.replace(old, new))
+        print(f"patch_horovod: patched {rel}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "."))

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Set up (or check) the project's environment: Java, a compiler, .venv with the frameworks, and
+# Horovod 0.28.1 built from its PyPI sdist with Gloo, TensorFlow and PyTorch support.
+# Idempotent: a second run checks a stamp and returns in about a second. The built Horovod wheel is
+# cached under $HVD_MAGICS_CACHE (default ~/.cache/hvd_magics), keyed on everything it was built
+# against, so a fresh clone on the same machine installs it in seconds instead of rebuilding.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${HVD_MAGICS_VENV:-$ROOT/.venv}
+CACHE=${HVD_MAGICS_CACHE:-$HOME/.cache/hvd_magics}
+PY=${PYTHON:-python3}
+HOROVOD_VERSION=0.28.1
+
+say() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+is_root() { [ "$(id -u)" = 0 ]; }
+
+apt_install() {
+  is_root && command -v apt-get >/dev/null || return 1
+  say "installing Debian packages: $*"
+  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+java_major() {
+  java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1
+}
+
+check_java() {
+  local major
+  major=$(command -v java >/dev/null && java_major || true)
+  if [ -z "$major" ] || [ "$major" -lt 17 ]; then
+    apt_install openjdk-17-jre-headless || true
+    major=$(command -v java >/dev/null && java_major || true)
+  fi
+  if [ -z "$major" ] || [ "$major" -lt 17 ]; then
+    die "Spark 4 needs Java 17 or newer, found: ${major:-no java on PATH}.
+  Install it (Debian/Ubuntu: sudo apt-get install openjdk-17-jre-headless; macOS: brew install openjdk@17)
+  or point JAVA_HOME at a JDK 17+ and put \$JAVA_HOME/bin on PATH, then run this again."
+  fi
+}
+
+check_compiler() {
+  if ! command -v g++ >/dev/null || ! command -v gcc >/dev/null || ! command -v make >/dev/null; then
+    apt_install build-essential || true
+  fi
+  command -v g++ >/dev/null && command -v make >/dev/null || die "building Horovod needs gcc, g++ and make.
+  Install them (Debian/Ubuntu: sudo apt-get install build-essential), then run this again."
+  "$PY" -c 'import sysconfig, os, sys; h = sysconfig.get_paths()["include"]; sys.exit(not os.path.exists(os.path.join(h, "Python.h")))' \
+    || die "Python headers (Python.h) are missing for $PY. Install them (Debian/Ubuntu: sudo apt-get install python3-dev)."
+}
+
+stamp_key() {
+  cat "$ROOT/constraints.txt" "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" "$ROOT/scripts/patch_horovod.py" \
+    | sha256sum | cut -c1-16
+}
+
+make_venv() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    say "creating virtual environment $VENV"
+    "$PY" -m venv "$VENV" || die "could not create a virtual environment with $PY -m venv (Debian: apt-get install python3-venv)."
+  fi
+  pip_logged base install --upgrade pip setuptools wheel
+}
+
+# Run a pip command with its output in a log; on failure show the log's tail and stop.
+pip_logged() {
+  local what=$1; shift
+  local log="$CACHE/logs/pip-$what.log"
+  mkdir -p "$CACHE/logs"
+  if ! "$VENV/bin/python" -m pip "$@" >"$log" 2>&1; then
+    grep -v '^WARNING: Location' "$log" | tail -n 25 >&2
+    die "pip could not install the $what packages; the last lines are above, the full log is $log"
+  fi
+}
+
+install_frameworks() {
+  say "installing the frameworks (pinned in constraints.txt)"
+  pip_logged frameworks install -c "$ROOT/constraints.txt" \
+    tensorflow-cpu tf-keras torch pyspark cmake psutil pyyaml packaging cloudpickle
+}
+
+install_project() {
+  say "installing hvd_magics (editable) with its test dependencies"
+  pip_logged project install -c "$ROOT/constraints.txt" -e "$ROOT[dev]"
+}
+
+horovod_wheel_key() {
+  { cat "$ROOT/scripts/patch_horovod.py"
+    "$VENV/bin/python" -c 'import sys, tensorflow as tf, torch; print(sys.version, tf.__version__, torch.__version__)' 2>/dev/null
+    echo "$HOROVOD_VERSION"; } | sha256sum | cut -c1-16
+}
+
+build_horovod() {
+  if "$VENV/bin/python" -c 'import horovod.torch, horovod.tensorflow as h; assert h.gloo_built()' 2>/dev/null; then
+    return
+  fi
+  local key wheel_dir log src
+  key=$(horovod_wheel_key)
+  wheel_dir="$CACHE/wheels/$key"
+  if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
+    mkdir -p "$CACHE/logs" "$wheel_dir"
+    log="$CACHE/logs/horovod-build-$key.log"
+    src=$(mktemp -d)
+    say "building Horovod $HOROVOD_VERSION from source (about 15 minutes on 2 cores, once); log: $log"
+    pip_logged horovod-sdist download --no-binary :all: --no-deps "horovod==$HOROVOD_VERSION" -d "$src"
+    tar -xzf "$src"/horovod-$HOROVOD_VERSION.tar.gz -C "$src"
+    "$VENV/bin/python" "$ROOT/scripts/patch_horovod.py" "$src/horovod-$HOROVOD_VERSION"
+    if ! ( cd "$src/horovod-$HOROVOD_VERSION" && PATH="$VENV/bin:$PATH" \
+        HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_MXNET=1 \
+        HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_PYTORCH=1 MAKEFLAGS="-j$(nproc)" \
+        "$VENV/bin/python" -m pip wheel -v --no-build-isolation --no-deps -w "$wheel_dir" . ) >"$log" 2>&1; then
+      tail -n 30 "$log" >&2
+      die "the Horovod build failed; the last lines are above, the full log is $log"
+    fi
+    rm -rf "$src"
+  else
+    say "installing the cached Horovod wheel from $wheel_dir"
+  fi
+  pip_logged horovod install --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
+  "$VENV/bin/python" -c 'import horovod.torch, horovod.tensorflow as h; assert h.gloo_built()' \
+    || die "Horovod was installed but does not import with Gloo, TensorFlow and PyTorch support; see $CACHE/logs."
+}
+
+main() {
+  local stamp="$VENV/.setup-$(stamp_key)"
+  if [ -f "$stamp" ] && [ -z "${HVD_MAGICS_FORCE_SETUP:-}" ]; then
+    return 0
+  fi
+  local t0=$SECONDS
+  check_java
+  check_compiler
+  make_venv
+  install_frameworks
+  build_horovod
+  install_project
+  rm -f "$VENV"/.setup-*
+  touch "$stamp"
+  say "environment ready in $((SECONDS - t0)) s: $VENV"
+}
+
+main "$@"
