@@ -12,6 +12,10 @@ import cloudpickle
 
 from hvd_magics.errors import OUTPUT_TAIL_LINES, RankFailure
 
+#: Error texts of a rank that failed only because a peer went away (not the root cause).
+_PEER_LOST = ("HorovodInternalError", "Horovod has been shut down", "Connection reset by peer",
+              "Connection closed by peer")
+
 #: Rank states, in the order a healthy rank goes through them.
 WAITING, STARTING, RUNNING, DONE, FAILED = "waiting", "starting", "running", "done", "failed"
 
@@ -36,6 +40,7 @@ class RankState:
     error: dict[str, Any] | None = None
     task_error: str = ""
     has_result: bool = False
+    failed_at: float | None = None
     last_seen: float = field(default_factory=time.monotonic)
     tail: collections.deque = field(
         default_factory=lambda: collections.deque(maxlen=OUTPUT_TAIL_LINES))
@@ -49,6 +54,13 @@ class RankState:
         if self.error is not None or self.task_error:
             return True
         return self.exit_code is not None and (self.exit_code != 0 or not self.has_result)
+
+    @property
+    def peer_lost(self) -> bool:
+        """Whether this rank only failed because another rank went away first."""
+        err = self.error or {}
+        text = f"{err.get('error', '')} {err.get('message', '')}"
+        return any(marker in text for marker in _PEER_LOST)
 
     def failure(self) -> RankFailure:
         err = self.error or {}
@@ -113,6 +125,8 @@ class JobState:
         elif kind == "exit":
             state.exit_code = event.get("code")
             state.state = FAILED if state.failed else DONE
+        if state.failed_at is None and state.failed:
+            state.failed_at = state.last_seen
         for view in self.views:
             view.on_event(self, event)
 
@@ -131,9 +145,9 @@ class JobState:
         return all(r.state != WAITING and r.pid is not None or r.exited for r in self.ranks)
 
     def failures(self) -> list[RankFailure]:
-        """Failed ranks, the first to fail first."""
+        """Failed ranks, root causes first (a rank that lost its peer comes after), then by time."""
         failed = [r for r in self.ranks if r.failed]
-        failed.sort(key=lambda r: (r.error is None and not r.task_error, r.last_seen))
+        failed.sort(key=lambda r: (r.peer_lost, r.failed_at or 0.0))
         return [r.failure() for r in failed]
 
     def end(self) -> None:

@@ -1,9 +1,133 @@
-"""IPython magics (placeholder until the magic issue lands)."""
+"""The IPython front end: ``%%horovod`` (and ``%hvd_timeline``)."""
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any
+
+from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from hvd_magics.cell_capture import CellError, capture, run_captured_cell
+from hvd_magics.errors import PayloadError
+from hvd_magics.gpu_guard import driver_gpu_holders, driver_gpu_message
+from hvd_magics.launcher import DEFAULT_START_TIMEOUT_S, HorovodRunner, validate_np
+from hvd_magics.payload import find_unshippable, serialize_job
+from hvd_magics.run_record import RunRecord
+from hvd_magics.text_view import VERBOSITIES, TextView
+
+#: ``key=value`` tokens accepted in HorovodRunner style, and the option each one means.
+_KEY_VALUE_OPTIONS = {"np": "--np", "start_timeout": "--start-timeout",
+                      "start-timeout": "--start-timeout", "verbosity": "--verbosity",
+                      "driver_log_verbosity": "--verbosity", "return": "--return"}
+_KEY_VALUE = re.compile(r"^([A-Za-z_][\w-]*)=(.*)$")
+
+
+def normalise_line(line: str) -> str:
+    """Rewrite HorovodRunner-style ``np=4`` tokens as ``--np 4``; leave the rest alone."""
+    try:
+        tokens = shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"%%horovod: cannot parse the line ({exc}); check the quotes") from None
+    out: list[str] = []
+    for token in tokens:
+        match = _KEY_VALUE.match(token)
+        if match and match.group(1) in _KEY_VALUE_OPTIONS and (not out or out[-1] != "--env"):
+            out += [_KEY_VALUE_OPTIONS[match.group(1)], match.group(2)]
+        else:
+            out.append(token)
+    return " ".join(shlex.quote(t) for t in out)
+
+
+def parse_env(pairs: list[str] | None) -> dict[str, str]:
+    """``["K=V", ...]`` to a dict; raise ``UsageError`` for a pair without ``=``."""
+    env: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"%%horovod: --env takes NAME=VALUE, got {pair!r}")
+        env[key] = value
+    return env
 
 
 @magics_class
 class HorovodMagics(Magics):
+    """``%%horovod np=N``: run the cell as a Horovod job with N ranks."""
+
+    last_run: RunRecord | None = None
+
+    @magic_arguments()
+    @argument("-np", "--np", type=int, default=None,
+              help="Number of ranks: N>0 runs N Spark tasks, N<0 runs -N processes on the driver. "
+                   "HorovodRunner style np=N works too.")
+    @argument("-o", "--output", metavar="NAME", default=None,
+              help="Store the run record (timing, exit codes, logs) in the variable NAME.")
+    @argument("--return", dest="return_names", metavar="NAME[,NAME...]", default="",
+              help="After a successful run, copy these variables from rank 0 into the notebook.")
+    @argument("--start-timeout", type=float, default=DEFAULT_START_TIMEOUT_S, metavar="SECONDS",
+              help=f"Seconds to wait for every rank to start (default {DEFAULT_START_TIMEOUT_S:.0f}).")
+    @argument("--env", action="append", metavar="NAME=VALUE",
+              help="An environment variable for the ranks (repeat for more).")
+    @argument("-q", "--quiet", action="store_true", help="Do not show the ranks' output.")
+    @argument("--verbosity", choices=VERBOSITIES, default=VERBOSITIES[0],
+              help="'all' shows every rank's output; 'log_callback_only' only log_to_driver().")
+    @argument("--allow-driver-gpu", action="store_true",
+              help="Run even when the notebook's own process holds a GPU.")
     @cell_magic
-    def horovod(self, line: str, cell: str):
-        raise NotImplementedError
+    def horovod(self, line: str, cell: str) -> Any:
+        """Run the cell as a Horovod job; return what rank 0's cell evaluates to last."""
+        args = parse_argstring(self.horovod, normalise_line(line))
+        if args.np is None:
+            raise UsageError("%%horovod needs the number of ranks, e.g. %%horovod np=2")
+        try:
+            np = validate_np(args.np)
+        except ValueError as exc:
+            raise UsageError(f"%%horovod: {exc}") from None
+        if args.start_timeout <= 0:
+            raise UsageError("%%horovod: --start-timeout must be a positive number of seconds")
+        env = parse_env(args.env)
+        return_names = tuple(n.strip() for n in args.return_names.split(",") if n.strip())
+        bad = [n for n in return_names if not n.isidentifier()]
+        if bad:
+            raise UsageError(f"%%horovod: --return takes variable names, got {', '.join(bad)}")
+        if not args.allow_driver_gpu:
+            holders = driver_gpu_holders()
+            if holders:
+                raise UsageError(driver_gpu_message(holders))
+        try:
+            captured = capture(cell, self.shell.user_ns, f"%%horovod {line}".rstrip(),
+                               return_names)
+        except CellError as exc:
+            raise UsageError(f"%%horovod: {exc}") from None
+        culprit = find_unshippable(captured.values)
+        if culprit is not None:
+            name, reason = culprit
+            raise UsageError(f"%%horovod: the cell uses the notebook variable {name!r}, which "
+                             f"cannot travel to the ranks: {reason}. Fix: create it inside the "
+                             "cell instead.")
+        try:
+            payload = serialize_job(run_captured_cell, {"cell": captured})
+        except PayloadError as exc:
+            raise UsageError(f"%%horovod: {exc}") from None
+        runner = HorovodRunner(np, driver_log_verbosity=args.verbosity,
+                               start_timeout=args.start_timeout, env=env)
+        views = [] if args.quiet else [TextView(args.verbosity)]
+        record = self._run(runner, payload, views, args.output)
+        result = record.value or {}
+        record.value = result.get("value")
+        record.returned = result.get("returned", {})
+        self.shell.user_ns.update(record.returned)
+        return record.value
+
+    def _run(self, runner: HorovodRunner, payload: bytes, views: list, output: str | None
+             ) -> RunRecord:
+        from hvd_magics.launcher import last_run
+
+        try:
+            record = runner.run_payload(payload, views)
+        finally:
+            HorovodMagics.last_run = last_run()
+            if output:
+                self.shell.user_ns[output] = HorovodMagics.last_run
+        return record

@@ -4,7 +4,11 @@ Run inside an unpacked ``horovod-0.28.1`` source tree. Each change is an exact t
 if the text is not found (another Horovod version), the script stops and says which file.
 
 1. ``horovod/torch/CMakeLists.txt`` forces C++14, but PyTorch 2.x headers need C++17.
-2. ``horovod/tensorflow/CMakeLists.txt`` compiles ``xla_mpi_ops.cc``, which includes XLA headers
+2. With the torch target at C++17, linking it against Horovod's C++14 ``libgloo.a`` fails
+   (``multiple definition of gloo::rendezvous::Store::kDefaultTimeout``: a ``static constexpr``
+   member is inline in C++17). Horovod already builds a C++17 Gloo (``compatible17_gloo``) for a
+   C++17 TensorFlow, so the torch target links that one when the ABIs match.
+3. ``horovod/tensorflow/CMakeLists.txt`` compiles ``xla_mpi_ops.cc``, which includes XLA headers
    (highwayhash, farmhash) that the TensorFlow wheel does not ship. Those ops only serve
    XLA-compiled Horovod ops (``HOROVOD_ENABLE_XLA_OPS``), off by default, so the file is dropped.
 """
@@ -18,6 +22,14 @@ CHANGES = [
         "horovod/torch/CMakeLists.txt",
         "set(CMAKE_CXX_STANDARD 14)",
         "set(CMAKE_CXX_STANDARD 17)  # hvd_magics: PyTorch 2.x needs C++17",
+    ),
+    (
+        "horovod/torch/CMakeLists.txt",
+        "    if (Pytorch_CXX11)\n        list(APPEND PYTORCH_LINKER_LIBS gloo)",
+        "    if (Pytorch_CXX11 AND Tensorflow_CXX11 AND Tensorflow_CXX17)\n"
+        "        # hvd_magics: the C++17 torch target must link the C++17 Gloo\n"
+        "        list(APPEND PYTORCH_LINKER_LIBS compatible17_gloo)\n"
+        "    elseif (Pytorch_CXX11)\n        list(APPEND PYTORCH_LINKER_LIBS gloo)",
     ),
     (
         "horovod/tensorflow/CMakeLists.txt",

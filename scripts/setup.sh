@@ -118,7 +118,7 @@ build_horovod() {
     say "installing the cached Horovod wheel from $wheel_dir"
   fi
   pip_logged horovod install --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
-  "$VENV/bin/python" -c 'import horovod.torch, horovod.tensorflow as h; assert h.gloo_built()' \
+  TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c 'import horovod.torch, horovod.tensorflow as h; assert h.gloo_built()' 2>/dev/null \
     || die "Horovod was installed but does not import with Gloo, TensorFlow and PyTorch support; see $CACHE/logs."
 }
 

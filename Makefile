@@ -1,0 +1,12 @@
+# The two commands of the README. Both set everything up first (idempotent, seconds when done).
+.PHONY: main test setup
+PY := .venv/bin/python
+
+setup:
+	@bash scripts/setup.sh
+
+main: setup
+	@$(PY) scripts/run_notebook.py example_notebooks/mnist-tensorflow-keras.ipynb
+
+test: setup
+	@$(PY) -m pytest -p no:cacheprovider -ra

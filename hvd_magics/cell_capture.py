@@ -1,0 +1,122 @@
+"""Turn a notebook cell into a job: the code, the notebook values it uses, and the rank-side runner.
+
+The cell runs on every rank as top-level code in a fresh namespace. Names the cell reads that the
+notebook defines are shipped (functions and classes from earlier cells by value, data as pickles);
+modules are imported again by name on the rank. Line numbers in rank tracebacks are the cell's own
+(the ``%%horovod`` line is line 1), and the cell's source is shown in them.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib
+import linecache
+import types
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+#: Traceback file name of a captured cell.
+CELL_FILENAME = "<%%horovod cell>"
+
+#: Names IPython puts in the user namespace that a cell never wants shipped.
+_IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "_", "__", "___", "_i",
+                            "_ii", "_iii", "_ih", "_oh", "_dh", "__builtins__", "__name__"})
+
+
+class CellError(ValueError):
+    """The cell cannot run on the ranks as written (the message names the line and the fix)."""
+
+
+@dataclass
+class CapturedCell:
+    """A cell ready to ship: its source, the notebook values it reads, and what to bring back."""
+
+    source: str
+    header: str = "%%horovod"
+    values: dict[str, Any] = field(default_factory=dict)
+    modules: dict[str, str] = field(default_factory=dict)
+    return_names: tuple[str, ...] = ()
+
+
+def check_plain_python(source: str) -> None:
+    """Raise :class:`CellError` when the cell uses IPython-only syntax (``%magic``, ``!cmd``)."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    transformed = TransformerManager().transform_cell(source)
+    if transformed.rstrip() == source.rstrip():
+        return
+    for number, (before, after) in enumerate(zip(source.splitlines(), transformed.splitlines()), 2):
+        if before != after:
+            raise CellError(
+                f"line {number} uses IPython syntax ({before.strip()[:40]!r}): a %%horovod cell "
+                "runs as plain Python on the ranks. Use Python instead (subprocess.run for !cmd), "
+                "or move the line to another cell.")
+    raise CellError("the cell uses IPython syntax: a %%horovod cell runs as plain Python on the "
+                    "ranks. Use Python instead, or move that line to another cell.")
+
+
+def free_names(source: str) -> list[str]:
+    """Names the cell reads before (or without) binding them itself, in first-use order."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise CellError(f"line {(exc.lineno or 0) + 1}: {exc.msg}") from None
+    first_load: dict[str, int] = {}
+    first_bind: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            table = first_load if isinstance(node.ctx, ast.Load) else first_bind
+            table[node.id] = min(table.get(node.id, node.lineno), node.lineno)
+    for node in tree.body:  # top-level imports, defs and classes bind names too
+        bound: list[str] = []
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound = [(a.asname or a.name).split(".")[0] for a in node.names]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound = [node.name]
+        for name in bound:
+            first_bind[name] = min(first_bind.get(name, node.lineno), node.lineno)
+    names = [n for n in first_load if not (n in first_bind and first_bind[n] < first_load[n])]
+    return sorted(names, key=first_load.__getitem__)
+
+
+def capture(source: str, user_ns: Mapping[str, Any], header: str = "%%horovod",
+            return_names: tuple[str, ...] = ()) -> CapturedCell:
+    """Collect what the cell needs from the notebook namespace.
+
+    Raises
+    ------
+    CellError
+        For IPython syntax or a syntax error in the cell.
+    """
+    check_plain_python(source)
+    cell = CapturedCell(source=source, header=header, return_names=return_names)
+    for name in free_names(source):
+        if name in _IPYTHON_NAMES or name not in user_ns or hasattr(builtins, name):
+            continue
+        value = user_ns[name]
+        if isinstance(value, types.ModuleType):
+            cell.modules[name] = value.__name__
+        else:
+            cell.values[name] = value
+    return cell
+
+
+def run_captured_cell(cell: CapturedCell) -> dict[str, Any]:
+    """Run on a rank: execute the cell; return its last expression's value and the asked names."""
+    lines = [cell.header + "\n"] + cell.source.splitlines(True)
+    linecache.cache[CELL_FILENAME] = (sum(map(len, lines)), None, lines, CELL_FILENAME)
+    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    for alias, module in cell.modules.items():
+        namespace[alias] = importlib.import_module(module)
+    namespace.update(cell.values)
+    tree = ast.parse(cell.source, CELL_FILENAME)
+    ast.increment_lineno(tree, 1)  # the %%horovod line is line 1 of the cell
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(compile(tree, CELL_FILENAME, "exec"), namespace)  # noqa: S102 - running the user's cell
+    value = eval(compile(last, CELL_FILENAME, "eval"), namespace) if last else None  # noqa: S307
+    missing = [n for n in cell.return_names if n not in namespace]
+    if missing:
+        raise NameError(f"--return names {', '.join(missing)}, which the cell did not define")
+    return {"value": value, "returned": {n: namespace[n] for n in cell.return_names}}

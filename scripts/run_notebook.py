@@ -1,0 +1,49 @@
+"""Execute a notebook headless in a real Jupyter kernel and save it with its widget state.
+
+Usage: python scripts/run_notebook.py NOTEBOOK [OUTPUT]
+The executed copy goes to example_notebooks/executed/ unless OUTPUT is given.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+
+def execute(path: Path, output: Path, timeout: int = 600) -> nbformat.NotebookNode:
+    """Run every cell of ``path`` in a fresh ``python3`` kernel; write the result to ``output``."""
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}},
+                            store_widget_state=True)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        client.execute()
+    finally:
+        nbformat.write(nb, output)
+    return nb
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    path = Path(argv[1]).resolve()
+    output = Path(argv[2]).resolve() if len(argv) > 2 else path.parent / "executed" / path.name
+    start = time.monotonic()
+    try:
+        execute(path, output)
+    except CellExecutionError as exc:
+        print(f"{path.name} failed; the executed notebook (with the error) is {output}\n{exc}",
+              file=sys.stderr)
+        return 1
+    print(f"{path.name} ran in {time.monotonic() - start:.0f} s; executed notebook: {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,164 @@
+"""Shared fixtures: one SparkSession at a time (local mode, then the standalone cluster)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+_state: dict = {"master": None, "cluster": None}
+
+
+def _stop_active() -> None:
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+    _state["master"] = None
+
+
+def _session(master: str, **conf: str):
+    from pyspark.sql import SparkSession
+
+    if _state["master"] != master:
+        _stop_active()
+        builder = (SparkSession.builder.master(master).appName("hvd_magics-tests")
+                   .config("spark.ui.enabled", "false")
+                   .config("spark.ui.showConsoleProgress", "false")
+                   .config("spark.driver.host", "127.0.0.1")
+                   .config("spark.driver.bindAddress", "127.0.0.1"))
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+        _state["master"] = master
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession()
+
+
+@pytest.fixture()
+def local_spark():
+    """A local[2] SparkSession (started once, reused)."""
+    return _session("local[2]")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class StandaloneCluster:
+    """A real Spark standalone master and two one-core workers on loopback."""
+
+    def __init__(self, workers: int = 2) -> None:
+        import pyspark
+
+        spark_home = os.path.dirname(pyspark.__file__)
+        self.env = {**os.environ, "SPARK_HOME": spark_home, "SPARK_LOCAL_IP": "127.0.0.1",
+                    "PYSPARK_PYTHON": sys.executable}
+        spark_class = os.path.join(spark_home, "bin", "spark-class")
+        self.port, self.ui_port = _free_port(), _free_port()
+        self.url = f"spark://127.0.0.1:{self.port}"
+        self.log_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"hvd-cluster-{self.port}"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.procs = [self._start(spark_class, "master", "org.apache.spark.deploy.master.Master",
+                                  "--host", "127.0.0.1", "--port", str(self.port),
+                                  "--webui-port", str(self.ui_port))]
+        self._wait(lambda s: True, "the master's web UI")
+        for i in range(workers):
+            self.procs.append(self._start(
+                spark_class, f"worker{i}", "org.apache.spark.deploy.worker.Worker", self.url,
+                "--cores", "1", "--memory", "2g", "--host", "127.0.0.1",
+                "--webui-port", str(_free_port())))
+        self._wait(lambda s: sum(w["state"] == "ALIVE" for w in s["workers"]) >= workers,
+                   f"{workers} workers to register")
+
+    def _start(self, spark_class: str, name: str, *args: str) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115
+        return subprocess.Popen([spark_class, *args], env=self.env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _wait(self, ready, what: str, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=2) as r:
+                    if ready(json.load(r)):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"standalone cluster: timed out waiting for {what}; logs in {self.log_dir}")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            try:
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    child.kill()
+            except psutil.Error:
+                pass
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def standalone_cluster():
+    """Start the cluster once for the session; stop it (and its JVMs) at the end."""
+    cluster = StandaloneCluster()
+    _state["cluster"] = cluster
+    yield cluster
+    _stop_active()
+    cluster.stop()
+
+
+@pytest.fixture()
+def cluster_spark(standalone_cluster):
+    """A SparkSession on the standalone cluster, with both executors registered."""
+    from hvd_magics.spark_backend import task_slots
+
+    spark = _session(standalone_cluster.url, **{"spark.executor.cores": "1",
+                                                "spark.executor.memory": "1g",
+                                                "spark.cores.max": "2"})
+    deadline = time.monotonic() + 60
+    while task_slots(spark.sparkContext)[1] < 2:
+        if time.monotonic() > deadline:
+            raise RuntimeError("standalone cluster: executors did not register within 60 s")
+        time.sleep(0.25)
+    return spark
+
+
+def rank_processes_alive(pids) -> list[int]:
+    """The pids (of ranks) that still run."""
+    return [pid for pid in pids if psutil.pid_exists(pid)
+            and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+
+import cloudpickle  # noqa: E402
+
+from tests import jobs  # noqa: E402
+
+cloudpickle.register_pickle_by_value(jobs)
+
+
+@pytest.fixture(scope="session")
+def ip():
+    """A real IPython shell with hvd_magics loaded."""
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "hvd_magics")
+    return shell

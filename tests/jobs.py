@@ -1,0 +1,97 @@
+"""Functions the tests run as Horovod jobs (pickled by value, see conftest)."""
+from __future__ import annotations
+
+
+def torch_allreduce():
+    """Each rank adds rank+1; rank 0 returns what every rank saw."""
+    import os
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum).item()
+    mine = {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
+            "sum": total, "pid": os.getpid()}
+    return hvd.allgather_object(mine)
+
+
+def tf_allreduce():
+    """Each rank contributes [rank, 1]; averaged and summed results from every rank."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    value = tf.constant([float(hvd.rank()), 1.0])
+    summed = hvd.allreduce(value, op=hvd.Sum).numpy().tolist()
+    averaged = hvd.allreduce(value, op=hvd.Average).numpy().tolist()
+    return hvd.allgather_object({"rank": hvd.rank(), "sum": summed, "avg": averaged})
+
+
+def keras_two_steps():
+    """Train a tf.keras model two steps with Horovod's optimizer on different data per rank."""
+    import numpy as np
+    import tensorflow as tf
+    import horovod.tensorflow.keras as hvd
+
+    hvd.init()
+    rng = np.random.default_rng(hvd.rank() + 10)
+    x = rng.normal(size=(64, 8)).astype("float32")
+    y = rng.integers(0, 3, size=64)
+    tf.random.set_seed(hvd.rank())  # different initial weights: the broadcast must fix them
+    model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(16, activation="relu"),
+                                 tf.keras.layers.Dense(3)])
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1 * hvd.size()))
+    model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=32, epochs=1, steps_per_epoch=2, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    weights = [w.tolist() for w in model.get_weights()]
+    import horovod.tensorflow as hvd_tf
+
+    return hvd_tf.allgather_object({"rank": hvd.rank(), "weights": weights,
+                                 "keras": tf.keras.__name__})
+
+
+def fail_on_rank(bad_rank: int = 1, how: str = "raise"):
+    """Rank ``bad_rank`` fails (``raise``, ``exit`` or ``kill``); the others block in an allreduce."""
+    import os
+    import signal
+    import time
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    print(f"rank {hvd.rank()} before the failure", flush=True)
+    if hvd.rank() == bad_rank:
+        time.sleep(0.5)
+        if how == "raise":
+            def inner():
+                raise ValueError(f"boom from rank {hvd.rank()}")
+            inner()
+        elif how == "exit":
+            os._exit(3)
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
+    hvd.allreduce(torch.tensor([1.0]))
+    time.sleep(600)  # a healthy rank would wait here; the job must not
+    return "never"
+
+
+def sleep_forever():
+    """Start, say so, and sleep (for interrupt tests)."""
+    import os
+    import time
+
+    print(f"sleeping pid={os.getpid()}", flush=True)
+    time.sleep(600)
+
+
+def print_lines(count: int = 5):
+    """Print numbered lines; return the rank."""
+    import os
+
+    rank = int(os.environ["HOROVOD_RANK"])
+    for i in range(count):
+        print(f"line {i} of rank {rank}")
+    return rank

@@ -1,0 +1,74 @@
+"""np > 0 on a local[2] SparkSession: a barrier stage, one rank process per task."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from hvd_magics import HorovodJobError, HorovodRunner, NotEnoughSlotsError, last_run
+from tests import jobs
+from tests.conftest import ROOT, rank_processes_alive
+
+
+def test_torch_and_tensorflow_allreduce_in_a_barrier_stage(local_spark):
+    result = HorovodRunner(np=2).run(jobs.torch_allreduce)
+    assert [r["sum"] for r in result] == [3.0, 3.0]
+    assert sorted(r["local_rank"] for r in result) == [0, 1]
+    assert last_run().where == "spark local[2]"
+    assert rank_processes_alive([r["pid"] for r in result]) == []
+    tf_result = HorovodRunner(np=2).run(jobs.tf_allreduce)
+    assert [r["sum"] for r in tf_result] == [[1.0, 2.0], [1.0, 2.0]]
+
+
+def test_too_many_ranks_fail_within_seconds_naming_the_slots(local_spark):
+    start = time.monotonic()
+    with pytest.raises(NotEnoughSlotsError, match=r"np=3 needs 3 free Spark task slots.*has 2 free of 2"):
+        HorovodRunner(np=3).run(jobs.print_lines)
+    assert time.monotonic() - start < 10
+
+
+@pytest.mark.parametrize("how", ["raise", "kill"])
+def test_a_failing_rank_ends_the_spark_job(local_spark, how):
+    start = time.monotonic()
+    with pytest.raises(HorovodJobError) as info:
+        HorovodRunner(np=2).run(jobs.fail_on_rank, bad_rank=1, how=how)
+    assert time.monotonic() - start < 30
+    assert info.value.failures[0].rank == 1
+    record = last_run()
+    assert rank_processes_alive(record.pids.values()) == []
+    assert local_spark.sparkContext.statusTracker().getActiveJobsIds() == []
+    assert HorovodRunner(np=2).run(jobs.print_lines, count=2) in (0,)
+
+
+def test_keyboard_interrupt_cancels_the_job_and_the_ranks(local_spark, capsys):
+    def interrupt_when_running():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            record = last_run()
+            if record is not None and record.job_id and "sleeping" in capsys.readouterr().out:
+                break
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_running, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        HorovodRunner(np=2).run(jobs.sleep_forever)
+    record = last_run()
+    assert record.status == "interrupted"
+    assert "cancelled Spark job group" in capsys.readouterr().err
+    assert len(record.pids) == 2 and rank_processes_alive(record.pids.values()) == []
+    assert HorovodRunner(np=2).run(jobs.print_lines, count=1) == 0
+
+
+def test_without_a_session_an_embedded_local_spark_is_started():
+    code = ("from hvd_magics import HorovodRunner\n"
+            "def main():\n    import horovod.torch as hvd\n    hvd.init()\n    return hvd.size()\n"
+            "print('size', HorovodRunner(np=2).run(main))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "size 2" in proc.stdout
+    assert "starting an embedded local one (local[2])" in proc.stderr

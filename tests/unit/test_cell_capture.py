@@ -1,0 +1,57 @@
+"""Capturing a cell: what it reads from the notebook, IPython syntax, tracebacks with cell lines."""
+import os
+import traceback
+
+import pytest
+
+from hvd_magics.cell_capture import (CELL_FILENAME, CellError, capture, free_names,
+                                     run_captured_cell)
+
+
+def test_free_names_skip_what_the_cell_binds_first():
+    src = "import numpy as np\nx = 1\ny = x + scale\nspark = make()\nprint(spark, np, data)\n"
+    assert free_names(src) == ["scale", "make", "print", "data"]
+
+
+def test_capture_ships_values_and_reimports_modules():
+    def helper(v):
+        return v * 2
+
+    ns = {"os": os, "helper": helper, "factor": 3, "unused": object(), "In": []}
+    cell = capture("result = helper(factor)\nos.getpid()\nIn\n", ns)
+    assert cell.modules == {"os": "os"}
+    assert set(cell.values) == {"helper", "factor"}
+
+
+def test_ipython_syntax_is_refused_with_its_line():
+    with pytest.raises(CellError, match=r"line 3 uses IPython syntax \('!ls'\)"):
+        capture("x = 1\n!ls\n", {})
+    with pytest.raises(CellError, match="line 2 uses IPython syntax"):
+        capture("%timeit x\n", {})
+
+
+def test_syntax_error_names_the_cell_line():
+    with pytest.raises(CellError, match="line 3"):
+        capture("x = 1\ny = (\n", {})
+
+
+def test_the_cell_runs_and_returns_its_last_expression_and_asked_names():
+    cell = capture("a = base + 1\nb = a * 2\nb + 1\n", {"base": 1}, return_names=("a", "b"))
+    out = run_captured_cell(cell)
+    assert out == {"value": 5, "returned": {"a": 2, "b": 4}}
+
+
+def test_a_statement_last_gives_none_and_missing_return_names_are_an_error():
+    assert run_captured_cell(capture("x = 1\n", {}))["value"] is None
+    with pytest.raises(NameError, match="--return names z"):
+        run_captured_cell(capture("x = 1\n", {}, return_names=("z",)))
+
+
+def test_tracebacks_point_at_cell_lines_and_show_the_source():
+    cell = capture("x = 1\ndef f():\n    raise KeyError('nope')\nf()\n", {},
+                   header="%%horovod np=2")
+    with pytest.raises(KeyError) as info:
+        run_captured_cell(cell)
+    text = "".join(traceback.format_exception(info.value))
+    assert f'File "{CELL_FILENAME}", line 5' in text and "f()" in text
+    assert f'File "{CELL_FILENAME}", line 4' in text and "raise KeyError('nope')" in text

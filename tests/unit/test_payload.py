@@ -1,0 +1,42 @@
+"""What cannot travel is named before anything starts."""
+import threading
+
+import cloudpickle
+import pytest
+
+from hvd_magics.errors import PayloadError
+from hvd_magics.payload import serialize_job, why_not_shippable
+
+
+def test_a_lock_argument_is_named():
+    with pytest.raises(PayloadError, match=r"argument 'guard'.*lock.*create it inside"):
+        serialize_job(lambda guard: None, {"guard": threading.Lock()})
+
+
+def test_an_open_file_used_by_main_is_named(tmp_path):
+    handle = open(tmp_path / "f.txt", "w")
+
+    def main():
+        return handle.write("x")
+
+    with pytest.raises(PayloadError, match=r"variable 'handle' used by main\(\).*open file"):
+        serialize_job(main, {})
+    handle.close()
+
+
+def test_a_generator_is_refused_and_plain_data_is_not():
+    assert "generator" in why_not_shippable(x for x in range(3))
+    assert why_not_shippable({"a": [1, 2]}) is None
+
+
+def test_round_trip_and_large_payload_warning():
+    big = b"x" * (11 * 1024 * 1024)
+    with pytest.warns(UserWarning, match=r"ships 11\.\d MB"):
+        blob = serialize_job(len, {"obj": big})
+    fn, kwargs = cloudpickle.loads(blob)
+    assert fn(kwargs["obj"]) == len(big)
+
+
+def test_main_must_be_callable():
+    with pytest.raises(PayloadError, match="must be a function"):
+        serialize_job(42, {})

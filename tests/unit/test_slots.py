@@ -1,0 +1,23 @@
+"""Rank planning: contiguous local ranks per host, one rendezvous per job."""
+from hvd_magics.slots import iface_for_address, plan_ranks, slot_env
+
+
+def test_ranks_on_one_host_are_contiguous_even_when_tasks_interleave():
+    slots = plan_ranks(["a", "b", "a", "b"])
+    assert [s.hostname for s in slots] == ["a", "b", "a", "b"]
+    by_rank = sorted(slots, key=lambda s: s.rank)
+    assert [s.hostname for s in by_rank] == ["a", "a", "b", "b"]
+    assert [(s.local_rank, s.cross_rank) for s in by_rank] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    assert {s.size for s in slots} == {4} and {s.local_size for s in slots} == {2}
+
+
+def test_slot_env_has_what_gloo_reads():
+    slot = plan_ranks(["h", "h"])[1]
+    env = slot_env(slot, "127.0.0.1", 4321, "lo")
+    assert env["HOROVOD_RANK"] == "1" and env["HOROVOD_LOCAL_RANK"] == "1"
+    assert env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "4321" and env["HOROVOD_CONTROLLER"] == "gloo"
+
+
+def test_loopback_maps_to_lo_and_names_to_nothing():
+    assert iface_for_address("127.0.0.1") == "lo"
+    assert iface_for_address("not-an-ip") == ""
