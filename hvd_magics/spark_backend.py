@@ -64,7 +64,12 @@ def task_slots(sc: Any) -> tuple[int, int]:
 
 
 def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S) -> None:
-    """Raise at once (not after Spark's ten minutes of retries) when ``np`` tasks cannot run."""
+    """Raise at once (not after Spark's ten minutes of retries) when ``np`` tasks cannot run.
+
+    On a cluster, executors may still be registering: wait up to ``wait_s`` for them.
+    """
+    if str(sc.master).startswith("local"):
+        wait_s = 0.0
     deadline = time.monotonic() + wait_s
     while True:
         free, total = task_slots(sc)
