@@ -12,7 +12,7 @@ def torch_allreduce():
     hvd.init()
     total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum).item()
     mine = {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
-            "sum": total, "pid": os.getpid()}
+            "sum": total, "pid": os.getpid(), "cwd": os.getcwd()}
     return hvd.allgather_object(mine)
 
 
