@@ -45,7 +45,6 @@ def rank_environment(base: dict[str, str], extra: dict[str, str]) -> dict[str, s
     env = dict(base)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("TF_USE_LEGACY_KERAS", "1")
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     root = _package_root()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env.update(extra)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up (or check) the project's environment: Java, a compiler, .venv with the frameworks, and
 # Horovod 0.28.1 built from its PyPI sdist with Gloo, TensorFlow and PyTorch support.
+# Missing Java or compilers are installed with apt-get when run as root (HVD_MAGICS_NO_APT=1 stops that).
 # Idempotent: a second run checks a stamp and returns in about a second. The built Horovod wheel is
 # cached under $HVD_MAGICS_CACHE (default ~/.cache/hvd_magics), keyed on everything it was built
 # against, so a fresh clone on the same machine installs it in seconds instead of rebuilding.
@@ -17,7 +18,7 @@ die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 is_root() { [ "$(id -u)" = 0 ]; }
 
 apt_install() {
-  is_root && command -v apt-get >/dev/null || return 1
+  [ -z "${HVD_MAGICS_NO_APT:-}" ] && is_root && command -v apt-get >/dev/null || return 1
   say "installing Debian packages: $*"
   apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }

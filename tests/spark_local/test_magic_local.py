@@ -1,0 +1,40 @@
+"""%%horovod through a real IPython shell on local Spark: capture, return values, errors."""
+import pytest
+
+from hvd_magics import HorovodJobError
+from hvd_magics.magics import HorovodMagics
+from tests.conftest import rank_processes_alive
+
+
+def test_a_cell_uses_notebook_definitions_and_brings_values_back(ip, local_spark, capsys):
+    ip.run_cell("import math\nscale = 10\ndef describe(n):\n    return f'{n} ranks'\n")
+    cell = ("import horovod.torch as hvd\nimport torch\nhvd.init()\n"
+            "total = hvd.allreduce(torch.tensor([float(scale)]), op=hvd.Sum).item()\n"
+            "print('rank', hvd.rank(), 'total', total)\n"
+            "label = describe(hvd.size())\nmath.floor(total) + hvd.rank()\n")
+    value = ip.run_cell_magic("horovod", "np=2 --return total,label -o rec", cell)
+    assert value == 20  # rank 0's last expression
+    assert ip.user_ns["total"] == 20.0 and ip.user_ns["label"] == "2 ranks"
+    record = ip.user_ns["rec"]
+    assert record is HorovodMagics.last_run and record.status == "succeeded"
+    assert record.returned == {"total": 20.0, "label": "2 ranks"} and record.value == 20
+    out = capsys.readouterr().out
+    assert "[0] rank 0 total 20.0" in out and "[1] rank 1 total 20.0" in out
+    assert rank_processes_alive(record.pids.values()) == []
+
+
+def test_a_failing_cell_shows_the_rank_traceback_with_cell_lines(ip, local_spark):
+    cell = ("import os\nrank = int(os.environ['HOROVOD_RANK'])\n"
+            "if rank == 1:\n    raise RuntimeError('bad shard on rank 1')\n")
+    with pytest.raises(HorovodJobError) as info:
+        ip.run_cell_magic("horovod", "np=2 -q", cell)
+    text = "\n".join(info.value._render_traceback_())
+    assert 'File "<%%horovod cell>", line 5' in text
+    assert "raise RuntimeError('bad shard on rank 1')" in text
+    assert "[rank 1] RuntimeError: bad shard on rank 1" in text
+    assert HorovodMagics.last_run.status == "failed"
+
+
+def test_quiet_hides_output_and_driver_mode_works(ip, capsys):
+    assert ip.run_cell_magic("horovod", "-np -2 --quiet", "print('hidden')\n41 + 1\n") == 42
+    assert "hidden" not in capsys.readouterr().out
