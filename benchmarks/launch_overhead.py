@@ -1,0 +1,147 @@
+"""Launch overhead of a trivial 2-rank job (init, one allreduce, return a value), side by side.
+
+Spark peers run on one warm local[2] SparkSession, interleaved, ``--runs`` times each (medians):
+  ours              hvd_magics.HorovodRunner(np=2)
+  horovod_spark     horovod.spark.run(fn, num_proc=2, use_gloo=True)
+  torchdistributor  pyspark TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+Driver-only: HorovodRunner(np=-2) against ``horovodrun --gloo -np 2``.
+Also prints where our time goes (submit -> tasks started -> ranks started -> ranks done -> returned).
+
+Usage: .venv/bin/python benchmarks/launch_overhead.py [--runs 5]
+Last line: launch_overhead ours=<s> horovod_spark=<s> torchdistributor=<s> ratio_vs_best_peer=<x>
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def hvd_torch_job():
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    return hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()
+
+
+def torch_distributed_job():
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    value = torch.tensor([1.0])
+    dist.all_reduce(value)
+    dist.destroy_process_group()
+    return value.item()
+
+
+HOROVODRUN_SCRIPT = """
+import horovod.torch as hvd, torch
+hvd.init()
+print(hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item())
+"""
+
+
+class PhaseTimer:
+    """A JobView that notes when each phase of our launch ended (driver clock)."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.marks: dict[str, float] = {}
+        self.seen: dict[str, set] = {}
+
+    def on_event(self, job, event) -> None:
+        kind = event["kind"]
+        self.seen.setdefault(kind, set()).add(event["rank"])
+        if len(self.seen[kind]) == job.size and kind not in self.marks:
+            self.marks[kind] = time.monotonic() - self.start
+
+    def on_end(self, job) -> None:
+        self.marks["end"] = time.monotonic() - self.start
+
+
+def timed(fn):
+    start = time.perf_counter()
+    value = fn()
+    return time.perf_counter() - start, value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[2]").appName("launch_overhead")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.host", "127.0.0.1").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    import horovod.spark
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    from hvd_magics import HorovodRunner
+    from hvd_magics.payload import serialize_job
+
+    script = tempfile.NamedTemporaryFile("w", suffix=".py", delete=False)
+    script.write(HOROVODRUN_SCRIPT)
+    script.close()
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    quiet = open(os.devnull, "w")  # noqa: SIM115
+
+    phases: list[dict[str, float]] = []
+
+    def ours():
+        timer = PhaseTimer()
+        record = HorovodRunner(np=2).run_payload(serialize_job(hvd_torch_job, {}), views=[timer])
+        phases.append(timer.marks)
+        return record.value
+
+    candidates = {
+        "ours": ours,
+        "horovod_spark": lambda: horovod.spark.run(hvd_torch_job, num_proc=2, use_gloo=True,
+                                                   verbose=0)[0],
+        "torchdistributor": lambda: TorchDistributor(num_processes=2, local_mode=False,
+                                                     use_gpu=False).run(torch_distributed_job),
+        "ours_driver": lambda: HorovodRunner(np=-2).run_payload(
+            serialize_job(hvd_torch_job, {}), views=[]).value,
+        "horovodrun": lambda: subprocess.run(
+            [horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, script.name],
+            check=True, stdout=quiet, stderr=quiet),
+    }
+    for fn in candidates.values():  # warm-up: imports, JVM classes, Python workers
+        fn()
+    phases.clear()
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    for run in range(args.runs):
+        for name, fn in candidates.items():
+            elapsed, value = timed(fn)
+            times[name].append(elapsed)
+            print(f"run {run + 1} {name:<17} {elapsed:6.2f} s  -> {value!r:.40}", flush=True)
+    med = {name: statistics.median(values) for name, values in times.items()}
+    print("\nmedians over", args.runs, "runs (s):")
+    for name, value in med.items():
+        print(f"  {name:<17} {value:6.2f}   (min {min(times[name]):.2f}, max {max(times[name]):.2f})")
+    print("\nwhere our Spark launch goes (medians, s since submit, driver clock):")
+    for mark in ("task_started", "started", "result", "exit", "end"):
+        values = [p[mark] for p in phases if mark in p]
+        if values:
+            print(f"  all ranks {mark:<13} {statistics.median(values):6.2f}")
+    print(f"\ndriver-only: ours np=-2 {med['ours_driver']:.2f} s, horovodrun --gloo -np 2 "
+          f"{med['horovodrun']:.2f} s, ratio {med['ours_driver'] / med['horovodrun']:.2f}")
+    best_peer = min(med["horovod_spark"], med["torchdistributor"])
+    print(f"launch_overhead ours={med['ours']:.2f} horovod_spark={med['horovod_spark']:.2f} "
+          f"torchdistributor={med['torchdistributor']:.2f} "
+          f"ratio_vs_best_peer={med['ours'] / best_peer:.2f}")
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
