@@ -66,3 +66,23 @@ def test_np_zero_and_bad_verbosity_are_refused():
         HorovodRunner(np=0)
     with pytest.raises(ValueError, match="driver_log_verbosity"):
         HorovodRunner(np=2, driver_log_verbosity="loud")
+
+
+def test_start_timeout_names_what_it_waited_for_and_the_knob():
+    from hvd_magics import StartTimeoutError
+
+    with pytest.raises(StartTimeoutError, match=r"waiting for ranks .* to start.*raise start_timeout"):
+        HorovodRunner(np=-2, start_timeout=0.001).run(jobs.sleep_forever)
+    record = last_run()
+    assert record.status == "failed"
+    time.sleep(0.5)
+    assert rank_processes_alive(record.pids.values()) == []
+
+
+def test_extra_environment_reaches_the_ranks():
+    def read_env():
+        import os
+
+        return os.environ["HVD_TEST_SETTING"], os.environ["TF_USE_LEGACY_KERAS"]
+
+    assert HorovodRunner(np=-1, env={"HVD_TEST_SETTING": "on"}).run(read_env) == ("on", "1")
