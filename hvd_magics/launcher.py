@@ -143,6 +143,8 @@ def launch(payload: bytes, np: int, env: dict[str, str], start_timeout: float,
         if not clean:
             backend.stop()
         ended = backend.join(STOP_WAIT_S)
+        if not ended:
+            backend.stop()
         _drain(job, events)
         _finish(record, job)
         if record.status == "interrupted":
