@@ -63,6 +63,9 @@ class PhaseTimer:
         if len(self.seen[kind]) == job.size and kind not in self.marks:
             self.marks[kind] = time.monotonic() - self.start
 
+    def on_tick(self, job) -> None:
+        pass
+
     def on_end(self, job) -> None:
         self.marks["end"] = time.monotonic() - self.start
 

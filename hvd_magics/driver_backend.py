@@ -90,4 +90,4 @@ class _QueueSink:
 
     def __call__(self, kind: str, **payload: Any) -> None:
         self._events.put({"kind": kind, "rank": self._rank, "host": _HOST, "time": time.time(),
-                          **payload})
+                          "recv": time.monotonic(), **payload})

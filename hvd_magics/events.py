@@ -127,6 +127,7 @@ class EventServer:
                 if event is None or event.get("job") != self._job_id:
                     self.rejected += 1
                     return  # drop the whole connection: it does not hold the secret
+                event["recv"] = time.monotonic()
                 self.events.put(event)
         except (OSError, ValueError):
             pass

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 import cloudpickle
 
+from hvd_magics.epoch_timing import EPOCH_LINE, EpochTimer
 from hvd_magics.errors import OUTPUT_TAIL_LINES, RankFailure
 
 #: Error texts of a rank that failed only because a peer went away (not the root cause).
@@ -24,6 +25,8 @@ class JobView(Protocol):
     """Something that shows a job to the user (text printer, widgets)."""
 
     def on_event(self, job: "JobState", event: dict[str, Any]) -> None: ...
+
+    def on_tick(self, job: "JobState") -> None: ...
 
     def on_end(self, job: "JobState") -> None: ...
 
@@ -41,6 +44,13 @@ class RankState:
     task_error: str = ""
     has_result: bool = False
     failed_at: float | None = None
+    epoch: int = 0
+    epochs: int | None = None
+    step: int = 0
+    steps: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    samples_per_s: float | None = None
+    reports_epochs: bool = False
     last_seen: float = field(default_factory=time.monotonic)
     tail: collections.deque = field(
         default_factory=lambda: collections.deque(maxlen=OUTPUT_TAIL_LINES))
@@ -82,8 +92,10 @@ class JobState:
         Told of every event and of the end.
     """
 
-    def __init__(self, size: int, log_path: Path, views: list[JobView] | None = None) -> None:
+    def __init__(self, size: int, log_path: Path, views: list[JobView] | None = None,
+                 where: str = "") -> None:
         self.size = size
+        self.where = where
         self.ranks = [RankState(r) for r in range(size)]
         self.views = list(views or [])
         self.log_path = log_path
@@ -92,6 +104,7 @@ class JobState:
         self.value: Any = None
         self.value_blob: str | None = None
         self.started_at = time.monotonic()
+        self.timer = EpochTimer(self.started_at)
 
     def handle(self, event: dict[str, Any]) -> None:
         """Apply one event."""
@@ -99,7 +112,9 @@ class JobState:
         if not isinstance(rank, int) or not 0 <= rank < self.size:
             return
         state = self.ranks[rank]
-        state.last_seen = time.monotonic()
+        event.setdefault("recv", time.monotonic())
+        state.last_seen = event["recv"]
+        self.timer.observe(event)
         state.host = event.get("host", state.host) or state.host
         kind = event["kind"]
         if kind == "output":
@@ -107,6 +122,9 @@ class JobState:
             for line in event.get("lines", []):
                 state.tail.append(line)
                 self._log.write(f"{stamp} [{rank}@{state.host}] {line}\n")
+                match = EPOCH_LINE.match(line)
+                if match and not state.reports_epochs:
+                    state.epoch, state.epochs = int(match.group(1)), int(match.group(2))
         elif kind == "task_started":
             state.state = STARTING
         elif kind == "started":
@@ -122,6 +140,8 @@ class JobState:
             state.has_result = True
             if rank == 0:
                 self.value_blob = event.get("value")
+        elif kind in ("epoch_begin", "progress", "epoch_end"):
+            self._progress(state, kind, event)
         elif kind == "exit":
             state.exit_code = event.get("code")
             state.state = FAILED if state.failed else DONE
@@ -129,6 +149,29 @@ class JobState:
             state.failed_at = state.last_seen
         for view in self.views:
             view.on_event(self, event)
+
+    @staticmethod
+    def _progress(state: RankState, kind: str, event: dict[str, Any]) -> None:
+        state.reports_epochs = True
+        state.epoch = int(event.get("epoch") or state.epoch)
+        state.epochs = event.get("epochs", state.epochs) or state.epochs
+        state.steps = event.get("steps", state.steps) or state.steps
+        if kind == "epoch_begin":
+            state.step = 0
+        elif kind == "progress":
+            state.step = int(event.get("step") or 0)
+            state.metrics = event.get("metrics") or state.metrics
+            state.samples_per_s = event.get("samples_per_s") or state.samples_per_s
+        else:
+            state.step = state.steps or state.step
+            state.metrics = event.get("metrics") or state.metrics
+            if event.get("samples") and event.get("duration"):
+                state.samples_per_s = event["samples"] / event["duration"]
+
+    def tick(self) -> None:
+        """Let the views refresh (they throttle themselves)."""
+        for view in self.views:
+            view.on_tick(self)
 
     def decode_value(self) -> Any:
         """Rank 0's return value (the line was verified by the channel before it got here)."""

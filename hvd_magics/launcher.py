@@ -16,7 +16,8 @@ from hvd_magics.job_state import JobState, JobView
 from hvd_magics.payload import serialize_job
 from hvd_magics.run_record import RunRecord
 from hvd_magics.spark_backend import SparkBackend, active_session, start_local_session
-from hvd_magics.text_view import VERBOSITY_ALL, TextView
+from hvd_magics.text_view import VERBOSITIES, VERBOSITY_ALL, TextView
+from hvd_magics.widgets_view import WidgetView, widgets_available
 
 #: Default seconds to wait for every rank process to start (Spark scheduling included).
 DEFAULT_START_TIMEOUT_S = 120.0
@@ -36,6 +37,17 @@ def last_run() -> RunRecord | None:
 def runs_dir() -> Path:
     """Where each job's log folder goes on the driver."""
     return Path(tempfile.gettempdir()) / "hvd_magics" / "runs"
+
+
+def default_views(verbosity: str = VERBOSITY_ALL, show_output: bool = True) -> list[JobView]:
+    """Widgets in a Jupyter kernel with ipywidgets, plus the ranks' output as text."""
+    views: list[JobView] = []
+    widgets = widgets_available()
+    if widgets:
+        views.append(WidgetView())
+    if show_output:
+        views.append(TextView(verbosity, epoch_lines=not widgets))
+    return views
 
 
 def validate_np(np: Any) -> int:
@@ -80,7 +92,10 @@ class HorovodRunner:
                  start_timeout: float = DEFAULT_START_TIMEOUT_S,
                  env: Mapping[str, str] | None = None) -> None:
         self.num_processor = validate_np(np)
-        self.text_view = TextView(driver_log_verbosity)
+        if driver_log_verbosity not in VERBOSITIES:
+            raise ValueError(f"driver_log_verbosity must be one of {VERBOSITIES}, "
+                             f"got {driver_log_verbosity!r}")
+        self.driver_log_verbosity = driver_log_verbosity
         if start_timeout <= 0:
             raise ValueError(f"start_timeout must be positive seconds, got {start_timeout!r}")
         self.start_timeout = float(start_timeout)
@@ -105,7 +120,7 @@ class HorovodRunner:
 
     def run_payload(self, payload: bytes, views: list[JobView] | None = None) -> RunRecord:
         """Run an already serialised job; return its :class:`RunRecord` (used by the magics)."""
-        views = [self.text_view] if views is None else views
+        views = default_views(self.driver_log_verbosity) if views is None else views
         return launch(payload, self.num_processor, self.env, self.start_timeout, views)
 
 
@@ -123,7 +138,7 @@ def launch(payload: bytes, np: int, env: dict[str, str], start_timeout: float,
     job_id = uuid.uuid4().hex[:12]
     backend = _make_backend(np, env)
     log_path = runs_dir() / job_id / "ranks.log"
-    job = JobState(abs(np), log_path, views)
+    job = JobState(abs(np), log_path, views, backend.where)
     record = RunRecord(job_id=job_id, np=np, where=backend.where, log_path=str(log_path))
     _last_run = record
     events: queue.Queue = queue.Queue()
@@ -174,6 +189,7 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
             _drain(job, events)
         except queue.Empty:
             pass
+        job.tick()
         now = time.monotonic()
         if failed_since is None and job.failures():
             failed_since = now
@@ -215,6 +231,9 @@ def _finish(record: RunRecord, job: JobState) -> None:
     record.exit_codes = {r.rank: r.exit_code for r in job.ranks}
     record.hosts = {r.rank: r.host for r in job.ranks}
     record.pids = {r.rank: r.pid for r in job.ranks if r.pid is not None}
+    record.epochs = job.timer.rows()
+    split = job.timer.split(time.monotonic())
+    record.startup_s, record.training_s = split["startup_s"], split["training_s"]
     if record.status == "running":
         record.status = "succeeded"
         record.value = job.decode_value()

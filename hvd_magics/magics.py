@@ -12,10 +12,11 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from hvd_magics.cell_capture import CellError, capture, run_captured_cell
 from hvd_magics.errors import PayloadError
 from hvd_magics.gpu_guard import driver_gpu_holders, driver_gpu_message
-from hvd_magics.launcher import DEFAULT_START_TIMEOUT_S, HorovodRunner, validate_np
+from hvd_magics.launcher import (DEFAULT_START_TIMEOUT_S, HorovodRunner, default_views,
+                                 validate_np)
 from hvd_magics.payload import find_unshippable, serialize_job
 from hvd_magics.run_record import RunRecord
-from hvd_magics.text_view import VERBOSITIES, TextView
+from hvd_magics.text_view import VERBOSITIES
 
 #: ``key=value`` tokens accepted in HorovodRunner style, and the option each one means.
 _KEY_VALUE_OPTIONS = {"np": "--np", "start_timeout": "--start-timeout",
@@ -69,7 +70,8 @@ class HorovodMagics(Magics):
               help=f"Seconds to wait for every rank to start (default {DEFAULT_START_TIMEOUT_S:.0f}).")
     @argument("--env", action="append", metavar="NAME=VALUE",
               help="An environment variable for the ranks (repeat for more).")
-    @argument("-q", "--quiet", action="store_true", help="Do not show the ranks' output.")
+    @argument("-q", "--quiet", action="store_true",
+              help="Do not print the ranks' output (widgets and the log file still have it).")
     @argument("--verbosity", choices=VERBOSITIES, default=VERBOSITIES[0],
               help="'all' shows every rank's output; 'log_callback_only' only log_to_driver().")
     @argument("--allow-driver-gpu", action="store_true",
@@ -112,12 +114,15 @@ class HorovodMagics(Magics):
             raise UsageError(f"%%horovod: {exc}") from None
         runner = HorovodRunner(np, driver_log_verbosity=args.verbosity,
                                start_timeout=args.start_timeout, env=env)
-        views = [] if args.quiet else [TextView(args.verbosity)]
+        views = default_views(args.verbosity, show_output=not args.quiet)
         record = self._run(runner, payload, views, args.output)
         result = record.value or {}
         record.value = result.get("value")
         record.returned = result.get("returned", {})
         self.shell.user_ns.update(record.returned)
+        from IPython.display import display
+
+        display(record)  # the static summary: shown by exports, terminals and widget-less views
         return record.value
 
     def _run(self, runner: HorovodRunner, payload: bytes, views: list, output: str | None

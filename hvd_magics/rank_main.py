@@ -16,7 +16,7 @@ import traceback
 
 import cloudpickle
 
-from hvd_magics import rank_events
+from hvd_magics import keras_progress, rank_events
 
 #: Exit code of a rank whose supervisor went away (the job was stopped).
 ORPHANED_EXIT = 113
@@ -44,6 +44,7 @@ def main() -> None:
     payload = sys.stdin.buffer.read()
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
     rank_events.emit("started", pid=os.getpid())
+    keras_progress.install()
     try:
         main_fn, kwargs = cloudpickle.loads(payload)
         value = main_fn(**kwargs)

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from hvd_magics.epoch_timing import fmt_number, format_table
+
 
 @dataclass
 class RunRecord:
@@ -52,6 +54,14 @@ class RunRecord:
     log_path: str = ""
     timeline_path: str | None = None
     error: str = ""
+    startup_s: float | None = None
+    training_s: float | None = None
+
+    def to_pandas(self) -> Any:
+        """The epoch rows as a pandas DataFrame (needs pandas)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.epochs)
 
     @property
     def size(self) -> int:
@@ -75,8 +85,10 @@ class RunRecord:
             rows.append(("returned", ", ".join(self.returned)))
         if self.value is not None:
             rows.append(("value", _short(repr(self.value))))
-        if self.epochs:
-            rows.append(("epochs", str(len(self.epochs))))
+        if self.startup_s is not None:
+            rows.append(("start-up", f"{self.startup_s:.2f} s (launch, imports, init)"))
+        if self.training_s is not None:
+            rows.append(("training", f"{self.training_s:.2f} s over {len(self.epochs)} epochs"))
         if self.timeline_path:
             rows.append(("timeline", self.timeline_path))
         if self.error:
@@ -86,8 +98,11 @@ class RunRecord:
 
     def __str__(self) -> str:
         width = max(len(k) for k, _ in self._rows())
-        return "\n".join([f"HorovodRun {self.job_id}"] +
+        text = "\n".join([f"HorovodRun {self.job_id}"] +
                          [f"  {k:<{width}}  {v}" for k, v in self._rows()])
+        if self.epochs:
+            text += "\nepoch timing\n" + format_table(self.epochs)
+        return text
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))
@@ -99,7 +114,18 @@ class RunRecord:
                        f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
                        for k, v in self._rows())
         return (f"<div class='hvd-run-record'><b style='color:{colour}'>HorovodRun "
-                f"{html.escape(self.status)}</b><table>{body}</table></div>")
+                f"{html.escape(self.status)}</b><table>{body}</table>{self._epochs_html()}</div>")
+
+    def _epochs_html(self) -> str:
+        if not self.epochs:
+            return ""
+        head = ("<tr><th>epoch</th><th>wall s</th><th>slowest rank s</th>"
+                "<th>line-to-line s</th><th>samples/s</th></tr>")
+        body = "".join(
+            f"<tr><td>{r['epoch']}</td><td>{fmt_number(r['wall_s'])}</td>"
+            f"<td>{fmt_number(r['slowest_rank_s'])}</td><td>{fmt_number(r['line_to_line_s'])}</td>"
+            f"<td>{fmt_number(r['samples_per_s'], 0)}</td></tr>" for r in self.epochs)
+        return f"<b>epoch timing</b><table class='hvd-epochs'>{head}{body}</table>"
 
 
 def _short(text: str, limit: int = 120) -> str:

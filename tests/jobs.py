@@ -95,3 +95,45 @@ def print_lines(count: int = 5):
     for i in range(count):
         print(f"line {i} of rank {rank}")
     return rank
+
+
+def keras_epochs(epochs: int = 3):
+    """A small tf.keras fit with verbose=2 (prints 'Epoch y/z' lines); no progress code added."""
+    import numpy as np
+    import tensorflow as tf
+    import horovod.tensorflow.keras as hvd
+
+    hvd.init()
+    x = np.random.default_rng(hvd.rank()).normal(size=(256, 8)).astype("float32")
+    y = (x.sum(axis=1) > 0).astype("int32")
+    model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(2)])
+    model.compile(hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)),
+                  tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    model.fit(x, y, batch_size=32, epochs=epochs, verbose=2 if hvd.rank() == 0 else 0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    return hvd.rank()
+
+
+def torch_tracked_loop(epochs: int = 2, steps: int = 20):
+    """A custom loop that reports through hvd_magics.progress.track."""
+    import time
+
+    from hvd_magics import progress
+
+    for epoch in range(1, epochs + 1):
+        for step, _batch in enumerate(progress.track(range(steps), epoch=epoch, epochs=epochs,
+                                                     batch_size=8)):
+            time.sleep(0.01)
+            progress.report(step + 1, loss=1.0 / (step + 1))
+    return "ok"
+
+
+def print_epoch_lines(epochs: int = 3):
+    """Only prints Keras-style epoch lines (no structured progress)."""
+    import time
+
+    for epoch in range(1, epochs + 1):
+        print(f"Epoch {epoch}/{epochs}", flush=True)
+        time.sleep(0.3)
+    return "printed"

@@ -1,0 +1,107 @@
+"""Keras reports its progress with no change to the user's code.
+
+A rank installs an import hook (:func:`install`); when ``tf_keras`` or ``keras`` is imported, its
+``Model.fit`` gains a callback that reports epochs, steps and metrics through
+:mod:`hvd_magics.progress`. The callback keeps Keras from converting batch logs to numpy
+(``_supports_tf_logs``) and converts only the few it sends.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import sys
+from typing import Any
+
+from hvd_magics import progress
+
+_KERAS_MODULES = ("tf_keras", "keras")
+_PATCHED = "_hvd_magics_progress"
+
+
+def _batch_size(args: tuple, kwargs: dict[str, Any]) -> int | None:
+    size = kwargs.get("batch_size", args[2] if len(args) > 2 else None)
+    if size is None:
+        x = kwargs.get("x", args[0] if args else None)
+        if hasattr(x, "shape") and not hasattr(x, "element_spec"):
+            size = 32  # Keras's default for array input
+    return size
+
+
+def _callback_class(base: type) -> type:
+    class HorovodMagicsProgress(base):  # type: ignore[misc, valid-type]
+        _supports_tf_logs = True
+
+        def __init__(self, batch_size: int | None) -> None:
+            super().__init__()
+            self.batch_size = batch_size
+            self.steps_done = 0
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self.steps_done = 0
+            progress.start_epoch(epoch + 1, self.params.get("epochs"), self.params.get("steps"),
+                                 self.batch_size)
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self.steps_done = batch + 1
+            progress.report(batch + 1, **(logs or {}))
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            samples = self.steps_done * self.batch_size if self.batch_size else None
+            progress.end_epoch(samples=samples, **(logs or {}))
+
+    return HorovodMagicsProgress
+
+
+def patch_keras(module: Any) -> None:
+    """Give ``module.Model.fit`` (tf_keras or keras) the progress callback, once."""
+    model = getattr(module, "Model", None)
+    callbacks = getattr(module, "callbacks", None)
+    if model is None or callbacks is None or getattr(model.fit, _PATCHED, False):
+        return
+    callback_class = _callback_class(callbacks.Callback)
+    original = model.fit
+
+    @functools.wraps(original)
+    def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        given = list(kwargs.get("callbacks") or (args[5] if len(args) > 5 else None) or [])
+        if not any(isinstance(c, callback_class) for c in given):
+            given.append(callback_class(_batch_size(args, kwargs)))
+        if len(args) > 5:
+            args = args[:5] + (given,) + args[6:]
+        else:
+            kwargs["callbacks"] = given
+        return original(self, *args, **kwargs)
+
+    setattr(fit, _PATCHED, True)
+    model.fit = fit
+
+
+class _KerasImportHook(importlib.abc.MetaPathFinder):
+    """Patch Keras right after it is imported (whenever the user's code imports it)."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in _KERAS_MODULES:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                original_exec = spec.loader.exec_module
+
+                def exec_module(module: Any, _exec: Any = original_exec) -> None:
+                    _exec(module)
+                    patch_keras(module)
+
+                spec.loader.exec_module = exec_module
+                return spec
+        return None
+
+
+def install() -> None:
+    """Patch Keras now if it is already imported, and whenever it is imported later."""
+    for name in _KERAS_MODULES:
+        if name in sys.modules:
+            patch_keras(sys.modules[name])
+    if not any(isinstance(f, _KerasImportHook) for f in sys.meta_path):
+        sys.meta_path.insert(0, _KerasImportHook())

@@ -1,0 +1,106 @@
+"""Report training progress from a rank to the notebook (PyTorch and custom loops).
+
+Cheap enough to call every step: a call costs a clock read and a comparison; at most a few events
+per second leave the rank. Outside a rank process every call is a no-op, so the same code runs on
+a laptop.
+
+Examples
+--------
+>>> from hvd_magics import progress
+>>> for epoch in range(1, epochs + 1):                                # doctest: +SKIP
+...     for step, (x, y) in enumerate(progress.track(loader, epoch=epoch, epochs=epochs,
+...                                                  batch_size=64)):
+...         loss = train_step(x, y)
+...         progress.report(step + 1, loss=loss)
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable, Iterator, TypeVar
+
+from hvd_magics import rank_events
+
+#: Least seconds between two progress events from one rank.
+MIN_INTERVAL_S = 0.25
+
+T = TypeVar("T")
+
+
+class _Epoch:
+    epoch = 0
+    epochs: int | None = None
+    steps: int | None = None
+    batch_size: int | None = None
+    started = 0.0
+    last_emit = 0.0
+
+
+_current = _Epoch()
+
+
+def _floats(metrics: dict[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, value in metrics.items():
+        try:
+            out[name] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def start_epoch(epoch: int, epochs: int | None = None, steps: int | None = None,
+                batch_size: int | None = None) -> None:
+    """Say that epoch ``epoch`` (1-based) of ``epochs`` begins.
+
+    ``steps`` (batches in the epoch) and ``batch_size`` (samples per batch) are optional; with the
+    batch size the notebook shows samples per second.
+    """
+    _current.epoch, _current.epochs, _current.steps = epoch, epochs, steps
+    _current.batch_size = batch_size
+    _current.started = _current.last_emit = time.monotonic()
+    rank_events.emit("epoch_begin", epoch=epoch, epochs=epochs, steps=steps)
+
+
+def report(step: int, total: int | None = None, **metrics: Any) -> None:
+    """Report step ``step`` (1-based) of the current epoch and the latest metrics (throttled)."""
+    now = time.monotonic()
+    if now - _current.last_emit < MIN_INTERVAL_S:
+        return
+    _current.last_emit = now
+    elapsed = now - _current.started
+    rate = step * _current.batch_size / elapsed if _current.batch_size and elapsed > 0 else None
+    rank_events.emit("progress", epoch=_current.epoch, step=step,
+                     steps=total if total is not None else _current.steps,
+                     samples_per_s=rate, metrics=_floats(metrics))
+
+
+def end_epoch(samples: int | None = None, **metrics: Any) -> None:
+    """Say that the current epoch ended, having seen ``samples`` samples on this rank."""
+    duration = time.monotonic() - _current.started
+    rank_events.emit("epoch_end", epoch=_current.epoch, epochs=_current.epochs,
+                     duration=duration, samples=samples, metrics=_floats(metrics))
+
+
+def track(iterable: Iterable[T], epoch: int, epochs: int | None = None, total: int | None = None,
+          batch_size: int | None = None) -> Iterator[T]:
+    """Yield from ``iterable`` as one epoch: begin, a progress report per item, end.
+
+    Parameters
+    ----------
+    iterable : iterable
+        The batches of one epoch.
+    epoch, epochs : int
+        This epoch (1-based) and how many there are.
+    total : int, optional
+        Number of batches (``len(iterable)`` when it has one).
+    batch_size : int, optional
+        Samples per batch, for samples per second.
+    """
+    if total is None and hasattr(iterable, "__len__"):
+        total = len(iterable)  # type: ignore[arg-type]
+    start_epoch(epoch, epochs, total, batch_size)
+    count = 0
+    for count, item in enumerate(iterable, 1):
+        yield item
+        report(count, total)
+    end_epoch(samples=count * batch_size if batch_size else None)

@@ -1,0 +1,142 @@
+"""A live dashboard of a job in the notebook: one row per rank, a header, and each rank's log.
+
+Widgets are changed only from the thread that runs the cell (the launcher's watch loop calls
+:meth:`WidgetView.on_tick`), at most every ``REFRESH_INTERVAL_S``; events only mark what changed.
+That keeps updates in the notebook's saved widget state when it is executed headless, and a rank
+printing thousands of lines per second costs the browser a few messages per second.
+"""
+from __future__ import annotations
+
+import collections
+import html
+import time
+from typing import Any
+
+from hvd_magics.job_state import DONE, FAILED, RUNNING, STARTING, WAITING, JobState
+
+#: Least seconds between two refreshes of the widgets.
+REFRESH_INTERVAL_S = 0.25
+#: A running rank silent for this long is shown as stalled.
+STALL_AFTER_S = 60.0
+#: Lines of each rank's log kept in memory for the log viewer (the log file has them all).
+LOG_LINES_KEPT = 500
+
+_COLOURS = {WAITING: "#757575", STARTING: "#1565c0", RUNNING: "#1565c0", DONE: "#2e7d32",
+            FAILED: "#c62828", "stalled": "#ef6c00"}
+_STATE_LABELS = {WAITING: "waiting for slot", STARTING: "starting", RUNNING: "running",
+                 DONE: "done", FAILED: "failed"}
+
+
+def widgets_available() -> bool:
+    """Whether this is a Jupyter kernel with ipywidgets installed."""
+    try:
+        import ipywidgets  # noqa: F401
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+class _RankRow:
+    def __init__(self, widgets: Any, rank: int) -> None:
+        width = lambda px: widgets.Layout(width=f"{px}px")  # noqa: E731
+        self.name = widgets.HTML(f"<b>rank {rank}</b>", layout=width(170))
+        self.state = widgets.HTML(layout=width(110))
+        self.epoch = widgets.Label(layout=width(90))
+        self.bar = widgets.IntProgress(min=0, max=1, value=0, layout=width(180))
+        self.metrics = widgets.Label(layout=width(260))
+        self.rate = widgets.Label(layout=width(110))
+        self.seen = widgets.Label(layout=width(110))
+        self.box = widgets.HBox([self.name, self.state, self.epoch, self.bar, self.metrics,
+                                 self.rate, self.seen])
+
+
+class WidgetView:
+    """Show a job as widgets; created and displayed on the first tick after submission."""
+
+    def __init__(self) -> None:
+        self._rows: list[_RankRow] = []
+        self._logs: list[collections.deque] = []
+        self._last_refresh = 0.0
+        self._dirty = True
+        self._shown = False
+        self.box: Any = None
+
+    def _build(self, job: JobState) -> None:
+        import ipywidgets as widgets
+        from IPython.display import display
+
+        self.header = widgets.HTML()
+        self._rows = [_RankRow(widgets, r) for r in range(job.size)]
+        self._logs = [collections.deque(maxlen=LOG_LINES_KEPT) for _ in range(job.size)]
+        self.log_rank = widgets.Dropdown(options=[(f"rank {r}", r) for r in range(job.size)],
+                                         description="log of", layout=widgets.Layout(width="200px"))
+        self.log = widgets.Textarea(layout=widgets.Layout(width="100%", height="160px"),
+                                    disabled=True)
+        self.log_rank.observe(lambda _change: self._show_log(), names="value")
+        self.box = widgets.VBox([self.header, *[row.box for row in self._rows],
+                                 widgets.HBox([self.log_rank]), self.log])
+        display(self.box)
+        self._shown = True
+
+    def on_event(self, job: JobState, event: dict[str, Any]) -> None:
+        self._dirty = True
+        if event["kind"] == "output" and self._logs:
+            self._logs[event["rank"]].extend(event.get("lines", []))
+
+    def on_tick(self, job: JobState) -> None:
+        if not self._shown:
+            self._build(job)
+        now = time.monotonic()
+        if now - self._last_refresh >= REFRESH_INTERVAL_S:
+            self._refresh(job, now, final=False)
+
+    def on_end(self, job: JobState) -> None:
+        if not self._shown:
+            self._build(job)
+        self._refresh(job, time.monotonic(), final=True)
+
+    def _show_log(self) -> None:
+        self.log.value = "\n".join(self._logs[self.log_rank.value])
+
+    def _refresh(self, job: JobState, now: float, final: bool) -> None:
+        self._last_refresh = now
+        elapsed = now - job.started_at
+        failed = any(r.state == FAILED for r in job.ranks)
+        overall = ("failed" if failed else "done" if final else
+                   "running" if any(r.state == RUNNING for r in job.ranks) else "starting")
+        colour = _COLOURS[FAILED] if failed else _COLOURS[DONE] if final else _COLOURS[RUNNING]
+        self.header.value = (f"<b>Horovod job</b>, {job.size} ranks on {html.escape(job.where)}: "
+                             f"<b style='color:{colour}'>{overall}</b>, {elapsed:.1f} s")
+        for rank, row in zip(job.ranks, self._rows):
+            self._refresh_row(rank, row, now, final)
+        if self._dirty:
+            self._show_log()
+            self._dirty = False
+
+    @staticmethod
+    def _refresh_row(rank: Any, row: _RankRow, now: float, final: bool) -> None:
+        silent = now - rank.last_seen
+        state = rank.state
+        if state == WAITING and final:
+            state = FAILED
+        label = _STATE_LABELS[state]
+        if state == RUNNING and silent > STALL_AFTER_S:
+            label, state = f"stalled {silent:.0f} s", "stalled"
+        row.name.value = f"<b>rank {rank.rank}</b> {html.escape(rank.host)}"
+        row.state.value = f"<b style='color:{_COLOURS[state]}'>{label}</b>"
+        row.epoch.value = (f"epoch {rank.epoch}/{rank.epochs or '?'}" if rank.epoch else "")
+        total = rank.steps or 0
+        if total:
+            row.bar.max = total
+            row.bar.value = min(rank.step, total)
+        elif rank.epochs:
+            row.bar.max, row.bar.value = rank.epochs, min(rank.epoch, rank.epochs)
+        if rank.state == DONE:
+            row.bar.max = row.bar.max or 1
+            row.bar.value = row.bar.max
+        row.bar.bar_style = {DONE: "success", FAILED: "danger"}.get(rank.state, "info")
+        row.metrics.value = "  ".join(f"{k} {v:.4g}" for k, v in list(rank.metrics.items())[:4])
+        row.rate.value = f"{rank.samples_per_s:,.0f} samples/s" if rank.samples_per_s else ""
+        row.seen.value = "" if rank.exited else f"seen {silent:.0f} s ago"

@@ -1,0 +1,81 @@
+"""Progress and epoch timing from real ranks: Keras with no code change, the track API, text lines."""
+from hvd_magics import HorovodRunner, last_run
+from hvd_magics.job_state import JobState
+from tests import jobs
+
+
+class Collect:
+    """A view that keeps every event (what widgets would be told)."""
+
+    def __init__(self):
+        self.events = []
+        self.ticks = 0
+
+    def on_event(self, job, event):
+        self.events.append(event)
+
+    def on_tick(self, job):
+        self.ticks += 1
+
+    def on_end(self, job):
+        self.job = job
+
+
+def _run(fn, view, np=-2, **kwargs):
+    from hvd_magics.payload import serialize_job
+
+    return HorovodRunner(np=np).run_payload(serialize_job(fn, kwargs), views=[view])
+
+
+def test_keras_fit_reports_epochs_steps_and_metrics_without_code_changes():
+    view = Collect()
+    record = _run(jobs.keras_epochs, view, epochs=3)
+    kinds = [(e["rank"], e["kind"]) for e in view.events]
+    for rank in (0, 1):
+        assert kinds.count((rank, "epoch_begin")) == 3 and kinds.count((rank, "epoch_end")) == 3
+    end = next(e for e in view.events if e["kind"] == "epoch_end")
+    assert {"loss", "accuracy"} <= set(end["metrics"]) and end["samples"] == 256
+    assert end["epochs"] == 3
+    assert [row["epoch"] for row in record.epochs] == [1, 2, 3]
+    for row in record.epochs:
+        assert set(row["rank_seconds"]) == {0, 1} and row["wall_s"] > 0
+        assert row["samples"] == 512 and row["samples_per_s"] > 0
+    # the study's measure: first 'Epoch y/z' line to the first 'Epoch y+1/z' line
+    assert record.epochs[0]["line_to_line_s"] > 0 and record.epochs[2]["line_to_line_s"] is None
+    assert record.startup_s > 0 and record.training_s > 0
+    assert "epoch timing" in str(record) and "hvd-epochs" in record._repr_html_()
+    assert list(record.to_pandas()["epoch"]) == [1, 2, 3]
+    assert view.job.ranks[1].epoch == 3 and view.job.ranks[1].metrics
+
+
+def test_the_track_api_reports_a_custom_loop_and_is_throttled():
+    view = Collect()
+    record = _run(jobs.torch_tracked_loop, view, epochs=2, steps=40)
+    progress = [e for e in view.events if e["kind"] == "progress"]
+    assert 0 < len(progress) <= 2 * 2 * 3  # ~0.45 s epochs, at most one report per 0.25 s
+    assert [row["samples"] for row in record.epochs] == [640, 640]  # 2 ranks x 40 steps x 8
+    assert view.job.ranks[0].samples_per_s > 0
+
+
+def test_epoch_lines_in_plain_output_move_the_counter_and_time_epochs(tmp_path):
+    view = Collect()
+    record = _run(jobs.print_epoch_lines, view, np=-1, epochs=3)
+    assert view.job.ranks[0].epoch == 3 and view.job.ranks[0].epochs == 3
+    study = [row["line_to_line_s"] for row in record.epochs]
+    assert study[0] > 0.2 and study[1] > 0.2 and study[2] is None
+
+
+def test_ticks_reach_views_while_a_job_runs():
+    view = Collect()
+    _run(jobs.print_epoch_lines, view, np=-1, epochs=2)
+    assert view.ticks >= 3
+
+
+def test_job_state_counts_epoch_lines_only_without_structured_progress(tmp_path):
+    job = JobState(1, tmp_path / "log")
+    job.handle({"kind": "output", "rank": 0, "lines": ["Epoch 2/5"]})
+    assert (job.ranks[0].epoch, job.ranks[0].epochs) == (2, 5)
+    job.handle({"kind": "epoch_begin", "rank": 0, "epoch": 1, "epochs": 4})
+    job.handle({"kind": "output", "rank": 0, "lines": ["Epoch 3/5"]})
+    assert (job.ranks[0].epoch, job.ranks[0].epochs) == (1, 4)
+    job.end()
