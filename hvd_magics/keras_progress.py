@@ -3,12 +3,14 @@
 A rank installs an import hook (:func:`install`); when ``tf_keras`` or ``keras`` is imported, its
 ``Model.fit`` gains a callback that reports epochs, steps and metrics through
 :mod:`hvd_magics.progress`. The callback keeps Keras from converting batch logs to numpy
-(``_supports_tf_logs``) and converts only the few it sends.
+(``_supports_tf_logs``) and converts only the few it sends. Set ``HVD_MAGICS_KERAS_PROGRESS=0``
+in the ranks' environment to turn it off.
 """
 from __future__ import annotations
 
 import functools
 import importlib.abc
+import os
 import sys
 from typing import Any
 
@@ -100,6 +102,8 @@ class _KerasImportHook(importlib.abc.MetaPathFinder):
 
 def install() -> None:
     """Patch Keras now if it is already imported, and whenever it is imported later."""
+    if os.environ.get("HVD_MAGICS_KERAS_PROGRESS", "1") == "0":
+        return
     for name in _KERAS_MODULES:
         if name in sys.modules:
             patch_keras(sys.modules[name])

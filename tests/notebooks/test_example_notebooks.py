@@ -38,3 +38,12 @@ def test_the_main_mnist_notebook(tmp_path):
     assert accuracy >= 0.85
     assert "HorovodRun" in everything and "status      succeeded" in everything
     assert "predicted:" in everything
+    assert "epoch timing" in everything and re.search(r"\n\s+8\s+\d+\.\d+", everything)
+    # live widgets, saved in the notebook's widget state with their final values
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    bars = [m["state"] for m in state.values() if m["model_name"] == "IntProgressModel"]
+    assert len(bars) == 3  # one rank for np=-1, two for np=2
+    assert all(b["bar_style"] == "success" and b["value"] == b["max"] > 0 for b in bars)
+    headers = [m["state"]["value"] for m in state.values()
+               if m["model_name"] == "HTMLModel" and "Horovod job" in m["state"]["value"]]
+    assert any("2 ranks on spark local[2]" in h and "done" in h for h in headers)
