@@ -46,9 +46,9 @@ class DriverBackend:
         slots = plan_ranks([_HOST] * self.size)
         self._server, port = start_rendezvous(slots)
         gpus = visible_gpu_count()
-        base = rank_environment(dict(os.environ), self.env)
         for slot in slots:
-            env = {**base, **slot_env(slot, "127.0.0.1", port, "lo")}
+            env = {**rank_environment(dict(os.environ), self.env),
+                   **slot_env(slot, "127.0.0.1", port, "lo")}
             if gpus and "CUDA_VISIBLE_DEVICES" not in self.env:
                 env["CUDA_VISIBLE_DEVICES"] = str(slot.local_rank % gpus)
             sink = _QueueSink(events, slot.rank)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +106,9 @@ class JobState:
         self.value_blob: str | None = None
         self.started_at = time.monotonic()
         self.timer = EpochTimer(self.started_at)
+        self.timeline_dest: Path | None = None
+        self._timeline_file: Any = None
+        self._timeline_local: str | None = None
 
     def handle(self, event: dict[str, Any]) -> None:
         """Apply one event."""
@@ -140,6 +144,13 @@ class JobState:
             state.has_result = True
             if rank == 0:
                 self.value_blob = event.get("value")
+        elif kind == "timeline_local":
+            self._timeline_local = event.get("path")
+        elif kind == "timeline_chunk" and self.timeline_dest is not None:
+            if self._timeline_file is None:
+                self.timeline_dest.parent.mkdir(parents=True, exist_ok=True)
+                self._timeline_file = open(self.timeline_dest, "wb")  # noqa: SIM115
+            self._timeline_file.write(base64.b64decode(event["data"]))
         elif kind in ("epoch_begin", "progress", "epoch_end"):
             self._progress(state, kind, event)
         elif kind == "exit":
@@ -192,6 +203,24 @@ class JobState:
         failed = [r for r in self.ranks if r.failed]
         failed.sort(key=lambda r: (r.peer_lost, r.failed_at or 0.0))
         return [r.failure() for r in failed]
+
+    def finish_timeline(self) -> Path | None:
+        """Close the trace sent by rank 0; if none came (the job was stopped) but rank 0 wrote it
+        on this host, copy it. Then make it valid JSON. Return its path, or ``None``."""
+        from hvd_magics.timeline import repair
+
+        if self.timeline_dest is None:
+            return None
+        if self._timeline_file is not None:
+            self._timeline_file.close()
+        elif self._timeline_local and Path(self._timeline_local).exists():
+            self.timeline_dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self._timeline_local, self.timeline_dest)
+            Path(self._timeline_local).unlink()
+        else:
+            return None
+        repair(self.timeline_dest)
+        return self.timeline_dest
 
     def end(self) -> None:
         """Tell the views the job is over and close the log."""

@@ -1,6 +1,7 @@
 """HorovodRunner: run a function as a Horovod job, on Spark (``np > 0``) or on the driver (``np < 0``)."""
 from __future__ import annotations
 
+import os
 import queue
 import sys
 import tempfile
@@ -16,6 +17,7 @@ from hvd_magics.job_state import JobState, JobView
 from hvd_magics.payload import serialize_job
 from hvd_magics.run_record import RunRecord
 from hvd_magics.spark_backend import SparkBackend, active_session, start_local_session
+from hvd_magics.timeline import ENV_WANT_TIMELINE
 from hvd_magics.text_view import VERBOSITIES, VERBOSITY_ALL, TextView
 from hvd_magics.widgets_view import WidgetView, widgets_available
 
@@ -76,6 +78,12 @@ class HorovodRunner:
         Seconds to wait for every rank process to start before giving up.
     env : mapping, optional
         Extra environment variables for the rank processes.
+    timeline : str or path, optional
+        Record Horovod Timeline into this file on the driver (whichever host rank 0 runs on).
+        The record's ``timeline_path`` names it; ``hvd_magics.timeline.summarize`` reads it.
+        (A constructor keyword, so that ``run(main, **kwargs)`` passes every keyword to ``main``.)
+    timeline_mark_cycles : bool
+        Mark Horovod's cycles in the timeline (``HOROVOD_TIMELINE_MARK_CYCLES``).
 
     Raises
     ------
@@ -90,7 +98,9 @@ class HorovodRunner:
 
     def __init__(self, np: int, driver_log_verbosity: str = VERBOSITY_ALL,
                  start_timeout: float = DEFAULT_START_TIMEOUT_S,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None,
+                 timeline: str | os.PathLike | None = None,
+                 timeline_mark_cycles: bool = False) -> None:
         self.num_processor = validate_np(np)
         if driver_log_verbosity not in VERBOSITIES:
             raise ValueError(f"driver_log_verbosity must be one of {VERBOSITIES}, "
@@ -100,6 +110,11 @@ class HorovodRunner:
             raise ValueError(f"start_timeout must be positive seconds, got {start_timeout!r}")
         self.start_timeout = float(start_timeout)
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
+        self.timeline = Path(timeline) if timeline is not None else None
+        if self.timeline is not None:
+            self.env[ENV_WANT_TIMELINE] = "1"
+            if timeline_mark_cycles:
+                self.env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1"
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return what it returned on rank 0.
@@ -121,7 +136,8 @@ class HorovodRunner:
     def run_payload(self, payload: bytes, views: list[JobView] | None = None) -> RunRecord:
         """Run an already serialised job; return its :class:`RunRecord` (used by the magics)."""
         views = default_views(self.driver_log_verbosity) if views is None else views
-        return launch(payload, self.num_processor, self.env, self.start_timeout, views)
+        return launch(payload, self.num_processor, self.env, self.start_timeout, views,
+                      self.timeline)
 
 
 def _make_backend(np: int, env: dict[str, str]) -> SparkBackend | DriverBackend:
@@ -132,13 +148,14 @@ def _make_backend(np: int, env: dict[str, str]) -> SparkBackend | DriverBackend:
 
 
 def launch(payload: bytes, np: int, env: dict[str, str], start_timeout: float,
-           views: list[JobView]) -> RunRecord:
+           views: list[JobView], timeline: Path | None = None) -> RunRecord:
     """Run one job to its end and return its record; raise when it failed."""
     global _last_run
     job_id = uuid.uuid4().hex[:12]
     backend = _make_backend(np, env)
     log_path = runs_dir() / job_id / "ranks.log"
     job = JobState(abs(np), log_path, views, backend.where)
+    job.timeline_dest = timeline
     record = RunRecord(job_id=job_id, np=np, where=backend.where, log_path=str(log_path))
     _last_run = record
     events: queue.Queue = queue.Queue()
@@ -231,6 +248,8 @@ def _finish(record: RunRecord, job: JobState) -> None:
     record.exit_codes = {r.rank: r.exit_code for r in job.ranks}
     record.hosts = {r.rank: r.host for r in job.ranks}
     record.pids = {r.rank: r.pid for r in job.ranks if r.pid is not None}
+    timeline = job.finish_timeline()
+    record.timeline_path = str(timeline) if timeline else None
     record.epochs = job.timer.rows()
     split = job.timer.split(time.monotonic())
     record.startup_s, record.training_s = split["startup_s"], split["training_s"]

@@ -6,7 +6,7 @@ import shlex
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from hvd_magics.cell_capture import CellError, capture, run_captured_cell
@@ -17,6 +17,7 @@ from hvd_magics.launcher import (DEFAULT_START_TIMEOUT_S, HorovodRunner, default
 from hvd_magics.payload import find_unshippable, serialize_job
 from hvd_magics.run_record import RunRecord
 from hvd_magics.text_view import VERBOSITIES
+from hvd_magics.timeline import COST_WARNING, TimelineSettings, summarize
 
 #: ``key=value`` tokens accepted in HorovodRunner style, and the option each one means.
 _KEY_VALUE_OPTIONS = {"np": "--np", "start_timeout": "--start-timeout",
@@ -57,6 +58,7 @@ class HorovodMagics(Magics):
     """``%%horovod np=N``: run the cell as a Horovod job with N ranks."""
 
     last_run: RunRecord | None = None
+    timeline = TimelineSettings()
 
     @magic_arguments()
     @argument("-np", "--np", type=int, default=None,
@@ -112,8 +114,11 @@ class HorovodMagics(Magics):
             payload = serialize_job(run_captured_cell, {"cell": captured})
         except PayloadError as exc:
             raise UsageError(f"%%horovod: {exc}") from None
+        timeline = self.timeline
         runner = HorovodRunner(np, driver_log_verbosity=args.verbosity,
-                               start_timeout=args.start_timeout, env=env)
+                               start_timeout=args.start_timeout, env=env,
+                               timeline=timeline.next_path() if timeline.enabled else None,
+                               timeline_mark_cycles=timeline.mark_cycles)
         views = default_views(args.verbosity, show_output=not args.quiet)
         record = self._run(runner, payload, views, args.output)
         result = record.value or {}
@@ -136,3 +141,41 @@ class HorovodMagics(Magics):
             if output:
                 self.shell.user_ns[output] = HorovodMagics.last_run
         return record
+
+    @magic_arguments()
+    @argument("action", nargs="?", choices=["on", "off", "show"], default=None,
+              help="on: record the next %%horovod runs; off: stop; show: summarise a trace. "
+                   "Without an action, print the current state.")
+    @argument("path", nargs="?", default=None,
+              help="on: a file, or a folder for one timestamped file per run (default "
+                   "hvd_timelines/ beside the notebook). show: the trace (default: the last run's).")
+    @argument("--mark-cycles", action="store_true", help="Mark Horovod's cycles in the trace.")
+    @line_magic
+    def hvd_timeline(self, line: str) -> Any:
+        """Record Horovod Timeline for %%horovod runs and show what it recorded."""
+        args = parse_argstring(self.hvd_timeline, line)
+        settings = HorovodMagics.timeline
+        if args.action == "on":
+            settings.enabled, settings.path = True, args.path
+            settings.mark_cycles = args.mark_cycles
+            if not settings.warned:
+                print(COST_WARNING)
+                settings.warned = True
+            print(settings)
+            return None
+        if args.action == "off":
+            settings.enabled = False
+            print(settings)
+            return None
+        if args.action == "show":
+            path = args.path or (HorovodMagics.last_run.timeline_path
+                                 if HorovodMagics.last_run is not None else None)
+            if not path:
+                raise UsageError("%hvd_timeline show: the last run recorded no timeline; turn it "
+                                 "on with %hvd_timeline on, or give a trace file")
+            try:
+                return summarize(path)
+            except OSError as exc:
+                raise UsageError(f"%hvd_timeline show: cannot read {path}: {exc.strerror}") from None
+        print(settings)
+        return None

@@ -7,19 +7,26 @@ The rank runs in its own process session, dies with its supervisor (``PR_SET_PDE
 """
 from __future__ import annotations
 
+import base64
 import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import uuid
 from typing import Any, Callable
 
 from hvd_magics.rank_events import ENV_EVENT_FD
+from hvd_magics.timeline import ENV_WANT_TIMELINE
 
 #: ``sink(kind, **payload)`` receives every event of the rank, from several threads.
 EventSink = Callable[..., None]
+
+#: Bytes of a timeline file sent in one ``timeline_chunk`` event.
+TIMELINE_CHUNK_BYTES = 1 << 20
 
 #: Most lines sent in one ``output`` event (the rest follow in the next one).
 MAX_LINES_PER_EVENT = 200
@@ -48,6 +55,11 @@ def rank_environment(base: dict[str, str], extra: dict[str, str]) -> dict[str, s
     root = _package_root()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env.update(extra)
+    if env.pop(ENV_WANT_TIMELINE, None):
+        # Only rank 0 writes it, on whichever host it runs; its supervisor sends it back.
+        folder = os.path.join(tempfile.gettempdir(), "hvd_magics")
+        os.makedirs(folder, exist_ok=True)
+        env["HOROVOD_TIMELINE"] = os.path.join(folder, f"timeline-{uuid.uuid4().hex}.json")
     return env
 
 
@@ -78,6 +90,9 @@ class RankProcess:
         )
         os.close(write_fd)
         self.pid = self._proc.pid
+        self._timeline = env.get("HOROVOD_TIMELINE")
+        if self._timeline:
+            sink("timeline_local", path=self._timeline)
         self._pumps = [
             threading.Thread(target=self._pump_output, name="hvd-rank-output", daemon=True),
             threading.Thread(target=self._pump_events, args=(read_fd,), name="hvd-rank-events",
@@ -126,8 +141,22 @@ class RankProcess:
         code = self._proc.wait()
         for pump in self._pumps:
             pump.join(timeout=5)
-        self._sink("exit", code=code)
+        try:
+            self._send_timeline()
+        except OSError as exc:
+            self._sink("output", lines=[f"hvd_magics: could not send the timeline: {exc}"])
+        finally:
+            self._sink("exit", code=code)
         return code
+
+    def _send_timeline(self) -> None:
+        """Send the trace this rank wrote (rank 0 only) in chunks, then delete the local file."""
+        if not self._timeline or not os.path.exists(self._timeline):
+            return
+        with open(self._timeline, "rb") as fh:
+            while chunk := fh.read(TIMELINE_CHUNK_BYTES):
+                self._sink("timeline_chunk", data=base64.b64encode(chunk).decode())
+        os.remove(self._timeline)
 
     def kill(self) -> None:
         """Kill the rank and every process it started (its process group)."""

@@ -137,3 +137,29 @@ def print_epoch_lines(epochs: int = 3):
         print(f"Epoch {epoch}/{epochs}", flush=True)
         time.sleep(0.3)
     return "printed"
+
+
+def torch_allreduce_steps(steps: int = 20, fail: bool = False):
+    """Several named allreduces (so the timeline has activity); optionally die afterwards."""
+    import os
+    import signal
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    for step in range(steps):
+        hvd.allreduce(torch.ones(1000) * step, name=f"grad_{step % 3}")
+    if fail and hvd.rank() == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return hvd.rank()
+
+
+def timeline_paths():
+    """Every rank's HOROVOD_TIMELINE, as rank 0 sees them."""
+    import os
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    return hvd.allgather_object(os.environ.get("HOROVOD_TIMELINE"))

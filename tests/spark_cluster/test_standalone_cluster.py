@@ -26,3 +26,12 @@ def test_a_failing_rank_on_the_cluster_ends_the_job(cluster_spark):
     assert "boom from rank 0" in "\n".join(info.value._render_traceback_())
     assert rank_processes_alive(last_run().pids.values()) == []
     assert HorovodRunner(np=2).run(jobs.print_lines, count=1) == 0
+
+
+def test_the_timeline_comes_back_from_the_executor(cluster_spark, tmp_path):
+    import json
+
+    path = tmp_path / "cluster-trace.json"
+    HorovodRunner(np=2, timeline=path).run(jobs.torch_allreduce_steps, steps=10)
+    assert last_run().timeline_path == str(path)
+    assert any(e.get("name") == "ALLREDUCE" for e in json.loads(path.read_text()))
