@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: A Keras-style epoch header in a rank's output (the study's ``[1,x]:Epoch y/z``).
-EPOCH_LINE = re.compile(r"^\s*Epoch (\d+)/(\d+)\s*$")
+EPOCH_LINE = re.compile(r"^\s*Epoch (\d+)/(\d+)\b")
 
 
 @dataclass

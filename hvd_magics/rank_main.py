@@ -31,9 +31,11 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def _format_exception(exc: BaseException) -> str:
-    """The traceback, without the frames of this module."""
+    """The traceback, without the leading frames of hvd_magics itself (the user's code first)."""
+    package = os.path.dirname(os.path.abspath(__file__))
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_globals.get("__name__") == __name__:
+    while tb is not None and tb.tb_next is not None and os.path.dirname(
+            os.path.abspath(tb.tb_frame.f_code.co_filename)) == package:
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb))
 

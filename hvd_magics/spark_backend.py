@@ -40,11 +40,13 @@ def start_local_session(np: int) -> Any:
     cores = max(np, os.cpu_count() or 1)
     print(f"hvd_magics: no active SparkSession; starting an embedded local one (local[{cores}]).",
           file=sys.stderr)
-    return (SparkSession.builder.master(f"local[{cores}]").appName("hvd_magics")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .getOrCreate())
+    spark = (SparkSession.builder.master(f"local[{cores}]").appName("hvd_magics")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")  # our own session: keep Spark's chatter out of cells
+    return spark
 
 
 def task_slots(sc: Any) -> tuple[int, int]:
@@ -143,7 +145,7 @@ class SparkBackend:
         """Stop every rank: close the channel (supervisors kill their ranks), cancel the stage."""
         if self._server is not None:
             self._server.close()
-        if self._group:
+        if self._group and not self.finished:
             self.sc.cancelJobGroup(self._group)
 
     def join(self, timeout: float) -> bool:

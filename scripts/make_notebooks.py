@@ -14,9 +14,9 @@ def md(text: str) -> dict:
     return {"cell_type": "markdown", "metadata": {}, "source": text.strip("\n")}
 
 
-def code(text: str) -> dict:
-    return {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
-            "source": text.strip("\n")}
+def code(text: str, tags: list[str] | None = None) -> dict:
+    return {"cell_type": "code", "metadata": {"tags": tags} if tags else {},
+            "execution_count": None, "outputs": [], "source": text.strip("\n")}
 
 
 def write(name: str, cells: list[dict]) -> None:
@@ -175,7 +175,285 @@ assert test_accuracy >= 0.85, f"accuracy {test_accuracy:.3f} is below 0.85"
 """),
 ]
 
+DIGITS_SETUP = code("""
+import numpy as np
+
+
+def load_digits_data():
+    \"\"\"scikit-learn's 8x8 digits (shipped with the package), split 75/25, as float32 arrays.\"\"\"
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x_train, x_test, y_train, y_test = train_test_split(
+        (digits.data / 16.0).astype("float32"), digits.target, test_size=0.25, random_state=0)
+    return (x_train, y_train), (x_test, y_test)
+""")
+
+PYTORCH = [
+    md("""
+# PyTorch on Horovod, with live progress from a custom training loop
+
+The same story as the Keras notebook, in PyTorch: a single-machine loop, then the loop on two
+Horovod ranks. A custom loop reports its progress with `hvd_magics.progress` (`track` wraps the
+batches of an epoch; `report` adds metrics); outside a rank both are no-ops.
+"""),
+    code("%load_ext hvd_magics"),
+    DIGITS_SETUP,
+    code("""
+EPOCHS = 10
+
+
+def build_model():
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+"""),
+    md("## 1. The single-machine loop, run once on the driver (`np=-1`)"),
+    code("""
+%%horovod np=-1
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+(x_train, y_train), (x_test, y_test) = load_digits_data()
+x, y = torch.from_numpy(x_train), torch.from_numpy(y_train)
+model = build_model()
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+for epoch in range(EPOCHS):
+    for i in range(0, len(x), 32):
+        opt.zero_grad()
+        F.cross_entropy(model(x[i:i + 32]), y[i:i + 32]).backward()
+        opt.step()
+(model(torch.from_numpy(x_test)).argmax(1).numpy() == y_test).mean()
+"""),
+    md("""
+## 2. On two Horovod ranks
+
+Horovod's steps: `hvd.init()`, shard the data by rank, scale the learning rate, wrap the
+optimizer, broadcast the initial state from rank 0. `progress.track` feeds the dashboard.
+"""),
+    code("""
+%%horovod np=2 --return accuracy,losses -o run
+import torch
+import torch.nn.functional as F
+import horovod.torch as hvd
+from hvd_magics import progress
+
+hvd.init()
+torch.set_num_threads(1)
+torch.manual_seed(hvd.rank())
+
+(x_train, y_train), (x_test, y_test) = load_digits_data()
+x = torch.from_numpy(x_train[hvd.rank()::hvd.size()])          # shard by rank
+y = torch.from_numpy(y_train[hvd.rank()::hvd.size()])
+batches = [(x[i:i + 32], y[i:i + 32]) for i in range(0, len(x), 32)]
+
+model = build_model()
+opt = torch.optim.SGD(model.parameters(), lr=0.05 * hvd.size(), momentum=0.9)  # scaled rate
+opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)     # same start on every rank
+hvd.broadcast_optimizer_state(opt, root_rank=0)
+
+losses = []
+for epoch in range(1, EPOCHS + 1):
+    for step, (xb, yb) in enumerate(progress.track(batches, epoch=epoch, epochs=EPOCHS,
+                                                   batch_size=32), 1):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        progress.report(step, loss=loss.item())
+    losses.append(loss.item())
+    if hvd.rank() == 0:
+        print(f"Epoch {epoch}/{EPOCHS} loss {loss.item():.4f}")
+
+correct = (model(torch.from_numpy(x_test)).argmax(1).numpy() == y_test).mean()
+accuracy = hvd.allreduce(torch.tensor(correct), op=hvd.Average).item()
+f"test accuracy {accuracy:.3f} (same model on every rank)"
+"""),
+    code("""
+print(f"test accuracy on 2 ranks: {accuracy:.3f}; last losses {[round(l, 3) for l in losses[-3:]]}")
+print(run.to_pandas()[["epoch", "wall_s", "samples_per_s"]].round(3).to_string(index=False))
+assert accuracy >= 0.85, accuracy
+"""),
+]
+
+TIMELINE = [
+    md("""
+# Horovod Timeline in the notebook
+
+`%hvd_timeline on` records Horovod's own trace of its collective operations for the next
+`%%horovod` runs. It costs throughput, so turn it off when you are done. The file comes back to
+the driver whichever host rank 0 ran on, and `%hvd_timeline show` summarises it here.
+"""),
+    code("%load_ext hvd_magics"),
+    code("%hvd_timeline on"),
+    code("""
+%%horovod np=2 -q -o run
+import torch
+import horovod.torch as hvd
+
+hvd.init()
+torch.set_num_threads(1)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                               named_parameters=model.named_parameters())
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
+for _ in range(50):
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+"""),
+    code("print('trace on the driver:', run.timeline_path)"),
+    code("%hvd_timeline show"),
+    code("%hvd_timeline off"),
+]
+
+SCALING = [
+    md("""
+# Scaling benchmark, the study's way
+
+The eHealth benchmark study of HorovodRunner measured two things: the **wall clock** around the
+whole run (overhead included: launch, data, model), giving images per second; and the **epoch
+time** between the first `Epoch y/z` line of any rank and the first `Epoch y+1/z` line. We
+measure both for np = 1, 2 (this machine has 2 cores; add more where you have them), and the
+scaling efficiency `(images/s at np) / (np x images/s at np=1)`. hvd_magics records the epoch
+line times itself (`run.epochs`), so nothing has to timestamp output by hand.
+"""),
+    code("""
+import statistics
+
+import pandas as pd
+
+from hvd_magics import HorovodRunner, last_run
+
+
+def train(epochs=3, repeat=8):
+    \"\"\"A small Keras MLP on the digits, repeated to make epochs long enough to time.\"\"\"
+    import numpy as np
+    import tensorflow as tf
+    import horovod.tensorflow.keras as hvd
+    from sklearn.datasets import load_digits
+
+    hvd.init()
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    digits = load_digits()
+    x = np.tile((digits.data / 16.0).astype("float32"), (repeat, 1))[hvd.rank()::hvd.size()]
+    y = np.tile(digits.target, repeat)[hvd.rank()::hvd.size()]
+    model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(256, activation="relu"),
+                                 tf.keras.layers.Dense(10, activation="softmax")])
+    model.compile(hvd.DistributedOptimizer(tf.keras.optimizers.Adam(0.001 * hvd.size())),
+                  "sparse_categorical_crossentropy")
+    model.fit(x, y, batch_size=64, epochs=epochs, verbose=2 if hvd.rank() == 0 else 0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    return len(x) * hvd.size()
+"""),
+    code("""
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+EPOCHS = 3
+rows = []
+for np_ in (1, 2):
+    images = HorovodRunner(np=np_, driver_log_verbosity="log_callback_only").run(train, epochs=EPOCHS)
+    run = last_run()
+    epoch_times = [e["line_to_line_s"] for e in run.epochs if e["line_to_line_s"]]
+    rows.append({"np": np_, "wall_s": run.wall_time_s,
+                 "images_per_s_wall": images * EPOCHS / run.wall_time_s,
+                 "epoch_s": statistics.median(epoch_times),
+                 "images_per_s_epoch": images / statistics.median(epoch_times)})
+table = pd.DataFrame(rows)
+for how in ("wall", "epoch"):
+    base = table.loc[0, f"images_per_s_{how}"]
+    table[f"efficiency_{how}"] = table[f"images_per_s_{how}"] / (table["np"] * base)
+print(table.round(3).to_string(index=False))
+"""),
+    code("""
+%matplotlib inline
+import matplotlib.pyplot as plt
+
+fig, ax = plt.subplots(figsize=(6, 3.5))
+ax.plot(table["np"], table["images_per_s_wall"], "o-", label="wall clock (with overhead)")
+ax.plot(table["np"], table["images_per_s_epoch"], "s-", label="epoch time (line to line)")
+ax.set_xlabel("ranks (np)")
+ax.set_ylabel("images per second")
+ax.set_xticks(list(table["np"]))
+ax.legend()
+ax.set_title("Scaling on this machine")
+plt.show()
+"""),
+]
+
+FAILURES = [
+    md("""
+# What failures look like
+
+Each cell below fails on purpose, to show the errors hvd_magics gives. Every one is quick, names
+the problem, and leaves the kernel ready for the next cell.
+"""),
+    code("%load_ext hvd_magics"),
+    md("## A rank raises: the whole job stops, and the error shows that rank's own traceback"),
+    code("""
+%%horovod np=2
+import os
+
+def load_shard(rank):
+    if rank == 1:
+        raise ValueError(f"shard {rank} is empty")
+    return [1, 2, 3]
+
+rank = int(os.environ["HOROVOD_RANK"])
+print(f"rank {rank} loading its shard")
+data = load_shard(rank)
+""", tags=["raises-exception"]),
+    code("""
+import hvd_magics
+
+print(hvd_magics.last_run())
+"""),
+    md("## A rank dies without a Python exception"),
+    code("""
+%%horovod np=-2
+import os
+if int(os.environ["HOROVOD_RANK"]) == 0:
+    os._exit(3)
+""", tags=["raises-exception"]),
+    md("""
+## The notebook's own process holds a GPU
+
+A kernel that ran TensorFlow or `torch.cuda` on a GPU keeps it, and the ranks cannot use it, so
+`%%horovod` refuses. **Simulated here**: this machine has no GPU, so the check is given one
+holder to report, exactly as it would find it on a GPU machine.
+"""),
+    code("""
+from unittest import mock
+
+from hvd_magics.gpu_guard import GpuHolder
+
+simulated = [GpuHolder("TensorFlow", "/physical_device:GPU:0")]
+with mock.patch("hvd_magics.magics.driver_gpu_holders", return_value=simulated):
+    get_ipython().run_cell_magic("horovod", "np=2", "print('never runs')\\n")
+""", tags=["raises-exception"]),
+    md("## Mistakes in the magic line, and things that cannot travel to the ranks"),
+    code("%%horovod np=0\nprint('never runs')", tags=["raises-exception"]),
+    code("""
+import threading
+
+lock = threading.Lock()
+"""),
+    code("%%horovod np=2\nwith lock:\n    print('never runs')", tags=["raises-exception"]),
+    code("""
+print("the kernel is still fine:", 6 * 7)
+"""),
+]
+
 
 if __name__ == "__main__":
     write("mnist-tensorflow-keras.ipynb", MNIST)
+    write("pytorch.ipynb", PYTORCH)
+    write("timeline.ipynb", TIMELINE)
+    write("scaling-benchmark.ipynb", SCALING)
+    write("failures.ipynb", FAILURES)
     print("wrote", HERE)

@@ -47,3 +47,66 @@ def test_the_main_mnist_notebook(tmp_path):
     headers = [m["state"]["value"] for m in state.values()
                if m["model_name"] == "HTMLModel" and "Horovod job" in m["state"]["value"]]
     assert any("2 ranks on spark local[2]" in h and "done" in h for h in headers)
+
+
+def _widget_models(nb, name):
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    return [m["state"] for m in state.values() if m["model_name"] == name]
+
+
+def test_committed_notebooks_carry_no_outputs():
+    import nbformat
+
+    for path in NOTEBOOKS.glob("*.ipynb"):
+        nb = nbformat.read(path, as_version=4)
+        assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), path.name
+
+
+def test_the_pytorch_notebook(tmp_path):
+    nb = execute(NOTEBOOKS / "pytorch.ipynb", tmp_path / "pytorch.ipynb")
+    everything = "\n".join(_text(c) for c in nb.cells if c.cell_type == "code")
+    accuracy = float(re.search(r"test accuracy on 2 ranks: (\d\.\d+)", everything).group(1))
+    assert accuracy >= 0.85
+    assert "[0] Epoch 10/10" in everything and "epoch timing" in everything
+    bars = _widget_models(nb, "IntProgressModel")
+    assert len(bars) == 3 and all(b["bar_style"] == "success" for b in bars)
+    # the progress API reported 10 epochs of steps: the bars ended full at the step count
+    assert sorted(b["max"] for b in bars)[-2:] == [22, 22]  # ceil(1347 / 2 ranks / 32 per batch)
+
+
+def test_the_timeline_notebook(tmp_path):
+    nb = execute(NOTEBOOKS / "timeline.ipynb", tmp_path / "timeline.ipynb")
+    texts = [_text(c) for c in nb.cells if c.cell_type == "code"]
+    everything = "\n".join(texts)
+    assert "40% lower Inception3 throughput" in everything
+    assert "trace on the driver: hvd_timelines/timeline-" in everything
+    show = next(c for c in nb.cells if c.source.startswith("%hvd_timeline show"))
+    html = show.outputs[0]["data"]["text/html"]
+    assert "ALLREDUCE" in html and "<svg" in html and "Perfetto" in html
+    assert "Horovod Timeline is off" in everything
+
+
+def test_the_failures_notebook(tmp_path):
+    nb = execute(NOTEBOOKS / "failures.ipynb", tmp_path / "failures.ipynb")
+    texts = [_text(c) for c in nb.cells if c.cell_type == "code"]
+    everything = "\n".join(texts)
+    assert "the first was rank 1 on 127.0.0.1: ValueError: shard 1 is empty" in everything
+    assert 'File "<%%horovod cell>", line 6, in load_shard' in everything
+    assert "status      failed" in everything
+    assert "exited with code 3 without a Python exception" in everything
+    assert "The notebook's own process holds a GPU (TensorFlow holds" in everything
+    assert "np=0 runs nothing" in everything
+    assert "notebook variable 'lock', which cannot travel" in everything
+    assert "the kernel is still fine: 42" in everything
+    assert "TaskKilled" not in everything and "Failed to cancel" not in everything
+
+
+def test_the_scaling_benchmark_notebook(tmp_path):
+    nb = execute(NOTEBOOKS / "scaling-benchmark.ipynb", tmp_path / "scaling.ipynb")
+    texts = [_text(c) for c in nb.cells if c.cell_type == "code"]
+    table = next(t for t in texts if "images_per_s_wall" in t)
+    rows = [line.split() for line in table[table.index(" np "):].strip().splitlines()[1:]]
+    assert [row[0] for row in rows] == ["1", "2"]
+    assert all(float(v) > 0 for row in rows for v in row[1:])
+    assert float(rows[0][5]) == 1.0  # np=1 is the baseline of the efficiency
+    assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))

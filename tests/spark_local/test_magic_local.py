@@ -32,6 +32,7 @@ def test_a_failing_cell_shows_the_rank_traceback_with_cell_lines(ip, local_spark
     assert 'File "<%%horovod cell>", line 5' in text
     assert "raise RuntimeError('bad shard on rank 1')" in text
     assert "[rank 1] RuntimeError: bad shard on rank 1" in text
+    assert "cell_capture.py" not in text and "rank_main.py" not in text  # the user's frames only
     assert HorovodMagics.last_run.status == "failed"
 
 
