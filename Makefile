@@ -8,5 +8,6 @@ setup:
 main: setup
 	@$(PY) scripts/run_notebook.py example_notebooks/mnist-tensorflow-keras.ipynb
 
-test: setup
+test:
+	@bash scripts/setup.sh --test
 	@$(PY) -m pytest -p no:cacheprovider -ra

@@ -123,7 +123,18 @@ build_horovod() {
     || die "Horovod was installed but does not import with Gloo, TensorFlow and PyTorch support; see $CACHE/logs."
 }
 
+# The browser test drives Debian's Chromium (never a browser that Playwright downloads).
+check_browser() {
+  command -v chromium >/dev/null && return
+  apt_install chromium || true
+  command -v chromium >/dev/null || die "the browser test needs Chromium at /usr/bin/chromium.
+  Install it (Debian/Ubuntu: sudo apt-get install chromium), then run this again."
+}
+
 main() {
+  if [ "${1:-}" = "--test" ]; then
+    check_browser
+  fi
   local stamp="$VENV/.setup-$(stamp_key)"
   if [ -f "$stamp" ] && [ -z "${HVD_MAGICS_FORCE_SETUP:-}" ]; then
     return 0
