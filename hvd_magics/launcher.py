@@ -27,6 +27,8 @@ DEFAULT_START_TIMEOUT_S = 120.0
 FAILURE_GRACE_S = 1.0
 #: How long to wait for the Spark job / rank processes to end after a stop.
 STOP_WAIT_S = 30.0
+#: After a stop, how long rank processes on this host get to exit before we kill them ourselves.
+RANK_EXIT_WAIT_S = 10.0
 
 _last_run: RunRecord | None = None
 
@@ -178,6 +180,8 @@ def launch(payload: bytes, np: int, env: dict[str, str], start_timeout: float,
         if not ended:
             backend.stop()
         _drain(job, events)
+        if not clean:
+            _reap_local_ranks(job)
         _finish(record, job)
         if record.status == "interrupted":
             print(f"hvd_magics: interrupted; stopped {job.size} rank processes"
@@ -257,6 +261,53 @@ def _finish(record: RunRecord, job: JobState) -> None:
         record.status = "succeeded"
         record.value = job.decode_value()
     job.end()
+
+
+def _local_addresses() -> set[str]:
+    import socket
+
+    import psutil
+
+    names = {"localhost", socket.gethostname()}
+    for addrs in psutil.net_if_addrs().values():
+        names.update(a.address for a in addrs)
+    return names
+
+
+def _reap_local_ranks(job: JobState) -> None:
+    """Make sure rank processes on this host are gone before the driver says the job is over.
+
+    The stop order (closed channel, cancelled Spark stage) kills ranks asynchronously; wait for
+    them, and kill what is left. Only processes that run ``hvd_magics.rank_main`` are touched.
+    """
+    import psutil
+
+    local = _local_addresses()
+    procs = []
+    for rank in job.ranks:
+        if rank.pid is None or rank.host not in local:
+            continue
+        try:
+            proc = psutil.Process(rank.pid)
+            if "hvd_magics.rank_main" in " ".join(proc.cmdline()):
+                procs.append(proc)
+        except psutil.Error:
+            continue
+    def running(proc: psutil.Process) -> bool:
+        try:
+            return proc.status() != psutil.STATUS_ZOMBIE  # a zombie has exited
+        except psutil.Error:
+            return False
+
+    deadline = time.monotonic() + RANK_EXIT_WAIT_S
+    while procs and time.monotonic() < deadline:
+        procs = [proc for proc in procs if running(proc)]
+        time.sleep(0.05)
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -73,13 +73,15 @@ def test_the_dashboard_shows_ranks_moves_and_ends_with_timing(jupyterlab, tmp_pa
         browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         page.goto(jupyterlab)
-        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle'], "
-                               ".jp-mod-idle, .jp-Toolbar-kernelStatus", timeout=60_000)
-        page.locator(".jp-Cell").first.click()
-        page.keyboard.press("Shift+Enter")
-        page.keyboard.press("Shift+Enter")
-        page.wait_for_selector("text=rank 1", timeout=60_000)
+        try:
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+            page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
+            page.get_by_role("menuitem", name="Run", exact=True).click()
+            page.get_by_text("Run All Cells", exact=True).click()
+            page.wait_for_selector("text=rank 1", timeout=60_000)
+        except Exception:
+            page.screenshot(path=str(tmp_path / "failure.png"))
+            raise
         rows = page.locator(".widget-hprogress")
         rows.first.wait_for(timeout=60_000)
         assert rows.count() == 2
