@@ -169,9 +169,9 @@ def launch(payload: bytes, np: int, env: dict[str, str], start_timeout: float,
     except KeyboardInterrupt:
         record.status = "interrupted"
         raise
-    except HorovodJobError as exc:
+    except BaseException as exc:  # noqa: BLE001 - recorded, then raised as it is
         record.status = "failed"
-        record.error = str(exc)
+        record.error = f"{type(exc).__name__}: {exc}"
         raise
     finally:
         if not clean:

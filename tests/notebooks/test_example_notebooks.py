@@ -25,10 +25,15 @@ def _text(cell) -> str:
     return "".join(parts)
 
 
-def test_the_main_mnist_notebook(tmp_path):
-    nb = execute(NOTEBOOKS / "mnist-tensorflow-keras.ipynb", tmp_path / "mnist.ipynb")
+def _run(name: str, tmp_path: Path):
+    """Execute example notebook ``name``; return it, its code cells' texts, and all text joined."""
+    nb = execute(NOTEBOOKS / name, tmp_path / name)
     texts = [_text(c) for c in nb.cells if c.cell_type == "code"]
-    everything = "\n".join(texts)
+    return nb, texts, "\n".join(texts)
+
+
+def test_the_main_mnist_notebook(tmp_path):
+    nb, texts, everything = _run("mnist-tensorflow-keras.ipynb", tmp_path)
     assert re.search(r"data: (MNIST|scikit-learn digits)", everything)
     single = next(t for t in texts if "Epoch 5/5" in t and "[0]" in t)
     assert re.search(r"Out|0\.\d+", single)
@@ -63,8 +68,7 @@ def test_committed_notebooks_carry_no_outputs():
 
 
 def test_the_pytorch_notebook(tmp_path):
-    nb = execute(NOTEBOOKS / "pytorch.ipynb", tmp_path / "pytorch.ipynb")
-    everything = "\n".join(_text(c) for c in nb.cells if c.cell_type == "code")
+    nb, texts, everything = _run("pytorch.ipynb", tmp_path)
     accuracy = float(re.search(r"test accuracy on 2 ranks: (\d\.\d+)", everything).group(1))
     assert accuracy >= 0.85
     assert "[0] Epoch 10/10" in everything and "epoch timing" in everything
@@ -75,9 +79,7 @@ def test_the_pytorch_notebook(tmp_path):
 
 
 def test_the_timeline_notebook(tmp_path):
-    nb = execute(NOTEBOOKS / "timeline.ipynb", tmp_path / "timeline.ipynb")
-    texts = [_text(c) for c in nb.cells if c.cell_type == "code"]
-    everything = "\n".join(texts)
+    nb, texts, everything = _run("timeline.ipynb", tmp_path)
     assert "40% lower Inception3 throughput" in everything
     assert "trace on the driver: hvd_timelines/timeline-" in everything
     show = next(c for c in nb.cells if c.source.startswith("%hvd_timeline show"))
@@ -87,9 +89,7 @@ def test_the_timeline_notebook(tmp_path):
 
 
 def test_the_failures_notebook(tmp_path):
-    nb = execute(NOTEBOOKS / "failures.ipynb", tmp_path / "failures.ipynb")
-    texts = [_text(c) for c in nb.cells if c.cell_type == "code"]
-    everything = "\n".join(texts)
+    nb, texts, everything = _run("failures.ipynb", tmp_path)
     assert "the first was rank 1 on 127.0.0.1: ValueError: shard 1 is empty" in everything
     assert 'File "<%%horovod cell>", line 6, in load_shard' in everything
     assert "status      failed" in everything
@@ -102,8 +102,7 @@ def test_the_failures_notebook(tmp_path):
 
 
 def test_the_scaling_benchmark_notebook(tmp_path):
-    nb = execute(NOTEBOOKS / "scaling-benchmark.ipynb", tmp_path / "scaling.ipynb")
-    texts = [_text(c) for c in nb.cells if c.cell_type == "code"]
+    nb, texts, everything = _run("scaling-benchmark.ipynb", tmp_path)
     table = next(t for t in texts if "images_per_s_wall" in t)
     rows = [line.split() for line in table[table.index(" np "):].strip().splitlines()[1:]]
     assert [row[0] for row in rows] == ["1", "2"]

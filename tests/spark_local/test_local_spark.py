@@ -28,6 +28,7 @@ def test_too_many_ranks_fail_within_seconds_naming_the_slots(local_spark):
     with pytest.raises(NotEnoughSlotsError, match=r"np=3 needs 3 free Spark task slots.*has 2 free of 2"):
         HorovodRunner(np=3).run(jobs.print_lines)
     assert time.monotonic() - start < 10
+    assert last_run().status == "failed" and "NotEnoughSlotsError" in last_run().error
 
 
 @pytest.mark.parametrize("how", ["raise", "kill"])
