@@ -47,22 +47,24 @@ def iter_events(path: str | os.PathLike) -> Iterator[tuple[dict, int]]:
     """
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     with open(path, "rb") as fh:
-        buffer, consumed, eof = "", 0, False
+        buffer, offset, eof = "", 0, False  # offset: bytes of the file before buffer[pos]
         while True:
             pos = 0
             while True:
+                start = pos
                 while pos < len(buffer) and buffer[pos] in "[], \n\r\t":
                     pos += 1
+                offset += pos - start  # separators are ASCII: one byte each
                 if pos >= len(buffer):
                     break
                 try:
                     event, end = _DECODER.raw_decode(buffer, pos)
                 except json.JSONDecodeError:
                     break  # an incomplete object: read more, or stop at the end of the file
-                if isinstance(event, dict):
-                    yield event, consumed + len(buffer[:end].encode())
+                offset += len(buffer[pos:end].encode())
                 pos = end
-            consumed += len(buffer[:pos].encode())
+                if isinstance(event, dict):
+                    yield event, offset
             buffer = buffer[pos:]
             if eof:
                 return
