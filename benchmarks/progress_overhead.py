@@ -33,6 +33,8 @@ def keras_many_steps(steps: int = 2000):
     import horovod.tensorflow.keras as hvd
 
     hvd.init()
+    tf.config.threading.set_intra_op_parallelism_threads(1)  # 2 ranks on 2 cores: less noise
+    tf.config.threading.set_inter_op_parallelism_threads(1)
     x = np.random.default_rng(hvd.rank()).normal(size=(steps * 4, 16)).astype("float32")
     y = (x.sum(axis=1) > 0).astype("int32")
     model = tf.keras.Sequential([tf.keras.Input((16,)), tf.keras.layers.Dense(8, activation="relu"),
