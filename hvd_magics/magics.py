@@ -8,12 +8,13 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
 
 from hvd_magics.cell_capture import CellError, capture, run_captured_cell
 from hvd_magics.errors import PayloadError
 from hvd_magics.gpu_guard import driver_gpu_holders, driver_gpu_message
 from hvd_magics.launcher import (DEFAULT_START_TIMEOUT_S, HorovodRunner, default_views,
-                                 validate_np)
+                                 last_run, validate_np)
 from hvd_magics.payload import find_unshippable, serialize_job
 from hvd_magics.run_record import RunRecord
 from hvd_magics.text_view import VERBOSITIES
@@ -125,15 +126,11 @@ class HorovodMagics(Magics):
         record.value = result.get("value")
         record.returned = result.get("returned", {})
         self.shell.user_ns.update(record.returned)
-        from IPython.display import display
-
         display(record)  # the static summary: shown by exports, terminals and widget-less views
         return record.value
 
     def _run(self, runner: HorovodRunner, payload: bytes, views: list, output: str | None
              ) -> RunRecord:
-        from hvd_magics.launcher import last_run
-
         try:
             record = runner.run_payload(payload, views)
         finally:
