@@ -163,3 +163,33 @@ def timeline_paths():
 
     hvd.init()
     return hvd.allgather_object(os.environ.get("HOROVOD_TIMELINE"))
+
+
+def keras3_gradient_tape():
+    """Keras 3 (TF_USE_LEGACY_KERAS=0) trained 2 steps with hvd.DistributedGradientTape."""
+    import numpy as np
+    import tensorflow as tf
+    import keras
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    tf.random.set_seed(hvd.rank())  # different initial weights: the broadcast must fix them
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(3)])
+    optimizer = keras.optimizers.SGD(0.1 * hvd.size())
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    rng = np.random.default_rng(hvd.rank())
+    x, y = rng.normal(size=(32, 8)).astype("float32"), rng.integers(0, 3, 32)
+    # Keras 3 variables are not tf.Variables: broadcast values, not hvd.broadcast_variables().
+    for var in model.variables:
+        var.assign(hvd.broadcast(tf.convert_to_tensor(var), root_rank=0, name=var.path))
+    for _ in range(2):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        tape = hvd.DistributedGradientTape(tape)
+        # ...and take gradients against the tf.Variables they wrap (DistributedGradientTape
+        # needs .ref()).
+        grads = tape.gradient(loss, [v.value for v in model.trainable_variables])
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    weights = [v.numpy().tolist() for v in model.trainable_variables]
+    return {"keras": keras.__version__, "weights": hvd.allgather_object(weights)}

@@ -86,3 +86,9 @@ def test_extra_environment_reaches_the_ranks():
         return os.environ["HVD_TEST_SETTING"], os.environ["TF_USE_LEGACY_KERAS"]
 
     assert HorovodRunner(np=-1, env={"HVD_TEST_SETTING": "on"}).run(read_env) == ("on", "1")
+
+
+def test_keras3_with_distributed_gradient_tape_keeps_ranks_identical():
+    result = HorovodRunner(np=-2, env={"TF_USE_LEGACY_KERAS": "0"}).run(jobs.keras3_gradient_tape)
+    assert result["keras"].startswith("3.")
+    assert result["weights"][0] == result["weights"][1]
