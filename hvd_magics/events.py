@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import queue
 import secrets
 import socket
@@ -22,11 +21,6 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
-
-#: Environment variables that tell a rank process where the channel is.
-ENV_ADDR = "HVD_MAGICS_EVENTS_ADDR"
-ENV_SECRET = "HVD_MAGICS_EVENTS_SECRET"
-ENV_JOB = "HVD_MAGICS_JOB_ID"
 
 #: Longest line the server accepts (a rank's result travels as one line).
 MAX_LINE_BYTES = 512 * 1024 * 1024
@@ -53,27 +47,13 @@ def decode(secret: bytes, line: bytes) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class ChannelAddress:
-    """Where ranks send their events, and the secret they sign them with."""
+    """Where supervisors send their events, and the secret they sign them with (shipped in
+    the Spark closure)."""
 
     host: str
     port: int
     secret: bytes
     job_id: str
-
-    def to_env(self) -> dict[str, str]:
-        """The environment variables a rank process reads with :meth:`from_env`."""
-        return {
-            ENV_ADDR: f"{self.host}:{self.port}",
-            ENV_SECRET: self.secret.hex(),
-            ENV_JOB: self.job_id,
-        }
-
-    @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "ChannelAddress":
-        """Read the address written by :meth:`to_env`."""
-        env = os.environ if env is None else env
-        host, _, port = env[ENV_ADDR].rpartition(":")
-        return cls(host, int(port), bytes.fromhex(env[ENV_SECRET]), env[ENV_JOB])
 
 
 class EventServer:

@@ -62,8 +62,3 @@ def test_decode_rejects_tampered_body():
     line = encode(secret, {"kind": "x", "rank": 1})
     assert decode(secret, line)["rank"] == 1
     assert decode(secret, line.replace(b'"rank":1', b'"rank":2')) is None
-
-
-def test_address_round_trips_through_the_environment():
-    addr = ChannelAddress("10.0.0.1", 1234, b"k" * 32, "j")
-    assert ChannelAddress.from_env(addr.to_env()) == addr
