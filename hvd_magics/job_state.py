@@ -101,8 +101,7 @@ class JobState:
         self.views = list(views or [])
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        self.value: Any = None
+        self._log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in end()
         self.value_blob: str | None = None
         self.started_at = time.monotonic()
         self.timer = EpochTimer(self.started_at)
@@ -186,9 +185,9 @@ class JobState:
 
     def decode_value(self) -> Any:
         """Rank 0's return value (the line was verified by the channel before it got here)."""
-        if self.value_blob is not None:
-            self.value = cloudpickle.loads(base64.b64decode(self.value_blob))
-        return self.value
+        if self.value_blob is None:
+            return None
+        return cloudpickle.loads(base64.b64decode(self.value_blob))
 
     @property
     def all_exited(self) -> bool:
@@ -196,7 +195,11 @@ class JobState:
 
     @property
     def all_started(self) -> bool:
-        return all(r.state != WAITING and r.pid is not None or r.exited for r in self.ranks)
+        return all(r.pid is not None or r.exited for r in self.ranks)
+
+    @property
+    def any_failed(self) -> bool:
+        return any(r.failed for r in self.ranks)
 
     def failures(self) -> list[RankFailure]:
         """Failed ranks, root causes first (a rank that lost its peer comes after), then by time."""

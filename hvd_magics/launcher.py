@@ -164,7 +164,7 @@ def launch(payload: bytes, np: int, env: dict[str, str], start_timeout: float,
     clean = False
     try:
         backend.start(payload, job_id, events)
-        _watch(job, backend, events, start_timeout, record)
+        _watch(job, backend, events, start_timeout)
         clean = True
     except KeyboardInterrupt:
         record.status = "interrupted"
@@ -199,8 +199,8 @@ def _drain(job: JobState, events: queue.Queue) -> None:
             return
 
 
-def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: float,
-           record: RunRecord) -> None:
+def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: float) -> None:
+    """Follow the job until every rank exited; raise when it failed (``launch`` stops it)."""
     started = time.monotonic()
     failed_since: float | None = None
     finished_since: float | None = None
@@ -212,7 +212,7 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
             pass
         job.tick()
         now = time.monotonic()
-        if failed_since is None and job.failures():
+        if failed_since is None and job.any_failed:
             failed_since = now
         if failed_since is not None and now - failed_since >= FAILURE_GRACE_S:
             break
@@ -222,8 +222,6 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
             break  # the Spark job ended but some ranks never reported their exit
         if not job.all_started and now - started > start_timeout:
             waiting = [r.rank for r in job.ranks if r.pid is None and not r.exited]
-            backend.stop()
-            record.status = "failed"
             raise StartTimeoutError(
                 f"Timed out after {start_timeout:.0f} s waiting for ranks {_ranks(waiting)} to "
                 f"start ({job.size - len(waiting)} of {job.size} started on {backend.where}). "
@@ -232,8 +230,6 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
     failures = job.failures()
     if not failures and job.all_exited:
         return
-    backend.stop()
-    record.status = "failed"
     if backend.error is not None and not failures:
         raise HorovodJobError(f"The Spark job failed before the ranks finished: "
                               f"{backend.describe_failure()}", log_path=str(job.log_path))
