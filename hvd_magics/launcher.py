@@ -16,6 +16,7 @@ from hvd_magics.errors import HorovodJobError, StartTimeoutError
 from hvd_magics.job_state import JobState, JobView
 from hvd_magics.payload import serialize_job
 from hvd_magics.run_record import RunRecord
+from hvd_magics.slots import local_addresses
 from hvd_magics.spark_backend import SparkBackend, active_session, start_local_session
 from hvd_magics.timeline import ENV_WANT_TIMELINE
 from hvd_magics.text_view import VERBOSITIES, VERBOSITY_ALL, TextView
@@ -259,17 +260,6 @@ def _finish(record: RunRecord, job: JobState) -> None:
     job.end()
 
 
-def _local_addresses() -> set[str]:
-    import socket
-
-    import psutil
-
-    names = {"localhost", socket.gethostname()}
-    for addrs in psutil.net_if_addrs().values():
-        names.update(a.address for a in addrs)
-    return names
-
-
 def _reap_local_ranks(job: JobState) -> None:
     """Make sure rank processes on this host are gone before the driver says the job is over.
 
@@ -278,7 +268,7 @@ def _reap_local_ranks(job: JobState) -> None:
     """
     import psutil
 
-    local = _local_addresses()
+    local = local_addresses()
     procs = []
     for rank in job.ranks:
         if rank.pid is None or rank.host not in local:

@@ -6,6 +6,7 @@ the order in which they first appear among the tasks.
 from __future__ import annotations
 
 import ipaddress
+import socket
 from typing import Sequence
 
 import psutil
@@ -54,6 +55,17 @@ def slot_env(slot, rendezvous_host: str, rendezvous_port: int, iface: str = "") 
     }
 
 
+def _interface_addresses() -> list[tuple[str, str]]:
+    """``(interface, address)`` for every address of this host."""
+    return [(name, addr.address.split("%")[0])
+            for name, addrs in psutil.net_if_addrs().items() for addr in addrs]
+
+
+def local_addresses() -> set[str]:
+    """Every name and address by which this host may appear as a rank's host."""
+    return {"localhost", socket.gethostname()} | {a for _, a in _interface_addresses()}
+
+
 def iface_for_address(host: str) -> str:
     """The name of the local network interface that holds ``host`` (an IP), or ``""``."""
     try:
@@ -62,13 +74,12 @@ def iface_for_address(host: str) -> str:
         return ""
     if wanted.is_loopback:
         wanted = ipaddress.ip_address("127.0.0.1")
-    for name, addrs in psutil.net_if_addrs().items():
-        for addr in addrs:
-            try:
-                if ipaddress.ip_address(addr.address.split("%")[0]) == wanted:
-                    return name
-            except ValueError:
-                continue
+    for name, address in _interface_addresses():
+        try:
+            if ipaddress.ip_address(address) == wanted:
+                return name
+        except ValueError:
+            continue
     return ""
 
 
