@@ -99,16 +99,36 @@ class EpochTimer:
                 "training_s": (self.last_training or ended) - self.first_training}
 
 
+#: The epoch table's columns: heading, row key, and decimals (``None``: a whole number).
+TABLE_COLUMNS = (("epoch", "epoch", None), ("wall s", "wall_s", 3),
+                 ("slowest rank s", "slowest_rank_s", 3), ("line-to-line s", "line_to_line_s", 3),
+                 ("samples/s", "samples_per_s", 0))
+
+
+def _cells(rows: list[dict[str, Any]]) -> list[list[str]]:
+    return [[str(row[key]) if digits is None else fmt_number(row[key], digits)
+             for _, key, digits in TABLE_COLUMNS] for row in rows]
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The epoch rows as a fixed-width text table."""
     if not rows:
         return ""
-    head = f"{'epoch':>5} {'wall s':>8} {'slowest rank s':>15} {'line-to-line s':>15} {'samples/s':>10}"
-    lines = [head]
-    for row in rows:
-        lines.append(f"{row['epoch']:>5} {fmt_number(row['wall_s']):>8} {fmt_number(row['slowest_rank_s']):>15} "
-                     f"{fmt_number(row['line_to_line_s']):>15} {fmt_number(row['samples_per_s'], 0):>10}")
-    return "\n".join(lines)
+    cells = _cells(rows)
+    widths = [max(len(heading), *(len(c[i]) for c in cells))
+              for i, (heading, _, _) in enumerate(TABLE_COLUMNS)]
+    lines = [[heading for heading, _, _ in TABLE_COLUMNS], *cells]
+    return "\n".join(" ".join(f"{cell:>{w}}" for cell, w in zip(line, widths)) for line in lines)
+
+
+def format_html_table(rows: list[dict[str, Any]]) -> str:
+    """The epoch rows as an HTML table (class ``hvd-epochs``)."""
+    if not rows:
+        return ""
+    head = "".join(f"<th>{heading}</th>" for heading, _, _ in TABLE_COLUMNS)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+                   for cells in _cells(rows))
+    return f"<table class='hvd-epochs'><tr>{head}</tr>{body}</table>"
 
 
 def fmt_number(value: float | None, digits: int = 3) -> str:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from hvd_magics.epoch_timing import fmt_number, format_table
+from hvd_magics.epoch_timing import format_html_table, format_table
 
 
 @dataclass
@@ -117,15 +117,7 @@ class RunRecord:
                 f"{html.escape(self.status)}</b><table>{body}</table>{self._epochs_html()}</div>")
 
     def _epochs_html(self) -> str:
-        if not self.epochs:
-            return ""
-        head = ("<tr><th>epoch</th><th>wall s</th><th>slowest rank s</th>"
-                "<th>line-to-line s</th><th>samples/s</th></tr>")
-        body = "".join(
-            f"<tr><td>{r['epoch']}</td><td>{fmt_number(r['wall_s'])}</td>"
-            f"<td>{fmt_number(r['slowest_rank_s'])}</td><td>{fmt_number(r['line_to_line_s'])}</td>"
-            f"<td>{fmt_number(r['samples_per_s'], 0)}</td></tr>" for r in self.epochs)
-        return f"<b>epoch timing</b><table class='hvd-epochs'>{head}{body}</table>"
+        return f"<b>epoch timing</b>{format_html_table(self.epochs)}" if self.epochs else ""
 
 
 def _short(text: str, limit: int = 120) -> str:
