@@ -106,14 +106,18 @@ class TimelineSummary:
     def slowest_tensors(self, count: int = TOP_TENSORS) -> list[tuple[str, float]]:
         return sorted(self.tensor_us.items(), key=lambda kv: -kv[1])[:count]
 
+    def activities(self) -> list[tuple[str, float, float, int]]:
+        """``(activity, ms, share %, count)``, the most time first."""
+        total = sum(self.activity_us.values()) or 1.0
+        return [(name, us / 1e3, 100 * us / total, self.activity_count[name])
+                for name, us in sorted(self.activity_us.items(), key=lambda kv: -kv[1])]
+
     def __str__(self) -> str:
         span = ((self.end_us or 0) - (self.start_us or 0)) / 1e3
         lines = [f"Horovod Timeline {self.path}: {self.events} events over {span:.1f} ms"
                  f"{f', {self.cycles} cycle marks' if self.cycles else ''}", "time per activity:"]
-        total = sum(self.activity_us.values()) or 1.0
-        for name, us in sorted(self.activity_us.items(), key=lambda kv: -kv[1]):
-            lines.append(f"  {name:<28} {us / 1e3:10.2f} ms  {100 * us / total:5.1f}%  "
-                         f"x{self.activity_count[name]}")
+        lines += [f"  {name:<28} {ms:10.2f} ms  {share:5.1f}%  x{count}"
+                  for name, ms, share, count in self.activities()]
         lines.append("slowest tensors:")
         lines += [f"  {us / 1e3:10.2f} ms  {name}" for name, us in self.slowest_tensors()]
         lines.append(OPEN_HINT)
@@ -123,10 +127,8 @@ class TimelineSummary:
         printer.text(str(self))
 
     def _repr_html_(self) -> str:
-        total = sum(self.activity_us.values()) or 1.0
-        acts = "".join(f"<tr><td>{html.escape(n)}</td><td>{us / 1e3:.2f}</td>"
-                       f"<td>{100 * us / total:.1f}%</td><td>{self.activity_count[n]}</td></tr>"
-                       for n, us in sorted(self.activity_us.items(), key=lambda kv: -kv[1]))
+        acts = "".join(f"<tr><td>{html.escape(name)}</td><td>{ms:.2f}</td><td>{share:.1f}%</td>"
+                       f"<td>{count}</td></tr>" for name, ms, share, count in self.activities())
         tensors = "".join(f"<tr><td>{html.escape(n)}</td><td>{us / 1e3:.2f}</td></tr>"
                           for n, us in self.slowest_tensors())
         return (f"<div class='hvd-timeline'><b>Horovod Timeline</b> {html.escape(self.path)}, "
