@@ -15,6 +15,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from hvd_magics.result_codec import RETURN_PREFIX, VALUE, Parts
+
 #: Traceback file name of a captured cell.
 CELL_FILENAME = "<%%horovod cell>"
 
@@ -79,6 +81,42 @@ def free_names(source: str) -> list[str]:
     return sorted(names, key=first_load.__getitem__)
 
 
+def top_level_bindings(source: str) -> set[str] | None:
+    """Names the cell binds in its own (top-level) scope; ``None`` when it cannot be told
+    (``from x import *``)."""
+    bound: set[str] = set()
+
+    def visit(node: ast.AST, top: bool) -> bool:
+        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+            return False
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if top:
+                bound.add(node.name)
+            top = False  # a body binds its own names, except those it declares global
+        elif isinstance(node, ast.Global):
+            bound.update(node.names)
+        elif isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
+                               ast.GeneratorExp)):
+            top = False
+        elif top and isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound.add(node.id)
+        elif top and isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif top and isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif top and isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            bound.add(node.name)
+        return all(visit(child, top) for child in ast.iter_child_nodes(node))
+
+    return bound if visit(ast.parse(source), True) else None
+
+
+def unbound_return_names(source: str, names: tuple[str, ...]) -> list[str]:
+    """The ``--return`` names that the cell never binds at its top level."""
+    bound = top_level_bindings(source)
+    return [] if bound is None else [n for n in names if n not in bound]
+
+
 def capture(source: str, user_ns: Mapping[str, Any], header: str = "%%horovod",
             return_names: tuple[str, ...] = ()) -> CapturedCell:
     """Collect what the cell needs from the notebook namespace.
@@ -101,8 +139,9 @@ def capture(source: str, user_ns: Mapping[str, Any], header: str = "%%horovod",
     return cell
 
 
-def run_captured_cell(cell: CapturedCell) -> dict[str, Any]:
-    """Run on a rank: execute the cell; return its last expression's value and the asked names."""
+def run_captured_cell(cell: CapturedCell) -> Parts:
+    """Run on a rank: execute the cell; return its last expression's value and the asked names,
+    each a part of its own (so that each is decoded on its own in the notebook)."""
     lines = [cell.header + "\n"] + cell.source.splitlines(True)
     linecache.cache[CELL_FILENAME] = (sum(map(len, lines)), None, lines, CELL_FILENAME)
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
@@ -119,4 +158,4 @@ def run_captured_cell(cell: CapturedCell) -> dict[str, Any]:
     missing = [n for n in cell.return_names if n not in namespace]
     if missing:
         raise NameError(f"--return names {', '.join(missing)}, which the cell did not define")
-    return {"value": value, "returned": {n: namespace[n] for n in cell.return_names}}
+    return Parts({VALUE: value, **{RETURN_PREFIX + n: namespace[n] for n in cell.return_names}})

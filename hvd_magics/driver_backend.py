@@ -7,18 +7,11 @@ import threading
 import time
 from typing import Any
 
+from hvd_magics.gpus import CUDA_VISIBLE_DEVICES, local_gpu_count, visible_devices
 from hvd_magics.rank_process import RankProcess, rank_environment
 from hvd_magics.slots import plan_ranks, slot_env, start_rendezvous
 
 _HOST = "localhost"
-
-
-def visible_gpu_count() -> int:
-    """How many NVIDIA GPUs this machine has, without initialising CUDA."""
-    try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return 0
 
 
 class DriverBackend:
@@ -45,12 +38,12 @@ class DriverBackend:
         """Start the rendezvous and the ranks (from the calling thread, which outlives them)."""
         slots = plan_ranks([_HOST] * self.size)
         self._server, port = start_rendezvous(slots)
-        gpus = visible_gpu_count()
+        gpus = local_gpu_count()
         for slot in slots:
             env = {**rank_environment(dict(os.environ), self.env),
                    **slot_env(slot, "127.0.0.1", port, "lo")}
-            if gpus and "CUDA_VISIBLE_DEVICES" not in self.env:
-                env["CUDA_VISIBLE_DEVICES"] = str(slot.local_rank % gpus)
+            if gpus and CUDA_VISIBLE_DEVICES not in self.env:
+                env[CUDA_VISIBLE_DEVICES] = visible_devices([slot.local_rank % gpus], os.environ)
             sink = _QueueSink(events, slot.rank)
             sink("task_started", partition=slot.rank, local_rank=slot.local_rank, pid=os.getpid())
             proc = RankProcess(env, payload, sink)
@@ -62,6 +55,9 @@ class DriverBackend:
     @property
     def finished(self) -> bool:
         return bool(self._waiters) and not any(w.is_alive() for w in self._waiters)
+
+    #: Events go straight onto the queue: nothing is ever on its way once the ranks ended.
+    drained = True
 
     def stop(self) -> None:
         """Kill every rank and its children."""
@@ -77,8 +73,8 @@ class DriverBackend:
             self._server = None
         return self.finished
 
-    def describe_failure(self) -> str:
-        return str(self.error or "")
+    def describe_failure(self) -> str | None:
+        return str(self.error) if self.error else None
 
 
 class _QueueSink:

@@ -79,6 +79,17 @@ class HorovodJobError(RuntimeError):
         return out
 
 
+class JobInterrupted(KeyboardInterrupt):
+    """The user interrupted a job (Ctrl-C, the kernel's stop button); every rank was stopped.
+
+    A ``KeyboardInterrupt``, so code that catches interrupts still does; IPython shows its one
+    line instead of a traceback through hvd_magics.
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
+
+
 class StartTimeoutError(HorovodJobError):
     """Not every rank started within the start timeout."""
 

@@ -1,13 +1,23 @@
-"""The event channel: structured messages from ranks (and their supervisors) to the driver.
+"""The event channel: structured messages from rank supervisors to the driver, over TCP.
 
-Every message is one line: ``<hmac-sha256 hex> <json>``. The JSON object has at least ``kind``,
-``rank``, ``time`` and ``job``. The HMAC is keyed with a per-job secret that only the driver and the
-processes it launched know; the driver verifies each line before it parses it, drops a connection
-that sends a bad line, and never unpickles anything that did not pass. The server listens on one
-address (the driver's), never on all interfaces.
+Wire format, per connection:
 
-Closing the server closes every connection; a rank or supervisor that sees its connection close
-takes that as the order to stop (see :mod:`hvd_magics.rank_main`).
+1. The server sends a fresh random nonce (``NONCE_BYTES``).
+2. Every frame the client sends is ``<4-byte big-endian length><32-byte MAC><JSON body>``, with
+   ``MAC = HMAC-SHA256(secret, nonce + 8-byte sequence number + body)``. The first frame
+   (sequence 0) is a ``hello`` naming the job and the rank; it may be at most
+   ``HELLO_MAX_BYTES`` long and must arrive within ``HANDSHAKE_TIMEOUT_S``.
+3. Only after the hello verified does the server accept frames up to ``MAX_FRAME_BYTES`` (a
+   rank's result travels as one frame). A peer without the secret therefore costs the driver one
+   small buffer and a few seconds of one thread, never memory in proportion to what it sends; at
+   most ``MAX_PENDING_HANDSHAKES`` such peers are served at once.
+4. The client's last frame is ``bye``. When a connection ends, the server queues a
+   ``channel_closed`` event for its rank with ``clean`` telling whether ``bye`` came first: a rank
+   whose supervisor vanished (its executor was lost) is told apart from one that finished.
+
+The server listens on one address (the driver's), never on all interfaces, and never unpickles
+anything. Closing the server closes every connection; a supervisor that sees its connection close
+takes that as the order to stop its rank.
 """
 from __future__ import annotations
 
@@ -17,32 +27,60 @@ import json
 import queue
 import secrets
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-#: Longest line the server accepts (a rank's result travels as one line).
-MAX_LINE_BYTES = 512 * 1024 * 1024
+#: Bytes of the per-connection nonce the server sends first.
+NONCE_BYTES = 32
+#: Largest first frame (the hello) accepted from a connection that has not yet authenticated.
+HELLO_MAX_BYTES = 1024
+#: Seconds a new connection has to send its hello.
+HANDSHAKE_TIMEOUT_S = 10.0
+#: Most connections that may be in their handshake at once (the rest are closed at once).
+MAX_PENDING_HANDSHAKES = 32
+#: Largest frame from an authenticated connection (a rank's result is one frame).
+MAX_FRAME_BYTES = 512 * 1024 * 1024
+#: Bytes read from the socket at a time.
+READ_CHUNK_BYTES = 1 << 20
+
+_HEADER = struct.Struct(">I32s")
+_SEQ = struct.Struct(">Q")
+
+#: Event kind queued by the server when a connection ends (``clean``: a ``bye`` came first).
+CHANNEL_CLOSED = "channel_closed"
 
 
-def sign(secret: bytes, body: bytes) -> bytes:
-    """Return the hex HMAC-SHA256 of ``body`` under ``secret``."""
-    return hmac.new(secret, body, hashlib.sha256).hexdigest().encode()
+def frame_mac(secret: bytes, nonce: bytes, seq: int, body: bytes) -> bytes:
+    """The MAC of frame ``seq`` of the connection that got ``nonce``."""
+    return hmac.new(secret, nonce + _SEQ.pack(seq) + body, hashlib.sha256).digest()
 
 
-def encode(secret: bytes, event: dict[str, Any]) -> bytes:
-    """Serialise one event as a signed line."""
+def encode_frame(secret: bytes, nonce: bytes, seq: int, event: dict[str, Any]) -> bytes:
+    """Serialise one event as a signed frame."""
     body = json.dumps(event, separators=(",", ":")).encode()
-    return sign(secret, body) + b" " + body + b"\n"
+    return _HEADER.pack(len(body), frame_mac(secret, nonce, seq, body)) + body
 
 
-def decode(secret: bytes, line: bytes) -> dict[str, Any] | None:
-    """Verify and parse one signed line; ``None`` when the signature does not match."""
-    mac, _, body = line.rstrip(b"\n").partition(b" ")
-    if not hmac.compare_digest(mac, sign(secret, body)):
-        return None
-    return json.loads(body)
+class _Rejected(Exception):
+    """The peer broke the protocol; drop its connection."""
+
+
+def _read_exact(conn: socket.socket, size: int) -> bytes | None:
+    """Read exactly ``size`` bytes (``None`` at a clean end of stream before the first byte)."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
+        n = conn.recv_into(view[got:], min(size - got, READ_CHUNK_BYTES))
+        if n == 0:
+            if got == 0:
+                return None
+            raise _Rejected("connection ended inside a frame")
+        got += n
+    return bytes(buf)
 
 
 @dataclass(frozen=True)
@@ -57,14 +95,14 @@ class ChannelAddress:
 
 
 class EventServer:
-    """Accept signed event lines from ranks and put the verified events on a queue.
+    """Accept authenticated event frames from supervisors and put the events on a queue.
 
     Parameters
     ----------
     host : str
         The address to listen on (the driver's address as the ranks reach it).
     job_id : str
-        Written into the address; events from another job are dropped.
+        Written into the address; a hello for another job is refused.
     events : queue.Queue, optional
         Where verified events go (a new queue when not given).
     """
@@ -76,11 +114,21 @@ class EventServer:
         self._job_id = job_id
         self._sock = socket.create_server((host, 0))
         self._conns: set[socket.socket] = set()
+        self._readers: set[threading.Thread] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self._pending = 0
         self.rejected = 0
         self.address = ChannelAddress(host, self._sock.getsockname()[1], self._secret, job_id)
-        threading.Thread(target=self._accept_loop, name="hvd-events-accept", daemon=True).start()
+        self._accepter = threading.Thread(target=self._accept_loop, name="hvd-events-accept",
+                                          daemon=True)
+        self._accepter.start()
+
+    @property
+    def open_connections(self) -> int:
+        """Connections still being read (handshaking ones included)."""
+        with self._lock:
+            return len(self._readers)
 
     def _accept_loop(self) -> None:
         while True:
@@ -89,50 +137,102 @@ class EventServer:
             except OSError:
                 return
             with self._lock:
-                if self._closed:
+                if self._closed or self._pending >= MAX_PENDING_HANDSHAKES:
+                    self.rejected += not self._closed
                     conn.close()
-                    return
+                    if self._closed:
+                        return
+                    continue
+                self._pending += 1
                 self._conns.add(conn)
-            threading.Thread(target=self._read_loop, args=(conn,), name="hvd-events-read",
-                             daemon=True).start()
+                reader = threading.Thread(target=self._read_loop, args=(conn,),
+                                          name="hvd-events-read", daemon=True)
+                self._readers.add(reader)
+            reader.start()
+
+    def _handshake(self, conn: socket.socket) -> tuple[bytes, int]:
+        """Send the nonce, verify the hello; return ``(nonce, rank)``."""
+        conn.settimeout(HANDSHAKE_TIMEOUT_S)
+        nonce = secrets.token_bytes(NONCE_BYTES)
+        conn.sendall(nonce)
+        header = _read_exact(conn, _HEADER.size)
+        if header is None:
+            raise _Rejected("closed before its hello")
+        length, mac = _HEADER.unpack(header)
+        if length > HELLO_MAX_BYTES:
+            raise _Rejected("hello too long")
+        body = _read_exact(conn, length) or b""
+        if not hmac.compare_digest(mac, frame_mac(self._secret, nonce, 0, body)):
+            raise _Rejected("bad signature")
+        hello = json.loads(body)
+        if hello.get("kind") != "hello" or hello.get("job") != self._job_id:
+            raise _Rejected("not a hello for this job")
+        conn.settimeout(None)
+        return nonce, int(hello["rank"])
 
     def _read_loop(self, conn: socket.socket) -> None:
-        reader = conn.makefile("rb")
+        rank: int | None = None
+        clean = False
         try:
-            for line in reader:
-                if len(line) > MAX_LINE_BYTES:
-                    self.rejected += 1
-                    return
-                event = decode(self._secret, line)
-                if event is None or event.get("job") != self._job_id:
-                    self.rejected += 1
-                    return  # drop the whole connection: it does not hold the secret
+            try:
+                nonce, rank = self._handshake(conn)
+            finally:
+                with self._lock:
+                    self._pending -= 1
+            seq = 1
+            while True:
+                header = _read_exact(conn, _HEADER.size)
+                if header is None:
+                    break
+                length, mac = _HEADER.unpack(header)
+                if length > MAX_FRAME_BYTES:
+                    raise _Rejected("frame too long")
+                body = _read_exact(conn, length) or b""
+                if not hmac.compare_digest(mac, frame_mac(self._secret, nonce, seq, body)):
+                    raise _Rejected("bad signature")
+                seq += 1
+                event = json.loads(body)
+                if event.get("kind") == "bye":
+                    clean = True
+                    continue
                 event["recv"] = time.monotonic()
                 self.events.put(event)
-        except (OSError, ValueError):
+        except (_Rejected, ValueError, KeyError, TypeError):
+            self.rejected += 1
+        except OSError:
             pass
         finally:
+            conn.close()
+            if rank is not None:  # a connection the driver closed itself was not lost
+                self.events.put({"kind": CHANNEL_CLOSED, "rank": rank,
+                                 "clean": clean or self._closed,
+                                 "recv": time.monotonic()})
             with self._lock:
                 self._conns.discard(conn)
-            conn.close()
+                self._readers.discard(threading.current_thread())
 
     def close(self) -> None:
-        """Stop listening and close every connection (ranks take it as a stop order)."""
+        """Stop listening, close every connection (ranks take it as a stop order), end the
+        accept thread."""
         with self._lock:
             self._closed = True
             conns = list(self._conns)
-            self._conns.clear()
         for conn in conns:
             try:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-            conn.close()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+        except OSError:
+            pass
         self._sock.close()
+        if self._accepter is not threading.current_thread():
+            self._accepter.join(timeout=5)
 
 
 class EventClient:
-    """Send signed events to the driver from a rank or its supervisor.
+    """Send signed events to the driver from a rank's supervisor.
 
     Parameters
     ----------
@@ -152,8 +252,15 @@ class EventClient:
         self._rank = rank
         self._host = host
         self._sock = socket.create_connection((address.host, address.port), timeout=30)
+        nonce = _read_exact(self._sock, NONCE_BYTES)
+        if nonce is None:
+            raise ConnectionError(f"the driver at {address.host}:{address.port} closed the "
+                                  "event channel before the handshake")
         self._sock.settimeout(None)
+        self._nonce = nonce
+        self._seq = 0
         self._lock = threading.Lock()
+        self._send_raw({"kind": "hello", "job": address.job_id, "rank": rank})
         if on_close is not None:
             threading.Thread(target=self._watch, args=(on_close,), name="hvd-events-watch",
                              daemon=True).start()
@@ -166,16 +273,23 @@ class EventClient:
             pass
         on_close()
 
+    def _send_raw(self, event: dict[str, Any]) -> None:
+        with self._lock:
+            frame = encode_frame(self._address.secret, self._nonce, self._seq, event)
+            self._seq += 1
+            self._sock.sendall(frame)
+
     def send(self, kind: str, **payload: Any) -> None:
         """Send one event of ``kind`` with ``payload`` fields."""
-        event = {"kind": kind, "rank": self._rank, "host": self._host, "time": time.time(),
-                 "job": self._address.job_id, **payload}
-        data = encode(self._address.secret, event)
-        with self._lock:
-            self._sock.sendall(data)
+        self._send_raw({"kind": kind, "rank": self._rank, "host": self._host,
+                        "time": time.time(), "job": self._address.job_id, **payload})
 
     def close(self) -> None:
-        """Close the connection."""
+        """Say goodbye and close the connection."""
+        try:
+            self._send_raw({"kind": "bye"})
+        except OSError:
+            pass
         try:
             self._sock.shutdown(socket.SHUT_WR)
         except OSError:

@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import cloudpickle
-
 from hvd_magics.epoch_timing import EPOCH_LINE, EpochTimer
 from hvd_magics.errors import OUTPUT_TAIL_LINES, RankFailure
+from hvd_magics.events import CHANNEL_CLOSED
 
 #: Error texts of a rank that failed only because a peer went away (not the root cause).
 _PEER_LOST = ("HorovodInternalError", "Horovod has been shut down", "Connection reset by peer",
@@ -20,6 +19,19 @@ _PEER_LOST = ("HorovodInternalError", "Horovod has been shut down", "Connection 
 
 #: Rank states, in the order a healthy rank goes through them.
 WAITING, STARTING, RUNNING, DONE, FAILED = "waiting", "starting", "running", "done", "failed"
+#: A running rank silent for this long is shown as stalled.
+STALL_AFTER_S = 60.0
+#: Characters of one output line kept in memory for display (the log file has every line whole).
+DISPLAY_LINE_CHARS = 2000
+#: Error name of a rank whose supervisor vanished (its Spark executor was lost or killed).
+LOST = "RankLost"
+
+
+def display_line(line: str, limit: int = DISPLAY_LINE_CHARS) -> str:
+    """``line`` cut to ``limit`` characters for display, saying how long it was."""
+    if len(line) <= limit:
+        return line
+    return f"{line[:limit]} ... [{len(line):,} characters; the whole line is in the log file]"
 
 
 class JobView(Protocol):
@@ -43,6 +55,7 @@ class RankState:
     exit_code: int | None = None
     error: dict[str, Any] | None = None
     task_error: str = ""
+    lost: str = ""
     has_result: bool = False
     failed_at: float | None = None
     epoch: int = 0
@@ -51,6 +64,7 @@ class RankState:
     steps: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     samples_per_s: float | None = None
+    partial: str = ""
     reports_epochs: bool = False
     last_seen: float = field(default_factory=time.monotonic)
     tail: collections.deque = field(
@@ -58,11 +72,11 @@ class RankState:
 
     @property
     def exited(self) -> bool:
-        return self.exit_code is not None or bool(self.task_error)
+        return self.exit_code is not None or bool(self.task_error or self.lost)
 
     @property
     def failed(self) -> bool:
-        if self.error is not None or self.task_error:
+        if self.error is not None or self.task_error or self.lost:
             return True
         return self.exit_code is not None and (self.exit_code != 0 or not self.has_result)
 
@@ -73,8 +87,13 @@ class RankState:
         text = f"{err.get('error', '')} {err.get('message', '')}"
         return any(marker in text for marker in _PEER_LOST)
 
+    def stalled_for(self, now: float) -> float | None:
+        """Seconds this running rank has been silent, when that makes it stalled."""
+        silent = now - self.last_seen
+        return silent if self.state == RUNNING and silent > STALL_AFTER_S else None
+
     def failure(self) -> RankFailure:
-        err = self.error or {}
+        err = self.error or ({"error": LOST, "message": self.lost} if self.lost else {})
         return RankFailure(self.rank, self.host, self.exit_code, err.get("error", ""),
                            err.get("message", ""), err.get("traceback", "") or self.task_error,
                            list(self.tail))
@@ -102,7 +121,8 @@ class JobState:
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in end()
-        self.value_blob: str | None = None
+        #: What rank 0 sent back (see :mod:`hvd_magics.result_codec`).
+        self.result_parts: dict[str, dict[str, Any]] = {}
         self.started_at = time.monotonic()
         self.timer = EpochTimer(self.started_at)
         self.timeline_dest: Path | None = None
@@ -122,12 +142,21 @@ class JobState:
         kind = event["kind"]
         if kind == "output":
             stamp = time.strftime("%H:%M:%S", time.localtime(event.get("time", time.time())))
+            state.partial = ""
             for line in event.get("lines", []):
-                state.tail.append(line)
+                state.tail.append(display_line(line))
                 self._log.write(f"{stamp} [{rank}@{state.host}] {line}\n")
                 match = EPOCH_LINE.match(line)
                 if match and not state.reports_epochs:
                     state.epoch, state.epochs = int(match.group(1)), int(match.group(2))
+        elif kind == "output_partial":
+            state.partial = display_line(event.get("text", ""))
+        elif kind == CHANNEL_CLOSED:
+            if not event.get("clean") and not state.exited:
+                where = f" on {state.host}" if state.host else ""
+                state.lost = (f"the Spark task of rank {rank}{where} ended without a word: its "
+                              "executor was lost or killed")
+                state.state = FAILED
         elif kind == "task_started":
             state.state = STARTING
         elif kind == "started":
@@ -142,7 +171,7 @@ class JobState:
         elif kind == "result":
             state.has_result = True
             if rank == 0:
-                self.value_blob = event.get("value")
+                self.result_parts = event.get("parts") or {}
         elif kind == "timeline_local":
             self._timeline_local = event.get("path")
         elif kind == "timeline_chunk" and self.timeline_dest is not None:
@@ -182,12 +211,6 @@ class JobState:
         """Let the views refresh (they throttle themselves)."""
         for view in self.views:
             view.on_tick(self)
-
-    def decode_value(self) -> Any:
-        """Rank 0's return value (the line was verified by the channel before it got here)."""
-        if self.value_blob is None:
-            return None
-        return cloudpickle.loads(base64.b64decode(self.value_blob))
 
     @property
     def all_exited(self) -> bool:

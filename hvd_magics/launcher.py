@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import queue
-import sys
 import tempfile
 import time
 import uuid
@@ -12,9 +11,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from hvd_magics.driver_backend import DriverBackend
-from hvd_magics.errors import HorovodJobError, StartTimeoutError
-from hvd_magics.job_state import JobState, JobView
+from hvd_magics.errors import HorovodJobError, JobInterrupted, StartTimeoutError
+from hvd_magics.job_state import LOST, JobState, JobView
 from hvd_magics.payload import serialize_job
+from hvd_magics.result_codec import VALUE, ResultDecodeError, decode_strict
 from hvd_magics.run_record import RunRecord
 from hvd_magics.slots import local_addresses
 from hvd_magics.spark_backend import SparkBackend, active_session, start_local_session
@@ -30,6 +30,17 @@ FAILURE_GRACE_S = 1.0
 STOP_WAIT_S = 30.0
 #: After a stop, how long rank processes on this host get to exit before we kill them ourselves.
 RANK_EXIT_WAIT_S = 10.0
+#: After the Spark job ended, how long the ranks' event connections may take to deliver what is
+#: still on its way (a large result) before the job is judged on what arrived.
+DRAIN_WAIT_S = 120.0
+
+#: ``decode(parts)``: what a job's record holds as its value, from rank 0's encoded parts.
+Decoder = Callable[[dict], Any]
+
+
+def decode_value(parts: dict) -> Any:
+    """The default :data:`Decoder`: rank 0's value, decoded because the caller asked for it."""
+    return decode_strict(VALUE, parts[VALUE]) if VALUE in parts else None
 
 _last_run: RunRecord | None = None
 
@@ -136,11 +147,15 @@ class HorovodRunner:
         payload = serialize_job(main, kwargs)
         return self.run_payload(payload).value
 
-    def run_payload(self, payload: bytes, views: list[JobView] | None = None) -> RunRecord:
-        """Run an already serialised job; return its :class:`RunRecord` (used by the magics)."""
+    def run_payload(self, payload: bytes, views: list[JobView] | None = None,
+                    decode: Decoder = decode_value) -> RunRecord:
+        """Run an already serialised job; return its :class:`RunRecord` (used by the magics).
+
+        ``decode`` turns what rank 0 sent back into the record's ``value``.
+        """
         views = default_views(self.driver_log_verbosity) if views is None else views
         return launch(payload, self.num_processor, self.env, self.start_timeout, views,
-                      self.timeline)
+                      self.timeline, decode)
 
 
 def _make_backend(np: int, env: dict[str, str]) -> SparkBackend | DriverBackend:
@@ -151,8 +166,12 @@ def _make_backend(np: int, env: dict[str, str]) -> SparkBackend | DriverBackend:
 
 
 def launch(payload: bytes, np: int, env: dict[str, str], start_timeout: float,
-           views: list[JobView], timeline: Path | None = None) -> RunRecord:
-    """Run one job to its end and return its record; raise when it failed."""
+           views: list[JobView], timeline: Path | None = None,
+           decode: Decoder = decode_value) -> RunRecord:
+    """Run one job to its end and return its record; raise when it failed.
+
+    Whatever happens, the views are ended and the log is closed before this returns or raises.
+    """
     global _last_run
     job_id = uuid.uuid4().hex[:12]
     backend = _make_backend(np, env)
@@ -167,9 +186,17 @@ def launch(payload: bytes, np: int, env: dict[str, str], start_timeout: float,
         backend.start(payload, job_id, events)
         _watch(job, backend, events, start_timeout)
         clean = True
+        try:
+            record.value = decode(job.result_parts)
+        except ResultDecodeError as exc:
+            raise HorovodJobError(str(exc), log_path=str(log_path)) from None
     except KeyboardInterrupt:
         record.status = "interrupted"
-        raise
+        record.error = "interrupted"
+        raise JobInterrupted(
+            f"stopped {job.size} rank processes"
+            + (f" and cancelled Spark job group hvd_magics-{job_id}" if np > 0 else "")
+            + "; nothing is left running. The log of every rank: " + str(log_path)) from None
     except BaseException as exc:  # noqa: BLE001 - recorded, then raised as it is
         record.status = "failed"
         record.error = f"{type(exc).__name__}: {exc}"
@@ -184,11 +211,6 @@ def launch(payload: bytes, np: int, env: dict[str, str], start_timeout: float,
         if not clean:
             _reap_local_ranks(job)
         _finish(record, job)
-        if record.status == "interrupted":
-            print(f"hvd_magics: interrupted; stopped {job.size} rank processes"
-                  + (f" and cancelled Spark job group hvd_magics-{job_id}" if np > 0 else "")
-                  + ("" if ended else " (still waiting for Spark to end the tasks)"),
-                  file=sys.stderr)
     return record
 
 
@@ -204,6 +226,7 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
     """Follow the job until every rank exited; raise when it failed (``launch`` stops it)."""
     started = time.monotonic()
     failed_since: float | None = None
+    ended_at: float | None = None
     finished_since: float | None = None
     while not job.all_exited:
         try:
@@ -217,10 +240,13 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
             failed_since = now
         if failed_since is not None and now - failed_since >= FAILURE_GRACE_S:
             break
-        if backend.finished and finished_since is None:
-            finished_since = now
+        if backend.finished and ended_at is None:
+            ended_at = now
+        if ended_at is not None and finished_since is None and (
+                backend.drained or now - ended_at >= DRAIN_WAIT_S):
+            finished_since = now  # everything the ranks sent has arrived (or never will)
         if finished_since is not None and now - finished_since >= FAILURE_GRACE_S:
-            break  # the Spark job ended but some ranks never reported their exit
+            break  # the job ended but some ranks never reported their exit
         if not job.all_started and now - started > start_timeout:
             waiting = [r.rank for r in job.ranks if r.pid is None and not r.exited]
             raise StartTimeoutError(
@@ -231,13 +257,18 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
     failures = job.failures()
     if not failures and job.all_exited:
         return
-    if backend.error is not None and not failures:
-        raise HorovodJobError(f"The Spark job failed before the ranks finished: "
-                              f"{backend.describe_failure()}", log_path=str(job.log_path))
+    spark_failure = backend.describe_failure()
+    if spark_failure and not failures:
+        raise HorovodJobError(f"The Spark job failed before the ranks finished: {spark_failure}",
+                              log_path=str(job.log_path))
     if not failures:
         missing = [r.rank for r in job.ranks if not r.exited]
         raise HorovodJobError(f"Ranks {_ranks(missing)} ended without reporting an exit code.",
                               log_path=str(job.log_path))
+    if spark_failure:
+        for failure in failures:
+            if failure.error == LOST:
+                failure.message += f" (Spark: {spark_failure})"
     first = failures[0]
     raise HorovodJobError(
         f"{len(failures)} of {job.size} ranks failed; the first was {first.headline()}",
@@ -256,7 +287,6 @@ def _finish(record: RunRecord, job: JobState) -> None:
     record.startup_s, record.training_s = split["startup_s"], split["training_s"]
     if record.status == "running":
         record.status = "succeeded"
-        record.value = job.decode_value()
     job.end()
 
 

@@ -10,12 +10,13 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from hvd_magics.cell_capture import CellError, capture, run_captured_cell
+from hvd_magics.cell_capture import CellError, capture, run_captured_cell, unbound_return_names
 from hvd_magics.errors import PayloadError
 from hvd_magics.gpu_guard import driver_gpu_holders, driver_gpu_message
 from hvd_magics.launcher import (DEFAULT_START_TIMEOUT_S, HorovodRunner, default_views,
                                  last_run, validate_np)
 from hvd_magics.payload import find_unshippable, serialize_job
+from hvd_magics.result_codec import RETURN_PREFIX, VALUE, decode_guarded, decode_strict
 from hvd_magics.run_record import RunRecord
 from hvd_magics.text_view import VERBOSITIES
 from hvd_magics.timeline import COST_WARNING, TimelineSettings, summarize
@@ -25,6 +26,18 @@ _KEY_VALUE_OPTIONS = {"np": "--np", "start_timeout": "--start-timeout",
                       "start-timeout": "--start-timeout", "verbosity": "--verbosity",
                       "driver_log_verbosity": "--verbosity", "return": "--return"}
 _KEY_VALUE = re.compile(r"^([A-Za-z_][\w-]*)=(.*)$")
+#: How to bring back an object that the cell's value could not bring.
+_RETURN_HINT = ("To bring an object into the notebook, assign it in the cell and name it with "
+                "%%horovod --return NAME.")
+
+
+def decode_cell_result(parts: dict) -> dict[str, Any]:
+    """The cell's value (only when that imports no framework into the notebook) and the
+    ``--return`` variables (always: the user asked for them)."""
+    value = decode_guarded(VALUE, parts[VALUE], _RETURN_HINT) if VALUE in parts else None
+    returned = {name.removeprefix(RETURN_PREFIX): decode_strict(name, part)
+                for name, part in parts.items() if name.startswith(RETURN_PREFIX)}
+    return {"value": value, "returned": returned}
 
 
 def normalise_line(line: str) -> str:
@@ -105,6 +118,12 @@ class HorovodMagics(Magics):
                                return_names)
         except CellError as exc:
             raise UsageError(f"%%horovod: {exc}") from None
+        unbound = unbound_return_names(cell, return_names)
+        if unbound:
+            raise UsageError(f"%%horovod: --return {', '.join(unbound)}: the cell never assigns "
+                             f"{' or '.join(unbound)} at its top level, so rank 0 would have "
+                             "nothing to bring back. Fix: assign it in the cell, or leave it out "
+                             "of --return.")
         culprit = find_unshippable(captured.values)
         if culprit is not None:
             name, reason = culprit
@@ -132,7 +151,7 @@ class HorovodMagics(Magics):
     def _run(self, runner: HorovodRunner, payload: bytes, views: list, output: str | None
              ) -> RunRecord:
         try:
-            record = runner.run_payload(payload, views)
+            record = runner.run_payload(payload, views, decode_cell_result)
         finally:
             HorovodMagics.last_run = last_run()
             if output:

@@ -4,30 +4,41 @@ The supervisor (:mod:`hvd_magics.rank_process`) writes the cloudpickled ``(main,
 process's stdin and reads structured events from the pipe named by ``HVD_MAGICS_EVENT_FD``. This
 process needs no network access to the driver and holds no secret: the supervisor signs what it
 forwards. Horovod's own environment (``HOROVOD_RANK``, rendezvous address, ...) is already set.
+
+The process started by the supervisor is a small *keeper*: it forks the rank into a process group
+of its own, waits for it, then kills that group, so whatever the user's code started dies with the
+rank. When the supervisor dies (the kernel was killed, the executor was lost) the keeper gets
+``SIGTERM`` and kills the group too. It exits as the rank did.
 """
 from __future__ import annotations
 
-import base64
 import os
+import signal
 import sys
 import threading
 import time
 import traceback
 
-import cloudpickle
+from hvd_magics import rank_events
+from hvd_magics.process_group import die_with_parent, killpg
 
-from hvd_magics import keras_progress, rank_events
-
-#: Exit code of a rank whose supervisor went away (the job was stopped).
+#: Exit code of a rank whose keeper went away (the job was stopped).
 ORPHANED_EXIT = 113
 
 
 def _watch_parent(parent_pid: int) -> None:
-    """Exit at once if the supervisor dies (belt and braces beside PR_SET_PDEATHSIG)."""
+    """Exit at once if the keeper dies (belt and braces beside PR_SET_PDEATHSIG)."""
     while True:
         if os.getppid() != parent_pid:
             os._exit(ORPHANED_EXIT)
         time.sleep(0.5)
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose __str__ raises
+        return f"<{type(exc).__name__} whose message could not be turned into text>"
 
 
 def _format_exception(exc: BaseException) -> str:
@@ -37,11 +48,46 @@ def _format_exception(exc: BaseException) -> str:
     while tb is not None and tb.tb_next is not None and os.path.dirname(
             os.path.abspath(tb.tb_frame.f_code.co_filename)) == package:
         tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
+    try:
+        return "".join(traceback.format_exception(type(exc), exc, tb))
+    except Exception:  # noqa: BLE001
+        return f"{type(exc).__name__}: {_safe_str(exc)}\n"
 
 
-def main() -> None:
-    """Run the shipped function and report its result or its exception."""
+def _end_horovod() -> None:
+    """Leave Horovod together: wait until every rank is done (``join``), then shut down.
+
+    Without this, a rank that exits while a peer's background loop still talks to it makes that
+    peer print ``Horovod background loop uncaught exception ... Connection reset by peer``.
+    """
+    for name in ("horovod.torch", "horovod.tensorflow"):
+        module = sys.modules.get(name)
+        try:
+            if module is None or not module.is_initialized():
+                continue
+            module.join()
+            module.shutdown()
+        except Exception as exc:  # noqa: BLE001 - a peer that failed is reported by its own rank
+            print(f"hvd_magics: leaving Horovod ({name}) failed: {_safe_str(exc)}",
+                  file=sys.stderr)
+
+
+def _fail(exc: BaseException, code: int = 1) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    rank_events.emit("error", error=type(exc).__name__, message=_safe_str(exc)[:2000],
+                     traceback=_format_exception(exc))
+    rank_events.close()
+    os._exit(code)
+
+
+def run_rank() -> None:
+    """Run the shipped function and report its result or its exception (never returns)."""
+    import cloudpickle
+
+    from hvd_magics import keras_progress
+    from hvd_magics.result_codec import encode_parts
+
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     payload = sys.stdin.buffer.read()
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
@@ -50,20 +96,67 @@ def main() -> None:
     try:
         main_fn, kwargs = cloudpickle.loads(payload)
         value = main_fn(**kwargs)
-        blob = base64.b64encode(cloudpickle.dumps(value)).decode() if rank == 0 else None
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            _fail(exc, exc.code if isinstance(exc.code, int) else 1)
+        value = None  # sys.exit(0) is a successful end
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver
-        sys.stdout.flush()
-        sys.stderr.flush()
-        rank_events.emit("error", error=type(exc).__name__, message=str(exc)[:2000],
-                         traceback=_format_exception(exc))
-        rank_events.close()
-        os._exit(1)
+        _fail(exc)
+    try:
+        parts = encode_parts(value) if rank == 0 else None
+    except BaseException as exc:  # noqa: BLE001
+        _fail(exc)
+    _end_horovod()
     sys.stdout.flush()
     sys.stderr.flush()
-    rank_events.emit("result", value=blob)
+    rank_events.emit("result", parts=parts)
     rank_events.close()
     # Skip interpreter teardown: atexit hooks of frameworks can block when a peer is gone.
     os._exit(0)
+
+
+def _exit_like(status: int) -> None:
+    """Exit the way a child with wait status ``status`` did."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    os._exit(os.waitstatus_to_exitcode(status) if not os.WIFSIGNALED(status) else 1)
+
+
+def keep(child: int) -> None:
+    """The keeper: wait for the rank ``child``, kill its process group, exit as it did."""
+    def stop(_sig: int, _frame: object) -> None:
+        killpg(child)
+        os._exit(128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.getppid() == 1:  # the supervisor died before PR_SET_PDEATHSIG was set
+        stop(signal.SIGTERM, None)
+    _, status = os.waitpid(child, 0)
+    killpg(child)
+    _exit_like(status)
+
+
+def main() -> None:
+    """Fork the rank into its own process group and keep it."""
+    keeper = os.getpid()
+    child = os.fork()
+    if child == 0:
+        os.setpgid(0, 0)
+        die_with_parent()
+        if os.getppid() != keeper:
+            os._exit(ORPHANED_EXIT)
+        run_rank()
+    else:
+        try:
+            os.setpgid(child, child)  # also from this side: no race with killpg(child)
+        except OSError:
+            pass
+        os.close(0)  # the payload is the rank's to read
+        keep(child)
 
 
 if __name__ == "__main__":

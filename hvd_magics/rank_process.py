@@ -2,13 +2,12 @@
 
 Used in two places: inside a Spark barrier task (the sink signs events and sends them to the
 driver) and on the driver for ``np < 0`` (the sink puts them straight on the driver's queue).
-The rank runs in its own process session, dies with its supervisor (``PR_SET_PDEATHSIG``), and
-:meth:`RankProcess.kill` takes down its whole process group.
+The rank runs under a keeper process (:mod:`hvd_magics.process_group`): when the rank ends, its
+supervisor dies, or :meth:`RankProcess.kill` is called, the rank's whole process group dies.
 """
 from __future__ import annotations
 
 import base64
-import ctypes
 import json
 import os
 import signal
@@ -16,9 +15,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from typing import Any, Callable
 
+from hvd_magics.process_group import die_with_parent, killpg
 from hvd_magics.rank_events import ENV_EVENT_FD
 from hvd_magics.timeline import ENV_WANT_TIMELINE
 
@@ -30,15 +31,27 @@ TIMELINE_CHUNK_BYTES = 1 << 20
 
 #: Most lines sent in one ``output`` event (the rest follow in the next one).
 MAX_LINES_PER_EVENT = 200
+#: Least seconds between two ``output_partial`` events (a progress bar redrawn in place).
+PARTIAL_INTERVAL_S = 0.25
+#: Most bytes of an unfinished line sent as ``output_partial``.
+PARTIAL_MAX_BYTES = 4096
+#: After the rank exited, how long its output may still be read (a process that left the rank's
+#: process group could hold the pipe open).
+OUTPUT_DRAIN_S = 5.0
+#: After the rank exited, how long its events may still be read (a large result takes a while).
+EVENTS_DRAIN_S = 600.0
 
-_PR_SET_PDEATHSIG = 1
+
+def _keeper_dies_with_supervisor() -> None:  # runs in the child between fork and exec
+    die_with_parent(signal.SIGTERM)  # the keeper then kills the rank's process group
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
+def terminal_text(line: bytes) -> str:
+    """A complete output line as a terminal shows it: after its last carriage return."""
+    line = line.rstrip(b"\r")
+    if b"\r" in line:
+        line = line.rsplit(b"\r", 1)[1]
+    return line.decode(errors="replace")
 
 
 def _package_root() -> str:
@@ -86,10 +99,12 @@ class RankProcess:
             [sys.executable, "-u", "-m", "hvd_magics.rank_main"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             env=env, pass_fds=(write_fd,), start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            preexec_fn=_keeper_dies_with_supervisor if sys.platform.startswith("linux") else None,
         )
         os.close(write_fd)
         self.pid = self._proc.pid
+        #: The rank's own pid (also its process group), known from its ``started`` event.
+        self.rank_pid: int | None = None
         self._timeline = env.get("HOROVOD_TIMELINE")
         if self._timeline:
             sink("timeline_local", path=self._timeline)
@@ -111,20 +126,38 @@ class RankProcess:
             pass
 
     def _pump_output(self) -> None:
-        stdout = self._proc.stdout
-        fd = stdout.fileno()
-        pending = b""
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for start in range(0, len(lines), MAX_LINES_PER_EVENT):
-                batch = lines[start:start + MAX_LINES_PER_EVENT]
-                self._sink("output", lines=[ln.decode(errors="replace") for ln in batch])
+        """Forward the rank's output line by line, in linear time whatever the line lengths.
+
+        A line still being written that holds a carriage return (a tqdm or Keras progress bar) is
+        sent as ``output_partial`` at most every ``PARTIAL_INTERVAL_S``, so bars show live.
+        """
+        fd = self._proc.stdout.fileno()
+        pending: list[bytes] = []  # pieces of the unfinished line
+        since_cr: bytes | None = None  # what a terminal shows of the unfinished line
+        sent_partial = 0.0
+        while chunk := os.read(fd, 65536):
+            if b"\n" in chunk:
+                head, *middle, tail = chunk.split(b"\n")
+                self._send_lines([b"".join(pending) + head, *middle])
+                pending, since_cr = ([tail] if tail else []), None
+                chunk = tail
+            else:
+                pending.append(chunk)
+            if b"\r" in chunk:
+                since_cr = chunk.rsplit(b"\r", 1)[1]
+            elif since_cr is not None and len(since_cr) < PARTIAL_MAX_BYTES:
+                since_cr += chunk
+            now = time.monotonic()
+            if since_cr and now - sent_partial >= PARTIAL_INTERVAL_S:
+                sent_partial = now
+                self._sink("output_partial", text=since_cr[:PARTIAL_MAX_BYTES].decode(errors="replace"))
         if pending:
-            self._sink("output", lines=[pending.decode(errors="replace")])
+            self._send_lines([b"".join(pending)])
+
+    def _send_lines(self, lines: list[bytes]) -> None:
+        for start in range(0, len(lines), MAX_LINES_PER_EVENT):
+            batch = lines[start:start + MAX_LINES_PER_EVENT]
+            self._sink("output", lines=[terminal_text(ln) for ln in batch])
 
     def _pump_events(self, read_fd: int) -> None:
         with os.fdopen(read_fd, "rb") as stream:
@@ -134,13 +167,21 @@ class RankProcess:
                     kind = str(event.pop("kind"))
                 except (ValueError, KeyError):
                     continue
+                if kind == "started":
+                    self.rank_pid = event.get("pid")
                 self._sink(kind, **event)
 
     def wait(self) -> int:
-        """Wait for the rank to exit and its pipes to drain; send ``exit``; return the code."""
+        """Wait for the rank to exit and its pipes to drain; send ``exit``; return the code.
+
+        ``exit`` is always the rank's last event: it is sent after every event the rank wrote
+        (its result included, however large) has been forwarded.
+        """
         code = self._proc.wait()
-        for pump in self._pumps:
-            pump.join(timeout=5)
+        self._kill_rank_group()  # what the rank started dies with it
+        output, events, _stdin = self._pumps
+        events.join(EVENTS_DRAIN_S)
+        output.join(OUTPUT_DRAIN_S)
         try:
             self._send_timeline()
         except OSError as exc:
@@ -158,9 +199,12 @@ class RankProcess:
                 self._sink("timeline_chunk", data=base64.b64encode(chunk).decode())
         os.remove(self._timeline)
 
+    def _kill_rank_group(self) -> None:
+        if self.rank_pid:
+            killpg(self.rank_pid)
+
     def kill(self) -> None:
-        """Kill the rank and every process it started (its process group)."""
-        try:
-            os.killpg(self._proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        """Kill the rank, every process it started (its process group) and its keeper."""
+        self._kill_rank_group()
+        killpg(self._proc.pid)
+

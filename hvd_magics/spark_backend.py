@@ -1,18 +1,26 @@
 """Run a job's ranks as one Spark barrier stage (``np > 0``)."""
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import os
 import queue
+import re
 import socket
 import sys
+import tempfile
 import threading
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterator
 
+import cloudpickle
+
+from hvd_magics import task_entry
 from hvd_magics.errors import NotEnoughSlotsError
 from hvd_magics.events import EventServer
-from hvd_magics.spark_task import TaskSpec, barrier_task
+from hvd_magics.spark_task import TaskSpec
 
 #: How long to wait for executors to register before saying the cluster is too small.
 SLOT_WAIT_S = 5.0
@@ -27,9 +35,19 @@ def active_session() -> Any | None:
     return SparkSession.getActiveSession()
 
 
+def embedded_spark_log() -> Path:
+    """Where the JVM of an embedded SparkSession writes its own output."""
+    return Path(tempfile.gettempdir()) / "hvd_magics" / f"spark-driver-{os.getpid()}.log"
+
+
 def start_local_session(np: int) -> Any:
-    """Start an embedded local-mode SparkSession sized for ``np`` ranks; say so."""
+    """Start an embedded local-mode SparkSession sized for ``np`` ranks; say so in one line.
+
+    The JVM's own output (log4j, JVM warnings) goes to :func:`embedded_spark_log`, not the cell.
+    """
     try:
+        from pyspark import SparkConf, SparkContext
+        from pyspark.java_gateway import launch_gateway
         from pyspark.sql import SparkSession
     except ImportError as exc:
         raise ImportError("np > 0 runs ranks as Spark tasks and needs pyspark: "
@@ -38,15 +56,59 @@ def start_local_session(np: int) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     cores = max(np, os.cpu_count() or 1)
-    print(f"hvd_magics: no active SparkSession; starting an embedded local one (local[{cores}]).",
-          file=sys.stderr)
-    spark = (SparkSession.builder.master(f"local[{cores}]").appName("hvd_magics")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .getOrCreate())
+    settings = {"spark.master": f"local[{cores}]", "spark.app.name": "hvd_magics",
+                "spark.ui.showConsoleProgress": "false", "spark.driver.host": "127.0.0.1",
+                "spark.driver.bindAddress": "127.0.0.1"}
+    log = embedded_spark_log()
+    if SparkContext._gateway is None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:  # the JVM keeps its own copy of the descriptor
+            gateway = launch_gateway(SparkConf().setAll(settings.items()),
+                                     popen_kwargs={"stdout": out, "stderr": out})
+        SparkContext._ensure_initialized(gateway=gateway)
+    builder = SparkSession.builder
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")  # our own session: keep Spark's chatter out of cells
+    print(f"hvd_magics: no active SparkSession; started an embedded local[{cores}] one "
+          f"(its log: {log}).", file=sys.stderr)
     return spark
+
+
+def _is_local(sc: Any) -> bool:
+    """Whether the executors of ``sc`` run on this machine (``local``, ``local-cluster``)."""
+    return str(sc.master).startswith("local")
+
+
+@contextlib.contextmanager
+def _workers_use(sc: Any, python: str) -> Iterator[None]:
+    """Python functions wrapped inside this block run in ``python`` on the executors."""
+    saved = sc.pythonExec
+    sc.pythonExec = python
+    try:
+        yield
+    finally:
+        sc.pythonExec = saved
+
+
+def worker_python(sc: Any) -> str:
+    """The interpreter our barrier tasks run in.
+
+    A local master's executors run on this machine, so they use this very interpreter (which has
+    hvd_magics): a session started without ``PYSPARK_PYTHON`` would otherwise give them the
+    system's ``python3``. On a cluster, the session's own choice stands.
+    """
+    return sys.executable if _is_local(sc) else sc.pythonExec
+
+
+def barrier_function(spec: TaskSpec) -> Any:
+    """The function each barrier task runs: it works (and reports) even on an executor whose
+    Python lacks hvd_magics, since :mod:`hvd_magics.task_entry` travels by value."""
+    from pyspark import cloudpickle as spark_cloudpickle
+
+    spark_cloudpickle.register_pickle_by_value(task_entry)
+    return functools.partial(task_entry.guarded_barrier_task, cloudpickle.dumps(spec))
 
 
 def task_slots(sc: Any) -> tuple[int, int]:
@@ -70,7 +132,7 @@ def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S) -> None:
 
     On a cluster, executors may still be registering: wait up to ``wait_s`` for them.
     """
-    if str(sc.master).startswith("local"):
+    if _is_local(sc):
         wait_s = 0.0
     deadline = time.monotonic() + wait_s
     while True:
@@ -112,6 +174,8 @@ class SparkBackend:
         self.env = env
         self.where = f"spark {self.sc.master}"
         self.error: BaseException | None = None
+        #: What each task returned through Spark (one JSON line each), once the job ended.
+        self.results: list[dict[str, Any]] = []
         self._server: EventServer | None = None
         self._thread: threading.Thread | None = None
         self._group = ""
@@ -132,7 +196,10 @@ class SparkBackend:
             self.sc.setJobGroup(self._group, f"hvd_magics Horovod job, {self.np} ranks",
                                 interruptOnCancel=True)
             rdd = self.sc.parallelize(range(self.np), self.np).barrier()
-            rdd.mapPartitions(functools.partial(barrier_task, spec)).collect()
+            tasks = rdd.mapPartitions(barrier_function(spec))
+            with _workers_use(self.sc, worker_python(self.sc)):
+                tasks._jrdd  # noqa: B018 - wraps the function, with the interpreter to use
+            self.results = [json.loads(line) for line in tasks.collect()]
         except BaseException as exc:  # noqa: BLE001 - surfaced by the launcher
             self.error = exc
 
@@ -140,6 +207,11 @@ class SparkBackend:
     def finished(self) -> bool:
         """Whether the Spark job has ended (successfully or not)."""
         return self._thread is not None and not self._thread.is_alive()
+
+    @property
+    def drained(self) -> bool:
+        """Whether every rank's event connection has ended (all it sent has arrived)."""
+        return self._server is None or self._server.open_connections == 0
 
     def stop(self) -> None:
         """Stop every rank: close the channel (supervisors kill their ranks), cancel the stage."""
@@ -156,15 +228,56 @@ class SparkBackend:
             self._server.close()
         return self.finished
 
-    def describe_failure(self) -> str:
-        """The Spark-side error, shortened to its useful last lines."""
-        text = str(self.error or "")
-        if "No module named 'hvd_magics'" in text or "No module named 'horovod'" in text:
-            return ("the Spark executors cannot import hvd_magics or horovod: install both (and the "
-                    "frameworks) on every executor, or set PYSPARK_PYTHON to an interpreter that "
-                    "has them.\n" + _tail(text))
-        return _tail(text)
+    def describe_failure(self) -> str | None:
+        """Why the Spark side failed, as the executor's Python error (never JVM frames), or
+        ``None`` when it did not."""
+        setup = [r for r in self.results if r.get("setup")]
+        if setup:
+            text = setup[0]["error"]
+            if "cannot import hvd_magics" in text:
+                text += ("\nFix: install hvd_magics, horovod and the frameworks on every "
+                         "executor, or point PYSPARK_PYTHON (spark.pyspark.python) at an "
+                         "interpreter that has them, then start the SparkSession again.")
+            return text
+        if self.error is None:
+            return None
+        return spark_error_text(self.error)
 
 
-def _tail(text: str, lines: int = 15) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
+#: The Python traceback inside a JVM exception's text.
+_PYTHON_TRACEBACK = re.compile(r"PythonException:\s*(Traceback \(most recent call last\):.*?)"
+                               r"(?:\n\s*\n|\n\tat |\Z)", re.S)
+_PYTHON_ERROR = re.compile(r"PythonException:\s*\n?\s*An exception was thrown from the Python "
+                           r"worker\. Please see the stack trace below\.\s*(Traceback.*?)"
+                           r"(?:\n\s*\n|\n\tat |\Z)", re.S)
+_EXECUTOR_LOST = re.compile(r"ExecutorLostFailure \(([^)]*)\)(?:\s*Reason: ([^\n]*))?")
+#: Lines of a Python traceback from an executor that are shown.
+TRACEBACK_LINES = 15
+
+
+def executor_lost_reason(text: str) -> str | None:
+    """``"executor 1 exited ...: Command exited with code 137"`` from a Spark error, if any."""
+    match = _EXECUTOR_LOST.search(text)
+    if match is None:
+        return None
+    return f"{match.group(1)}" + (f": {match.group(2).strip()}" if match.group(2) else "")
+
+
+def spark_error_text(exc: BaseException) -> str:
+    """A Spark-side failure as a user should see it: the executor's Python traceback when there
+    is one, else the Spark message's own lines without JVM frames."""
+    text = str(exc)
+    for pattern in (_PYTHON_ERROR, _PYTHON_TRACEBACK):
+        match = pattern.search(text)
+        if match:
+            lines = match.group(1).rstrip().splitlines()
+            shown = lines[-TRACEBACK_LINES:]
+            if len(lines) > len(shown):
+                shown = [lines[0], "  ..."] + shown
+            return "the executor's Python failed:\n" + "\n".join(shown)
+    lost = executor_lost_reason(text)
+    if lost:
+        return f"an executor was lost ({lost})"
+    lines = [ln for ln in text.strip().splitlines()
+             if ln.strip() and not ln.startswith(("\tat ", "\t... ")) and "py4j" not in ln]
+    return "\n".join(lines[:5])

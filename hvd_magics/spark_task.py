@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from hvd_magics.events import ChannelAddress, EventClient
+from hvd_magics.gpus import CUDA_VISIBLE_DEVICES, visible_devices
 from hvd_magics.rank_process import RankProcess, rank_environment
 from hvd_magics.slots import iface_for_address, plan_ranks, slot_env, start_rendezvous
 
@@ -49,7 +50,7 @@ def barrier_task(spec: TaskSpec, _rows: Iterator) -> Iterator[str]:
     try:
         errors = [g["error"] for g in gathered if g["error"]]
         if errors:
-            yield json.dumps({"partition": partition, "error": errors[0]})
+            yield json.dumps({"partition": partition, "error": errors[0], "setup": True})
             return
         root_task = next(i for i, s in enumerate(slots) if s.rank == 0)
         slot = slots[partition]
@@ -75,7 +76,7 @@ def _supervise(spec: TaskSpec, ctx, slot, host: str, root_host: str, port: int) 
         env.update(slot_env(slot, root_host, port, iface_for_address(host)))
         gpus = ctx.resources().get("gpu")
         if gpus is not None and gpus.addresses:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus.addresses)
+            env[CUDA_VISIBLE_DEVICES] = visible_devices(gpus.addresses, os.environ)
         client.send("task_started", partition=ctx.partitionId(), hostname=socket.gethostname(),
                     local_rank=slot.local_rank, pid=os.getpid())
         if stopped.is_set():

@@ -1,19 +1,29 @@
-"""Show a running job as plain text: each rank's lines with a rank prefix."""
+"""Show a running job as plain text: each rank's lines with a rank prefix.
+
+What it shows: the ranks' output (without framework start-up chatter, see :mod:`hvd_magics.noise`),
+progress bars drawn with carriage returns redrawn in place, a line when a rank stalls, and, when
+ranks print faster than a person reads, the first and the last lines of each burst with a count of
+what was left out. Every line is always in the job's log file.
+"""
 from __future__ import annotations
 
+import collections
 import sys
 import time
 from typing import IO, Any
 
-from hvd_magics.job_state import JobState
+from hvd_magics.job_state import JobState, display_line
+from hvd_magics.noise import is_noise
 
-#: ``driver_log_verbosity`` values, with HorovodRunner's meaning.
+#: ``driver_log_verbosity`` values: HorovodRunner's two, and ``debug`` (framework chatter too).
 VERBOSITY_ALL = "all"
 VERBOSITY_LOG_CALLBACK_ONLY = "log_callback_only"
-VERBOSITIES = (VERBOSITY_ALL, VERBOSITY_LOG_CALLBACK_ONLY)
+VERBOSITY_DEBUG = "debug"
+VERBOSITIES = (VERBOSITY_ALL, VERBOSITY_LOG_CALLBACK_ONLY, VERBOSITY_DEBUG)
 #: Lines are written at most this often...
 FLUSH_INTERVAL_S = 0.1
-#: ...and at most this many at a time; the rest are counted (every line is in the log file).
+#: ...and at most this many at a time: the first half and the last half of what came; the rest
+#: are counted (every line is in the log file).
 MAX_LINES_PER_FLUSH = 1000
 
 
@@ -23,8 +33,9 @@ class TextView:
     Parameters
     ----------
     verbosity : str
-        ``"all"`` prints every line of every rank; ``"log_callback_only"`` prints only what
-        ranks send with :func:`hvd_magics.log_to_driver` (everything still reaches the log file).
+        ``"all"`` prints every line of every rank but framework start-up chatter; ``"debug"``
+        prints that too; ``"log_callback_only"`` prints only what ranks send with
+        :func:`hvd_magics.log_to_driver` (everything still reaches the log file).
     stream : file, optional
         Where to print (``sys.stdout`` at the time of each print by default).
     epoch_lines : bool
@@ -38,47 +49,108 @@ class TextView:
         self.verbosity = verbosity
         self.epoch_lines = epoch_lines
         self._stream = stream
-        self._pending: list[str] = []
+        self._head: list[tuple[int, str]] = []
+        self._tail: collections.deque[tuple[int, str]] = collections.deque(
+            maxlen=MAX_LINES_PER_FLUSH // 2)
         self._dropped = 0
         self._flushed = 0.0
+        self._partials: dict[int, str] = {}
+        self._partials_changed = False
+        self._open_rank: int | None = None  # whose progress bar is on screen, unfinished
+        self._open_len = 0
+        self._stalled: dict[int, float] = {}
 
     def _prefix(self, job: JobState, rank: int) -> str:
         hosts = {r.host for r in job.ranks if r.host}
         return f"[{rank}@{job.ranks[rank].host}]" if len(hosts) > 1 else f"[{rank}]"
 
-    def on_event(self, job: JobState, event: dict[str, Any]) -> None:
+    def _lines_of(self, event: dict[str, Any]) -> list[str]:
         kind = event["kind"]
-        if kind == "output" and self.verbosity == VERBOSITY_ALL:
+        if kind == "output" and self.verbosity != VERBOSITY_LOG_CALLBACK_ONLY:
             lines = event.get("lines", [])
-        elif kind == "log":
-            lines = [event.get("text", "")]
-        elif kind == "epoch_end" and self.epoch_lines:
-            lines = [_epoch_line(event)]
-        else:
+            return lines if self.verbosity == VERBOSITY_DEBUG else [
+                ln for ln in lines if not is_noise(ln)]
+        if kind == "log":
+            return [event.get("text", "")]
+        if kind == "epoch_end" and self.epoch_lines:
+            return [_epoch_line(event)]
+        return []
+
+    def on_event(self, job: JobState, event: dict[str, Any]) -> None:
+        rank, kind = event["rank"], event["kind"]
+        if kind == "output_partial" and self.verbosity != VERBOSITY_LOG_CALLBACK_ONLY:
+            self._partials[rank] = display_line(event.get("text", ""), 300)
+            self._partials_changed = True
             return
-        prefix = self._prefix(job, event["rank"])
-        room = MAX_LINES_PER_FLUSH - len(self._pending)
-        self._pending += [f"{prefix} {line}\n" for line in lines[:max(room, 0)]]
-        self._dropped += max(len(lines) - max(room, 0), 0)
+        if kind == "output":
+            self._partials.pop(rank, None)
+        for line in self._lines_of(event):
+            self._add(rank, display_line(line))
+
+    def _add(self, rank: int, line: str) -> None:
+        if len(self._head) < MAX_LINES_PER_FLUSH // 2:
+            self._head.append((rank, line))
+            return
+        if len(self._tail) == self._tail.maxlen:
+            self._dropped += 1
+        self._tail.append((rank, line))
 
     def on_tick(self, job: JobState) -> None:
-        if time.monotonic() - self._flushed >= FLUSH_INTERVAL_S:
+        now = time.monotonic()
+        self._check_stalls(job, now)
+        if now - self._flushed >= FLUSH_INTERVAL_S:
             self._flush(job)
+
+    def _check_stalls(self, job: JobState, now: float) -> None:
+        for rank in job.ranks:
+            silent = rank.stalled_for(now)
+            if silent is not None and rank.rank not in self._stalled:
+                self._stalled[rank.rank] = rank.last_seen
+                self._add(rank.rank, f"no output or progress for {silent:.0f} s: stalled? (it "
+                                     "still runs; interrupt the kernel to stop the job)")
+            elif silent is None and rank.rank in self._stalled:
+                quiet = rank.last_seen - self._stalled.pop(rank.rank)
+                self._add(rank.rank, f"active again after {quiet:.0f} s")
 
     def _flush(self, job: JobState) -> None:
         self._flushed = time.monotonic()
+        out: list[str] = []
+        for rank, line in self._head:
+            out.append(self._complete(job, rank, line))
         if self._dropped:
-            self._pending.append(f"... {self._dropped} more lines not shown here (all are in "
-                                 f"{job.log_path})\n")
-            self._dropped = 0
-        if self._pending:
+            out.append(self._complete(job, None, f"... {self._dropped} more lines not shown here "
+                                                  f"(all are in {job.log_path})"))
+        for rank, line in self._tail:
+            out.append(self._complete(job, rank, line))
+        self._head, self._dropped = [], 0
+        self._tail.clear()
+        if self._partials_changed and self._partials:
+            rank = min(self._partials)
+            text = f"{self._prefix(job, rank)} {self._partials[rank]}"
+            out.append("\r" + text.ljust(self._open_len))
+            self._open_rank, self._open_len = rank, len(text)
+        self._partials_changed = False
+        if out:
             stream = self._stream or sys.stdout
-            stream.write("".join(self._pending))
+            stream.write("".join(out))
             stream.flush()
-            self._pending = []
+
+    def _complete(self, job: JobState, rank: int | None, line: str) -> str:
+        """One complete line; it replaces the progress bar of its own rank, if one is open."""
+        text = line if rank is None else f"{self._prefix(job, rank)} {line}"
+        lead = ""
+        if self._open_rank is not None:
+            lead = "\r" if rank == self._open_rank else "\n"
+            text = text.ljust(self._open_len) if rank == self._open_rank else text
+            self._open_rank, self._open_len = None, 0
+        return f"{lead}{text}\n"
 
     def on_end(self, job: JobState) -> None:
+        self._partials.clear()
         self._flush(job)
+        if self._open_rank is not None:
+            (self._stream or sys.stdout).write("\n")
+            self._open_rank = None
 
 
 def _epoch_line(event: dict[str, Any]) -> str:

@@ -12,14 +12,16 @@ import html
 import time
 from typing import Any
 
-from hvd_magics.job_state import DONE, FAILED, RUNNING, STARTING, WAITING, JobState
+from hvd_magics.job_state import DONE, FAILED, RUNNING, STARTING, WAITING, JobState, display_line
+from hvd_magics.noise import is_noise
 
 #: Least seconds between two refreshes of the widgets.
 REFRESH_INTERVAL_S = 0.25
-#: A running rank silent for this long is shown as stalled.
-STALL_AFTER_S = 60.0
-#: Lines of each rank's log kept in memory for the log viewer (the log file has them all).
+#: Lines of each rank's log kept in memory for the log viewer while the job runs (the log file
+#: has them all)...
 LOG_LINES_KEPT = 500
+#: ...and once it ended (the dashboards of past runs stay in the kernel).
+LOG_LINES_KEPT_AFTER = 100
 
 _COLOURS = {WAITING: "#757575", STARTING: "#1565c0", RUNNING: "#1565c0", DONE: "#2e7d32",
             FAILED: "#c62828", "stalled": "#ef6c00"}
@@ -61,12 +63,14 @@ class WidgetView:
         self._last_refresh = 0.0
         self._dirty = True
         self._shown = False
+        self._job: JobState | None = None
         self.box: Any = None
 
     def _build(self, job: JobState) -> None:
         import ipywidgets as widgets
         from IPython.display import display
 
+        self._job = job
         self.header = widgets.HTML()
         self._rows = [_RankRow(widgets, r) for r in range(job.size)]
         self._logs = [collections.deque(maxlen=LOG_LINES_KEPT) for _ in range(job.size)]
@@ -83,7 +87,8 @@ class WidgetView:
     def on_event(self, job: JobState, event: dict[str, Any]) -> None:
         self._dirty = True
         if event["kind"] == "output" and self._logs:
-            self._logs[event["rank"]].extend(event.get("lines", []))
+            self._logs[event["rank"]].extend(
+                display_line(ln) for ln in event.get("lines", []) if not is_noise(ln))
 
     def on_tick(self, job: JobState) -> None:
         if not self._shown:
@@ -95,10 +100,15 @@ class WidgetView:
     def on_end(self, job: JobState) -> None:
         if not self._shown:
             self._build(job)
+        self._job = None
+        self._logs = [collections.deque(log, maxlen=LOG_LINES_KEPT_AFTER) for log in self._logs]
+        self._dirty = True
         self._refresh(job, time.monotonic(), final=True)
 
     def _show_log(self) -> None:
-        self.log.value = "\n".join(self._logs[self.log_rank.value])
+        lines = list(self._logs[self.log_rank.value])
+        partial = self._job.ranks[self.log_rank.value].partial if self._job else ""
+        self.log.value = "\n".join(lines + [partial] if partial else lines)
 
     def _refresh(self, job: JobState, now: float, final: bool) -> None:
         self._last_refresh = now
@@ -122,8 +132,9 @@ class WidgetView:
         if state == WAITING and final:
             state = FAILED
         label = _STATE_LABELS[state]
-        if state == RUNNING and silent > STALL_AFTER_S:
-            label, state = f"stalled {silent:.0f} s", "stalled"
+        stalled = rank.stalled_for(now)
+        if stalled is not None:
+            label, state = f"stalled {stalled:.0f} s", "stalled"
         row.name.value = f"<b>rank {rank.rank}</b> {html.escape(rank.host)}"
         row.state.value = f"<b style='color:{_COLOURS[state]}'>{label}</b>"
         row.epoch.value = (f"epoch {rank.epoch}/{rank.epochs or '?'}" if rank.epoch else "")

@@ -1,4 +1,4 @@
-"""Apply the two small changes Horovod 0.28.1 needs to build against TF 2.21 and PyTorch 2.13.
+"""Apply the small changes Horovod 0.28.1 needs to build against TF 2.21 and PyTorch 2.13.
 
 Run inside an unpacked ``horovod-0.28.1`` source tree. Each change is an exact text replacement;
 if the text is not found (another Horovod version), the script stops and says which file.
@@ -11,6 +11,12 @@ if the text is not found (another Horovod version), the script stops and says wh
 3. ``horovod/tensorflow/CMakeLists.txt`` compiles ``xla_mpi_ops.cc``, which includes XLA headers
    (highwayhash, farmhash) that the TensorFlow wheel does not ship. Those ops only serve
    XLA-compiled Horovod ops (``HOROVOD_ENABLE_XLA_OPS``), off by default, so the file is dropped.
+4. ``horovod/tensorflow/keras/__init__.py`` and ``callbacks.py`` take their backend ``K`` from
+   ``import keras``, which is Keras 3 since TF 2.16, while ``tf.keras`` (what the module wraps,
+   ``from tensorflow import keras``) is Keras 2 under ``TF_USE_LEGACY_KERAS=1``. Keras 3's backend has
+   no ``constant``/``get_session``/``set_value``, so ``MetricAverageCallback``,
+   ``LearningRateWarmupCallback`` and ``hvd.load_model`` failed (``module 'keras.backend' has no
+   attribute 'constant'``). The backend is now taken from the same ``tf.keras`` the module wraps.
 """
 from __future__ import annotations
 
@@ -35,6 +41,16 @@ CHANGES = [
         "horovod/tensorflow/CMakeLists.txt",
         'list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/tensorflow/xla_mpi_ops.cc")',
         "# hvd_magics: xla_mpi_ops.cc dropped (XLA headers missing from the TF wheel)",
+    ),
+    (
+        "horovod/tensorflow/keras/__init__.py",
+        "    from keras import backend as K",
+        "    K = keras.backend  # hvd_magics: the backend of tf.keras (Keras 2 under TF_USE_LEGACY_KERAS=1)",
+    ),
+    (
+        "horovod/tensorflow/keras/callbacks.py",
+        "    from keras import backend as K",
+        "    K = keras.backend  # hvd_magics: the backend of tf.keras (Keras 2 under TF_USE_LEGACY_KERAS=1)",
     ),
 ]
 

@@ -38,7 +38,7 @@ def test_syntax_error_names_the_cell_line():
 def test_the_cell_runs_and_returns_its_last_expression_and_asked_names():
     cell = capture("a = base + 1\nb = a * 2\nb + 1\n", {"base": 1}, return_names=("a", "b"))
     out = run_captured_cell(cell)
-    assert out == {"value": 5, "returned": {"a": 2, "b": 4}}
+    assert out == {"value": 5, "return:a": 2, "return:b": 4}
 
 
 def test_a_statement_last_gives_none_and_missing_return_names_are_an_error():

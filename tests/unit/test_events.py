@@ -1,13 +1,26 @@
-"""The event channel: signed lines are accepted, anything else drops the connection."""
+"""The event channel: authenticated frames are accepted, anything else costs the driver little."""
 import queue
 import socket
+import struct
+import threading
 import time
 
-from hvd_magics.events import ChannelAddress, EventClient, EventServer, decode, encode
+import psutil
+import pytest
+
+from hvd_magics.events import (CHANNEL_CLOSED, HELLO_MAX_BYTES, NONCE_BYTES, ChannelAddress,
+                               EventClient, EventServer, encode_frame)
 
 
 def _get(q, timeout=5.0):
     return q.get(timeout=timeout)
+
+
+def _wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
 
 
 def test_signed_events_arrive_in_order_with_rank_and_host():
@@ -19,32 +32,43 @@ def test_signed_events_arrive_in_order_with_rank_and_host():
     assert [e["lines"][0] for e in got] == [f"line {i}" for i in range(50)]
     assert {(e["rank"], e["host"], e["job"]) for e in got} == {(3, "hostA", "job1")}
     client.close()
+    closed = _get(server.events)
+    assert closed["kind"] == CHANNEL_CLOSED and closed["clean"] is True and closed["rank"] == 3
     server.close()
 
 
-def test_a_line_with_a_wrong_signature_is_dropped_with_its_connection():
+def test_a_frame_with_a_wrong_signature_is_dropped_with_its_connection():
     server = EventServer("127.0.0.1", "job2")
-    forged = ChannelAddress(server.address.host, server.address.port, b"x" * 32, "job2")
-    sock = socket.create_connection((forged.host, forged.port))
-    sock.sendall(encode(forged.secret, {"kind": "result", "rank": 0, "job": "job2"}))
-    deadline = time.monotonic() + 5
-    while server.rejected == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.rejected == 1
+    sock = socket.create_connection((server.address.host, server.address.port))
+    nonce = sock.recv(NONCE_BYTES)
+    sock.sendall(encode_frame(b"x" * 32, nonce, 0, {"kind": "hello", "job": "job2", "rank": 0}))
+    _wait_for(lambda: server.rejected == 1)
     assert sock.recv(10) == b""  # the server closed it
-    assert server.events.empty()
+    assert server.events.empty()  # not even a channel_closed: it never authenticated
+    server.close()
+
+
+def test_a_replayed_hello_does_not_authenticate_another_connection():
+    server = EventServer("127.0.0.1", "job2b")
+    first = socket.create_connection((server.address.host, server.address.port))
+    nonce = first.recv(NONCE_BYTES)
+    hello = encode_frame(server.address.secret, nonce, 0, {"kind": "hello", "job": "job2b",
+                                                           "rank": 0})
+    second = socket.create_connection((server.address.host, server.address.port))
+    second.recv(NONCE_BYTES)
+    second.sendall(hello)  # valid for the first connection's nonce only
+    _wait_for(lambda: server.rejected == 1)
+    assert second.recv(10) == b""
+    first.close()
     server.close()
 
 
 def test_events_of_another_job_are_refused():
     server = EventServer("127.0.0.1", "job3")
     other = ChannelAddress(server.address.host, server.address.port, server.address.secret, "job4")
-    client = EventClient(other, rank=0, host="h")
-    client.send("result", value=None)
-    deadline = time.monotonic() + 5
-    while server.rejected == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.rejected == 1 and server.events.empty()
+    EventClient(other, rank=0, host="h")
+    _wait_for(lambda: server.rejected == 1)
+    assert server.events.empty()
     server.close()
 
 
@@ -52,13 +76,79 @@ def test_closing_the_server_tells_clients():
     server = EventServer("127.0.0.1", "job5")
     closed = queue.Queue()
     EventClient(server.address, 0, "h", on_close=lambda: closed.put(True))
-    time.sleep(0.2)
+    _wait_for(lambda: server.open_connections == 1)
     server.close()
     assert closed.get(timeout=5) is True
 
 
-def test_decode_rejects_tampered_body():
-    secret = b"s" * 32
-    line = encode(secret, {"kind": "x", "rank": 1})
-    assert decode(secret, line)["rank"] == 1
-    assert decode(secret, line.replace(b'"rank":1', b'"rank":2')) is None
+def test_a_supervisor_that_vanishes_is_reported_as_an_unclean_close():
+    server = EventServer("127.0.0.1", "job6")
+    client = EventClient(server.address, 1, "h")
+    client.send("started", pid=1)
+    client._sock.close()  # no bye: what a killed executor looks like
+    assert _get(server.events)["kind"] == "started"
+    closed = _get(server.events)
+    assert closed == {**closed, "kind": CHANNEL_CLOSED, "rank": 1, "clean": False}
+    server.close()
+
+
+def test_a_peer_without_the_secret_cannot_grow_the_driver():
+    """Regression: a whole line was read before any check (1 GB sent, +1 GB RSS)."""
+    server = EventServer("127.0.0.1", "job7")
+    proc = psutil.Process()
+    before = proc.memory_info().rss
+    sock = socket.create_connection((server.address.host, server.address.port))
+    sock.recv(NONCE_BYTES)
+    sock.sendall(struct.pack(">I32s", HELLO_MAX_BYTES + 1, b"\0" * 32))  # claims a big frame
+    sent = 0
+    try:
+        while sent < 200 * 1024 * 1024:
+            sock.sendall(b"A" * (1 << 20))
+            sent += 1 << 20
+    except OSError:
+        pass  # the server hung up on us: that is the point
+    _wait_for(lambda: server.rejected == 1)
+    grown = proc.memory_info().rss - before
+    assert sent < 50 * 1024 * 1024, f"the server read {sent / 2**20:.0f} MiB before hanging up"
+    assert grown < 20 * 1024 * 1024, f"RSS grew by {grown / 2**20:.0f} MiB"
+    server.close()
+
+
+def test_silent_connections_are_dropped_after_the_handshake_timeout(monkeypatch):
+    import hvd_magics.events as events
+
+    monkeypatch.setattr(events, "HANDSHAKE_TIMEOUT_S", 0.3)
+    server = EventServer("127.0.0.1", "job8")
+    sock = socket.create_connection((server.address.host, server.address.port))
+    sock.settimeout(5)
+    assert len(sock.recv(NONCE_BYTES)) == NONCE_BYTES
+    assert sock.recv(10) == b""  # closed by the server when the hello did not come
+    server.close()
+
+
+def test_a_large_frame_from_an_authenticated_client_arrives_whole():
+    server = EventServer("127.0.0.1", "job9")
+    client = EventClient(server.address, 0, "h")
+    blob = "x" * (30 * 1024 * 1024)
+    client.send("result", parts={"value": {"blob": blob}})
+    client.close()
+    assert _get(server.events, 30)["parts"]["value"]["blob"] == blob
+    server.close()
+
+
+def test_closed_servers_leave_no_thread_and_accept_nothing():
+    """Regression: each job left an accept thread that still accepted connections."""
+    before = threading.active_count()
+    ports = []
+    for i in range(20):
+        server = EventServer("127.0.0.1", f"leak{i}")
+        client = EventClient(server.address, 0, "h")
+        client.send("output", lines=["x"])
+        client.close()
+        _get(server.events)
+        server.close()
+        ports.append(server.address.port)
+    _wait_for(lambda: threading.active_count() <= before)
+    for port in ports[:3]:
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).recv(1)

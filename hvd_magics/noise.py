@@ -1,0 +1,28 @@
+"""Start-up chatter of the frameworks that a cell does not show (the log file keeps every line).
+
+TensorFlow writes absl/glog lines (``I0000 00:00:... port.cc:153] oneDNN custom operations are
+on``, ``cpu_feature_guard``, ``failed call to cuInit`` on a machine without a GPU) from every rank
+before the user's code runs, whatever ``TF_CPP_MIN_LOG_LEVEL`` says. ``--verbosity debug`` shows
+them again.
+"""
+from __future__ import annotations
+
+import re
+
+#: Lines that are framework start-up noise.
+NOISE = re.compile("|".join([
+    r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR",
+    # glog/absl info and warning lines from C++ (severity, date, time, thread, file:line])
+    r"^[IW]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ [\w.-]+\.(?:cc|h|cpp):\d+\] ",
+    # error-level lines that only say this machine has no GPU or CUDA plug-ins register twice
+    r"^E\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ [\w.-]+\.(?:cc|h|cpp):\d+\] (?:failed call to cuInit"
+    r"|Unable to register cu\w+ factory)",
+    r"^To enable the following instructions: .* rebuild TensorFlow with the appropriate "
+    r"compiler flags\.",
+    r"^Attempting to register factory for plugin cu\w+ when one has already been registered",
+]))
+
+
+def is_noise(line: str) -> bool:
+    """Whether ``line`` is framework start-up chatter."""
+    return NOISE.match(line) is not None

@@ -1,0 +1,35 @@
+"""The function Spark runs in each barrier task, shipped by value.
+
+It must run on an executor whose Python lacks hvd_magics (or one of its dependencies) too: then it
+still takes part in the barrier's ``allGather`` (so no task waits forever) and returns the import
+error as its result, which the driver shows with the fix. Only the standard library and pyspark
+are used before the import succeeds; the module is registered with pyspark's cloudpickle by value
+(:func:`hvd_magics.spark_backend.barrier_function`), so executors never import it by name.
+"""
+from __future__ import annotations
+
+
+def guarded_barrier_task(spec_blob: bytes, rows):  # noqa: ANN001, ANN201 - runs on executors
+    """Import hvd_magics and run :func:`hvd_magics.spark_task.barrier_task`, or report why not."""
+    import json
+    import pickle
+    import socket
+    import sys
+    import traceback
+
+    from pyspark import BarrierTaskContext
+
+    try:
+        from hvd_magics.spark_task import barrier_task
+
+        spec = pickle.loads(spec_blob)
+    except BaseException as exc:  # noqa: BLE001 - reported to the driver through Spark
+        ctx = BarrierTaskContext.get()
+        error = (f"the executor's Python ({sys.executable} on {socket.gethostname()}) cannot "
+                 f"import hvd_magics: {type(exc).__name__}: {exc}")
+        detail = traceback.format_exc()
+        ctx.allGather(json.dumps({"port": 0, "error": error}))
+        yield json.dumps({"partition": ctx.partitionId(), "error": error, "setup": True,
+                          "traceback": detail})
+        return
+    yield from barrier_task(spec, rows)
