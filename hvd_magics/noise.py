@@ -13,9 +13,9 @@ import re
 NOISE = re.compile("|".join([
     r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR",
     # glog/absl info and warning lines from C++ (severity, date, time, thread, file:line])
-    r"^[IW]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ [\w.-]+\.(?:cc|h|cpp):\d+\] ",
+    r"^[IW]\d{4} [\d:.]+\s+\d+ [\w.-]+\.(?:cc|h|cpp):\d+\] ",
     # error-level lines that only say this machine has no GPU or CUDA plug-ins register twice
-    r"^E\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ [\w.-]+\.(?:cc|h|cpp):\d+\] (?:failed call to cuInit"
+    r"^E\d{4} [\d:.]+\s+\d+ [\w.-]+\.(?:cc|h|cpp):\d+\] (?:failed call to cuInit"
     r"|Unable to register cu\w+ factory)",
     r"^To enable the following instructions: .* rebuild TensorFlow with the appropriate "
     r"compiler flags\.",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -134,23 +135,30 @@ class RankProcess:
         fd = self._proc.stdout.fileno()
         pending: list[bytes] = []  # pieces of the unfinished line
         since_cr: bytes | None = None  # what a terminal shows of the unfinished line
-        sent_partial = 0.0
-        while chunk := os.read(fd, 65536):
+        sent_partial, unsent = 0.0, False
+        while True:
+            wait = max(PARTIAL_INTERVAL_S - (time.monotonic() - sent_partial), 0) if unsent else None
+            if not select.select([fd], [], [], wait)[0]:
+                chunk = b""  # quiet for a while: show the bar as it stands
+            elif not (chunk := os.read(fd, 65536)):
+                break
             if b"\n" in chunk:
                 head, *middle, tail = chunk.split(b"\n")
                 self._send_lines([b"".join(pending) + head, *middle])
-                pending, since_cr = ([tail] if tail else []), None
+                pending, since_cr, unsent = ([tail] if tail else []), None, False
                 chunk = tail
-            else:
+            elif chunk:
                 pending.append(chunk)
             if b"\r" in chunk:
-                since_cr = chunk.rsplit(b"\r", 1)[1]
-            elif since_cr is not None and len(since_cr) < PARTIAL_MAX_BYTES:
-                since_cr += chunk
-            now = time.monotonic()
-            if since_cr and now - sent_partial >= PARTIAL_INTERVAL_S:
-                sent_partial = now
-                self._sink("output_partial", text=since_cr[:PARTIAL_MAX_BYTES].decode(errors="replace"))
+                since_cr, unsent = chunk.rsplit(b"\r", 1)[1], True
+            elif chunk and since_cr is not None:
+                if len(since_cr) < PARTIAL_MAX_BYTES:
+                    since_cr += chunk
+                unsent = True
+            if unsent and time.monotonic() - sent_partial >= PARTIAL_INTERVAL_S:
+                sent_partial, unsent = time.monotonic(), False
+                self._sink("output_partial",
+                           text=since_cr[:PARTIAL_MAX_BYTES].decode(errors="replace"))
         if pending:
             self._send_lines([b"".join(pending)])
 

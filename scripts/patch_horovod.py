@@ -17,6 +17,11 @@ if the text is not found (another Horovod version), the script stops and says wh
    no ``constant``/``get_session``/``set_value``, so ``MetricAverageCallback``,
    ``LearningRateWarmupCallback`` and ``hvd.load_model`` failed (``module 'keras.backend' has no
    attribute 'constant'``). The backend is now taken from the same ``tf.keras`` the module wraps.
+5. ``horovod/_keras/callbacks.py``: ``LearningRateWarmupCallback`` (and the schedule callback)
+   correct the momentum with ``backend.set_value(optimizer.momentum, ...)``. In the Keras 2.11+
+   optimizers (tf_keras's default ``SGD``) ``momentum`` is a plain float, not a variable, so the
+   callback failed with ``'float' object has no attribute 'dtype'``. The correction is now made
+   only where ``momentum`` is a variable (the legacy optimizers); a float momentum is left alone.
 """
 from __future__ import annotations
 
@@ -41,6 +46,13 @@ CHANGES = [
         "horovod/tensorflow/CMakeLists.txt",
         'list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/tensorflow/xla_mpi_ops.cc")',
         "# hvd_magics: xla_mpi_ops.cc dropped (XLA headers missing from the TF wheel)",
+    ),
+    (
+        "horovod/_keras/callbacks.py",
+        "        if hasattr(self.model.optimizer, 'momentum') and self.momentum_correction:",
+        "        # hvd_magics: Keras 2.11+ optimizers hold momentum as a float, not a variable\n"
+        "        if (hasattr(self.model.optimizer, 'momentum') and self.momentum_correction\n"
+        "                and hasattr(self.model.optimizer.momentum, 'dtype')):",
     ),
     (
         "horovod/tensorflow/keras/__init__.py",

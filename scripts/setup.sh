@@ -93,11 +93,12 @@ horovod_wheel_key() {
 }
 
 build_horovod() {
-  if "$VENV/bin/python" -c 'import horovod.torch, horovod.tensorflow as h; assert h.gloo_built()' 2>/dev/null; then
-    return
-  fi
   local key wheel_dir log src
   key=$(horovod_wheel_key)
+  # Installed from this very key (patches, Python and framework versions): nothing to do.
+  if [ -f "$VENV/.horovod-$key" ] && "$VENV/bin/python" -c 'import horovod.torch, horovod.tensorflow as h; assert h.gloo_built()' 2>/dev/null; then
+    return
+  fi
   wheel_dir="$CACHE/wheels/$key"
   if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
     mkdir -p "$CACHE/logs" "$wheel_dir"
@@ -121,6 +122,8 @@ build_horovod() {
   pip_logged horovod install --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
   TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c 'import horovod.torch, horovod.tensorflow as h; assert h.gloo_built()' 2>/dev/null \
     || die "Horovod was installed but does not import with Gloo, TensorFlow and PyTorch support; see $CACHE/logs."
+  rm -f "$VENV"/.horovod-*
+  touch "$VENV/.horovod-$key"
 }
 
 # The browser test drives Debian's Chromium (never a browser that Playwright downloads).

@@ -193,3 +193,151 @@ def keras3_gradient_tape():
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
     weights = [v.numpy().tolist() for v in model.trainable_variables]
     return {"keras": keras.__version__, "weights": hvd.allgather_object(weights)}
+
+
+def keras_horovod_callbacks():
+    """Horovod's own Keras callbacks, as Horovod's synthetic Keras benchmark uses them."""
+    import numpy as np
+    import tensorflow as tf
+    import horovod.tensorflow.keras as hvd
+
+    hvd.init()
+    rng = np.random.default_rng(hvd.rank())
+    x = rng.normal(size=(64, 8)).astype("float32")
+    y = rng.integers(0, 3, size=64)
+    model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(3)])
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01 * hvd.size()))
+    model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                 hvd.callbacks.MetricAverageCallback(),
+                 hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.01 * hvd.size(),
+                                                          warmup_epochs=1, steps_per_epoch=2)]
+    history = model.fit(x, y, batch_size=32, epochs=2, steps_per_epoch=2, verbose=0,
+                        callbacks=callbacks)
+    return hvd.allgather_object({"loss": history.history["loss"],
+                                 "lr": float(tf.keras.backend.get_value(opt.lr))})
+
+
+def rank_return_value(size_mb: float):
+    """Rank 0 returns about ``size_mb`` MB of bytes; every rank syncs with Horovod first."""
+    import horovod.torch as hvd
+
+    hvd.init()
+    return bytes(int(size_mb * 1e6)) if hvd.rank() == 0 else None
+
+
+def start_children():
+    """Each rank starts a long-lived child (one that shares its stdout); returns their pids."""
+    import subprocess
+    import sys
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    child = subprocess.Popen(["sleep", "600"])  # inherits the rank's stdout
+    return hvd.allgather_object(child.pid)
+
+
+def start_children_and_wait(pid_file: str):
+    """Each rank starts a child, writes its pid to ``pid_file``.<rank>, then waits forever."""
+    import os
+    import subprocess
+    import time
+
+    child = subprocess.Popen(["sleep", "600"])
+    rank = os.environ["HOROVOD_RANK"]
+    with open(f"{pid_file}.{rank}.tmp", "w") as fh:
+        fh.write(str(child.pid))
+    os.rename(f"{pid_file}.{rank}.tmp", f"{pid_file}.{rank}")
+    print(f"child {child.pid} started", flush=True)
+    time.sleep(600)
+
+
+def raise_unprintable():
+    """Rank 1 raises an exception whose __str__ raises."""
+    import os
+
+    class Unprintable(Exception):
+        def __str__(self):
+            raise RuntimeError("no text for you")
+
+    if os.environ["HOROVOD_RANK"] == "1":
+        raise Unprintable()
+    return "ok"
+
+
+def exit_on_rank(code):
+    """Rank 1 calls sys.exit(code); rank 0 returns 'done'."""
+    import os
+    import sys
+
+    if os.environ["HOROVOD_RANK"] == "1":
+        sys.exit(code)
+    return "done"
+
+
+def linger_after_allreduce(linger_s: float = 1.0):
+    """Allreduce, then rank 1 stays a while with Horovod up before returning (rank 0 does not)."""
+    import time
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    for _ in range(5):
+        hvd.allreduce(torch.ones(10))
+    if hvd.rank() == 1:
+        time.sleep(linger_s)
+    return hvd.rank()
+
+
+def carriage_return_progress(hold: str):
+    """Draw a progress bar with carriage returns, then wait (without a newline) until ``hold``
+    exists; end the line."""
+    import os
+    import sys
+    import time
+
+    for pct in (10, 20, 30):
+        sys.stdout.write(f"\rprogress {pct}%")
+        sys.stdout.flush()
+    while not os.path.exists(hold):
+        time.sleep(0.05)
+    sys.stdout.write("\rprogress 100%\n")
+    return "drawn"
+
+
+def long_line(size_mb: int):
+    """Print one line of ``size_mb`` MB."""
+    import sys
+
+    sys.stdout.write("x" * (size_mb * 1_000_000) + "\n")
+    return size_mb
+
+
+def cuda_visible_devices():
+    """Every rank's CUDA_VISIBLE_DEVICES, as rank 0 sees them."""
+    import horovod.torch as hvd
+    import os
+
+    hvd.init()
+    return hvd.allgather_object(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def sleep_in_allreduce(pid_dir: str):
+    """Write this rank's pid and its supervisor's to ``pid_dir``, then allreduce until killed."""
+    import os
+    import time
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    with open(os.path.join(pid_dir, f"rank{hvd.rank()}"), "w") as fh:
+        fh.write(f"{os.getpid()}")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        hvd.allreduce(torch.ones(10))
+        time.sleep(0.05)
+    return "never"

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from hvd_magics import HorovodJobError, HorovodRunner, NotEnoughSlotsError, last_run
+from hvd_magics.errors import JobInterrupted
 from tests import jobs
 from tests.conftest import ROOT, rank_processes_alive
 
@@ -55,11 +56,13 @@ def test_keyboard_interrupt_cancels_the_job_and_the_ranks(local_spark, capsys):
         os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=interrupt_when_running, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as info:
         HorovodRunner(np=2).run(jobs.sleep_forever)
     record = last_run()
     assert record.status == "interrupted"
-    assert "cancelled Spark job group" in capsys.readouterr().err
+    assert isinstance(info.value, JobInterrupted)
+    assert "cancelled Spark job group" in str(info.value)
+    assert info.value._render_traceback_() == [f"JobInterrupted: {info.value}"]  # one line
     assert len(record.pids) == 2 and rank_processes_alive(record.pids.values()) == []
     assert HorovodRunner(np=2).run(jobs.print_lines, count=1) == 0
 
@@ -72,4 +75,6 @@ def test_without_a_session_an_embedded_local_spark_is_started():
                           timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "size 2" in proc.stdout
-    assert "starting an embedded local one (local[2])" in proc.stderr
+    assert "started an embedded local[2] one" in proc.stderr
+    # the JVM's own chatter went to the log file, not to the user
+    assert "WARN" not in proc.stderr and "log4j" not in proc.stderr, proc.stderr

@@ -1,0 +1,158 @@
+"""Regression tests for defects found by using hvd_magics as a user would (np < 0, real ranks)."""
+import io
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from hvd_magics import HorovodJobError, HorovodRunner, last_run
+from hvd_magics.payload import serialize_job
+from hvd_magics.result_codec import ENV_MAX_RESULT_MB
+from hvd_magics.text_view import TextView
+from tests import jobs
+from tests.conftest import ROOT, rank_processes_alive
+
+
+class Recorder:
+    """A job view that keeps every event and can act on one."""
+
+    def __init__(self, on_event=None):
+        self.events = []
+        self._on_event = on_event
+
+    def on_event(self, job, event):
+        self.events.append(event)
+        if self._on_event:
+            self._on_event(event)
+
+    def on_tick(self, job):
+        pass
+
+    def on_end(self, job):
+        pass
+
+
+def test_horovods_own_keras_callbacks_work():
+    """MetricAverageCallback failed: horovod/_keras took Keras 3's backend under tf_keras."""
+    result = HorovodRunner(np=-2).run(jobs.keras_horovod_callbacks)
+    assert result[0]["loss"] == result[1]["loss"]  # averaged over the ranks by the callback
+    assert result[0]["lr"] == pytest.approx(0.02)  # the warm-up reached the scaled rate
+
+
+def test_horovods_keras_module_takes_the_tf_keras_backend():
+    code = ("import horovod.tensorflow.keras as hvd, tensorflow as tf\n"
+            "print(hvd.K.__name__, hvd.callbacks.K.__name__, tf.keras.backend.__name__)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "TF_USE_LEGACY_KERAS": "1"}, timeout=120)
+    names = proc.stdout.split()
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    assert names[0] == names[1] == names[2] and names[0].startswith("tf_keras"), names
+
+
+def test_an_exception_whose_str_raises_is_reported():
+    with pytest.raises(HorovodJobError) as info:
+        HorovodRunner(np=-2).run(jobs.raise_unprintable)
+    failure = info.value.failures[0]
+    assert failure.rank == 1 and failure.error == "Unprintable"
+    assert "could not be turned into text" in failure.message
+
+
+def test_sys_exit_zero_on_a_rank_is_success_and_nonzero_is_failure():
+    assert HorovodRunner(np=-2).run(jobs.exit_on_rank, code=0) == "done"
+    assert last_run().status == "succeeded"
+    with pytest.raises(HorovodJobError) as info:
+        HorovodRunner(np=-2).run(jobs.exit_on_rank, code=4)
+    assert info.value.failures[0].rank == 1 and "SystemExit: 4" in info.value.failures[0].headline()
+    assert last_run().exit_codes[1] == 4
+
+
+def test_a_clean_run_prints_no_horovod_error():
+    """Ranks leaving Horovod one by one made a peer print 'Connection reset by peer'."""
+    for _ in range(3):
+        assert HorovodRunner(np=-2).run(jobs.linger_after_allreduce, linger_s=1.0) == 0
+        log = Path(last_run().log_path).read_text()
+        assert "uncaught exception" not in log and "Connection reset" not in log, log[-2000:]
+
+
+def test_a_ranks_children_die_with_the_job():
+    pids = HorovodRunner(np=-2).run(jobs.start_children)
+    assert len(pids) == 2
+    assert rank_processes_alive(pids) == []
+
+
+def test_a_ranks_children_die_when_the_kernel_is_killed(tmp_path):
+    """np<0: the kernel is the supervisor; SIGKILL it and the ranks' children must still go."""
+    pid_file = str(tmp_path / "child")
+    script = tmp_path / "kernel.py"
+    script.write_text(
+        "import cloudpickle, sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from tests import jobs\n"
+        "cloudpickle.register_pickle_by_value(jobs)\n"
+        "from hvd_magics import HorovodRunner\n"
+        f"HorovodRunner(np=-2).run(jobs.start_children_and_wait, pid_file={pid_file!r})\n")
+    kernel = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not all(os.path.exists(f"{pid_file}.{r}") for r in (0, 1)):
+        assert time.monotonic() < deadline and kernel.poll() is None, "ranks did not start"
+        time.sleep(0.1)
+    children = [int(Path(f"{pid_file}.{r}").read_text()) for r in (0, 1)]
+    assert rank_processes_alive(children) == children
+    kernel.send_signal(signal.SIGKILL)
+    kernel.wait()
+    deadline = time.monotonic() + 20
+    while rank_processes_alive(children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert rank_processes_alive(children) == []
+
+
+def test_a_long_line_is_delivered_whole():
+    assert HorovodRunner(np=-1).run(jobs.long_line, size_mb=40) == 40
+    line = next(ln for ln in open(last_run().log_path) if "xxxx" in ln)
+    assert line.count("x") == 40_000_000
+
+
+def test_a_progress_bar_shows_before_its_line_ends(tmp_path):
+    """Carriage-return progress (tqdm, Keras verbose=1) showed nothing until the newline."""
+    hold = tmp_path / "hold"
+    shown = io.StringIO()
+
+    def release(event):
+        if event["kind"] == "output_partial" and "30%" in event["text"]:
+            hold.touch()  # the rank finishes its line only once the partial one was seen
+
+    recorder = Recorder(release)
+    payload = serialize_job(jobs.carriage_return_progress, {"hold": str(hold)})
+    record = HorovodRunner(np=-1).run_payload(payload, [recorder, TextView(stream=shown)])
+    assert record.value == "drawn"
+    kinds = [e["kind"] for e in recorder.events]
+    assert kinds.index("output_partial") < kinds.index("output")
+    text = shown.getvalue()
+    assert "\r[0] progress 30%" in text
+    assert text.endswith("\r[0] progress 100%     \n")  # the finished line replaces the bar
+    assert "progress 100%" in open(record.log_path).read()
+
+
+def test_a_large_value_is_an_error_that_says_its_size_and_the_fix():
+    with pytest.raises(HorovodJobError) as info:
+        HorovodRunner(np=-2, env={ENV_MAX_RESULT_MB: "5"}).run(jobs.rank_return_value,
+                                                               size_mb=12)
+    text = str(info.value)
+    assert "12.0 MB pickled, over the 5 MB" in text and "return its path" in text
+    assert ENV_MAX_RESULT_MB in text
+    assert last_run().status == "failed"
+
+
+def test_gpu_indices_are_mapped_through_the_inherited_cuda_visible_devices(monkeypatch):
+    """Simulated: no GPU here. With 2,3 inherited, the ranks must get 2 and 3, not 0 and 1."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert HorovodRunner(np=-2).run(jobs.cuda_visible_devices) == ["2", "3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
+    assert HorovodRunner(np=-2).run(jobs.cuda_visible_devices) == ["5", "5"]

@@ -1,0 +1,221 @@
+"""Synthetic events through the text and widget views; result values; noise; GPU mapping."""
+import io
+import pickle
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hvd_magics import gpus
+from hvd_magics.job_state import STALL_AFTER_S, JobState
+from hvd_magics.noise import is_noise
+from hvd_magics.rank_process import terminal_text
+from hvd_magics.result_codec import (Parts, RemoteValue, ResultDecodeError, decode_guarded,
+                                     decode_strict, encode_parts)
+from hvd_magics.text_view import MAX_LINES_PER_FLUSH, VERBOSITY_DEBUG, TextView
+
+TF_STARTUP = [
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    "I0000 00:00:1795310184.077076    4490 port.cc:153] oneDNN custom operations are on. You may "
+    "see slightly different numerical results",
+    "I0000 00:00:1795310184.077407    4490 cudart_stub.cc:31] Could not find cuda drivers on your "
+    "machine, GPU will not be used.",
+    "To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild "
+    "TensorFlow with the appropriate compiler flags.",
+    "E0000 00:00:1795310186.071591    4490 cuda_platform.cc:52] failed call to cuInit: INTERNAL: "
+    "CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)",
+]
+
+
+def _job(tmp_path: Path, size: int = 2, views=()) -> JobState:
+    return JobState(size, tmp_path / "ranks.log", list(views), "test")
+
+
+def _output(rank: int, *lines: str) -> dict:
+    return {"kind": "output", "rank": rank, "host": "h", "lines": list(lines)}
+
+
+def test_framework_startup_lines_are_noise_and_user_lines_are_not():
+    assert all(is_noise(line) for line in TF_STARTUP)
+    for line in ["Epoch 1/3", "E0000 my own message", "loss: 0.3", "WARNING: your data is odd",
+                 "E0000 00:00:1.2  1 foo.cc:3] a real error"]:
+        assert not is_noise(line), line
+
+
+def test_the_text_view_hides_noise_unless_asked_and_the_log_keeps_it(tmp_path):
+    for verbosity, shown in (("all", False), (VERBOSITY_DEBUG, True)):
+        out = io.StringIO()
+        job = _job(tmp_path / verbosity, views=[TextView(verbosity, stream=out)])
+        job.handle(_output(0, *TF_STARTUP, "hello"))
+        job.end()
+        assert "[0] hello" in out.getvalue()
+        assert ("cuInit" in out.getvalue()) is shown
+        assert "cuInit" in (tmp_path / verbosity / "ranks.log").read_text()
+
+
+def test_a_flood_keeps_the_first_and_the_last_lines(tmp_path):
+    out = io.StringIO()
+    job = _job(tmp_path, 1, [TextView(stream=out)])
+    total = 5 * MAX_LINES_PER_FLUSH
+    job.handle(_output(0, *[f"line {i}" for i in range(total)]))
+    job.end()
+    text = out.getvalue()
+    assert "[0] line 0\n" in text and f"[0] line {total - 1}\n" in text  # the result line
+    assert f"... {total - MAX_LINES_PER_FLUSH} more lines not shown" in text
+    assert text.count("\n") == MAX_LINES_PER_FLUSH + 1
+
+
+def test_a_progress_bar_is_redrawn_in_place_and_replaced_by_its_line(tmp_path):
+    out = io.StringIO()
+    view = TextView(stream=out)
+    job = _job(tmp_path, 1, [view])
+    for pct in (10, 50):
+        job.handle({"kind": "output_partial", "rank": 0, "host": "h", "text": f"{pct}%|###"})
+        view._flush(job)
+    job.handle(_output(0, "100%|#####"))
+    job.end()
+    assert out.getvalue() == "\r[0] 10%|###\r[0] 50%|###\r[0] 100%|#####\n"
+    assert terminal_text(b"10%\r50%\r100%\r") == "100%"
+
+
+def test_a_silent_rank_is_said_to_stall_in_the_text_view(tmp_path):
+    out = io.StringIO()
+    view = TextView(stream=out)
+    job = _job(tmp_path, 2, [view])
+    for rank in (0, 1):
+        job.handle({"kind": "started", "rank": rank, "host": "h", "pid": 1})
+    job.ranks[1].last_seen -= STALL_AFTER_S + 5
+    job.tick()
+    view._flush(job)
+    assert "[1] no output or progress for 6" in out.getvalue()
+    assert "[0] no output" not in out.getvalue()
+    job.handle(_output(1, "back"))
+    job.tick()
+    job.end()
+    assert "[1] active again after" in out.getvalue()
+
+
+def test_long_lines_are_cut_for_display_and_whole_in_the_log(tmp_path):
+    out = io.StringIO()
+    job = _job(tmp_path, 1, [TextView(stream=out)])
+    job.handle(_output(0, "y" * 5_000_000))
+    job.end()
+    assert len(out.getvalue()) < 10_000 and "5,000,000 characters" in out.getvalue()
+    assert len(job.ranks[0].tail[0]) < 10_000
+    assert (tmp_path / "ranks.log").read_text().count("y") == 5_000_000
+
+
+def test_finished_dashboards_keep_little(tmp_path):
+    """Five runs that printed a 20 MB line grew the kernel by 300 MB: widgets kept every line."""
+    from hvd_magics.widgets_view import LOG_LINES_KEPT_AFTER, WidgetView
+
+    view = WidgetView()
+    job = _job(tmp_path, 2, [view])
+    job.tick()
+    for i in range(400):
+        job.handle(_output(i % 2, f"line {i} " + "z" * 100_000))
+    job.end()
+    kept = sum(len(line) for log in view._logs for line in log)
+    assert all(len(log) <= LOG_LINES_KEPT_AFTER for log in view._logs)
+    assert kept < 2 * LOG_LINES_KEPT_AFTER * 3000
+
+
+def test_values_decode_strictly_or_stay_on_the_rank_with_their_repr():
+    parts = encode_parts(Parts(value=[1, 2], **{"return:x": {"a": 1}}))
+    assert decode_strict("value", parts["value"]) == [1, 2]
+    assert decode_guarded("value", parts["value"], "hint") == [1, 2]
+    assert decode_strict("return:x", parts["return:x"]) == {"a": 1}
+    unpicklable = encode_parts(x for x in [])["value"]
+    kept = decode_guarded("value", unpicklable, "Use --return.")
+    assert isinstance(kept, RemoteValue) and "generator" in repr(kept)
+    with pytest.raises(ResultDecodeError, match="a generator.*cannot be pickled"):
+        decode_strict("value", unpicklable)
+
+
+def test_a_value_that_would_import_a_framework_stays_on_the_rank():
+    """A cell ending in model.fit(...) must not import TensorFlow into the notebook."""
+    fake = type(sys)("fakeframework_hvd")
+    sys.modules[fake.__name__] = fake
+
+    class History:
+        pass
+
+    History.__module__ = fake.__name__
+    History.__qualname__ = "History"
+    fake.History = History
+    try:
+        parts = encode_parts(History())
+    finally:
+        del sys.modules[fake.__name__]
+    value = decode_guarded("value", parts["value"], "Use --return NAME.")
+    assert isinstance(value, RemoteValue)
+    assert "fakeframework_hvd.History" in value.reason and "would import fakeframework_hvd" in value.reason
+    assert "fakeframework_hvd" not in sys.modules
+    with pytest.raises(ResultDecodeError, match="fakeframework_hvd.History.*could not be decoded"):
+        decode_strict("value", parts["value"])
+
+
+def test_a_value_over_the_limit_travels_as_its_size(monkeypatch):
+    monkeypatch.setenv("HVD_MAGICS_MAX_RESULT_MB", "1")
+    part = encode_parts(b"x" * 2_000_000)["value"]
+    assert "blob" not in part and part["too_large"]
+    with pytest.raises(ResultDecodeError, match="2.0 MB pickled, over the 1 MB.*return its path"):
+        decode_strict("value", part)
+
+
+@pytest.mark.parametrize("indices, inherited, expected", [
+    (["0", "1"], None, "0,1"),
+    (["0", "1"], "2,3", "2,3"),
+    (["1"], "2,3", "3"),
+    ([0], "GPU-uuid-a,GPU-uuid-b", "GPU-uuid-a"),
+])
+def test_gpu_indices_map_through_the_inherited_list(indices, inherited, expected):
+    environ = {} if inherited is None else {"CUDA_VISIBLE_DEVICES": inherited}
+    assert gpus.visible_devices(indices, environ) == expected
+
+
+def test_a_gpu_index_outside_the_inherited_list_is_an_error():
+    with pytest.raises(ValueError, match="discovery script"):
+        gpus.visible_devices(["2"], {"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert gpus.local_gpu_count({"CUDA_VISIBLE_DEVICES": ""}) == 0
+    assert gpus.local_gpu_count({"CUDA_VISIBLE_DEVICES": "4,5,6"}) == 3
+
+
+def _pump(data: bytes) -> tuple[list[str], float]:
+    """Feed ``data`` through a supervisor's output pump; return the lines and the seconds."""
+    import os
+    import threading
+    import types
+
+    from hvd_magics.rank_process import RankProcess
+
+    read_fd, write_fd = os.pipe()
+    lines: list[str] = []
+    pump = RankProcess.__new__(RankProcess)
+    pump._proc = types.SimpleNamespace(stdout=types.SimpleNamespace(fileno=lambda: read_fd))
+    pump._sink = lambda kind, **event: lines.extend(event.get("lines", []))
+
+    def feed():
+        for start in range(0, len(data), 1 << 16):
+            os.write(write_fd, data[start:start + (1 << 16)])
+        os.close(write_fd)
+
+    writer = threading.Thread(target=feed)
+    started = time.perf_counter()
+    writer.start()
+    pump._pump_output()
+    elapsed = time.perf_counter() - started
+    writer.join()
+    os.close(read_fd)
+    return lines, elapsed
+
+
+def test_a_long_line_goes_through_the_pump_in_linear_time():
+    """An 80 MB line took 37 s: every chunk re-split everything before it (quadratic)."""
+    small_lines, small = _pump(b"a" * 8_000_000 + b"\n")
+    big_lines, big = _pump(b"a" * 64_000_000 + b"\n")
+    assert [len(x) for x in small_lines] == [8_000_000]
+    assert [len(x) for x in big_lines] == [64_000_000]
+    # linear: about 8 times the small one; quadratic: about 64 times
+    assert big < 24 * small + 0.5, f"8 MB took {small:.2f} s, 64 MB took {big:.2f} s"
