@@ -3,8 +3,9 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 
 
-def _run(client, code: str) -> str:
-    """Execute ``code``; return its text/plain result or its stream output."""
+def _run(client, code: str, displays: bool = False) -> str:
+    """Execute ``code``; return its text/plain result or its stream output (and what it
+    displayed, with ``displays``)."""
     msg_id = client.execute(code)
     text = []
     while True:
@@ -14,8 +15,8 @@ def _run(client, code: str) -> str:
         kind, content = msg["msg_type"], msg["content"]
         if kind == "stream":
             text.append(content["text"])
-        elif kind == "execute_result":
-            text.append(content["data"]["text/plain"])
+        elif kind == "execute_result" or (kind == "display_data" and displays):
+            text.append(content["data"].get("text/plain", ""))
         elif kind == "error":
             text.append(content["ename"] + ": " + content["evalue"])
         elif kind == "status" and content["execution_state"] == "idle":
@@ -33,6 +34,47 @@ def test_horovod_magic_is_registered_in_a_fresh_kernel(kernel, setup):
             _run(client, setup)
         assert _run(client, "'horovod' in get_ipython().magics_manager.magics['cell']").strip() == "True"
         assert _run(client, "%%horovod np=-1 -q\n6 * 7\n").strip() == "42"
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+FIT_CELL = """%%horovod np=-2 -q
+import numpy as np
+import tensorflow as tf
+import horovod.tensorflow.keras as hvd
+hvd.init()
+x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+model.compile(hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), "mse")
+model.fit(x, x.sum(axis=1), epochs=1, verbose=0)
+"""
+
+
+def test_a_cell_ending_in_model_fit_keeps_tensorflow_out_of_the_kernel():
+    """Regression: the History was unpickled in the kernel: TensorFlow imported, then
+    'Could not locate class SGD', the dashboard stuck at running, no summary."""
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        _run(client, "%load_ext hvd_magics")
+        shown = _run(client, FIT_CELL, displays=True)
+        assert "History object" in shown and "would import tf_keras" in shown, shown
+        assert "--return NAME" in shown
+        assert "HorovodRun" in shown and "succeeded" in shown  # the summary was shown
+        assert _run(client, "import sys; 'tensorflow' in sys.modules").strip() == "False"
+        assert _run(client, "import hvd_magics; hvd_magics.last_run().status").strip() == \
+            "'succeeded'"
+        # asked for by name, plain data comes back...
+        weights = _run(client, FIT_CELL.replace("-q\n", "-q --return weights\n")
+                       + "weights = model.get_weights()\n", displays=True)
+        assert "succeeded" in weights
+        assert _run(client, "[w.shape for w in weights]").strip() == "[(4, 1), (1,)]"
+        # ...and an object that cannot be decoded here fails the run, naming its type
+        failed = _run(client, FIT_CELL.replace("-q\n", "-q --return model\n"), displays=True)
+        assert "HorovodJobError: rank 0's 'model' (a tf_keras.src.engine.sequential.Sequential) " \
+               "could not be decoded in the notebook" in failed
+        assert _run(client, "hvd_magics.last_run().status").strip() == "'failed'"
+        assert _run(client, "%%horovod np=-1 -q\n1 + 1\n").strip() == "2"  # still usable
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)

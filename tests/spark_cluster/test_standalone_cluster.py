@@ -35,3 +35,52 @@ def test_the_timeline_comes_back_from_the_executor(cluster_spark, tmp_path):
     HorovodRunner(np=2, timeline=path).run(jobs.torch_allreduce_steps, steps=10)
     assert last_run().timeline_path == str(path)
     assert any(e.get("name") == "ALLREDUCE" for e in json.loads(path.read_text()))
+
+
+def _executor_jvm(pid: int):
+    """The executor JVM that (through the Python worker and the keeper) started process ``pid``."""
+    import psutil
+
+    for parent in psutil.Process(pid).parents():
+        if "CoarseGrainedExecutorBackend" in " ".join(parent.cmdline()):
+            return parent
+    raise AssertionError(f"no executor JVM above process {pid}")
+
+
+def test_a_lost_executor_is_named_first_with_its_rank(cluster_spark, tmp_path):
+    """Regression: only the surviving rank's 'Horovod has been shut down' was shown."""
+    import threading
+
+    def kill_rank_1s_executor():
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "rank1").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # let it get into its allreduce loop
+        _executor_jvm(int((tmp_path / "rank1").read_text())).kill()
+
+    threading.Thread(target=kill_rank_1s_executor, daemon=True).start()
+    with pytest.raises(HorovodJobError) as info:
+        HorovodRunner(np=2).run(jobs.sleep_in_allreduce, pid_dir=str(tmp_path))
+    first = info.value.failures[0]
+    assert first.rank == 1 and first.error == "RankLost", info.value
+    assert "executor was lost or killed" in first.headline()
+    assert rank_processes_alive(last_run().pids.values()) == []
+
+
+def test_executors_without_our_packages_get_the_cause_and_the_fix(cluster_spark):
+    """Regression: 15 lines of JVM stack, the cause (No module named ...) only in the log."""
+    import sys
+
+    sc = cluster_spark.sparkContext
+    saved = sc.pythonExec
+    sc.pythonExec = sys._base_executable  # an interpreter without psutil or hvd_magics
+    try:
+        with pytest.raises(HorovodJobError) as info:
+            HorovodRunner(np=2).run(jobs.print_lines, count=1)
+    finally:
+        sc.pythonExec = saved
+    text = str(info.value)
+    assert "cannot import hvd_magics" in text and "ModuleNotFoundError" in text
+    assert "Fix: install hvd_magics, horovod and the frameworks on every executor" in text
+    assert "\tat " not in text and "py4j" not in text
+    assert HorovodRunner(np=2).run(jobs.print_lines, count=1) == 0

@@ -78,3 +78,18 @@ def test_without_a_session_an_embedded_local_spark_is_started():
     assert "started an embedded local[2] one" in proc.stderr
     # the JVM's own chatter went to the log file, not to the user
     assert "WARN" not in proc.stderr and "log4j" not in proc.stderr, proc.stderr
+
+
+def test_a_large_result_arrives_whole_over_spark(local_spark):
+    """Regression: over ~300 MB the exit event overtook the result ('ended without reporting')."""
+    from hvd_magics.result_codec import ENV_MAX_RESULT_MB
+
+    value = HorovodRunner(np=2, env={ENV_MAX_RESULT_MB: "600"}).run(jobs.rank_return_value,
+                                                                    size_mb=320)
+    assert isinstance(value, bytes) and len(value) == 320_000_000
+    assert last_run().status == "succeeded"
+
+
+def test_a_ranks_children_die_with_a_spark_job(local_spark):
+    pids = HorovodRunner(np=2).run(jobs.start_children)
+    assert len(pids) == 2 and rank_processes_alive(pids) == []

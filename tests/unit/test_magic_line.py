@@ -50,3 +50,24 @@ def test_help_lists_the_options(ip):
     doc = ip.find_cell_magic("horovod").__doc__
     for option in ("--np", "--return", "--start-timeout", "--env", "--quiet", "--allow-driver-gpu", "-o"):
         assert option in doc
+
+
+@pytest.mark.parametrize("cell, names, unbound", [
+    ("a = 1\n", "a,b", ["b"]),
+    ("def f():\n    b = 2\n", "b", ["b"]),  # local to f: not the cell's
+    ("def f():\n    global b\n    b = 2\nf()\n", "b", []),
+    ("for i in range(3):\n    pass\nimport numpy as np\nwith open('x') as fh:\n    pass\n",
+     "i,np,fh", []),
+    ("try:\n    pass\nexcept Exception as err:\n    pass\n(w := 3)\n", "err,w", []),
+    ("[q for q in range(3)]\n", "q", ["q"]),
+    ("from os.path import *\n", "anything", []),  # cannot be told: let it run
+])
+def test_return_names_the_cell_never_binds_are_found_before_launch(cell, names, unbound):
+    from hvd_magics.cell_capture import unbound_return_names
+
+    assert unbound_return_names(cell, tuple(names.split(","))) == unbound
+
+
+def test_a_return_name_the_cell_never_assigns_is_a_usage_error(ip):
+    with pytest.raises(UsageError, match="--return model: the cell never assigns model"):
+        ip.run_cell_magic("horovod", "np=-2 --return model", "history = 1\n")
