@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from hvd_magics.epoch_timing import EPOCH_LINE, EpochTimer
 from hvd_magics.errors import OUTPUT_TAIL_LINES, RankFailure
 from hvd_magics.events import CHANNEL_CLOSED
+from hvd_magics.noise import is_noise
 
 #: Error texts of a rank that failed only because a peer went away (not the root cause).
 _PEER_LOST = ("HorovodInternalError", "Horovod has been shut down", "Connection reset by peer",
@@ -144,7 +145,8 @@ class JobState:
             stamp = time.strftime("%H:%M:%S", time.localtime(event.get("time", time.time())))
             state.partial = ""
             for line in event.get("lines", []):
-                state.tail.append(display_line(line))
+                if not is_noise(line):  # the tail is what an error shows
+                    state.tail.append(display_line(line))
                 self._log.write(f"{stamp} [{rank}@{state.host}] {line}\n")
                 match = EPOCH_LINE.match(line)
                 if match and not state.reports_epochs:

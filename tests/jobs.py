@@ -215,8 +215,10 @@ def keras_horovod_callbacks():
                                                           warmup_epochs=1, steps_per_epoch=2)]
     history = model.fit(x, y, batch_size=32, epochs=2, steps_per_epoch=2, verbose=0,
                         callbacks=callbacks)
-    return hvd.allgather_object({"loss": history.history["loss"],
-                                 "lr": float(tf.keras.backend.get_value(opt.lr))})
+    import horovod.tensorflow as hvd_tf
+
+    return hvd_tf.allgather_object({"loss": history.history["loss"],
+                                    "lr": float(tf.keras.backend.get_value(opt.lr))})
 
 
 def rank_return_value(size_mb: float):

@@ -124,19 +124,20 @@ def test_a_progress_bar_shows_before_its_line_ends(tmp_path):
     hold = tmp_path / "hold"
     shown = io.StringIO()
 
-    def release(event):
-        if event["kind"] == "output_partial" and "30%" in event["text"]:
-            hold.touch()  # the rank finishes its line only once the partial one was seen
+    class Release(Recorder):
+        def on_tick(self, job):  # the rank ends its line only once the bar was on screen
+            if "progress" in shown.getvalue():
+                hold.touch()
 
-    recorder = Recorder(release)
+    recorder = Release()
     payload = serialize_job(jobs.carriage_return_progress, {"hold": str(hold)})
     record = HorovodRunner(np=-1).run_payload(payload, [recorder, TextView(stream=shown)])
     assert record.value == "drawn"
     kinds = [e["kind"] for e in recorder.events]
     assert kinds.index("output_partial") < kinds.index("output")
     text = shown.getvalue()
-    assert "\r[0] progress 30%" in text
-    assert text.endswith("\r[0] progress 100%     \n")  # the finished line replaces the bar
+    assert re.match(r"^\r\[0\] progress [123]0%", text)  # shown while the line was unfinished
+    assert text.endswith("\r[0] progress 100%\n")  # the finished line replaces the bar
     assert "progress 100%" in open(record.log_path).read()
 
 
