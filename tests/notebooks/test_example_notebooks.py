@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from hvd_magics.noise import is_noise
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -52,6 +53,12 @@ def test_the_main_mnist_notebook(tmp_path):
     headers = [m["state"]["value"] for m in state.values()
                if m["model_name"] == "HTMLModel" and "Horovod job" in m["state"]["value"]]
     assert any("2 ranks on spark local[2]" in h and "done" in h for h in headers)
+    # what matters only: no framework start-up chatter from the ranks, no JVM/log4j lines
+    chatter = [line for line in everything.splitlines()
+               if is_noise(re.sub(r"^\[\d+(@\S+)?\] ", "", line))]
+    assert chatter == []
+    assert "log4j" not in everything and "NativeCodeLoader" not in everything
+    assert "WARN" not in everything and "absl" not in everything
 
 
 def _widget_models(nb, name):
