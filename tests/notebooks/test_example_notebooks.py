@@ -58,7 +58,7 @@ def test_the_main_mnist_notebook(tmp_path):
                if is_noise(re.sub(r"^\[\d+(@\S+)?\] ", "", line))]
     assert chatter == []
     assert "log4j" not in everything and "NativeCodeLoader" not in everything
-    assert "WARN" not in everything and "absl" not in everything
+    assert "WARN Utils" not in everything and "absl" not in everything
 
 
 def _widget_models(nb, name):
