@@ -68,7 +68,7 @@ def per_step_cost(calls: int = 200_000) -> float:
     import tensorflow as tf
     import tf_keras
 
-    from hvd_magics.keras_progress import _callback_class
+    from hvd_magics.rank.keras_progress import _callback_class
 
     callback = _callback_class(tf_keras.callbacks.Callback)(batch_size=4)
     callback.set_params({"epochs": 1, "steps": calls})
@@ -91,7 +91,7 @@ def overhead(runs: int) -> float:
     on, off = [], []
     for run in range(runs):
         for label, times, env in (("with", on, {}), ("without", off, {"HVD_MAGICS_KERAS_PROGRESS": "0"})):
-            from hvd_magics.payload import serialize_job
+            from hvd_magics.notebook.payload import serialize_job
 
             record = HorovodRunner(np=2, env=env).run_payload(serialize_job(keras_many_steps, {}),
                                                                views=[])

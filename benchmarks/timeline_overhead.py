@@ -48,8 +48,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     from hvd_magics import HorovodRunner
-    from hvd_magics.payload import serialize_job
-    from hvd_magics.timeline import summarize
+    from hvd_magics.notebook.payload import serialize_job
+    from hvd_magics.job.timeline import summarize
 
     payload = serialize_job(synthetic_training, {})
     folder = Path(tempfile.mkdtemp())

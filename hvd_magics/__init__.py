@@ -2,23 +2,55 @@
 
 ``%load_ext hvd_magics`` registers ``%%horovod`` and ``%hvd_timeline``; :class:`HorovodRunner`
 is the Python API beneath them, compatible with Databricks' ``sparkdl.HorovodRunner``.
+
+The package is split by where code runs: ``notebook/`` (the kernel's front end), ``job/`` (the
+driver while a job runs), ``launch/`` (starting ranks), ``task/`` (a Spark task supervising its
+rank), ``rank/`` (inside a rank process); ``protocol``, ``channel``, ``result_codec`` and
+``errors`` are shared. The public names below are loaded on first use, so that a rank importing
+``hvd_magics.rank`` never loads the driver side.
 """
 from __future__ import annotations
 
-from hvd_magics.errors import (HorovodJobError, NotEnoughSlotsError, PayloadError,
-                               StartTimeoutError)
-from hvd_magics.launcher import HorovodRunner, last_run
-from hvd_magics.reporting import log_to_driver
-from hvd_magics.run_record import RunRecord
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["HorovodJobError", "HorovodRunner", "NotEnoughSlotsError", "PayloadError", "RunRecord",
-           "StartTimeoutError", "last_run", "load_ipython_extension", "log_to_driver"]
+#: Public name -> the module that defines it.
+_PUBLIC = {
+    "HorovodRunner": "hvd_magics.job.runner",
+    "last_run": "hvd_magics.job.runner",
+    "RunRecord": "hvd_magics.job.run_record",
+    "HorovodMagicsError": "hvd_magics.errors",
+    "HorovodJobError": "hvd_magics.errors",
+    "JobInterrupted": "hvd_magics.errors",
+    "NotEnoughSlotsError": "hvd_magics.errors",
+    "PayloadError": "hvd_magics.errors",
+    "StartTimeoutError": "hvd_magics.errors",
+    "log_to_driver": "hvd_magics.rank.reporting",
+    "progress": "hvd_magics.rank",  # the module hvd_magics.rank.progress
+}
+
+__all__ = sorted([*_PUBLIC, "load_ipython_extension"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hvd_magics' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name, None)
+    if value is None:  # a submodule (progress)
+        value = importlib.import_module(f"{module}.{name}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])
 
 
 def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's own type
     """Register ``%%horovod`` and ``%hvd_timeline`` (``%load_ext hvd_magics``)."""
-    from hvd_magics.magics import HorovodMagics
+    from hvd_magics.notebook.magics import HorovodMagics
 
     ipython.register_magics(HorovodMagics)

@@ -9,6 +9,19 @@ MAX_RANKS_SHOWN = 4
 OUTPUT_TAIL_LINES = 20
 
 
+class HorovodMagicsError(Exception):
+    """Base of every error hvd_magics raises (but :class:`JobInterrupted`, a
+    ``KeyboardInterrupt``): catch it to catch them all."""
+
+
+class CellError(HorovodMagicsError, ValueError):
+    """The cell cannot run on the ranks as written (the message names the line and the fix)."""
+
+
+class ResultDecodeError(HorovodMagicsError, ValueError):
+    """A value rank 0 sent back cannot be brought into the notebook."""
+
+
 @dataclass
 class RankFailure:
     """What one failed rank left behind."""
@@ -33,7 +46,7 @@ class RankFailure:
         return f"{where}: did not finish"
 
 
-class HorovodJobError(RuntimeError):
+class HorovodJobError(HorovodMagicsError, RuntimeError):
     """A Horovod job failed: one or more ranks raised, died, or never started.
 
     Attributes
@@ -94,9 +107,9 @@ class StartTimeoutError(HorovodJobError):
     """Not every rank started within the start timeout."""
 
 
-class NotEnoughSlotsError(ValueError):
+class NotEnoughSlotsError(HorovodMagicsError, ValueError):
     """The Spark cluster has fewer free task slots than the job has ranks."""
 
 
-class PayloadError(TypeError):
+class PayloadError(HorovodMagicsError, TypeError):
     """Something the job needs cannot be pickled and shipped to the ranks."""

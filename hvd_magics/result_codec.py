@@ -23,8 +23,9 @@ import pickle
 import sys
 from typing import Any
 
-#: The ranks' environment variable that raises the size limit of a returned value (in MB).
-ENV_MAX_RESULT_MB = "HVD_MAGICS_MAX_RESULT_MB"
+from hvd_magics.errors import ResultDecodeError
+from hvd_magics.protocol import ENV_MAX_RESULT_MB
+
 #: Largest pickled value (per job) that travels back to the notebook, unless raised.
 DEFAULT_MAX_RESULT_MB = 256
 #: Highest limit that can be set (the event channel's frame limit, less base64's growth).
@@ -41,10 +42,6 @@ RETURN_PREFIX = "return:"
 
 class Parts(dict):
     """Values a job sends back one by one: ``{"value": ..., "<name>": ...}``."""
-
-
-class ResultDecodeError(ValueError):
-    """A value rank 0 sent back cannot be brought into the notebook."""
 
 
 def max_result_bytes() -> int:

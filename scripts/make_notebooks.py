@@ -195,7 +195,7 @@ PYTORCH = [
 # PyTorch on Horovod, with live progress from a custom training loop
 
 The same story as the Keras notebook, in PyTorch: a single-machine loop, then the loop on two
-Horovod ranks. A custom loop reports its progress with `hvd_magics.progress` (`track` wraps the
+Horovod ranks. A custom loop reports its progress with `hvd_magics.rank.progress` (`track` wraps the
 batches of an epoch; `report` adds metrics); outside a rank both are no-ops.
 """),
     code("%load_ext hvd_magics"),
@@ -238,7 +238,7 @@ optimizer, broadcast the initial state from rank 0. `progress.track` feeds the d
 import torch
 import torch.nn.functional as F
 import horovod.torch as hvd
-from hvd_magics import progress
+from hvd_magics.rank import progress
 
 hvd.init()
 torch.set_num_threads(1)
@@ -430,10 +430,10 @@ holder to report, exactly as it would find it on a GPU machine.
     code("""
 from unittest import mock
 
-from hvd_magics.gpu_guard import GpuHolder
+from hvd_magics.notebook.gpu_guard import GpuHolder
 
 simulated = [GpuHolder("TensorFlow", "/physical_device:GPU:0")]
-with mock.patch("hvd_magics.magics.driver_gpu_holders", return_value=simulated):
+with mock.patch("hvd_magics.notebook.magics.driver_gpu_holders", return_value=simulated):
     get_ipython().run_cell_magic("horovod", "np=2", "print('never runs')\\n")
 """, tags=["raises-exception"]),
     md("## Mistakes in the magic line, and things that cannot travel to the ranks"),

@@ -128,7 +128,7 @@ def standalone_cluster():
 @pytest.fixture()
 def cluster_spark(standalone_cluster):
     """A SparkSession on the standalone cluster, with both executors registered."""
-    from hvd_magics.spark_backend import task_slots
+    from hvd_magics.launch.spark_backend import task_slots
 
     spark = _session(standalone_cluster.url, **{"spark.executor.cores": "1",
                                                 "spark.executor.memory": "1g",
@@ -162,3 +162,14 @@ def ip():
     shell = start_ipython()
     shell.run_line_magic("load_ext", "hvd_magics")
     return shell
+
+
+@pytest.fixture(autouse=True)
+def fresh_session():
+    """Every test starts as a fresh kernel would (no last run, timeline off) and a test that fails
+    halfway cannot leave the timeline switched on for the next one."""
+    from hvd_magics.job.session import SESSION
+
+    SESSION.reset()
+    yield
+    SESSION.reset()

@@ -116,10 +116,10 @@ def keras_epochs(epochs: int = 3):
 
 
 def torch_tracked_loop(epochs: int = 2, steps: int = 20):
-    """A custom loop that reports through hvd_magics.progress.track."""
+    """A custom loop that reports through hvd_magics.rank.progress.track."""
     import time
 
-    from hvd_magics import progress
+    from hvd_magics.rank import progress
 
     for epoch in range(1, epochs + 1):
         for step, _batch in enumerate(progress.track(range(steps), epoch=epoch, epochs=epochs,

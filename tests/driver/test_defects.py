@@ -12,9 +12,9 @@ import psutil
 import pytest
 
 from hvd_magics import HorovodJobError, HorovodRunner, last_run
-from hvd_magics.payload import serialize_job
+from hvd_magics.notebook.payload import serialize_job
 from hvd_magics.result_codec import ENV_MAX_RESULT_MB
-from hvd_magics.text_view import TextView
+from hvd_magics.job.text_view import TextView
 from tests import jobs
 from tests.conftest import ROOT, rank_processes_alive
 

@@ -1,6 +1,6 @@
 """Progress and epoch timing from real ranks: Keras with no code change, the track API, text lines."""
 from hvd_magics import HorovodRunner, last_run
-from hvd_magics.job_state import JobState
+from hvd_magics.job.job_state import JobState
 from tests import jobs
 
 
@@ -22,7 +22,7 @@ class Collect:
 
 
 def _run(fn, view, np=-2, **kwargs):
-    from hvd_magics.payload import serialize_job
+    from hvd_magics.notebook.payload import serialize_job
 
     return HorovodRunner(np=np).run_payload(serialize_job(fn, kwargs), views=[view])
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_magics.noise import is_noise
+from hvd_magics.job.noise import is_noise
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))

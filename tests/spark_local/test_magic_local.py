@@ -2,7 +2,7 @@
 import pytest
 
 from hvd_magics import HorovodJobError
-from hvd_magics.magics import HorovodMagics
+from hvd_magics.job.session import SESSION
 from tests.conftest import rank_processes_alive
 
 
@@ -16,7 +16,7 @@ def test_a_cell_uses_notebook_definitions_and_brings_values_back(ip, local_spark
     assert value == 20  # rank 0's last expression
     assert ip.user_ns["total"] == 20.0 and ip.user_ns["label"] == "2 ranks"
     record = ip.user_ns["rec"]
-    assert record is HorovodMagics.last_run and record.status == "succeeded"
+    assert record is SESSION.last_run and record.status == "succeeded"
     assert record.returned == {"total": 20.0, "label": "2 ranks"} and record.value == 20
     out = capsys.readouterr().out
     assert "[0] rank 0 total 20.0" in out and "[1] rank 1 total 20.0" in out
@@ -33,7 +33,7 @@ def test_a_failing_cell_shows_the_rank_traceback_with_cell_lines(ip, local_spark
     assert "raise RuntimeError('bad shard on rank 1')" in text
     assert "[rank 1] RuntimeError: bad shard on rank 1" in text
     assert "cell_capture.py" not in text and "rank_main.py" not in text  # the user's frames only
-    assert HorovodMagics.last_run.status == "failed"
+    assert SESSION.last_run.status == "failed"
 
 
 def test_quiet_hides_output_and_driver_mode_works(ip, capsys):

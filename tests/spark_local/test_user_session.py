@@ -4,7 +4,7 @@ import subprocess
 import sys
 import textwrap
 
-from hvd_magics.spark_backend import spark_error_text
+from hvd_magics.launch.spark_backend import spark_error_text
 from tests.conftest import ROOT
 
 USER_SCRIPT = textwrap.dedent('''

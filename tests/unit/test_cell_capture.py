@@ -4,8 +4,9 @@ import traceback
 
 import pytest
 
-from hvd_magics.cell_capture import (CELL_FILENAME, CellError, capture, free_names,
-                                     run_captured_cell)
+from hvd_magics.errors import CellError
+from hvd_magics.notebook.cell_capture import capture, free_names
+from hvd_magics.rank.cell_runner import CELL_FILENAME, run_captured_cell
 
 
 def test_free_names_skip_what_the_cell_binds_first():

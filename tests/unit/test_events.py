@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from hvd_magics.events import (CHANNEL_CLOSED, HELLO_MAX_BYTES, NONCE_BYTES, ChannelAddress,
+from hvd_magics.channel import (CHANNEL_CLOSED, HELLO_MAX_BYTES, NONCE_BYTES, ChannelAddress,
                                EventClient, EventServer, encode_frame)
 
 
@@ -115,7 +115,7 @@ def test_a_peer_without_the_secret_cannot_grow_the_driver():
 
 
 def test_silent_connections_are_dropped_after_the_handshake_timeout(monkeypatch):
-    import hvd_magics.events as events
+    import hvd_magics.channel as events
 
     monkeypatch.setattr(events, "HANDSHAKE_TIMEOUT_S", 0.3)
     server = EventServer("127.0.0.1", "job8")

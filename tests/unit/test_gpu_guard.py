@@ -4,7 +4,7 @@ import sys
 import time
 import types
 
-from hvd_magics import gpu_guard
+from hvd_magics.notebook import gpu_guard
 
 
 def test_no_gpu_here_and_the_check_is_fast():

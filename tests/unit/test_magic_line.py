@@ -5,8 +5,8 @@ import threading
 import pytest
 from IPython.core.error import UsageError
 
-from hvd_magics import gpu_guard
-from hvd_magics.magics import normalise_line
+from hvd_magics.notebook import gpu_guard
+from hvd_magics.notebook.magics import normalise_line
 
 
 @pytest.mark.parametrize("line, message", [
@@ -36,7 +36,7 @@ def test_a_notebook_variable_that_cannot_travel_is_named(ip):
 
 def test_the_driver_gpu_guard_refuses_and_can_be_overridden(ip, monkeypatch):
     fake = [gpu_guard.GpuHolder("TensorFlow", "/physical_device:GPU:0")]  # simulated: no GPU here
-    monkeypatch.setattr("hvd_magics.magics.driver_gpu_holders", lambda: fake)
+    monkeypatch.setattr("hvd_magics.notebook.magics.driver_gpu_holders", lambda: fake)
     with pytest.raises(UsageError, match="TensorFlow holds /physical_device:GPU:0.*restart the kernel"):
         ip.run_cell_magic("horovod", "np=-1", "1\n")
 
@@ -63,7 +63,7 @@ def test_help_lists_the_options(ip):
     ("from os.path import *\n", "anything", []),  # cannot be told: let it run
 ])
 def test_return_names_the_cell_never_binds_are_found_before_launch(cell, names, unbound):
-    from hvd_magics.cell_capture import unbound_return_names
+    from hvd_magics.notebook.cell_capture import unbound_return_names
 
     assert unbound_return_names(cell, tuple(names.split(","))) == unbound
 

@@ -2,7 +2,7 @@
 from datetime import datetime, timedelta
 
 from hvd_magics.errors import HorovodJobError, RankFailure
-from hvd_magics.run_record import RunRecord
+from hvd_magics.job.run_record import RunRecord
 
 
 def test_record_text_and_html():

@@ -1,5 +1,5 @@
 """Rank planning: contiguous local ranks per host, one rendezvous per job."""
-from hvd_magics.slots import iface_for_address, plan_ranks, slot_env
+from hvd_magics.task.slots import iface_for_address, plan_ranks, slot_env
 
 
 def test_ranks_on_one_host_are_contiguous_even_when_tasks_interleave():

@@ -2,7 +2,7 @@
 import json
 import tracemalloc
 
-from hvd_magics.timeline import CHUNK_BYTES, repair, summarize
+from hvd_magics.job.timeline import CHUNK_BYTES, repair, summarize
 
 
 def _write_trace(path, tensors: int, ops: int) -> None:

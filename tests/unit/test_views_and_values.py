@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from hvd_magics import gpus
-from hvd_magics.job_state import STALL_AFTER_S, JobState
-from hvd_magics.noise import is_noise
-from hvd_magics.rank_process import terminal_text
+from hvd_magics.task import gpus
+from hvd_magics.job.job_state import STALL_AFTER_S, JobState
+from hvd_magics.job.noise import is_noise
+from hvd_magics.task.supervisor import terminal_text
 from hvd_magics.result_codec import (Parts, RemoteValue, ResultDecodeError, decode_guarded,
                                      decode_strict, encode_parts)
-from hvd_magics.text_view import MAX_LINES_PER_FLUSH, VERBOSITY_DEBUG, TextView
+from hvd_magics.job.options import VERBOSITY_DEBUG
+from hvd_magics.job.text_view import MAX_LINES_PER_FLUSH, TextView
 
 TF_STARTUP = [
     "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
@@ -108,7 +109,7 @@ def test_long_lines_are_cut_for_display_and_whole_in_the_log(tmp_path):
 
 def test_finished_dashboards_keep_little(tmp_path):
     """Five runs that printed a 20 MB line grew the kernel by 300 MB: widgets kept every line."""
-    from hvd_magics.widgets_view import LOG_LINES_KEPT_AFTER, WidgetView
+    from hvd_magics.job.widgets_view import LOG_LINES_KEPT_AFTER, WidgetView
 
     view = WidgetView()
     job = _job(tmp_path, 2, [view])
@@ -188,7 +189,7 @@ def _pump(data: bytes) -> tuple[list[str], float]:
     import threading
     import types
 
-    from hvd_magics.rank_process import RankProcess
+    from hvd_magics.task.supervisor import RankProcess
 
     read_fd, write_fd = os.pipe()
     lines: list[str] = []

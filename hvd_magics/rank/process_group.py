@@ -3,7 +3,7 @@
 A rank runs as ``keeper -> rank``: the supervisor starts the keeper in a new session, the keeper
 forks the rank into a process group of its own. When the rank ends, or the supervisor dies
 (``PR_SET_PDEATHSIG`` sends the keeper ``SIGTERM``), the keeper kills the rank's group, so
-processes that user code started die with the job (see :mod:`hvd_magics.rank_main`).
+processes that user code started die with the job (see :mod:`hvd_magics.rank.rank_main`).
 """
 from __future__ import annotations
 

@@ -10,20 +10,21 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from hvd_magics.driver_backend import DriverBackend
+from hvd_magics.launch.driver_backend import DriverBackend
 from hvd_magics.errors import HorovodJobError, JobInterrupted, StartTimeoutError
-from hvd_magics.job_state import LOST, JobState, JobView
-from hvd_magics.payload import serialize_job
+from hvd_magics.job.job_state import LOST, JobState, JobView
+from hvd_magics.notebook.payload import serialize_job
+from hvd_magics.protocol import ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE, RANK_MODULE
 from hvd_magics.result_codec import VALUE, ResultDecodeError, decode_strict
-from hvd_magics.run_record import RunRecord
-from hvd_magics.slots import local_addresses
-from hvd_magics.spark_backend import SparkBackend, active_session, start_local_session
-from hvd_magics.timeline import ENV_WANT_TIMELINE
-from hvd_magics.text_view import VERBOSITIES, VERBOSITY_ALL, TextView
-from hvd_magics.widgets_view import WidgetView, widgets_available
+from hvd_magics.job.run_record import RunRecord
+from hvd_magics.job.session import SESSION
+from hvd_magics.task.slots import local_addresses
+from hvd_magics.launch.spark_backend import SparkBackend, active_session, start_local_session
+from hvd_magics.job.options import (DEFAULT_START_TIMEOUT_S, VERBOSITY_ALL, validate_np,
+                                    validate_start_timeout, validate_verbosity)
+from hvd_magics.job.text_view import TextView
+from hvd_magics.job.widgets_view import WidgetView, widgets_available
 
-#: Default seconds to wait for every rank process to start (Spark scheduling included).
-DEFAULT_START_TIMEOUT_S = 120.0
 #: After the first rank fails, how long to gather the other ranks' errors before stopping them.
 FAILURE_GRACE_S = 1.0
 #: How long to wait for the Spark job / rank processes to end after a stop.
@@ -42,12 +43,9 @@ def decode_value(parts: dict) -> Any:
     """The default :data:`Decoder`: rank 0's value, decoded because the caller asked for it."""
     return decode_strict(VALUE, parts[VALUE]) if VALUE in parts else None
 
-_last_run: RunRecord | None = None
-
-
 def last_run() -> RunRecord | None:
     """The record of the most recent job in this process (also failed or interrupted ones)."""
-    return _last_run
+    return SESSION.last_run
 
 
 def runs_dir() -> Path:
@@ -64,16 +62,6 @@ def default_views(verbosity: str = VERBOSITY_ALL, show_output: bool = True) -> l
     if show_output:
         views.append(TextView(verbosity, epoch_lines=not widgets))
     return views
-
-
-def validate_np(np: Any) -> int:
-    """Return ``np`` as an int, or raise ``ValueError`` naming the fix."""
-    if isinstance(np, bool) or not isinstance(np, int):
-        raise ValueError(f"np must be a whole number of ranks, got {np!r}")
-    if np == 0:
-        raise ValueError("np=0 runs nothing: use np>0 for ranks as Spark tasks, "
-                         "or np<0 for -np ranks on the driver")
-    return np
 
 
 class HorovodRunner:
@@ -94,7 +82,7 @@ class HorovodRunner:
         Extra environment variables for the rank processes.
     timeline : str or path, optional
         Record Horovod Timeline into this file on the driver (whichever host rank 0 runs on).
-        The record's ``timeline_path`` names it; ``hvd_magics.timeline.summarize`` reads it.
+        The record's ``timeline_path`` names it; ``hvd_magics.job.timeline.summarize`` reads it.
         (A constructor keyword, so that ``run(main, **kwargs)`` passes every keyword to ``main``.)
     timeline_mark_cycles : bool
         Mark Horovod's cycles in the timeline (``HOROVOD_TIMELINE_MARK_CYCLES``).
@@ -116,19 +104,14 @@ class HorovodRunner:
                  timeline: str | os.PathLike | None = None,
                  timeline_mark_cycles: bool = False) -> None:
         self.num_processor = validate_np(np)
-        if driver_log_verbosity not in VERBOSITIES:
-            raise ValueError(f"driver_log_verbosity must be one of {VERBOSITIES}, "
-                             f"got {driver_log_verbosity!r}")
-        self.driver_log_verbosity = driver_log_verbosity
-        if start_timeout <= 0:
-            raise ValueError(f"start_timeout must be positive seconds, got {start_timeout!r}")
-        self.start_timeout = float(start_timeout)
+        self.driver_log_verbosity = validate_verbosity(driver_log_verbosity)
+        self.start_timeout = validate_start_timeout(start_timeout)
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
         self.timeline = Path(timeline) if timeline is not None else None
         if self.timeline is not None:
             self.env[ENV_WANT_TIMELINE] = "1"
             if timeline_mark_cycles:
-                self.env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1"
+                self.env[ENV_TIMELINE_MARK_CYCLES] = "1"
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return what it returned on rank 0.
@@ -172,14 +155,13 @@ def launch(payload: bytes, np: int, env: dict[str, str], start_timeout: float,
 
     Whatever happens, the views are ended and the log is closed before this returns or raises.
     """
-    global _last_run
     job_id = uuid.uuid4().hex[:12]
     backend = _make_backend(np, env)
     log_path = runs_dir() / job_id / "ranks.log"
     job = JobState(abs(np), log_path, views, backend.where)
     job.timeline_dest = timeline
     record = RunRecord(job_id=job_id, np=np, where=backend.where, log_path=str(log_path))
-    _last_run = record
+    SESSION.last_run = record
     events: queue.Queue = queue.Queue()
     clean = False
     try:
@@ -294,7 +276,7 @@ def _reap_local_ranks(job: JobState) -> None:
     """Make sure rank processes on this host are gone before the driver says the job is over.
 
     The stop order (closed channel, cancelled Spark stage) kills ranks asynchronously; wait for
-    them, and kill what is left. Only processes that run ``hvd_magics.rank_main`` are touched.
+    them, and kill what is left. Only processes that run ``hvd_magics.rank.rank_main`` are touched.
     """
     import psutil
 
@@ -305,7 +287,7 @@ def _reap_local_ranks(job: JobState) -> None:
             continue
         try:
             proc = psutil.Process(rank.pid)
-            if "hvd_magics.rank_main" in " ".join(proc.cmdline()):
+            if RANK_MODULE in " ".join(proc.cmdline()):
                 procs.append(proc)
         except psutil.Error:
             continue

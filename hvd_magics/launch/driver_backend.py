@@ -7,9 +7,10 @@ import threading
 import time
 from typing import Any
 
-from hvd_magics.gpus import CUDA_VISIBLE_DEVICES, local_gpu_count, visible_devices
-from hvd_magics.rank_process import RankProcess, rank_environment
-from hvd_magics.slots import plan_ranks, slot_env, start_rendezvous
+from hvd_magics.protocol import CUDA_VISIBLE_DEVICES, TASK_STARTED
+from hvd_magics.task.gpus import local_gpu_count, visible_devices
+from hvd_magics.task.supervisor import RankProcess, rank_environment
+from hvd_magics.task.slots import plan_ranks, slot_env, start_rendezvous
 
 _HOST = "localhost"
 
@@ -45,7 +46,7 @@ class DriverBackend:
             if gpus and CUDA_VISIBLE_DEVICES not in self.env:
                 env[CUDA_VISIBLE_DEVICES] = visible_devices([slot.local_rank % gpus], os.environ)
             sink = _QueueSink(events, slot.rank)
-            sink("task_started", partition=slot.rank, local_rank=slot.local_rank, pid=os.getpid())
+            sink(TASK_STARTED, partition=slot.rank, local_rank=slot.local_rank, pid=os.getpid())
             proc = RankProcess(env, payload, sink)
             self._procs.append(proc)
             waiter = threading.Thread(target=proc.wait, name="hvd-rank-wait", daemon=True)

@@ -9,10 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from hvd_magics.epoch_timing import EPOCH_LINE, EpochTimer
+from hvd_magics.job.epoch_timing import EPOCH_LINE, EpochTimer
 from hvd_magics.errors import OUTPUT_TAIL_LINES, RankFailure
-from hvd_magics.events import CHANNEL_CLOSED
-from hvd_magics.noise import is_noise
+from hvd_magics.protocol import (CHANNEL_CLOSED, EPOCH_BEGIN, EPOCH_END, ERROR, EXIT, OUTPUT,
+                                 OUTPUT_PARTIAL, PROGRESS, RESULT, STARTED, TASK_ERROR,
+                                 TASK_STARTED, TIMELINE_CHUNK, TIMELINE_LOCAL)
+from hvd_magics.job.noise import is_noise
 
 #: Error texts of a rank that failed only because a peer went away (not the root cause).
 _PEER_LOST = ("HorovodInternalError", "Horovod has been shut down", "Connection reset by peer",
@@ -131,7 +133,7 @@ class JobState:
         self._timeline_local: str | None = None
 
     def handle(self, event: dict[str, Any]) -> None:
-        """Apply one event."""
+        """Apply one event (dispatched on its kind through :attr:`_HANDLERS`)."""
         rank = event.get("rank")
         if not isinstance(rank, int) or not 0 <= rank < self.size:
             return
@@ -140,56 +142,81 @@ class JobState:
         state.last_seen = event["recv"]
         self.timer.observe(event)
         state.host = event.get("host", state.host) or state.host
-        kind = event["kind"]
-        if kind == "output":
-            stamp = time.strftime("%H:%M:%S", time.localtime(event.get("time", time.time())))
-            state.partial = ""
-            for line in event.get("lines", []):
-                if not is_noise(line):  # the tail is what an error shows
-                    state.tail.append(display_line(line))
-                self._log.write(f"{stamp} [{rank}@{state.host}] {line}\n")
-                match = EPOCH_LINE.match(line)
-                if match and not state.reports_epochs:
-                    state.epoch, state.epochs = int(match.group(1)), int(match.group(2))
-        elif kind == "output_partial":
-            state.partial = display_line(event.get("text", ""))
-        elif kind == CHANNEL_CLOSED:
-            if not event.get("clean") and not state.exited:
-                where = f" on {state.host}" if state.host else ""
-                state.lost = (f"the Spark task of rank {rank}{where} ended without a word: its "
-                              "executor was lost or killed")
-                state.state = FAILED
-        elif kind == "task_started":
-            state.state = STARTING
-        elif kind == "started":
-            state.state = RUNNING
-            state.pid = event.get("pid")
-        elif kind == "error":
-            state.error = event
-            state.state = FAILED
-        elif kind == "task_error":
-            state.task_error = event.get("traceback", "")
-            state.state = FAILED
-        elif kind == "result":
-            state.has_result = True
-            if rank == 0:
-                self.result_parts = event.get("parts") or {}
-        elif kind == "timeline_local":
-            self._timeline_local = event.get("path")
-        elif kind == "timeline_chunk" and self.timeline_dest is not None:
-            if self._timeline_file is None:
-                self.timeline_dest.parent.mkdir(parents=True, exist_ok=True)
-                self._timeline_file = open(self.timeline_dest, "wb")  # noqa: SIM115
-            self._timeline_file.write(base64.b64decode(event["data"]))
-        elif kind in ("epoch_begin", "progress", "epoch_end"):
-            self._progress(state, kind, event)
-        elif kind == "exit":
-            state.exit_code = event.get("code")
-            state.state = FAILED if state.failed else DONE
+        handler = self._HANDLERS.get(event["kind"])
+        if handler is not None:
+            handler(self, state, event)
         if state.failed_at is None and state.failed:
             state.failed_at = state.last_seen
         for view in self.views:
             view.on_event(self, event)
+
+    def _on_output(self, state: RankState, event: dict[str, Any]) -> None:
+        stamp = time.strftime("%H:%M:%S", time.localtime(event.get("time", time.time())))
+        state.partial = ""
+        for line in event.get("lines", []):
+            if not is_noise(line):  # the tail is what an error shows
+                state.tail.append(display_line(line))
+            self._log.write(f"{stamp} [{state.rank}@{state.host}] {line}\n")
+            match = EPOCH_LINE.match(line)
+            if match and not state.reports_epochs:
+                state.epoch, state.epochs = int(match.group(1)), int(match.group(2))
+
+    def _on_output_partial(self, state: RankState, event: dict[str, Any]) -> None:
+        state.partial = display_line(event.get("text", ""))
+
+    def _on_channel_closed(self, state: RankState, event: dict[str, Any]) -> None:
+        if not event.get("clean") and not state.exited:
+            where = f" on {state.host}" if state.host else ""
+            state.lost = (f"the Spark task of rank {state.rank}{where} ended without a word: its "
+                          "executor was lost or killed")
+            state.state = FAILED
+
+    def _on_task_started(self, state: RankState, event: dict[str, Any]) -> None:
+        state.state = STARTING
+
+    def _on_started(self, state: RankState, event: dict[str, Any]) -> None:
+        state.state = RUNNING
+        state.pid = event.get("pid")
+
+    def _on_error(self, state: RankState, event: dict[str, Any]) -> None:
+        state.error = event
+        state.state = FAILED
+
+    def _on_task_error(self, state: RankState, event: dict[str, Any]) -> None:
+        state.task_error = event.get("traceback", "")
+        state.state = FAILED
+
+    def _on_result(self, state: RankState, event: dict[str, Any]) -> None:
+        state.has_result = True
+        if state.rank == 0:
+            self.result_parts = event.get("parts") or {}
+
+    def _on_timeline_local(self, state: RankState, event: dict[str, Any]) -> None:
+        self._timeline_local = event.get("path")
+
+    def _on_timeline_chunk(self, state: RankState, event: dict[str, Any]) -> None:
+        if self.timeline_dest is None:
+            return
+        if self._timeline_file is None:
+            self.timeline_dest.parent.mkdir(parents=True, exist_ok=True)
+            self._timeline_file = open(self.timeline_dest, "wb")  # noqa: SIM115
+        self._timeline_file.write(base64.b64decode(event["data"]))
+
+    def _on_progress(self, state: RankState, event: dict[str, Any]) -> None:
+        self._progress(state, event["kind"], event)
+
+    def _on_exit(self, state: RankState, event: dict[str, Any]) -> None:
+        state.exit_code = event.get("code")
+        state.state = FAILED if state.failed else DONE
+
+    #: Event kind -> how it changes the job (``log`` changes nothing here: views show it).
+    _HANDLERS = {
+        OUTPUT: _on_output, OUTPUT_PARTIAL: _on_output_partial,
+        CHANNEL_CLOSED: _on_channel_closed, TASK_STARTED: _on_task_started,
+        STARTED: _on_started, ERROR: _on_error, TASK_ERROR: _on_task_error, RESULT: _on_result,
+        TIMELINE_LOCAL: _on_timeline_local, TIMELINE_CHUNK: _on_timeline_chunk,
+        EPOCH_BEGIN: _on_progress, PROGRESS: _on_progress, EPOCH_END: _on_progress, EXIT: _on_exit,
+    }
 
     @staticmethod
     def _progress(state: RankState, kind: str, event: dict[str, Any]) -> None:
@@ -197,9 +224,9 @@ class JobState:
         state.epoch = int(event.get("epoch") or state.epoch)
         state.epochs = event.get("epochs", state.epochs) or state.epochs
         state.steps = event.get("steps", state.steps) or state.steps
-        if kind == "epoch_begin":
+        if kind == EPOCH_BEGIN:
             state.step = 0
-        elif kind == "progress":
+        elif kind == PROGRESS:
             state.step = int(event.get("step") or 0)
             state.metrics = event.get("metrics") or state.metrics
             state.samples_per_s = event.get("samples_per_s") or state.samples_per_s
@@ -235,7 +262,7 @@ class JobState:
     def finish_timeline(self) -> Path | None:
         """Close the trace sent by rank 0; if none came (the job was stopped) but rank 0 wrote it
         on this host, copy it. Then make it valid JSON. Return its path, or ``None``."""
-        from hvd_magics.timeline import repair
+        from hvd_magics.job.timeline import repair
 
         if self.timeline_dest is None:
             return None

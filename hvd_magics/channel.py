@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from hvd_magics.protocol import BYE, CHANNEL_CLOSED, HELLO
+
 #: Bytes of the per-connection nonce the server sends first.
 NONCE_BYTES = 32
 #: Largest first frame (the hello) accepted from a connection that has not yet authenticated.
@@ -49,8 +51,6 @@ READ_CHUNK_BYTES = 1 << 20
 _HEADER = struct.Struct(">I32s")
 _SEQ = struct.Struct(">Q")
 
-#: Event kind queued by the server when a connection ends (``clean``: a ``bye`` came first).
-CHANNEL_CLOSED = "channel_closed"
 
 
 def frame_mac(secret: bytes, nonce: bytes, seq: int, body: bytes) -> bytes:
@@ -165,7 +165,7 @@ class EventServer:
         if not hmac.compare_digest(mac, frame_mac(self._secret, nonce, 0, body)):
             raise _Rejected("bad signature")
         hello = json.loads(body)
-        if hello.get("kind") != "hello" or hello.get("job") != self._job_id:
+        if hello.get("kind") != HELLO or hello.get("job") != self._job_id:
             raise _Rejected("not a hello for this job")
         conn.settimeout(None)
         return nonce, int(hello["rank"])
@@ -192,7 +192,7 @@ class EventServer:
                     raise _Rejected("bad signature")
                 seq += 1
                 event = json.loads(body)
-                if event.get("kind") == "bye":
+                if event.get("kind") == BYE:
                     clean = True
                     continue
                 event["recv"] = time.monotonic()
@@ -260,7 +260,7 @@ class EventClient:
         self._nonce = nonce
         self._seq = 0
         self._lock = threading.Lock()
-        self._send_raw({"kind": "hello", "job": address.job_id, "rank": rank})
+        self._send_raw({"kind": HELLO, "job": address.job_id, "rank": rank})
         if on_close is not None:
             threading.Thread(target=self._watch, args=(on_close,), name="hvd-events-watch",
                              daemon=True).start()
@@ -287,7 +287,7 @@ class EventClient:
     def close(self) -> None:
         """Say goodbye and close the connection."""
         try:
-            self._send_raw({"kind": "bye"})
+            self._send_raw({"kind": BYE})
         except OSError:
             pass
         try:

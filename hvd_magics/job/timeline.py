@@ -18,8 +18,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterator
 
-#: Environment variable that asks a rank's supervisor to record and return a timeline.
-ENV_WANT_TIMELINE = "HVD_MAGICS_TIMELINE"
 #: Bytes read at a time while scanning a trace.
 CHUNK_BYTES = 1 << 20
 #: The cost of recording, said once per session when the timeline is turned on.

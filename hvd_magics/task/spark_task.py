@@ -14,10 +14,11 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from hvd_magics.events import ChannelAddress, EventClient
-from hvd_magics.gpus import CUDA_VISIBLE_DEVICES, visible_devices
-from hvd_magics.rank_process import RankProcess, rank_environment
-from hvd_magics.slots import iface_for_address, plan_ranks, slot_env, start_rendezvous
+from hvd_magics.channel import ChannelAddress, EventClient
+from hvd_magics.protocol import CUDA_VISIBLE_DEVICES, TASK_ERROR, TASK_STARTED
+from hvd_magics.task.gpus import visible_devices
+from hvd_magics.task.supervisor import RankProcess, rank_environment
+from hvd_magics.task.slots import iface_for_address, plan_ranks, slot_env, start_rendezvous
 
 
 @dataclass
@@ -77,7 +78,7 @@ def _supervise(spec: TaskSpec, ctx, slot, host: str, root_host: str, port: int) 
         gpus = ctx.resources().get("gpu")
         if gpus is not None and gpus.addresses:
             env[CUDA_VISIBLE_DEVICES] = visible_devices(gpus.addresses, os.environ)
-        client.send("task_started", partition=ctx.partitionId(), hostname=socket.gethostname(),
+        client.send(TASK_STARTED, partition=ctx.partitionId(), hostname=socket.gethostname(),
                     local_rank=slot.local_rank, pid=os.getpid())
         if stopped.is_set():
             return {"rank": slot.rank, "code": None, "stopped": True}
@@ -89,7 +90,7 @@ def _supervise(spec: TaskSpec, ctx, slot, host: str, root_host: str, port: int) 
         return {"rank": slot.rank, "code": code}
     except BaseException:  # noqa: BLE001
         try:
-            client.send("task_error", traceback=traceback.format_exc())
+            client.send(TASK_ERROR, traceback=traceback.format_exc())
         except OSError:
             pass
         return {"rank": slot.rank, "error": traceback.format_exc()}

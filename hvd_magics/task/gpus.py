@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from typing import Mapping, Sequence
 
-#: CUDA's device list.
-CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+from hvd_magics.protocol import CUDA_VISIBLE_DEVICES
+
 #: Where Linux lists NVIDIA GPUs without CUDA being initialised.
 NVIDIA_GPUS_DIR = "/proc/driver/nvidia/gpus"
 

@@ -2,7 +2,7 @@
 
 Used in two places: inside a Spark barrier task (the sink signs events and sends them to the
 driver) and on the driver for ``np < 0`` (the sink puts them straight on the driver's queue).
-The rank runs under a keeper process (:mod:`hvd_magics.process_group`): when the rank ends, its
+The rank runs under a keeper process (:mod:`hvd_magics.rank.process_group`): when the rank ends, its
 supervisor dies, or :meth:`RankProcess.kill` is called, the rank's whole process group dies.
 """
 from __future__ import annotations
@@ -20,9 +20,10 @@ import time
 import uuid
 from typing import Any, Callable
 
-from hvd_magics.process_group import die_with_parent, killpg
-from hvd_magics.rank_events import ENV_EVENT_FD
-from hvd_magics.timeline import ENV_WANT_TIMELINE
+from hvd_magics.rank.process_group import die_with_parent, killpg
+from hvd_magics.protocol import (ENV_EVENT_FD, ENV_HOROVOD_TIMELINE, ENV_LEGACY_KERAS,
+                                 ENV_WANT_TIMELINE, EXIT, OUTPUT, OUTPUT_PARTIAL, RANK_MODULE,
+                                 STARTED, TIMELINE_CHUNK, TIMELINE_LOCAL)
 
 #: ``sink(kind, **payload)`` receives every event of the rank, from several threads.
 EventSink = Callable[..., None]
@@ -65,7 +66,7 @@ def rank_environment(base: dict[str, str], extra: dict[str, str]) -> dict[str, s
     """The environment of a rank: the supervisor's, made unbuffered, plus the job's own."""
     env = dict(base)
     env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("TF_USE_LEGACY_KERAS", "1")
+    env.setdefault(ENV_LEGACY_KERAS, "1")
     root = _package_root()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env.update(extra)
@@ -73,7 +74,7 @@ def rank_environment(base: dict[str, str], extra: dict[str, str]) -> dict[str, s
         # Only rank 0 writes it, on whichever host it runs; its supervisor sends it back.
         folder = os.path.join(tempfile.gettempdir(), "hvd_magics")
         os.makedirs(folder, exist_ok=True)
-        env["HOROVOD_TIMELINE"] = os.path.join(folder, f"timeline-{uuid.uuid4().hex}.json")
+        env[ENV_HOROVOD_TIMELINE] = os.path.join(folder, f"timeline-{uuid.uuid4().hex}.json")
     return env
 
 
@@ -97,7 +98,7 @@ class RankProcess:
         env = dict(env)
         env[ENV_EVENT_FD] = str(write_fd)
         self._proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "hvd_magics.rank_main"],
+            [sys.executable, "-u", "-m", RANK_MODULE],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             env=env, pass_fds=(write_fd,), start_new_session=True,
             preexec_fn=_keeper_dies_with_supervisor if sys.platform.startswith("linux") else None,
@@ -106,9 +107,9 @@ class RankProcess:
         self.pid = self._proc.pid
         #: The rank's own pid (also its process group), known from its ``started`` event.
         self.rank_pid: int | None = None
-        self._timeline = env.get("HOROVOD_TIMELINE")
+        self._timeline = env.get(ENV_HOROVOD_TIMELINE)
         if self._timeline:
-            sink("timeline_local", path=self._timeline)
+            sink(TIMELINE_LOCAL, path=self._timeline)
         self._pumps = [
             threading.Thread(target=self._pump_output, name="hvd-rank-output", daemon=True),
             threading.Thread(target=self._pump_events, args=(read_fd,), name="hvd-rank-events",
@@ -157,7 +158,7 @@ class RankProcess:
                 unsent = True
             if unsent and time.monotonic() - sent_partial >= PARTIAL_INTERVAL_S:
                 sent_partial, unsent = time.monotonic(), False
-                self._sink("output_partial",
+                self._sink(OUTPUT_PARTIAL,
                            text=since_cr[:PARTIAL_MAX_BYTES].decode(errors="replace"))
         if pending:
             self._send_lines([b"".join(pending)])
@@ -165,7 +166,7 @@ class RankProcess:
     def _send_lines(self, lines: list[bytes]) -> None:
         for start in range(0, len(lines), MAX_LINES_PER_EVENT):
             batch = lines[start:start + MAX_LINES_PER_EVENT]
-            self._sink("output", lines=[terminal_text(ln) for ln in batch])
+            self._sink(OUTPUT, lines=[terminal_text(ln) for ln in batch])
 
     def _pump_events(self, read_fd: int) -> None:
         with os.fdopen(read_fd, "rb") as stream:
@@ -175,7 +176,7 @@ class RankProcess:
                     kind = str(event.pop("kind"))
                 except (ValueError, KeyError):
                     continue
-                if kind == "started":
+                if kind == STARTED:
                     self.rank_pid = event.get("pid")
                 self._sink(kind, **event)
 
@@ -193,9 +194,9 @@ class RankProcess:
         try:
             self._send_timeline()
         except OSError as exc:
-            self._sink("output", lines=[f"hvd_magics: could not send the timeline: {exc}"])
+            self._sink(OUTPUT, lines=[f"hvd_magics: could not send the timeline: {exc}"])
         finally:
-            self._sink("exit", code=code)
+            self._sink(EXIT, code=code)
         return code
 
     def _send_timeline(self) -> None:
@@ -204,7 +205,7 @@ class RankProcess:
             return
         with open(self._timeline, "rb") as fh:
             while chunk := fh.read(TIMELINE_CHUNK_BYTES):
-                self._sink("timeline_chunk", data=base64.b64encode(chunk).decode())
+                self._sink(TIMELINE_CHUNK, data=base64.b64encode(chunk).decode())
         os.remove(self._timeline)
 
     def _kill_rank_group(self) -> None:

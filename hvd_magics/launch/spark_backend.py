@@ -17,10 +17,10 @@ from typing import Any, Iterator
 
 import cloudpickle
 
-from hvd_magics import task_entry
+from hvd_magics.task import task_entry
 from hvd_magics.errors import NotEnoughSlotsError
-from hvd_magics.events import EventServer
-from hvd_magics.spark_task import TaskSpec
+from hvd_magics.channel import EventServer
+from hvd_magics.task.spark_task import TaskSpec
 
 #: How long to wait for executors to register before saying the cluster is too small.
 SLOT_WAIT_S = 5.0
@@ -104,7 +104,7 @@ def worker_python(sc: Any) -> str:
 
 def barrier_function(spec: TaskSpec) -> Any:
     """The function each barrier task runs: it works (and reports) even on an executor whose
-    Python lacks hvd_magics, since :mod:`hvd_magics.task_entry` travels by value."""
+    Python lacks hvd_magics, since :mod:`hvd_magics.task.task_entry` travels by value."""
     from pyspark import cloudpickle as spark_cloudpickle
 
     spark_cloudpickle.register_pickle_by_value(task_entry)

@@ -10,16 +10,18 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from hvd_magics.cell_capture import CellError, capture, run_captured_cell, unbound_return_names
-from hvd_magics.errors import PayloadError
-from hvd_magics.gpu_guard import driver_gpu_holders, driver_gpu_message
-from hvd_magics.launcher import (DEFAULT_START_TIMEOUT_S, HorovodRunner, default_views,
-                                 last_run, validate_np)
-from hvd_magics.payload import find_unshippable, serialize_job
+from hvd_magics.errors import CellError, PayloadError
+from hvd_magics.job.options import (DEFAULT_START_TIMEOUT_S, VERBOSITIES, validate_np,
+                                    validate_start_timeout)
+from hvd_magics.job.run_record import RunRecord
+from hvd_magics.job.runner import HorovodRunner, default_views
+from hvd_magics.job.session import SESSION
+from hvd_magics.job.timeline import COST_WARNING, summarize
+from hvd_magics.notebook.cell_capture import capture, unbound_return_names
+from hvd_magics.notebook.gpu_guard import driver_gpu_holders, driver_gpu_message
+from hvd_magics.notebook.payload import find_unshippable, serialize_job
+from hvd_magics.rank.cell_runner import run_captured_cell
 from hvd_magics.result_codec import RETURN_PREFIX, VALUE, decode_guarded, decode_strict
-from hvd_magics.run_record import RunRecord
-from hvd_magics.text_view import VERBOSITIES
-from hvd_magics.timeline import COST_WARNING, TimelineSettings, summarize
 
 #: ``key=value`` tokens accepted in HorovodRunner style, and the option each one means.
 _KEY_VALUE_OPTIONS = {"np": "--np", "start_timeout": "--start-timeout",
@@ -71,9 +73,6 @@ def parse_env(pairs: list[str] | None) -> dict[str, str]:
 class HorovodMagics(Magics):
     """``%%horovod np=N``: run the cell as a Horovod job with N ranks."""
 
-    last_run: RunRecord | None = None
-    timeline = TimelineSettings()
-
     @magic_arguments()
     @argument("-np", "--np", type=int, default=None,
               help="Number of ranks: N>0 runs N Spark tasks, N<0 runs -N processes on the driver. "
@@ -100,10 +99,9 @@ class HorovodMagics(Magics):
             raise UsageError("%%horovod needs the number of ranks, e.g. %%horovod np=2")
         try:
             np = validate_np(args.np)
+            validate_start_timeout(args.start_timeout)
         except ValueError as exc:
             raise UsageError(f"%%horovod: {exc}") from None
-        if args.start_timeout <= 0:
-            raise UsageError("%%horovod: --start-timeout must be a positive number of seconds")
         env = parse_env(args.env)
         return_names = tuple(n.strip() for n in args.return_names.split(",") if n.strip())
         bad = [n for n in return_names if not n.isidentifier()]
@@ -134,7 +132,7 @@ class HorovodMagics(Magics):
             payload = serialize_job(run_captured_cell, {"cell": captured})
         except PayloadError as exc:
             raise UsageError(f"%%horovod: {exc}") from None
-        timeline = self.timeline
+        timeline = SESSION.timeline
         runner = HorovodRunner(np, driver_log_verbosity=args.verbosity,
                                start_timeout=args.start_timeout, env=env,
                                timeline=timeline.next_path() if timeline.enabled else None,
@@ -153,9 +151,8 @@ class HorovodMagics(Magics):
         try:
             record = runner.run_payload(payload, views, decode_cell_result)
         finally:
-            HorovodMagics.last_run = last_run()
             if output:
-                self.shell.user_ns[output] = HorovodMagics.last_run
+                self.shell.user_ns[output] = SESSION.last_run
         return record
 
     @magic_arguments()
@@ -170,7 +167,7 @@ class HorovodMagics(Magics):
     def hvd_timeline(self, line: str) -> Any:
         """Record Horovod Timeline for %%horovod runs and show what it recorded."""
         args = parse_argstring(self.hvd_timeline, line)
-        settings = HorovodMagics.timeline
+        settings = SESSION.timeline
         if args.action == "on":
             settings.enabled, settings.path = True, args.path
             settings.mark_cycles = args.mark_cycles
@@ -184,8 +181,8 @@ class HorovodMagics(Magics):
             print(settings)
             return None
         if args.action == "show":
-            path = args.path or (HorovodMagics.last_run.timeline_path
-                                 if HorovodMagics.last_run is not None else None)
+            path = args.path or (SESSION.last_run.timeline_path
+                                 if SESSION.last_run is not None else None)
             if not path:
                 raise UsageError("%hvd_timeline show: the last run recorded no timeline; turn it "
                                  "on with %hvd_timeline on, or give a trace file")

@@ -12,8 +12,9 @@ import html
 import time
 from typing import Any
 
-from hvd_magics.job_state import DONE, FAILED, RUNNING, STARTING, WAITING, JobState, display_line
-from hvd_magics.noise import is_noise
+from hvd_magics.job.job_state import DONE, FAILED, RUNNING, STARTING, WAITING, JobState, display_line
+from hvd_magics.job.noise import is_noise
+from hvd_magics.protocol import OUTPUT
 
 #: Least seconds between two refreshes of the widgets.
 REFRESH_INTERVAL_S = 0.25
@@ -86,7 +87,7 @@ class WidgetView:
 
     def on_event(self, job: JobState, event: dict[str, Any]) -> None:
         self._dirty = True
-        if event["kind"] == "output" and self._logs:
+        if event["kind"] == OUTPUT and self._logs:
             self._logs[event["rank"]].extend(
                 display_line(ln) for ln in event.get("lines", []) if not is_noise(ln))
 

@@ -1,6 +1,6 @@
 """Show a running job as plain text: each rank's lines with a rank prefix.
 
-What it shows: the ranks' output (without framework start-up chatter, see :mod:`hvd_magics.noise`),
+What it shows: the ranks' output (without framework start-up chatter, see :mod:`hvd_magics.job.noise`),
 progress bars drawn with carriage returns redrawn in place, a line when a rank stalls, and, when
 ranks print faster than a person reads, the first and the last lines of each burst with a count of
 what was left out. Every line is always in the job's log file.
@@ -12,14 +12,12 @@ import sys
 import time
 from typing import IO, Any
 
-from hvd_magics.job_state import JobState, display_line
-from hvd_magics.noise import is_noise
+from hvd_magics.job.job_state import JobState, display_line
+from hvd_magics.job.noise import is_noise
+from hvd_magics.job.options import (VERBOSITY_ALL, VERBOSITY_DEBUG, VERBOSITY_LOG_CALLBACK_ONLY,
+                                    validate_verbosity)
+from hvd_magics.protocol import EPOCH_END, LOG, OUTPUT, OUTPUT_PARTIAL
 
-#: ``driver_log_verbosity`` values: HorovodRunner's two, and ``debug`` (framework chatter too).
-VERBOSITY_ALL = "all"
-VERBOSITY_LOG_CALLBACK_ONLY = "log_callback_only"
-VERBOSITY_DEBUG = "debug"
-VERBOSITIES = (VERBOSITY_ALL, VERBOSITY_LOG_CALLBACK_ONLY, VERBOSITY_DEBUG)
 #: Lines are written at most this often...
 FLUSH_INTERVAL_S = 0.1
 #: ...and at most this many at a time: the first half and the last half of what came; the rest
@@ -44,9 +42,7 @@ class TextView:
 
     def __init__(self, verbosity: str = VERBOSITY_ALL, stream: IO[str] | None = None,
                  epoch_lines: bool = False) -> None:
-        if verbosity not in VERBOSITIES:
-            raise ValueError(f"driver_log_verbosity must be one of {VERBOSITIES}, got {verbosity!r}")
-        self.verbosity = verbosity
+        self.verbosity = validate_verbosity(verbosity)
         self.epoch_lines = epoch_lines
         self._stream = stream
         self._head: list[tuple[int, str]] = []
@@ -66,23 +62,23 @@ class TextView:
 
     def _lines_of(self, event: dict[str, Any]) -> list[str]:
         kind = event["kind"]
-        if kind == "output" and self.verbosity != VERBOSITY_LOG_CALLBACK_ONLY:
+        if kind == OUTPUT and self.verbosity != VERBOSITY_LOG_CALLBACK_ONLY:
             lines = event.get("lines", [])
             return lines if self.verbosity == VERBOSITY_DEBUG else [
                 ln for ln in lines if not is_noise(ln)]
-        if kind == "log":
+        if kind == LOG:
             return [event.get("text", "")]
-        if kind == "epoch_end" and self.epoch_lines:
+        if kind == EPOCH_END and self.epoch_lines:
             return [_epoch_line(event)]
         return []
 
     def on_event(self, job: JobState, event: dict[str, Any]) -> None:
         rank, kind = event["rank"], event["kind"]
-        if kind == "output_partial" and self.verbosity != VERBOSITY_LOG_CALLBACK_ONLY:
+        if kind == OUTPUT_PARTIAL and self.verbosity != VERBOSITY_LOG_CALLBACK_ONLY:
             self._partials[rank] = display_line(event.get("text", ""), 300)
             self._partials_changed = True
             return
-        if kind == "output":
+        if kind == OUTPUT:
             self._partials.pop(rank, None)
         for line in self._lines_of(event):
             self._add(rank, display_line(line))

@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from hvd_magics.protocol import EPOCH_BEGIN, EPOCH_END, OUTPUT
+
 #: A Keras-style epoch header in a rank's output (the study's ``[1,x]:Epoch y/z``).
 EPOCH_LINE = re.compile(r"^\s*Epoch (\d+)/(\d+)\b")
 
@@ -41,11 +43,11 @@ class EpochTimer:
     def observe(self, event: dict[str, Any]) -> None:
         """Take what matters for timing from one event."""
         kind, recv = event["kind"], event.get("recv", 0.0)
-        if kind == "epoch_begin":
+        if kind == EPOCH_BEGIN:
             row = self._get(int(event["epoch"]))
             row.first_begin = recv if row.first_begin is None else min(row.first_begin, recv)
             self._training(recv)
-        elif kind == "epoch_end":
+        elif kind == EPOCH_END:
             row = self._get(int(event["epoch"]))
             row.last_end = recv if row.last_end is None else max(row.last_end, recv)
             row.rank_durations[event["rank"]] = float(event.get("duration") or 0.0)
@@ -54,7 +56,7 @@ class EpochTimer:
             else:
                 row.samples += int(event["samples"])
             self._training(recv)
-        elif kind == "output":
+        elif kind == OUTPUT:
             for line in event.get("lines", []):
                 match = EPOCH_LINE.match(line)
                 if match:

@@ -1,7 +1,8 @@
 """What code running on a rank can call to talk to the notebook (a no-op outside a rank)."""
 from __future__ import annotations
 
-from hvd_magics import rank_events
+from hvd_magics.protocol import LOG
+from hvd_magics.rank import rank_events
 
 
 def log_to_driver(message: str) -> None:
@@ -10,6 +11,6 @@ def log_to_driver(message: str) -> None:
     Outside a rank process it prints the message, so the same code runs on a laptop.
     """
     if rank_events.active():
-        rank_events.emit("log", text=str(message))
+        rank_events.emit(LOG, text=str(message))
     else:
         print(message)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import time
 from typing import Any, Iterable, Iterator, TypeVar
 
-from hvd_magics import rank_events
+from hvd_magics.protocol import EPOCH_BEGIN, EPOCH_END, PROGRESS
+from hvd_magics.rank import rank_events
 
 #: Least seconds between two progress events from one rank.
 MIN_INTERVAL_S = 0.25
@@ -58,7 +59,7 @@ def start_epoch(epoch: int, epochs: int | None = None, steps: int | None = None,
     _current.epoch, _current.epochs, _current.steps = epoch, epochs, steps
     _current.batch_size = batch_size
     _current.started = _current.last_emit = time.monotonic()
-    rank_events.emit("epoch_begin", epoch=epoch, epochs=epochs, steps=steps)
+    rank_events.emit(EPOCH_BEGIN, epoch=epoch, epochs=epochs, steps=steps)
 
 
 def report(step: int, total: int | None = None, **metrics: Any) -> None:
@@ -69,7 +70,7 @@ def report(step: int, total: int | None = None, **metrics: Any) -> None:
     _current.last_emit = now
     elapsed = now - _current.started
     rate = step * _current.batch_size / elapsed if _current.batch_size and elapsed > 0 else None
-    rank_events.emit("progress", epoch=_current.epoch, step=step,
+    rank_events.emit(PROGRESS, epoch=_current.epoch, step=step,
                      steps=total if total is not None else _current.steps,
                      samples_per_s=rate, metrics=_floats(metrics))
 
@@ -77,7 +78,7 @@ def report(step: int, total: int | None = None, **metrics: Any) -> None:
 def end_epoch(samples: int | None = None, **metrics: Any) -> None:
     """Say that the current epoch ended, having seen ``samples`` samples on this rank."""
     duration = time.monotonic() - _current.started
-    rank_events.emit("epoch_end", epoch=_current.epoch, epochs=_current.epochs,
+    rank_events.emit(EPOCH_END, epoch=_current.epoch, epochs=_current.epochs,
                      duration=duration, samples=samples, metrics=_floats(metrics))
 
 

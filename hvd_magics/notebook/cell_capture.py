@@ -1,43 +1,22 @@
-"""Turn a notebook cell into a job: the code, the notebook values it uses, and the rank-side runner.
+"""Turn a notebook cell into a job: the code and the notebook values it uses.
 
-The cell runs on every rank as top-level code in a fresh namespace. Names the cell reads that the
-notebook defines are shipped (functions and classes from earlier cells by value, data as pickles);
-modules are imported again by name on the rank. Line numbers in rank tracebacks are the cell's own
-(the ``%%horovod`` line is line 1), and the cell's source is shown in them.
+Names the cell reads that the notebook defines are shipped (functions and classes from earlier
+cells by value, data as pickles); modules are imported again by name on the rank. The rank side
+(:mod:`hvd_magics.rank.cell_runner`) runs what this module captured.
 """
 from __future__ import annotations
 
 import ast
 import builtins
-import importlib
-import linecache
 import types
-from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from hvd_magics.result_codec import RETURN_PREFIX, VALUE, Parts
-
-#: Traceback file name of a captured cell.
-CELL_FILENAME = "<%%horovod cell>"
+from hvd_magics.errors import CellError
+from hvd_magics.rank.cell_runner import CapturedCell
 
 #: Names IPython puts in the user namespace that a cell never wants shipped.
 _IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "_", "__", "___", "_i",
                             "_ii", "_iii", "_ih", "_oh", "_dh", "__builtins__", "__name__"})
-
-
-class CellError(ValueError):
-    """The cell cannot run on the ranks as written (the message names the line and the fix)."""
-
-
-@dataclass
-class CapturedCell:
-    """A cell ready to ship: its source, the notebook values it reads, and what to bring back."""
-
-    source: str
-    header: str = "%%horovod"
-    values: dict[str, Any] = field(default_factory=dict)
-    modules: dict[str, str] = field(default_factory=dict)
-    return_names: tuple[str, ...] = ()
 
 
 def check_plain_python(source: str) -> None:
@@ -137,25 +116,3 @@ def capture(source: str, user_ns: Mapping[str, Any], header: str = "%%horovod",
         else:
             cell.values[name] = value
     return cell
-
-
-def run_captured_cell(cell: CapturedCell) -> Parts:
-    """Run on a rank: execute the cell; return its last expression's value and the asked names,
-    each a part of its own (so that each is decoded on its own in the notebook)."""
-    lines = [cell.header + "\n"] + cell.source.splitlines(True)
-    linecache.cache[CELL_FILENAME] = (sum(map(len, lines)), None, lines, CELL_FILENAME)
-    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
-    for alias, module in cell.modules.items():
-        namespace[alias] = importlib.import_module(module)
-    namespace.update(cell.values)
-    tree = ast.parse(cell.source, CELL_FILENAME)
-    ast.increment_lineno(tree, 1)  # the %%horovod line is line 1 of the cell
-    last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
-    exec(compile(tree, CELL_FILENAME, "exec"), namespace)  # noqa: S102 - running the user's cell
-    value = eval(compile(last, CELL_FILENAME, "eval"), namespace) if last else None  # noqa: S307
-    missing = [n for n in cell.return_names if n not in namespace]
-    if missing:
-        raise NameError(f"--return names {', '.join(missing)}, which the cell did not define")
-    return Parts({VALUE: value, **{RETURN_PREFIX + n: namespace[n] for n in cell.return_names}})

@@ -2,7 +2,7 @@
 
 A rank installs an import hook (:func:`install`); when ``tf_keras`` or ``keras`` is imported, its
 ``Model.fit`` gains a callback that reports epochs, steps and metrics through
-:mod:`hvd_magics.progress`. The callback keeps Keras from converting batch logs to numpy
+:mod:`hvd_magics.rank.progress`. The callback keeps Keras from converting batch logs to numpy
 (``_supports_tf_logs``) and converts only the few it sends. Set ``HVD_MAGICS_KERAS_PROGRESS=0``
 in the ranks' environment to turn it off.
 """
@@ -14,7 +14,8 @@ import os
 import sys
 from typing import Any
 
-from hvd_magics import progress
+from hvd_magics.protocol import ENV_KERAS_PROGRESS
+from hvd_magics.rank import progress
 
 _KERAS_MODULES = ("tf_keras", "keras")
 _PATCHED = "_hvd_magics_progress"
@@ -102,7 +103,7 @@ class _KerasImportHook(importlib.abc.MetaPathFinder):
 
 def install() -> None:
     """Patch Keras now if it is already imported, and whenever it is imported later."""
-    if os.environ.get("HVD_MAGICS_KERAS_PROGRESS", "1") == "0":
+    if os.environ.get(ENV_KERAS_PROGRESS, "1") == "0":
         return
     for name in _KERAS_MODULES:
         if name in sys.modules:

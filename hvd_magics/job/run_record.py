@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from hvd_magics.epoch_timing import format_html_table, format_table
+from hvd_magics.job.epoch_timing import format_html_table, format_table
 
 
 @dataclass

@@ -4,13 +4,13 @@ It must run on an executor whose Python lacks hvd_magics (or one of its dependen
 still takes part in the barrier's ``allGather`` (so no task waits forever) and returns the import
 error as its result, which the driver shows with the fix. Only the standard library and pyspark
 are used before the import succeeds; the module is registered with pyspark's cloudpickle by value
-(:func:`hvd_magics.spark_backend.barrier_function`), so executors never import it by name.
+(:func:`hvd_magics.launch.spark_backend.barrier_function`), so executors never import it by name.
 """
 from __future__ import annotations
 
 
 def guarded_barrier_task(spec_blob: bytes, rows):  # noqa: ANN001, ANN201 - runs on executors
-    """Import hvd_magics and run :func:`hvd_magics.spark_task.barrier_task`, or report why not."""
+    """Import hvd_magics and run :func:`hvd_magics.task.spark_task.barrier_task`, or report why not."""
     import json
     import pickle
     import socket
@@ -20,7 +20,7 @@ def guarded_barrier_task(spec_blob: bytes, rows):  # noqa: ANN001, ANN201 - runs
     from pyspark import BarrierTaskContext
 
     try:
-        from hvd_magics.spark_task import barrier_task
+        from hvd_magics.task.spark_task import barrier_task
 
         spec = pickle.loads(spec_blob)
     except BaseException as exc:  # noqa: BLE001 - reported to the driver through Spark

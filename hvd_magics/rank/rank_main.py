@@ -1,6 +1,6 @@
-"""Entry point of one rank process: ``python -m hvd_magics.rank_main``.
+"""Entry point of one rank process: ``python -m hvd_magics.rank.rank_main``.
 
-The supervisor (:mod:`hvd_magics.rank_process`) writes the cloudpickled ``(main, kwargs)`` to this
+The supervisor (:mod:`hvd_magics.task.supervisor`) writes the cloudpickled ``(main, kwargs)`` to this
 process's stdin and reads structured events from the pipe named by ``HVD_MAGICS_EVENT_FD``. This
 process needs no network access to the driver and holds no secret: the supervisor signs what it
 forwards. Horovod's own environment (``HOROVOD_RANK``, rendezvous address, ...) is already set.
@@ -19,8 +19,9 @@ import threading
 import time
 import traceback
 
-from hvd_magics import rank_events
-from hvd_magics.process_group import die_with_parent, killpg
+from hvd_magics.protocol import ERROR, RESULT, STARTED
+from hvd_magics.rank import rank_events
+from hvd_magics.rank.process_group import die_with_parent, killpg
 
 #: Exit code of a rank whose keeper went away (the job was stopped).
 ORPHANED_EXIT = 113
@@ -75,7 +76,7 @@ def _end_horovod() -> None:
 def _fail(exc: BaseException, code: int = 1) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
-    rank_events.emit("error", error=type(exc).__name__, message=_safe_str(exc)[:2000],
+    rank_events.emit(ERROR, error=type(exc).__name__, message=_safe_str(exc)[:2000],
                      traceback=_format_exception(exc))
     rank_events.close()
     os._exit(code)
@@ -85,13 +86,13 @@ def run_rank() -> None:
     """Run the shipped function and report its result or its exception (never returns)."""
     import cloudpickle
 
-    from hvd_magics import keras_progress
+    from hvd_magics.rank import keras_progress
     from hvd_magics.result_codec import encode_parts
 
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     payload = sys.stdin.buffer.read()
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
-    rank_events.emit("started", pid=os.getpid())
+    rank_events.emit(STARTED, pid=os.getpid())
     keras_progress.install()
     try:
         main_fn, kwargs = cloudpickle.loads(payload)
@@ -109,7 +110,7 @@ def run_rank() -> None:
     _end_horovod()
     sys.stdout.flush()
     sys.stderr.flush()
-    rank_events.emit("result", parts=parts)
+    rank_events.emit(RESULT, parts=parts)
     rank_events.close()
     # Skip interpreter teardown: atexit hooks of frameworks can block when a peer is gone.
     os._exit(0)

@@ -12,8 +12,8 @@ import threading
 import time
 from typing import IO, Any
 
-#: Names the pipe a rank process writes its events to.
-ENV_EVENT_FD = "HVD_MAGICS_EVENT_FD"
+from hvd_magics.protocol import ENV_EVENT_FD
+
 
 _lock = threading.Lock()
 _stream: IO[bytes] | None = None

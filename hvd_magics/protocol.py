@@ -1,0 +1,90 @@
+"""The wire between the sides, written down once: every event kind with its fields, and every
+environment variable the driver side sets for ranks.
+
+An event is a JSON object with ``kind`` and the fields below. The rank writes its events to a pipe
+(:mod:`hvd_magics.rank.rank_events`, stamped ``rtime``); its supervisor adds what it sees itself
+and forwards all of them, stamped ``rank``, ``host`` and ``time``, over the channel
+(:mod:`hvd_magics.channel`) or straight onto the driver's queue (``np < 0``); the driver stamps
+``recv`` on arrival and dispatches on ``kind`` (:class:`hvd_magics.job.job_state.JobState`).
+Order: a rank's ``exit`` is its last event, after everything it wrote.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EventKind:
+    """One kind of event: who sends it and the fields it carries (besides the stamps)."""
+
+    name: str
+    sender: str
+    fields: tuple[str, ...]
+    meaning: str
+
+
+# -- sent by the rank process -----------------------------------------------------------------
+STARTED = "started"
+ERROR = "error"
+RESULT = "result"
+LOG = "log"
+EPOCH_BEGIN = "epoch_begin"
+PROGRESS = "progress"
+EPOCH_END = "epoch_end"
+# -- sent by the supervisor -------------------------------------------------------------------
+TASK_STARTED = "task_started"
+TASK_ERROR = "task_error"
+OUTPUT = "output"
+OUTPUT_PARTIAL = "output_partial"
+TIMELINE_LOCAL = "timeline_local"
+TIMELINE_CHUNK = "timeline_chunk"
+EXIT = "exit"
+# -- the channel itself -----------------------------------------------------------------------
+HELLO = "hello"
+BYE = "bye"
+CHANNEL_CLOSED = "channel_closed"
+
+EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
+    EventKind(STARTED, "rank", ("pid",), "the rank process runs (its pid is its process group)"),
+    EventKind(ERROR, "rank", ("error", "message", "traceback"), "the job's function raised"),
+    EventKind(RESULT, "rank", ("parts",),
+              "the function returned; rank 0's value parts (hvd_magics.result_codec), else None"),
+    EventKind(LOG, "rank", ("text",), "hvd_magics.log_to_driver(text)"),
+    EventKind(EPOCH_BEGIN, "rank", ("epoch", "epochs", "steps"), "an epoch begins"),
+    EventKind(PROGRESS, "rank", ("epoch", "step", "steps", "samples_per_s", "metrics"),
+              "progress within an epoch (at most 4 a second)"),
+    EventKind(EPOCH_END, "rank", ("epoch", "epochs", "duration", "samples", "metrics"),
+              "an epoch ended"),
+    EventKind(TASK_STARTED, "supervisor", ("partition", "hostname", "local_rank", "pid"),
+              "the Spark task (or driver slot) got its rank and starts the process"),
+    EventKind(TASK_ERROR, "supervisor", ("traceback",), "the supervisor itself failed"),
+    EventKind(OUTPUT, "supervisor", ("lines",), "complete lines of the rank's stdout/stderr"),
+    EventKind(OUTPUT_PARTIAL, "supervisor", ("text",),
+              "the unfinished line as a terminal shows it (a progress bar drawn with \\r)"),
+    EventKind(TIMELINE_LOCAL, "supervisor", ("path",), "where rank 0 writes its timeline"),
+    EventKind(TIMELINE_CHUNK, "supervisor", ("data",), "base64 bytes of rank 0's timeline"),
+    EventKind(EXIT, "supervisor", ("code",), "the rank process ended; always its last event"),
+    EventKind(HELLO, "channel", ("job", "rank"), "first frame of a connection (authenticates it)"),
+    EventKind(BYE, "channel", (), "last frame of a connection that ends cleanly"),
+    EventKind(CHANNEL_CLOSED, "channel", ("clean",),
+              "queued by the driver when a connection ends; not clean: its executor was lost"),
+)}
+
+# -- environment variables the driver side sets (or reads) for ranks --------------------------
+#: The file descriptor of the pipe a rank writes its events to.
+ENV_EVENT_FD = "HVD_MAGICS_EVENT_FD"
+#: Asks a rank's supervisor to record a Horovod Timeline and send it back (rank 0).
+ENV_WANT_TIMELINE = "HVD_MAGICS_TIMELINE"
+#: ``0`` turns off the progress callback added to every Keras ``Model.fit``.
+ENV_KERAS_PROGRESS = "HVD_MAGICS_KERAS_PROGRESS"
+#: Raises the size limit (MB) of the values a job sends back to the notebook.
+ENV_MAX_RESULT_MB = "HVD_MAGICS_MAX_RESULT_MB"
+#: Set to ``1`` by default: ``tf.keras`` is Keras 2 (tf_keras), which Horovod's Keras API needs.
+ENV_LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
+#: Horovod's own: where rank 0 writes the timeline, and whether it marks cycles.
+ENV_HOROVOD_TIMELINE = "HOROVOD_TIMELINE"
+ENV_TIMELINE_MARK_CYCLES = "HOROVOD_TIMELINE_MARK_CYCLES"
+#: CUDA's device list: the GPUs a rank sees.
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+#: The module a rank process runs (``python -m``).
+RANK_MODULE = "hvd_magics.rank.rank_main"

@@ -1,0 +1,52 @@
+"""Run a captured notebook cell on a rank.
+
+The cell runs as top-level code in a fresh namespace, with the notebook values it read and its
+modules imported again by name. Line numbers in tracebacks are the cell's own (the ``%%horovod``
+line is line 1), and the cell's source is shown in them.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib
+import linecache
+from dataclasses import dataclass, field
+from typing import Any
+
+from hvd_magics.result_codec import RETURN_PREFIX, VALUE, Parts
+
+#: Traceback file name of a captured cell.
+CELL_FILENAME = "<%%horovod cell>"
+
+
+@dataclass
+class CapturedCell:
+    """A cell ready to ship: its source, the notebook values it reads, and what to bring back."""
+
+    source: str
+    header: str = "%%horovod"
+    values: dict[str, Any] = field(default_factory=dict)
+    modules: dict[str, str] = field(default_factory=dict)
+    return_names: tuple[str, ...] = ()
+
+
+def run_captured_cell(cell: CapturedCell) -> Parts:
+    """Run on a rank: execute the cell; return its last expression's value and the asked names,
+    each a part of its own (so that each is decoded on its own in the notebook)."""
+    lines = [cell.header + "\n"] + cell.source.splitlines(True)
+    linecache.cache[CELL_FILENAME] = (sum(map(len, lines)), None, lines, CELL_FILENAME)
+    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    for alias, module in cell.modules.items():
+        namespace[alias] = importlib.import_module(module)
+    namespace.update(cell.values)
+    tree = ast.parse(cell.source, CELL_FILENAME)
+    ast.increment_lineno(tree, 1)  # the %%horovod line is line 1 of the cell
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(compile(tree, CELL_FILENAME, "exec"), namespace)  # noqa: S102 - running the user's cell
+    value = eval(compile(last, CELL_FILENAME, "eval"), namespace) if last else None  # noqa: S307
+    missing = [n for n in cell.return_names if n not in namespace]
+    if missing:
+        raise NameError(f"--return names {', '.join(missing)}, which the cell did not define")
+    return Parts({VALUE: value, **{RETURN_PREFIX + n: namespace[n] for n in cell.return_names}})
