@@ -9,6 +9,7 @@ Also prints where our time goes (submit -> tasks started -> ranks started -> ran
 
 Usage: .venv/bin/python benchmarks/launch_overhead.py [--runs 5]
 Last line: launch_overhead ours=<s> horovod_spark=<s> torchdistributor=<s> ratio_vs_best_peer=<x>
+(each ratio: the median of per-run ratios, candidates in alternating order, with its min and max)
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from pairs import in_turn, ratio_text  # benchmarks/pairs.py
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -44,6 +47,7 @@ def torch_distributed_job():
 
 HOROVODRUN_SCRIPT = """
 import horovod.torch as hvd, torch
+
 hvd.init()
 print(hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item())
 """
@@ -124,8 +128,8 @@ def main() -> None:
     phases.clear()
     times: dict[str, list[float]] = {name: [] for name in candidates}
     for run in range(args.runs):
-        for name, fn in candidates.items():
-            elapsed, value = timed(fn)
+        for name in in_turn(run, list(candidates)):
+            elapsed, value = timed(candidates[name])
             times[name].append(elapsed)
             print(f"run {run + 1} {name:<17} {elapsed:6.2f} s  -> {value!r:.40}", flush=True)
     med = {name: statistics.median(values) for name, values in times.items()}
@@ -139,10 +143,10 @@ def main() -> None:
             print(f"  all ranks {mark:<13} {statistics.median(values):6.2f}")
     print(f"\ndriver-only: ours np=-2 {med['ours_driver']:.2f} s, horovodrun --gloo -np 2 "
           f"{med['horovodrun']:.2f} s, ratio {med['ours_driver'] / med['horovodrun']:.2f}")
-    best_peer = min(med["horovod_spark"], med["torchdistributor"])
     print(f"launch_overhead ours={med['ours']:.2f} horovod_spark={med['horovod_spark']:.2f} "
           f"torchdistributor={med['torchdistributor']:.2f} "
-          f"ratio_vs_best_peer={med['ours'] / best_peer:.2f}")
+          + ratio_text("ratio_vs_best_peer", times["ours"],
+                       [min(h, t) for h, t in zip(times["horovod_spark"], times["torchdistributor"])]))
     spark.stop()
 
 

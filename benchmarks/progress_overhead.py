@@ -8,7 +8,8 @@
    before and after, and whether every line reached the log file.
 
 Usage: .venv/bin/python benchmarks/progress_overhead.py [--runs 5] [--lines 5000] [--seconds 10]
-Last line: progress_overhead ratio=<with/without>
+Last line: progress_overhead ratio=<with/without> ratio_min=<x> ratio_max=<x>
+(the median of per-run ratios, with/without in alternating order)
 """
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ import os
 import statistics
 import sys
 import time
+
+from pairs import in_turn, ratio_text  # benchmarks/pairs.py
+
+from hvd_magics.protocol import ENV_KERAS_PROGRESS
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -50,6 +55,7 @@ def keras_many_steps(steps: int = 2000):
 
 FLOOD_CELL = """%%horovod np=-4 -q
 import time
+
 rank = int(__import__("os").environ["HOROVOD_RANK"])
 end = time.monotonic() + {seconds}
 sent = 0
@@ -90,7 +96,8 @@ def overhead(runs: int) -> float:
     spark.sparkContext.setLogLevel("ERROR")
     on, off = [], []
     for run in range(runs):
-        for label, times, env in (("with", on, {}), ("without", off, {"HVD_MAGICS_KERAS_PROGRESS": "0"})):
+        for label, times, env in in_turn(run, (("with", on, {}),
+                                               ("without", off, {ENV_KERAS_PROGRESS: "0"}))):
             from hvd_magics.notebook.payload import serialize_job
 
             record = HorovodRunner(np=2, env=env).run_payload(serialize_job(keras_many_steps, {}),
@@ -98,7 +105,7 @@ def overhead(runs: int) -> float:
             times.append(record.value)
             print(f"run {run + 1} {label:<8} fit {record.value:.3f} s", flush=True)
     spark.stop()
-    ratio = statistics.median(on) / statistics.median(off)
+    ratio = ratio_text("ratio", on, off)
     print(f"medians: with {statistics.median(on):.3f} s, without {statistics.median(off):.3f} s; "
           f"fastest: with {min(on):.3f} s, without {min(off):.3f} s "
           f"(ratio of fastest {min(on) / min(off):.3f})")
@@ -167,7 +174,7 @@ def main() -> None:
     args = parser.parse_args()
     flood(args.lines, args.seconds)
     ratio = overhead(args.runs)
-    print(f"progress_overhead ratio={ratio:.3f}")
+    print(f"progress_overhead {ratio}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ Horovod's DistributedOptimizer); each run reports samples per second measured on
 clock after a warm-up. Runs with the timeline on and off are interleaved, ``--runs`` times each.
 
 Usage: .venv/bin/python benchmarks/timeline_overhead.py [--runs 5]
-Last line: timeline_overhead ratio=<on/off>   (throughput with the timeline / without)
+Last line: timeline_overhead ratio=<on/off> ratio_min=<x> ratio_max=<x>   (throughput with the timeline / without)
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import argparse
 import statistics
 import tempfile
 from pathlib import Path
+
+from pairs import in_turn, ratio_text  # benchmarks/pairs.py
 
 
 def synthetic_training(steps: int = 600, batch: int = 64):
@@ -55,7 +57,7 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp())
     on, off = [], []
     for run in range(args.runs):
-        for label, rates in (("on", on), ("off", off)):
+        for label, rates in in_turn(run, (("on", on), ("off", off))):
             trace = folder / f"trace-{run}.json" if label == "on" else None
             record = HorovodRunner(np=-2, timeline=trace).run_payload(payload, views=[])
             rates.append(record.value)
@@ -66,7 +68,7 @@ def main() -> None:
           + ", ".join(f"{n} {us / 1e3:.0f} ms" for n, us in
                       sorted(summary.activity_us.items(), key=lambda kv: -kv[1])[:4]))
     print(f"medians: on {statistics.median(on):.0f} samples/s, off {statistics.median(off):.0f} samples/s")
-    print(f"timeline_overhead ratio={statistics.median(on) / statistics.median(off):.3f}")
+    print(f"timeline_overhead {ratio_text('ratio', on, off)}")
 
 
 if __name__ == "__main__":

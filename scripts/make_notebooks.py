@@ -195,7 +195,7 @@ PYTORCH = [
 # PyTorch on Horovod, with live progress from a custom training loop
 
 The same story as the Keras notebook, in PyTorch: a single-machine loop, then the loop on two
-Horovod ranks. A custom loop reports its progress with `hvd_magics.rank.progress` (`track` wraps the
+Horovod ranks. A custom loop reports its progress with `hvd_magics.progress` (`track` wraps the
 batches of an epoch; `report` adds metrics); outside a rank both are no-ops.
 """),
     code("%load_ext hvd_magics"),
@@ -238,7 +238,7 @@ optimizer, broadcast the initial state from rank 0. `progress.track` feeds the d
 import torch
 import torch.nn.functional as F
 import horovod.torch as hvd
-from hvd_magics.rank import progress
+from hvd_magics import progress
 
 hvd.init()
 torch.set_num_threads(1)

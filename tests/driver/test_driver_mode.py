@@ -75,8 +75,7 @@ def test_start_timeout_names_what_it_waited_for_and_the_knob():
         HorovodRunner(np=-2, start_timeout=0.001).run(jobs.sleep_forever)
     record = last_run()
     assert record.status == "failed"
-    time.sleep(0.5)
-    assert rank_processes_alive(record.pids.values()) == []
+    assert rank_processes_alive(record.pids.values()) == []  # reaped before run() returned
 
 
 def test_extra_environment_reaches_the_ranks():

@@ -55,7 +55,6 @@ def test_a_lost_executor_is_named_first_with_its_rank(cluster_spark, tmp_path):
         deadline = time.monotonic() + 120
         while not (tmp_path / "rank1").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        time.sleep(0.5)  # let it get into its allreduce loop
         _executor_jvm(int((tmp_path / "rank1").read_text())).kill()
 
     threading.Thread(target=kill_rank_1s_executor, daemon=True).start()

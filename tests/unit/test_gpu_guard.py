@@ -1,16 +1,19 @@
 """The driver GPU guard. No GPU here: the device file and torch.cuda are simulated (mocked)."""
 import re
 import sys
-import time
 import types
 
 from hvd_magics.notebook import gpu_guard
 
 
-def test_no_gpu_here_and_the_check_is_fast():
-    start = time.perf_counter()
-    assert gpu_guard.driver_gpu_holders() == []
-    assert time.perf_counter() - start < 0.05
+def test_no_gpu_here_and_the_check_imports_nothing():
+    import subprocess
+
+    code = ("import sys\nfrom hvd_magics.notebook import gpu_guard\n"
+            "assert gpu_guard.driver_gpu_holders() == []\n"
+            "print(sorted({'tensorflow', 'torch', 'keras'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"  # looked at the process without loading a framework
 
 
 def test_an_open_device_file_is_found(tmp_path, monkeypatch):

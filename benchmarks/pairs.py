@@ -1,0 +1,29 @@
+"""Ratios that mean the same from run to run on a shared 2-core machine.
+
+Each benchmark measures its candidates in interleaved pairs, alternating the order (A then B, then
+B then A), and reports the median of the per-pair ratios with their min and max: drift in the
+machine's speed during a run cancels within a pair instead of landing on one side.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Sequence, TypeVar
+
+T = TypeVar("T")
+
+
+def in_turn(run: int, candidates: Sequence[T]) -> list[T]:
+    """The order of ``candidates`` in run ``run``: as given on even runs, reversed on odd ones."""
+    return list(candidates) if run % 2 == 0 else list(reversed(candidates))
+
+
+def pair_ratios(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """``(median, min, max)`` of ``a[i] / b[i]`` over the pairs."""
+    ratios = [x / y for x, y in zip(a, b)]
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def ratio_text(name: str, a: Sequence[float], b: Sequence[float]) -> str:
+    """``name=<median> name_min=<min> name_max=<max>`` for a benchmark's last line."""
+    med, low, high = pair_ratios(a, b)
+    return f"{name}={med:.3f} {name}_min={low:.3f} {name}_max={high:.3f}"
