@@ -15,17 +15,27 @@ from nbclient.exceptions import CellExecutionError
 
 
 def execute(path: Path, output: Path, timeout: int = 600) -> nbformat.NotebookNode:
-    """Run every cell of ``path`` in a fresh ``python3`` kernel; write the result to ``output``."""
+    """Run every cell of ``path`` in a fresh ``python3`` kernel; write the result to ``output``.
+
+    The kernel process's own stdout and stderr (TensorFlow's start-up lines when a cell imports
+    it, Jupyter's warnings) go to ``<output>.kernel.log``: the notebook holds what cells show.
+    """
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}},
                             store_widget_state=True)
     output.parent.mkdir(parents=True, exist_ok=True)
     try:
-        client.execute()
+        with open(kernel_log(output), "wb") as log:
+            client.execute(stdout=log, stderr=log)
     finally:
         nbformat.write(nb, output)
     return nb
+
+
+def kernel_log(output: Path) -> Path:
+    """Where the kernel that executed ``output`` wrote its own output."""
+    return output.with_suffix(".kernel.log")
 
 
 def main(argv: list[str]) -> int:
@@ -41,7 +51,8 @@ def main(argv: list[str]) -> int:
         print(f"{path.name} failed; the executed notebook (with the error) is {output}\n{exc}",
               file=sys.stderr)
         return 1
-    print(f"{path.name} ran in {time.monotonic() - start:.0f} s; executed notebook: {output}")
+    print(f"{path.name} ran in {time.monotonic() - start:.0f} s; executed notebook: {output} "
+          f"(the kernel's own log: {kernel_log(output)})")
     return 0
 
 
