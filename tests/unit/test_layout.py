@@ -17,7 +17,7 @@ def _loaded_by(code: str) -> set[str]:
 def test_the_rank_entry_point_loads_only_the_rank_side():
     loaded = _loaded_by("import hvd_magics.rank.rank_main, hvd_magics.rank.cell_runner\n"
                         "from hvd_magics import progress, log_to_driver\n"
-                        "import hvd_magics.rank.keras_progress")
+                        "import hvd_magics.rank.keras_progress, hvd_magics.rank.shard")
     assert "hvd_magics.rank.rank_main" in loaded and "hvd_magics.rank.progress" in loaded
     allowed = {"hvd_magics", "hvd_magics.protocol", "hvd_magics.result_codec", "hvd_magics.errors"}
     outside = {m for m in loaded if not m.startswith("hvd_magics.rank") and m not in allowed}

@@ -1,0 +1,253 @@
+"""A rank's shard of a Spark DataFrame: the rows this rank trains on, read from a local Arrow file.
+
+The Spark task that hosts a rank writes its partition's Arrow batches to a local Arrow IPC file;
+the rank opens it memory-mapped, so the rows are read once and not copied into Python objects.
+:class:`Shard` gives them in the forms training code wants: numpy arrays per column (MLlib vectors
+and array columns as 2-D float arrays), pandas, batches of dicts, a ``tf.data.Dataset`` or a
+PyTorch ``DataLoader``.
+
+Every rank runs the same number of steps per epoch, derived from all ranks' row counts: the
+smallest shard's rows over the batch size, rounded up. A rank with more rows than that sees a
+different subset each epoch when it shuffles; without shuffling its last rows are left out. So no
+allreduce waits for a rank that ran out of data.
+
+(Part of the DataFrame data path; the Spark side that writes the files is the launch's job.)
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+#: Arrow field names of an MLlib ``VectorUDT`` column (``type`` 0: sparse, 1: dense).
+_VECTOR_FIELDS = {"type", "size", "indices", "values"}
+
+
+class ShardError(TypeError):
+    """A column cannot become the arrays training code asks for (the message names it)."""
+
+
+def write_shard(table: Any, path: str | os.PathLike) -> int:
+    """Write an Arrow table (or a list of record batches) as an Arrow IPC file; return its rows."""
+    import pyarrow as pa
+
+    if not isinstance(table, pa.Table):
+        table = pa.Table.from_batches(list(table))
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return table.num_rows
+
+
+def _is_vector(kind: Any) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_struct(kind) and {kind.field(i).name for i in range(kind.num_fields)} \
+        >= _VECTOR_FIELDS
+
+
+def _describe_type(kind: Any) -> str:
+    if _is_vector(kind):
+        return "vector"
+    return str(kind)
+
+
+class Shard:
+    """The rows of one DataFrame that one rank trains on.
+
+    Parameters
+    ----------
+    path : str or path
+        The shard's Arrow IPC file (memory-mapped, not loaded).
+    name : str
+        What the DataFrame is called (shown by ``repr``).
+    rank, size : int
+        This rank and the number of ranks.
+    rows_per_rank : sequence of int, optional
+        Every rank's row count (rank order), for :meth:`steps_per_epoch`; this shard alone when
+        not given.
+
+    Examples
+    --------
+    >>> for batch in train.batches(64, shuffle=True, seed=epoch):   # doctest: +SKIP
+    ...     step(batch["features"], batch["label"])
+    """
+
+    def __init__(self, path: str | os.PathLike, name: str = "DataFrame", rank: int = 0,
+                 size: int = 1, rows_per_rank: Sequence[int] | None = None) -> None:
+        import pyarrow as pa
+
+        self.path = str(path)
+        self.name = name
+        self.rank = rank
+        self.size = size
+        self._table = pa.ipc.open_file(pa.memory_map(self.path, "r")).read_all()
+        self.rows_per_rank = list(rows_per_rank) if rows_per_rank is not None else [len(self)]
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return self._table.num_rows
+
+    @property
+    def columns(self) -> list[str]:
+        """The column names, in order."""
+        return list(self._table.column_names)
+
+    @property
+    def dtypes(self) -> dict[str, str]:
+        """Column name to its Arrow type (``vector`` for MLlib vectors)."""
+        return {f.name: _describe_type(f.type) for f in self._table.schema}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the shard's Arrow data."""
+        return self._table.nbytes
+
+    def __repr__(self) -> str:
+        columns = ", ".join(f"{n} {t}" for n, t in self.dtypes.items())
+        return (f"<Shard of {self.name}: rank {self.rank} of {self.size}, {len(self):,} rows "
+                f"of {sum(self.rows_per_rank):,}; columns: {columns}>")
+
+    def to_pandas(self, columns: Sequence[str] | None = None) -> Any:
+        """The shard (or ``columns`` of it) as a pandas DataFrame."""
+        table = self._table.select(list(columns)) if columns is not None else self._table
+        return table.to_pandas()
+
+    def _column(self, column: str) -> Any:
+        if column not in self._table.column_names:
+            raise KeyError(f"{self.name} has no column {column!r}; it has {self.columns}")
+        chunked = self._table.column(column)
+        # one chunk (a file written in one go): a view of the mapped file, no copy
+        return chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
+
+    def to_numpy(self, column: str) -> np.ndarray:
+        """Column ``column`` as a numpy array: numbers as 1-D, vectors and arrays as 2-D floats.
+
+        Raises
+        ------
+        KeyError
+            For a column the DataFrame does not have.
+        ShardError
+            For a column whose type cannot become an array (named with its type), or an array
+            column whose rows differ in length.
+        """
+        if column in self._arrays:
+            return self._arrays[column]
+        import pyarrow as pa
+
+        data = self._column(column)
+        kind = data.type
+        if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+            if data.null_count:
+                raise ShardError(f"column {column!r} of {self.name} has {data.null_count} nulls; "
+                                 "fill or drop them in Spark before training (df.na.fill / "
+                                 "df.dropna)")
+            array = data.to_numpy(zero_copy_only=False)
+        elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            array = data.to_numpy(zero_copy_only=False)
+        elif (pa.types.is_list(kind) or pa.types.is_large_list(kind)
+              or pa.types.is_fixed_size_list(kind)):
+            array = self._lists(column, data)
+        elif _is_vector(kind):
+            array = self._vectors(column, data)
+        else:
+            raise ShardError(f"column {column!r} of {self.name} has type {kind}, which does not "
+                             "become a numpy array; select numeric, string, array or vector "
+                             "columns (cast it in Spark first)")
+        self._arrays[column] = array
+        return array
+
+    def _lists(self, column: str, data: Any) -> np.ndarray:
+        import pyarrow.compute as pc
+
+        lengths = pc.list_value_length(data).to_numpy(zero_copy_only=False)
+        width = int(lengths[0]) if len(lengths) else 0
+        if len(lengths) and (lengths != width).any():
+            raise ShardError(f"array column {column!r} of {self.name} has rows of different "
+                             f"lengths ({int(lengths.min())} to {int(lengths.max())}); pad them "
+                             "in Spark to one length")
+        values = data.flatten().to_numpy(zero_copy_only=False)
+        return values.reshape(len(data), width).astype(np.float32, copy=False)
+
+    def _vectors(self, column: str, data: Any) -> np.ndarray:
+        kinds = data.field("type").to_numpy(zero_copy_only=False)
+        values = data.field("values")
+        dense_rows = kinds == 1
+        if dense_rows.all():  # the usual case: one reshape, no loop
+            return self._lists(column, values)
+        sizes = data.field("size").to_numpy(zero_copy_only=False)
+        width = int(max((len(values[i]) for i in np.flatnonzero(dense_rows)[:1]), default=0))
+        if (~dense_rows).any():
+            width = max(width, int(np.nanmax(sizes[~dense_rows])))
+        out = np.zeros((len(data), width), dtype=np.float32)
+        indices = data.field("indices")
+        for row in range(len(data)):
+            row_values = values[row].values.to_numpy(zero_copy_only=False)
+            if dense_rows[row]:
+                out[row, :len(row_values)] = row_values
+            else:
+                out[row, indices[row].values.to_numpy(zero_copy_only=False)] = row_values
+        return out
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        """Batches every rank runs in one epoch: the smallest shard's rows over ``batch_size``,
+        rounded up (the same on every rank)."""
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        return math.ceil(min(self.rows_per_rank) / batch_size)
+
+    def batches(self, batch_size: int, shuffle: bool = False, seed: int | None = None,
+                columns: Sequence[str] | None = None) -> Iterator[dict[str, np.ndarray]]:
+        """One epoch of ``steps_per_epoch(batch_size)`` batches, each a dict of column arrays.
+
+        ``shuffle`` permutes the rows (reproducibly with ``seed``: pass the epoch for a new
+        order every epoch).
+        """
+        names = list(columns) if columns is not None else self.columns
+        arrays = {name: self.to_numpy(name) for name in names}
+        order = (np.random.default_rng(seed).permutation(len(self)) if shuffle
+                 else np.arange(len(self)))
+        for step in range(self.steps_per_epoch(batch_size)):
+            rows = order[step * batch_size:(step + 1) * batch_size]
+            yield {name: array[rows] for name, array in arrays.items()}
+
+    def _features(self, features: str | Sequence[str]) -> np.ndarray:
+        names = [features] if isinstance(features, str) else list(features)
+        parts = [self.to_numpy(n) for n in names]
+        parts = [p.reshape(len(p), -1).astype(np.float32, copy=False) for p in parts]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+
+    def to_tf_dataset(self, features: str | Sequence[str], label: str | None = None,
+                      batch_size: int = 32, shuffle: bool = False, seed: int | None = None) -> Any:
+        """A ``tf.data.Dataset`` of ``(features, label)`` batches (``features`` alone without a
+        label), ``steps_per_epoch(batch_size)`` of them per pass."""
+        import tensorflow as tf
+
+        x = self._features(features)
+        data = (x,) if label is None else (x, self.to_numpy(label))
+        dataset = tf.data.Dataset.from_tensor_slices(data if label is not None else x)
+        if shuffle:
+            dataset = dataset.shuffle(len(self), seed=seed, reshuffle_each_iteration=True)
+        return dataset.batch(batch_size).take(self.steps_per_epoch(batch_size))
+
+    def to_torch(self, features: str | Sequence[str], label: str | None = None,
+                 batch_size: int = 32, shuffle: bool = False, seed: int | None = None) -> Any:
+        """A PyTorch ``DataLoader`` of ``[features, label]`` batches, ``steps_per_epoch``
+        of them per epoch."""
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        tensors = [torch.from_numpy(np.array(self._features(features)))]
+        if label is not None:
+            tensors.append(torch.from_numpy(np.array(self.to_numpy(label))))
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        steps = self.steps_per_epoch(batch_size)
+        dataset = TensorDataset(*tensors)
+        if steps * batch_size < len(dataset) and not shuffle:
+            dataset = TensorDataset(*(t[:steps * batch_size] for t in tensors))
+        sampler = None
+        if shuffle:
+            sampler = torch.utils.data.RandomSampler(dataset, num_samples=min(
+                len(dataset), steps * batch_size), generator=generator)
+        return DataLoader(dataset, batch_size=batch_size, sampler=sampler)

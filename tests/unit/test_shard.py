@@ -1,0 +1,99 @@
+"""A rank's shard of a DataFrame, from a local Arrow file (no Spark: the file is written here the
+way a Spark task writes its partition, MLlib vectors as Spark's Arrow struct)."""
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from hvd_magics.rank.shard import Shard, ShardError, write_shard
+
+VECTOR = pa.struct([("type", pa.int8()), ("size", pa.int32()),
+                    ("indices", pa.list_(pa.int32())), ("values", pa.list_(pa.float64()))])
+
+
+def _table(rows: int = 10, sparse: bool = False) -> pa.Table:
+    vectors = [{"type": 1, "size": None, "indices": None, "values": [float(i), float(-i)]}
+               for i in range(rows)]
+    if sparse:
+        vectors[1] = {"type": 0, "size": 2, "indices": [1], "values": [7.0]}
+    return pa.table({
+        "features": pa.array([[float(i)] * 3 for i in range(rows)], pa.list_(pa.float32())),
+        "vec": pa.array(vectors, VECTOR),
+        "label": pa.array(range(rows), pa.int64()),
+        "name": pa.array([f"row{i}" for i in range(rows)]),
+    })
+
+
+def _shard(tmp_path, table, **kwargs) -> Shard:
+    path = tmp_path / "part.arrow"
+    write_shard(table, path)
+    return Shard(path, name="train", **kwargs)
+
+
+def test_a_shard_says_what_it_is(tmp_path):
+    shard = _shard(tmp_path, _table(), rank=1, size=2, rows_per_rank=[12, 10])
+    assert len(shard) == 10 and shard.columns == ["features", "vec", "label", "name"]
+    assert shard.dtypes["vec"] == "vector" and shard.dtypes["label"] == "int64"
+    assert repr(shard) == ("<Shard of train: rank 1 of 2, 10 rows of 22; columns: features "
+                           "list<item: float>, vec vector, label int64, name string>")
+    assert list(shard.to_pandas(["label"])["label"]) == list(range(10))
+
+
+def test_columns_become_arrays_vectors_and_lists_two_dimensional(tmp_path):
+    shard = _shard(tmp_path, _table(sparse=True))
+    assert shard.to_numpy("features").shape == (10, 3)
+    vec = shard.to_numpy("vec")
+    assert vec.shape == (10, 2) and vec[3].tolist() == [3.0, -3.0]
+    assert vec[1].tolist() == [0.0, 7.0]  # the sparse row, scattered
+    assert shard.to_numpy("label").dtype == np.int64
+    assert shard.to_numpy("name")[2] == "row2"
+
+
+def test_every_rank_runs_the_same_steps_and_shuffling_is_seeded(tmp_path):
+    shard = _shard(tmp_path, _table(10), rows_per_rank=[10, 7])
+    assert shard.steps_per_epoch(3) == 3  # ceil(7 / 3): the smallest shard decides
+    epoch = list(shard.batches(3, columns=["label"]))
+    assert [b["label"].tolist() for b in epoch] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    first = [b["label"].tolist() for b in shard.batches(3, shuffle=True, seed=1)]
+    again = [b["label"].tolist() for b in shard.batches(3, shuffle=True, seed=1)]
+    other = [b["label"].tolist() for b in shard.batches(3, shuffle=True, seed=2)]
+    assert first == again and first != other and len(first) == 3
+
+
+def test_torch_and_tensorflow_loaders_give_the_same_steps(tmp_path):
+    shard = _shard(tmp_path, _table(10), rows_per_rank=[10, 7])
+    loader = shard.to_torch(["features", "vec"], "label", batch_size=3)
+    batches = list(loader)
+    assert len(batches) == 3 and tuple(batches[0][0].shape) == (3, 5)
+    assert batches[0][1].tolist() == [0, 1, 2]
+    assert len(list(shard.to_torch("features", "label", batch_size=3, shuffle=True, seed=0))) == 3
+    dataset = shard.to_tf_dataset("features", "label", batch_size=3)
+    steps = [(x.shape[0], y.numpy().tolist()) for x, y in dataset]
+    assert steps == [(3, [0, 1, 2]), (3, [3, 4, 5]), (3, [6, 7, 8])]
+
+
+def test_columns_that_cannot_become_arrays_are_named(tmp_path):
+    table = pa.table({"m": pa.array([{"a": 1}], pa.map_(pa.string(), pa.int64())),
+                      "n": pa.array([None], pa.float64())})
+    shard = _shard(tmp_path, table)
+    with pytest.raises(ShardError, match="column 'm' of train has type map<string, int64>"):
+        shard.to_numpy("m")
+    with pytest.raises(ShardError, match="column 'n' of train has 1 nulls"):
+        shard.to_numpy("n")
+    with pytest.raises(KeyError, match="no column 'nope'"):
+        shard.to_numpy("nope")
+    ragged = _shard(tmp_path, pa.table({"r": pa.array([[1.0], [1.0, 2.0]])}))
+    with pytest.raises(ShardError, match="rows of different lengths \\(1 to 2\\)"):
+        ragged.to_numpy("r")
+
+
+def test_reading_does_not_copy_the_file_into_memory(tmp_path):
+    rows = 200_000
+    table = pa.table({"x": pa.array(np.arange(rows * 16, dtype=np.float32).reshape(rows, 16)
+                                    .tolist(), pa.list_(pa.float32(), 16))})
+    shard = _shard(tmp_path, table)
+    import pyarrow
+
+    before = pyarrow.total_allocated_bytes()
+    x = shard.to_numpy("x")
+    assert x.shape == (rows, 16) and x[5, 3] == 5 * 16 + 3
+    assert pyarrow.total_allocated_bytes() - before < 1_000_000  # a view of the mapped file
