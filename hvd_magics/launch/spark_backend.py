@@ -102,13 +102,18 @@ def worker_python(sc: Any) -> str:
     return sys.executable if _is_local(sc) else sc.pythonExec
 
 
+#: The one column each barrier task returns (a JSON status line).
+STATUS_SCHEMA = "status string"
+
+
 def barrier_function(spec: TaskSpec) -> Any:
-    """The function each barrier task runs: it works (and reports) even on an executor whose
-    Python lacks hvd_magics, since :mod:`hvd_magics.task.task_entry` travels by value."""
+    """The ``mapInArrow`` function each barrier task runs: it works (and reports) even on an
+    executor whose Python lacks hvd_magics, since :mod:`hvd_magics.task.task_entry` travels by
+    value."""
     from pyspark import cloudpickle as spark_cloudpickle
 
     spark_cloudpickle.register_pickle_by_value(task_entry)
-    return functools.partial(task_entry.guarded_barrier_task, cloudpickle.dumps(spec))
+    return functools.partial(task_entry.arrow_barrier_task, cloudpickle.dumps(spec))
 
 
 def task_slots(sc: Any) -> tuple[int, int]:
@@ -195,11 +200,11 @@ class SparkBackend:
         try:
             self.sc.setJobGroup(self._group, f"hvd_magics Horovod job, {self.np} ranks",
                                 interruptOnCancel=True)
-            rdd = self.sc.parallelize(range(self.np), self.np).barrier()
-            tasks = rdd.mapPartitions(barrier_function(spec))
-            with _workers_use(self.sc, worker_python(self.sc)):
-                tasks._jrdd  # noqa: B018 - wraps the function, with the interpreter to use
-            self.results = [json.loads(line) for line in tasks.collect()]
+            # One barrier stage through the DataFrame API: np partitions, one task each.
+            ranks = self.spark.range(0, self.np, 1, self.np)
+            with _workers_use(self.sc, worker_python(self.sc)):  # the UDF is wrapped here
+                tasks = ranks.mapInArrow(barrier_function(spec), STATUS_SCHEMA, barrier=True)
+            self.results = [json.loads(row.status) for row in tasks.collect()]
         except BaseException as exc:  # noqa: BLE001 - surfaced by the launcher
             self.error = exc
 
@@ -234,14 +239,20 @@ class SparkBackend:
         setup = [r for r in self.results if r.get("setup")]
         if setup:
             text = setup[0]["error"]
-            if "cannot import hvd_magics" in text:
-                text += ("\nFix: install hvd_magics, horovod and the frameworks on every "
-                         "executor, or point PYSPARK_PYTHON (spark.pyspark.python) at an "
-                         "interpreter that has them, then start the SparkSession again.")
-            return text
-        if self.error is None:
+        elif self.error is not None:
+            text = spark_error_text(self.error)
+        else:
             return None
-        return spark_error_text(self.error)
+        if "cannot import hvd_magics" in text or "No module named" in text:
+            text += MISSING_PACKAGES_FIX
+        return text
+
+
+#: What to do when the executors' Python lacks a package the job needs.
+MISSING_PACKAGES_FIX = (
+    "\nFix: install hvd_magics, horovod, pyarrow and the frameworks on every executor, or point "
+    "PYSPARK_PYTHON (spark.pyspark.python) at an interpreter that has them, then start the "
+    "SparkSession again.")
 
 
 #: The Python traceback inside a JVM exception's text.

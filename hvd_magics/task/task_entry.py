@@ -1,4 +1,4 @@
-"""The function Spark runs in each barrier task, shipped by value.
+"""The functions Spark runs in each barrier task, shipped by value.
 
 It must run on an executor whose Python lacks hvd_magics (or one of its dependencies) too: then it
 still takes part in the barrier's ``allGather`` (so no task waits forever) and returns the import
@@ -33,3 +33,12 @@ def guarded_barrier_task(spec_blob: bytes, rows):  # noqa: ANN001, ANN201 - runs
                           "traceback": detail})
         return
     yield from barrier_task(spec, rows)
+
+
+def arrow_barrier_task(spec_blob: bytes, batches):  # noqa: ANN001, ANN201 - runs on executors
+    """The task as a ``DataFrame.mapInArrow(..., barrier=True)`` function: one ``status`` string
+    row out per task (the same JSON line as :func:`guarded_barrier_task`)."""
+    import pyarrow as pa
+
+    for line in guarded_barrier_task(spec_blob, batches):
+        yield pa.RecordBatch.from_pydict({"status": [line]})

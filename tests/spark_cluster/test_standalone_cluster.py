@@ -66,20 +66,47 @@ def test_a_lost_executor_is_named_first_with_its_rank(cluster_spark, tmp_path):
     assert rank_processes_alive(last_run().pids.values()) == []
 
 
-def test_executors_without_our_packages_get_the_cause_and_the_fix(cluster_spark):
+def _arrow_only_python(folder) -> str:
+    """An interpreter with pyarrow and numpy but none of hvd_magics' packages."""
+    import os
+    import sys
+
+    import numpy
+    import pyarrow
+
+    lib = folder / "lib"
+    lib.mkdir()
+    for module in (pyarrow, numpy):
+        root = os.path.dirname(module.__file__)
+        (lib / os.path.basename(root)).symlink_to(root)
+        libs = root + ".libs"
+        if os.path.isdir(libs):
+            (lib / os.path.basename(libs)).symlink_to(libs)
+    script = folder / "python3"
+    script.write_text(f'#!/bin/sh\nPYTHONPATH="{lib}:$PYTHONPATH" exec {sys._base_executable} -S "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.parametrize("python, cause", [
+    ("bare", "No module named 'pyarrow'"),  # Spark's Arrow task itself cannot run
+    ("arrow_only", "cannot import hvd_magics: ModuleNotFoundError"),  # our guarded task reports
+])
+def test_executors_without_our_packages_get_the_cause_and_the_fix(cluster_spark, tmp_path,
+                                                                   python, cause):
     """Regression: 15 lines of JVM stack, the cause (No module named ...) only in the log."""
     import sys
 
     sc = cluster_spark.sparkContext
     saved = sc.pythonExec
-    sc.pythonExec = sys._base_executable  # an interpreter without psutil or hvd_magics
+    sc.pythonExec = sys._base_executable if python == "bare" else _arrow_only_python(tmp_path)
     try:
         with pytest.raises(HorovodJobError) as info:
             HorovodRunner(np=2).run(jobs.print_lines, count=1)
     finally:
         sc.pythonExec = saved
     text = str(info.value)
-    assert "cannot import hvd_magics" in text and "ModuleNotFoundError" in text
-    assert "Fix: install hvd_magics, horovod and the frameworks on every executor" in text
+    assert cause in text, text
+    assert "Fix: install hvd_magics, horovod, pyarrow and the frameworks on every executor" in text
     assert "\tat " not in text and "py4j" not in text
     assert HorovodRunner(np=2).run(jobs.print_lines, count=1) == 0
