@@ -232,7 +232,6 @@ def rank_return_value(size_mb: float):
 def start_children():
     """Each rank starts a long-lived child (one that shares its stdout); returns their pids."""
     import subprocess
-    import sys
 
     import horovod.torch as hvd
 

@@ -8,7 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from hvd_magics import HorovodJobError, HorovodRunner, last_run

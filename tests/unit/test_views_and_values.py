@@ -1,6 +1,5 @@
 """Synthetic events through the text and widget views; result values; noise; GPU mapping."""
 import io
-import pickle
 import sys
 import time
 from pathlib import Path
