@@ -78,7 +78,7 @@ pip_logged() {
 install_frameworks() {
   say "installing the frameworks (pinned in constraints.txt)"
   pip_logged frameworks install -c "$ROOT/constraints.txt" \
-    tensorflow-cpu tf-keras torch pyspark cmake psutil pyyaml packaging cloudpickle
+    tensorflow-cpu tf-keras torch "pyspark[connect]" cmake psutil pyyaml packaging cloudpickle
 }
 
 install_project() {

@@ -255,13 +255,9 @@ MISSING_PACKAGES_FIX = (
     "SparkSession again.")
 
 
-#: The Python traceback inside a JVM exception's text.
-_PYTHON_TRACEBACK = re.compile(r"PythonException:\s*(Traceback \(most recent call last\):.*?)"
-                               r"(?:\n\s*\n|\n\tat |\Z)", re.S)
-_PYTHON_ERROR = re.compile(r"PythonException:\s*\n?\s*An exception was thrown from the Python "
-                           r"worker\. Please see the stack trace below\.\s*(Traceback.*?)"
-                           r"(?:\n\s*\n|\n\tat |\Z)", re.S)
 _EXECUTOR_LOST = re.compile(r"ExecutorLostFailure \(([^)]*)\)(?:\s*Reason: ([^\n]*))?")
+#: Where the Python traceback inside a JVM exception's text ends (pyspark 4.0 and 4.3 forms).
+_TRACEBACK_ENDS = ("\n\tat ", "\nJVM stacktrace", "\n\n\n")
 #: Lines of a Python traceback from an executor that are shown.
 TRACEBACK_LINES = 15
 
@@ -274,18 +270,27 @@ def executor_lost_reason(text: str) -> str | None:
     return f"{match.group(1)}" + (f": {match.group(2).strip()}" if match.group(2) else "")
 
 
+def python_traceback(text: str) -> str | None:
+    """The executor's Python traceback inside a Spark (JVM) error's text, or ``None``."""
+    start = text.find("PythonException")
+    start = text.find("Traceback (most recent call last):", max(start, 0)) if start >= 0 else -1
+    if start < 0:
+        return None
+    ends = [i for i in (text.find(marker, start) for marker in _TRACEBACK_ENDS) if i >= 0]
+    return text[start:min(ends, default=len(text))].rstrip()
+
+
 def spark_error_text(exc: BaseException) -> str:
     """A Spark-side failure as a user should see it: the executor's Python traceback when there
     is one, else the Spark message's own lines without JVM frames."""
     text = str(exc)
-    for pattern in (_PYTHON_ERROR, _PYTHON_TRACEBACK):
-        match = pattern.search(text)
-        if match:
-            lines = match.group(1).rstrip().splitlines()
-            shown = lines[-TRACEBACK_LINES:]
-            if len(lines) > len(shown):
-                shown = [lines[0], "  ..."] + shown
-            return "the executor's Python failed:\n" + "\n".join(shown)
+    traceback_text = python_traceback(text)
+    if traceback_text:
+        lines = [ln for ln in traceback_text.splitlines() if ln.strip()]
+        shown = lines[-TRACEBACK_LINES:]
+        if len(lines) > len(shown):
+            shown = [lines[0], "  ..."] + shown
+        return "the executor's Python failed:\n" + "\n".join(shown)
     lost = executor_lost_reason(text)
     if lost:
         return f"an executor was lost ({lost})"

@@ -4,6 +4,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from hvd_magics.launch.spark_backend import spark_error_text
 from tests.conftest import ROOT
 
@@ -73,10 +75,33 @@ PY4J_TEXT = (
     "\tat py4j.Gateway.invoke(Gateway.java:282)\n")
 
 
-def test_spark_failures_show_the_executors_python_error_not_jvm_frames():
-    text = spark_error_text(RuntimeError(PY4J_TEXT))
-    assert text.endswith("ModuleNotFoundError: No module named 'psutil'")
-    assert "\tat " not in text and "py4j" not in text and "Gateway" not in text
+PY4J_TEXT_43 = (  # pyspark 4.3's form: [PYTHON_EXCEPTION], then JVM stacktrace after a marker
+    "An error occurred while calling o115.collectToPython.\n"
+    ": org.apache.spark.SparkException: Job aborted due to stage failure: Could not recover from "
+    "a failed barrier ResultStage.\n"
+    "org.apache.spark.api.python.PythonException: [PYTHON_EXCEPTION] An exception was thrown "
+    "from the Python worker: Traceback (most recent call last):\n"
+    '  File "/x/pyspark.zip/pyspark/worker.py", line 4207, in invoke_udf\n'
+    "    func, profiler, deserializer, serializer = read_udfs(\n"
+    "                                               ^^^^^^^^^^\n"
+    "\n"
+    '  File "/x/pyspark.zip/pyspark/sql/pandas/types.py", line 93, in to_arrow_type\n'
+    "    import pyarrow as pa\n"
+    "ModuleNotFoundError: No module named 'pyarrow'\n"
+    "\n"
+    "JVM stacktrace:\n"
+    "org.apache.spark.SparkException\n"
+    "\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException\n")
+
+
+@pytest.mark.parametrize("jvm_text, last_line", [
+    (PY4J_TEXT, "ModuleNotFoundError: No module named 'psutil'"),
+    (PY4J_TEXT_43, "ModuleNotFoundError: No module named 'pyarrow'"),
+])
+def test_spark_failures_show_the_executors_python_error_not_jvm_frames(jvm_text, last_line):
+    text = spark_error_text(RuntimeError(jvm_text))
+    assert text.startswith("the executor's Python failed:\nTraceback") and text.endswith(last_line)
+    assert "\tat " not in text and "py4j" not in text and "JVM" not in text
     lost = spark_error_text(RuntimeError(
         "Job aborted due to stage failure: ExecutorLostFailure (executor 1 exited caused by one "
         "of the running tasks) Reason: Command exited with code 137\n\tat org.apache.Foo\n"))
