@@ -82,8 +82,12 @@ def _is_local(sc: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _workers_use(sc: Any, python: str) -> Iterator[None]:
-    """Python functions wrapped inside this block run in ``python`` on the executors."""
+def _workers_use(sc: Any, python: str | None) -> Iterator[None]:
+    """Python functions wrapped inside this block run in ``python`` on the executors (nothing
+    changes without a SparkContext: a Connect server chooses its own)."""
+    if sc is None:
+        yield
+        return
     saved = sc.pythonExec
     sc.pythonExec = python
     try:
@@ -92,13 +96,15 @@ def _workers_use(sc: Any, python: str) -> Iterator[None]:
         sc.pythonExec = saved
 
 
-def worker_python(sc: Any) -> str:
+def worker_python(sc: Any) -> str | None:
     """The interpreter our barrier tasks run in.
 
     A local master's executors run on this machine, so they use this very interpreter (which has
     hvd_magics): a session started without ``PYSPARK_PYTHON`` would otherwise give them the
     system's ``python3``. On a cluster, the session's own choice stands.
     """
+    if sc is None:
+        return None
     return sys.executable if _is_local(sc) else sc.pythonExec
 
 
@@ -154,13 +160,20 @@ def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S) -> None:
         f"add executors or cores, or use np=-{np} to run all ranks on the driver.")
 
 
-def _driver_address(sc: Any) -> str:
-    host = sc.getConf().get("spark.driver.host") or socket.gethostname()
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no SparkContext, no RDDs)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def _driver_address(spark: Any) -> str:
+    """The driver's address as executors reach it (the notebook's, for a classic session)."""
+    host = spark.conf.get("spark.driver.host", None) or socket.gethostname()
     return socket.gethostbyname(host)
 
 
 class SparkBackend:
-    """Submit the barrier stage in a background thread; cancel it by job group.
+    """Submit the barrier stage in a background thread; cancel it by job group (a tag on a
+    Spark Connect session).
 
     Parameters
     ----------
@@ -174,10 +187,12 @@ class SparkBackend:
 
     def __init__(self, spark: Any, np: int, env: dict[str, str]) -> None:
         self.spark = spark
-        self.sc = spark.sparkContext
+        self.connect = is_connect(spark)
+        self.sc = None if self.connect else spark.sparkContext
         self.np = np
         self.env = env
-        self.where = f"spark {self.sc.master}"
+        master = spark.conf.get("spark.master", "?") if self.connect else self.sc.master
+        self.where = f"spark {master}" + (" (Connect)" if self.connect else "")
         self.error: BaseException | None = None
         #: What each task returned through Spark (one JSON line each), once the job ended.
         self.results: list[dict[str, Any]] = []
@@ -186,20 +201,28 @@ class SparkBackend:
         self._group = ""
 
     def start(self, payload: bytes, job_id: str, events: queue.Queue) -> None:
-        """Check the slots, open the event channel and submit the stage."""
-        check_slots(self.sc, self.np)
-        self._server = EventServer(_driver_address(self.sc), job_id, events)
+        """Check the slots, open the event channel and submit the stage.
+
+        (A Connect session cannot count its slots: there the start timeout says when the
+        cluster is too small.)"""
+        if self.sc is not None:
+            check_slots(self.sc, self.np)
+        self._server = EventServer(_driver_address(self.spark), job_id, events)
         self._group = f"hvd_magics-{job_id}"
         spec = TaskSpec(payload, self._server.address, self.env)
         from pyspark import InheritableThread
 
-        self._thread = InheritableThread(target=self._collect, args=(spec,), daemon=True)
+        self._thread = InheritableThread(target=self._collect, args=(spec,), daemon=True,
+                                         **({"session": self.spark} if self.connect else {}))
         self._thread.start()
 
     def _collect(self, spec: TaskSpec) -> None:
         try:
-            self.sc.setJobGroup(self._group, f"hvd_magics Horovod job, {self.np} ranks",
-                                interruptOnCancel=True)
+            if self.connect:
+                self.spark.addTag(self._group)  # this thread's operations carry the tag
+            else:
+                self.sc.setJobGroup(self._group, f"hvd_magics Horovod job, {self.np} ranks",
+                                    interruptOnCancel=True)
             # One barrier stage through the DataFrame API: np partitions, one task each.
             ranks = self.spark.range(0, self.np, 1, self.np)
             with _workers_use(self.sc, worker_python(self.sc)):  # the UDF is wrapped here
@@ -223,7 +246,10 @@ class SparkBackend:
         if self._server is not None:
             self._server.close()
         if self._group and not self.finished:
-            self.sc.cancelJobGroup(self._group)
+            if self.connect:
+                self.spark.interruptTag(self._group)
+            else:
+                self.sc.cancelJobGroup(self._group)
 
     def join(self, timeout: float) -> bool:
         """Wait for the Spark job to end; ``True`` when it did."""

@@ -1,0 +1,61 @@
+"""A local Spark Connect session (pyspark starts the Connect server): no SparkContext, no RDDs.
+
+Run in a subprocess: a Connect server runs a SparkContext of its own in the process that starts
+it, which cannot live beside the other tests' classic session.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+from tests.conftest import ROOT
+
+CONNECT_SCRIPT = textwrap.dedent('''
+    import sys
+    sys.path.insert(0, {root!r})
+    import cloudpickle
+    from tests import jobs
+    cloudpickle.register_pickle_by_value(jobs)
+    from pyspark.sql import SparkSession
+    spark = SparkSession.builder.remote("local[2]").getOrCreate()
+    from hvd_magics import HorovodJobError, HorovodRunner, last_run
+    result = HorovodRunner(np=2).run(jobs.torch_allreduce)
+    print("sums", [r["sum"] for r in result], "where", last_run().where)
+    try:
+        HorovodRunner(np=2).run(jobs.fail_on_rank, bad_rank=1, how="raise")
+    except HorovodJobError as exc:
+        print("error", exc.failures[0].headline())
+    print("again", HorovodRunner(np=2).run(jobs.print_lines, count=1))
+    import os, signal, threading, time
+    from hvd_magics import JobInterrupted
+    pid_file = {pid_file!r}
+    def interrupt_when_running():
+        while not all(os.path.exists(f"{{pid_file}}.{{r}}") for r in (0, 1)):
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=interrupt_when_running, daemon=True).start()
+    try:
+        HorovodRunner(np=2).run(jobs.start_children_and_wait, pid_file=pid_file)
+    except JobInterrupted as exc:
+        print("interrupted", exc)
+    children = [int(open(f"{{pid_file}}.{{r}}").read()) for r in (0, 1)]
+    print("children left", [c for c in children if os.path.exists(f"/proc/{{c}}")
+                            and open(f"/proc/{{c}}/stat").read().split()[2] != "Z"])
+    print("after", HorovodRunner(np=2).run(jobs.print_lines, count=1))
+    spark.stop()
+''')
+
+
+def test_jobs_run_on_a_spark_connect_session(tmp_path):
+    # A Connect server's Python workers use PYSPARK_PYTHON as the server saw it at start
+    # (spark.pyspark.python cannot be changed on a running Connect session).
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    proc = subprocess.run([sys.executable, "-c", CONNECT_SCRIPT.format(root=str(ROOT), pid_file=str(tmp_path / "child"))], env=env,
+                          capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "sums [3.0, 3.0] where spark local[2] (Connect)" in proc.stdout, proc.stdout
+    assert "error rank 1 on" in proc.stdout and "ValueError: boom from rank 1" in proc.stdout
+    assert "again 0" in proc.stdout
+    # an interrupt cancels the job by its tag, kills the ranks and what they started
+    assert "interrupted stopped 2 rank processes and cancelled Spark job group" in proc.stdout
+    assert "children left []" in proc.stdout and "after 0" in proc.stdout
