@@ -50,8 +50,7 @@ class TextView:
             maxlen=MAX_LINES_PER_FLUSH // 2)
         self._dropped = 0
         self._flushed = 0.0
-        self._partials: dict[int, str] = {}
-        self._partials_changed = False
+        self._partials_changed = False  # a rank's unfinished line (JobState keeps it) moved
         self._open_rank: int | None = None  # whose progress bar is on screen, unfinished
         self._open_len = 0
         self._stalled: dict[int, float] = {}
@@ -75,11 +74,8 @@ class TextView:
     def on_event(self, job: JobState, event: dict[str, Any]) -> None:
         rank, kind = event["rank"], event["kind"]
         if kind == OUTPUT_PARTIAL and self.verbosity != VERBOSITY_LOG_CALLBACK_ONLY:
-            self._partials[rank] = display_line(event.get("text", ""), 300)
             self._partials_changed = True
             return
-        if kind == OUTPUT:
-            self._partials.pop(rank, None)
         for line in self._lines_of(event):
             self._add(rank, display_line(line))
 
@@ -120,9 +116,10 @@ class TextView:
             out.append(self._complete(job, rank, line))
         self._head, self._dropped = [], 0
         self._tail.clear()
-        if self._partials_changed and self._partials:
-            rank = min(self._partials)
-            text = f"{self._prefix(job, rank)} {self._partials[rank]}"
+        live = [r for r in job.ranks if r.partial]
+        if self._partials_changed and live:
+            rank = live[0].rank
+            text = f"{self._prefix(job, rank)} {display_line(live[0].partial, 300)}"
             out.append("\r" + text.ljust(self._open_len))
             self._open_rank, self._open_len = rank, len(text)
         self._partials_changed = False
@@ -142,7 +139,7 @@ class TextView:
         return f"{lead}{text}\n"
 
     def on_end(self, job: JobState) -> None:
-        self._partials.clear()
+        self._partials_changed = False  # a bar left unfinished is not redrawn at the end
         self._flush(job)
         if self._open_rank is not None:
             (self._stream or sys.stdout).write("\n")

@@ -82,30 +82,23 @@ def _is_local(sc: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _workers_use(sc: Any, python: str | None) -> Iterator[None]:
-    """Python functions wrapped inside this block run in ``python`` on the executors (nothing
-    changes without a SparkContext: a Connect server chooses its own)."""
-    if sc is None:
+def local_workers_use_this_python(sc: Any) -> Iterator[None]:
+    """Python functions wrapped inside this block run in this very interpreter (which has
+    hvd_magics) when the executors run on this machine.
+
+    A local master's session started without ``PYSPARK_PYTHON`` would otherwise give them the
+    system's ``python3``. On a cluster the session's own choice stands; a Connect session
+    (``sc`` is ``None``) chooses on its server.
+    """
+    if sc is None or not _is_local(sc):
         yield
         return
     saved = sc.pythonExec
-    sc.pythonExec = python
+    sc.pythonExec = sys.executable
     try:
         yield
     finally:
         sc.pythonExec = saved
-
-
-def worker_python(sc: Any) -> str | None:
-    """The interpreter our barrier tasks run in.
-
-    A local master's executors run on this machine, so they use this very interpreter (which has
-    hvd_magics): a session started without ``PYSPARK_PYTHON`` would otherwise give them the
-    system's ``python3``. On a cluster, the session's own choice stands.
-    """
-    if sc is None:
-        return None
-    return sys.executable if _is_local(sc) else sc.pythonExec
 
 
 #: The one column each barrier task returns (a JSON status line).
@@ -225,7 +218,7 @@ class SparkBackend:
                                     interruptOnCancel=True)
             # One barrier stage through the DataFrame API: np partitions, one task each.
             ranks = self.spark.range(0, self.np, 1, self.np)
-            with _workers_use(self.sc, worker_python(self.sc)):  # the UDF is wrapped here
+            with local_workers_use_this_python(self.sc):  # the UDF is wrapped here
                 tasks = ranks.mapInArrow(barrier_function(spec), STATUS_SCHEMA, barrier=True)
             self.results = [json.loads(row.status) for row in tasks.collect()]
         except BaseException as exc:  # noqa: BLE001 - surfaced by the launcher
