@@ -11,7 +11,14 @@ OUTPUT_TAIL_LINES = 20
 
 class HorovodMagicsError(Exception):
     """Base of every error hvd_magics raises (but :class:`JobInterrupted`, a
-    ``KeyboardInterrupt``): catch it to catch them all."""
+    ``KeyboardInterrupt``): catch it to catch them all.
+
+    Its message says what went wrong and the fix, so IPython shows that line, not a traceback
+    through hvd_magics (subclasses with more to show render more).
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
 
 
 class CellError(HorovodMagicsError, ValueError):

@@ -24,6 +24,9 @@ from hvd_magics.task.spark_task import TaskSpec
 
 #: How long to wait for executors to register before saying the cluster is too small.
 SLOT_WAIT_S = 5.0
+#: After the channel closed (its supervisors kill their ranks), how long the stage may take to
+#: end by itself before it is cancelled.
+CANCEL_AFTER_S = 3.0
 
 
 def active_session() -> Any | None:
@@ -235,9 +238,14 @@ class SparkBackend:
         return self._server is None or self._server.open_connections == 0
 
     def stop(self) -> None:
-        """Stop every rank: close the channel (supervisors kill their ranks), cancel the stage."""
+        """Stop every rank: close the channel (supervisors kill their ranks and their tasks
+        return), and cancel the stage only if it has not ended by itself within
+        ``CANCEL_AFTER_S`` (a cancelled stage makes Spark warn of killed tasks in the user's
+        next cells)."""
         if self._server is not None:
             self._server.close()
+        if self._thread is not None:
+            self._thread.join(CANCEL_AFTER_S)
         if self._group and not self.finished:
             if self.connect:
                 self.spark.interruptTag(self._group)

@@ -41,7 +41,12 @@ def test_a_failing_rank_ends_the_spark_job(local_spark, how):
     assert info.value.failures[0].rank == 1
     record = last_run()
     assert rank_processes_alive(record.pids.values()) == []
-    assert local_spark.sparkContext.statusTracker().getActiveJobsIds() == []
+    tracker = local_spark.sparkContext.statusTracker()
+    assert tracker.getActiveJobsIds() == []
+    # the stage ended by itself once its ranks were stopped: no cancelled job, so Spark does not
+    # warn of killed tasks in the user's next cells
+    spark_jobs = tracker.getJobIdsForGroup(f"hvd_magics-{record.job_id}")
+    assert [tracker.getJobInfo(j).status for j in spark_jobs] == ["SUCCEEDED"]
     assert HorovodRunner(np=2).run(jobs.print_lines, count=2) == 0
 
 

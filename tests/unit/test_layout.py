@@ -41,6 +41,9 @@ def test_every_error_is_a_horovod_magics_error():
                  "CellError", "ResultDecodeError"):
         assert issubclass(getattr(errors, name), errors.HorovodMagicsError), name
     assert issubclass(errors.JobInterrupted, KeyboardInterrupt)
+    # a user mistake renders as its one line in IPython, not a traceback through hvd_magics
+    slots = errors.NotEnoughSlotsError("np=9 needs 9 free Spark task slots. Fix: use np<=2")
+    assert slots._render_traceback_() == [f"NotEnoughSlotsError: {slots}"]
     assert set(hvd_magics.__all__) >= {"HorovodRunner", "HorovodMagicsError", "progress"}
 
 
