@@ -32,6 +32,7 @@ EPOCH_BEGIN = "epoch_begin"
 PROGRESS = "progress"
 EPOCH_END = "epoch_end"
 # -- sent by the supervisor -------------------------------------------------------------------
+SHARDING = "sharding"
 TASK_STARTED = "task_started"
 TASK_ERROR = "task_error"
 OUTPUT = "output"
@@ -55,8 +56,11 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
               "progress within an epoch (at most 4 a second)"),
     EventKind(EPOCH_END, "rank", ("epoch", "epochs", "duration", "samples", "metrics"),
               "an epoch ended"),
-    EventKind(TASK_STARTED, "supervisor", ("partition", "hostname", "local_rank", "pid"),
-              "the Spark task (or driver slot) got its rank and starts the process"),
+    EventKind(SHARDING, "supervisor", ("partition", "hostname"),
+              "the Spark task receives its slices of the job's DataFrames (its data arrives)"),
+    EventKind(TASK_STARTED, "supervisor", ("partition", "hostname", "local_rank", "pid", "shards"),
+              "the Spark task (or driver slot) got its rank and starts the process; shards: "
+              "per DataFrame its name, rows, bytes and seconds spent writing it"),
     EventKind(TASK_ERROR, "supervisor", ("traceback",), "the supervisor itself failed"),
     EventKind(OUTPUT, "supervisor", ("lines",), "complete lines of the rank's stdout/stderr"),
     EventKind(OUTPUT_PARTIAL, "supervisor", ("text",),
@@ -73,6 +77,8 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
 # -- environment variables the driver side sets (or reads) for ranks --------------------------
 #: The file descriptor of the pipe a rank writes its events to.
 ENV_EVENT_FD = "HVD_MAGICS_EVENT_FD"
+#: JSON list of the rank's DataFrame shards: ``index``, ``name``, ``path``, ``rows_per_rank``.
+ENV_SHARDS = "HVD_MAGICS_SHARDS"
 #: Asks a rank's supervisor to record a Horovod Timeline and send it back (rank 0).
 ENV_WANT_TIMELINE = "HVD_MAGICS_TIMELINE"
 #: ``0`` turns off the progress callback added to every Keras ``Model.fit``.

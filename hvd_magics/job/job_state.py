@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from hvd_magics.job.epoch_timing import EPOCH_LINE, EpochTimer
 from hvd_magics.errors import OUTPUT_TAIL_LINES, RankFailure
 from hvd_magics.protocol import (CHANNEL_CLOSED, EPOCH_BEGIN, EPOCH_END, ERROR, EXIT, OUTPUT,
-                                 OUTPUT_PARTIAL, PROGRESS, RESULT, STARTED, TASK_ERROR,
+                                 OUTPUT_PARTIAL, PROGRESS, RESULT, SHARDING, STARTED, TASK_ERROR,
                                  TASK_STARTED, TIMELINE_CHUNK, TIMELINE_LOCAL)
 from hvd_magics.job.noise import is_noise
 
@@ -21,7 +21,8 @@ _PEER_LOST = ("HorovodInternalError", "Horovod has been shut down", "Connection 
               "Connection closed by peer")
 
 #: Rank states, in the order a healthy rank goes through them.
-WAITING, STARTING, RUNNING, DONE, FAILED = "waiting", "starting", "running", "done", "failed"
+WAITING, SHARDING_DATA, STARTING, RUNNING, DONE, FAILED = (
+    "waiting", "sharding", "starting", "running", "done", "failed")
 #: A running rank silent for this long is shown as stalled.
 STALL_AFTER_S = 60.0
 #: Characters of one output line kept in memory for display (the log file has every line whole).
@@ -68,6 +69,7 @@ class RankState:
     metrics: dict[str, float] = field(default_factory=dict)
     samples_per_s: float | None = None
     partial: str = ""
+    shards: list[dict[str, Any]] = field(default_factory=list)
     reports_epochs: bool = False
     last_seen: float = field(default_factory=time.monotonic)
     tail: collections.deque = field(
@@ -131,6 +133,8 @@ class JobState:
         self.timeline_dest: Path | None = None
         self._timeline_file: Any = None
         self._timeline_local: str | None = None
+        #: When the first Spark task began receiving the job's DataFrame slices.
+        self.data_arrived_at: float | None = None
 
     def handle(self, event: dict[str, Any]) -> None:
         """Apply one event (dispatched on its kind through :attr:`_HANDLERS`)."""
@@ -171,8 +175,14 @@ class JobState:
                           "executor was lost or killed")
             state.state = FAILED
 
+    def _on_sharding(self, state: RankState, event: dict[str, Any]) -> None:
+        state.state = SHARDING_DATA
+        if self.data_arrived_at is None:
+            self.data_arrived_at = event["recv"]
+
     def _on_task_started(self, state: RankState, event: dict[str, Any]) -> None:
         state.state = STARTING
+        state.shards = list(event.get("shards") or [])
 
     def _on_started(self, state: RankState, event: dict[str, Any]) -> None:
         state.state = RUNNING
@@ -212,7 +222,8 @@ class JobState:
     #: Event kind -> how it changes the job (``log`` changes nothing here: views show it).
     _HANDLERS = {
         OUTPUT: _on_output, OUTPUT_PARTIAL: _on_output_partial,
-        CHANNEL_CLOSED: _on_channel_closed, TASK_STARTED: _on_task_started,
+        CHANNEL_CLOSED: _on_channel_closed, SHARDING: _on_sharding,
+        TASK_STARTED: _on_task_started,
         STARTED: _on_started, ERROR: _on_error, TASK_ERROR: _on_task_error, RESULT: _on_result,
         TIMELINE_LOCAL: _on_timeline_local, TIMELINE_CHUNK: _on_timeline_chunk,
         EPOCH_BEGIN: _on_progress, PROGRESS: _on_progress, EPOCH_END: _on_progress, EXIT: _on_exit,
@@ -252,6 +263,19 @@ class JobState:
     @property
     def any_failed(self) -> bool:
         return any(r.failed for r in self.ranks)
+
+    def shard_summary(self) -> list[dict[str, Any]]:
+        """Per DataFrame: its name, rows per rank, bytes and seconds spent writing the shards."""
+        by_source: dict[int, dict[str, Any]] = {}
+        for state in self.ranks:
+            for shard in state.shards:
+                entry = by_source.setdefault(shard["source"], {
+                    "name": shard["name"], "rows_per_rank": [0] * self.size, "bytes": 0,
+                    "write_s": 0.0})
+                entry["rows_per_rank"][state.rank] = shard["rows"]
+                entry["bytes"] += shard["bytes"]
+                entry["write_s"] = max(entry["write_s"], shard["write_s"])
+        return [by_source[k] for k in sorted(by_source)]
 
     def failures(self) -> list[RankFailure]:
         """Failed ranks, root causes first (a rank that lost its peer comes after), then by time."""

@@ -37,6 +37,10 @@ class RunRecord:
         The driver-side file with every line of every rank.
     timeline_path : str or None
         The Horovod Timeline file on the driver, when one was recorded.
+    shards : list of dict
+        Per DataFrame the job read: ``name``, ``rows_per_rank`` (rank order), ``bytes`` (Arrow
+        bytes of all shards) and ``write_s`` (the longest time a task spent writing its shard to
+        local disk).
     """
 
     job_id: str
@@ -53,6 +57,7 @@ class RunRecord:
     epochs: list[dict[str, Any]] = field(default_factory=list)
     log_path: str = ""
     timeline_path: str | None = None
+    shards: list[dict[str, Any]] = field(default_factory=list)
     error: str = ""
     startup_s: float | None = None
     training_s: float | None = None
@@ -85,6 +90,7 @@ class RunRecord:
             rows.append(("returned", ", ".join(self.returned)))
         if self.value is not None:
             rows.append(("value", _short(repr(self.value))))
+        rows.extend((f"data {s['name']}", describe_shards(s)) for s in self.shards)
         if self.startup_s is not None:
             rows.append(("start-up", f"{self.startup_s:.2f} s (launch, imports, init)"))
         if self.training_s is not None:
@@ -118,6 +124,15 @@ class RunRecord:
 
     def _epochs_html(self) -> str:
         return f"<b>epoch timing</b>{format_html_table(self.epochs)}" if self.epochs else ""
+
+
+def describe_shards(shard: dict[str, Any]) -> str:
+    """``"5,000 rows as 2,500 + 2,500 (rank 0 + 1), 31.4 MB, written in 0.12 s"``."""
+    counts = shard["rows_per_rank"]
+    split = " + ".join(f"{c:,}" for c in counts) if len(counts) <= 8 else (
+        f"{min(counts):,} to {max(counts):,} per rank")
+    return (f"{sum(counts):,} rows as {split} per rank, {shard['bytes'] / 1e6:,.1f} MB, "
+            f"written to local disk in {shard['write_s']:.2f} s")
 
 
 def _short(text: str, limit: int = 120) -> str:

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from hvd_magics.launch.driver_backend import DriverBackend
-from hvd_magics.errors import HorovodJobError, JobInterrupted, StartTimeoutError
+from hvd_magics.errors import HorovodJobError, JobInterrupted, PayloadError, StartTimeoutError
 from hvd_magics.job.job_state import LOST, JobState, JobView
-from hvd_magics.notebook.payload import serialize_job
+from hvd_magics.launch.dataframe_input import DataFrameSources, check_columns, common_session
+from hvd_magics.notebook.payload import JobPayload, serialize_job
 from hvd_magics.protocol import ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE, RANK_MODULE
 from hvd_magics.result_codec import VALUE, ResultDecodeError, decode_strict
 from hvd_magics.job.run_record import RunRecord
@@ -116,10 +117,15 @@ class HorovodRunner:
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return what it returned on rank 0.
 
+        A Spark DataFrame among ``kwargs`` (or among the globals ``main`` uses) arrives on each
+        rank as its :class:`hvd_magics.rank.shard.Shard`: the rows that rank trains on, read
+        from a local file its Spark task wrote. The driver never collects the DataFrame.
+
         Raises
         ------
         PayloadError
-            When ``main`` or an argument cannot be pickled (before anything starts).
+            When ``main`` or an argument cannot be pickled, or a DataFrame has a column its
+            shard cannot give as arrays (before anything starts).
         NotEnoughSlotsError
             When the cluster has fewer free task slots than ``np``.
         HorovodJobError
@@ -130,7 +136,7 @@ class HorovodRunner:
         payload = serialize_job(main, kwargs)
         return self.run_payload(payload).value
 
-    def run_payload(self, payload: bytes, views: list[JobView] | None = None,
+    def run_payload(self, payload: JobPayload | bytes, views: list[JobView] | None = None,
                     decode: Decoder = decode_value) -> RunRecord:
         """Run an already serialised job; return its :class:`RunRecord` (used by the magics).
 
@@ -141,14 +147,24 @@ class HorovodRunner:
                       self.timeline, decode)
 
 
-def _make_backend(np: int, env: dict[str, str]) -> SparkBackend | DriverBackend:
+def _make_backend(np: int, env: dict[str, str], sources: DataFrameSources
+                  ) -> SparkBackend | DriverBackend:
+    if sources:
+        if np < 0:
+            raise PayloadError(
+                f"the job reads the DataFrame {sources.sources[0].name!r}, whose rows reach the "
+                "ranks through Spark tasks, but np<0 runs the ranks on the driver without "
+                f"Spark. Fix: use np={-np}.")
+        for source in sources:
+            check_columns(source)
+        return SparkBackend(common_session(sources), np, env, sources)
     if np < 0:
         return DriverBackend(-np, env)
     spark = active_session() or start_local_session(np)
     return SparkBackend(spark, np, env)
 
 
-def launch(payload: bytes, np: int, env: dict[str, str], start_timeout: float,
+def launch(payload: JobPayload | bytes, np: int, env: dict[str, str], start_timeout: float,
            views: list[JobView], timeline: Path | None = None,
            decode: Decoder = decode_value) -> RunRecord:
     """Run one job to its end and return its record; raise when it failed.
@@ -156,7 +172,9 @@ def launch(payload: bytes, np: int, env: dict[str, str], start_timeout: float,
     Whatever happens, the views are ended and the log is closed before this returns or raises.
     """
     job_id = uuid.uuid4().hex[:12]
-    backend = _make_backend(np, env)
+    if not isinstance(payload, JobPayload):
+        payload = JobPayload(payload)
+    backend = _make_backend(np, env, payload.sources)
     log_path = runs_dir() / job_id / "ranks.log"
     job = JobState(abs(np), log_path, views, backend.where)
     job.timeline_dest = timeline
@@ -165,7 +183,7 @@ def launch(payload: bytes, np: int, env: dict[str, str], start_timeout: float,
     events: queue.Queue = queue.Queue()
     clean = False
     try:
-        backend.start(payload, job_id, events)
+        backend.start(payload.blob, job_id, events)
         _watch(job, backend, events, start_timeout)
         clean = True
         try:
@@ -229,7 +247,10 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
             finished_since = now  # everything the ranks sent has arrived (or never will)
         if finished_since is not None and now - finished_since >= FAILURE_GRACE_S:
             break  # the job ended but some ranks never reported their exit
-        if not job.all_started and now - started > start_timeout:
+        # With DataFrames, the clock starts when their slices reach the tasks (after the
+        # user's Spark stages, which take what they take).
+        clock = job.data_arrived_at if backend.reads_data else started
+        if not job.all_started and clock is not None and now - clock > start_timeout:
             waiting = [r.rank for r in job.ranks if r.pid is None and not r.exited]
             raise StartTimeoutError(
                 f"Timed out after {start_timeout:.0f} s waiting for ranks {_ranks(waiting)} to "
@@ -264,6 +285,7 @@ def _finish(record: RunRecord, job: JobState) -> None:
     record.pids = {r.rank: r.pid for r in job.ranks if r.pid is not None}
     timeline = job.finish_timeline()
     record.timeline_path = str(timeline) if timeline else None
+    record.shards = job.shard_summary()
     record.epochs = job.timer.rows()
     split = job.timer.split(time.monotonic())
     record.startup_s, record.training_s = split["startup_s"], split["training_s"]

@@ -12,7 +12,8 @@ import html
 import time
 from typing import Any
 
-from hvd_magics.job.job_state import DONE, FAILED, RUNNING, STARTING, WAITING, JobState, display_line
+from hvd_magics.job.job_state import (DONE, FAILED, RUNNING, SHARDING_DATA, STARTING, WAITING,
+                                      JobState, display_line)
 from hvd_magics.job.noise import is_noise
 from hvd_magics.protocol import OUTPUT
 
@@ -24,9 +25,11 @@ LOG_LINES_KEPT = 500
 #: ...and once it ended (the dashboards of past runs stay in the kernel).
 LOG_LINES_KEPT_AFTER = 100
 
-_COLOURS = {WAITING: "#757575", STARTING: "#1565c0", RUNNING: "#1565c0", DONE: "#2e7d32",
+_COLOURS = {WAITING: "#757575", SHARDING_DATA: "#1565c0", STARTING: "#1565c0",
+            RUNNING: "#1565c0", DONE: "#2e7d32",
             FAILED: "#c62828", "stalled": "#ef6c00"}
-_STATE_LABELS = {WAITING: "waiting for slot", STARTING: "starting", RUNNING: "running",
+_STATE_LABELS = {WAITING: "waiting for slot", SHARDING_DATA: "receiving data",
+                 STARTING: "starting", RUNNING: "running",
                  DONE: "done", FAILED: "failed"}
 
 

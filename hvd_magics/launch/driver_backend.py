@@ -59,6 +59,8 @@ class DriverBackend:
 
     #: Events go straight onto the queue: nothing is ever on its way once the ranks ended.
     drained = True
+    #: Ranks on the driver never read DataFrames.
+    reads_data = False
 
     def stop(self) -> None:
         """Kill every rank and its children."""

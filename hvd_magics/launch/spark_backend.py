@@ -20,6 +20,7 @@ import cloudpickle
 from hvd_magics.task import task_entry
 from hvd_magics.errors import NotEnoughSlotsError
 from hvd_magics.channel import EventServer
+from hvd_magics.launch.dataframe_input import DataFrameSources, sharded_input
 from hvd_magics.task.spark_task import TaskSpec
 
 #: How long to wait for executors to register before saying the cluster is too small.
@@ -179,10 +180,15 @@ class SparkBackend:
         Number of ranks (Spark tasks).
     env : dict
         Extra environment for the ranks.
+    sources : DataFrameSources, optional
+        The DataFrames the job reads (each rank gets its shard of each); without any, the
+        stage runs over ``spark.range(np)``.
     """
 
-    def __init__(self, spark: Any, np: int, env: dict[str, str]) -> None:
+    def __init__(self, spark: Any, np: int, env: dict[str, str],
+                 sources: DataFrameSources | None = None) -> None:
         self.spark = spark
+        self.sources = sources if sources is not None else DataFrameSources()
         self.connect = is_connect(spark)
         self.sc = None if self.connect else spark.sparkContext
         self.np = np
@@ -205,7 +211,8 @@ class SparkBackend:
             check_slots(self.sc, self.np)
         self._server = EventServer(_driver_address(self.spark), job_id, events)
         self._group = f"hvd_magics-{job_id}"
-        spec = TaskSpec(payload, self._server.address, self.env)
+        spec = TaskSpec(payload, self._server.address, self.env, job_id,
+                        {source.index: source.name for source in self.sources})
         from pyspark import InheritableThread
 
         self._thread = InheritableThread(target=self._collect, args=(spec,), daemon=True,
@@ -219,13 +226,21 @@ class SparkBackend:
             else:
                 self.sc.setJobGroup(self._group, f"hvd_magics Horovod job, {self.np} ranks",
                                     interruptOnCancel=True)
-            # One barrier stage through the DataFrame API: np partitions, one task each.
-            ranks = self.spark.range(0, self.np, 1, self.np)
-            with local_workers_use_this_python(self.sc):  # the UDF is wrapped here
-                tasks = ranks.mapInArrow(barrier_function(spec), STATUS_SCHEMA, barrier=True)
+            # One barrier stage through the DataFrame API: np partitions, one task each, over
+            # the slices of the job's DataFrames (or over nothing).
+            with local_workers_use_this_python(self.sc):  # the UDFs are wrapped here
+                function = barrier_function(spec)
+                ranks = (sharded_input(self.sources, self.np) if self.reads_data
+                         else self.spark.range(0, self.np, 1, self.np))
+                tasks = ranks.mapInArrow(function, STATUS_SCHEMA, barrier=True)
             self.results = [json.loads(row.status) for row in tasks.collect()]
         except BaseException as exc:  # noqa: BLE001 - surfaced by the launcher
             self.error = exc
+
+    @property
+    def reads_data(self) -> bool:
+        """Whether the job reads DataFrames (its tasks start after the user's Spark stages)."""
+        return len(self.sources) > 0
 
     @property
     def finished(self) -> bool:

@@ -19,7 +19,7 @@ from hvd_magics.job.session import SESSION
 from hvd_magics.job.timeline import COST_WARNING, summarize
 from hvd_magics.notebook.cell_capture import capture, unbound_return_names
 from hvd_magics.notebook.gpu_guard import driver_gpu_holders, driver_gpu_message
-from hvd_magics.notebook.payload import find_unshippable, serialize_job
+from hvd_magics.notebook.payload import JobPayload, find_unshippable, serialize_job
 from hvd_magics.rank.cell_runner import run_captured_cell
 from hvd_magics.result_codec import RETURN_PREFIX, VALUE, decode_guarded, decode_strict
 
@@ -129,7 +129,7 @@ class HorovodMagics(Magics):
                              f"cannot travel to the ranks: {reason}. Fix: create it inside the "
                              "cell instead.")
         try:
-            payload = serialize_job(run_captured_cell, {"cell": captured})
+            payload = serialize_job(run_captured_cell, {"cell": captured}, names=captured.values)
         except PayloadError as exc:
             raise UsageError(f"%%horovod: {exc}") from None
         timeline = SESSION.timeline
@@ -146,7 +146,7 @@ class HorovodMagics(Magics):
         display(record)  # the static summary: shown by exports, terminals and widget-less views
         return record.value
 
-    def _run(self, runner: HorovodRunner, payload: bytes, views: list, output: str | None
+    def _run(self, runner: HorovodRunner, payload: JobPayload, views: list, output: str | None
              ) -> RunRecord:
         try:
             record = runner.run_payload(payload, views, decode_cell_result)

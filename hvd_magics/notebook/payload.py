@@ -1,4 +1,10 @@
-"""Serialising what a job ships to its ranks, with errors that name what cannot travel."""
+"""Serialising what a job ships to its ranks, with errors that name what cannot travel.
+
+A Spark DataFrame among the values travels as a reference: the pickle calls
+:func:`hvd_magics.rank.shard.open_shard` on the rank, which gives that rank's shard of it; the
+DataFrame itself becomes a source of the job's barrier stage
+(:mod:`hvd_magics.launch.dataframe_input`).
+"""
 from __future__ import annotations
 
 import inspect
@@ -7,11 +13,14 @@ import socket
 import threading
 import types
 import warnings
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import cloudpickle
 
 from hvd_magics.errors import PayloadError
+from hvd_magics.launch.dataframe_input import DataFrameSources, is_dataframe, names_by_id
+from hvd_magics.rank.shard import open_shard
 
 #: A payload larger than this gets a warning with its size.
 LARGE_PAYLOAD_BYTES = 10 * 1024 * 1024
@@ -20,11 +29,40 @@ _LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
 _ADVICE = "create it inside the function (or the %%horovod cell) so that each rank makes its own"
 
 
+class _JobPickler(cloudpickle.CloudPickler):
+    """cloudpickle, with every Spark DataFrame pickled as its rank's shard."""
+
+    def __init__(self, file: io.BytesIO, sources: DataFrameSources) -> None:
+        super().__init__(file)
+        self.sources = sources
+
+    def reducer_override(self, obj: Any) -> Any:
+        if is_dataframe(obj):
+            return open_shard, (self.sources.index_of(obj),)
+        return super().reducer_override(obj)
+
+
+def dumps(value: Any, sources: DataFrameSources | None = None) -> bytes:
+    """Pickle ``value`` for a rank; the DataFrames in it are added to ``sources``."""
+    buffer = io.BytesIO()
+    _JobPickler(buffer, sources if sources is not None else DataFrameSources()).dump(value)
+    return buffer.getvalue()
+
+
+@dataclass
+class JobPayload:
+    """What a job ships: the pickled ``(main, kwargs)`` and the DataFrames it reads."""
+
+    blob: bytes
+    sources: DataFrameSources = field(default_factory=DataFrameSources)
+
+
 def why_not_shippable(value: Any) -> str | None:
-    """Say why ``value`` cannot travel to a rank, or ``None`` when it can be pickled."""
+    """Say why ``value`` cannot travel to a rank, or ``None`` when it can be pickled (a Spark
+    DataFrame can: it arrives as the rank's shard)."""
     kind = f"{type(value).__module__}.{type(value).__qualname__}"
     if kind.startswith("pyspark.") and type(value).__name__ in (
-            "SparkSession", "SparkContext", "DataFrame", "RDD", "SQLContext"):
+            "SparkSession", "SparkContext", "RDD", "SQLContext"):
         return f"it is a {type(value).__name__}, which lives on the driver only"
     if isinstance(value, io.IOBase):
         return "it is an open file or stream"
@@ -35,7 +73,7 @@ def why_not_shippable(value: Any) -> str | None:
     if isinstance(value, types.GeneratorType):
         return "it is a generator (its position cannot be copied)"
     try:
-        cloudpickle.dumps(value)
+        dumps(value)
     except Exception as exc:  # noqa: BLE001 - any pickling failure is reported by name
         return f"it cannot be pickled ({type(exc).__name__}: {str(exc)[:200]})"
     return None
@@ -57,8 +95,12 @@ def _function_references(fn: Callable) -> dict[str, Any]:
     return {**refs.nonlocals, **refs.globals}
 
 
-def serialize_job(main: Callable, kwargs: Mapping[str, Any]) -> bytes:
+def serialize_job(main: Callable, kwargs: Mapping[str, Any],
+                  names: Mapping[str, Any] | None = None) -> JobPayload:
     """Pickle ``(main, kwargs)`` for the ranks.
+
+    ``names`` (default: ``kwargs`` and the globals ``main`` uses) name the DataFrames found, as
+    their shards show them.
 
     Raises
     ------
@@ -67,20 +109,23 @@ def serialize_job(main: Callable, kwargs: Mapping[str, Any]) -> bytes:
     """
     if not callable(main):
         raise PayloadError(f"main must be a function, got {type(main).__name__}")
+    references = {k: v for k, v in _function_references(main).items() if not inspect.ismodule(v)}
     culprit = find_unshippable({f"argument {k!r}": v for k, v in kwargs.items()})
     culprit = culprit or find_unshippable(
         {f"variable {k!r} used by {getattr(main, '__name__', 'main')}()": v
-         for k, v in _function_references(main).items() if not inspect.ismodule(v)})
+         for k, v in references.items()})
     if culprit is not None:
         name, reason = culprit
         raise PayloadError(f"Cannot ship {name} to the ranks: {reason}. Fix: {_ADVICE}.")
+    sources = DataFrameSources(names_by_id({**references, **kwargs} if names is None else names))
     try:
-        blob = cloudpickle.dumps((main, dict(kwargs)))
+        blob = dumps((main, dict(kwargs)), sources)
     except Exception as exc:  # noqa: BLE001
         raise PayloadError(f"Cannot pickle the job for the ranks: {type(exc).__name__}: {exc}. "
                            f"Fix: {_ADVICE}.") from exc
     if len(blob) > LARGE_PAYLOAD_BYTES:
         warnings.warn(
             f"The job ships {len(blob) / 1e6:.1f} MB to every rank; load large data inside the "
-            "function (from a file or table) instead of capturing it.", stacklevel=3)
-    return blob
+            "function (from a file or table, or pass a Spark DataFrame: each rank gets its "
+            "shard) instead of capturing it.", stacklevel=3)
+    return JobPayload(blob, sources)

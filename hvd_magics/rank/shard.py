@@ -6,12 +6,15 @@ the rank opens it memory-mapped, so the rows are read once and not copied into P
 and array columns as 2-D float arrays), pandas, batches of dicts, a ``tf.data.Dataset`` or a
 PyTorch ``DataLoader``.
 
-Every rank runs the same number of steps per epoch, derived from all ranks' row counts: the
-smallest shard's rows over the batch size, rounded up. A rank with more rows than that sees a
-different subset each epoch when it shuffles; without shuffling its last rows are left out. So no
-allreduce waits for a rank that ran out of data.
+Every rank runs the same number of steps per epoch, derived from all ranks' row counts, so no
+allreduce waits for a rank that ran out of data. Shards differ by a few rows at most; what
+happens to those is the ``remainder`` choice of :meth:`Shard.steps_per_epoch` (``"repeat"``: a
+smaller shard starts over to fill its last batch; ``"drop"``: only full batches of the smallest
+shard).
 
-(Part of the DataFrame data path; the Spark side that writes the files is the launch's job.)
+In a rank, a DataFrame the job's function or cell used arrives as its :class:`Shard`: the driver
+pickles it as a call to :func:`open_shard`, which reads the file the rank's Spark task wrote
+(:mod:`hvd_magics.task.shard_files`).
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+#: What :meth:`Shard.steps_per_epoch` does with the rows by which shards differ.
+REPEAT, DROP = "repeat", "drop"
 #: Arrow field names of an MLlib ``VectorUDT`` column (``type`` 0: sparse, 1: dense).
 _VECTOR_FIELDS = {"type", "size", "indices", "values"}
 
@@ -190,26 +195,59 @@ class Shard:
                 out[row, indices[row].values.to_numpy(zero_copy_only=False)] = row_values
         return out
 
-    def steps_per_epoch(self, batch_size: int) -> int:
-        """Batches every rank runs in one epoch: the smallest shard's rows over ``batch_size``,
-        rounded up (the same on every rank)."""
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        return math.ceil(min(self.rows_per_rank) / batch_size)
+    def steps_per_epoch(self, batch_size: int, remainder: str = REPEAT) -> int:
+        """Batches every rank runs in one epoch (the same on every rank).
+
+        ``remainder`` says what happens to the rows by which shards differ (a few at most):
+        ``"repeat"`` (the default) takes the largest shard's rows over ``batch_size``, rounded up,
+        and a smaller shard starts over to fill its last batches, so every row is seen every epoch
+        (as PyTorch's ``DistributedSampler`` does); ``"drop"`` takes only full batches of the
+        smallest shard, so the rows past them are left out of that epoch (with shuffling, other
+        rows each epoch).
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if remainder == REPEAT:
+            return math.ceil(max(self.rows_per_rank) / batch_size)
+        if remainder != DROP:
+            raise ValueError(f"remainder must be {REPEAT!r} or {DROP!r}, got {remainder!r}")
+        steps = min(self.rows_per_rank) // batch_size
+        if steps == 0:
+            raise ValueError(f"batch_size={batch_size} is larger than the smallest shard of "
+                             f"{self.name} ({min(self.rows_per_rank)} rows): with "
+                             "remainder='drop' no full batch is left. Use a smaller batch_size "
+                             "or fewer ranks.")
+        return steps
+
+    def rows_per_epoch(self, batch_size: int, remainder: str = REPEAT) -> int:
+        """Rows every rank goes through in one epoch (see :meth:`steps_per_epoch`)."""
+        steps = self.steps_per_epoch(batch_size, remainder)
+        return max(self.rows_per_rank) if remainder == REPEAT else steps * batch_size
+
+    def epoch_order(self, batch_size: int, shuffle: bool = False, seed: int | None = None,
+                    remainder: str = REPEAT) -> np.ndarray:
+        """The row indices of one epoch, in order (``rows_per_epoch`` of them)."""
+        wanted = self.rows_per_epoch(batch_size, remainder)
+        order = (np.random.default_rng(seed).permutation(len(self)) if shuffle
+                 else np.arange(len(self)))
+        if wanted > len(order):
+            order = np.tile(order, math.ceil(wanted / len(order)))
+        return order[:wanted]
 
     def batches(self, batch_size: int, shuffle: bool = False, seed: int | None = None,
-                columns: Sequence[str] | None = None) -> Iterator[dict[str, np.ndarray]]:
-        """One epoch of ``steps_per_epoch(batch_size)`` batches, each a dict of column arrays.
+                columns: Sequence[str] | None = None, remainder: str = REPEAT
+                ) -> Iterator[dict[str, np.ndarray]]:
+        """One epoch of ``steps_per_epoch(batch_size, remainder)`` batches, each a dict of
+        column arrays.
 
         ``shuffle`` permutes the rows (reproducibly with ``seed``: pass the epoch for a new
         order every epoch).
         """
         names = list(columns) if columns is not None else self.columns
         arrays = {name: self.to_numpy(name) for name in names}
-        order = (np.random.default_rng(seed).permutation(len(self)) if shuffle
-                 else np.arange(len(self)))
-        for step in range(self.steps_per_epoch(batch_size)):
-            rows = order[step * batch_size:(step + 1) * batch_size]
+        order = self.epoch_order(batch_size, shuffle, seed, remainder)
+        for start in range(0, len(order), batch_size):
+            rows = order[start:start + batch_size]
             yield {name: array[rows] for name, array in arrays.items()}
 
     def _features(self, features: str | Sequence[str]) -> np.ndarray:
@@ -219,35 +257,74 @@ class Shard:
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
 
     def to_tf_dataset(self, features: str | Sequence[str], label: str | None = None,
-                      batch_size: int = 32, shuffle: bool = False, seed: int | None = None) -> Any:
+                      batch_size: int = 32, shuffle: bool = False, seed: int | None = None,
+                      remainder: str = REPEAT) -> Any:
         """A ``tf.data.Dataset`` of ``(features, label)`` batches (``features`` alone without a
-        label), ``steps_per_epoch(batch_size)`` of them per pass."""
+        label), ``steps_per_epoch(batch_size, remainder)`` of them per pass; with ``shuffle``,
+        each pass (each Keras epoch) in a new order. Several feature columns are concatenated."""
         import tensorflow as tf
 
         x = self._features(features)
-        data = (x,) if label is None else (x, self.to_numpy(label))
-        dataset = tf.data.Dataset.from_tensor_slices(data if label is not None else x)
+        dataset = tf.data.Dataset.from_tensor_slices(x if label is None
+                                                     else (x, self.to_numpy(label)))
         if shuffle:
             dataset = dataset.shuffle(len(self), seed=seed, reshuffle_each_iteration=True)
-        return dataset.batch(batch_size).take(self.steps_per_epoch(batch_size))
+        wanted = self.rows_per_epoch(batch_size, remainder)
+        if wanted > len(self):
+            dataset = dataset.repeat()
+        return dataset.take(wanted).batch(batch_size)
 
     def to_torch(self, features: str | Sequence[str], label: str | None = None,
-                 batch_size: int = 32, shuffle: bool = False, seed: int | None = None) -> Any:
-        """A PyTorch ``DataLoader`` of ``[features, label]`` batches, ``steps_per_epoch``
-        of them per epoch."""
+                 batch_size: int = 32, shuffle: bool = False, seed: int | None = None,
+                 remainder: str = REPEAT) -> Any:
+        """A PyTorch ``DataLoader`` of ``[features, label]`` batches (``[features]`` without a
+        label), ``steps_per_epoch(batch_size, remainder)`` of them per epoch; with ``shuffle``,
+        each epoch (each ``iter``) in a new order, reproducible with ``seed``."""
         import torch
         from torch.utils.data import DataLoader, TensorDataset
 
         tensors = [torch.from_numpy(np.array(self._features(features)))]
         if label is not None:
             tensors.append(torch.from_numpy(np.array(self.to_numpy(label))))
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        steps = self.steps_per_epoch(batch_size)
-        dataset = TensorDataset(*tensors)
-        if steps * batch_size < len(dataset) and not shuffle:
-            dataset = TensorDataset(*(t[:steps * batch_size] for t in tensors))
-        sampler = None
-        if shuffle:
-            sampler = torch.utils.data.RandomSampler(dataset, num_samples=min(
-                len(dataset), steps * batch_size), generator=generator)
-        return DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+        sampler = _EpochSampler(self, batch_size, shuffle, seed, remainder)
+        return DataLoader(TensorDataset(*tensors), batch_size=batch_size, sampler=sampler)
+
+
+class _EpochSampler:
+    """Row indices of one epoch per ``iter`` (a new order each epoch when shuffling)."""
+
+    def __init__(self, shard: Shard, batch_size: int, shuffle: bool, seed: int | None,
+                 remainder: str) -> None:
+        self._shard, self._batch_size, self._shuffle = shard, batch_size, shuffle
+        self._seed, self._remainder, self._epoch = seed, remainder, 0
+        self._length = shard.rows_per_epoch(batch_size, remainder)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __iter__(self) -> Iterator[int]:
+        seed = None if self._seed is None else self._seed + self._epoch
+        self._epoch += 1
+        order = self._shard.epoch_order(self._batch_size, self._shuffle, seed, self._remainder)
+        return iter(order.tolist())
+
+
+_OPENED: dict[int, Shard] = {}
+
+
+def open_shard(index: int) -> Shard:
+    """The shard of the job's DataFrame number ``index`` on this rank (what a DataFrame in the
+    job's function or cell becomes when the rank unpickles it)."""
+    import json
+
+    from hvd_magics.protocol import ENV_SHARDS
+
+    if index not in _OPENED:
+        described = {d["index"]: d for d in json.loads(os.environ.get(ENV_SHARDS, "[]"))}
+        if index not in described:
+            raise RuntimeError("this process is not a rank of a job that sharded DataFrames "
+                               f"(no {ENV_SHARDS} entry {index})")
+        d = described[index]
+        _OPENED[index] = Shard(d["path"], d["name"], int(os.environ.get("HOROVOD_RANK", "0")),
+                               len(d["rows_per_rank"]), d["rows_per_rank"])
+    return _OPENED[index]

@@ -1,8 +1,9 @@
-"""What runs inside each Spark barrier task: plan the ranks, start one rank process, supervise it.
+"""What runs inside each Spark barrier task: plan the ranks, write the task's DataFrame shards,
+start one rank process, supervise it.
 
 Every task calls ``allGather`` exactly once, whatever fails (a barrier stage hangs otherwise). The
-task never raises: failures travel to the driver as events, so Spark never retries a stage that
-already started ranks.
+task never raises: failures travel to the driver as events or as its status line, so Spark never
+retries a stage that already started ranks.
 """
 from __future__ import annotations
 
@@ -12,87 +13,144 @@ import socket
 import threading
 import traceback
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 from hvd_magics.channel import ChannelAddress, EventClient
-from hvd_magics.protocol import CUDA_VISIBLE_DEVICES, TASK_ERROR, TASK_STARTED
+from hvd_magics.protocol import (CUDA_VISIBLE_DEVICES, ENV_SHARDS, SHARDING, TASK_ERROR,
+                                 TASK_STARTED)
 from hvd_magics.task.gpus import visible_devices
+from hvd_magics.task.shard_files import (ShardFile, ShardSpaceError, empty_shards, remove_shards,
+                                         shard_folder, write_shards)
 from hvd_magics.task.supervisor import RankProcess, rank_environment
 from hvd_magics.task.slots import iface_for_address, plan_ranks, slot_env, start_rendezvous
 
 
 @dataclass
 class TaskSpec:
-    """Everything a barrier task needs, shipped in the Spark closure."""
+    """Everything a barrier task needs, shipped in the Spark closure.
+
+    ``sources`` maps the index of each DataFrame the job reads to its name (empty: the stage runs
+    over ``spark.range`` and its rows are ignored).
+    """
 
     payload: bytes
     channel: ChannelAddress
     env: dict[str, str] = field(default_factory=dict)
+    job_id: str = ""
+    sources: dict[int, str] = field(default_factory=dict)
 
 
-def barrier_task(spec: TaskSpec, _rows: Iterator) -> Iterator[str]:
+class _RankHolder:
+    """The rank process of a task, killed when the driver goes away (even before it starts)."""
+
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+        self._lock = threading.Lock()
+        self.proc: RankProcess | None = None
+
+    def on_driver_gone(self) -> None:
+        with self._lock:
+            self.stopped.set()
+            if self.proc is not None:
+                self.proc.kill()
+
+    def start(self, env: dict[str, str], payload: bytes, sink: Any) -> RankProcess | None:
+        with self._lock:
+            if self.stopped.is_set():
+                return None
+            self.proc = RankProcess(env, payload, sink)
+            return self.proc
+
+
+def _setup_error(exc: BaseException) -> str:
+    """A setup failure as the driver shows it: our own errors as their message, others whole."""
+    if isinstance(exc, ShardSpaceError):
+        return str(exc)
+    return traceback.format_exc()
+
+
+def _shard_env(spec: TaskSpec, slots: list, gathered: list[dict[str, Any]],
+               mine: list[ShardFile]) -> dict[str, str]:
+    """``HVD_MAGICS_SHARDS``: each source's name, this task's file and every rank's rows."""
+    described = []
+    for position, shard in enumerate(mine):
+        rows_per_rank = [0] * len(slots)
+        for task, message in enumerate(gathered):
+            rows_per_rank[slots[task].rank] = message["shards"][position]["rows"]
+        described.append({"index": shard.source, "name": spec.sources[shard.source],
+                          "path": shard.path, "rows_per_rank": rows_per_rank})
+    return {ENV_SHARDS: json.dumps(described)} if described else {}
+
+
+def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
     """The body of one barrier task; yields one JSON status line."""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
     partition = ctx.partitionId()
     hosts = [info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()]
-    server = None
+    host = hosts[partition]
+    holder = _RankHolder()
+    server = client = folder = None
     port = 0
     error = ""
-    slots = []
+    slots: list = []
+    shards: list[ShardFile] = []
     try:
         slots = plan_ranks(hosts)
+        client = EventClient(spec.channel, slots[partition].rank, host,
+                             on_close=holder.on_driver_gone)
+        if spec.sources:
+            client.send(SHARDING, partition=partition, hostname=socket.gethostname())
+            folder = shard_folder(spec.job_id, partition)
+            shards = write_shards(rows, folder, spec.sources)
         if slots[partition].rank == 0:
             server, port = start_rendezvous(slots)
-    except BaseException:  # noqa: BLE001 - reported through allGather, never raised
-        error = traceback.format_exc()
-    gathered = [json.loads(m) for m in ctx.allGather(json.dumps({"port": port, "error": error}))]
+    except BaseException as exc:  # noqa: BLE001 - reported through allGather, never raised
+        error = _setup_error(exc)
+    message = {"port": port, "error": error, "shards": [s.as_dict() for s in shards]}
+    gathered = [json.loads(m) for m in ctx.allGather(json.dumps(message))]
     try:
         errors = [g["error"] for g in gathered if g["error"]]
+        if not errors and spec.sources:
+            empty = empty_shards([[s["rows"] for s in g["shards"]] for g in gathered],
+                                 spec.sources)
+            errors = [empty] if empty else []
         if errors:
             yield json.dumps({"partition": partition, "error": errors[0], "setup": True})
             return
         root_task = next(i for i, s in enumerate(slots) if s.rank == 0)
-        slot = slots[partition]
-        yield json.dumps(_supervise(spec, ctx, slot, hosts[partition], hosts[root_task],
-                                    gathered[root_task]["port"]))
+        extra = slot_env(slots[partition], hosts[root_task], gathered[root_task]["port"],
+                         iface_for_address(host))
+        extra.update(_shard_env(spec, slots, gathered, shards))
+        yield json.dumps(_supervise(spec, ctx, slots[partition], client, holder, extra, shards))
     finally:
         if server is not None:
             server.stop()
+        if client is not None:
+            client.close()
+        if folder is not None:
+            remove_shards(folder)
 
 
-def _supervise(spec: TaskSpec, ctx, slot, host: str, root_host: str, port: int) -> dict:
-    stopped = threading.Event()
-    rank_proc: list[RankProcess] = []
-
-    def on_driver_gone() -> None:
-        stopped.set()
-        for proc in rank_proc:
-            proc.kill()
-
-    client = EventClient(spec.channel, slot.rank, host, on_close=on_driver_gone)
+def _supervise(spec: TaskSpec, ctx: Any, slot: Any, client: EventClient, holder: _RankHolder,
+               extra_env: dict[str, str], shards: list[ShardFile]) -> dict:
     try:
         env = rank_environment(dict(os.environ), spec.env)
-        env.update(slot_env(slot, root_host, port, iface_for_address(host)))
+        env.update(extra_env)
         gpus = ctx.resources().get("gpu")
         if gpus is not None and gpus.addresses:
             env[CUDA_VISIBLE_DEVICES] = visible_devices(gpus.addresses, os.environ)
         client.send(TASK_STARTED, partition=ctx.partitionId(), hostname=socket.gethostname(),
-                    local_rank=slot.local_rank, pid=os.getpid())
-        if stopped.is_set():
+                    local_rank=slot.local_rank, pid=os.getpid(),
+                    shards=[{"name": spec.sources[s.source], **s.as_dict()} for s in shards])
+        proc = holder.start(env, spec.payload, client.send)
+        if proc is None:
             return {"rank": slot.rank, "code": None, "stopped": True}
-        proc = RankProcess(env, spec.payload, client.send)
-        rank_proc.append(proc)
-        if stopped.is_set():
-            proc.kill()
-        code = proc.wait()
-        return {"rank": slot.rank, "code": code}
+        return {"rank": slot.rank, "code": proc.wait()}
     except BaseException:  # noqa: BLE001
         try:
             client.send(TASK_ERROR, traceback=traceback.format_exc())
         except OSError:
             pass
         return {"rank": slot.rank, "error": traceback.format_exc()}
-    finally:
-        client.close()

@@ -42,3 +42,42 @@ def arrow_barrier_task(spec_blob: bytes, batches):  # noqa: ANN001, ANN201 - run
 
     for line in guarded_barrier_task(spec_blob, batches):
         yield pa.RecordBatch.from_pydict({"status": [line]})
+
+
+def slice_for_ranks(keys, source, batches):  # noqa: ANN001, ANN201 - runs on executors
+    """Cut a DataFrame partition's Arrow batches into one slice per rank (``len(keys)`` ranks).
+
+    Each slice leaves as one row ``(key, source, blob)``: ``blob`` is the slice in Arrow IPC
+    stream form, ``key`` sends it to its rank's barrier task. A batch of ``m`` rows gives every
+    rank ``m // n`` rows; its ``m % n`` remainder rows go one each to the next ranks in a rotation
+    that starts at this partition's index, so shards differ by a few rows at most.
+    """
+    import pyarrow as pa
+    from pyspark import TaskContext
+
+    size = len(keys)
+    context = TaskContext.get()
+    turn = context.partitionId() % size if context is not None else 0
+    for batch in batches:
+        rows = batch.num_rows
+        if rows == 0:
+            continue
+        base, extra = divmod(rows, size)
+        counts = [base] * size
+        for i in range(extra):
+            counts[(turn + i) % size] += 1
+        turn = (turn + extra) % size
+        offset = 0
+        out_keys, blobs = [], []
+        for rank, count in enumerate(counts):
+            if count == 0:
+                continue
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, batch.schema) as writer:
+                writer.write_batch(batch.slice(offset, count))
+            offset += count
+            out_keys.append(keys[rank])
+            blobs.append(sink.getvalue().to_pybytes())
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(out_keys, pa.int32()), pa.array([source] * len(blobs), pa.int32()),
+             pa.array(blobs, pa.binary())], names=["key", "source", "blob"])

@@ -49,26 +49,44 @@ def test_columns_become_arrays_vectors_and_lists_two_dimensional(tmp_path):
 
 
 def test_every_rank_runs_the_same_steps_and_shuffling_is_seeded(tmp_path):
-    shard = _shard(tmp_path, _table(10), rows_per_rank=[10, 7])
-    assert shard.steps_per_epoch(3) == 3  # ceil(7 / 3): the smallest shard decides
-    epoch = list(shard.batches(3, columns=["label"]))
-    assert [b["label"].tolist() for b in epoch] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
-    first = [b["label"].tolist() for b in shard.batches(3, shuffle=True, seed=1)]
-    again = [b["label"].tolist() for b in shard.batches(3, shuffle=True, seed=1)]
-    other = [b["label"].tolist() for b in shard.batches(3, shuffle=True, seed=2)]
-    assert first == again and first != other and len(first) == 3
+    small = _shard(tmp_path, _table(7), rows_per_rank=[7, 10])
+    assert small.steps_per_epoch(3) == 4  # ceil(10 / 3): the largest shard decides
+    epoch = [b["label"].tolist() for b in small.batches(3, columns=["label"])]
+    # the smaller shard starts over to fill the epoch: every row seen, as many rows as rank 1
+    assert epoch == [[0, 1, 2], [3, 4, 5], [6, 0, 1], [2]]
+    assert small.steps_per_epoch(3, remainder="drop") == 2  # 7 // 3 full batches
+    dropped = [b["label"].tolist() for b in small.batches(3, columns=["label"], remainder="drop")]
+    assert dropped == [[0, 1, 2], [3, 4, 5]]
+    first = [b["label"].tolist() for b in small.batches(3, shuffle=True, seed=1)]
+    again = [b["label"].tolist() for b in small.batches(3, shuffle=True, seed=1)]
+    other = [b["label"].tolist() for b in small.batches(3, shuffle=True, seed=2)]
+    assert first == again and first != other and len(first) == 4
+    assert sorted(sum(first[:3], [])[:7]) == list(range(7))  # a permutation, then the wrap
+    with pytest.raises(ValueError, match="remainder must be 'repeat' or 'drop'"):
+        small.steps_per_epoch(3, remainder="pad")
+    with pytest.raises(ValueError, match="larger than the smallest shard of train \\(7 rows\\)"):
+        small.steps_per_epoch(8, remainder="drop")
+    with pytest.raises(ValueError, match="positive integer"):
+        small.steps_per_epoch(0)
 
 
 def test_torch_and_tensorflow_loaders_give_the_same_steps(tmp_path):
     shard = _shard(tmp_path, _table(10), rows_per_rank=[10, 7])
-    loader = shard.to_torch(["features", "vec"], "label", batch_size=3)
+    loader = shard.to_torch(["features", "vec"], "label", batch_size=3, remainder="drop")
     batches = list(loader)
-    assert len(batches) == 3 and tuple(batches[0][0].shape) == (3, 5)
+    assert len(batches) == 2 and tuple(batches[0][0].shape) == (3, 5)
     assert batches[0][1].tolist() == [0, 1, 2]
-    assert len(list(shard.to_torch("features", "label", batch_size=3, shuffle=True, seed=0))) == 3
+    shuffled = shard.to_torch("features", "label", batch_size=3, shuffle=True, seed=0)
+    epoch1 = [y.tolist() for _, y in shuffled]
+    epoch2 = [y.tolist() for _, y in shuffled]
+    assert len(epoch1) == 4 and sorted(sum(epoch1, [])) == list(range(10))
+    assert epoch1 != epoch2  # a new order every epoch, reproducible from the seed
     dataset = shard.to_tf_dataset("features", "label", batch_size=3)
     steps = [(x.shape[0], y.numpy().tolist()) for x, y in dataset]
-    assert steps == [(3, [0, 1, 2]), (3, [3, 4, 5]), (3, [6, 7, 8])]
+    assert steps == [(3, [0, 1, 2]), (3, [3, 4, 5]), (3, [6, 7, 8]), (1, [9])]
+    fewer = _shard(tmp_path, _table(7), rows_per_rank=[7, 10])
+    labels = [y.numpy().tolist() for _, y in fewer.to_tf_dataset("features", "label", 3)]
+    assert labels == [[0, 1, 2], [3, 4, 5], [6, 0, 1], [2]]
 
 
 def test_columns_that_cannot_become_arrays_are_named(tmp_path):

@@ -1,0 +1,197 @@
+"""Spark DataFrames a job reads, turned into the input of its barrier stage (driver side).
+
+Each DataFrame the job uses becomes a *source*. Its rows reach the ranks without passing through
+the driver, in one Spark shuffle:
+
+1. Every partition of every source is cut, batch by batch, into ``np`` near-equal slices; each
+   slice travels as one row ``(key, source, blob)``: ``blob`` is the slice as Arrow IPC bytes and
+   ``key`` is chosen so that Spark's hash partitioning sends it to barrier task ``rank``
+   (:func:`partition_keys`). The remainder rows of a batch go to rotating slices, so the shards
+   differ by at most a few rows.
+2. The sources' rows are unioned and repartitioned by ``key`` into ``np`` partitions, and the
+   barrier stage runs on them: each task writes its slices to one local Arrow file per source
+   (:mod:`hvd_magics.task.shard_files`), and its rank reads that file as a
+   :class:`hvd_magics.rank.shard.Shard`.
+
+Only the slices' placement depends on Spark's hash function: were it ever to differ, the shards
+would still be disjoint and cover every row once, only less even.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from hvd_magics.errors import PayloadError
+from hvd_magics.task import task_entry
+
+#: The schema of the rows that carry slices through the shuffle.
+SLICE_SCHEMA = "key int, source int, blob binary"
+#: The seed of Spark's ``HashPartitioning`` (``Murmur3Hash``).
+SPARK_HASH_SEED = 42
+
+
+def is_dataframe(value: Any) -> bool:
+    """Whether ``value`` is a Spark DataFrame (classic or Spark Connect); never imports pyspark."""
+    module = sys.modules.get("pyspark.sql.dataframe")
+    return module is not None and isinstance(value, module.DataFrame)
+
+
+@dataclass
+class DataFrameSource:
+    """One DataFrame a job reads.
+
+    Attributes
+    ----------
+    index : int
+        Its position among the job's sources (the ``source`` column of the slices).
+    name : str
+        What the user calls it (the notebook variable or the keyword), shown by the shard.
+    frame : DataFrame
+        The DataFrame itself (stays on the driver).
+    """
+
+    index: int
+    name: str
+    frame: Any
+
+    def describe(self) -> dict[str, Any]:
+        """What the ranks need to know of it (travels in the task spec)."""
+        return {"index": self.index, "name": self.name}
+
+
+class DataFrameSources:
+    """The DataFrames of one job, in first-seen order, found by identity."""
+
+    def __init__(self, names: dict[int, str] | None = None) -> None:
+        self._names = dict(names or {})
+        self.sources: list[DataFrameSource] = []
+
+    def index_of(self, frame: Any) -> int:
+        """The source index of ``frame`` (added on first sight)."""
+        for source in self.sources:
+            if source.frame is frame:
+                return source.index
+        index = len(self.sources)
+        name = self._names.get(id(frame), f"DataFrame {index}")
+        self.sources.append(DataFrameSource(index, name, frame))
+        return index
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def __iter__(self):  # noqa: ANN204
+        return iter(self.sources)
+
+
+def names_by_id(named: dict[str, Any]) -> dict[int, str]:
+    """``id(DataFrame) -> name`` for the DataFrames among ``named`` values."""
+    return {id(value): name for name, value in named.items() if is_dataframe(value)}
+
+
+# -- which columns a shard can give as arrays -----------------------------------------------------
+
+def _column_problem(kind: Any) -> str | None:
+    """Why a Spark column type cannot become numpy arrays on the ranks, or ``None``."""
+    from pyspark.sql import types as T
+
+    if isinstance(kind, (T.NumericType, T.BooleanType, T.StringType, T.BinaryType,
+                         T.DateType, T.TimestampType, T.TimestampNTZType)):
+        if isinstance(kind, T.DecimalType):
+            return "decimals do not become float arrays; cast it to double"
+        return None
+    if isinstance(kind, T.UserDefinedType):
+        if type(kind).__name__ == "VectorUDT":
+            return None
+        return f"the user-defined type {type(kind).__name__} is not known to the ranks"
+    if isinstance(kind, T.ArrayType):
+        inner = kind.elementType
+        if isinstance(inner, (T.NumericType, T.BooleanType)) and not isinstance(
+                inner, T.DecimalType):
+            return None
+        return (f"arrays of {inner.simpleString()} do not become a 2-D float array; use arrays "
+                "of numbers (flatten nested arrays, e.g. with F.flatten)")
+    return f"{kind.simpleString()} columns do not become arrays; select or cast the columns"
+
+
+def check_columns(source: DataFrameSource) -> None:
+    """Refuse, before anything starts, a DataFrame with a column its shard cannot give as arrays.
+
+    Raises
+    ------
+    PayloadError
+        Naming the DataFrame, the column, its type and the fix.
+    """
+    fields = source.frame.schema.fields
+    if not fields:
+        raise PayloadError(f"the DataFrame {source.name!r} has no columns")
+    for field in fields:
+        problem = _column_problem(field.dataType)
+        if problem is not None:
+            raise PayloadError(
+                f"column {field.name!r} of the DataFrame {source.name!r} has type "
+                f"{field.dataType.simpleString()}: {problem}. Fix: "
+                f"{source.name}.drop({field.name!r}) or cast it before the job.")
+
+
+def common_session(sources: DataFrameSources) -> Any:
+    """The one SparkSession every source belongs to.
+
+    Raises
+    ------
+    PayloadError
+        When the DataFrames come from different sessions.
+    """
+    sessions = {id(s.frame.sparkSession): s.frame.sparkSession for s in sources}
+    if len(sessions) > 1:
+        raise PayloadError("the job's DataFrames belong to different SparkSessions; create them "
+                           "all from one session")
+    return next(iter(sessions.values()))
+
+
+# -- the barrier stage's input ---------------------------------------------------------------------
+
+_MASK = 0xFFFFFFFF
+
+
+def _rotl(value: int, bits: int) -> int:
+    return ((value << bits) | (value >> (32 - bits))) & _MASK
+
+
+def spark_hash_int(value: int, seed: int = SPARK_HASH_SEED) -> int:
+    """Spark's ``hash()`` of an ``int`` column value (Murmur3 x86 32-bit, ``hashInt``)."""
+    k1 = (value & _MASK) * 0xCC9E2D51 & _MASK
+    k1 = _rotl(k1, 15) * 0x1B873593 & _MASK
+    h1 = _rotl(seed ^ k1, 13)
+    h1 = (h1 * 5 + 0xE6546B64) & _MASK
+    h1 ^= 4
+    h1 ^= h1 >> 16
+    h1 = h1 * 0x85EBCA6B & _MASK
+    h1 ^= h1 >> 13
+    h1 = h1 * 0xC2B2AE35 & _MASK
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 >= 1 << 31 else h1
+
+
+@functools.lru_cache(maxsize=64)
+def partition_keys(np: int) -> tuple[int, ...]:
+    """For each partition ``p < np``, an ``int`` key that ``repartition(np, key)`` sends to ``p``."""
+    keys: dict[int, int] = {}
+    candidate = 0
+    while len(keys) < np:
+        keys.setdefault(spark_hash_int(candidate) % np, candidate)
+        candidate += 1
+    return tuple(keys[p] for p in range(np))
+
+
+def sharded_input(sources: Iterable[DataFrameSource], np: int) -> Any:
+    """The DataFrame whose ``np`` partitions hold the slices of every source, partition ``p``
+    those of the rank that barrier task ``p`` hosts."""
+    keys = list(partition_keys(np))
+    parts = []
+    for source in sources:
+        split = functools.partial(task_entry.slice_for_ranks, keys, source.index)
+        parts.append(source.frame.mapInArrow(split, SLICE_SCHEMA))
+    combined = functools.reduce(lambda a, b: a.union(b), parts)
+    return combined.repartition(np, "key")

@@ -1,0 +1,127 @@
+"""Write the slices a barrier task received to one local Arrow file per DataFrame (executor side).
+
+The rows arrive as ``(key, source, blob)`` (see :mod:`hvd_magics.launch.dataframe_input`); each
+``blob`` is an Arrow IPC stream. They are appended, without being turned into Python objects,
+to ``<folder>/<source>.arrow`` in Arrow's file format, which the rank memory-maps
+(:class:`hvd_magics.rank.shard.Shard`). Before each write the free space of the folder is checked,
+so a shard that does not fit fails before training, with the figures, instead of filling the
+executor's disk.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+#: Where shard files go, when set (else ``$TMPDIR/hvd_magics/shards``).
+ENV_SHARD_DIR = "HVD_MAGICS_SHARD_DIR"
+#: Free space a shard write leaves on the disk at least.
+RESERVE_BYTES = 16 << 20
+
+
+class ShardSpaceError(OSError):
+    """A shard does not fit on the executor's local disk (the message has the figures)."""
+
+
+@dataclass
+class ShardFile:
+    """One source's shard as the task wrote it."""
+
+    source: int
+    path: str
+    rows: int = 0
+    bytes: int = 0
+    write_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def shard_folder(job_id: str, partition: int) -> Path:
+    """The folder of one task's shard files (made here; removed by :func:`remove_shards`)."""
+    root = os.environ.get(ENV_SHARD_DIR) or os.path.join(tempfile.gettempdir(), "hvd_magics",
+                                                          "shards")
+    folder = Path(root) / f"{job_id}-{partition}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _check_space(folder: Path, needed: int, written: int, name: str) -> None:
+    free = shutil.disk_usage(folder).free
+    if free - needed < RESERVE_BYTES:
+        raise ShardSpaceError(
+            f"the shard of {name!r} does not fit on {socket.gethostname()}:{folder}: "
+            f"{written / 1e6:,.1f} MB written, {needed / 1e6:,.1f} MB more to write, "
+            f"{free / 1e6:,.1f} MB free. Fix: more ranks (smaller shards), a smaller DataFrame "
+            f"(select only the columns you train on), or point {ENV_SHARD_DIR} (in the "
+            "executors' environment) at a larger disk.")
+
+
+def write_shards(batches: Iterable[Any], folder: Path, names: dict[int, str]
+                 ) -> list[ShardFile]:
+    """Append every slice of ``batches`` to its source's file; return each source's figures.
+
+    ``names`` maps every source index of the job to its name: a source that sent this task no
+    rows has a :class:`ShardFile` with ``rows == 0`` and no file.
+    """
+    import pyarrow as pa
+
+    files = {index: ShardFile(index, str(folder / f"{index}.arrow")) for index in names}
+    writers: dict[int, Any] = {}
+    try:
+        for batch in batches:
+            sources = batch.column(1).to_pylist()
+            blobs = batch.column(2)
+            for row, index in enumerate(sources):
+                blob = blobs[row].as_buffer()
+                shard = files[index]
+                _check_space(folder, blob.size, shard.bytes, names[index])
+                began = time.perf_counter()
+                reader = pa.ipc.open_stream(blob)
+                if index not in writers:
+                    writers[index] = pa.ipc.new_file(shard.path, reader.schema)
+                for piece in reader:
+                    writers[index].write_batch(piece)
+                    shard.rows += piece.num_rows
+                shard.bytes += blob.size
+                shard.write_s += time.perf_counter() - began
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return [files[index] for index in sorted(files)]
+
+
+def remove_shards(folder: Path) -> None:
+    """Delete a task's shard files (when its rank has ended)."""
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def empty_shards(rows_by_task: list[list[int]], names: dict[int, str]) -> str | None:
+    """Why a job cannot start when a rank would get no rows of some DataFrame, or ``None``.
+
+    ``rows_by_task[t][s]`` is the rows of source ``s`` that task ``t`` received.
+    """
+    for index, name in sorted(names.items()):
+        counts = [rows[index] for rows in rows_by_task]
+        if min(counts) == 0:
+            total = sum(counts)
+            size = len(counts)
+            if total < size:
+                return (f"the DataFrame {name!r} has {total} rows, fewer than the {size} ranks: "
+                        f"every rank needs at least one. Fix: use np<={max(total, 1)} or more "
+                        "data.")
+            return (f"the DataFrame {name!r} gave {counts.count(0)} of {size} ranks no rows "
+                    f"({total} rows in all). Fix: repartition it (df.repartition(n)) or use "
+                    "fewer ranks.")
+    return None
+
+
+def iter_rows_by_task(gathered: list[dict[str, Any]]) -> Iterator[list[int]]:
+    """Each task's row counts per source from the barrier's ``allGather`` messages."""
+    for message in gathered:
+        yield [shard["rows"] for shard in message.get("shards", [])]
