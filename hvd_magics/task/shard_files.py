@@ -42,9 +42,10 @@ class ShardFile:
         return asdict(self)
 
 
-def shard_folder(job_id: str, partition: int) -> Path:
-    """The folder of one task's shard files (made here; removed by :func:`remove_shards`)."""
-    root = os.environ.get(ENV_SHARD_DIR) or os.path.join(tempfile.gettempdir(), "hvd_magics",
+def shard_folder(job_id: str, partition: int, job_env: dict[str, str] | None = None) -> Path:
+    """The folder of one task's shard files (made here; removed by :func:`remove_shards`):
+    under ``HVD_MAGICS_SHARD_DIR`` of the job's ``env`` or of the executor, else the temp dir."""
+    root = (job_env or {}).get(ENV_SHARD_DIR) or os.environ.get(ENV_SHARD_DIR) or os.path.join(tempfile.gettempdir(), "hvd_magics",
                                                           "shards")
     folder = Path(root) / f"{job_id}-{partition}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -58,8 +59,8 @@ def _check_space(folder: Path, needed: int, written: int, name: str) -> None:
             f"the shard of {name!r} does not fit on {socket.gethostname()}:{folder}: "
             f"{written / 1e6:,.1f} MB written, {needed / 1e6:,.1f} MB more to write, "
             f"{free / 1e6:,.1f} MB free. Fix: more ranks (smaller shards), a smaller DataFrame "
-            f"(select only the columns you train on), or point {ENV_SHARD_DIR} (in the "
-            "executors' environment) at a larger disk.")
+            f"(select only the columns you train on), or point {ENV_SHARD_DIR} at a larger "
+            f"disk (HorovodRunner(env=...) or %%horovod --env {ENV_SHARD_DIR}=DIR).")
 
 
 def write_shards(batches: Iterable[Any], folder: Path, names: dict[int, str]
@@ -119,9 +120,3 @@ def empty_shards(rows_by_task: list[list[int]], names: dict[int, str]) -> str | 
                     f"({total} rows in all). Fix: repartition it (df.repartition(n)) or use "
                     "fewer ranks.")
     return None
-
-
-def iter_rows_by_task(gathered: list[dict[str, Any]]) -> Iterator[list[int]]:
-    """Each task's row counts per source from the barrier's ``allGather`` messages."""
-    for message in gathered:
-        yield [shard["rows"] for shard in message.get("shards", [])]

@@ -102,7 +102,7 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
                              on_close=holder.on_driver_gone)
         if spec.sources:
             client.send(SHARDING, partition=partition, hostname=socket.gethostname())
-            folder = shard_folder(spec.job_id, partition)
+            folder = shard_folder(spec.job_id, partition, spec.env)
             shards = write_shards(rows, folder, spec.sources)
         if slots[partition].rank == 0:
             server, port = start_rendezvous(slots)
