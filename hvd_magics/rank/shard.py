@@ -279,13 +279,17 @@ class Shard:
                  remainder: str = REPEAT) -> Any:
         """A PyTorch ``DataLoader`` of ``[features, label]`` batches (``[features]`` without a
         label), ``steps_per_epoch(batch_size, remainder)`` of them per epoch; with ``shuffle``,
-        each epoch (each ``iter``) in a new order, reproducible with ``seed``."""
+        each epoch (each ``iter``) in a new order, reproducible with ``seed``. Features are
+        float32; an integer label becomes int64 (class indices, as torch's losses want them)."""
         import torch
         from torch.utils.data import DataLoader, TensorDataset
 
         tensors = [torch.from_numpy(np.array(self._features(features)))]
         if label is not None:
-            tensors.append(torch.from_numpy(np.array(self.to_numpy(label))))
+            labels = np.array(self.to_numpy(label))
+            if labels.dtype.kind in "iub":  # class indices: torch's losses want int64
+                labels = labels.astype(np.int64)
+            tensors.append(torch.from_numpy(labels))
         sampler = _EpochSampler(self, batch_size, shuffle, seed, remainder)
         return DataLoader(TensorDataset(*tensors), batch_size=batch_size, sampler=sampler)
 

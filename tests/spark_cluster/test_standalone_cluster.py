@@ -110,3 +110,17 @@ def test_executors_without_our_packages_get_the_cause_and_the_fix(cluster_spark,
     assert "Fix: install hvd_magics, horovod, pyarrow and the frameworks on every executor" in text
     assert "\tat " not in text and "py4j" not in text
     assert HorovodRunner(np=2).run(jobs.print_lines, count=1) == 0
+
+
+def test_two_executors_get_disjoint_shards_and_train_a_torch_model(cluster_spark, tmp_path):
+    from tests.frames import MIXED_IDS, check_cover, digits_frames, mixed_frame, read_reports
+
+    train = mixed_frame(cluster_spark)
+    HorovodRunner(np=2).run(jobs.shard_report, out=str(tmp_path), train=train)
+    counts = check_cover(read_reports(tmp_path, 2), "train", MIXED_IDS)
+    assert max(counts) - min(counts) <= 4
+    assert len(set(last_run().hosts.values())) >= 1 and len(last_run().shards) == 1
+    digits_train, digits_val = digits_frames(cluster_spark)
+    result = HorovodRunner(np=2).run(jobs.torch_digits, train=digits_train, val=digits_val)
+    assert result["accuracy"] >= 0.9, result
+    assert result["steps"] == 8 * result["steps_per_epoch"]

@@ -42,6 +42,13 @@ CONNECT_SCRIPT = textwrap.dedent('''
     print("children left", [c for c in children if os.path.exists(f"/proc/{{c}}")
                             and open(f"/proc/{{c}}/stat").read().split()[2] != "Z"])
     print("after", HorovodRunner(np=2).run(jobs.print_lines, count=1))
+    from tests.frames import MIXED_IDS, check_cover, digits_frames, mixed_frame, read_reports
+    HorovodRunner(np=2).run(jobs.shard_report, out={out!r}, train=mixed_frame(spark))
+    counts = check_cover(read_reports({out!r}, 2), "train", MIXED_IDS)
+    print("shards", sum(counts), max(counts) - min(counts) <= 4, last_run().shards[0]["name"])
+    train, val = digits_frames(spark)
+    result = HorovodRunner(np=2).run(jobs.torch_digits, train=train, val=val)
+    print("torch accuracy", result["accuracy"] >= 0.9, result)
     spark.stop()
 ''')
 
@@ -50,7 +57,8 @@ def test_jobs_run_on_a_spark_connect_session(tmp_path):
     # A Connect server's Python workers use PYSPARK_PYTHON as the server saw it at start
     # (spark.pyspark.python cannot be changed on a running Connect session).
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    proc = subprocess.run([sys.executable, "-c", CONNECT_SCRIPT.format(root=str(ROOT), pid_file=str(tmp_path / "child"))], env=env,
+    proc = subprocess.run([sys.executable, "-c", CONNECT_SCRIPT.format(
+        root=str(ROOT), pid_file=str(tmp_path / "child"), out=str(tmp_path))], env=env,
                           capture_output=True, text=True, timeout=400, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "sums [3.0, 3.0] where spark local[2] (Connect)" in proc.stdout, proc.stdout
@@ -59,3 +67,6 @@ def test_jobs_run_on_a_spark_connect_session(tmp_path):
     # an interrupt cancels the job by its tag, kills the ranks and what they started
     assert "interrupted stopped 2 rank processes and cancelled Spark job group" in proc.stdout
     assert "children left []" in proc.stdout and "after 0" in proc.stdout
+    # DataFrames of the Connect session reach the ranks as disjoint shards, and train a model
+    assert "shards 400 True train" in proc.stdout, proc.stdout
+    assert "torch accuracy True" in proc.stdout, proc.stdout
