@@ -1,19 +1,19 @@
 """Spark DataFrames a job reads, turned into the input of its barrier stage (driver side).
 
 Each DataFrame the job uses becomes a *source*. Its rows reach the ranks without passing through
-the driver, in one Spark shuffle:
+the driver or through Python before the barrier stage, in one Spark shuffle:
 
-1. Every partition of every source is cut, batch by batch, into ``np`` near-equal slices; each
-   slice travels as one row ``(key, source, blob)``: ``blob`` is the slice as Arrow IPC bytes and
-   ``key`` is chosen so that Spark's hash partitioning sends it to barrier task ``rank``
-   (:func:`partition_keys`). The remainder rows of a batch go to rotating slices, so the shards
-   differ by at most a few rows.
-2. The sources' rows are unioned and repartitioned by ``key`` into ``np`` partitions, and the
-   barrier stage runs on them: each task writes its slices to one local Arrow file per source
-   (:mod:`hvd_magics.task.shard_files`), and its rank reads that file as a
-   :class:`hvd_magics.rank.shard.Shard`.
+1. Every row of source ``s`` becomes ``(__source = s, __key, __s<s> = struct(all its columns))``.
+   ``__key`` sends the row to barrier task ``(row's index in its partition + partition index) mod
+   np`` (:func:`partition_keys` picks, per task, a key that Spark's hash partitioning sends
+   there), so each input partition is dealt out evenly, its remainder rows rotating with the
+   partition: shards differ by a few rows at most, whatever the partitions' sizes.
+2. The sources are unioned by name (a row has nulls in the other sources' struct columns) and
+   repartitioned by ``__key`` into ``np`` partitions; the barrier stage runs on them. Each task
+   writes its rows of each source to a local Arrow file (:mod:`hvd_magics.task.shard_files`), and
+   its rank reads that file as a :class:`hvd_magics.rank.shard.Shard`.
 
-Only the slices' placement depends on Spark's hash function: were it ever to differ, the shards
+Only the rows' placement depends on Spark's hash function: were it ever to differ, the shards
 would still be disjoint and cover every row once, only less even.
 """
 from __future__ import annotations
@@ -24,10 +24,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from hvd_magics.errors import PayloadError
-from hvd_magics.task import task_entry
 
-#: The schema of the rows that carry slices through the shuffle.
-SLICE_SCHEMA = "key int, source int, blob binary"
+#: The columns that carry a source's rows through the shuffle (``__s<index>`` holds the row).
+SOURCE_COLUMN, KEY_COLUMN, ROW_COLUMN = "__source", "__key", "__s{}"
 #: The seed of Spark's ``HashPartitioning`` (``Murmur3Hash``).
 SPARK_HASH_SEED = 42
 
@@ -126,6 +125,12 @@ def check_columns(source: DataFrameSource) -> None:
     fields = source.frame.schema.fields
     if not fields:
         raise PayloadError(f"the DataFrame {source.name!r} has no columns")
+    names = [field.name for field in fields]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise PayloadError(f"the DataFrame {source.name!r} has more than one column named "
+                           f"{', '.join(map(repr, twice))}. Fix: rename or drop them "
+                           "(withColumnRenamed) before the job.")
     for field in fields:
         problem = _column_problem(field.dataType)
         if problem is not None:
@@ -185,13 +190,22 @@ def partition_keys(np: int) -> tuple[int, ...]:
     return tuple(keys[p] for p in range(np))
 
 
+def _tagged(source: DataFrameSource, np: int) -> Any:
+    """``source``'s rows as ``(__source, __key, __s<index>)``."""
+    from pyspark.sql import functions as F
+
+    keys = F.array(*[F.lit(k) for k in partition_keys(np)])
+    row_in_partition = F.monotonically_increasing_id().bitwiseAND((1 << 33) - 1)
+    task = (row_in_partition + F.spark_partition_id()) % np
+    columns = [F.col(f"`{name}`") for name in source.frame.columns]
+    return source.frame.select(F.lit(source.index).alias(SOURCE_COLUMN),
+                               F.element_at(keys, (task + 1).cast("int")).alias(KEY_COLUMN),
+                               F.struct(*columns).alias(ROW_COLUMN.format(source.index)))
+
+
 def sharded_input(sources: Iterable[DataFrameSource], np: int) -> Any:
-    """The DataFrame whose ``np`` partitions hold the slices of every source, partition ``p``
+    """The DataFrame whose ``np`` partitions hold the rows of every source, partition ``p``
     those of the rank that barrier task ``p`` hosts."""
-    keys = list(partition_keys(np))
-    parts = []
-    for source in sources:
-        split = functools.partial(task_entry.slice_for_ranks, keys, source.index)
-        parts.append(source.frame.mapInArrow(split, SLICE_SCHEMA))
-    combined = functools.reduce(lambda a, b: a.union(b), parts)
-    return combined.repartition(np, "key")
+    tagged = [_tagged(source, np) for source in sources]
+    combined = functools.reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), tagged)
+    return combined.repartition(np, KEY_COLUMN)

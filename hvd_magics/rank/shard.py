@@ -281,36 +281,42 @@ class Shard:
         label), ``steps_per_epoch(batch_size, remainder)`` of them per epoch; with ``shuffle``,
         each epoch (each ``iter``) in a new order, reproducible with ``seed``. Features are
         float32; an integer label becomes int64 (class indices, as torch's losses want them)."""
+        import warnings
+
         import torch
         from torch.utils.data import DataLoader, TensorDataset
 
-        tensors = [torch.from_numpy(np.array(self._features(features)))]
+        arrays = [self._features(features)]
         if label is not None:
-            labels = np.array(self.to_numpy(label))
+            labels = self.to_numpy(label)
             if labels.dtype.kind in "iub":  # class indices: torch's losses want int64
                 labels = labels.astype(np.int64)
-            tensors.append(torch.from_numpy(labels))
-        sampler = _EpochSampler(self, batch_size, shuffle, seed, remainder)
-        return DataLoader(TensorDataset(*tensors), batch_size=batch_size, sampler=sampler)
+            arrays.append(labels)
+        with warnings.catch_warnings():  # read-only views of the file: batches are gathered
+            warnings.simplefilter("ignore", UserWarning)  # copies, nothing writes to them
+            tensors = [torch.from_numpy(array) for array in arrays]
+        batches = _EpochBatches(self, batch_size, shuffle, seed, remainder)
+        return DataLoader(TensorDataset(*tensors), batch_size=None, sampler=batches)
 
 
-class _EpochSampler:
-    """Row indices of one epoch per ``iter`` (a new order each epoch when shuffling)."""
+class _EpochBatches:
+    """The row indices of each batch of one epoch per ``iter`` (a new order each epoch when
+    shuffling, reproducible from the seed): a batch is gathered in one indexing operation."""
 
     def __init__(self, shard: Shard, batch_size: int, shuffle: bool, seed: int | None,
                  remainder: str) -> None:
         self._shard, self._batch_size, self._shuffle = shard, batch_size, shuffle
         self._seed, self._remainder, self._epoch = seed, remainder, 0
-        self._length = shard.rows_per_epoch(batch_size, remainder)
+        self._steps = shard.steps_per_epoch(batch_size, remainder)
 
     def __len__(self) -> int:
-        return self._length
+        return self._steps
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> Iterator[np.ndarray]:
         seed = None if self._seed is None else self._seed + self._epoch
         self._epoch += 1
         order = self._shard.epoch_order(self._batch_size, self._shuffle, seed, self._remainder)
-        return iter(order.tolist())
+        return iter(np.split(order, range(self._batch_size, len(order), self._batch_size)))
 
 
 _OPENED: dict[int, Shard] = {}

@@ -1,7 +1,8 @@
-"""Write the slices a barrier task received to one local Arrow file per DataFrame (executor side).
+"""Write the rows a barrier task received to one local Arrow file per DataFrame (executor side).
 
-The rows arrive as ``(key, source, blob)`` (see :mod:`hvd_magics.launch.dataframe_input`); each
-``blob`` is an Arrow IPC stream. They are appended, without being turned into Python objects,
+The rows arrive as Arrow batches of ``(__source, __key, __s0, __s1, ...)`` (see
+:mod:`hvd_magics.launch.dataframe_input`): a row of source ``s`` holds its columns in the struct
+``__s<s>``. Each source's rows are appended, as Arrow record batches and never as Python objects,
 to ``<folder>/<source>.arrow`` in Arrow's file format, which the rank memory-maps
 (:class:`hvd_magics.rank.shard.Shard`). Before each write the free space of the folder is checked,
 so a shard that does not fit fails before training, with the figures, instead of filling the
@@ -16,7 +17,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 #: Where shard files go, when set (else ``$TMPDIR/hvd_magics/shards``).
 ENV_SHARD_DIR = "HVD_MAGICS_SHARD_DIR"
@@ -65,31 +66,34 @@ def _check_space(folder: Path, needed: int, written: int, name: str) -> None:
 
 def write_shards(batches: Iterable[Any], folder: Path, names: dict[int, str]
                  ) -> list[ShardFile]:
-    """Append every slice of ``batches`` to its source's file; return each source's figures.
+    """Append the rows of every source in ``batches`` to its file; return each source's figures.
 
     ``names`` maps every source index of the job to its name: a source that sent this task no
     rows has a :class:`ShardFile` with ``rows == 0`` and no file.
     """
     import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from hvd_magics.launch.dataframe_input import ROW_COLUMN, SOURCE_COLUMN
 
     files = {index: ShardFile(index, str(folder / f"{index}.arrow")) for index in names}
     writers: dict[int, Any] = {}
     try:
         for batch in batches:
-            sources = batch.column(1).to_pylist()
-            blobs = batch.column(2)
-            for row, index in enumerate(sources):
-                blob = blobs[row].as_buffer()
-                shard = files[index]
-                _check_space(folder, blob.size, shard.bytes, names[index])
+            for index, shard in files.items():
+                rows = batch.column(ROW_COLUMN.format(index))
+                if len(files) > 1:
+                    rows = pc.filter(rows, pc.equal(batch.column(SOURCE_COLUMN), index))
+                if len(rows) == 0:
+                    continue
                 began = time.perf_counter()
-                reader = pa.ipc.open_stream(blob)
+                piece = pa.RecordBatch.from_struct_array(rows)
+                _check_space(folder, piece.nbytes, shard.bytes, names[index])
                 if index not in writers:
-                    writers[index] = pa.ipc.new_file(shard.path, reader.schema)
-                for piece in reader:
-                    writers[index].write_batch(piece)
-                    shard.rows += piece.num_rows
-                shard.bytes += blob.size
+                    writers[index] = pa.ipc.new_file(shard.path, piece.schema)
+                writers[index].write_batch(piece)
+                shard.rows += piece.num_rows
+                shard.bytes += piece.nbytes
                 shard.write_s += time.perf_counter() - began
     finally:
         for writer in writers.values():

@@ -1,0 +1,220 @@
+"""How fast a Spark DataFrame reaches two training ranks, side by side on one warm local[2] session.
+
+One DataFrame of ``--rows`` rows (a 784-float ``features`` array and a ``label``), cached in Spark
+memory first, so every candidate starts from the same place. Each candidate goes until every rank
+has iterated its whole share once, in batches of 256:
+  ours              HorovodRunner(np=2).run(fn, train=df): each rank's Shard, ``to_torch``
+  torchdistributor  TorchDistributor(num_processes=2)._train_on_dataframe(fn, df.repartition(2)),
+                    each rank reading ``_get_spark_partition_data_loader`` (pyspark's own path)
+  topandas          what users do today: ``df.toPandas()`` on the driver, the arrays shipped to
+                    HorovodRunner(np=2) through cloudpickle, each rank slicing its half
+  spark_arrow       the limit: ``df.repartition(2).mapInArrow(count rows)``: Spark alone handing
+                    the same rows to Python as Arrow
+Rows per second are over each call's wall time (launch included). Also printed: the time from
+the call to the first batch on rank 0, and the driver's peak RSS growth during the call.
+
+Usage: .venv/bin/python benchmarks/data_feed.py [--rows 200000] [--runs 3]
+Last line: data_feed ours=<rows/s> torchdistributor=<rows/s> topandas=<rows/s> spark_arrow=<rows/s>
+ratio_vs_torchdistributor=<x> ratio_vs_limit=<x>  (ratios: medians of per-run ratios)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+
+import psutil
+
+from pairs import in_turn, pair_ratios  # benchmarks/pairs.py
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+FEATURES = 784
+BATCH = 256
+
+
+def iterate_shard(train):
+    """Ours: every batch of this rank's shard once, as torch tensors."""
+    import time
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    first = None
+    rows = 0
+    for x, y in train.to_torch("features", "label", batch_size=BATCH, remainder="drop"):
+        first = first or time.time()
+        rows += len(y)
+    return {"first": first, "rows": hvd.allreduce_(__import__("torch").tensor([rows]),
+                                                   op=hvd.Sum).item()}
+
+
+def iterate_arrays(x, y):
+    """toPandas: the arrays came in the job's pickle; each rank takes its half."""
+    import time
+
+    import horovod.torch as hvd
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    hvd.init()
+    mine = slice(hvd.rank(), None, hvd.size())
+    first = None
+    rows = 0
+    loader = DataLoader(TensorDataset(torch.from_numpy(x[mine]), torch.from_numpy(y[mine])),
+                        batch_size=BATCH)
+    for _, labels in loader:
+        first = first or time.time()
+        rows += len(labels)
+    return {"first": first, "rows": hvd.allreduce_(torch.tensor([rows]), op=hvd.Sum).item()}
+
+
+def iterate_partition(rows_per_rank):
+    """TorchDistributor: pyspark's loader over this task's partition, one pass."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from pyspark.ml.torch.distributor import _get_spark_partition_data_loader
+
+    dist.init_process_group("gloo")
+    first = None
+    rows = 0
+    for batch in _get_spark_partition_data_loader(rows_per_rank, BATCH, num_workers=0):
+        first = first or time.time()
+        rows += len(batch[1])
+    total = torch.tensor([rows])
+    dist.all_reduce(total)
+    dist.destroy_process_group()
+    return {"first": first, "rows": int(total.item())}
+
+
+def count_rows(batches):
+    import pyarrow as pa
+
+    rows = sum(batch.num_rows for batch in batches)
+    yield pa.RecordBatch.from_pydict({"rows": [rows]})
+
+
+class PeakRss:
+    """The driver's (this process's) peak RSS growth while the block runs, sampled every 20 ms."""
+
+    def __init__(self) -> None:
+        self.proc = psutil.Process()
+        self.peak = 0
+
+    def __enter__(self) -> "PeakRss":
+        self.base = self.proc.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, self.proc.memory_info().rss - self.base)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss - self.base)
+
+
+def make_frame(spark, rows: int):
+    from pyspark.sql import functions as F
+
+    features = F.transform(F.sequence(F.lit(0), F.lit(FEATURES - 1)),
+                           lambda i: ((F.col("id") * 7919 + i * 104729) % 1000).cast("float")
+                           / F.lit(1000.0))
+    df = (spark.range(0, rows, 1, 8)
+          .select(features.cast("array<float>").alias("features"),
+                  (F.col("id") % 10).cast("long").alias("label"))
+          .cache())
+    df.count()
+    return df
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--only", default="", help="comma-separated candidates (default: all)")
+    args = parser.parse_args()
+
+    from pyspark.ml.torch.distributor import TorchDistributor
+    from pyspark.sql import SparkSession
+
+    from hvd_magics import HorovodRunner
+
+    spark = (SparkSession.builder.master("local[2]").appName("data_feed")
+             .config("spark.driver.memory", "8g")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.host", "127.0.0.1").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    df = make_frame(spark, args.rows)
+    half = args.rows // 2
+
+    def ours():
+        return HorovodRunner(np=2).run(iterate_shard, train=df)
+
+    def torchdistributor():
+        distributor = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+        return distributor._train_on_dataframe(iterate_partition, df.repartition(2), half)
+
+    def topandas():
+        import numpy as np
+
+        frame = df.toPandas()
+        x = np.stack(frame["features"].to_numpy()).astype(np.float32)
+        y = frame["label"].to_numpy()
+        del frame
+        return HorovodRunner(np=2).run(iterate_arrays, x=x, y=y)
+
+    def spark_arrow():
+        rows = df.repartition(2).mapInArrow(count_rows, "rows long").collect()
+        return {"first": None, "rows": sum(r.rows for r in rows)}
+
+    candidates = {"ours": ours, "torchdistributor": torchdistributor, "topandas": topandas,
+                  "spark_arrow": spark_arrow}
+    if args.only:
+        candidates = {n: candidates[n] for n in args.only.split(",")}
+    speed: dict[str, list[float]] = {name: [] for name in candidates}
+    first: dict[str, list[float]] = {name: [] for name in candidates}
+    rss: dict[str, list[float]] = {name: [] for name in candidates}
+    for run in range(args.runs):
+        for name in in_turn(run, list(candidates)):
+            began = time.time()
+            with PeakRss() as peak:
+                result = candidates[name]()
+            wall = time.time() - began
+            rows = result["rows"]
+            if name != "torchdistributor":  # pyspark's loader ends at num_samples of its part
+                assert rows >= args.rows - 2 * BATCH, (name, rows)
+            speed[name].append(rows / wall)
+            if result["first"]:
+                first[name].append(result["first"] - began)
+            rss[name].append(peak.peak / 2**20)
+            print(f"run {run} {name:16s} {rows:,} rows in {wall:6.2f} s = "
+                  f"{rows / wall:10,.0f} rows/s; first batch after "
+                  f"{(result['first'] - began) if result['first'] else float('nan'):5.2f} s; "
+                  f"driver RSS +{peak.peak / 2**20:,.0f} MiB", flush=True)
+    for name in candidates:
+        firsts = f"{statistics.median(first[name]):.2f} s" if first[name] else "-"
+        print(f"{name:16s} median {statistics.median(speed[name]):10,.0f} rows/s, first batch "
+              f"{firsts}, driver peak RSS +{max(rss[name]):,.0f} MiB")
+    if len(candidates) < 4:
+        return
+    vs_td = pair_ratios(speed["ours"], speed["torchdistributor"])
+    vs_limit = pair_ratios(speed["ours"], speed["spark_arrow"])
+    print("data_feed " + " ".join(f"{n}={statistics.median(v):.0f}" for n, v in speed.items())
+          + f" ratio_vs_torchdistributor={vs_td[0]:.2f} ratio_vs_torchdistributor_min="
+          f"{vs_td[1]:.2f} ratio_vs_torchdistributor_max={vs_td[2]:.2f} ratio_vs_limit="
+          f"{vs_limit[0]:.3f} ratio_vs_limit_min={vs_limit[1]:.3f} "
+          f"ratio_vs_limit_max={vs_limit[2]:.3f}")
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
