@@ -32,8 +32,9 @@ def test_a_generator_is_refused_and_plain_data_is_not():
 def test_round_trip_and_large_payload_warning():
     big = b"x" * (11 * 1024 * 1024)
     with pytest.warns(UserWarning, match=r"ships 11\.\d MB"):
-        blob = serialize_job(len, {"obj": big})
-    fn, kwargs = cloudpickle.loads(blob)
+        payload = serialize_job(len, {"obj": big})
+    assert len(payload.sources) == 0  # no DataFrame: the stage runs over spark.range
+    fn, kwargs = cloudpickle.loads(payload.blob)
     assert fn(kwargs["obj"]) == len(big)
 
 
