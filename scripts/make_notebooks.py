@@ -488,7 +488,7 @@ pq.write_table(pa.table({"raw": pa.array(list(images.astype("uint8")), pa.list_(
                          "label": labels.astype("int32")}), raw_path)
 
 mnist = (spark.read.parquet(raw_path)
-         .select(F.transform("raw", lambda v: v.cast("float") / 255.0).alias("pixels"), "label"))
+         .select(F.transform("raw", lambda v: (v / 255.0).cast("float")).alias("pixels"), "label"))
 train_df, val_df = mnist.randomSplit([0.85, 0.15], seed=1)
 mnist.printSchema()
 print(f"{train_df.count()} training rows, {val_df.count()} validation rows")

@@ -119,3 +119,20 @@ def test_the_scaling_benchmark_notebook(tmp_path):
     assert all(float(v) > 0 for row in rows for v in row[1:])
     assert float(rows[0][5]) == 1.0  # np=1 is the baseline of the efficiency
     assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+
+
+def test_the_dataframes_notebook(tmp_path):
+    nb, texts, everything = _run("dataframes.ipynb", tmp_path)
+    assert "4241 training rows, 759 validation rows" in everything
+    # each rank printed its own shard: disjoint halves of the training rows
+    assert "[0] <Shard of train_df: rank 0 of 2, 2,121 rows of 4,241; columns: pixels " \
+           "list<element: float>, label int32>" in everything
+    assert "[1] <Shard of train_df: rank 1 of 2, 2,120 rows of 4,241" in everything
+    assert "data train_df  4,241 rows as 2,121 + 2,120 per rank" in everything
+    assert "val_df rows per rank: [380, 379]" in everything
+    keras = float(re.search(r"validation accuracy on 2 ranks: (\d\.\d+)", everything).group(1))
+    torch = float(re.search(r"PyTorch validation accuracy on 2 ranks: (\d\.\d+)",
+                            everything).group(1))
+    assert keras >= 0.88 and torch >= 0.88, (keras, torch)
+    assert "refused: column 'tags' of the DataFrame 'train' has type map<string,int>" in everything
+    assert "Traceback" not in everything and "Py4J" not in everything
