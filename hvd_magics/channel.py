@@ -45,12 +45,20 @@ HANDSHAKE_TIMEOUT_S = 10.0
 MAX_PENDING_HANDSHAKES = 32
 #: Largest frame from an authenticated connection (a rank's result is one frame).
 MAX_FRAME_BYTES = 512 * 1024 * 1024
+#: Seconds a supervisor tries to reach the driver before it gives up.
+CONNECT_TIMEOUT_S = 30.0
 #: Bytes read from the socket at a time.
 READ_CHUNK_BYTES = 1 << 20
 
 _HEADER = struct.Struct(">I32s")
 _SEQ = struct.Struct(">Q")
 
+
+
+def stamp(kind: str, rank: int, host: str, job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """An event as a supervisor sends it: its kind and fields, stamped with who, where, when."""
+    return {"kind": kind, "rank": rank, "host": host, "time": time.time(), "job": job_id,
+            **payload}
 
 
 def frame_mac(secret: bytes, nonce: bytes, seq: int, body: bytes) -> bytes:
@@ -251,7 +259,8 @@ class EventClient:
         self._address = address
         self._rank = rank
         self._host = host
-        self._sock = socket.create_connection((address.host, address.port), timeout=30)
+        self._sock = socket.create_connection((address.host, address.port),
+                                              timeout=CONNECT_TIMEOUT_S)
         nonce = _read_exact(self._sock, NONCE_BYTES)
         if nonce is None:
             raise ConnectionError(f"the driver at {address.host}:{address.port} closed the "
@@ -281,8 +290,7 @@ class EventClient:
 
     def send(self, kind: str, **payload: Any) -> None:
         """Send one event of ``kind`` with ``payload`` fields."""
-        self._send_raw({"kind": kind, "rank": self._rank, "host": self._host,
-                        "time": time.time(), "job": self._address.job_id, **payload})
+        self._send_raw(stamp(kind, self._rank, self._host, self._address.job_id, payload))
 
     def close(self) -> None:
         """Say goodbye and close the connection."""

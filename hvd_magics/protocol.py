@@ -77,6 +77,11 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
 # -- environment variables the driver side sets (or reads) for ranks --------------------------
 #: The file descriptor of the pipe a rank writes its events to.
 ENV_EVENT_FD = "HVD_MAGICS_EVENT_FD"
+#: Set in the notebook: the address of its machine that the executors reach (for the live view).
+ENV_DRIVER_HOST = "HVD_MAGICS_DRIVER_HOST"
+#: Set to ``0`` in the notebook: no live view; output, errors and the value come back through
+#: the Spark result when the job ends (for executors that cannot reach the notebook).
+ENV_LIVE = "HVD_MAGICS_LIVE"
 #: JSON list of the rank's DataFrame shards: ``index``, ``name``, ``path``, ``rows_per_rank``.
 ENV_SHARDS = "HVD_MAGICS_SHARDS"
 #: Asks a rank's supervisor to record a Horovod Timeline and send it back (rank 0).

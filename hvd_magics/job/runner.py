@@ -250,6 +250,8 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
         # With DataFrames, the clock starts when their slices reach the tasks (after the
         # user's Spark stages, which take what they take).
         clock = job.data_arrived_at if backend.reads_data else started
+        if not backend.live:
+            clock = None  # nothing arrives before the end: Spark's own scheduling decides
         if not job.all_started and clock is not None and now - clock > start_timeout:
             waiting = [r.rank for r in job.ranks if r.pid is None and not r.exited]
             raise StartTimeoutError(

@@ -59,8 +59,9 @@ class DriverBackend:
 
     #: Events go straight onto the queue: nothing is ever on its way once the ranks ended.
     drained = True
-    #: Ranks on the driver never read DataFrames.
+    #: Ranks on the driver never read DataFrames, and their events always stream live.
     reads_data = False
+    live = True
 
     def stop(self) -> None:
         """Kill every rank and its children."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import heapq
 import json
 import os
 import queue
@@ -21,6 +22,9 @@ from hvd_magics.task import task_entry
 from hvd_magics.errors import NotEnoughSlotsError
 from hvd_magics.channel import EventServer
 from hvd_magics.launch.dataframe_input import DataFrameSources, sharded_input
+from hvd_magics.protocol import ENV_DRIVER_HOST, ENV_LIVE
+from hvd_magics.task.event_buffer import replay
+from hvd_magics.task.slots import local_addresses
 from hvd_magics.task.spark_task import TaskSpec
 
 #: How long to wait for executors to register before saying the cluster is too small.
@@ -163,9 +167,46 @@ def is_connect(spark: Any) -> bool:
 
 
 def _driver_address(spark: Any) -> str:
-    """The driver's address as executors reach it (the notebook's, for a classic session)."""
-    host = spark.conf.get("spark.driver.host", None) or socket.gethostname()
+    """The notebook's address as executors reach it: ``HVD_MAGICS_DRIVER_HOST`` when set, else
+    the session's driver host (the notebook's own, for a classic session)."""
+    host = (os.environ.get(ENV_DRIVER_HOST) or spark.conf.get("spark.driver.host", None)
+            or socket.gethostname())
     return socket.gethostbyname(host)
+
+
+def connect_server_host(spark: Any) -> str | None:
+    """The host of a Spark Connect session's server (``None`` for a classic session)."""
+    client = getattr(spark, "_client", None)
+    return getattr(client, "host", None) if client is not None else None
+
+
+def no_live_view_reason(spark: Any) -> str | None:
+    """Why the executors cannot send the job's events to this notebook as they happen, or
+    ``None`` when they can."""
+    if os.environ.get(ENV_LIVE, "1").strip().lower() in ("0", "false", "no", "off"):
+        return f"{ENV_LIVE}=0 is set"
+    host = connect_server_host(spark) if is_connect(spark) else None
+    if host is not None and not os.environ.get(ENV_DRIVER_HOST):
+        try:
+            address = socket.gethostbyname(host)
+        except OSError:
+            address = host
+        if host not in local_addresses() and address not in local_addresses() \
+                and not address.startswith("127."):
+            return (f"the Spark Connect server {host} runs the executors on machines that "
+                    f"cannot be assumed to reach this notebook (set {ENV_DRIVER_HOST} to an "
+                    "address of this machine that they reach for a live view)")
+    return None
+
+
+def replay_order(buffered: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The events the tasks kept, each task's in its order, merged by their wall-clock time;
+    ``recv`` is set on the driver's clock as if they had arrived when they were sent."""
+    now_mono, now_wall = time.monotonic(), time.time()
+    merged = list(heapq.merge(*buffered.values(), key=lambda e: e.get("time", 0.0)))
+    for event in merged:
+        event["recv"] = now_mono - max(now_wall - event.get("time", now_wall), 0.0)
+    return merged
 
 
 class SparkBackend:
@@ -195,11 +236,15 @@ class SparkBackend:
         self.env = env
         master = spark.conf.get("spark.master", "?") if self.connect else self.sc.master
         self.where = f"spark {master}" + (" (Connect)" if self.connect else "")
+        #: Why the job's events come back only at its end (``None``: they stream live).
+        self.no_live_view = no_live_view_reason(spark)
+        self.live = self.no_live_view is None
         self.error: BaseException | None = None
         #: What each task returned through Spark (one JSON line each), once the job ended.
         self.results: list[dict[str, Any]] = []
         self._server: EventServer | None = None
         self._thread: threading.Thread | None = None
+        self._events: queue.Queue | None = None
         self._group = ""
 
     def start(self, payload: bytes, job_id: str, events: queue.Queue) -> None:
@@ -209,10 +254,21 @@ class SparkBackend:
         cluster is too small.)"""
         if self.sc is not None:
             check_slots(self.sc, self.np)
-        self._server = EventServer(_driver_address(self.spark), job_id, events)
+        self._events = events
+        if self.live:
+            address = _driver_address(self.spark)
+            try:
+                self._server = EventServer(address, job_id, events)
+            except OSError as exc:
+                raise OSError(f"cannot listen for the ranks' events on {address} ({exc}); set "
+                              f"{ENV_DRIVER_HOST} to an address of this machine, or {ENV_LIVE}=0 "
+                              "to run without a live view") from None
+        else:
+            print(f"hvd_magics: no live view: {self.no_live_view}. The ranks' output, errors and "
+                  "the value come back when the job ends.", file=sys.stderr)
         self._group = f"hvd_magics-{job_id}"
-        spec = TaskSpec(payload, self._server.address, self.env, job_id,
-                        {source.index: source.name for source in self.sources})
+        spec = TaskSpec(payload, self._server.address if self._server else None, self.env,
+                        job_id, {source.index: source.name for source in self.sources})
         from pyspark import InheritableThread
 
         self._thread = InheritableThread(target=self._collect, args=(spec,), daemon=True,
@@ -233,7 +289,13 @@ class SparkBackend:
                 ranks = (sharded_input(self.sources, self.np) if self.reads_data
                          else self.spark.range(0, self.np, 1, self.np))
                 tasks = ranks.mapInArrow(function, STATUS_SCHEMA, barrier=True)
-            self.results = [json.loads(row.status) for row in tasks.collect()]
+            lines = [json.loads(row.status) for row in tasks.collect()]
+            self.results = [line for line in lines if "events" not in line]
+            kept: dict[int, list[str]] = {}
+            for line in sorted((ln for ln in lines if "events" in ln), key=lambda ln: ln["chunk"]):
+                kept.setdefault(line["partition"], []).append(line["events"])
+            for event in replay_order({p: replay(chunks) for p, chunks in kept.items()}):
+                self._events.put(event)
         except BaseException as exc:  # noqa: BLE001 - surfaced by the launcher
             self.error = exc
 
@@ -259,7 +321,7 @@ class SparkBackend:
         next cells)."""
         if self._server is not None:
             self._server.close()
-        if self._thread is not None:
+        if self._thread is not None and self.live:
             self._thread.join(CANCEL_AFTER_S)
         if self._group and not self.finished:
             if self.connect:

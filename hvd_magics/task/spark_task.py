@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from hvd_magics.channel import ChannelAddress, EventClient
-from hvd_magics.protocol import (CUDA_VISIBLE_DEVICES, ENV_SHARDS, SHARDING, TASK_ERROR,
-                                 TASK_STARTED)
+from hvd_magics.protocol import (CUDA_VISIBLE_DEVICES, ENV_DRIVER_HOST, ENV_LIVE, ENV_SHARDS,
+                                 SHARDING, TASK_ERROR, TASK_STARTED)
+from hvd_magics.task.event_buffer import EventBuffer
 from hvd_magics.task.gpus import visible_devices
 from hvd_magics.task.shard_files import (ShardFile, ShardSpaceError, empty_shards, remove_shards,
                                          shard_folder, write_shards)
@@ -30,11 +31,12 @@ class TaskSpec:
     """Everything a barrier task needs, shipped in the Spark closure.
 
     ``sources`` maps the index of each DataFrame the job reads to its name (empty: the stage runs
-    over ``spark.range`` and its rows are ignored).
+    over ``spark.range`` and its rows are ignored). Without a ``channel`` (the executors cannot
+    reach the notebook) the task keeps its rank's events and returns them with its status.
     """
 
     payload: bytes
-    channel: ChannelAddress
+    channel: ChannelAddress | None
     env: dict[str, str] = field(default_factory=dict)
     job_id: str = ""
     sources: dict[int, str] = field(default_factory=dict)
@@ -62,9 +64,29 @@ class _RankHolder:
             return self.proc
 
 
+class DriverUnreachable(ConnectionError):
+    """The task cannot reach the notebook's event channel (the message says what to do)."""
+
+
+def _connect(spec: TaskSpec, rank: int, host: str, holder: _RankHolder
+             ) -> EventClient | EventBuffer:
+    """The task's way to the driver: the event channel, or a buffer when there is none."""
+    if spec.channel is None:
+        return EventBuffer(rank, host, spec.job_id)
+    try:
+        return EventClient(spec.channel, rank, host, on_close=holder.on_driver_gone)
+    except OSError as exc:
+        raise DriverUnreachable(
+            f"the executor on {socket.gethostname()} cannot reach the notebook's event channel "
+            f"at {spec.channel.host}:{spec.channel.port} ({type(exc).__name__}: {exc}). Fix: "
+            f"set {ENV_DRIVER_HOST} in the notebook to an address of its machine that the "
+            f"executors reach, or {ENV_LIVE}=0 to run without a live view (output, errors and "
+            "the value come back when the job ends).") from None
+
+
 def _setup_error(exc: BaseException) -> str:
     """A setup failure as the driver shows it: our own errors as their message, others whole."""
-    if isinstance(exc, ShardSpaceError):
+    if isinstance(exc, (ShardSpaceError, DriverUnreachable)):
         return str(exc)
     return traceback.format_exc()
 
@@ -98,8 +120,7 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
     shards: list[ShardFile] = []
     try:
         slots = plan_ranks(hosts)
-        client = EventClient(spec.channel, slots[partition].rank, host,
-                             on_close=holder.on_driver_gone)
+        client = _connect(spec, slots[partition].rank, host, holder)
         if spec.sources:
             client.send(SHARDING, partition=partition, hostname=socket.gethostname())
             folder = shard_folder(spec.job_id, partition, spec.env)
@@ -123,7 +144,11 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
         extra = slot_env(slots[partition], hosts[root_task], gathered[root_task]["port"],
                          iface_for_address(host))
         extra.update(_shard_env(spec, slots, gathered, shards))
-        yield json.dumps(_supervise(spec, ctx, slots[partition], client, holder, extra, shards))
+        status = _supervise(spec, ctx, slots[partition], client, holder, extra, shards)
+        if isinstance(client, EventBuffer):  # no channel: the events travel with the result
+            for number, chunk in enumerate(client.chunks()):
+                yield json.dumps({"partition": partition, "events": chunk, "chunk": number})
+        yield json.dumps(status)
     finally:
         if server is not None:
             server.stop()
@@ -133,7 +158,8 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
             remove_shards(folder)
 
 
-def _supervise(spec: TaskSpec, ctx: Any, slot: Any, client: EventClient, holder: _RankHolder,
+def _supervise(spec: TaskSpec, ctx: Any, slot: Any, client: EventClient | EventBuffer,
+               holder: _RankHolder,
                extra_env: dict[str, str], shards: list[ShardFile]) -> dict:
     try:
         env = rank_environment(dict(os.environ), spec.env)

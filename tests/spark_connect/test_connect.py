@@ -49,6 +49,15 @@ CONNECT_SCRIPT = textwrap.dedent('''
     train, val = digits_frames(spark)
     result = HorovodRunner(np=2).run(jobs.torch_digits, train=train, val=val)
     print("torch accuracy", result["accuracy"] >= 0.9, result)
+    # executors that cannot reach the notebook: everything comes back with the Spark result
+    os.environ["HVD_MAGICS_LIVE"] = "0"
+    print("quiet value", HorovodRunner(np=2).run(jobs.print_lines, count=3))
+    try:
+        HorovodRunner(np=2).run(jobs.fail_on_rank, bad_rank=1, how="raise")
+    except HorovodJobError as exc:
+        print("quiet error", exc.failures[0].headline())
+    HorovodRunner(np=2).run(jobs.shard_report, out={out!r}, train=mixed_frame(spark))
+    print("quiet shards", sum(check_cover(read_reports({out!r}, 2), "train", MIXED_IDS)))
     spark.stop()
 ''')
 
@@ -70,3 +79,8 @@ def test_jobs_run_on_a_spark_connect_session(tmp_path):
     # DataFrames of the Connect session reach the ranks as disjoint shards, and train a model
     assert "shards 400 True train" in proc.stdout, proc.stdout
     assert "torch accuracy True" in proc.stdout, proc.stdout
+    # no live view: the cell says why, and the output, errors and value still come back
+    assert "hvd_magics: no live view: HVD_MAGICS_LIVE=0 is set. The ranks' output" in proc.stderr
+    assert "[1] line 2 of rank 1" in proc.stdout and "quiet value 0" in proc.stdout
+    assert "quiet error rank 1 on" in proc.stdout and "boom from rank 1" in proc.stdout
+    assert "quiet shards 400" in proc.stdout

@@ -98,3 +98,18 @@ def test_a_shard_larger_than_the_free_disk_is_refused(local_spark, small_disk, t
         HorovodRunner(np=2, env={"HVD_MAGICS_SHARD_DIR": str(small_disk)}).run(
             jobs.shard_report, out=str(tmp_path), big=big)
     assert os.listdir(small_disk) == []  # what was written is gone
+
+
+def test_partition_keys_land_where_spark_sends_them(local_spark):
+    from pyspark.sql import functions as F
+
+    from hvd_magics.launch.dataframe_input import partition_keys, spark_hash_int
+
+    values = [0, 1, -7, 123456, 2**31 - 1]
+    hashed = local_spark.createDataFrame([(v,) for v in values], "v int").select(
+        F.hash("v").alias("h")).collect()
+    assert [row.h for row in hashed] == [spark_hash_int(v) for v in values]
+    keys = partition_keys(5)
+    placed = (local_spark.createDataFrame([(k,) for k in keys], "key int").repartition(5, "key")
+              .select("key", F.spark_partition_id().alias("p")).collect())
+    assert {row.key: row.p for row in placed} == {k: p for p, k in enumerate(keys)}
