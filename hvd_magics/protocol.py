@@ -99,3 +99,8 @@ ENV_TIMELINE_MARK_CYCLES = "HOROVOD_TIMELINE_MARK_CYCLES"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 #: The module a rank process runs (``python -m``).
 RANK_MODULE = "hvd_magics.rank.rank_main"
+
+# -- the columns that carry a job's DataFrames to its barrier stage -----------------------------
+#: ``__source`` is the DataFrame's index, ``__key`` sends the row to its task, ``__s<index>``
+#: holds the row's columns as a struct (see hvd_magics.launch.dataframe_input).
+SOURCE_COLUMN, KEY_COLUMN, ROW_COLUMN = "__source", "__key", "__s{}"

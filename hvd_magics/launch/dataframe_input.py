@@ -24,9 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from hvd_magics.errors import PayloadError
-
-#: The columns that carry a source's rows through the shuffle (``__s<index>`` holds the row).
-SOURCE_COLUMN, KEY_COLUMN, ROW_COLUMN = "__source", "__key", "__s{}"
+from hvd_magics.protocol import KEY_COLUMN, ROW_COLUMN, SOURCE_COLUMN
 #: The seed of Spark's ``HashPartitioning`` (``Murmur3Hash``).
 SPARK_HASH_SEED = 42
 

@@ -154,11 +154,33 @@ def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S) -> None:
         if time.monotonic() >= deadline:
             break
         time.sleep(0.25)
-    cpus = sc.getConf().get("spark.task.cpus", "1")
-    raise NotEnoughSlotsError(
+    raise not_enough_slots(np, free, total, sc.master, sc.getConf().get("spark.task.cpus", "1"))
+
+
+def not_enough_slots(np: int, free: int, total: int, master: str, cpus: str) -> NotEnoughSlotsError:
+    """The error for ``np`` ranks on a cluster with ``free`` of ``total`` task slots."""
+    return NotEnoughSlotsError(
         f"np={np} needs {np} free Spark task slots at once (barrier mode), but the cluster has "
-        f"{free} free of {total} (master {sc.master}, spark.task.cpus={cpus}). Fix: use np<={free}, "
+        f"{free} free of {total} (master {master}, spark.task.cpus={cpus}). Fix: use np<={free}, "
         f"add executors or cores, or use np=-{np} to run all ranks on the driver.")
+
+
+_LOCAL_MASTER = re.compile(r"^local(?:\[(\*|\d+)(?:,\s*\d+)?\])?$")
+_LOCAL_CLUSTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,")
+
+
+def local_master_slots(master: str, task_cpus: int = 1) -> int | None:
+    """Task slots of a local master (``local``, ``local[N]``, ``local[*]``, ``local-cluster``),
+    or ``None`` for any other master (its size cannot be read from the URL)."""
+    match = _LOCAL_MASTER.match(master.strip())
+    if match:
+        cores = match.group(1)
+        count = 1 if cores is None else (os.cpu_count() or 1) if cores == "*" else int(cores)
+        return count // max(task_cpus, 1)
+    match = _LOCAL_CLUSTER.match(master.strip())
+    if match:
+        return int(match.group(1)) * (int(match.group(2)) // max(task_cpus, 1))
+    return None
 
 
 def is_connect(spark: Any) -> bool:
@@ -250,10 +272,16 @@ class SparkBackend:
     def start(self, payload: bytes, job_id: str, events: queue.Queue) -> None:
         """Check the slots, open the event channel and submit the stage.
 
-        (A Connect session cannot count its slots: there the start timeout says when the
-        cluster is too small.)"""
+        (A Connect session can count only a local master's slots, and not the busy ones:
+        elsewhere the start timeout says when the cluster is too small.)"""
         if self.sc is not None:
             check_slots(self.sc, self.np)
+        else:  # Spark Connect: only a local master tells its size
+            master = self.spark.conf.get("spark.master", "")
+            cpus = self.spark.conf.get("spark.task.cpus", "1")
+            total = local_master_slots(master, int(cpus))
+            if total is not None and self.np > total:
+                raise not_enough_slots(self.np, total, total, master, cpus)
         self._events = events
         if self.live:
             address = _driver_address(self.spark)

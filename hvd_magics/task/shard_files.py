@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from hvd_magics.protocol import ROW_COLUMN, SOURCE_COLUMN
+
 #: Where shard files go, when set (else ``$TMPDIR/hvd_magics/shards``).
 ENV_SHARD_DIR = "HVD_MAGICS_SHARD_DIR"
 #: Free space a shard write leaves on the disk at least.
@@ -73,8 +75,6 @@ def write_shards(batches: Iterable[Any], folder: Path, names: dict[int, str]
     """
     import pyarrow as pa
     import pyarrow.compute as pc
-
-    from hvd_magics.launch.dataframe_input import ROW_COLUMN, SOURCE_COLUMN
 
     files = {index: ShardFile(index, str(folder / f"{index}.arrow")) for index in names}
     writers: dict[int, Any] = {}

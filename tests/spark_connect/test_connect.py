@@ -49,6 +49,11 @@ CONNECT_SCRIPT = textwrap.dedent('''
     train, val = digits_frames(spark)
     result = HorovodRunner(np=2).run(jobs.torch_digits, train=train, val=val)
     print("torch accuracy", result["accuracy"] >= 0.9, result)
+    from hvd_magics import NotEnoughSlotsError
+    try:
+        HorovodRunner(np=3).run(jobs.print_lines, count=1)
+    except NotEnoughSlotsError as exc:
+        print("slots", exc)
     # executors that cannot reach the notebook: everything comes back with the Spark result
     os.environ["HVD_MAGICS_LIVE"] = "0"
     print("quiet value", HorovodRunner(np=2).run(jobs.print_lines, count=3))
@@ -79,6 +84,8 @@ def test_jobs_run_on_a_spark_connect_session(tmp_path):
     # DataFrames of the Connect session reach the ranks as disjoint shards, and train a model
     assert "shards 400 True train" in proc.stdout, proc.stdout
     assert "torch accuracy True" in proc.stdout, proc.stdout
+    assert "slots np=3 needs 3 free Spark task slots at once (barrier mode), but the cluster " \
+           "has 2 free of 2 (master local[2]" in proc.stdout
     # no live view: the cell says why, and the output, errors and value still come back
     assert "hvd_magics: no live view: HVD_MAGICS_LIVE=0 is set. The ranks' output" in proc.stderr
     assert "[1] line 2 of rank 1" in proc.stdout and "quiet value 0" in proc.stdout

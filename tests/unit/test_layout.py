@@ -25,7 +25,8 @@ def test_the_rank_entry_point_loads_only_the_rank_side():
 
 
 def test_a_spark_task_loads_no_notebook_or_job_code():
-    loaded = _loaded_by("import hvd_magics.task.spark_task, hvd_magics.task.task_entry")
+    loaded = _loaded_by("import hvd_magics.task.spark_task, hvd_magics.task.task_entry, "
+                        "hvd_magics.task.shard_files, hvd_magics.task.event_buffer")
     assert not {m for m in loaded if m.startswith(("hvd_magics.notebook", "hvd_magics.job",
                                                    "hvd_magics.launch"))}
 

@@ -21,3 +21,17 @@ def test_slot_env_has_what_gloo_reads():
 def test_loopback_maps_to_lo_and_names_to_nothing():
     assert iface_for_address("127.0.0.1") == "lo"
     assert iface_for_address("not-an-ip") == ""
+
+
+def test_a_local_master_tells_its_slots_and_others_do_not():
+    import os
+
+    from hvd_magics.launch.spark_backend import local_master_slots
+
+    assert local_master_slots("local") == 1 and local_master_slots("local[2]") == 2
+    assert local_master_slots("local[*]") == os.cpu_count()
+    assert local_master_slots("local[4, 3]") == 4  # N cores, retries
+    assert local_master_slots("local-cluster[2, 3, 1024]") == 6
+    assert local_master_slots("local[4]", task_cpus=2) == 2
+    assert local_master_slots("spark://host:7077") is None
+    assert local_master_slots("yarn") is None
