@@ -26,6 +26,7 @@ _PUBLIC = {
     "JobInterrupted": "hvd_magics.errors",
     "NotEnoughSlotsError": "hvd_magics.errors",
     "PayloadError": "hvd_magics.errors",
+    "MlflowMissing": "hvd_magics.job.mlflow_run",
     "StartTimeoutError": "hvd_magics.errors",
     "log_to_driver": "hvd_magics.rank.reporting",
     "progress": "hvd_magics.rank",  # the module hvd_magics.rank.progress

@@ -37,6 +37,10 @@ class RunRecord:
         The driver-side file with every line of every rank.
     timeline_path : str or None
         The Horovod Timeline file on the driver, when one was recorded.
+    mlflow_run_id : str or None
+        The MLflow run that recorded the job, when one did.
+    mlflow : str
+        Where that run is (or why it is not there), as the summary shows it.
     shards : list of dict
         Per DataFrame the job read: ``name``, ``rows_per_rank`` (rank order), ``bytes`` (Arrow
         bytes of all shards) and ``write_s`` (the longest time a task spent writing its shard to
@@ -58,6 +62,8 @@ class RunRecord:
     log_path: str = ""
     timeline_path: str | None = None
     shards: list[dict[str, Any]] = field(default_factory=list)
+    mlflow_run_id: str | None = None
+    mlflow: str = ""
     error: str = ""
     startup_s: float | None = None
     training_s: float | None = None
@@ -97,6 +103,8 @@ class RunRecord:
             rows.append(("training", f"{self.training_s:.2f} s over {len(self.epochs)} epochs"))
         if self.timeline_path:
             rows.append(("timeline", self.timeline_path))
+        if self.mlflow:
+            rows.append(("mlflow", self.mlflow))
         if self.error:
             rows.append(("error", _short(self.error.splitlines()[0])))
         rows.append(("logs", self.log_path))

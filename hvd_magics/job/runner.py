@@ -1,11 +1,13 @@
 """HorovodRunner: run a function as a Horovod job, on Spark (``np > 0``) or on the driver (``np < 0``)."""
 from __future__ import annotations
 
+import inspect
 import os
 import queue
 import tempfile
 import time
 import uuid
+import warnings
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -13,6 +15,7 @@ from typing import Any, Callable, Mapping
 from hvd_magics.launch.driver_backend import DriverBackend
 from hvd_magics.errors import HorovodJobError, JobInterrupted, PayloadError, StartTimeoutError
 from hvd_magics.job.job_state import LOST, JobState, JobView
+from hvd_magics.job.mlflow_run import MlflowSettings, MlflowTracker, requested
 from hvd_magics.launch.dataframe_input import DataFrameSources, check_columns, common_session
 from hvd_magics.notebook.payload import JobPayload, serialize_job
 from hvd_magics.protocol import ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE, RANK_MODULE
@@ -87,11 +90,19 @@ class HorovodRunner:
         (A constructor keyword, so that ``run(main, **kwargs)`` passes every keyword to ``main``.)
     timeline_mark_cycles : bool
         Mark Horovod's cycles in the timeline (``HOROVOD_TIMELINE_MARK_CYCLES``).
+    mlflow : bool or str, optional
+        Record each run in one MLflow run, from the driver: ``True`` in the current experiment, a
+        string names the experiment, ``False`` never. By default (``None``) a run is recorded
+        when the notebook has an active MLflow run (as a nested run) or ``%hvd_mlflow on`` was
+        used. Needs ``pip install 'hvd_magics[mlflow]'``.
 
     Raises
     ------
     ValueError
         For ``np = 0``, a non-integer ``np`` or an unknown verbosity.
+    MlflowMissing
+        For ``mlflow`` asked without the mlflow package (an ``ImportError`` that says how to
+        install it).
 
     Examples
     --------
@@ -103,12 +114,15 @@ class HorovodRunner:
                  start_timeout: float = DEFAULT_START_TIMEOUT_S,
                  env: Mapping[str, str] | None = None,
                  timeline: str | os.PathLike | None = None,
-                 timeline_mark_cycles: bool = False) -> None:
+                 timeline_mark_cycles: bool = False, mlflow: bool | str | None = None) -> None:
         self.num_processor = validate_np(np)
         self.driver_log_verbosity = validate_verbosity(driver_log_verbosity)
         self.start_timeout = validate_start_timeout(start_timeout)
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
         self.timeline = Path(timeline) if timeline is not None else None
+        self.mlflow = mlflow
+        if mlflow:
+            requested(mlflow, None)  # says how to install MLflow now, not at the first run
         if self.timeline is not None:
             self.env[ENV_WANT_TIMELINE] = "1"
             if timeline_mark_cycles:
@@ -134,17 +148,19 @@ class HorovodRunner:
             When ranks did not start within ``start_timeout``.
         """
         payload = serialize_job(main, kwargs)
-        return self.run_payload(payload).value
+        return self.run_payload(payload, source=_source_of(main)).value
 
     def run_payload(self, payload: JobPayload | bytes, views: list[JobView] | None = None,
-                    decode: Decoder = decode_value) -> RunRecord:
+                    decode: Decoder = decode_value, source: str | None = None) -> RunRecord:
         """Run an already serialised job; return its :class:`RunRecord` (used by the magics).
 
-        ``decode`` turns what rank 0 sent back into the record's ``value``.
+        ``decode`` turns what rank 0 sent back into the record's ``value``; ``source`` (the
+        cell's or the function's) goes to MLflow when the run is tracked.
         """
         views = default_views(self.driver_log_verbosity) if views is None else views
+        tracking = requested(self.mlflow, SESSION.mlflow)
         return launch(payload, self.num_processor, self.env, self.start_timeout, views,
-                      self.timeline, decode)
+                      self.timeline, decode, tracking, source)
 
 
 def _make_backend(np: int, env: dict[str, str], sources: DataFrameSources
@@ -164,9 +180,29 @@ def _make_backend(np: int, env: dict[str, str], sources: DataFrameSources
     return SparkBackend(spark, np, env)
 
 
+def _source_of(main: Callable) -> str | None:
+    try:
+        return inspect.getsource(main)
+    except (OSError, TypeError):
+        return None
+
+
+def _tracker(settings: MlflowSettings | None, job_id: str, np: int, where: str,
+             source: str | None) -> MlflowTracker | None:
+    if settings is None:
+        return None
+    try:
+        return MlflowTracker(settings, job_id, np, where, source)
+    except Exception as exc:  # noqa: BLE001 - tracking never stops a job
+        warnings.warn(f"hvd_magics: MLflow tracking could not start ({type(exc).__name__}: "
+                      f"{exc}); the job goes on without it.", stacklevel=3)
+        return None
+
+
 def launch(payload: JobPayload | bytes, np: int, env: dict[str, str], start_timeout: float,
            views: list[JobView], timeline: Path | None = None,
-           decode: Decoder = decode_value) -> RunRecord:
+           decode: Decoder = decode_value, tracking: MlflowSettings | None = None,
+           source: str | None = None) -> RunRecord:
     """Run one job to its end and return its record; raise when it failed.
 
     Whatever happens, the views are ended and the log is closed before this returns or raises.
@@ -176,7 +212,8 @@ def launch(payload: JobPayload | bytes, np: int, env: dict[str, str], start_time
         payload = JobPayload(payload)
     backend = _make_backend(np, env, payload.sources)
     log_path = runs_dir() / job_id / "ranks.log"
-    job = JobState(abs(np), log_path, views, backend.where)
+    tracker = _tracker(tracking, job_id, np, backend.where, source)
+    job = JobState(abs(np), log_path, views + ([tracker] if tracker else []), backend.where)
     job.timeline_dest = timeline
     record = RunRecord(job_id=job_id, np=np, where=backend.where, log_path=str(log_path))
     SESSION.last_run = record
@@ -211,6 +248,8 @@ def launch(payload: JobPayload | bytes, np: int, env: dict[str, str], start_time
         if not clean:
             _reap_local_ranks(job)
         _finish(record, job)
+        if tracker is not None:
+            tracker.finish(record)
     return record
 
 

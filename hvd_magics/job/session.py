@@ -1,13 +1,15 @@
 """The state one Python process (one kernel) keeps across jobs, in one place.
 
 The magics and :class:`~hvd_magics.job.runner.HorovodRunner` share the one :data:`SESSION`: the
-last run (also failed or interrupted ones) and what ``%hvd_timeline`` turned on. Nothing else
+last run (also failed or interrupted ones) and what ``%hvd_timeline`` and ``%hvd_mlflow`` turned
+on. Nothing else
 keeps state between jobs.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hvd_magics.job.mlflow_run import MlflowSettings
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.timeline import TimelineSettings
 
@@ -18,11 +20,14 @@ class Session:
 
     last_run: RunRecord | None = None
     timeline: TimelineSettings = field(default_factory=TimelineSettings)
+    #: MLflow tracking for every job (``%hvd_mlflow on``), or ``None``.
+    mlflow: MlflowSettings | None = None
 
     def reset(self) -> None:
-        """Forget the last run and turn the timeline off (as in a fresh kernel)."""
+        """Forget the last run, turn the timeline and MLflow tracking off (as in a fresh kernel)."""
         self.last_run = None
         self.timeline = TimelineSettings()
+        self.mlflow = None
 
 
 #: This process's session.

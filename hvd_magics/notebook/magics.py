@@ -13,6 +13,7 @@ from IPython.display import display
 from hvd_magics.errors import CellError, PayloadError
 from hvd_magics.job.options import (DEFAULT_START_TIMEOUT_S, VERBOSITIES, validate_np,
                                     validate_start_timeout)
+from hvd_magics.job.mlflow_run import MlflowMissing, requested
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.runner import HorovodRunner, default_views
 from hvd_magics.job.session import SESSION
@@ -91,6 +92,10 @@ class HorovodMagics(Magics):
               help="'all' shows every rank's output; 'log_callback_only' only log_to_driver().")
     @argument("--allow-driver-gpu", action="store_true",
               help="Run even when the notebook's own process holds a GPU.")
+    @argument("--mlflow", nargs="?", const=True, default=None, metavar="EXPERIMENT",
+              help="Record the run in MLflow (in EXPERIMENT, or the current experiment). Runs are "
+                   "also recorded when an MLflow run is active or %%hvd_mlflow is on.")
+    @argument("--no-mlflow", action="store_true", help="Do not record this run in MLflow.")
     @cell_magic
     def horovod(self, line: str, cell: str) -> Any:
         """Run the cell as a Horovod job; return what rank 0's cell evaluates to last."""
@@ -133,12 +138,16 @@ class HorovodMagics(Magics):
         except PayloadError as exc:
             raise UsageError(f"%%horovod: {exc}") from None
         timeline = SESSION.timeline
-        runner = HorovodRunner(np, driver_log_verbosity=args.verbosity,
-                               start_timeout=args.start_timeout, env=env,
-                               timeline=timeline.next_path() if timeline.enabled else None,
-                               timeline_mark_cycles=timeline.mark_cycles)
+        try:
+            runner = HorovodRunner(np, driver_log_verbosity=args.verbosity,
+                                   start_timeout=args.start_timeout, env=env,
+                                   timeline=timeline.next_path() if timeline.enabled else None,
+                                   timeline_mark_cycles=timeline.mark_cycles,
+                                   mlflow=False if args.no_mlflow else args.mlflow)
+        except MlflowMissing as exc:
+            raise UsageError(f"%%horovod --mlflow: {exc}") from None
         views = default_views(args.verbosity, show_output=not args.quiet)
-        record = self._run(runner, payload, views, args.output)
+        record = self._run(runner, payload, views, args.output, cell)
         result = record.value or {}
         record.value = result.get("value")
         record.returned = result.get("returned", {})
@@ -146,10 +155,10 @@ class HorovodMagics(Magics):
         display(record)  # the static summary: shown by exports, terminals and widget-less views
         return record.value
 
-    def _run(self, runner: HorovodRunner, payload: JobPayload, views: list, output: str | None
-             ) -> RunRecord:
+    def _run(self, runner: HorovodRunner, payload: JobPayload, views: list, output: str | None,
+             source: str) -> RunRecord:
         try:
-            record = runner.run_payload(payload, views, decode_cell_result)
+            record = runner.run_payload(payload, views, decode_cell_result, source)
         finally:
             if output:
                 self.shell.user_ns[output] = SESSION.last_run
@@ -192,3 +201,24 @@ class HorovodMagics(Magics):
                 raise UsageError(f"%hvd_timeline show: cannot read {path}: {exc.strerror}") from None
         print(settings)
         return None
+
+    @magic_arguments()
+    @argument("action", nargs="?", choices=["on", "off"], default=None,
+              help="on: record every %%horovod run in MLflow; off: only when asked (--mlflow) or "
+                   "when an MLflow run is active. Without an action, print the current state.")
+    @argument("experiment", nargs="?", default=None,
+              help="on: the experiment's name (default: the current experiment).")
+    @line_magic
+    def hvd_mlflow(self, line: str) -> None:
+        """Turn MLflow tracking of every %%horovod run on or off for this session."""
+        args = parse_argstring(self.hvd_mlflow, line)
+        if args.action == "on":
+            try:
+                SESSION.mlflow = requested(args.experiment or True, None)
+            except MlflowMissing as exc:
+                raise UsageError(f"%hvd_mlflow: {exc}") from None
+        elif args.action == "off":
+            SESSION.mlflow = None
+        print(SESSION.mlflow if SESSION.mlflow is not None else
+              "MLflow tracking is off: a run is recorded with %%horovod --mlflow, or when an "
+              "MLflow run is active in the notebook")

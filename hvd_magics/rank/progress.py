@@ -34,6 +34,7 @@ class _Epoch:
     batch_size: int | None = None
     started = 0.0
     last_emit = 0.0
+    metrics: dict[str, float] = {}
 
 
 _current = _Epoch()
@@ -58,12 +59,16 @@ def start_epoch(epoch: int, epochs: int | None = None, steps: int | None = None,
     """
     _current.epoch, _current.epochs, _current.steps = epoch, epochs, steps
     _current.batch_size = batch_size
+    _current.metrics = {}
     _current.started = _current.last_emit = time.monotonic()
     rank_events.emit(EPOCH_BEGIN, epoch=epoch, epochs=epochs, steps=steps)
 
 
 def report(step: int, total: int | None = None, **metrics: Any) -> None:
-    """Report step ``step`` (1-based) of the current epoch and the latest metrics (throttled)."""
+    """Report step ``step`` (1-based) of the current epoch and the latest metrics (throttled; the
+    latest metrics also go with the end of the epoch)."""
+    if metrics:
+        _current.metrics = {**_current.metrics, **_floats(metrics)}
     now = time.monotonic()
     if now - _current.last_emit < MIN_INTERVAL_S:
         return
@@ -76,10 +81,12 @@ def report(step: int, total: int | None = None, **metrics: Any) -> None:
 
 
 def end_epoch(samples: int | None = None, **metrics: Any) -> None:
-    """Say that the current epoch ended, having seen ``samples`` samples on this rank."""
+    """Say that the current epoch ended, having seen ``samples`` samples on this rank; its
+    metrics are ``metrics`` over the latest ones :func:`report` was given."""
     duration = time.monotonic() - _current.started
     rank_events.emit(EPOCH_END, epoch=_current.epoch, epochs=_current.epochs,
-                     duration=duration, samples=samples, metrics=_floats(metrics))
+                     duration=duration, samples=samples,
+                     metrics={**_current.metrics, **_floats(metrics)})
 
 
 def track(iterable: Iterable[T], epoch: int, epochs: int | None = None, total: int | None = None,

@@ -1,0 +1,283 @@
+"""Record a job in one MLflow run, from the driver: no credentials or code on the executors.
+
+Everything the driver already knows goes in: the job's settings as params, each epoch's metrics
+averaged over ranks (``step`` = epoch) with its wall time and samples per second, the ranks' log,
+the epoch table, the cell's (or function's) source and the Horovod Timeline as artifacts, and
+the end as the run's status (``FINISHED``, ``FAILED`` with the error as a tag, ``KILLED``).
+
+Every MLflow call runs in one background thread, so a slow or absent tracking server never slows
+or stops the job: the first failure gives one warning and tracking stops for that job.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import queue
+import sys
+import threading
+import time
+import urllib.request
+import warnings
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, Callable
+
+from hvd_magics.errors import HorovodMagicsError
+from hvd_magics.protocol import EPOCH_BEGIN, EPOCH_END
+
+#: How to get MLflow when a job asks for tracking without it.
+INSTALL_HINT = ("MLflow tracking needs the mlflow package in the notebook's Python: "
+                "pip install 'hvd_magics[mlflow]' (or pip install mlflow)")
+#: How long the end of a job waits for MLflow to take what is left before it goes on.
+FINISH_WAIT_S = 20.0
+#: How long a tracking server has to answer its health check.
+HEALTH_TIMEOUT_S = 3.0
+#: Packages whose versions (on the driver) are logged as params.
+VERSIONED = ("horovod", "tensorflow", "tensorflow-cpu", "tf-keras", "keras", "torch", "pyspark")
+#: Run status for each way a job ends.
+STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
+
+
+class MlflowMissing(HorovodMagicsError, ImportError):
+    """Tracking was asked for, but mlflow is not installed (the message says how to get it)."""
+
+
+@dataclass
+class MlflowSettings:
+    """Tracking as the user asked for it: ``experiment`` by name, or the current one."""
+
+    experiment: str | None = None
+
+    def __str__(self) -> str:
+        where = f"experiment {self.experiment!r}" if self.experiment else "the current experiment"
+        return f"MLflow tracking is on: every %%horovod run is recorded in {where}"
+
+
+def _require_mlflow() -> Any:
+    try:
+        import mlflow
+    except ImportError:
+        raise MlflowMissing(INSTALL_HINT) from None
+    return mlflow
+
+
+def requested(asked: bool | str | None, session: MlflowSettings | None) -> MlflowSettings | None:
+    """Whether (and where) to track a job.
+
+    ``asked``: ``False`` never; ``True`` or an experiment name always; ``None`` when the session
+    turned tracking on, or when the notebook has an active MLflow run.
+
+    Raises
+    ------
+    MlflowMissing
+        When tracking is asked for and mlflow is not installed.
+    """
+    if asked is False:
+        return None
+    if asked is None:
+        if session is not None:
+            _require_mlflow()
+            return session
+        mlflow = sys.modules.get("mlflow")
+        active = getattr(mlflow, "active_run", None)
+        return MlflowSettings() if active is not None and active() is not None else None
+    _require_mlflow()
+    return MlflowSettings(asked if isinstance(asked, str) and asked else None)
+
+
+def _versions() -> dict[str, str]:
+    found = {}
+    for name in VERSIONED:
+        try:
+            found[f"{name}_version"] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def ui_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
+    """The run's page in the MLflow UI, when the tracking URI is a server."""
+    if not tracking_uri.startswith(("http://", "https://")):
+        return None
+    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+class MlflowTracker:
+    """Record one job in an MLflow run (a :class:`hvd_magics.job.job_state.JobView` too).
+
+    Parameters
+    ----------
+    settings : MlflowSettings
+        Which experiment.
+    job_id, np, where : str, int, str
+        What runs where (logged as params, the run is named after the job).
+    source : str, optional
+        The cell's or the function's source, logged as an artifact.
+    """
+
+    def __init__(self, settings: MlflowSettings, job_id: str, np: int, where: str,
+                 source: str | None = None) -> None:
+        mlflow = _require_mlflow()
+        from mlflow.tracking._tracking_service.utils import is_tracking_uri_set
+
+        self.tracking_uri = mlflow.get_tracking_uri()
+        self.default_store = not is_tracking_uri_set()
+        # the notebook's active run and experiment live in this (the kernel's) thread
+        parent = mlflow.active_run()
+        self._parent_id = parent.info.run_id if parent is not None else None
+        self._parent_experiment = parent.info.experiment_id if parent is not None else None
+        from mlflow.tracking.fluent import _get_experiment_id
+
+        self._current_experiment = _get_experiment_id()
+        self.settings = settings
+        self.job_id, self.np, self.where, self.source = job_id, np, where, source
+        self.run_id: str | None = None
+        self.experiment_id: str | None = None
+        self.failed: str | None = None
+        self._client: Any = None
+        self._size = abs(np)
+        self._epoch_metrics: dict[int, dict[int, dict[str, float]]] = {}
+        self._logged_epochs: set[int] = set()
+        self._batch_size: int | None = None
+        self._steps: int | None = None
+        self._tasks: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._worker = threading.Thread(target=self._work, name="hvd-mlflow", daemon=True)
+        self._worker.start()
+        self._tasks.put(self._start)
+
+    # -- the worker thread ------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            task = self._tasks.get()
+            if task is None:
+                return
+            if self.failed is not None:
+                continue
+            try:
+                task()
+            except Exception as exc:  # noqa: BLE001 - tracking never breaks a job
+                self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                warnings.warn(f"hvd_magics: MLflow tracking at {self.tracking_uri} failed "
+                              f"({self.failed}); the job goes on without it.", stacklevel=1)
+
+    def _start(self) -> None:
+        from mlflow import MlflowClient
+
+        if self.tracking_uri.startswith(("http://", "https://")):
+            health = f"{self.tracking_uri.rstrip('/')}/health"
+            with urllib.request.urlopen(health, timeout=HEALTH_TIMEOUT_S):  # noqa: S310
+                pass  # a server that is down fails here at once, not after MLflow's retries
+        client = MlflowClient(self.tracking_uri)
+        if self.settings.experiment:
+            found = client.get_experiment_by_name(self.settings.experiment)
+            experiment = (found.experiment_id if found is not None
+                          else client.create_experiment(self.settings.experiment))
+        else:
+            experiment = self._parent_experiment or self._current_experiment
+        tags = {"hvd_magics.job_id": self.job_id}
+        if self._parent_id:
+            tags["mlflow.parentRunId"] = self._parent_id
+        run = client.create_run(experiment, run_name=f"horovod-{self.job_id}", tags=tags)
+        self._client, self.run_id, self.experiment_id = client, run.info.run_id, experiment
+        from mlflow.entities import Param
+
+        params = {"np": str(self.np), "ranks": str(self._size), "where": self.where,
+                  **_versions()}
+        client.log_batch(self.run_id, params=[Param(k, v) for k, v in params.items()])
+
+    # -- the job's events (from the driver's main loop: only bookkeeping here) ----------------
+    def on_event(self, job: Any, event: dict[str, Any]) -> None:
+        kind = event["kind"]
+        if kind == EPOCH_BEGIN and event.get("rank") == 0 and self._steps is None:
+            self._steps = event.get("steps")
+        if kind != EPOCH_END or event.get("epoch") is None:
+            return
+        epoch = int(event["epoch"])
+        if event.get("rank") == 0 and self._batch_size is None and self._steps and \
+                event.get("samples"):
+            self._batch_size = -(-int(event["samples"]) // int(self._steps))
+        metrics = {k: float(v) for k, v in (event.get("metrics") or {}).items()
+                   if isinstance(v, (int, float))}
+        self._epoch_metrics.setdefault(epoch, {})[event["rank"]] = metrics
+        if len(self._epoch_metrics[epoch]) == self._size:
+            self._log_epoch(job, epoch)
+
+    def on_tick(self, job: Any) -> None:
+        pass
+
+    def on_end(self, job: Any) -> None:
+        for epoch in sorted(self._epoch_metrics):  # epochs not every rank finished
+            self._log_epoch(job, epoch)
+
+    def _log_epoch(self, job: Any, epoch: int) -> None:
+        if epoch in self._logged_epochs:
+            return
+        self._logged_epochs.add(epoch)
+        by_rank = self._epoch_metrics[epoch].values()
+        names = sorted({name for metrics in by_rank for name in metrics})
+        values = {name: sum(m[name] for m in by_rank if name in m)
+                  / sum(1 for m in by_rank if name in m) for name in names}
+        row = next((r for r in job.timer.rows() if r["epoch"] == epoch), {})
+        if row.get("wall_s") is not None:
+            values["epoch_wall_s"] = row["wall_s"]
+        if row.get("samples_per_s") is not None:
+            values["samples_per_s"] = row["samples_per_s"]
+        stamp = int(time.time() * 1000)
+        self._tasks.put(lambda: self._log_metrics(values, epoch, stamp))
+
+    def _log_metrics(self, values: dict[str, float], epoch: int, stamp: int) -> None:
+        from mlflow.entities import Metric
+
+        self._client.log_batch(self.run_id, metrics=[Metric(k, v, stamp, epoch)
+                                                     for k, v in values.items()])
+
+    # -- the end -----------------------------------------------------------------------------
+    def finish(self, record: Any) -> None:
+        """Log the artifacts and the end, wait (a while) for MLflow, and note the run in
+        ``record``. Called once the job's log is closed."""
+        self._tasks.put(lambda: self._end(record))
+        self._tasks.put(None)
+        self._worker.join(FINISH_WAIT_S)
+        if self._worker.is_alive():
+            self.failed = self.failed or f"no answer within {FINISH_WAIT_S:.0f} s"
+            warnings.warn(f"hvd_magics: MLflow at {self.tracking_uri} did not answer within "
+                          f"{FINISH_WAIT_S:.0f} s; the run may be incomplete.", stacklevel=2)
+        if self.run_id is not None:
+            record.mlflow_run_id = self.run_id
+            store = " (no tracking URI was set: MLflow's local default store)" \
+                if self.default_store else ""
+            url = ui_url(self.tracking_uri, self.experiment_id or "0", self.run_id)
+            record.mlflow = (f"run {self.run_id} in {self.tracking_uri}{store}"
+                             + (f", {url}" if url else "")
+                             + (f"; incomplete: {self.failed}" if self.failed else ""))
+        elif self.failed:
+            record.mlflow = f"not recorded: {self.failed}"
+
+    def _end(self, record: Any) -> None:
+        client, run_id = self._client, self.run_id
+        if self._batch_size is not None:
+            client.log_param(run_id, "batch_size", str(self._batch_size))
+        if record.log_path:
+            client.log_artifact(run_id, record.log_path)
+        if record.epochs:
+            client.log_text(run_id, epochs_csv(record.epochs), "epoch_timing.csv")
+        if self.source:
+            client.log_text(run_id, self.source, "source.py")
+        if record.timeline_path:
+            client.log_artifact(run_id, record.timeline_path)
+        if record.error:
+            client.set_tag(run_id, "hvd_magics.error", record.error[:5000])
+        client.set_terminated(run_id, STATUS.get(record.status, "FAILED"))
+
+
+def epochs_csv(rows: list[dict[str, Any]]) -> str:
+    """The epoch timing rows as CSV (per-rank seconds as ``rank<N>_s`` columns)."""
+    ranks = sorted({rank for row in rows for rank in row.get("rank_seconds", {})})
+    fields = ["epoch", "wall_s", "slowest_rank_s", "line_to_line_s", "samples", "samples_per_s"]
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(fields + [f"rank{r}_s" for r in ranks])
+    for row in rows:
+        seconds = row.get("rank_seconds", {})
+        writer.writerow([row.get(f) for f in fields] + [seconds.get(r) for r in ranks])
+    return out.getvalue()

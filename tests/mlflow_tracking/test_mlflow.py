@@ -1,0 +1,211 @@
+"""Jobs recorded in MLflow from the driver: against a real `mlflow server` on loopback (SQLite
+backend, local artifact store) started here, and against MLflow's local default store."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from hvd_magics import HorovodJobError, HorovodRunner, JobInterrupted, last_run
+from hvd_magics.job.session import SESSION
+from tests import jobs
+from tests.conftest import ROOT
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server on loopback; its URI."""
+    folder = tmp_path_factory.mktemp("mlflow-server")
+    port = _free_port()
+    uri = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
+         "--artifacts-destination", str(folder / "artifacts"), "--workers", "1"],
+        stdout=open(folder / "server.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+        start_new_session=True)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2):
+                break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("mlflow server did not start: "
+                                   + (folder / "server.log").read_text()[-2000:]) from None
+            time.sleep(0.2)
+    yield uri
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(30)
+
+
+@pytest.fixture()
+def tracking(mlflow_server):
+    import mlflow
+
+    mlflow.set_tracking_uri(mlflow_server)
+    yield mlflow.MlflowClient(mlflow_server)
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+    mlflow.set_tracking_uri(None)
+
+
+def _history(client, run_id, key):
+    return [(m.step, round(m.value, 6)) for m in client.get_metric_history(run_id, key)]
+
+
+def test_a_run_on_the_server_has_params_epoch_metrics_and_artifacts(tracking, local_spark):
+    assert HorovodRunner(np=2, mlflow="hvd-tests").run(jobs.rank_metrics, epochs=3) == "ok"
+    record = last_run()
+    run = tracking.get_run(record.mlflow_run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == f"horovod-{record.job_id}"
+    assert tracking.get_experiment(run.info.experiment_id).name == "hvd-tests"
+    params = run.data.params
+    assert params["np"] == "2" and params["where"] == "spark local[2]"
+    assert params["horovod_version"] == "0.28.1" and params["batch_size"] == "8"
+    # one value per epoch, step = epoch, averaged over the two ranks
+    assert _history(tracking, run.info.run_id, "score") == [(1, 1.5), (2, 2.5), (3, 3.5)]
+    assert _history(tracking, run.info.run_id, "loss") == [(1, 6.0), (2, 7.0), (3, 8.0)]
+    assert [s for s, _ in _history(tracking, run.info.run_id, "epoch_wall_s")] == [1, 2, 3]
+    artifacts = {a.path for a in tracking.list_artifacts(run.info.run_id)}
+    assert artifacts == {"ranks.log", "epoch_timing.csv", "source.py"}
+    csv_text = open(tracking.download_artifacts(run.info.run_id, "epoch_timing.csv")).read()
+    assert csv_text.splitlines()[0].startswith("epoch,wall_s,") and len(csv_text.splitlines()) == 4
+    source = open(tracking.download_artifacts(run.info.run_id, "source.py")).read()
+    assert source.startswith("def rank_metrics(")
+    # the summary links the run in the server's UI
+    assert f"#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}" in record.mlflow
+    assert "mlflow" in str(record)
+
+
+def test_failures_and_interrupts_end_the_run_as_such(tracking, tmp_path):
+    with pytest.raises(HorovodJobError):
+        HorovodRunner(np=-2, mlflow=True).run(jobs.fail_on_rank, bad_rank=1, how="raise")
+    failed = tracking.get_run(last_run().mlflow_run_id)
+    assert failed.info.status == "FAILED"
+    assert "boom from rank 1" in failed.data.tags["hvd_magics.error"]
+
+    pid_file = str(tmp_path / "child")
+
+    def interrupt_when_running():
+        deadline = time.monotonic() + 120
+        while not all(os.path.exists(f"{pid_file}.{r}") for r in (0, 1)):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_running, daemon=True).start()
+    with pytest.raises(JobInterrupted):
+        HorovodRunner(np=-2, mlflow=True).run(jobs.start_children_and_wait, pid_file=pid_file)
+    assert tracking.get_run(last_run().mlflow_run_id).info.status == "KILLED"
+
+
+def test_an_active_run_gets_a_nested_run_and_the_session_switch_works(tracking, ip, capsys):
+    import mlflow
+
+    cell = "import os\nprint('rank', os.environ['HOROVOD_RANK'])\n6 * 7\n"
+    with mlflow.start_run(run_name="notebook") as parent:
+        assert ip.run_cell_magic("horovod", "np=-1 -q", cell) == 42
+    nested = tracking.get_run(last_run().mlflow_run_id)
+    assert nested.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert open(tracking.download_artifacts(nested.info.run_id, "source.py")).read() == cell
+    # no active run, nothing asked: not recorded
+    ip.run_cell_magic("horovod", "np=-1 -q", cell)
+    assert last_run().mlflow_run_id is None
+    ip.run_line_magic("hvd_mlflow", "on session-exp")
+    try:
+        ip.run_cell_magic("horovod", "np=-1 -q", cell)
+        run = tracking.get_run(last_run().mlflow_run_id)
+        assert tracking.get_experiment(run.info.experiment_id).name == "session-exp"
+        ip.run_cell_magic("horovod", "np=-1 -q --no-mlflow", cell)
+        assert last_run().mlflow_run_id is None
+    finally:
+        ip.run_line_magic("hvd_mlflow", "off")
+    assert SESSION.mlflow is None
+    assert "MLflow tracking is on: every %%horovod run is recorded in experiment " \
+           "'session-exp'" in capsys.readouterr().out
+
+
+def test_a_server_that_is_down_gives_one_warning_and_the_job_goes_on():
+    import mlflow
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    mlflow.set_tracking_uri(f"http://127.0.0.1:{port}")
+    try:
+        started = time.monotonic()
+        with pytest.warns(UserWarning, match="MLflow tracking at http://127.0.0.1:.* failed "
+                                             ".*the job goes on without it") as caught:
+            assert HorovodRunner(np=-1, mlflow=True).run(jobs.print_lines, count=1) == 0
+        assert len([w for w in caught if "MLflow" in str(w.message)]) == 1
+        assert time.monotonic() - started < 30
+        assert last_run().status == "succeeded" and last_run().mlflow.startswith("not recorded")
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
+LOCAL_STORE = textwrap.dedent('''
+    import sys
+    sys.path.insert(0, {root!r})
+    import cloudpickle
+    from tests import jobs
+    cloudpickle.register_pickle_by_value(jobs)
+    from hvd_magics import HorovodRunner, last_run
+    HorovodRunner(np=-1, mlflow=True).run(jobs.rank_metrics, epochs=2)
+    print("RECORD", last_run().mlflow)
+    import mlflow
+    run = mlflow.MlflowClient().get_run(last_run().mlflow_run_id)
+    print("STATUS", run.info.status, sorted(run.data.metrics))
+''')
+
+
+def test_without_a_tracking_uri_runs_go_to_the_local_default_store(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    proc = subprocess.run([sys.executable, "-c", LOCAL_STORE.format(root=str(ROOT))], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "(no tracking URI was set: MLflow's local default store)" in proc.stdout
+    assert "STATUS FINISHED ['epoch_wall_s', 'loss', 'samples_per_s', 'score']" in proc.stdout
+    assert any(p.name.startswith("mlflow") for p in tmp_path.iterdir())  # the store, in the cwd
+
+
+MISSING = textwrap.dedent('''
+    import sys
+    sys.modules["mlflow"] = None  # as if it were not installed
+    from hvd_magics import HorovodRunner, MlflowMissing
+    try:
+        HorovodRunner(np=-1, mlflow=True)
+    except MlflowMissing as exc:
+        print("MISSING", exc)
+    from IPython.testing.globalipapp import start_ipython
+    from IPython.core.error import UsageError
+    ip = start_ipython()
+    ip.run_line_magic("load_ext", "hvd_magics")
+    try:
+        ip.run_cell_magic("horovod", "np=-1 --mlflow", "1")
+    except UsageError as exc:
+        print("USAGE", exc)
+''')
+
+
+def test_without_mlflow_the_option_says_how_to_install_it():
+    proc = subprocess.run([sys.executable, "-c", MISSING], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "MISSING MLflow tracking needs the mlflow package in the notebook's Python: pip " \
+           "install 'hvd_magics[mlflow]'" in proc.stdout
+    assert "USAGE %%horovod --mlflow: MLflow tracking needs the mlflow package" in proc.stdout
