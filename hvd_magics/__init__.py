@@ -1,7 +1,7 @@
 """hvd_magics: run a notebook cell as a distributed Horovod job on Spark.
 
-``%load_ext hvd_magics`` registers ``%%horovod`` and ``%hvd_timeline``; :class:`HorovodRunner`
-is the Python API beneath them, compatible with Databricks' ``sparkdl.HorovodRunner``.
+``%load_ext hvd_magics`` registers ``%%horovod``, ``%hvd_timeline`` and ``%hvd_mlflow``;
+:class:`HorovodRunner` is the Python API beneath them, compatible with Databricks' ``sparkdl.HorovodRunner``.
 
 The package is split by where code runs: ``notebook/`` (the kernel's front end), ``job/`` (the
 driver while a job runs), ``launch/`` (starting ranks), ``task/`` (a Spark task supervising its
@@ -51,7 +51,7 @@ def __dir__() -> list[str]:
 
 
 def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's own type
-    """Register ``%%horovod`` and ``%hvd_timeline`` (``%load_ext hvd_magics``)."""
+    """Register ``%%horovod``, ``%hvd_timeline`` and ``%hvd_mlflow`` (``%load_ext hvd_magics``)."""
     from hvd_magics.notebook.magics import HorovodMagics
 
     ipython.register_magics(HorovodMagics)

@@ -1,4 +1,4 @@
-"""The IPython front end: ``%%horovod`` (and ``%hvd_timeline``)."""
+"""The IPython front end: ``%%horovod`` (and ``%hvd_timeline``, ``%hvd_mlflow``)."""
 from __future__ import annotations
 
 import re
