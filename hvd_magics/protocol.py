@@ -97,6 +97,11 @@ ENV_HOROVOD_TIMELINE = "HOROVOD_TIMELINE"
 ENV_TIMELINE_MARK_CYCLES = "HOROVOD_TIMELINE_MARK_CYCLES"
 #: CUDA's device list: the GPUs a rank sees.
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+#: Horovod's own: the port of the Gloo rendezvous (known only once the tasks met).
+ENV_RENDEZVOUS_PORT = "HOROVOD_GLOO_RENDEZVOUS_PORT"
+#: Comma-separated modules a rank imports while it waits for its job (the leading imports of the
+#: cell or function), so that importing overlaps the rest of the launch.
+ENV_PREIMPORT = "HVD_MAGICS_PREIMPORT"
 #: The module a rank process runs (``python -m``).
 RANK_MODULE = "hvd_magics.rank.rank_main"
 

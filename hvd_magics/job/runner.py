@@ -18,7 +18,9 @@ from hvd_magics.job.job_state import LOST, JobState, JobView
 from hvd_magics.job.mlflow_run import MlflowSettings, MlflowTracker, requested
 from hvd_magics.launch.dataframe_input import DataFrameSources, check_columns, common_session
 from hvd_magics.notebook.payload import JobPayload, serialize_job
-from hvd_magics.protocol import ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE, RANK_MODULE
+from hvd_magics.notebook.cell_capture import leading_imports
+from hvd_magics.protocol import (ENV_PREIMPORT, ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE,
+                                 RANK_MODULE)
 from hvd_magics.result_codec import VALUE, ResultDecodeError, decode_strict
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.session import SESSION
@@ -210,6 +212,9 @@ def launch(payload: JobPayload | bytes, np: int, env: dict[str, str], start_time
     job_id = uuid.uuid4().hex[:12]
     if not isinstance(payload, JobPayload):
         payload = JobPayload(payload)
+    preimport = leading_imports(source) if source else []
+    if preimport and ENV_PREIMPORT not in env:
+        env = {**env, ENV_PREIMPORT: ",".join(preimport)}
     backend = _make_backend(np, env, payload.sources)
     log_path = runs_dir() / job_id / "ranks.log"
     tracker = _tracker(tracking, job_id, np, backend.where, source)

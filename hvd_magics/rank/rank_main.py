@@ -19,7 +19,7 @@ import threading
 import time
 import traceback
 
-from hvd_magics.protocol import ERROR, RESULT, STARTED
+from hvd_magics.protocol import ENV_PREIMPORT, ERROR, RESULT, STARTED
 from hvd_magics.rank import rank_events
 from hvd_magics.rank.process_group import die_with_parent, killpg
 
@@ -82,6 +82,27 @@ def _fail(exc: BaseException, code: int = 1) -> None:
     os._exit(code)
 
 
+def _preimport(names: str) -> None:
+    """Import the job's leading imports while the launch goes on (what fails is left for the
+    job itself to fail on, with its own traceback)."""
+    import importlib
+
+    for name in filter(None, names.split(",")):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001,S112 - the job imports it again and reports it
+            continue
+
+
+def _read_job(stream) -> bytes:  # noqa: ANN001 - a binary stream
+    """Read the job from stdin: the environment known only at delivery, then the payload."""
+    import json
+
+    size = int.from_bytes(stream.read(4), "big")
+    os.environ.update(json.loads(stream.read(size) or b"{}"))
+    return stream.read()
+
+
 def run_rank() -> None:
     """Run the shipped function and report its result or its exception (never returns)."""
     import cloudpickle
@@ -90,10 +111,11 @@ def run_rank() -> None:
     from hvd_magics.result_codec import encode_parts
 
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
-    payload = sys.stdin.buffer.read()
+    keras_progress.install()
+    _preimport(os.environ.get(ENV_PREIMPORT, ""))
+    payload = _read_job(sys.stdin.buffer)
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
     rank_events.emit(STARTED, pid=os.getpid())
-    keras_progress.install()
     try:
         main_fn, kwargs = cloudpickle.loads(payload)
         value = main_fn(**kwargs)

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from hvd_magics.channel import ChannelAddress, EventClient
-from hvd_magics.protocol import (CUDA_VISIBLE_DEVICES, ENV_DRIVER_HOST, ENV_LIVE, ENV_SHARDS,
-                                 SHARDING, TASK_ERROR, TASK_STARTED)
+from hvd_magics.protocol import (CUDA_VISIBLE_DEVICES, ENV_DRIVER_HOST, ENV_LIVE,
+                                 ENV_RENDEZVOUS_PORT, ENV_SHARDS, SHARDING, TASK_ERROR,
+                                 TASK_STARTED)
 from hvd_magics.task.event_buffer import EventBuffer
 from hvd_magics.task.gpus import visible_devices
 from hvd_magics.task.shard_files import (ShardFile, ShardSpaceError, empty_shards, remove_shards,
@@ -49,6 +50,7 @@ class _RankHolder:
         self.stopped = threading.Event()
         self._lock = threading.Lock()
         self.proc: RankProcess | None = None
+        self.delivered = False
 
     def on_driver_gone(self) -> None:
         with self._lock:
@@ -56,12 +58,27 @@ class _RankHolder:
             if self.proc is not None:
                 self.proc.kill()
 
-    def start(self, env: dict[str, str], payload: bytes, sink: Any) -> RankProcess | None:
+    def start(self, env: dict[str, str], sink: Any) -> None:
+        """Start the rank process, which imports what the job needs until :meth:`deliver`."""
         with self._lock:
-            if self.stopped.is_set():
+            if not self.stopped.is_set():
+                self.proc = RankProcess(env, None, sink)
+
+    def deliver(self, payload: bytes, late_env: dict[str, str]) -> RankProcess | None:
+        """Send the rank its job; ``None`` when the job was stopped meanwhile."""
+        with self._lock:
+            if self.stopped.is_set() or self.proc is None:
                 return None
-            self.proc = RankProcess(env, payload, sink)
+            self.proc.deliver(payload, late_env)
+            self.delivered = True
             return self.proc
+
+    def discard(self) -> None:
+        """Kill a rank that never got its job (setup failed elsewhere): no exit is reported."""
+        with self._lock:
+            self.stopped.set()
+            if self.proc is not None and not self.delivered:
+                self.proc.kill()
 
 
 class DriverUnreachable(ConnectionError):
@@ -120,12 +137,17 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
     shards: list[ShardFile] = []
     try:
         slots = plan_ranks(hosts)
-        client = _connect(spec, slots[partition].rank, host, holder)
+        slot = slots[partition]
+        client = _connect(spec, slot.rank, host, holder)
+        root_task = next(i for i, s in enumerate(slots) if s.rank == 0)
+        # The rank starts now and imports what the job needs while the data arrives and the
+        # tasks meet; its rendezvous port and shards follow with the job.
+        holder.start(_rank_env(spec, ctx, slot, hosts[root_task], host), client.send)
         if spec.sources:
             client.send(SHARDING, partition=partition, hostname=socket.gethostname())
             folder = shard_folder(spec.job_id, partition, spec.env)
             shards = write_shards(rows, folder, spec.sources)
-        if slots[partition].rank == 0:
+        if slot.rank == 0:
             server, port = start_rendezvous(slots)
     except BaseException as exc:  # noqa: BLE001 - reported through allGather, never raised
         error = _setup_error(exc)
@@ -138,18 +160,18 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
                                  spec.sources)
             errors = [empty] if empty else []
         if errors:
+            holder.discard()
             yield json.dumps({"partition": partition, "error": errors[0], "setup": True})
             return
-        root_task = next(i for i, s in enumerate(slots) if s.rank == 0)
-        extra = slot_env(slots[partition], hosts[root_task], gathered[root_task]["port"],
-                         iface_for_address(host))
-        extra.update(_shard_env(spec, slots, gathered, shards))
-        status = _supervise(spec, ctx, slots[partition], client, holder, extra, shards)
+        late_env = {ENV_RENDEZVOUS_PORT: str(gathered[root_task]["port"]),
+                    **_shard_env(spec, slots, gathered, shards)}
+        status = _supervise(spec, ctx, slot, client, holder, late_env, shards)
         if isinstance(client, EventBuffer):  # no channel: the events travel with the result
             for number, chunk in enumerate(client.chunks()):
                 yield json.dumps({"partition": partition, "events": chunk, "chunk": number})
         yield json.dumps(status)
     finally:
+        holder.discard()  # a no-op for a rank that got its job
         if server is not None:
             server.stop()
         if client is not None:
@@ -158,19 +180,23 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
             remove_shards(folder)
 
 
+def _rank_env(spec: TaskSpec, ctx: Any, slot: Any, root_host: str, host: str) -> dict[str, str]:
+    """The rank's environment as far as it is known before the tasks meet."""
+    env = rank_environment(dict(os.environ), spec.env)
+    env.update(slot_env(slot, root_host, 0, iface_for_address(host)))
+    gpus = ctx.resources().get("gpu")
+    if gpus is not None and gpus.addresses:
+        env[CUDA_VISIBLE_DEVICES] = visible_devices(gpus.addresses, os.environ)
+    return env
+
+
 def _supervise(spec: TaskSpec, ctx: Any, slot: Any, client: EventClient | EventBuffer,
-               holder: _RankHolder,
-               extra_env: dict[str, str], shards: list[ShardFile]) -> dict:
+               holder: _RankHolder, late_env: dict[str, str], shards: list[ShardFile]) -> dict:
     try:
-        env = rank_environment(dict(os.environ), spec.env)
-        env.update(extra_env)
-        gpus = ctx.resources().get("gpu")
-        if gpus is not None and gpus.addresses:
-            env[CUDA_VISIBLE_DEVICES] = visible_devices(gpus.addresses, os.environ)
         client.send(TASK_STARTED, partition=ctx.partitionId(), hostname=socket.gethostname(),
                     local_rank=slot.local_rank, pid=os.getpid(),
                     shards=[{"name": spec.sources[s.source], **s.as_dict()} for s in shards])
-        proc = holder.start(env, spec.payload, client.send)
+        proc = holder.deliver(spec.payload, late_env)
         if proc is None:
             return {"rank": slot.rank, "code": None, "stopped": True}
         return {"rank": slot.rank, "code": proc.wait()}

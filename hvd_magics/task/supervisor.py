@@ -44,6 +44,12 @@ OUTPUT_DRAIN_S = 5.0
 EVENTS_DRAIN_S = 600.0
 
 
+def encode_job(payload: bytes, late_env: dict[str, str]) -> bytes:
+    """What a rank reads on stdin: the environment known only at delivery, then the job."""
+    env = json.dumps(late_env).encode()
+    return len(env).to_bytes(4, "big") + env + payload
+
+
 def _keeper_dies_with_supervisor() -> None:  # runs in the child between fork and exec
     die_with_parent(signal.SIGTERM)  # the keeper then kills the rank's process group
 
@@ -84,15 +90,16 @@ class RankProcess:
     Parameters
     ----------
     env : dict
-        The complete environment of the rank (Horovod slot variables included).
-    payload : bytes
-        The cloudpickled ``(main, kwargs)``, written to the rank's stdin.
+        The environment of the rank (Horovod slot variables included).
+    payload : bytes or None
+        The cloudpickled ``(main, kwargs)``, written to the rank's stdin; ``None`` starts the
+        process now (it imports what it will need) and :meth:`deliver` sends the job later.
     sink : callable
         ``sink(kind, **payload)``; called with ``output`` (``lines``), the rank's own events
         (``started``, ``error``, ``result``, progress kinds) and finally ``exit`` (``code``).
     """
 
-    def __init__(self, env: dict[str, str], payload: bytes, sink: EventSink) -> None:
+    def __init__(self, env: dict[str, str], payload: bytes | None, sink: EventSink) -> None:
         self._sink = sink
         read_fd, write_fd = os.pipe()
         env = dict(env)
@@ -114,15 +121,22 @@ class RankProcess:
             threading.Thread(target=self._pump_output, name="hvd-rank-output", daemon=True),
             threading.Thread(target=self._pump_events, args=(read_fd,), name="hvd-rank-events",
                              daemon=True),
-            threading.Thread(target=self._write_payload, args=(payload,), name="hvd-rank-stdin",
-                             daemon=True),
         ]
         for pump in self._pumps:
             pump.start()
+        if payload is not None:
+            self.deliver(payload)
 
-    def _write_payload(self, payload: bytes) -> None:
+    def deliver(self, payload: bytes, late_env: dict[str, str] | None = None) -> None:
+        """Send the job (and the environment only known now) to the waiting rank."""
+        writer = threading.Thread(target=self._write_job, args=(payload, late_env or {}),
+                                  name="hvd-rank-stdin", daemon=True)
+        writer.start()
+        self._pumps.append(writer)
+
+    def _write_job(self, payload: bytes, late_env: dict[str, str]) -> None:
         try:
-            self._proc.stdin.write(payload)
+            self._proc.stdin.write(encode_job(payload, late_env))
             self._proc.stdin.close()
         except (BrokenPipeError, OSError):
             pass
@@ -188,7 +202,7 @@ class RankProcess:
         """
         code = self._proc.wait()
         self._kill_rank_group()  # what the rank started dies with it
-        output, events, _stdin = self._pumps
+        output, events = self._pumps[:2]
         events.join(EVENTS_DRAIN_S)
         output.join(OUTPUT_DRAIN_S)
         try:
