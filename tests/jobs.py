@@ -432,3 +432,11 @@ def rank_metrics(epochs: int = 2):
         progress.report(4, loss=10.0 * rank + epoch)
         progress.end_epoch(samples=32, score=rank + epoch)
     return "ok"
+
+
+def port_at_import():
+    """Its leading import is imported by the rank before the job arrives."""
+    import tests.preimport_probe as probe
+    import os
+
+    return {"at_import": probe.PORT_AT_IMPORT, "now": os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]}

@@ -42,6 +42,11 @@ def test_a_failing_rank_ends_the_spark_job(local_spark, how):
     record = last_run()
     assert rank_processes_alive(record.pids.values()) == []
     tracker = local_spark.sparkContext.statusTracker()
+    # Spark's status store hears of the job's end through its listener bus, a moment after
+    # collect() returned: wait for that (bounded), not for the job
+    deadline = time.monotonic() + 10
+    while tracker.getActiveJobsIds() and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert tracker.getActiveJobsIds() == []
     # the stage ended by itself once its ranks were stopped: no cancelled job, so Spark does not
     # warn of killed tasks in the user's next cells
@@ -98,3 +103,10 @@ def test_a_large_result_arrives_whole_over_spark(local_spark):
 def test_a_ranks_children_die_with_a_spark_job(local_spark):
     pids = HorovodRunner(np=2).run(jobs.start_children)
     assert len(pids) == 2 and rank_processes_alive(pids) == []
+
+
+def test_a_rank_imports_the_jobs_leading_imports_before_the_job_arrives(local_spark):
+    """The rank process starts with its task and imports while the tasks meet; the port of the
+    rendezvous (known only then) comes with the job."""
+    early = HorovodRunner(np=2).run(jobs.port_at_import)
+    assert early["at_import"] == "0" and int(early["now"]) > 0

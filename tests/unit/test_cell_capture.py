@@ -56,3 +56,18 @@ def test_tracebacks_point_at_cell_lines_and_show_the_source():
     text = "".join(traceback.format_exception(info.value))
     assert f'File "{CELL_FILENAME}", line 5' in text and "f()" in text
     assert f'File "{CELL_FILENAME}", line 4' in text and "raise KeyError('nope')" in text
+
+
+def test_only_the_leading_imports_are_imported_early():
+    from hvd_magics.notebook.cell_capture import leading_imports
+
+    cell = ("import tensorflow as tf\nimport horovod.tensorflow.keras as hvd\n"
+            "from sklearn.datasets import load_digits\nhvd.init()\nimport torch\n")
+    assert leading_imports(cell) == ["tensorflow", "horovod.tensorflow.keras", "sklearn.datasets"]
+    # an import after code may depend on that code (a backend chosen through the environment)
+    assert leading_imports("import os\nos.environ['KERAS_BACKEND'] = 'torch'\nimport keras\n") \
+        == ["os"]
+    function = ('    def main(a):\n        """Doc."""\n        import horovod.torch as hvd, torch\n'
+                '        from . import local\n        hvd.init()\n')
+    assert leading_imports(function) == ["horovod.torch", "torch"]
+    assert leading_imports("def broken(:\n") == []
