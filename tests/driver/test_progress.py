@@ -1,5 +1,5 @@
 """Progress and epoch timing from real ranks: Keras with no code change, the track API, text lines."""
-from hvd_magics import HorovodRunner, last_run
+from hvd_magics import HorovodRunner
 from hvd_magics.job.job_state import JobState
 from tests import jobs
 

@@ -3,7 +3,6 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
 
 from hvd_magics.job.noise import is_noise
 from tests.conftest import ROOT

@@ -1,5 +1,5 @@
 """The run record and the job error print well."""
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from hvd_magics.errors import HorovodJobError, RankFailure
 from hvd_magics.job.run_record import RunRecord
