@@ -14,6 +14,7 @@ Last line: launch_overhead ours=<s> horovod_spark=<s> torchdistributor=<s> ratio
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import statistics
 import subprocess
@@ -105,9 +106,12 @@ def main() -> None:
 
     phases: list[dict[str, float]] = []
 
+    source = inspect.getsource(hvd_torch_job)  # as HorovodRunner.run passes it (leading imports)
+
     def ours():
         timer = PhaseTimer()
-        record = HorovodRunner(np=2).run_payload(serialize_job(hvd_torch_job, {}), views=[timer])
+        record = HorovodRunner(np=2).run_payload(serialize_job(hvd_torch_job, {}), views=[timer],
+                                                 source=source)
         phases.append(timer.marks)
         return record.value
 
@@ -118,7 +122,7 @@ def main() -> None:
         "torchdistributor": lambda: TorchDistributor(num_processes=2, local_mode=False,
                                                      use_gpu=False).run(torch_distributed_job),
         "ours_driver": lambda: HorovodRunner(np=-2).run_payload(
-            serialize_job(hvd_torch_job, {}), views=[]).value,
+            serialize_job(hvd_torch_job, {}), views=[], source=source).value,
         "horovodrun": lambda: subprocess.run(
             [horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, script.name],
             check=True, stdout=quiet, stderr=quiet),

@@ -10,8 +10,10 @@ or stops the job: the first failure gives one warning and tracking stops for tha
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
+import os
 import queue
 import sys
 import threading
@@ -20,7 +22,7 @@ import urllib.request
 import warnings
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from hvd_magics.errors import HorovodMagicsError
 from hvd_magics.protocol import EPOCH_BEGIN, EPOCH_END
@@ -34,6 +36,8 @@ FINISH_WAIT_S = 20.0
 HEALTH_TIMEOUT_S = 3.0
 #: Packages whose versions (on the driver) are logged as params.
 VERSIONED = ("horovod", "tensorflow", "tensorflow-cpu", "tf-keras", "keras", "torch", "pyspark")
+#: MLflow's own switch for the run links it prints when a run ends.
+_SUPPRESS_URL = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 #: Run status for each way a job ends.
 STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
 
@@ -267,7 +271,23 @@ class MlflowTracker:
             client.log_artifact(run_id, record.timeline_path)
         if record.error:
             client.set_tag(run_id, "hvd_magics.error", record.error[:5000])
-        client.set_terminated(run_id, STATUS.get(record.status, "FAILED"))
+        with _url_not_printed():  # the summary links the run; no line from this thread
+            client.set_terminated(run_id, STATUS.get(record.status, "FAILED"))
+
+
+@contextlib.contextmanager
+def _url_not_printed() -> Iterator[None]:
+    """Keep MLflow from writing "View run ... at" to the notebook's stdout from a background
+    thread (it would land in whichever cell runs then). The job waits meanwhile."""
+    saved = os.environ.get(_SUPPRESS_URL)
+    os.environ[_SUPPRESS_URL] = "true"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(_SUPPRESS_URL, None)
+        else:
+            os.environ[_SUPPRESS_URL] = saved
 
 
 def epochs_csv(rows: list[dict[str, Any]]) -> str:

@@ -66,8 +66,10 @@ def _history(client, run_id, key):
     return [(m.step, round(m.value, 6)) for m in client.get_metric_history(run_id, key)]
 
 
-def test_a_run_on_the_server_has_params_epoch_metrics_and_artifacts(tracking, local_spark):
+def test_a_run_on_the_server_has_params_epoch_metrics_and_artifacts(tracking, local_spark,
+                                                                   capfd):
     assert HorovodRunner(np=2, mlflow="hvd-tests").run(jobs.rank_metrics, epochs=3) == "ok"
+    assert "View run" not in capfd.readouterr().out  # the summary links it, once
     record = last_run()
     run = tracking.get_run(record.mlflow_run_id)
     assert run.info.status == "FINISHED" and run.info.run_name == f"horovod-{record.job_id}"
