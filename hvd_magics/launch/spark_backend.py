@@ -260,7 +260,6 @@ class SparkBackend:
         self.where = f"spark {master}" + (" (Connect)" if self.connect else "")
         #: Why the job's events come back only at its end (``None``: they stream live).
         self.no_live_view = no_live_view_reason(spark)
-        self.live = self.no_live_view is None
         self.error: BaseException | None = None
         #: What each task returned through Spark (one JSON line each), once the job ended.
         self.results: list[dict[str, Any]] = []
@@ -326,6 +325,11 @@ class SparkBackend:
                 self._events.put(event)
         except BaseException as exc:  # noqa: BLE001 - surfaced by the launcher
             self.error = exc
+
+    @property
+    def live(self) -> bool:
+        """Whether the ranks' events stream to the notebook as they happen."""
+        return self.no_live_view is None
 
     @property
     def reads_data(self) -> bool:
