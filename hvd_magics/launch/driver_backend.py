@@ -10,7 +10,7 @@ from typing import Any
 from hvd_magics.protocol import CUDA_VISIBLE_DEVICES, TASK_STARTED
 from hvd_magics.task.gpus import local_gpu_count, visible_devices
 from hvd_magics.task.supervisor import RankProcess, rank_environment
-from hvd_magics.task.slots import plan_ranks, slot_env, start_rendezvous
+from hvd_magics.task.slots import plan_ranks, slot_env, start_rendezvous, stop_rendezvous
 
 _HOST = "localhost"
 
@@ -73,7 +73,7 @@ class DriverBackend:
         for waiter in self._waiters:
             waiter.join(max(deadline - time.monotonic(), 0))
         if self.finished and self._server is not None:
-            self._server.stop()
+            stop_rendezvous(self._server)
             self._server = None
         return self.finished
 

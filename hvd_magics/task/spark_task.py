@@ -24,7 +24,8 @@ from hvd_magics.task.gpus import visible_devices
 from hvd_magics.task.shard_files import (ShardFile, ShardSpaceError, empty_shards, remove_shards,
                                          shard_folder, write_shards)
 from hvd_magics.task.supervisor import RankProcess, rank_environment
-from hvd_magics.task.slots import iface_for_address, plan_ranks, slot_env, start_rendezvous
+from hvd_magics.task.slots import (iface_for_address, plan_ranks, slot_env, start_rendezvous,
+                                   stop_rendezvous)
 
 
 @dataclass
@@ -173,7 +174,7 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
     finally:
         holder.discard()  # a no-op for a rank that got its job
         if server is not None:
-            server.stop()
+            stop_rendezvous(server)
         if client is not None:
             client.close()
         if folder is not None:
