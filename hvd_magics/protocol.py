@@ -57,7 +57,7 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
     EventKind(EPOCH_END, "rank", ("epoch", "epochs", "duration", "samples", "metrics"),
               "an epoch ended"),
     EventKind(SHARDING, "supervisor", ("partition", "hostname"),
-              "the Spark task receives its slices of the job's DataFrames (its data arrives)"),
+              "the Spark task receives its rows of the job's DataFrames (its data arrives)"),
     EventKind(TASK_STARTED, "supervisor", ("partition", "hostname", "local_rank", "pid", "shards"),
               "the Spark task (or driver slot) got its rank and starts the process; shards: "
               "per DataFrame its name, rows, bytes and seconds spent writing it"),

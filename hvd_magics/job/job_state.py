@@ -133,7 +133,7 @@ class JobState:
         self.timeline_dest: Path | None = None
         self._timeline_file: Any = None
         self._timeline_local: str | None = None
-        #: When the first Spark task began receiving the job's DataFrame slices.
+        #: When the first Spark task began receiving the job's DataFrame rows.
         self.data_arrived_at: float | None = None
 
     def handle(self, event: dict[str, Any]) -> None:

@@ -291,7 +291,7 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
             finished_since = now  # everything the ranks sent has arrived (or never will)
         if finished_since is not None and now - finished_since >= FAILURE_GRACE_S:
             break  # the job ended but some ranks never reported their exit
-        # With DataFrames, the clock starts when their slices reach the tasks (after the
+        # With DataFrames, the clock starts when their rows reach the tasks (after the
         # user's Spark stages, which take what they take).
         clock = job.data_arrived_at if backend.reads_data else started
         if not backend.live:
@@ -308,7 +308,9 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
         return
     spark_failure = backend.describe_failure()
     if spark_failure and not failures:
-        raise HorovodJobError(f"The Spark job failed before the ranks finished: {spark_failure}",
+        began = any(r.pid is not None for r in job.ranks)
+        what = "failed before the ranks finished" if began else "ended before any rank started"
+        raise HorovodJobError(f"The Spark job {what}: {spark_failure}",
                               log_path=str(job.log_path))
     if not failures:
         missing = [r.rank for r in job.ranks if not r.exited]

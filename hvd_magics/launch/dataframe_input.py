@@ -42,7 +42,7 @@ class DataFrameSource:
     Attributes
     ----------
     index : int
-        Its position among the job's sources (the ``source`` column of the slices).
+        Its position among the job's sources (the ``__source`` column).
     name : str
         What the user calls it (the notebook variable or the keyword), shown by the shard.
     frame : DataFrame
@@ -52,10 +52,6 @@ class DataFrameSource:
     index: int
     name: str
     frame: Any
-
-    def describe(self) -> dict[str, Any]:
-        """What the ranks need to know of it (travels in the task spec)."""
-        return {"index": self.index, "name": self.name}
 
 
 class DataFrameSources:

@@ -310,7 +310,7 @@ class SparkBackend:
                 self.sc.setJobGroup(self._group, f"hvd_magics Horovod job, {self.np} ranks",
                                     interruptOnCancel=True)
             # One barrier stage through the DataFrame API: np partitions, one task each, over
-            # the slices of the job's DataFrames (or over nothing).
+            # the rows of the job's DataFrames (or over nothing).
             with local_workers_use_this_python(self.sc):  # the UDFs are wrapped here
                 function = barrier_function(spec)
                 ranks = (sharded_input(self.sources, self.np) if self.reads_data

@@ -34,7 +34,7 @@ class _Epoch:
     batch_size: int | None = None
     started = 0.0
     last_emit = 0.0
-    metrics: dict[str, float] = {}
+    metrics: dict[str, Any] = {}
 
 
 _current = _Epoch()
@@ -68,7 +68,7 @@ def report(step: int, total: int | None = None, **metrics: Any) -> None:
     """Report step ``step`` (1-based) of the current epoch and the latest metrics (throttled; the
     latest metrics also go with the end of the epoch)."""
     if metrics:
-        _current.metrics = {**_current.metrics, **_floats(metrics)}
+        _current.metrics.update(metrics)  # as given: turned into floats once, at the epoch's end
     now = time.monotonic()
     if now - _current.last_emit < MIN_INTERVAL_S:
         return
@@ -86,7 +86,7 @@ def end_epoch(samples: int | None = None, **metrics: Any) -> None:
     duration = time.monotonic() - _current.started
     rank_events.emit(EPOCH_END, epoch=_current.epoch, epochs=_current.epochs,
                      duration=duration, samples=samples,
-                     metrics={**_current.metrics, **_floats(metrics)})
+                     metrics=_floats({**_current.metrics, **metrics}))
 
 
 def track(iterable: Iterable[T], epoch: int, epochs: int | None = None, total: int | None = None,

@@ -34,17 +34,6 @@ class ShardError(TypeError):
     """A column cannot become the arrays training code asks for (the message names it)."""
 
 
-def write_shard(table: Any, path: str | os.PathLike) -> int:
-    """Write an Arrow table (or a list of record batches) as an Arrow IPC file; return its rows."""
-    import pyarrow as pa
-
-    if not isinstance(table, pa.Table):
-        table = pa.Table.from_batches(list(table))
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    return table.num_rows
-
-
 def _is_vector(kind: Any) -> bool:
     import pyarrow as pa
 

@@ -123,7 +123,8 @@ def _shard_env(spec: TaskSpec, slots: list, gathered: list[dict[str, Any]],
 
 
 def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
-    """The body of one barrier task; yields one JSON status line."""
+    """The body of one barrier task; yields its status as one JSON line (after its rank's kept
+    events, in chunks, when there is no live view)."""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()

@@ -4,7 +4,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from hvd_magics.rank.shard import Shard, ShardError, write_shard
+from hvd_magics.rank.shard import Shard, ShardError
 
 VECTOR = pa.struct([("type", pa.int8()), ("size", pa.int32()),
                     ("indices", pa.list_(pa.int32())), ("values", pa.list_(pa.float64()))])
@@ -21,6 +21,12 @@ def _table(rows: int = 10, sparse: bool = False) -> pa.Table:
         "label": pa.array(range(rows), pa.int64()),
         "name": pa.array([f"row{i}" for i in range(rows)]),
     })
+
+
+def write_shard(table: pa.Table, path) -> None:
+    """An Arrow IPC file, as a Spark task writes its rows (hvd_magics.task.shard_files)."""
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
 
 
 def _shard(tmp_path, table, **kwargs) -> Shard:
