@@ -120,3 +120,8 @@ class NotEnoughSlotsError(HorovodMagicsError, ValueError):
 
 class PayloadError(HorovodMagicsError, TypeError):
     """Something the job needs cannot be pickled and shipped to the ranks."""
+
+
+class EstimatorInputError(HorovodMagicsError, ValueError):
+    """A :class:`~hvd_magics.estimator.HorovodEstimator` cannot train on this DataFrame or with
+    these params (the message names the column or param and the fix)."""

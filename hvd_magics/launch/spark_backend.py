@@ -183,6 +183,15 @@ def local_master_slots(master: str, task_cpus: int = 1) -> int | None:
     return None
 
 
+def all_task_slots(spark: Any) -> int | None:
+    """Task slots of ``spark``'s cluster (``None`` when a Spark Connect server's master does not
+    tell them)."""
+    if not is_connect(spark):
+        return task_slots(spark.sparkContext)[1]
+    cpus = int(spark.conf.get("spark.task.cpus", "1") or 1)
+    return local_master_slots(spark.conf.get("spark.master", "") or "", cpus)
+
+
 def is_connect(spark: Any) -> bool:
     """Whether ``spark`` is a Spark Connect session (no SparkContext, no RDDs)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")

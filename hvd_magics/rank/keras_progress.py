@@ -19,6 +19,7 @@ from hvd_magics.rank import progress
 
 _KERAS_MODULES = ("tf_keras", "keras")
 _PATCHED = "_hvd_magics_progress"
+_CALLBACK = "_hvd_magics_progress_callback"
 
 
 def _batch_size(args: tuple, kwargs: dict[str, Any]) -> int | None:
@@ -34,15 +35,17 @@ def _callback_class(base: type) -> type:
     class HorovodMagicsProgress(base):  # type: ignore[misc, valid-type]
         _supports_tf_logs = True
 
-        def __init__(self, batch_size: int | None) -> None:
+        def __init__(self, batch_size: int | None, epochs: int | None = None,
+                     steps: int | None = None) -> None:
             super().__init__()
             self.batch_size = batch_size
+            self.epochs, self.steps = epochs, steps  # when not those of this fit call
             self.steps_done = 0
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self.steps_done = 0
-            progress.start_epoch(epoch + 1, self.params.get("epochs"), self.params.get("steps"),
-                                 self.batch_size)
+            progress.start_epoch(epoch + 1, self.epochs or self.params.get("epochs"),
+                                 self.steps or self.params.get("steps"), self.batch_size)
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             self.steps_done = batch + 1
@@ -62,6 +65,7 @@ def patch_keras(module: Any) -> None:
     if model is None or callbacks is None or getattr(model.fit, _PATCHED, False):
         return
     callback_class = _callback_class(callbacks.Callback)
+    setattr(module, _CALLBACK, callback_class)
     original = model.fit
 
     @functools.wraps(original)
@@ -77,6 +81,15 @@ def patch_keras(module: Any) -> None:
 
     setattr(fit, _PATCHED, True)
     model.fit = fit
+
+
+def progress_callback(module: Any, batch_size: int | None, epochs: int | None = None,
+                      steps: int | None = None) -> Any:
+    """The progress callback for ``module`` (tf_keras or keras), for a ``fit`` call that runs part
+    of a longer training (``epochs`` and ``steps`` per epoch in all); ``None`` when progress
+    reporting is off."""
+    kind = getattr(module, _CALLBACK, None)
+    return kind(batch_size, epochs, steps) if kind is not None else None
 
 
 class _KerasImportHook(importlib.abc.MetaPathFinder):

@@ -1,0 +1,87 @@
+"""What :class:`HorovodEstimator` refuses before any rank starts: missing columns, column types
+that cannot become tensors, nulls in the label or feature columns, params out of range."""
+from __future__ import annotations
+
+from typing import Any
+
+from hvd_magics.errors import EstimatorInputError
+
+_NUMBERS = ("ByteType", "ShortType", "IntegerType", "LongType", "FloatType", "DoubleType")
+
+
+def _kind(data_type: Any) -> str:
+    """``"number"``, ``"vector"``, ``"array"`` (of numbers) or ``"other"``."""
+    name = type(data_type).__name__
+    if name in _NUMBERS:
+        return "number"
+    if name == "VectorUDT":
+        return "vector"
+    if name == "ArrayType" and type(data_type.elementType).__name__ in _NUMBERS:
+        return "array"
+    return "other"
+
+
+def column_kinds(frame: Any, columns: list[str], role: dict[str, str]) -> dict[str, str]:
+    """The kind of each column (see :func:`_kind`).
+
+    Raises
+    ------
+    EstimatorInputError
+        For a column that is not there, or whose type cannot become a tensor.
+    """
+    fields = {field.name: field.dataType for field in frame.schema.fields}
+    kinds = {}
+    for column in columns:
+        if column not in fields:
+            raise EstimatorInputError(
+                f"{role[column]} {column!r} is not a column of the DataFrame (its columns: "
+                f"{', '.join(fields)}). Fix: set {role[column].split()[0]} to one of them.")
+        kind = _kind(fields[column])
+        if kind == "other":
+            raise EstimatorInputError(
+                f"{role[column]} {column!r} has type {fields[column].simpleString()}, which cannot "
+                "become a tensor. Fix: use a vector (VectorAssembler), an array of numbers or a "
+                "number column.")
+        kinds[column] = kind
+    return kinds
+
+
+def check_boolean(frame: Any, column: str) -> None:
+    fields = {field.name: field.dataType for field in frame.schema.fields}
+    if column not in fields:
+        raise EstimatorInputError(f"isValidationCol {column!r} is not a column of the DataFrame "
+                                  f"(its columns: {', '.join(fields)})")
+    if type(fields[column]).__name__ != "BooleanType":
+        raise EstimatorInputError(f"isValidationCol {column!r} has type "
+                                  f"{fields[column].simpleString()}; it must be boolean. Fix: "
+                                  f"df.withColumn({column!r}, F.col({column!r}).cast('boolean'))")
+
+
+def check_no_nulls(frame: Any, columns: list[str], role: dict[str, str]) -> None:
+    """One Spark query over ``columns``; refuse the first that holds nulls, with the count."""
+    from pyspark.sql import functions as F
+
+    counts = frame.select([F.sum(F.col(c).isNull().cast("long")).alias(f"n{i}")
+                           for i, c in enumerate(columns)]).first()
+    for i, column in enumerate(columns):
+        nulls = counts[f"n{i}"] or 0
+        if nulls:
+            raise EstimatorInputError(
+                f"{role[column]} {column!r} has {nulls} null values. Fix: drop those rows "
+                f"(df.na.drop(subset=[{column!r}])) or fill them before fit.")
+
+
+def check_params(batch_size: int, epochs: int, max_steps: int | None, fraction: float,
+                 validation_col: str | None, np: int | None) -> None:
+    if batch_size < 1:
+        raise EstimatorInputError(f"batchSize must be at least 1, got {batch_size}")
+    if epochs < 1:
+        raise EstimatorInputError(f"epochs must be at least 1, got {epochs}")
+    if max_steps is not None and max_steps < 1:
+        raise EstimatorInputError(f"maxSteps must be at least 1 (or None), got {max_steps}")
+    if not 0.0 <= fraction < 1.0:
+        raise EstimatorInputError(f"validationFraction must be in [0, 1), got {fraction}")
+    if fraction > 0 and validation_col:
+        raise EstimatorInputError("set validationFraction or isValidationCol, not both")
+    if np is not None and np < 1:
+        raise EstimatorInputError(f"np must be at least 1 (ranks as Spark tasks), got {np}")

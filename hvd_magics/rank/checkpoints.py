@@ -1,0 +1,104 @@
+"""Checkpoints in a model directory, written so that a stopped fit leaves the last one whole.
+
+A checkpoint is one file, ``checkpoints/ckpt-<global step>-e<epoch>-s<step>.<ext>``: it is written
+under a temporary name and renamed into place (a rename is atomic), then ``checkpoints/latest.json``
+is replaced the same way. A fit killed at any moment leaves every ``ckpt-*`` file complete, and
+:func:`latest_checkpoint` finds the newest even when ``latest.json`` is behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+CHECKPOINT_FOLDER = "checkpoints"
+LATEST_FILE = "latest.json"
+_NAME = re.compile(r"^ckpt-(\d+)-e(\d+)-s(\d+)\.(\w+)$")
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where training stands: ``epoch`` (0-based) is the epoch in progress, ``step`` the batches
+    of it already done, ``global_step`` the optimizer steps since the first fit."""
+
+    epoch: int = 0
+    step: int = 0
+    global_step: int = 0
+
+
+def checkpoint_folder(model_dir: str | os.PathLike) -> Path:
+    return Path(model_dir) / CHECKPOINT_FOLDER
+
+
+def _replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(temporary)
+        with open(temporary, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def write_checkpoint(model_dir: str | os.PathLike, position: Position, extension: str,
+                     save: Callable[[Path], None], keep: int = 3) -> Path:
+    """Write one checkpoint with ``save(path)``, point ``latest.json`` at it, keep the newest
+    ``keep``; return its path. An exception in ``save`` leaves the folder as it was."""
+    folder = checkpoint_folder(model_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"ckpt-{position.global_step}-e{position.epoch}-s{position.step}.{extension}"
+    _replace_atomically(path, save)
+    _replace_atomically(folder / LATEST_FILE, lambda p: p.write_text(
+        json.dumps({"file": path.name, **asdict(position)})))
+    for old in _complete(folder)[keep:]:
+        old[1].unlink(missing_ok=True)
+    return path
+
+
+def _complete(folder: Path) -> list[tuple[Position, Path]]:
+    """Every complete checkpoint, newest first."""
+    found = []
+    for path in folder.glob("ckpt-*"):
+        match = _NAME.match(path.name)
+        if match:
+            global_step, epoch, step = (int(match.group(i)) for i in (1, 2, 3))
+            found.append((Position(epoch, step, global_step), path))
+    return sorted(found, key=lambda item: item[0].global_step, reverse=True)
+
+
+def latest_checkpoint(model_dir: str | os.PathLike | None) -> tuple[Position, Path] | None:
+    """The newest complete checkpoint in ``model_dir`` and where it stands, or ``None``."""
+    if model_dir is None:
+        return None
+    folder = checkpoint_folder(model_dir)
+    try:
+        latest = json.loads((folder / LATEST_FILE).read_text())
+        path = folder / latest["file"]
+        if path.exists():
+            return Position(latest["epoch"], latest["step"], latest["global_step"]), path
+    except (OSError, ValueError, KeyError):
+        pass
+    found = _complete(folder) if folder.is_dir() else []
+    return found[0] if found else None
+
+
+def epoch_plan(position: Position, steps_per_epoch: int, epochs: int,
+               max_steps: int | None) -> list[tuple[int, int, int]]:
+    """The ``(epoch, first step, steps)`` still to run from ``position`` to ``epochs`` epochs of
+    ``steps_per_epoch`` steps, or to ``max_steps`` optimizer steps in all if that comes first."""
+    plan = []
+    global_step = position.global_step
+    for epoch in range(position.epoch, epochs):
+        first = min(position.step, steps_per_epoch) if epoch == position.epoch else 0
+        steps = steps_per_epoch - first
+        if max_steps is not None:
+            steps = min(steps, max_steps - global_step)
+        if steps <= 0:
+            break
+        plan.append((epoch, first, steps))
+        global_step += steps
+    return plan

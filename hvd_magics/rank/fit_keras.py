@@ -1,0 +1,197 @@
+"""One rank of a tf_keras :class:`~hvd_magics.estimator.HorovodEstimator` fit (see
+:mod:`hvd_magics.rank.estimator_fit` for the common plan).
+
+Each epoch (or the rest of one, after a resume) is one ``model.fit`` call over a ``tf.data``
+pipeline that gathers the epoch's batches from the shard in the order
+:meth:`~hvd_magics.rank.shard.Shard.epoch_order` gives, so a resumed fit sees the batches it has
+not seen yet. Horovod's ``DistributedOptimizer`` averages the gradients and its
+``MetricAverageCallback`` the epoch's metrics.
+"""
+from __future__ import annotations
+
+import importlib
+import pickle
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from hvd_magics.rank.checkpoints import Position, epoch_plan, latest_checkpoint, write_checkpoint
+from hvd_magics.rank.estimator_fit import (classifier_output, inputs_of, labels_of,
+                                           scaled_learning_rate)
+from hvd_magics.rank.event_files import EventFiles
+from hvd_magics.rank.fit_spec import KERAS, FitSpec
+from hvd_magics.rank.keras_progress import progress_callback
+
+DEFAULT_LEARNING_RATE = 0.001
+
+
+def keras_optimizer(spec: FitSpec, keras: Any, size: int) -> Any:
+    """The optimizer of ``spec`` (not yet distributed), its learning rate set and scaled."""
+    recipe = spec.optimizer
+    if recipe.kind == "name":
+        optimizer = keras.optimizers.deserialize(
+            {"class_name": str(recipe.value), "config": {}}, use_legacy_optimizer=False)
+    elif recipe.kind == "keras_config":
+        optimizer = keras.optimizers.deserialize(recipe.value, use_legacy_optimizer=False)
+    elif recipe.kind == "class":
+        optimizer = recipe.value(**recipe.options)
+    else:  # "factory"
+        optimizer = recipe.value()
+    rate = optimizer.learning_rate
+    if not hasattr(rate, "numpy") and not isinstance(rate, (int, float)):
+        return optimizer  # a schedule: used as it is
+    default = float(rate) if recipe.kind != "name" else DEFAULT_LEARNING_RATE
+    optimizer.learning_rate = scaled_learning_rate(spec, size, default)
+    return optimizer
+
+
+def _variables(optimizer: Any) -> list[Any]:
+    variables = optimizer.variables
+    return list(variables() if callable(variables) else variables)
+
+
+def _build(optimizer: Any, variables: list[Any]) -> None:
+    if hasattr(optimizer, "build"):
+        optimizer.build(variables)
+    else:  # a legacy optimizer
+        optimizer._create_all_weights(variables)  # noqa: SLF001 - its only public way is a step
+
+
+def _state(model: Any, optimizer: Any, position: Position,
+           history: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"weights": model.get_weights(), "optimizer": [v.numpy() for v in _variables(optimizer)],
+            "position": asdict(position), "history": history}
+
+
+def _restore(model: Any, optimizer: Any, state: dict[str, Any]) -> None:
+    variables = _variables(optimizer)
+    if len(variables) != len(state["optimizer"]):
+        raise ValueError(f"the checkpoint holds {len(state['optimizer'])} optimizer variables but "
+                         f"this model's optimizer has {len(variables)}: it was written for "
+                         "another model or optimizer. Fix: use a new modelDir")
+    model.set_weights(state["weights"])
+    for variable, value in zip(variables, state["optimizer"]):
+        variable.assign(value)
+
+
+def fit_keras(spec: FitSpec, model: Any, train: Any, val: Any) -> dict[str, Any] | None:
+    import horovod.tensorflow as hvd_tf
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    keras = importlib.import_module(type(model).__module__.split(".")[0])
+    hvd.init()
+    output_kind = classifier_output(spec.loss, spec.classifier)
+    optimizer = keras_optimizer(spec, keras, hvd.size())
+    plain_config = keras.optimizers.serialize(optimizer)
+    model.compile(hvd.DistributedOptimizer(optimizer), loss=spec.loss, metrics=list(spec.metrics))
+    optimizer = model.optimizer
+    _build(optimizer, model.trainable_variables)
+    found = latest_checkpoint(spec.model_dir) if hvd.rank() == 0 else None
+    state = None
+    if hvd.rank() == 0:
+        if found:
+            with open(found[1], "rb") as handle:
+                state = pickle.load(handle)
+        else:
+            state = _state(model, optimizer, Position(), [])
+    state = hvd_tf.broadcast_object(state, root_rank=0, name="hvd_magics_start_state")
+    _restore(model, optimizer, state)
+    position = Position(**state["position"])
+
+    classifier = output_kind is not None
+    xs = [tf.constant(x) for x in inputs_of(train, spec)]
+    ys = tf.constant(labels_of(train, spec, classifier))
+    size = spec.batch_size
+    steps = train.steps_per_epoch(size, spec.remainder)
+
+    def model_inputs(parts: list[Any]) -> Any:
+        if spec.input_names:
+            return dict(zip(spec.input_names, parts))
+        return parts[0] if len(parts) == 1 else tuple(parts)
+
+    def epoch_data(epoch: int, first: int, count: int) -> Any:
+        order = train.epoch_order(size, spec.shuffle, spec.seed + epoch, spec.remainder)
+        order = order[first * size:(first + count) * size]
+        return tf.data.Dataset.from_tensor_slices(order).batch(size).map(
+            lambda rows: (model_inputs([tf.gather(x, rows) for x in xs]), tf.gather(ys, rows))
+        ).prefetch(2)
+
+    val_data = None
+    if val is not None:
+        val_inputs = model_inputs(inputs_of(val, spec))
+        val_data = tf.data.Dataset.from_tensor_slices(
+            (val_inputs, labels_of(val, spec, classifier))).batch(size)
+
+    events = EventFiles(spec.model_dir) if spec.model_dir and hvd.rank() == 0 else None
+    history: list[dict[str, Any]] = list(state.get("history") or [])  # of earlier fits too
+    saved = {"at": time.monotonic()}
+
+    def save(at: Position) -> None:
+        def write(path: Path) -> None:
+            with open(path, "wb") as handle:
+                pickle.dump(_state(model, optimizer, at, history), handle, protocol=4)
+
+        write_checkpoint(spec.model_dir, at, "pkl", write, spec.keep_checkpoints)
+        saved["at"] = time.monotonic()
+
+    class _TimedCheckpoints(keras.callbacks.Callback):
+        """Rank 0 saves a checkpoint inside an epoch every ``checkpoint_secs`` seconds."""
+
+        def __init__(self, epoch: int, first: int) -> None:
+            super().__init__()
+            self.epoch, self.first = epoch, first
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            done = self.first + batch + 1
+            if time.monotonic() - saved["at"] >= spec.checkpoint_secs and done < steps:
+                save(Position(self.epoch, done, int(optimizer.iterations.numpy())))
+
+    for epoch, first, count in epoch_plan(position, steps, spec.epochs, spec.max_steps):
+        callbacks = [hvd.callbacks.MetricAverageCallback()]
+        if spec.model_dir and hvd.rank() == 0 and spec.checkpoint_secs is not None:
+            callbacks.append(_TimedCheckpoints(epoch, first))
+        shown = progress_callback(keras, size, spec.epochs, steps)
+        callbacks += [shown] if shown is not None else []
+        fitted = model.fit(epoch_data(epoch, first, count), epochs=epoch + 1,
+                           initial_epoch=epoch, steps_per_epoch=count, validation_data=val_data,
+                           callbacks=callbacks, verbose=0)
+        logs = {name: float(values[-1]) for name, values in fitted.history.items()}
+        global_step = int(optimizer.iterations.numpy())
+        done = first + count == steps
+        position = Position(epoch + 1, 0, global_step) if done else \
+            Position(epoch, first + count, global_step)
+        history.append({"epoch": epoch + 1, "global_step": global_step, **logs})
+        if events is not None:
+            events.write(epoch + 1, logs)
+        if spec.model_dir and hvd.rank() == 0:
+            save(position)
+    if events is not None:
+        events.close()
+    if hvd.rank() != 0:
+        return None
+    optimizer_step = int(optimizer.iterations.numpy())
+    # Saved with a plain optimizer of the same settings (not Horovod's), so that it loads anywhere.
+    model.compile(keras.optimizers.deserialize(plain_config, use_legacy_optimizer=False),
+                  loss=spec.loss, metrics=list(spec.metrics))
+    blob = _save_final(model, spec.model_dir)
+    output_size = int(model.compute_output_shape((None,) + tuple(xs[0].shape[1:]))[-1]) \
+        if len(xs) == 1 and not spec.input_names else int(model.outputs[0].shape[-1])
+    return {"framework": KERAS, "model": blob, "output": output_kind,
+            "output_size": output_size, "history": history, "position": asdict(position),
+            "resumed_from": asdict(found[0]) if found else None, "steps_per_epoch": steps,
+            "optimizer_step": optimizer_step}
+
+
+def _save_final(model: Any, model_dir: str | None) -> bytes:
+    """``model.keras`` in the model directory; its bytes for ``transform``."""
+    if model_dir:
+        path = Path(model_dir) / "model.keras"
+        model.save(path)
+        return path.read_bytes()
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "model.keras"
+        model.save(path)
+        return path.read_bytes()

@@ -1,0 +1,260 @@
+"""One rank of a PyTorch :class:`~hvd_magics.estimator.HorovodEstimator` fit (see
+:mod:`hvd_magics.rank.estimator_fit` for the common plan)."""
+from __future__ import annotations
+
+import io
+import time
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from hvd_magics.rank import progress
+from hvd_magics.rank.checkpoints import Position, epoch_plan, latest_checkpoint, write_checkpoint
+from hvd_magics.rank.estimator_fit import (classifier_output, inputs_of, labels_of,
+                                           validation_steps)
+from hvd_magics.rank.event_files import EventFiles
+from hvd_magics.rank.fit_spec import TORCH, FitSpec, OptimizerRecipe
+
+_LOSSES = {"cross_entropy": "CrossEntropyLoss", "nll": "NLLLoss", "nll_loss": "NLLLoss",
+           "mse": "MSELoss", "mean_squared_error": "MSELoss", "l1": "L1Loss", "mae": "L1Loss",
+           "mean_absolute_error": "L1Loss", "bce": "BCELoss", "binary_crossentropy": "BCELoss",
+           "bce_with_logits": "BCEWithLogitsLoss", "huber": "HuberLoss",
+           "smooth_l1": "SmoothL1Loss"}
+_OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop",
+               "adagrad": "Adagrad", "adadelta": "Adadelta", "adamax": "Adamax", "nadam": "NAdam"}
+#: Metrics a PyTorch fit computes by name (the loss is always there).
+TORCH_METRICS = ("accuracy", "mae", "mse")
+DEFAULT_LEARNING_RATE = 0.001
+
+
+def torch_loss(loss: Any) -> Callable:
+    """A loss callable ``(output, target) -> tensor`` from a name, a loss module or a function."""
+    import torch
+
+    if isinstance(loss, str):
+        if loss.lower() not in _LOSSES:
+            raise ValueError(f"unknown PyTorch loss {loss!r}; use one of {sorted(_LOSSES)}, a "
+                             "torch.nn loss module or a function (output, label) -> loss")
+        return getattr(torch.nn, _LOSSES[loss.lower()])()
+    if not callable(loss):
+        raise ValueError(f"loss must be a name, a torch.nn loss module or a function; got {loss!r}")
+    return loss
+
+
+def torch_optimizer(spec: FitSpec, model: Any, size: int) -> Any:
+    """The optimizer of ``spec`` over ``model``'s parameters, its learning rate scaled by ``size``
+    when the spec says so."""
+    import torch
+
+    recipe: OptimizerRecipe = spec.optimizer
+    if recipe.kind == "factory":
+        optimizer = recipe.value(model.parameters())
+    else:
+        if recipe.kind == "name":
+            name = str(recipe.value).lower()
+            if name not in _OPTIMIZERS:
+                raise ValueError(f"unknown PyTorch optimizer {recipe.value!r}; use one of "
+                                 f"{sorted(_OPTIMIZERS)}, a torch.optim class or instance, or a "
+                                 "function of the model's parameters")
+            kind = getattr(torch.optim, _OPTIMIZERS[name])
+        else:  # "class" or "torch_instance" (its class and defaults)
+            kind = recipe.value
+        options = dict(recipe.options)
+        options["lr"] = spec.learning_rate if spec.learning_rate is not None \
+            else options.get("lr", DEFAULT_LEARNING_RATE)
+        optimizer = kind(model.parameters(), **options)
+    if spec.scale_learning_rate:
+        for group in optimizer.param_groups:
+            group["lr"] = group["lr"] * size
+    return optimizer
+
+
+def _target(labels: Any, output: Any, loss_fn: Any) -> Any:
+    import torch
+
+    if isinstance(loss_fn, (torch.nn.BCELoss, torch.nn.BCEWithLogitsLoss, torch.nn.MSELoss,
+                            torch.nn.L1Loss, torch.nn.HuberLoss, torch.nn.SmoothL1Loss)):
+        labels = labels.to(output.dtype)
+    if labels.dim() == 1 and output.dim() == 2 and output.shape[1] == 1 and \
+            labels.dtype.is_floating_point:
+        labels = labels.view(-1, 1)
+    return labels
+
+
+def _forward(model: Any, inputs: list[Any], names: list[str] | None) -> Any:
+    return model(**dict(zip(names, inputs))) if names else model(*inputs)
+
+
+class _Sums:
+    """Per-epoch sums of loss and metrics on this rank, averaged over every rank's rows."""
+
+    def __init__(self, metrics: list[str], classifier: bool) -> None:
+        self.names = ["loss"] + [m for m in metrics if m != "accuracy" or classifier]
+        self.totals = [0.0] * (len(self.names) + 1)  # + the row count
+
+    def add(self, output: Any, target: Any, loss: Any) -> None:
+        import torch
+
+        rows = len(target)
+        values = []
+        for name in self.names:
+            if name == "loss":
+                values.append(float(loss) * rows)
+            elif name == "accuracy":
+                guess = output.argmax(1) if output.dim() == 2 and output.shape[1] > 1 \
+                    else (output.view(-1) > 0.5).long()
+                values.append(float((guess == target.view(-1).long()).sum()))
+            else:
+                error = output.view(-1) - target.view(-1).to(output.dtype)
+                values.append(float(torch.abs(error).sum() if name == "mae"
+                                    else (error ** 2).sum()))
+        self.totals = [t + v for t, v in zip(self.totals, values + [rows])]
+
+    def averages(self, hvd: Any, prefix: str = "") -> dict[str, float]:
+        import torch
+
+        summed = hvd.allreduce(torch.tensor(self.totals, dtype=torch.float64), op=hvd.Sum,
+                               name=f"hvd_magics_metrics_{prefix}")
+        rows = max(float(summed[-1]), 1.0)
+        return {prefix + name: float(summed[i]) / rows for i, name in enumerate(self.names)}
+
+
+def _save_final(model: Any, model_dir: str | None, example: list[Any], names: list[str] | None
+                ) -> bytes:
+    """``model.pt`` (the whole module), ``state_dict.pt`` and, when tracing works,
+    ``model.torchscript.pt`` in the model directory; the module's bytes for ``transform``."""
+    import cloudpickle
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(model, buffer, pickle_module=cloudpickle)
+    blob = buffer.getvalue()
+    if model_dir:
+        folder = Path(model_dir)
+        (folder / "model.pt").write_bytes(blob)
+        torch.save(model.state_dict(), folder / "state_dict.pt")
+        try:
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                traced = torch.jit.trace(model, tuple(example), strict=False)
+            traced.save(str(folder / "model.torchscript.pt"))
+        except Exception as exc:  # noqa: BLE001 - TorchScript is a convenience, model.pt is there
+            print(f"hvd_magics: no TorchScript file ({type(exc).__name__}: {exc}); "
+                  "load model.pt with torch.load(path, weights_only=False)")
+    return blob
+
+
+def fit_torch(spec: FitSpec, model: Any, train: Any, val: Any) -> dict[str, Any] | None:
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    output_kind = classifier_output(spec.loss, spec.classifier)
+    loss_fn = torch_loss(spec.loss)
+    optimizer = torch_optimizer(spec, model, hvd.size())
+    found = latest_checkpoint(spec.model_dir) if hvd.rank() == 0 else None
+    state = None
+    if hvd.rank() == 0:
+        state = torch.load(found[1], weights_only=False) if found else {
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "position": asdict(Position()), "history": []}
+    state = hvd.broadcast_object(state, root_rank=0, name="hvd_magics_start_state")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    position = Position(**state["position"])
+    distributed = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+
+    with warnings.catch_warnings():  # read-only views of the shard file; batches are copies
+        warnings.simplefilter("ignore", UserWarning)
+        xs = [torch.as_tensor(a) for a in inputs_of(train, spec)]
+        ys = torch.as_tensor(labels_of(train, spec, output_kind is not None))
+        val_xs = [torch.as_tensor(a) for a in inputs_of(val, spec)] if val is not None else None
+        val_ys = torch.as_tensor(labels_of(val, spec, output_kind is not None)) \
+            if val is not None else None
+    size = spec.batch_size
+    steps = train.steps_per_epoch(size, spec.remainder)
+    metrics = [m for m in spec.metrics if isinstance(m, str)]
+    unknown = [m for m in metrics if m not in TORCH_METRICS]
+    if unknown:
+        raise ValueError(f"unknown PyTorch metrics {unknown}; use {list(TORCH_METRICS)}")
+    events = EventFiles(spec.model_dir) if spec.model_dir and hvd.rank() == 0 else None
+    history: list[dict[str, Any]] = list(state.get("history") or [])  # of earlier fits too
+    last_save = time.monotonic()
+    global_step = position.global_step
+
+    def save(at: Position) -> None:
+        nonlocal last_save
+        write_checkpoint(spec.model_dir, at, "pt", lambda path: torch.save(
+            {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "position": asdict(at), "history": history}, path), spec.keep_checkpoints)
+        last_save = time.monotonic()
+
+    for epoch, first, count in epoch_plan(position, steps, spec.epochs, spec.max_steps):
+        order = train.epoch_order(size, spec.shuffle, spec.seed + epoch, spec.remainder)
+        batches = np.split(order, range(size, len(order), size))[first:first + count]
+        progress.start_epoch(epoch + 1, spec.epochs, steps, size)
+        model.train()
+        sums = _Sums(metrics, output_kind is not None)
+        for index, rows in enumerate(batches):
+            rows = torch.from_numpy(rows)
+            distributed.zero_grad()
+            output = _forward(model, [x[rows] for x in xs], spec.input_names)
+            target = _target(ys[rows], output, loss_fn)
+            loss = loss_fn(output, target)
+            loss.backward()
+            distributed.step()
+            global_step += 1
+            sums.add(output.detach(), target, loss.detach())
+            progress.report(first + index + 1, loss=loss.detach())
+            if spec.model_dir and hvd.rank() == 0 and spec.checkpoint_secs is not None and \
+                    time.monotonic() - last_save >= spec.checkpoint_secs and \
+                    first + index + 1 < steps:
+                save(Position(epoch, first + index + 1, global_step))
+        logs = sums.averages(hvd)
+        if val is not None:
+            logs.update(_evaluate(model, loss_fn, val_xs, val_ys, spec, output_kind, hvd))
+        progress.end_epoch(samples=count * size, **logs)
+        done = first + count == steps
+        at = Position(epoch + 1, 0, global_step) if done else Position(epoch, first + count,
+                                                                     global_step)
+        history.append({"epoch": epoch + 1, "global_step": global_step, **logs})
+        if events is not None:
+            events.write(epoch + 1, logs)
+        if spec.model_dir and hvd.rank() == 0:
+            save(at)
+        position = at
+    if events is not None:
+        events.close()
+    if hvd.rank() != 0:
+        return None
+    model.eval()
+    example = [x[:2] for x in xs]
+    blob = _save_final(model, spec.model_dir, example, spec.input_names)
+    with torch.no_grad():
+        output_size = int(np.prod(_forward(model, example, spec.input_names).shape[1:]))
+    steps_taken = [int(s["step"]) for s in optimizer.state_dict()["state"].values()
+                   if "step" in s]
+    return {"framework": TORCH, "model": blob, "output": output_kind,
+            "output_size": output_size, "history": history, "position": asdict(position),
+            "resumed_from": asdict(found[0]) if found else None, "steps_per_epoch": steps,
+            "optimizer_step": max(steps_taken) if steps_taken else global_step}
+
+
+def _evaluate(model: Any, loss_fn: Any, xs: list[Any], ys: Any, spec: FitSpec,
+              output_kind: str | None, hvd: Any) -> dict[str, float]:
+    import torch
+
+    model.eval()
+    sums = _Sums([m for m in spec.metrics if isinstance(m, str)], output_kind is not None)
+    size = spec.batch_size
+    with torch.no_grad():
+        for start in range(0, validation_steps(ys, size) * size, size):
+            if start >= len(ys):
+                break
+            output = _forward(model, [x[start:start + size] for x in xs], spec.input_names)
+            target = _target(ys[start:start + size], output, loss_fn)
+            sums.add(output, target, loss_fn(output, target))
+    return sums.averages(hvd, "val_")
