@@ -68,8 +68,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
         epoch and every ``saveCheckpointsSecs``), TensorBoard event files (``events/train``,
         ``events/validation``) and the final model: ``model.keras`` (Keras,
         ``tf_keras.models.load_model``) or ``model.pt`` (PyTorch, ``torch.load(path,
-        weights_only=False)``), ``state_dict.pt`` and, when tracing works,
-        ``model.torchscript.pt`` (``torch.jit.load``). A fit with a ``modelDir`` that holds a
+        weights_only=False)``), ``state_dict.pt`` and, when ``torch.export`` captures it,
+        ``model.pt2`` (``torch.export.load(path).module()``, no model code needed). A fit with a ``modelDir`` that holds a
         checkpoint resumes from it (weights, optimizer state, step counter) up to ``epochs``
         / ``maxSteps`` in all. Default: a new local folder per fit.
     saveCheckpointsSecs : float, optional
@@ -132,9 +132,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
         result = record.value
         model = HorovodModel(result["framework"], result["model"],
                              {**result, "model_dir": model_dir}, record)
-        return self._copyValues(model)
+        return self._copy_to_model(model)
 
-    def _copyValues(self, to: Any, extra: Any = None) -> Any:
+    def _copy_to_model(self, to: HorovodModel) -> HorovodModel:
         """Only the params both have (the model's columns), as MLlib's estimators do."""
         for param in self.params:
             if to.hasParam(param.name) and self.isSet(param):

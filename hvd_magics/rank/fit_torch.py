@@ -124,8 +124,8 @@ class _Sums:
 
 def _save_final(model: Any, model_dir: str | None, example: list[Any], names: list[str] | None
                 ) -> bytes:
-    """``model.pt`` (the whole module), ``state_dict.pt`` and, when tracing works,
-    ``model.torchscript.pt`` in the model directory; the module's bytes for ``transform``."""
+    """``model.pt`` (the whole module), ``state_dict.pt`` and, when ``torch.export`` can
+    capture it, ``model.pt2`` in the model directory; the module's bytes for ``transform``."""
     import cloudpickle
     import torch
 
@@ -137,12 +137,15 @@ def _save_final(model: Any, model_dir: str | None, example: list[Any], names: li
         (folder / "model.pt").write_bytes(blob)
         torch.save(model.state_dict(), folder / "state_dict.pt")
         try:
-            with torch.no_grad(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                traced = torch.jit.trace(model, tuple(example), strict=False)
-            traced.save(str(folder / "model.torchscript.pt"))
-        except Exception as exc:  # noqa: BLE001 - TorchScript is a convenience, model.pt is there
-            print(f"hvd_magics: no TorchScript file ({type(exc).__name__}: {exc}); "
+            batch = torch.export.Dim("batch")
+            exported = torch.export.export(
+                model, () if names else tuple(example),
+                kwargs=dict(zip(names, example)) if names else None,
+                dynamic_shapes=({n: {0: batch} for n in names} if names
+                                else tuple({0: batch} for _ in example)))
+            torch.export.save(exported, str(folder / "model.pt2"))
+        except Exception as exc:  # noqa: BLE001 - a convenience; model.pt is there
+            print(f"hvd_magics: no model.pt2 ({type(exc).__name__}: {str(exc)[:200]}); "
                   "load model.pt with torch.load(path, weights_only=False)")
     return blob
 

@@ -1,0 +1,100 @@
+"""HorovodEstimator on a local Spark: fit on shards, transform in Spark tasks, checkpoints and
+resume, event files, the saved model, MLlib persistence, and what it refuses."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from hvd_magics import last_run
+from hvd_magics.errors import EstimatorInputError
+from hvd_magics.estimator import HorovodEstimator, HorovodModel
+from tests.estimator_models import event_scalars, keras_mlp, torch_mlp
+from tests.frames import digits_frames
+
+
+def _accuracy(frame) -> float:
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+
+    return MulticlassClassificationEvaluator(metricName="accuracy").evaluate(frame)
+
+
+def _predictions(frame) -> np.ndarray:
+    rows = frame.orderBy("id").select("prediction", "probability").collect()
+    return np.array([[r["prediction"], *r["probability"].toArray()] for r in rows])
+
+
+def test_a_torch_estimator_trains_on_shards_and_transform_predicts(local_spark, tmp_path):
+    from pyspark.ml.linalg import VectorUDT
+
+    train, val = digits_frames(local_spark)
+    estimator = HorovodEstimator(model=torch_mlp(), loss="cross_entropy", metrics=["accuracy"],
+                                 learningRate=0.003, batchSize=32, epochs=3, np=2,
+                                 featuresCol="pixels", validationFraction=0.2,
+                                 modelDir=str(tmp_path / "m"))
+    model = estimator.fit(train)
+    assert isinstance(model, HorovodModel) and model.framework == "torch"
+    assert [h["epoch"] for h in model.history] == [1, 2, 3]
+    assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(model.history[-1])
+    assert model.history[-1]["val_accuracy"] >= 0.9, model.history
+    assert len(model.run_record.epochs) == 3  # the epoch timing of the job
+    scored = model.transform(val)
+    assert isinstance(scored.schema["probability"].dataType, VectorUDT)
+    assert set(scored.columns) >= {"pixels", "label", "prediction", "probability",
+                                   "rawPrediction"}
+    assert scored.count() == val.count()
+    assert _accuracy(scored) >= 0.9
+    # the exported program loads outside Spark (no model code needed) and predicts as
+    # transform does
+    import torch
+
+    exported = torch.export.load(str(tmp_path / "m" / "model.pt2")).module()
+    rows = scored.limit(20).collect()
+    logits = exported(torch.tensor([r["pixels"] for r in rows])).detach().numpy()
+    assert logits.argmax(1).tolist() == [int(r["prediction"]) for r in rows]
+    assert {"model.pt", "state_dict.pt"} <= set(os.listdir(tmp_path / "m"))
+
+
+def test_a_keras_fit_stopped_after_two_of_four_epochs_resumes(local_spark, tmp_path):
+    import tf_keras
+
+    train, val = digits_frames(local_spark)
+    folder = tmp_path / "keras"
+    estimator = HorovodEstimator(model=keras_mlp(), loss="sparse_categorical_crossentropy",
+                                 metrics=["accuracy"], learningRate=0.003, batchSize=32,
+                                 epochs=4, np=2, featuresCol="pixels",
+                                 isValidationCol="is_val", modelDir=str(folder))
+    from pyspark.sql import functions as F
+
+    both = train.withColumn("is_val", F.lit(False)).unionByName(
+        val.withColumn("is_val", F.lit(True)))
+    # the first fit stops after its second of four epochs; the second goes on to the fourth
+    stopped = estimator.copy().setEpochs(2).fit(both)
+    steps = stopped.steps_per_epoch
+    assert [h["epoch"] for h in stopped.history] == [1, 2]
+    assert stopped.optimizer_step == 2 * steps
+    resumed = estimator.fit(both)
+    assert resumed.resumed_from == {"epoch": 2, "step": 0, "global_step": 2 * steps}
+    assert [h["epoch"] for h in resumed.history] == [1, 2, 3, 4]
+    assert resumed.optimizer_step == 4 * steps  # Adam's step counter carried on
+    assert [h["global_step"] for h in resumed.history] == [steps, 2 * steps, 3 * steps,
+                                                           4 * steps]
+    assert resumed.history[-1]["val_accuracy"] >= 0.9
+    assert len(resumed.run_record.epochs) == 2  # this job ran epochs 3 and 4 only
+    # event files: one point per epoch, both fits, training and validation
+    train_events = event_scalars(folder / "events" / "train")
+    val_events = event_scalars(folder / "events" / "validation")
+    assert [step for step, _ in train_events["epoch_loss"]] == [1, 2, 3, 4]
+    assert [step for step, _ in val_events["epoch_accuracy"]] == [1, 2, 3, 4]
+    assert val_events["epoch_accuracy"][-1][1] == pytest.approx(
+        resumed.history[-1]["val_accuracy"], rel=1e-5)
+    # the saved model loads outside Spark and predicts as transform does
+    saved = tf_keras.models.load_model(folder / "model.keras")
+    rows = resumed.transform(val).limit(20).collect()
+    outputs = saved.predict(np.array([r["pixels"] for r in rows]), verbose=0)
+    assert outputs.argmax(1).tolist() == [int(r["prediction"]) for r in rows]
+    assert np.allclose(outputs, [r["probability"].toArray() for r in rows], atol=1e-5)
+    # a third fit has nothing left to do: it returns the model as the checkpoint left it
+    again = estimator.fit(both)
+    assert again.optimizer_step == 4 * steps and len(again.history) == 4
