@@ -69,9 +69,10 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
         ``events/validation``) and the final model: ``model.keras`` (Keras,
         ``tf_keras.models.load_model``) or ``model.pt`` (PyTorch, ``torch.load(path,
         weights_only=False)``), ``state_dict.pt`` and, when ``torch.export`` captures it,
-        ``model.pt2`` (``torch.export.load(path).module()``, no model code needed). A fit with a ``modelDir`` that holds a
-        checkpoint resumes from it (weights, optimizer state, step counter) up to ``epochs``
-        / ``maxSteps`` in all. Default: a new local folder per fit.
+        ``model.pt2`` (``torch.export.load(path).module()``, no model code needed). A fit
+        with a ``modelDir`` that holds a checkpoint resumes from it (weights, optimizer state,
+        step counter) up to ``epochs`` / ``maxSteps`` in all. Default: a new local folder per
+        fit.
     saveCheckpointsSecs : float, optional
         Also checkpoint inside an epoch this often.
     keepCheckpoints : int, default 3

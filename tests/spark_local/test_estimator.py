@@ -3,6 +3,7 @@ resume, event files, the saved model, MLlib persistence, and what it refuses."""
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -98,3 +99,76 @@ def test_a_keras_fit_stopped_after_two_of_four_epochs_resumes(local_spark, tmp_p
     # a third fit has nothing left to do: it returns the model as the checkpoint left it
     again = estimator.fit(both)
     assert again.optimizer_step == 4 * steps and len(again.history) == 4
+
+
+def test_estimator_model_and_pipeline_save_and_load(local_spark, tmp_path):
+    from pyspark.ml import Pipeline, PipelineModel
+    from pyspark.ml.feature import SQLTransformer
+    from pyspark.sql import functions as F
+
+    train, val = digits_frames(local_spark)
+    val = val.withColumn("id", F.monotonically_increasing_id())
+    estimator = HorovodEstimator(model=torch_mlp(), loss="cross_entropy", epochs=2, np=2,
+                                 learningRate=0.003, featuresCol="features",
+                                 optimizer="adam", metrics=["accuracy"])
+    estimator.save(str(tmp_path / "estimator"))
+    loaded = HorovodEstimator.load(str(tmp_path / "estimator"))
+    assert loaded.uid == estimator.uid
+    assert (loaded.getEpochs(), loaded.getLoss(), loaded.getFeaturesCol()) == (2, "cross_entropy",
+                                                                              "features")
+    assert callable(loaded.getModel()) and loaded.getModelDir() is None
+    # a Pipeline with a JVM stage before ours: fit, save, load, same predictions
+    stages = [SQLTransformer(statement="SELECT *, pixels AS features FROM __THIS__"), loaded]
+    fitted = Pipeline(stages=stages).fit(train)
+    expected = _predictions(fitted.transform(val))
+    assert _accuracy(fitted.transform(val)) >= 0.85
+    fitted.write().overwrite().save(str(tmp_path / "pipeline"))
+    again = PipelineModel.load(str(tmp_path / "pipeline"))
+    assert isinstance(again.stages[-1], HorovodModel)
+    assert np.allclose(_predictions(again.transform(val)), expected, atol=1e-6)
+    model = fitted.stages[-1]
+    model.write().overwrite().save(str(tmp_path / "model"))
+    alone = HorovodModel.load(str(tmp_path / "model"))
+    assert alone.framework == "torch" and alone.history == model.history
+    scored = alone.transform(val.withColumn("features", F.col("pixels")))
+    assert np.allclose(_predictions(scored), expected, atol=1e-6)
+
+
+def _unpicklable_model():
+    import threading
+
+    lock = threading.Lock()
+
+    def build():
+        return lock  # never called: the model is refused first
+
+    return build
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"featuresCol": "nope"}, "featuresCol 'nope' is not a column"),
+    ({"featuresCol": "name"}, "featuresCol 'name' has type string, which cannot become a tensor"),
+    ({"labelCol": "maybe"}, r"labelCol 'maybe' has \d+ null values. Fix: drop those rows"),
+    ({"model": _unpicklable_model()}, "the model cannot be pickled"),
+    ({"model": None}, "set the estimator's model"),
+    ({"validationFraction": 1.5}, "validationFraction must be in [0, 1)"),
+    ({"isValidationCol": "label"}, "isValidationCol 'label' has type int; it must be boolean"),
+])
+def test_bad_input_is_refused_before_any_rank_starts(local_spark, change, message):
+    from pyspark.sql import functions as F
+
+    train, _ = digits_frames(local_spark)
+    frame = (train.withColumn("name", F.lit("x"))
+             .withColumn("maybe", F.when(F.col("label") == 3, None).otherwise(F.col("label")))
+             .limit(200))
+    params = {"model": torch_mlp(), "loss": "cross_entropy", "np": 2, "featuresCol": "pixels",
+              **change}
+    with pytest.raises(EstimatorInputError) as error:
+        HorovodEstimator(**params).fit(frame)
+    assert re.search(message if "\\d" in message else re.escape(message), str(error.value))
+    assert last_run() is None  # no job was started
+
+
+def test_a_misspelt_param_is_named():
+    with pytest.raises(TypeError, match="no param 'epoch'. Did you mean 'epochs'"):
+        HorovodEstimator(epoch=3)

@@ -1,0 +1,55 @@
+"""Checkpoints stay whole when a save fails; the plan of a resumed fit."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hvd_magics.rank.checkpoints import (Position, checkpoint_folder, epoch_plan,
+                                         latest_checkpoint, write_checkpoint)
+
+
+def _writer(text: str):
+    return lambda path: path.write_text(text)
+
+
+def test_a_save_that_fails_leaves_the_last_checkpoint_whole(tmp_path):
+    first = write_checkpoint(tmp_path, Position(1, 0, 10), "pkl", _writer("one"))
+
+    def broken(path):
+        path.write_text("half of a checkpoint")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        write_checkpoint(tmp_path, Position(2, 0, 20), "pkl", broken)
+    assert latest_checkpoint(tmp_path) == (Position(1, 0, 10), first)
+    assert sorted(p.name for p in checkpoint_folder(tmp_path).iterdir()) == [
+        "ckpt-10-e1-s0.pkl", "latest.json"]  # no temporary file left behind
+
+
+def test_the_newest_complete_checkpoint_is_found_when_latest_json_is_behind(tmp_path):
+    write_checkpoint(tmp_path, Position(1, 0, 10), "pt", _writer("one"))
+    second = write_checkpoint(tmp_path, Position(1, 4, 14), "pt", _writer("two"))
+    (checkpoint_folder(tmp_path) / "latest.json").write_text(
+        json.dumps({"file": "ckpt-99-e9-s0.pt", "epoch": 9, "step": 0, "global_step": 99}))
+    assert latest_checkpoint(tmp_path) == (Position(1, 4, 14), second)
+    assert latest_checkpoint(tmp_path / "nothing") is None and latest_checkpoint(None) is None
+
+
+def test_only_the_newest_checkpoints_are_kept(tmp_path):
+    for step in range(1, 6):
+        write_checkpoint(tmp_path, Position(step, 0, step * 10), "pt", _writer(str(step)), keep=2)
+    assert sorted(p.name for p in checkpoint_folder(tmp_path).glob("ckpt-*")) == [
+        "ckpt-40-e4-s0.pt", "ckpt-50-e5-s0.pt"]
+
+
+@pytest.mark.parametrize("position, epochs, max_steps, plan", [
+    (Position(), 3, None, [(0, 0, 10), (1, 0, 10), (2, 0, 10)]),
+    (Position(2, 0, 20), 4, None, [(2, 0, 10), (3, 0, 10)]),  # resume at an epoch's start
+    (Position(1, 4, 14), 3, None, [(1, 4, 6), (2, 0, 10)]),  # inside an epoch
+    (Position(), 4, 25, [(0, 0, 10), (1, 0, 10), (2, 0, 5)]),  # maxSteps ends it first
+    (Position(4, 0, 40), 4, None, []),  # nothing left
+    (Position(1, 0, 25), 4, 25, []),
+])
+def test_the_plan_of_a_fit(position, epochs, max_steps, plan):
+    assert epoch_plan(position, 10, epochs, max_steps) == plan
