@@ -124,3 +124,20 @@ def test_two_executors_get_disjoint_shards_and_train_a_torch_model(cluster_spark
     result = HorovodRunner(np=2).run(jobs.torch_digits, train=digits_train, val=digits_val)
     assert result["accuracy"] >= 0.9, result
     assert result["steps"] == 8 * result["steps_per_epoch"]
+
+
+def test_the_estimator_fits_and_transforms_on_two_executors(cluster_spark, tmp_path):
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+
+    from hvd_magics.estimator import HorovodEstimator
+    from tests.estimator_models import keras_mlp
+    from tests.frames import digits_frames
+
+    train, val = digits_frames(cluster_spark)
+    model = HorovodEstimator(model=keras_mlp(), loss="sparse_categorical_crossentropy",
+                             metrics=["accuracy"], learningRate=0.003, epochs=3,
+                             featuresCol="pixels", modelDir=str(tmp_path / "m")).fit(train)
+    assert len(set(model.run_record.hosts.values())) >= 1 and model.run_record.np == 2
+    scored = model.transform(val)
+    assert MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored) >= 0.9
+    assert (tmp_path / "m" / "model.keras").exists()

@@ -49,6 +49,19 @@ CONNECT_SCRIPT = textwrap.dedent('''
     train, val = digits_frames(spark)
     result = HorovodRunner(np=2).run(jobs.torch_digits, train=train, val=val)
     print("torch accuracy", result["accuracy"] >= 0.9, result)
+    from tests import estimator_models
+    cloudpickle.register_pickle_by_value(estimator_models)
+    from hvd_magics.estimator import HorovodEstimator, HorovodModel
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+    fitted = HorovodEstimator(model=estimator_models.torch_mlp(), loss="cross_entropy",
+                              learningRate=0.003, epochs=2, np=2, featuresCol="pixels",
+                              modelDir={out!r} + "/estimator").fit(train)
+    accuracy = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(
+        fitted.transform(val))
+    fitted.write().overwrite().save({out!r} + "/saved")
+    reloaded = HorovodModel.load({out!r} + "/saved").transform(val)
+    print("estimator", fitted.framework, len(fitted.history), accuracy >= 0.85,
+          reloaded.count() == val.count())
     from hvd_magics import NotEnoughSlotsError
     try:
         HorovodRunner(np=3).run(jobs.print_lines, count=1)
@@ -78,6 +91,7 @@ def test_jobs_run_on_a_spark_connect_session(tmp_path):
     assert "sums [3.0, 3.0] where spark local[2] (Connect)" in proc.stdout, proc.stdout
     assert "error rank 1 on" in proc.stdout and "ValueError: boom from rank 1" in proc.stdout
     assert "again 0" in proc.stdout
+    assert "estimator torch 2 True True" in proc.stdout, proc.stdout
     # an interrupt cancels the job by its tag, kills the ranks and what they started
     assert "interrupted stopped 2 rank processes and cancelled Spark job group" in proc.stdout
     assert "children left []" in proc.stdout and "after 0" in proc.stdout
