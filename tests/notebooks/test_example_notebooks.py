@@ -135,3 +135,16 @@ def test_the_dataframes_notebook(tmp_path):
     assert keras >= 0.88 and torch >= 0.88, (keras, torch)
     assert "refused: column 'tags' of the DataFrame 'train' has type map<string,int>" in everything
     assert "Traceback" not in everything and "Py4J" not in everything
+
+
+def test_the_estimator_notebook(tmp_path):
+    nb, texts, everything = _run("estimator.ipynb", tmp_path)
+    assert "HorovodModel(keras classifier, 2 epochs" in everything
+    assert "resumed from {'epoch': 2, 'step': 0," in everything
+    assert "epochs of this job: [3, 4]" in everything
+    accuracy = float(re.search(r"test accuracy: (\d\.\d+)", everything).group(1))
+    assert accuracy >= 0.9, accuracy
+    assert "model.keras" in everything and "outside Spark: [" in everything
+    assert "loaded model gives the same predictions: True" in everything
+    assert "refused: featuresCol 'pixels' is not a column of the DataFrame" in everything
+    assert "Traceback" not in everything and "Py4J" not in everything
