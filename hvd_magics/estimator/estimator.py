@@ -13,7 +13,7 @@ from hvd_magics.errors import EstimatorInputError
 from hvd_magics.estimator.input_checks import (check_boolean, check_no_nulls, check_params,
                                                column_kinds)
 from hvd_magics.estimator.model import HorovodModel
-from hvd_magics.estimator.params import OBJECT_PARAMS, EstimatorParams
+from hvd_magics.estimator.params import OBJECT_PARAMS, EstimatorParams, add_accessors
 from hvd_magics.estimator.persistence import BlobReader, BlobWriter, fresh_local_folder
 from hvd_magics.rank.fit_spec import FitSpec, OptimizerRecipe
 
@@ -255,14 +255,4 @@ def _shippable(name: str, value: Any) -> Any:
     return optimizer_recipe(value) if name == "optimizer" else value
 
 
-def _accessors() -> None:
-    """``setEpochs(4)`` / ``getEpochs()`` style methods for every param, as MLlib has them."""
-    for param in EstimatorParams().params:
-        suffix = param.name[0].upper() + param.name[1:]
-        for prefix, make in (("set", lambda n: lambda self, value: self._set(**{n: value})),
-                             ("get", lambda n: lambda self: self.getOrDefault(n))):
-            if not hasattr(HorovodEstimator, prefix + suffix):
-                setattr(HorovodEstimator, prefix + suffix, make(param.name))
-
-
-_accessors()
+add_accessors(HorovodEstimator, EstimatorParams())

@@ -13,7 +13,7 @@ from pyspark.ml import Model
 from pyspark.ml.util import MLReadable, MLWritable
 
 from hvd_magics.estimator.input_checks import column_kinds
-from hvd_magics.estimator.params import ModelParams
+from hvd_magics.estimator.params import ModelParams, add_accessors
 from hvd_magics.estimator.persistence import BlobReader, BlobWriter
 from hvd_magics.launch.spark_backend import is_connect, local_workers_use_this_python
 from hvd_magics.task.predict import (KERAS, PREDICTION, PROBABILITY, RAW, PredictConfig,
@@ -148,6 +148,9 @@ class HorovodModel(Model, ModelParams, MLReadable, MLWritable):
             return cls(facts.get("framework", KERAS), blobs["model"], facts)
 
         return BlobReader(build, ())
+
+
+add_accessors(HorovodModel, ModelParams())
 
 
 def _udf_function(config: PredictConfig, inputs: int) -> Any:

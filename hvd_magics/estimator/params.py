@@ -135,3 +135,14 @@ class ModelParams(HasOutputCols):
     def __init__(self) -> None:
         super().__init__()
         self._setDefault(inferenceBatchSize=4096, featureMapping=None)
+
+
+def add_accessors(cls: type, params: Params) -> None:
+    """Give ``cls`` MLlib's ``setEpochs(4)`` / ``getEpochs()`` methods for every param of
+    ``params`` it does not have yet."""
+    for param in params.params:
+        suffix = param.name[0].upper() + param.name[1:]
+        for prefix, make in (("set", lambda n: lambda self, value: self._set(**{n: value})),
+                             ("get", lambda n: lambda self: self.getOrDefault(n))):
+            if not hasattr(cls, prefix + suffix):
+                setattr(cls, prefix + suffix, make(param.name))

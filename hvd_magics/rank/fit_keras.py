@@ -173,9 +173,15 @@ def fit_keras(spec: FitSpec, model: Any, train: Any, val: Any) -> dict[str, Any]
     if hvd.rank() != 0:
         return None
     optimizer_step = int(optimizer.iterations.numpy())
-    # Saved with a plain optimizer of the same settings (not Horovod's), so that it loads anywhere.
-    model.compile(keras.optimizers.deserialize(plain_config, use_legacy_optimizer=False),
-                  loss=spec.loss, metrics=list(spec.metrics))
+    # Saved with a plain optimizer of the same settings and state (not Horovod's wrapper), so
+    # that it loads anywhere and training can go on from it.
+    values = [v.numpy() for v in _variables(optimizer)]
+    plain = keras.optimizers.deserialize(plain_config, use_legacy_optimizer=False)
+    model.compile(plain, loss=spec.loss, metrics=list(spec.metrics))
+    _build(plain, model.trainable_variables)
+    if len(_variables(plain)) == len(values):
+        for variable, value in zip(_variables(plain), values):
+            variable.assign(value)
     blob = _save_final(model, spec.model_dir)
     output_size = int(model.compute_output_shape((None,) + tuple(xs[0].shape[1:]))[-1]) \
         if len(xs) == 1 and not spec.input_names else int(model.outputs[0].shape[-1])

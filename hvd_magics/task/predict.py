@@ -7,6 +7,7 @@ or a few framework calls on whole arrays; no row goes through Python one at a ti
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import tempfile
@@ -48,17 +49,32 @@ def _task_cpus() -> int:
         return os.cpu_count() or 1
 
 
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null: TensorFlow's C++ start-up lines (which no log level
+    silences) would otherwise reach the notebook from every Python worker."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _load_keras(config: PredictConfig) -> Callable[[list[np.ndarray]], np.ndarray]:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # no TensorFlow start-up chatter per worker
-    import tensorflow as tf
-    import tf_keras
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    with _quiet_stderr():
+        import tensorflow as tf
+        import tf_keras
 
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "model.keras")
-        with open(path, "wb") as handle:
-            handle.write(config.blob)
-        model = tf_keras.models.load_model(path, compile=False)
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "model.keras")
+            with open(path, "wb") as handle:
+                handle.write(config.blob)
+            model = tf_keras.models.load_model(path, compile=False)
 
     @tf.function(reduce_retracing=True)
     def call(inputs: Any) -> Any:
