@@ -131,9 +131,13 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
         payload = serialize_job(fit_on_rank, {"spec": spec, **frames}, names=frames)
         record = runner.run_payload(payload)
         result = record.value
-        model = HorovodModel(result["framework"], result["model"],
-                             {**result, "model_dir": model_dir}, record)
-        return self._copy_to_model(model)
+        model = self._copy_to_model(HorovodModel(result["framework"], result["model"],
+                                                 {**result, "model_dir": model_dir}, record))
+        if getattr(record, "mlflow_run_id", None):
+            from hvd_magics.estimator.mlflow_model import example_inputs, log_fitted_model
+
+            log_fitted_model(model, example_inputs(frames["train"], columns, names))
+        return model
 
     def _copy_to_model(self, to: HorovodModel) -> HorovodModel:
         """Only the params both have (the model's columns), as MLlib's estimators do."""

@@ -271,12 +271,12 @@ class MlflowTracker:
             client.log_artifact(run_id, record.timeline_path)
         if record.error:
             client.set_tag(run_id, "hvd_magics.error", record.error[:5000])
-        with _url_not_printed():  # the summary links the run; no line from this thread
+        with url_not_printed():  # the summary links the run; no line from this thread
             client.set_terminated(run_id, STATUS.get(record.status, "FAILED"))
 
 
 @contextlib.contextmanager
-def _url_not_printed() -> Iterator[None]:
+def url_not_printed() -> Iterator[None]:
     """Keep MLflow from writing "View run ... at" to the notebook's stdout from a background
     thread (it would land in whichever cell runs then). The job waits meanwhile."""
     saved = os.environ.get(_SUPPRESS_URL)

@@ -41,6 +41,8 @@ class RunRecord:
         The MLflow run that recorded the job, when one did.
     mlflow : str
         Where that run is (or why it is not there), as the summary shows it.
+    mlflow_model_uri : str or None
+        The model a :class:`~hvd_magics.estimator.HorovodEstimator` fit logged to that run.
     shards : list of dict
         Per DataFrame the job read: ``name``, ``rows_per_rank`` (rank order), ``bytes`` (Arrow
         bytes of all shards) and ``write_s`` (the longest time a task spent writing its shard to
@@ -64,6 +66,7 @@ class RunRecord:
     shards: list[dict[str, Any]] = field(default_factory=list)
     mlflow_run_id: str | None = None
     mlflow: str = ""
+    mlflow_model_uri: str | None = None
     error: str = ""
     startup_s: float | None = None
     training_s: float | None = None

@@ -211,3 +211,28 @@ def test_without_mlflow_the_option_says_how_to_install_it():
     assert "MISSING MLflow tracking needs the mlflow package in the notebook's Python: pip " \
            "install 'hvd_magics[mlflow]'" in proc.stdout
     assert "USAGE %%horovod --mlflow: MLflow tracking needs the mlflow package" in proc.stdout
+
+
+def test_an_estimator_fit_logs_its_model_with_flavour_and_signature(tracking, local_spark):
+    import mlflow
+    import numpy as np
+
+    from hvd_magics.estimator import HorovodEstimator
+    from tests.estimator_models import torch_mlp
+    from tests.frames import digits_frames
+
+    train, val = digits_frames(local_spark)
+    fitted = HorovodEstimator(model=torch_mlp(), loss="cross_entropy", metrics=["accuracy"],
+                              learningRate=0.003, epochs=2, np=2, featuresCol="pixels",
+                              validationFraction=0.2, mlflow="hvd-estimator").fit(train)
+    record = fitted.run_record
+    run = tracking.get_run(record.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    assert [s for s, _ in _history(tracking, run.info.run_id, "val_accuracy")] == [1, 2]
+    assert record.mlflow_model_uri and record.mlflow_model_uri.startswith("models:/")
+    logged = mlflow.pyfunc.load_model(record.mlflow_model_uri)
+    assert logged.metadata.flavors.keys() >= {"pytorch", "python_function"}
+    assert str(logged.metadata.signature.inputs).startswith("[Tensor('float32', (-1, 64))")
+    rows = fitted.transform(val).limit(10).collect()
+    outputs = logged.predict(np.array([r["pixels"] for r in rows], dtype=np.float32))
+    assert np.asarray(outputs).argmax(1).tolist() == [int(r["prediction"]) for r in rows]
