@@ -31,7 +31,7 @@ import time
 
 import psutil
 
-from pairs import in_turn, pair_ratios  # benchmarks/pairs.py
+from pairs import in_turn, pair_ratios, local_session  # benchmarks/pairs.py
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 FEATURES = 784
@@ -152,15 +152,10 @@ def main() -> None:
     args = parser.parse_args()
 
     from pyspark.ml.torch.distributor import TorchDistributor
-    from pyspark.sql import SparkSession
 
     from hvd_magics import HorovodRunner
 
-    spark = (SparkSession.builder.master("local[2]").appName("data_feed")
-             .config("spark.driver.memory", "8g")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.host", "127.0.0.1").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session("data_feed", driver_memory="8g")
     df = make_frame(spark, args.rows)
     half = args.rows // 2
 

@@ -34,7 +34,7 @@ import pandas as pd
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pairs import in_turn, ratio_text  # noqa: E402  (benchmarks/pairs.py)
+from pairs import in_turn, ratio_text, local_session  # noqa: E402  (benchmarks/pairs.py)
 
 FEATURES = 784
 
@@ -209,13 +209,7 @@ def main() -> None:
     parser.add_argument("--fit-rows", type=int, default=20_000)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master("local[2]").appName("bench-estimator")
-             .config("spark.driver.memory", "6g")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.host", "127.0.0.1").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session("estimator", driver_memory="6g")
     frame = make_frame(spark, args.rows)
     row_frame = frame.limit(args.row_rows).cache()
     fit_frame = frame.limit(args.fit_rows).cache()

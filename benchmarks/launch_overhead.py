@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from pairs import in_turn, ratio_text  # benchmarks/pairs.py
+from pairs import in_turn, ratio_text, local_session  # benchmarks/pairs.py
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -86,12 +86,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
 
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master("local[2]").appName("launch_overhead")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.host", "127.0.0.1").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session("launch_overhead")
     import horovod.spark
     from pyspark.ml.torch.distributor import TorchDistributor
 

@@ -22,7 +22,7 @@ import tempfile
 import time
 import urllib.request
 
-from pairs import in_turn, ratio_text  # benchmarks/pairs.py
+from pairs import in_turn, ratio_text, local_session  # benchmarks/pairs.py
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -74,14 +74,9 @@ def main() -> None:
     args = parser.parse_args()
 
     import mlflow
-    from pyspark.sql import SparkSession
-
     from hvd_magics import HorovodRunner, last_run
 
-    spark = (SparkSession.builder.master("local[2]").appName("mlflow_overhead")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.host", "127.0.0.1").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session("mlflow_overhead")
     server, uri = start_server(tempfile.mkdtemp(prefix="mlflow-bench-"))
     mlflow.set_tracking_uri(uri)
     try:

@@ -1,4 +1,5 @@
-"""Ratios that mean the same from run to run on a shared 2-core machine.
+"""What the benchmarks share: ratios that mean the same from run to run on a shared 2-core
+machine, and the one warm local SparkSession they measure on.
 
 Each benchmark measures its candidates in interleaved pairs, alternating the order (A then B, then
 B then A), and reports the median of the per-pair ratios with their min and max: drift in the
@@ -27,3 +28,17 @@ def ratio_text(name: str, a: Sequence[float], b: Sequence[float]) -> str:
     """``name=<median> name_min=<min> name_max=<max>`` for a benchmark's last line."""
     med, low, high = pair_ratios(a, b)
     return f"{name}={med:.3f} {name}_min={low:.3f} {name}_max={high:.3f}"
+
+
+def local_session(app: str, driver_memory: str | None = None):
+    """The benchmarks' SparkSession: ``local[2]``, quiet, on loopback."""
+    from pyspark.sql import SparkSession
+
+    builder = (SparkSession.builder.master("local[2]").appName(app)
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.driver.host", "127.0.0.1"))
+    if driver_memory:
+        builder = builder.config("spark.driver.memory", driver_memory)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

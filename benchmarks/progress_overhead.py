@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 
-from pairs import in_turn, ratio_text  # benchmarks/pairs.py
+from pairs import in_turn, ratio_text, local_session  # benchmarks/pairs.py
 
 from hvd_magics.protocol import ENV_KERAS_PROGRESS
 
@@ -87,13 +87,9 @@ def per_step_cost(calls: int = 200_000) -> float:
 
 
 def overhead(runs: int) -> float:
-    from pyspark.sql import SparkSession
-
     from hvd_magics import HorovodRunner
 
-    spark = (SparkSession.builder.master("local[2]").config("spark.driver.host", "127.0.0.1")
-             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session("progress_overhead")
     on, off = [], []
     for run in range(runs):
         for label, times, env in in_turn(run, (("with", on, {}),

@@ -92,6 +92,8 @@ ENV_KERAS_PROGRESS = "HVD_MAGICS_KERAS_PROGRESS"
 ENV_MAX_RESULT_MB = "HVD_MAGICS_MAX_RESULT_MB"
 #: Set to ``1`` by default: ``tf.keras`` is Keras 2 (tf_keras), which Horovod's Keras API needs.
 ENV_LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
+#: The frameworks a HorovodEstimator trains (its fit's result and its model say which).
+KERAS, TORCH = "keras", "torch"
 #: Horovod's own: where rank 0 writes the timeline, and whether it marks cycles.
 ENV_HOROVOD_TIMELINE = "HOROVOD_TIMELINE"
 ENV_TIMELINE_MARK_CYCLES = "HOROVOD_TIMELINE_MARK_CYCLES"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 from typing import Any
 
 from pyspark.ml import Estimator
@@ -14,7 +15,7 @@ from hvd_magics.estimator.input_checks import (check_boolean, check_no_nulls, ch
                                                column_kinds)
 from hvd_magics.estimator.model import HorovodModel
 from hvd_magics.estimator.params import OBJECT_PARAMS, EstimatorParams, add_accessors
-from hvd_magics.estimator.persistence import BlobReader, BlobWriter, fresh_local_folder
+from hvd_magics.estimator.persistence import BlobReader, BlobWriter
 from hvd_magics.rank.fit_spec import FitSpec, OptimizerRecipe
 
 _MODEL_FIX = ("Fix: pass a function that builds the model (model=build_model), so that each rank "
@@ -122,7 +123,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
         column_kinds(dataset, columns + [label], role)
         if validation:
             check_boolean(dataset, validation)
-        model_dir = get(self.modelDir) or fresh_local_folder("fit-")
+        model_dir = get(self.modelDir) or _fresh_model_dir()
         spec = self._spec(columns, names, model_dir)
         check_no_nulls(dataset, columns + [label], role)
         frames = self._split(dataset, columns + [label])
@@ -253,6 +254,15 @@ def optimizer_recipe(value: Any) -> OptimizerRecipe:
         return OptimizerRecipe("factory", value)
     raise EstimatorInputError(f"optimizer must be a name ('adam'), an optimizer, its class or a "
                               f"function that builds one; got {type(value).__name__}")
+
+
+def _fresh_model_dir() -> str:
+    """A new folder under the temporary directory: the model directory of a fit without one."""
+    import tempfile
+
+    root = os.path.join(tempfile.gettempdir(), "hvd_magics", "models")
+    os.makedirs(root, exist_ok=True)
+    return tempfile.mkdtemp(prefix="fit-", dir=root)
 
 
 def _shippable(name: str, value: Any) -> Any:

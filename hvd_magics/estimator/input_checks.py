@@ -32,10 +32,7 @@ def column_kinds(frame: Any, columns: list[str], role: dict[str, str]) -> dict[s
     fields = {field.name: field.dataType for field in frame.schema.fields}
     kinds = {}
     for column in columns:
-        if column not in fields:
-            raise EstimatorInputError(
-                f"{role[column]} {column!r} is not a column of the DataFrame (its columns: "
-                f"{', '.join(fields)}). Fix: set {role[column].split()[0]} to one of them.")
+        _require(fields, column, role[column])
         kind = _kind(fields[column])
         if kind == "other":
             raise EstimatorInputError(
@@ -46,11 +43,17 @@ def column_kinds(frame: Any, columns: list[str], role: dict[str, str]) -> dict[s
     return kinds
 
 
-def check_boolean(frame: Any, column: str) -> None:
-    fields = {field.name: field.dataType for field in frame.schema.fields}
+def _require(fields: dict[str, Any], column: str, role: str) -> None:
     if column not in fields:
-        raise EstimatorInputError(f"isValidationCol {column!r} is not a column of the DataFrame "
-                                  f"(its columns: {', '.join(fields)})")
+        raise EstimatorInputError(
+            f"{role} {column!r} is not a column of the DataFrame (its columns: "
+            f"{', '.join(fields)}). Fix: set {role.split()[0]} to one of them.")
+
+
+def check_boolean(frame: Any, column: str) -> None:
+    """Refuse an ``isValidationCol`` that is missing or not boolean."""
+    fields = {field.name: field.dataType for field in frame.schema.fields}
+    _require(fields, column, "isValidationCol")
     if type(fields[column]).__name__ != "BooleanType":
         raise EstimatorInputError(f"isValidationCol {column!r} has type "
                                   f"{fields[column].simpleString()}; it must be boolean. Fix: "

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from hvd_magics.protocol import TORCH
+
 #: Rows of the training DataFrame used for the signature and input example.
 EXAMPLE_ROWS = 5
 
@@ -24,31 +26,21 @@ def example_inputs(frame: Any, columns: list[str], names: list[str] | None) -> A
 
 
 def log_fitted_model(model: Any, example: Any) -> str | None:
-    """Log ``model`` to its fit's MLflow run; return the model URI (``None``: nothing tracked,
-    or MLflow failed, which warns and never fails the fit)."""
+    """Log ``model`` to the MLflow run of its fit (``model.run_record.mlflow_run_id``); return
+    the model URI, or ``None`` when MLflow failed, which warns and never fails the fit."""
     record = model.run_record
-    run_id = getattr(record, "mlflow_run_id", None)
-    if not run_id:
-        return None
     try:
         import mlflow
         from mlflow.models import infer_signature
 
-        network = model.get_model()
-        if model.framework == "torch":
-            import torch
-
-            with torch.no_grad():
-                inputs = [torch.from_numpy(v) for v in (
-                    example.values() if isinstance(example, dict) else [example])]
-                output = network(*inputs).numpy()
-        else:
-            output = np.asarray(network.predict(example, verbose=0))
-        signature = infer_signature(example, output)
         from hvd_magics.job.mlflow_run import url_not_printed
+        from hvd_magics.task.predict import predictor
 
-        flavour = mlflow.pytorch if model.framework == "torch" else mlflow.tensorflow
-        with url_not_printed(), mlflow.start_run(run_id=run_id,
+        network = model.get_model()
+        arrays = list(example.values()) if isinstance(example, dict) else [example]
+        signature = infer_signature(example, predictor(network, model.predict_config())(arrays))
+        flavour = mlflow.pytorch if model.framework == TORCH else mlflow.tensorflow
+        with url_not_printed(), mlflow.start_run(run_id=record.mlflow_run_id,
                                                  nested=mlflow.active_run() is not None):
             info = flavour.log_model(network, name="model", signature=signature,
                                      input_example=example)

@@ -3,9 +3,6 @@ model in Spark tasks (:mod:`hvd_magics.task.predict`), so inference is distribut
 from __future__ import annotations
 
 import hashlib
-import io
-import os
-import tempfile
 from typing import Any, Iterator
 
 import pyarrow as pa
@@ -16,10 +13,15 @@ from hvd_magics.estimator.input_checks import column_kinds
 from hvd_magics.estimator.params import ModelParams, add_accessors
 from hvd_magics.estimator.persistence import BlobReader, BlobWriter
 from hvd_magics.launch.spark_backend import is_connect, local_workers_use_this_python
-from hvd_magics.task.predict import (KERAS, PREDICTION, PROBABILITY, RAW, PredictConfig,
-                                     predict_batches)
+from hvd_magics.protocol import KERAS
+from hvd_magics.task.predict import (PREDICTION, PROBABILITY, RAW, PredictConfig,
+                                     model_from_bytes, predict_batches)
 
 _OUT = "__hvd_magics_out"
+#: What a fit tells of the model (attributes, saved with it), and their values when not told.
+_FACTS: dict[str, Any] = {"output": None, "output_size": 1, "history": [], "model_dir": None,
+                          "position": {}, "resumed_from": None, "optimizer_step": 0,
+                          "steps_per_epoch": 0}
 
 
 class HorovodModel(Model, ModelParams, MLReadable, MLWritable):
@@ -41,22 +43,21 @@ class HorovodModel(Model, ModelParams, MLReadable, MLWritable):
         Where the fit wrote checkpoints, event files and the saved model.
     optimizer_step : int
         The optimizer's step counter at the end of the fit (it carries on across resumes).
+    position, resumed_from : dict
+        Where training stood at the end, and where this fit started (``None``: from scratch):
+        ``epoch``, ``step`` (in that epoch), ``global_step``.
+    steps_per_epoch, output, output_size
+        Steps per epoch of the fit; how a classifier's output becomes probabilities (``None``:
+        not a classifier); the width of the output.
     """
 
     def __init__(self, framework: str = KERAS, model_bytes: bytes = b"",
                  facts: dict[str, Any] | None = None, run_record: Any = None) -> None:
         super().__init__()
-        facts = dict(facts or {})
         self.framework = framework
         self.model_bytes = model_bytes
-        self.output: str | None = facts.get("output")
-        self.output_size: int = int(facts.get("output_size") or 1)
-        self.history: list[dict[str, Any]] = list(facts.get("history") or [])
-        self.model_dir: str | None = facts.get("model_dir")
-        self.position: dict[str, int] = dict(facts.get("position") or {})
-        self.resumed_from: dict[str, int] | None = facts.get("resumed_from")
-        self.optimizer_step: int = int(facts.get("optimizer_step") or 0)
-        self.steps_per_epoch: int = int(facts.get("steps_per_epoch") or 0)
+        for name, default in _FACTS.items():
+            setattr(self, name, (facts or {}).get(name, default))
         self.run_record = run_record
 
     @property
@@ -64,11 +65,7 @@ class HorovodModel(Model, ModelParams, MLReadable, MLWritable):
         return self.output is not None
 
     def _facts(self) -> dict[str, Any]:
-        return {"framework": self.framework, "output": self.output,
-                "output_size": self.output_size, "history": self.history,
-                "model_dir": self.model_dir, "position": self.position,
-                "resumed_from": self.resumed_from, "optimizer_step": self.optimizer_step,
-                "steps_per_epoch": self.steps_per_epoch}
+        return {"framework": self.framework, **{name: getattr(self, name) for name in _FACTS}}
 
     def __repr__(self) -> str:
         kind = "classifier" if self.is_classifier else "regressor"
@@ -91,20 +88,24 @@ class HorovodModel(Model, ModelParams, MLReadable, MLWritable):
             kinds[PREDICTION] = "array<float>"
         return ", ".join(f"{name} {kinds[name]}" for name in fields)
 
+    def predict_config(self) -> PredictConfig:
+        """How the model reads its input columns and writes its outputs."""
+        columns, names = self.feature_columns()
+        return PredictConfig(hashlib.sha256(self.model_bytes).hexdigest()[:16], self.framework,
+                             self.model_bytes, columns, names, self.output, self._fields(),
+                             self.getOrDefault(self.inferenceBatchSize))
+
     def _transform(self, dataset: Any) -> Any:
         from pyspark.ml.functions import array_to_vector, vector_to_array
         from pyspark.sql import functions as F
         from pyspark.sql.functions import arrow_udf
 
-        columns, names = self.feature_columns()
+        config = self.predict_config()
+        columns, fields = config.columns, config.fields
         kinds = column_kinds(dataset, columns, {c: "featuresCol" for c in columns})
         inputs = [vector_to_array(F.col(c), "float32") if kinds[c] == "vector"
                   else F.col(c).cast("array<float>") if kinds[c] == "array"
                   else F.col(c).cast("float") for c in columns]
-        fields = self._fields()
-        config = PredictConfig(hashlib.sha256(self.model_bytes).hexdigest()[:16], self.framework,
-                               self.model_bytes, columns, names, self.output, fields,
-                               self.getOrDefault(self.inferenceBatchSize))
         udf = arrow_udf(_udf_function(config, len(columns)), self._return_type(fields))
         spark = dataset.sparkSession
         with local_workers_use_this_python(None if is_connect(spark) else spark.sparkContext):
@@ -119,19 +120,8 @@ class HorovodModel(Model, ModelParams, MLReadable, MLWritable):
     # -- the model outside Spark -------------------------------------------------------------------
 
     def get_model(self) -> Any:
-        """The trained network in this process: a tf_keras Model or a torch module."""
-        if self.framework == KERAS:
-            os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-            import tf_keras
-
-            with tempfile.TemporaryDirectory() as folder:
-                path = os.path.join(folder, "model.keras")
-                with open(path, "wb") as handle:
-                    handle.write(self.model_bytes)
-                return tf_keras.models.load_model(path)
-        import torch
-
-        return torch.load(io.BytesIO(self.model_bytes), weights_only=False, map_location="cpu")
+        """The trained network in this process: a tf_keras Model (compiled) or a torch module."""
+        return model_from_bytes(self.framework, self.model_bytes, compile=True)
 
     # -- persistence -------------------------------------------------------------------------------
 

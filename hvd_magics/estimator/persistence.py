@@ -7,7 +7,6 @@ DBFS), and a ``PipelineModel`` that contains our model saves and loads it like a
 """
 from __future__ import annotations
 
-import os
 import shutil
 from typing import Any, Callable
 
@@ -63,12 +62,3 @@ class BlobReader(MLReader):
         DefaultParamsReader.getAndSetParams(instance, metadata, skipParams=list(self.skip))
         instance._resetUid(metadata["uid"])
         return instance
-
-
-def fresh_local_folder(prefix: str) -> str:
-    """A new folder under the temporary directory (the default model directory of a fit)."""
-    import tempfile
-
-    root = os.path.join(tempfile.gettempdir(), "hvd_magics", "models")
-    os.makedirs(root, exist_ok=True)
-    return tempfile.mkdtemp(prefix=prefix, dir=root)

@@ -9,13 +9,13 @@ checkpoints, event files and the final model, and sends back the model for ``tra
 """
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
 import numpy as np
 
-from hvd_magics.rank.fit_spec import KERAS, TORCH, FitSpec
+from hvd_magics.protocol import KERAS, TORCH
+from hvd_magics.rank.fit_spec import FitSpec
 
 #: Output of a classifier's model, and how ``transform`` turns it into probabilities.
 SOFTMAX, SIGMOID, EXP, PROBABILITY = "softmax", "sigmoid", "exp", "probability"
@@ -79,12 +79,8 @@ def classifier_output(loss: Any, classifier: bool | None) -> str | None:
 
 
 def inputs_of(shard: Any, spec: FitSpec) -> list[np.ndarray]:
-    """The model inputs of ``shard``'s rows: one float32 array per feature column, 2-D."""
-    arrays = []
-    for column in spec.features:
-        array = shard.to_numpy(column)
-        arrays.append(np.ascontiguousarray(array.reshape(len(array), -1), dtype=np.float32))
-    return arrays
+    """The model inputs of ``shard``'s rows: one 2-D float32 array per feature column."""
+    return [shard.feature_matrix(column) for column in spec.features]
 
 
 def labels_of(shard: Any, spec: FitSpec, classifier: bool) -> np.ndarray:
@@ -94,10 +90,6 @@ def labels_of(shard: Any, spec: FitSpec, classifier: bool) -> np.ndarray:
             return labels.astype(np.float32)
         return labels.astype(np.int64)
     return labels.astype(np.float32) if labels.dtype.kind in "fiub" else labels
-
-
-def validation_steps(shard: Any, batch_size: int) -> int:
-    return max(1, math.ceil(len(shard) / batch_size))
 
 
 def scaled_learning_rate(spec: FitSpec, size: int, default: float) -> float:

@@ -17,14 +17,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from hvd_magics.protocol import KERAS
 from hvd_magics.rank.checkpoints import Position, epoch_plan, latest_checkpoint, write_checkpoint
 from hvd_magics.rank.estimator_fit import (classifier_output, inputs_of, labels_of,
                                            scaled_learning_rate)
 from hvd_magics.rank.event_files import EventFiles
-from hvd_magics.rank.fit_spec import KERAS, FitSpec
+from hvd_magics.rank.fit_spec import DEFAULT_LEARNING_RATE, FitSpec
 from hvd_magics.rank.keras_progress import progress_callback
-
-DEFAULT_LEARNING_RATE = 0.001
 
 
 def keras_optimizer(spec: FitSpec, keras: Any, size: int) -> Any:
@@ -183,8 +184,8 @@ def fit_keras(spec: FitSpec, model: Any, train: Any, val: Any) -> dict[str, Any]
         for variable, value in zip(_variables(plain), values):
             variable.assign(value)
     blob = _save_final(model, spec.model_dir)
-    output_size = int(model.compute_output_shape((None,) + tuple(xs[0].shape[1:]))[-1]) \
-        if len(xs) == 1 and not spec.input_names else int(model.outputs[0].shape[-1])
+    example = model(model_inputs([x[:2] for x in xs]), training=False)
+    output_size = int(np.prod(example.shape[1:]))
     return {"framework": KERAS, "model": blob, "output": output_kind,
             "output_size": output_size, "history": history, "position": asdict(position),
             "resumed_from": asdict(found[0]) if found else None, "steps_per_epoch": steps,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-KERAS, TORCH = "keras", "torch"
+#: The learning rate of an optimizer given by name, unless the learningRate param says.
+DEFAULT_LEARNING_RATE = 0.001
 
 
 @dataclass

@@ -13,10 +13,10 @@ import numpy as np
 
 from hvd_magics.rank import progress
 from hvd_magics.rank.checkpoints import Position, epoch_plan, latest_checkpoint, write_checkpoint
-from hvd_magics.rank.estimator_fit import (classifier_output, inputs_of, labels_of,
-                                           validation_steps)
+from hvd_magics.protocol import TORCH
+from hvd_magics.rank.estimator_fit import classifier_output, inputs_of, labels_of
 from hvd_magics.rank.event_files import EventFiles
-from hvd_magics.rank.fit_spec import TORCH, FitSpec, OptimizerRecipe
+from hvd_magics.rank.fit_spec import DEFAULT_LEARNING_RATE, FitSpec, OptimizerRecipe
 
 _LOSSES = {"cross_entropy": "CrossEntropyLoss", "nll": "NLLLoss", "nll_loss": "NLLLoss",
            "mse": "MSELoss", "mean_squared_error": "MSELoss", "l1": "L1Loss", "mae": "L1Loss",
@@ -27,7 +27,8 @@ _OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSpr
                "adagrad": "Adagrad", "adadelta": "Adadelta", "adamax": "Adamax", "nadam": "NAdam"}
 #: Metrics a PyTorch fit computes by name (the loss is always there).
 TORCH_METRICS = ("accuracy", "mae", "mse")
-DEFAULT_LEARNING_RATE = 0.001
+#: Losses that compare the output with float targets (labels are converted once, not per step).
+_FLOAT_TARGETS = ("BCELoss", "BCEWithLogitsLoss", "MSELoss", "L1Loss", "HuberLoss", "SmoothL1Loss")
 
 
 def torch_loss(loss: Any) -> Callable:
@@ -72,16 +73,17 @@ def torch_optimizer(spec: FitSpec, model: Any, size: int) -> Any:
     return optimizer
 
 
-def _target(labels: Any, output: Any, loss_fn: Any) -> Any:
-    import torch
+def _targets(labels: Any, loss_fn: Any) -> Any:
+    """The labels as ``loss_fn`` compares them (floats for regression and binary losses)."""
+    return labels.float() if type(loss_fn).__name__ in _FLOAT_TARGETS else labels
 
-    if isinstance(loss_fn, (torch.nn.BCELoss, torch.nn.BCEWithLogitsLoss, torch.nn.MSELoss,
-                            torch.nn.L1Loss, torch.nn.HuberLoss, torch.nn.SmoothL1Loss)):
-        labels = labels.to(output.dtype)
-    if labels.dim() == 1 and output.dim() == 2 and output.shape[1] == 1 and \
-            labels.dtype.is_floating_point:
-        labels = labels.view(-1, 1)
-    return labels
+
+def _shaped(target: Any, output: Any) -> Any:
+    """A 1-D float target beside an ``(n, 1)`` output, as ``(n, 1)`` (no broadcasting)."""
+    if target.dim() == 1 and output.dim() == 2 and output.shape[1] == 1 and \
+            target.dtype.is_floating_point:
+        return target.view(-1, 1)
+    return target
 
 
 def _forward(model: Any, inputs: list[Any], names: list[str] | None) -> Any:
@@ -89,11 +91,12 @@ def _forward(model: Any, inputs: list[Any], names: list[str] | None) -> Any:
 
 
 class _Sums:
-    """Per-epoch sums of loss and metrics on this rank, averaged over every rank's rows."""
+    """Per-epoch sums of loss and metrics on this rank, kept as one tensor (no conversion per
+    step), averaged over every rank's rows at the epoch's end."""
 
     def __init__(self, metrics: list[str], classifier: bool) -> None:
         self.names = ["loss"] + [m for m in metrics if m != "accuracy" or classifier]
-        self.totals = [0.0] * (len(self.names) + 1)  # + the row count
+        self.totals: Any = None  # a float64 tensor: one sum per name, then the row count
 
     def add(self, output: Any, target: Any, loss: Any) -> None:
         import torch
@@ -102,22 +105,24 @@ class _Sums:
         values = []
         for name in self.names:
             if name == "loss":
-                values.append(float(loss) * rows)
+                values.append(loss * rows)
             elif name == "accuracy":
                 guess = output.argmax(1) if output.dim() == 2 and output.shape[1] > 1 \
                     else (output.view(-1) > 0.5).long()
-                values.append(float((guess == target.view(-1).long()).sum()))
+                values.append((guess == target.view(-1).long()).sum())
             else:
                 error = output.view(-1) - target.view(-1).to(output.dtype)
-                values.append(float(torch.abs(error).sum() if name == "mae"
-                                    else (error ** 2).sum()))
-        self.totals = [t + v for t, v in zip(self.totals, values + [rows])]
+                values.append(error.abs().sum() if name == "mae" else (error ** 2).sum())
+        step = torch.stack([v.to(torch.float64) for v in values]
+                           + [torch.tensor(float(rows), dtype=torch.float64)])
+        self.totals = step if self.totals is None else self.totals + step
 
     def averages(self, hvd: Any, prefix: str = "") -> dict[str, float]:
         import torch
 
-        summed = hvd.allreduce(torch.tensor(self.totals, dtype=torch.float64), op=hvd.Sum,
-                               name=f"hvd_magics_metrics_{prefix}")
+        totals = self.totals if self.totals is not None else \
+            torch.zeros(len(self.names) + 1, dtype=torch.float64)
+        summed = hvd.allreduce(totals, op=hvd.Sum, name=f"hvd_magics_metrics_{prefix}")
         rows = max(float(summed[-1]), 1.0)
         return {prefix + name: float(summed[i]) / rows for i, name in enumerate(self.names)}
 
@@ -173,10 +178,10 @@ def fit_torch(spec: FitSpec, model: Any, train: Any, val: Any) -> dict[str, Any]
     with warnings.catch_warnings():  # read-only views of the shard file; batches are copies
         warnings.simplefilter("ignore", UserWarning)
         xs = [torch.as_tensor(a) for a in inputs_of(train, spec)]
-        ys = torch.as_tensor(labels_of(train, spec, output_kind is not None))
+        ys = _targets(torch.as_tensor(labels_of(train, spec, output_kind is not None)), loss_fn)
         val_xs = [torch.as_tensor(a) for a in inputs_of(val, spec)] if val is not None else None
-        val_ys = torch.as_tensor(labels_of(val, spec, output_kind is not None)) \
-            if val is not None else None
+        val_ys = _targets(torch.as_tensor(labels_of(val, spec, output_kind is not None)),
+                          loss_fn) if val is not None else None
     size = spec.batch_size
     steps = train.steps_per_epoch(size, spec.remainder)
     metrics = [m for m in spec.metrics if isinstance(m, str)]
@@ -196,8 +201,8 @@ def fit_torch(spec: FitSpec, model: Any, train: Any, val: Any) -> dict[str, Any]
         last_save = time.monotonic()
 
     for epoch, first, count in epoch_plan(position, steps, spec.epochs, spec.max_steps):
-        order = train.epoch_order(size, spec.shuffle, spec.seed + epoch, spec.remainder)
-        batches = np.split(order, range(size, len(order), size))[first:first + count]
+        batches = train.batch_rows(size, spec.shuffle, spec.seed + epoch,
+                                   spec.remainder)[first:first + count]
         progress.start_epoch(epoch + 1, spec.epochs, steps, size)
         model.train()
         sums = _Sums(metrics, output_kind is not None)
@@ -205,7 +210,7 @@ def fit_torch(spec: FitSpec, model: Any, train: Any, val: Any) -> dict[str, Any]
             rows = torch.from_numpy(rows)
             distributed.zero_grad()
             output = _forward(model, [x[rows] for x in xs], spec.input_names)
-            target = _target(ys[rows], output, loss_fn)
+            target = _shaped(ys[rows], output)
             loss = loss_fn(output, target)
             loss.backward()
             distributed.step()
@@ -254,10 +259,8 @@ def _evaluate(model: Any, loss_fn: Any, xs: list[Any], ys: Any, spec: FitSpec,
     sums = _Sums([m for m in spec.metrics if isinstance(m, str)], output_kind is not None)
     size = spec.batch_size
     with torch.no_grad():
-        for start in range(0, validation_steps(ys, size) * size, size):
-            if start >= len(ys):
-                break
+        for start in range(0, len(ys), size):
             output = _forward(model, [x[start:start + size] for x in xs], spec.input_names)
-            target = _target(ys[start:start + size], output, loss_fn)
+            target = _shaped(ys[start:start + size], output)
             sums.add(output, target, loss_fn(output, target))
     return sums.averages(hvd, "val_")

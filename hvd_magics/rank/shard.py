@@ -223,6 +223,12 @@ class Shard:
             order = np.tile(order, math.ceil(wanted / len(order)))
         return order[:wanted]
 
+    def batch_rows(self, batch_size: int, shuffle: bool = False, seed: int | None = None,
+                   remainder: str = REPEAT) -> list[np.ndarray]:
+        """The row indices of each batch of one epoch (``steps_per_epoch`` of them)."""
+        order = self.epoch_order(batch_size, shuffle, seed, remainder)
+        return np.split(order, range(batch_size, len(order), batch_size))
+
     def batches(self, batch_size: int, shuffle: bool = False, seed: int | None = None,
                 columns: Sequence[str] | None = None, remainder: str = REPEAT
                 ) -> Iterator[dict[str, np.ndarray]]:
@@ -234,12 +240,11 @@ class Shard:
         """
         names = list(columns) if columns is not None else self.columns
         arrays = {name: self.to_numpy(name) for name in names}
-        order = self.epoch_order(batch_size, shuffle, seed, remainder)
-        for start in range(0, len(order), batch_size):
-            rows = order[start:start + batch_size]
+        for rows in self.batch_rows(batch_size, shuffle, seed, remainder):
             yield {name: array[rows] for name, array in arrays.items()}
 
-    def _features(self, features: str | Sequence[str]) -> np.ndarray:
+    def feature_matrix(self, features: str | Sequence[str]) -> np.ndarray:
+        """The columns ``features`` as one 2-D float32 array (several are concatenated)."""
         names = [features] if isinstance(features, str) else list(features)
         parts = [self.to_numpy(n) for n in names]
         parts = [p.reshape(len(p), -1).astype(np.float32, copy=False) for p in parts]
@@ -253,7 +258,7 @@ class Shard:
         each pass (each Keras epoch) in a new order. Several feature columns are concatenated."""
         import tensorflow as tf
 
-        x = self._features(features)
+        x = self.feature_matrix(features)
         dataset = tf.data.Dataset.from_tensor_slices(x if label is None
                                                      else (x, self.to_numpy(label)))
         if shuffle:
@@ -275,7 +280,7 @@ class Shard:
         import torch
         from torch.utils.data import DataLoader, TensorDataset
 
-        arrays = [self._features(features)]
+        arrays = [self.feature_matrix(features)]
         if label is not None:
             labels = self.to_numpy(label)
             if labels.dtype.kind in "iub":  # class indices: torch's losses want int64
@@ -304,8 +309,8 @@ class _EpochBatches:
     def __iter__(self) -> Iterator[np.ndarray]:
         seed = None if self._seed is None else self._seed + self._epoch
         self._epoch += 1
-        order = self._shard.epoch_order(self._batch_size, self._shuffle, seed, self._remainder)
-        return iter(np.split(order, range(self._batch_size, len(order), self._batch_size)))
+        return iter(self._shard.batch_rows(self._batch_size, self._shuffle, seed,
+                                           self._remainder))
 
 
 _OPENED: dict[int, Shard] = {}

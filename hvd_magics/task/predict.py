@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-KERAS, TORCH = "keras", "torch"
+from hvd_magics.protocol import ENV_LEGACY_KERAS, KERAS
+
 #: Output fields of the UDF's struct (the model adds them as columns under its param names).
 PREDICTION, PROBABILITY, RAW = "prediction", "probability", "raw"
 
@@ -63,18 +64,26 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _load_keras(config: PredictConfig) -> Callable[[list[np.ndarray]], np.ndarray]:
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    with _quiet_stderr():
-        import tensorflow as tf
-        import tf_keras
+def model_from_bytes(framework: str, blob: bytes, compile: bool = False) -> Any:
+    """The network from a fit's bytes: a tf_keras model from ``.keras`` bytes (TensorFlow's
+    start-up lines kept off stderr), or a torch module from ``torch.save`` bytes."""
+    if framework == KERAS:
+        os.environ.setdefault(ENV_LEGACY_KERAS, "1")
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        with _quiet_stderr(), tempfile.TemporaryDirectory() as folder:
+            import tf_keras
 
-        with tempfile.TemporaryDirectory() as folder:
             path = os.path.join(folder, "model.keras")
             with open(path, "wb") as handle:
-                handle.write(config.blob)
-            model = tf_keras.models.load_model(path, compile=False)
+                handle.write(blob)
+            return tf_keras.models.load_model(path, compile=compile)
+    import torch
+
+    return torch.load(io.BytesIO(blob), weights_only=False, map_location="cpu")
+
+
+def _keras_predictor(model: Any, config: PredictConfig) -> Callable[[list[np.ndarray]], np.ndarray]:
+    import tensorflow as tf
 
     @tf.function(reduce_retracing=True)
     def call(inputs: Any) -> Any:
@@ -90,11 +99,10 @@ def _load_keras(config: PredictConfig) -> Callable[[list[np.ndarray]], np.ndarra
     return predict
 
 
-def _load_torch(config: PredictConfig) -> Callable[[list[np.ndarray]], np.ndarray]:
+def _torch_predictor(model: Any, config: PredictConfig) -> Callable[[list[np.ndarray]], np.ndarray]:
     import torch
 
     torch.set_num_threads(_task_cpus())
-    model = torch.load(io.BytesIO(config.blob), weights_only=False, map_location="cpu")
     model.eval()
 
     def predict(arrays: list[np.ndarray]) -> np.ndarray:
@@ -109,11 +117,15 @@ def _load_torch(config: PredictConfig) -> Callable[[list[np.ndarray]], np.ndarra
     return predict
 
 
+def predictor(model: Any, config: PredictConfig) -> Callable[[list[np.ndarray]], np.ndarray]:
+    """A function from the input arrays (in ``config.columns`` order) to ``model``'s output."""
+    return (_keras_predictor if config.framework == KERAS else _torch_predictor)(model, config)
+
+
 def loaded(config: PredictConfig) -> Callable[[list[np.ndarray]], np.ndarray]:
     """The model of ``config``, loaded at its first use in this Python worker."""
     if config.key not in _LOADED:
-        loader = _load_keras if config.framework == KERAS else _load_torch
-        _LOADED[config.key] = loader(config)
+        _LOADED[config.key] = predictor(model_from_bytes(config.framework, config.blob), config)
     return _LOADED[config.key]
 
 
@@ -171,25 +183,23 @@ def _lists(matrix: np.ndarray, kind: Any) -> Any:
 
 
 def output_struct(raw: np.ndarray, config: PredictConfig) -> Any:
-    """The UDF's struct of output fields for one batch of model outputs."""
+    """The UDF's struct of the fields ``config.fields`` for one batch of model outputs."""
     import pyarrow as pa
 
     raw = raw.reshape(len(raw), -1)
-    arrays, names = [], []
-    if config.output is not None:
-        probs = probabilities(raw.astype(np.float64), config.output)
-        columns = {PREDICTION: pa.array(probs.argmax(axis=1).astype(np.float64)),
-                   PROBABILITY: lambda: _lists(probs, np.float64),
-                   RAW: lambda: _lists(raw, np.float64)}
-    elif raw.shape[1] == 1:
-        columns = {PREDICTION: pa.array(raw[:, 0].astype(np.float64))}
+    if config.output is None:
+        prediction = pa.array(raw[:, 0].astype(np.float64)) if raw.shape[1] == 1 \
+            else _lists(raw, np.float32)
+        columns = {PREDICTION: prediction}
     else:
-        columns = {PREDICTION: _lists(raw, np.float32)}
-    for name in config.fields:
-        value = columns[name]
-        arrays.append(value() if callable(value) else value)
-        names.append(name)
-    return pa.StructArray.from_arrays(arrays, names=names)
+        probs = probabilities(raw.astype(np.float64), config.output)
+        columns = {PREDICTION: pa.array(probs.argmax(axis=1).astype(np.float64))}
+        if PROBABILITY in config.fields:
+            columns[PROBABILITY] = _lists(probs, np.float64)
+        if RAW in config.fields:
+            columns[RAW] = _lists(raw, np.float64)
+    return pa.StructArray.from_arrays([columns[name] for name in config.fields],
+                                      names=list(config.fields))
 
 
 def predict_batches(batches: Iterator[Any], config: PredictConfig) -> Iterator[Any]:
