@@ -139,10 +139,11 @@ def task_slots(sc: Any) -> tuple[int, int]:
     return max(total - busy, 0), total
 
 
-def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S) -> None:
+def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool = False) -> None:
     """Raise at once (not after Spark's ten minutes of retries) when ``np`` tasks cannot run.
 
     On a cluster, executors may still be registering: wait up to ``wait_s`` for them.
+    ``reads_data``: the job reads DataFrames (so the error offers no driver-only fallback).
     """
     if _is_local(sc):
         wait_s = 0.0
@@ -154,15 +155,19 @@ def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S) -> None:
         if time.monotonic() >= deadline:
             break
         time.sleep(0.25)
-    raise not_enough_slots(np, free, total, sc.master, sc.getConf().get("spark.task.cpus", "1"))
+    raise not_enough_slots(np, free, total, sc.master, sc.getConf().get("spark.task.cpus", "1"),
+                           reads_data)
 
 
-def not_enough_slots(np: int, free: int, total: int, master: str, cpus: str) -> NotEnoughSlotsError:
-    """The error for ``np`` ranks on a cluster with ``free`` of ``total`` task slots."""
+def not_enough_slots(np: int, free: int, total: int, master: str, cpus: str,
+                     reads_data: bool = False) -> NotEnoughSlotsError:
+    """The error for ``np`` ranks on a cluster with ``free`` of ``total`` task slots (a job that
+    reads DataFrames cannot fall back to ranks on the driver, so that fix is not offered)."""
+    fallback = "" if reads_data else f", or use np=-{np} to run all ranks on the driver"
     return NotEnoughSlotsError(
         f"np={np} needs {np} free Spark task slots at once (barrier mode), but the cluster has "
         f"{free} free of {total} (master {master}, spark.task.cpus={cpus}). Fix: use np<={free}, "
-        f"add executors or cores, or use np=-{np} to run all ranks on the driver.")
+        f"add executors or cores{fallback}.")
 
 
 _LOCAL_MASTER = re.compile(r"^local(?:\[(\*|\d+)(?:,\s*\d+)?\])?$")
@@ -283,13 +288,13 @@ class SparkBackend:
         (A Connect session can count only a local master's slots, and not the busy ones:
         elsewhere the start timeout says when the cluster is too small.)"""
         if self.sc is not None:
-            check_slots(self.sc, self.np)
+            check_slots(self.sc, self.np, reads_data=self.reads_data)
         else:  # Spark Connect: only a local master tells its size
             master = self.spark.conf.get("spark.master", "")
             cpus = self.spark.conf.get("spark.task.cpus", "1")
             total = local_master_slots(master, int(cpus))
             if total is not None and self.np > total:
-                raise not_enough_slots(self.np, total, total, master, cpus)
+                raise not_enough_slots(self.np, total, total, master, cpus, self.reads_data)
         self._events = events
         if self.live:
             address = _driver_address(self.spark)

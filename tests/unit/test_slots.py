@@ -35,3 +35,14 @@ def test_a_local_master_tells_its_slots_and_others_do_not():
     assert local_master_slots("local[4]", task_cpus=2) == 2
     assert local_master_slots("spark://host:7077") is None
     assert local_master_slots("yarn") is None
+
+
+def test_the_driver_fallback_is_offered_only_to_jobs_without_dataframes():
+    from hvd_magics.launch.spark_backend import not_enough_slots
+
+    plain = str(not_enough_slots(5, 2, 2, "local[2]", "1"))
+    assert plain.endswith("Fix: use np<=2, add executors or cores, or use np=-5 to run all ranks "
+                          "on the driver.")
+    with_data = str(not_enough_slots(5, 2, 2, "local[2]", "1", reads_data=True))
+    assert with_data.endswith("Fix: use np<=2, add executors or cores.") and "np=-5" not in \
+        with_data
