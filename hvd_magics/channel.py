@@ -14,6 +14,9 @@ Wire format, per connection:
 4. The client's last frame is ``bye``. When a connection ends, the server queues a
    ``channel_closed`` event for its rank with ``clean`` telling whether ``bye`` came first: a rank
    whose supervisor vanished (its executor was lost) is told apart from one that finished.
+5. The driver may send orders the other way on the same connection (an elastic job tells a
+   waiting task which rank to start): frames of the same form, MACed over ``DOWN + nonce +
+   sequence + body`` with their own sequence, so no frame can be replayed in either direction.
 
 The server listens on one address (the driver's), never on all interfaces, and never unpickles
 anything. Closing the server closes every connection; a supervisor that sees its connection close
@@ -52,7 +55,9 @@ READ_CHUNK_BYTES = 1 << 20
 
 _HEADER = struct.Struct(">I32s")
 _SEQ = struct.Struct(">Q")
-
+#: Prefix of the MAC of frames the driver sends to a task (orders), which keeps them apart from
+#: the task's own frames.
+DOWN = b"down"
 
 
 def stamp(kind: str, rank: int, host: str, job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -70,6 +75,21 @@ def encode_frame(secret: bytes, nonce: bytes, seq: int, event: dict[str, Any]) -
     """Serialise one event as a signed frame."""
     body = json.dumps(event, separators=(",", ":")).encode()
     return _HEADER.pack(len(body), frame_mac(secret, nonce, seq, body)) + body
+
+
+def read_frame(conn: socket.socket, secret: bytes, nonce: bytes, seq: int,
+               limit: int = MAX_FRAME_BYTES) -> dict[str, Any] | None:
+    """Read and verify frame ``seq`` (``None`` at a clean end of the stream)."""
+    header = _read_exact(conn, _HEADER.size)
+    if header is None:
+        return None
+    length, mac = _HEADER.unpack(header)
+    if length > limit:
+        raise _Rejected("frame too long")
+    body = _read_exact(conn, length) or b""
+    if not hmac.compare_digest(mac, frame_mac(secret, nonce, seq, body)):
+        raise _Rejected("bad signature")
+    return json.loads(body)
 
 
 class _Rejected(Exception):
@@ -122,6 +142,9 @@ class EventServer:
         self._job_id = job_id
         self._sock = socket.create_server((host, 0))
         self._conns: set[socket.socket] = set()
+        #: Per rank (as its hello named it): its connection, nonce and next order's sequence.
+        self._by_rank: dict[int, list[Any]] = {}
+        self._dropped: set[int] = set()
         self._readers: set[threading.Thread] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -163,16 +186,9 @@ class EventServer:
         conn.settimeout(HANDSHAKE_TIMEOUT_S)
         nonce = secrets.token_bytes(NONCE_BYTES)
         conn.sendall(nonce)
-        header = _read_exact(conn, _HEADER.size)
-        if header is None:
+        hello = read_frame(conn, self._secret, nonce, 0, HELLO_MAX_BYTES)
+        if hello is None:
             raise _Rejected("closed before its hello")
-        length, mac = _HEADER.unpack(header)
-        if length > HELLO_MAX_BYTES:
-            raise _Rejected("hello too long")
-        body = _read_exact(conn, length) or b""
-        if not hmac.compare_digest(mac, frame_mac(self._secret, nonce, 0, body)):
-            raise _Rejected("bad signature")
-        hello = json.loads(body)
         if hello.get("kind") != HELLO or hello.get("job") != self._job_id:
             raise _Rejected("not a hello for this job")
         conn.settimeout(None)
@@ -187,19 +203,14 @@ class EventServer:
             finally:
                 with self._lock:
                     self._pending -= 1
+            with self._lock:
+                self._by_rank[rank] = [conn, nonce, 0]
             seq = 1
             while True:
-                header = _read_exact(conn, _HEADER.size)
-                if header is None:
+                event = read_frame(conn, self._secret, nonce, seq)
+                if event is None:
                     break
-                length, mac = _HEADER.unpack(header)
-                if length > MAX_FRAME_BYTES:
-                    raise _Rejected("frame too long")
-                body = _read_exact(conn, length) or b""
-                if not hmac.compare_digest(mac, frame_mac(self._secret, nonce, seq, body)):
-                    raise _Rejected("bad signature")
                 seq += 1
-                event = json.loads(body)
                 if event.get("kind") == BYE:
                     clean = True
                     continue
@@ -213,11 +224,41 @@ class EventServer:
             conn.close()
             if rank is not None:  # a connection the driver closed itself was not lost
                 self.events.put({"kind": CHANNEL_CLOSED, "rank": rank,
-                                 "clean": clean or self._closed,
+                                 "clean": clean or self._closed
+                                 or rank in self._dropped,
                                  "recv": time.monotonic()})
             with self._lock:
                 self._conns.discard(conn)
                 self._readers.discard(threading.current_thread())
+                if rank is not None and self._by_rank.get(rank, [None])[0] is conn:
+                    del self._by_rank[rank]
+
+    def send_order(self, rank: int, order: dict[str, Any]) -> bool:
+        """Send ``order`` to the supervisor whose hello named ``rank``; ``False`` when it has no
+        open connection (its task ended or was lost)."""
+        with self._lock:
+            entry = self._by_rank.get(rank)
+            if entry is None:
+                return False
+            conn, nonce, seq = entry
+            entry[2] += 1
+        try:
+            conn.sendall(encode_frame(self._secret, DOWN + nonce, seq, order))
+        except OSError:
+            return False
+        return True
+
+    def drop(self, rank: int) -> None:
+        """Close the connection of ``rank``'s supervisor, which takes it as the order to stop
+        its rank (its ``channel_closed`` is then clean)."""
+        with self._lock:
+            entry = self._by_rank.pop(rank, None)
+            self._dropped.add(rank)
+        if entry is not None:
+            try:
+                entry[0].shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def close(self) -> None:
         """Stop listening, close every connection (ranks take it as a stop order), end the
@@ -248,17 +289,19 @@ class EventClient:
         Where the driver listens.
     rank : int
         Stamped on every event.
-    host : str
-        Stamped on every event.
+    host : str or None
+        Stamped on every event (``None``: the address of the interface that reaches the driver).
     on_close : callable, optional
         Called once (from a background thread) when the driver closes the connection.
+    on_order : callable, optional
+        Called (from that thread) with each order the driver sends (a verified dict).
     """
 
-    def __init__(self, address: ChannelAddress, rank: int, host: str,
-                 on_close: Callable[[], None] | None = None) -> None:
+    def __init__(self, address: ChannelAddress, rank: int, host: str | None,
+                 on_close: Callable[[], None] | None = None,
+                 on_order: Callable[[dict[str, Any]], None] | None = None) -> None:
         self._address = address
         self._rank = rank
-        self._host = host
         self._sock = socket.create_connection((address.host, address.port),
                                               timeout=CONNECT_TIMEOUT_S)
         nonce = _read_exact(self._sock, NONCE_BYTES)
@@ -269,18 +312,28 @@ class EventClient:
         self._nonce = nonce
         self._seq = 0
         self._lock = threading.Lock()
+        #: The address of this host's interface that reaches the driver.
+        self.local_address = self._sock.getsockname()[0]
+        self._host = host if host is not None else self.local_address
         self._send_raw({"kind": HELLO, "job": address.job_id, "rank": rank})
-        if on_close is not None:
-            threading.Thread(target=self._watch, args=(on_close,), name="hvd-events-watch",
-                             daemon=True).start()
+        if on_close is not None or on_order is not None:
+            threading.Thread(target=self._watch, args=(on_close, on_order),
+                             name="hvd-events-watch", daemon=True).start()
 
-    def _watch(self, on_close: Callable[[], None]) -> None:
+    def _watch(self, on_close: Callable[[], None] | None,
+               on_order: Callable[[dict[str, Any]], None] | None) -> None:
+        """Read the driver's orders until it closes the connection (or sends a bad frame)."""
+        seq = 0
         try:
-            while self._sock.recv(1024):
-                pass
-        except OSError:
+            while (order := read_frame(self._sock, self._address.secret, DOWN + self._nonce,
+                                       seq)) is not None:
+                seq += 1
+                if on_order is not None:
+                    on_order(order)
+        except (OSError, _Rejected, ValueError):
             pass
-        on_close()
+        if on_close is not None:
+            on_close()
 
     def _send_raw(self, event: dict[str, Any]) -> None:
         with self._lock:

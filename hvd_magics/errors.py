@@ -40,10 +40,13 @@ class RankFailure:
     message: str = ""
     traceback: str = ""
     output_tail: list[str] = field(default_factory=list)
+    #: What ``rank`` counts: ``"rank"``, or ``"task"`` in an elastic job (whose ranks change).
+    unit: str = "rank"
 
     def headline(self) -> str:
         """One line: which rank, where, and what happened."""
-        where = f"rank {self.rank} on {self.host}" if self.host else f"rank {self.rank}"
+        who = f"{self.unit} {self.rank}"
+        where = f"{who} on {self.host}" if self.host else who
         if self.error:
             return f"{where}: {self.error}: {self.message}".rstrip(": ")
         if self.exit_code is not None and self.exit_code < 0:

@@ -40,6 +40,11 @@ OUTPUT_PARTIAL = "output_partial"
 TIMELINE_LOCAL = "timeline_local"
 TIMELINE_CHUNK = "timeline_chunk"
 EXIT = "exit"
+SLOT_OFFER = "slot_offer"
+# -- sent by the driver to the job's views (elastic jobs) -------------------------------------
+RESIZE = "resize"
+# -- orders the driver sends to a task (elastic jobs) -----------------------------------------
+START_RANK = "start_rank"
 # -- the channel itself -----------------------------------------------------------------------
 HELLO = "hello"
 BYE = "bye"
@@ -68,6 +73,14 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
     EventKind(TIMELINE_LOCAL, "supervisor", ("path",), "where rank 0 writes its timeline"),
     EventKind(TIMELINE_CHUNK, "supervisor", ("data",), "base64 bytes of rank 0's timeline"),
     EventKind(EXIT, "supervisor", ("code",), "the rank process ended; always its last event"),
+    EventKind(SLOT_OFFER, "supervisor", ("partition", "attempt", "slot_host", "hostname"),
+              "an elastic job's Spark task is ready to run a rank; ``slot_host`` is the name "
+              "Horovod's elastic driver knows it by (one slot per task attempt)"),
+    EventKind(RESIZE, "driver", ("size", "ranks", "reset", "causes"),
+              "an elastic job (re)assigned its ranks: ``ranks`` maps task to Horovod rank, "
+              "``reset`` counts the resets (0 at the start), ``causes`` says what changed"),
+    EventKind(START_RANK, "driver", ("env",),
+              "an order to an elastic job's waiting task: start the rank with this environment"),
     EventKind(HELLO, "channel", ("job", "rank"), "first frame of a connection (authenticates it)"),
     EventKind(BYE, "channel", (), "last frame of a connection that ends cleanly"),
     EventKind(CHANNEL_CLOSED, "channel", ("clean",),
@@ -104,6 +117,8 @@ ENV_RENDEZVOUS_PORT = "HOROVOD_GLOO_RENDEZVOUS_PORT"
 #: Comma-separated modules a rank imports while it waits for its job (the leading imports of the
 #: cell or function), so that importing overlaps the rest of the launch.
 ENV_PREIMPORT = "HVD_MAGICS_PREIMPORT"
+#: Horovod's own: set for the ranks of an elastic job (``hvd.elastic`` reads it).
+ENV_HOROVOD_ELASTIC = "HOROVOD_ELASTIC"
 #: The module a rank process runs (``python -m``).
 RANK_MODULE = "hvd_magics.rank.rank_main"
 

@@ -440,3 +440,71 @@ def port_at_import():
     import os
 
     return {"at_import": probe.PORT_AT_IMPORT, "now": os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]}
+
+
+def elastic_torch(steps: int = 200, commit_every: int = 5, marks: str = ""):
+    """An elastic PyTorch job (Horovod's own elastic API): ``steps`` SGD steps on one linear
+    model, committing every ``commit_every`` steps.
+
+    It leaves marks for the test that drives it in the folder ``marks``: each rank writes
+    ``<its slot host>.pid`` (its pid) at its first commit, rank 0 writes ``size<N>`` after each
+    re-forming into N ranks and ``resumed-<reset>`` (a time) at the first commit after it.
+    While the file ``hold`` exists, each step sleeps 0.1 s, so the test decides how long the
+    job lasts, never the step count. Returns what every rank ends with.
+    """
+    import os
+    import time
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                         named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0)
+    seen = {"step": 0, "lost": [], "resets": 0, "pid_written": False, "resumed": False}
+
+    def mark(name: str, text: str = "") -> None:
+        if marks:
+            with open(os.path.join(marks, name + ".tmp"), "w") as fh:
+                fh.write(text)
+            os.replace(os.path.join(marks, name + ".tmp"), os.path.join(marks, name))
+
+    def on_reset() -> None:
+        seen["resets"] += 1
+        seen["lost"].append(seen["step"] - state.step)  # steps done since the last commit
+        seen["resumed"] = False
+        if hvd.rank() == 0:
+            mark(f"size{hvd.size()}", str(time.time()))
+
+    state.register_reset_callbacks([on_reset])
+
+    @hvd.elastic.run
+    def train(state):
+        generator = torch.Generator().manual_seed(hvd.rank())
+        while state.step < steps:
+            x = torch.randn(16, 4, generator=generator)
+            optimizer.zero_grad()
+            loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+            loss.backward()
+            optimizer.step()
+            state.step += 1
+            seen["step"] = state.step
+            if state.step % commit_every == 0:
+                state.commit()
+                if not seen["pid_written"]:
+                    mark(os.environ["HOROVOD_HOSTNAME"] + ".pid", str(os.getpid()))
+                    seen["pid_written"] = True
+                if not seen["resumed"] and seen["resets"] and hvd.rank() == 0:
+                    mark(f"resumed-{seen['resets']}", str(time.time()))
+                seen["resumed"] = True
+            if marks and os.path.exists(os.path.join(marks, "hold")):
+                time.sleep(0.1)
+
+    train(state)
+    weights = [p.detach().numpy().ravel().tolist() for p in model.parameters()]
+    return hvd.allgather_object({"rank": hvd.rank(), "size": hvd.size(), "step": state.step,
+                                 "weights": weights, "lost": seen["lost"],
+                                 "host": os.environ["HOROVOD_HOSTNAME"]})

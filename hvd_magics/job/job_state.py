@@ -11,18 +11,21 @@ from typing import Any, Protocol
 
 from hvd_magics.job.epoch_timing import EPOCH_LINE, EpochTimer
 from hvd_magics.errors import OUTPUT_TAIL_LINES, RankFailure
+from hvd_magics.job.options import ElasticSize
 from hvd_magics.protocol import (CHANNEL_CLOSED, EPOCH_BEGIN, EPOCH_END, ERROR, EXIT, OUTPUT,
-                                 OUTPUT_PARTIAL, PROGRESS, RESULT, SHARDING, STARTED, TASK_ERROR,
-                                 TASK_STARTED, TIMELINE_CHUNK, TIMELINE_LOCAL)
+                                 OUTPUT_PARTIAL, PROGRESS, RESIZE, RESULT, SHARDING, SLOT_OFFER,
+                                 STARTED, TASK_ERROR, TASK_STARTED, TIMELINE_CHUNK,
+                                 TIMELINE_LOCAL)
 from hvd_magics.job.noise import is_noise
 
 #: Error texts of a rank that failed only because a peer went away (not the root cause).
 _PEER_LOST = ("HorovodInternalError", "Horovod has been shut down", "Connection reset by peer",
               "Connection closed by peer")
 
-#: Rank states, in the order a healthy rank goes through them.
-WAITING, SHARDING_DATA, STARTING, RUNNING, DONE, FAILED = (
-    "waiting", "sharding", "starting", "running", "done", "failed")
+#: Rank states, in the order a healthy rank goes through them (``ready``: an elastic job's task
+#: offered its slot and waits to be given a rank).
+WAITING, SHARDING_DATA, READY, STARTING, RUNNING, DONE, FAILED = (
+    "waiting", "sharding", "ready", "starting", "running", "done", "failed")
 #: A running rank silent for this long is shown as stalled.
 STALL_AFTER_S = 60.0
 #: Characters of one output line kept in memory for display (the log file has every line whole).
@@ -55,6 +58,12 @@ class RankState:
     rank: int
     host: str = ""
     state: str = WAITING
+    #: In an elastic job, ``rank`` is the Spark task and this is its Horovod rank now (``None``:
+    #: not one of the ranks).
+    hvd_rank: int | None = None
+    #: In an elastic job, how many times Spark ran this task (a lost task runs again).
+    attempt: int = 0
+    unit: str = "rank"
     pid: int | None = None
     exit_code: int | None = None
     error: dict[str, Any] | None = None
@@ -101,7 +110,7 @@ class RankState:
         err = self.error or ({"error": LOST, "message": self.lost} if self.lost else {})
         return RankFailure(self.rank, self.host, self.exit_code, err.get("error", ""),
                            err.get("message", ""), err.get("traceback", "") or self.task_error,
-                           list(self.tail))
+                           list(self.tail), self.unit)
 
 
 class JobState:
@@ -115,13 +124,23 @@ class JobState:
         File that receives every output line of every rank (``<time> [rank@host] line``).
     views : sequence of JobView
         Told of every event and of the end.
+    where : str
+        Where the job runs, as the views say it.
+    elastic : ElasticSize, optional
+        An elastic job: ``size`` is its maximum and each row is a Spark task, whose Horovod
+        rank changes as the job re-forms (``resize`` events).
     """
 
     def __init__(self, size: int, log_path: Path, views: list[JobView] | None = None,
-                 where: str = "") -> None:
+                 where: str = "", elastic: ElasticSize | None = None) -> None:
         self.size = size
         self.where = where
-        self.ranks = [RankState(r) for r in range(size)]
+        self.elastic = elastic
+        self.unit = "task" if elastic else "rank"
+        self.ranks = [RankState(r, unit=self.unit) for r in range(size)]
+        #: Every formation of an elastic job's ranks (the first is its start), as the driver
+        #: sent them: ``reset``, ``size``, ``ranks`` (task -> rank), ``causes``, ``time``.
+        self.formations: list[dict[str, Any]] = []
         self.views = list(views or [])
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -138,6 +157,11 @@ class JobState:
 
     def handle(self, event: dict[str, Any]) -> None:
         """Apply one event (dispatched on its kind through :attr:`_HANDLERS`)."""
+        if event.get("kind") == RESIZE:
+            self._on_resize(event)
+            for view in self.views:
+                view.on_event(self, event)
+            return
         rank = event.get("rank")
         if not isinstance(rank, int) or not 0 <= rank < self.size:
             return
@@ -158,7 +182,7 @@ class JobState:
         stamp = time.strftime("%H:%M:%S", time.localtime(event.get("time", time.time())))
         state.partial = ""
         for line in event.get("lines", []):
-            if not is_noise(line):  # the tail is what an error shows
+            if not is_noise(line, self.elastic is not None):  # the tail is what an error shows
                 state.tail.append(display_line(line))
             self._log.write(f"{stamp} [{state.rank}@{state.host}] {line}\n")
             match = EPOCH_LINE.match(line)
@@ -171,9 +195,36 @@ class JobState:
     def _on_channel_closed(self, state: RankState, event: dict[str, Any]) -> None:
         if not event.get("clean") and not state.exited:
             where = f" on {state.host}" if state.host else ""
-            state.lost = (f"the Spark task of rank {state.rank}{where} ended without a word: its "
-                          "executor was lost or killed")
+            task = (f"Spark task {state.rank}" if self.elastic else
+                    f"the Spark task of rank {state.rank}")
+            state.lost = (f"{task}{where} ended without a word: its executor was lost or "
+                          "killed")
             state.state = FAILED
+
+    def _on_resize(self, event: dict[str, Any]) -> None:
+        self.formations.append({k: event.get(k) for k in ("reset", "size", "ranks", "causes",
+                                                          "time")})
+        ranks = {int(task): rank for task, rank in (event.get("ranks") or {}).items()}
+        for state in self.ranks:
+            state.hvd_rank = ranks.get(state.rank)
+
+    @property
+    def resets(self) -> list[dict[str, Any]]:
+        """The re-formings of an elastic job (its formations after the first)."""
+        return self.formations[1:]
+
+    @property
+    def current_size(self) -> int:
+        """How many ranks the job has now (an elastic job's latest formation)."""
+        return self.formations[-1]["size"] if self.formations else self.size
+
+    def _on_slot_offer(self, state: RankState, event: dict[str, Any]) -> None:
+        attempt = int(event.get("attempt") or 0)
+        if attempt != state.attempt or state.exited:  # Spark ran the task again: a new row
+            fresh = RankState(state.rank, host=state.host, unit=self.unit, attempt=attempt)
+            fresh.tail, fresh.last_seen = state.tail, state.last_seen
+            self.ranks[state.rank] = state = fresh
+        state.state = READY
 
     def _on_sharding(self, state: RankState, event: dict[str, Any]) -> None:
         state.state = SHARDING_DATA
@@ -198,7 +249,7 @@ class JobState:
 
     def _on_result(self, state: RankState, event: dict[str, Any]) -> None:
         state.has_result = True
-        if state.rank == 0:
+        if (state.rank == 0 and not self.elastic) or event.get("parts") is not None:
             self.result_parts = event.get("parts") or {}
 
     def _on_timeline_local(self, state: RankState, event: dict[str, Any]) -> None:
@@ -223,7 +274,7 @@ class JobState:
     _HANDLERS = {
         OUTPUT: _on_output, OUTPUT_PARTIAL: _on_output_partial,
         CHANNEL_CLOSED: _on_channel_closed, SHARDING: _on_sharding,
-        TASK_STARTED: _on_task_started,
+        TASK_STARTED: _on_task_started, SLOT_OFFER: _on_slot_offer,
         STARTED: _on_started, ERROR: _on_error, TASK_ERROR: _on_task_error, RESULT: _on_result,
         TIMELINE_LOCAL: _on_timeline_local, TIMELINE_CHUNK: _on_timeline_chunk,
         EPOCH_BEGIN: _on_progress, PROGRESS: _on_progress, EPOCH_END: _on_progress, EXIT: _on_exit,

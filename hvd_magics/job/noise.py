@@ -4,6 +4,9 @@ TensorFlow writes absl/glog lines (``I0000 00:00:... port.cc:153] oneDNN custom 
 on``, ``cpu_feature_guard``, ``failed call to cuInit`` on a machine without a GPU) from every rank
 before the user's code runs, whatever ``TF_CPP_MIN_LOG_LEVEL`` says. ``--verbosity debug`` shows
 them again.
+
+In an elastic job, a rank that loses a peer is expected: Horovod's background loop then prints
+that the peer closed its connection before the job re-forms, and the reset line says it better.
 """
 from __future__ import annotations
 
@@ -23,6 +26,13 @@ NOISE = re.compile("|".join([
 ]))
 
 
-def is_noise(line: str) -> bool:
-    """Whether ``line`` is framework start-up chatter."""
-    return NOISE.match(line) is not None
+#: Lines that are expected when an elastic job loses a rank (the reset line says what happened).
+ELASTIC_NOISE = re.compile(
+    r"^\[[^\]]*horovod/common/operations\.cc:\d+\] \[\d+\]: Horovod background loop uncaught "
+    r"exception: .*(?:Connection closed by peer|Connection reset by peer|Read error|Timed out)")
+
+
+def is_noise(line: str, elastic: bool = False) -> bool:
+    """Whether ``line`` is framework start-up chatter (or, in an ``elastic`` job, the expected
+    word of a rank that lost a peer)."""
+    return NOISE.match(line) is not None or (elastic and ELASTIC_NOISE.match(line) is not None)

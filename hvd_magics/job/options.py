@@ -5,6 +5,7 @@ names the option and the fix (the magic turns it into a one-line ``UsageError``)
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 #: Default seconds to wait for every rank process to start (Spark scheduling included).
@@ -43,3 +44,70 @@ def validate_verbosity(verbosity: Any) -> str:
     if verbosity not in VERBOSITIES:
         raise ValueError(f"driver_log_verbosity must be one of {VERBOSITIES}, got {verbosity!r}")
     return verbosity
+
+
+#: Horovod's default: how long an elastic job may have fewer than its minimum of ranks.
+DEFAULT_ELASTIC_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class ElasticSize:
+    """The size of an elastic job: it starts with at least ``min_np`` ranks, grows up to
+    ``max_np`` and goes on while ``min_np`` remain."""
+
+    min_np: int
+    max_np: int
+
+    def __str__(self) -> str:
+        return f"{self.min_np}:{self.max_np}"
+
+
+_ELASTIC_HINT = ("an elastic job takes MIN:MAX with 1 <= MIN <= MAX (np='2:4' or np=(2, 4)); "
+                 "a fixed job takes one whole number")
+
+
+def validate_size(np: Any) -> int | ElasticSize:
+    """``np`` as a fixed size (see :func:`validate_np`) or an :class:`ElasticSize` (from
+    ``"MIN:MAX"`` or ``(MIN, MAX)``)."""
+    if isinstance(np, str):
+        text = np.strip()
+        if ":" not in text:
+            try:
+                return validate_np(int(text))
+            except ValueError:
+                raise ValueError(f"np must be a whole number of ranks or MIN:MAX, got {np!r}") from None
+        low, _, high = text.partition(":")
+        try:
+            bounds: Any = (int(low), int(high))
+        except ValueError:
+            raise ValueError(f"np={np!r}: {_ELASTIC_HINT}") from None
+    elif isinstance(np, (tuple, list)):
+        bounds = tuple(np)
+    else:
+        return validate_np(np)
+    if (len(bounds) != 2 or any(isinstance(b, bool) or not isinstance(b, int) for b in bounds)
+            or not 1 <= bounds[0] <= bounds[1]):
+        raise ValueError(f"np={np!r}: {_ELASTIC_HINT}")
+    return ElasticSize(*bounds)
+
+
+def validate_elastic_timeout(seconds: Any) -> float:
+    """The elastic timeout as positive seconds."""
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        value = -1.0
+    if not value > 0:
+        raise ValueError("elastic_timeout (--elastic-timeout) must be a positive number of "
+                         f"seconds, got {seconds!r}")
+    return value
+
+
+def validate_reset_limit(limit: Any) -> int | None:
+    """The reset limit: ``None`` (no limit) or a whole number ``>= 0``."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError("reset_limit (--reset-limit) must be a whole number >= 0 (how many "
+                         f"times an elastic job may re-form), got {limit!r}")
+    return limit

@@ -43,6 +43,12 @@ class RunRecord:
         Where that run is (or why it is not there), as the summary shows it.
     mlflow_model_uri : str or None
         The model a :class:`~hvd_magics.estimator.HorovodEstimator` fit logged to that run.
+    elastic : str or None
+        ``"MIN:MAX"`` of an elastic job (``np`` is then its maximum), else ``None``.
+    resets : list of dict
+        Each time an elastic job's ranks re-formed: ``reset`` (1, 2, ...), ``size`` (ranks
+        after it), ``ranks`` (Spark task to Horovod rank), ``causes`` (what changed: a task
+        lost, a rank that exited, tasks that joined) and ``time`` (epoch seconds).
     shards : list of dict
         Per DataFrame the job read: ``name``, ``rows_per_rank`` (rank order), ``bytes`` (Arrow
         bytes of all shards) and ``write_s`` (the longest time a task spent writing its shard to
@@ -68,6 +74,8 @@ class RunRecord:
     mlflow: str = ""
     mlflow_model_uri: str | None = None
     error: str = ""
+    elastic: str | None = None
+    resets: list[dict[str, Any]] = field(default_factory=list)
     startup_s: float | None = None
     training_s: float | None = None
 
@@ -92,9 +100,14 @@ class RunRecord:
     def _rows(self) -> list[tuple[str, str]]:
         wall = f"{self.wall_time_s:.2f} s" if self.wall_time_s is not None else "-"
         codes = ", ".join(f"{r}:{c}" for r, c in sorted(self.exit_codes.items())) or "-"
-        rows = [("job", self.job_id), ("status", self.status), ("ranks", str(self.size)),
+        ranks = str(self.size) if not self.elastic else (
+            f"elastic {self.elastic}, ended with {self.resets[-1]['size']}"
+            if self.resets else f"elastic {self.elastic}")
+        rows = [("job", self.job_id), ("status", self.status), ("ranks", ranks),
                 ("where", self.where), ("started", self.started_at.strftime("%Y-%m-%d %H:%M:%S")),
                 ("wall time", wall), ("exit codes", codes)]
+        for reset in self.resets:
+            rows.append((f"reset {reset['reset']}", describe_reset(reset)))
         if self.returned:
             rows.append(("returned", ", ".join(self.returned)))
         if self.value is not None:
@@ -144,6 +157,12 @@ def describe_shards(shard: dict[str, Any]) -> str:
         f"{min(counts):,} to {max(counts):,} per rank")
     return (f"{sum(counts):,} rows as {split} per rank, {shard['bytes'] / 1e6:,.1f} MB, "
             f"written to local disk in {shard['write_s']:.2f} s")
+
+
+def describe_reset(reset: dict[str, Any]) -> str:
+    """``"task 1 was lost (its executor went away); 2 ranks after it"``."""
+    causes = "; ".join(reset.get("causes") or []) or "the ranks re-formed"
+    return f"{causes}; {reset['size']} rank{'s' if reset['size'] != 1 else ''} after it"
 
 
 def _short(text: str, limit: int = 120) -> str:

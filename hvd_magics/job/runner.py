@@ -26,8 +26,10 @@ from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.session import SESSION
 from hvd_magics.task.slots import local_addresses
 from hvd_magics.launch.spark_backend import SparkBackend, active_session, start_local_session
-from hvd_magics.job.options import (DEFAULT_START_TIMEOUT_S, VERBOSITY_ALL, validate_np,
-                                    validate_start_timeout, validate_verbosity)
+from hvd_magics.job.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S,
+                                    VERBOSITY_ALL, ElasticSize, validate_elastic_timeout,
+                                    validate_reset_limit, validate_size, validate_start_timeout,
+                                    validate_verbosity)
 from hvd_magics.job.text_view import TextView
 from hvd_magics.job.widgets_view import WidgetView, widgets_available
 
@@ -75,10 +77,15 @@ class HorovodRunner:
 
     Parameters
     ----------
-    np : int
+    np : int, str or (int, int)
         ``np > 0``: ``np`` ranks as tasks of one Spark barrier stage on the active SparkSession
         (an embedded local one is started when there is none). ``np < 0``: ``-np`` ranks as
         processes on the driver, no Spark job. ``np = 0`` is an error.
+        ``np=(MIN, MAX)`` or ``np="MIN:MAX"``: an elastic job. It starts once ``MIN`` ranks can
+        run, uses up to ``MAX`` (one Spark task each), goes on when ranks are lost as long as
+        ``MIN`` remain, and adds ranks when task slots free up. The function uses Horovod's
+        elastic API (``hvd.elastic.run``, a ``State`` and ``state.commit()``), as for
+        ``horovodrun --min-np``.
     driver_log_verbosity : {"all", "log_callback_only"}
         ``"all"`` shows every rank's output on the driver; ``"log_callback_only"`` shows only
         what ranks send with :func:`hvd_magics.log_to_driver`. The full log is always kept.
@@ -97,6 +104,12 @@ class HorovodRunner:
         string names the experiment, ``False`` never. By default (``None``) a run is recorded
         when the notebook has an active MLflow run (as a nested run) or ``%hvd_mlflow on`` was
         used. Needs ``pip install 'hvd_magics[mlflow]'``.
+    elastic_timeout : float
+        An elastic job with fewer than ``MIN`` ranks for this many seconds stops with an error
+        (Horovod's default, 600).
+    reset_limit : int, optional
+        An elastic job whose ranks would re-form more often than this stops with an error
+        (default: no limit).
 
     Raises
     ------
@@ -116,8 +129,16 @@ class HorovodRunner:
                  start_timeout: float = DEFAULT_START_TIMEOUT_S,
                  env: Mapping[str, str] | None = None,
                  timeline: str | os.PathLike | None = None,
-                 timeline_mark_cycles: bool = False, mlflow: bool | str | None = None) -> None:
-        self.num_processor = validate_np(np)
+                 timeline_mark_cycles: bool = False, mlflow: bool | str | None = None,
+                 elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT_S,
+                 reset_limit: int | None = None) -> None:
+        size = validate_size(np)
+        #: The number of ranks (sparkdl's attribute); an elastic job's maximum.
+        self.num_processor = size.max_np if isinstance(size, ElasticSize) else size
+        #: ``MIN:MAX`` of an elastic job, else ``None``.
+        self.elastic = size if isinstance(size, ElasticSize) else None
+        self.elastic_timeout = validate_elastic_timeout(elastic_timeout)
+        self.reset_limit = validate_reset_limit(reset_limit)
         self.driver_log_verbosity = validate_verbosity(driver_log_verbosity)
         self.start_timeout = validate_start_timeout(start_timeout)
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
@@ -161,12 +182,25 @@ class HorovodRunner:
         """
         views = default_views(self.driver_log_verbosity) if views is None else views
         tracking = requested(self.mlflow, SESSION.mlflow)
-        return launch(payload, self.num_processor, self.env, self.start_timeout, views,
-                      self.timeline, decode, tracking, source)
+        size = self.elastic or self.num_processor
+        return launch(payload, size, self.env, self.start_timeout, views, self.timeline,
+                      decode, tracking, source, (self.elastic_timeout, self.reset_limit))
 
 
-def _make_backend(np: int, env: dict[str, str], sources: DataFrameSources
+def _make_backend(np: int | ElasticSize, env: dict[str, str], sources: DataFrameSources,
+                  start_timeout: float, bounds: tuple[float, int | None]
                   ) -> SparkBackend | DriverBackend:
+    if isinstance(np, ElasticSize):
+        if sources:
+            raise PayloadError(
+                f"the job reads the DataFrame {sources.sources[0].name!r}, but an elastic job "
+                f"(np={np}) cannot reshard a DataFrame when its ranks change. Fix: run it with a "
+                f"fixed np={np.max_np}, or have each rank read its part of the data itself (for "
+                "PyTorch, Horovod's hvd.elastic.ElasticSampler reshards at every reset).")
+        from hvd_magics.launch.elastic_backend import ElasticSparkBackend
+
+        spark = active_session() or start_local_session(np.max_np)
+        return ElasticSparkBackend(spark, np, env, start_timeout, *bounds)
     if sources:
         if np < 0:
             raise PayloadError(
@@ -201,32 +235,41 @@ def _tracker(settings: MlflowSettings | None, job_id: str, np: int, where: str,
         return None
 
 
-def launch(payload: JobPayload | bytes, np: int, env: dict[str, str], start_timeout: float,
-           views: list[JobView], timeline: Path | None = None,
+def launch(payload: JobPayload | bytes, np: int | ElasticSize, env: dict[str, str],
+           start_timeout: float, views: list[JobView], timeline: Path | None = None,
            decode: Decoder = decode_value, tracking: MlflowSettings | None = None,
-           source: str | None = None) -> RunRecord:
+           source: str | None = None,
+           elastic_bounds: tuple[float, int | None] = (DEFAULT_ELASTIC_TIMEOUT_S, None)
+           ) -> RunRecord:
     """Run one job to its end and return its record; raise when it failed.
 
-    Whatever happens, the views are ended and the log is closed before this returns or raises.
+    ``np`` is an :class:`ElasticSize` for an elastic job, whose ``elastic_bounds`` are its
+    elastic timeout and reset limit. Whatever happens, the views are ended and the log is
+    closed before this returns or raises.
     """
+    elastic = np if isinstance(np, ElasticSize) else None
     job_id = uuid.uuid4().hex[:12]
     if not isinstance(payload, JobPayload):
         payload = JobPayload(payload)
     preimport = leading_imports(source) if source else []
     if preimport and ENV_PREIMPORT not in env:
         env = {**env, ENV_PREIMPORT: ",".join(preimport)}
-    backend = _make_backend(np, env, payload.sources)
+    backend = _make_backend(np, env, payload.sources, start_timeout, elastic_bounds)
+    size = elastic.max_np if elastic else np
     log_path = runs_dir() / job_id / "ranks.log"
-    tracker = _tracker(tracking, job_id, np, backend.where, source)
-    job = JobState(abs(np), log_path, views + ([tracker] if tracker else []), backend.where)
+    tracker = _tracker(tracking, job_id, size, backend.where, source)
+    job = JobState(abs(size), log_path, views + ([tracker] if tracker else []), backend.where,
+                   elastic)
     job.timeline_dest = timeline
-    record = RunRecord(job_id=job_id, np=np, where=backend.where, log_path=str(log_path))
+    record = RunRecord(job_id=job_id, np=size, where=backend.where, log_path=str(log_path),
+                       elastic=str(elastic) if elastic else None)
     SESSION.last_run = record
     events: queue.Queue = queue.Queue()
     clean = False
     try:
         backend.start(payload.blob, job_id, events)
-        _watch(job, backend, events, start_timeout)
+        (_watch_elastic(job, backend, events) if elastic else
+         _watch(job, backend, events, start_timeout))
         clean = True
         try:
             record.value = decode(job.result_parts)
@@ -236,8 +279,8 @@ def launch(payload: JobPayload | bytes, np: int, env: dict[str, str], start_time
         record.status = "interrupted"
         record.error = "interrupted"
         raise JobInterrupted(
-            f"stopped {job.size} rank processes"
-            + (f" and cancelled Spark job group hvd_magics-{job_id}" if np > 0 else "")
+            f"stopped {job.current_size} rank processes"
+            + (f" and cancelled Spark job group hvd_magics-{job_id}" if size > 0 else "")
             + "; nothing is left running. The log of every rank: " + str(log_path)) from None
     except BaseException as exc:  # noqa: BLE001 - recorded, then raised as it is
         record.status = "failed"
@@ -326,8 +369,35 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
         failures, str(job.log_path))
 
 
+def _watch_elastic(job: JobState, backend: Any, events: queue.Queue) -> None:
+    """Follow an elastic job until Horovod's elastic driver and the stage ended; raise when
+    the job failed as a whole (a rank lost on the way is a reset, not a failure)."""
+    ended_at: float | None = None
+    while True:
+        try:
+            job.handle(events.get(timeout=0.1))
+            _drain(job, events)
+        except queue.Empty:
+            pass
+        job.tick()
+        now = time.monotonic()
+        if backend.finished and ended_at is None:
+            ended_at = now
+        if ended_at is not None and (backend.drained or now - ended_at >= DRAIN_WAIT_S):
+            break
+    _drain(job, events)
+    failure = backend.describe_failure()
+    if failure:
+        raise HorovodJobError(f"The elastic job failed: {failure}", job.failures(),
+                              str(job.log_path))
+    if not any(r.has_result and r.exit_code == 0 for r in job.ranks):
+        raise HorovodJobError("The elastic job ended without a rank that finished.",
+                              job.failures(), str(job.log_path))
+
+
 def _finish(record: RunRecord, job: JobState) -> None:
     record.ended_at = datetime.now()
+    record.resets = [dict(reset) for reset in job.resets]
     record.exit_codes = {r.rank: r.exit_code for r in job.ranks}
     record.hosts = {r.rank: r.host for r in job.ranks}
     record.pids = {r.rank: r.pid for r in job.ranks if r.pid is not None}

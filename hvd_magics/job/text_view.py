@@ -16,7 +16,7 @@ from hvd_magics.job.job_state import JobState, display_line
 from hvd_magics.job.noise import is_noise
 from hvd_magics.job.options import (VERBOSITY_ALL, VERBOSITY_DEBUG, VERBOSITY_LOG_CALLBACK_ONLY,
                                     validate_verbosity)
-from hvd_magics.protocol import EPOCH_END, LOG, OUTPUT, OUTPUT_PARTIAL
+from hvd_magics.protocol import EPOCH_END, LOG, OUTPUT, OUTPUT_PARTIAL, RESIZE
 
 #: Lines are written at most this often...
 FLUSH_INTERVAL_S = 0.1
@@ -57,14 +57,15 @@ class TextView:
 
     def _prefix(self, job: JobState, rank: int) -> str:
         hosts = {r.host for r in job.ranks if r.host}
-        return f"[{rank}@{job.ranks[rank].host}]" if len(hosts) > 1 else f"[{rank}]"
+        who = f"task{rank}" if job.elastic else str(rank)
+        return f"[{who}@{job.ranks[rank].host}]" if len(hosts) > 1 else f"[{who}]"
 
-    def _lines_of(self, event: dict[str, Any]) -> list[str]:
+    def _lines_of(self, job: JobState, event: dict[str, Any]) -> list[str]:
         kind = event["kind"]
         if kind == OUTPUT and self.verbosity != VERBOSITY_LOG_CALLBACK_ONLY:
             lines = event.get("lines", [])
             return lines if self.verbosity == VERBOSITY_DEBUG else [
-                ln for ln in lines if not is_noise(ln)]
+                ln for ln in lines if not is_noise(ln, job.elastic is not None)]
         if kind == LOG:
             return [event.get("text", "")]
         if kind == EPOCH_END and self.epoch_lines:
@@ -73,10 +74,13 @@ class TextView:
 
     def on_event(self, job: JobState, event: dict[str, Any]) -> None:
         rank, kind = event["rank"], event["kind"]
+        if kind == RESIZE:
+            self._add(None, resize_line(event))
+            return
         if kind == OUTPUT_PARTIAL and self.verbosity != VERBOSITY_LOG_CALLBACK_ONLY:
             self._partials_changed = True
             return
-        for line in self._lines_of(event):
+        for line in self._lines_of(job, event):
             self._add(rank, display_line(line))
 
     def _add(self, rank: int, line: str) -> None:
@@ -144,6 +148,21 @@ class TextView:
         if self._open_rank is not None:
             (self._stream or sys.stdout).write("\n")
             self._open_rank = None
+
+
+def resize_line(event: dict[str, Any]) -> str:
+    """What an elastic job's ``resize`` event says, as one line."""
+    tasks = ", ".join(f"task {t} as rank {r}" for t, r in sorted(event["ranks"].items(),
+                                                                  key=lambda item: item[1]))
+    if not event.get("reset"):
+        return f"hvd_magics: elastic job started with {_ranks(event['size'])} ({tasks})"
+    causes = "; ".join(event.get("causes") or []) or "the ranks re-formed"
+    return (f"hvd_magics: reset {event['reset']}: {causes}; training goes on with "
+            f"{_ranks(event['size'])} ({tasks})")
+
+
+def _ranks(count: int) -> str:
+    return f"{count} rank" + ("" if count == 1 else "s")
 
 
 def _epoch_line(event: dict[str, Any]) -> str:

@@ -12,8 +12,8 @@ import html
 import time
 from typing import Any
 
-from hvd_magics.job.job_state import (DONE, FAILED, RUNNING, SHARDING_DATA, STARTING, WAITING,
-                                      JobState, display_line)
+from hvd_magics.job.job_state import (DONE, FAILED, READY, RUNNING, SHARDING_DATA, STARTING,
+                                      WAITING, JobState, display_line)
 from hvd_magics.job.noise import is_noise
 from hvd_magics.protocol import OUTPUT
 
@@ -25,10 +25,10 @@ LOG_LINES_KEPT = 500
 #: ...and once it ended (the dashboards of past runs stay in the kernel).
 LOG_LINES_KEPT_AFTER = 100
 
-_COLOURS = {WAITING: "#757575", SHARDING_DATA: "#1565c0", STARTING: "#1565c0",
+_COLOURS = {WAITING: "#757575", READY: "#757575", SHARDING_DATA: "#1565c0", STARTING: "#1565c0",
             RUNNING: "#1565c0", DONE: "#2e7d32",
             FAILED: "#c62828", "stalled": "#ef6c00"}
-_STATE_LABELS = {WAITING: "waiting for slot", SHARDING_DATA: "receiving data",
+_STATE_LABELS = {WAITING: "waiting for slot", READY: "ready", SHARDING_DATA: "receiving data",
                  STARTING: "starting", RUNNING: "running",
                  DONE: "done", FAILED: "failed"}
 
@@ -78,7 +78,7 @@ class WidgetView:
         self.header = widgets.HTML()
         self._rows = [_RankRow(widgets, r) for r in range(job.size)]
         self._logs = [collections.deque(maxlen=LOG_LINES_KEPT) for _ in range(job.size)]
-        self.log_rank = widgets.Dropdown(options=[(f"rank {r}", r) for r in range(job.size)],
+        self.log_rank = widgets.Dropdown(options=[(f"{job.unit} {r}", r) for r in range(job.size)],
                                          description="log of", layout=widgets.Layout(width="200px"))
         self.log = widgets.Textarea(layout=widgets.Layout(width="100%", height="160px"),
                                     disabled=True)
@@ -92,7 +92,7 @@ class WidgetView:
         self._dirty = True
         if event["kind"] == OUTPUT and self._logs:
             self._logs[event["rank"]].extend(
-                display_line(ln) for ln in event.get("lines", []) if not is_noise(ln))
+                display_line(ln) for ln in event.get("lines", []) if not is_noise(ln, job.elastic is not None))
 
     def on_tick(self, job: JobState) -> None:
         if not self._shown:
@@ -121,25 +121,32 @@ class WidgetView:
         overall = ("failed" if failed else "done" if final else
                    "running" if any(r.state == RUNNING for r in job.ranks) else "starting")
         colour = _COLOURS[FAILED] if failed else _COLOURS[DONE] if final else _COLOURS[RUNNING]
-        self.header.value = (f"<b>Horovod job</b>, {job.size} ranks on {html.escape(job.where)}: "
-                             f"<b style='color:{colour}'>{overall}</b>, {elapsed:.1f} s")
+        self.header.value = (f"<b>Horovod job</b>, {_size_text(job)} on "
+                             f"{html.escape(job.where)}: <b style='color:{colour}'>{overall}</b>, "
+                             f"{elapsed:.1f} s{_resets_html(job)}")
         for rank, row in zip(job.ranks, self._rows):
-            self._refresh_row(rank, row, now, final)
+            self._refresh_row(rank, row, now, final, job.elastic is not None)
         if self._dirty:
             self._show_log()
             self._dirty = False
 
     @staticmethod
-    def _refresh_row(rank: Any, row: _RankRow, now: float, final: bool) -> None:
+    def _refresh_row(rank: Any, row: _RankRow, now: float, final: bool,
+                     elastic: bool = False) -> None:
         silent = now - rank.last_seen
         state = rank.state
-        if state == WAITING and final:
-            state = FAILED
         label = _STATE_LABELS[state]
+        if state in (WAITING, READY) and final:
+            state, label = (WAITING, "not needed") if elastic else (FAILED, _STATE_LABELS[FAILED])
         stalled = rank.stalled_for(now)
         if stalled is not None:
             label, state = f"stalled {stalled:.0f} s", "stalled"
-        row.name.value = f"<b>rank {rank.rank}</b> {html.escape(rank.host)}"
+        if elastic:
+            as_rank = f" = rank {rank.hvd_rank}" if rank.hvd_rank is not None and \
+                not rank.exited else ""
+            row.name.value = f"<b>task {rank.rank}{as_rank}</b> {html.escape(rank.host)}"
+        else:
+            row.name.value = f"<b>rank {rank.rank}</b> {html.escape(rank.host)}"
         row.state.value = f"<b style='color:{_COLOURS[state]}'>{label}</b>"
         row.epoch.value = (f"epoch {rank.epoch}/{rank.epochs or '?'}" if rank.epoch else "")
         total = rank.steps or 0
@@ -155,3 +162,19 @@ class WidgetView:
         row.metrics.value = "  ".join(f"{k} {v:.4g}" for k, v in list(rank.metrics.items())[:4])
         row.rate.value = f"{rank.samples_per_s:,.0f} samples/s" if rank.samples_per_s else ""
         row.seen.value = "" if rank.exited else f"seen {silent:.0f} s ago"
+
+
+def _size_text(job: JobState) -> str:
+    """``"4 ranks"``; for an elastic job ``"3 ranks (elastic 2:4)"``."""
+    if job.elastic is None:
+        return f"{job.size} ranks"
+    size = job.current_size if job.formations else 0
+    return f"{size} ranks (elastic {job.elastic})"
+
+
+def _resets_html(job: JobState) -> str:
+    """Each reset of an elastic job and its cause, one line each."""
+    from hvd_magics.job.run_record import describe_reset
+
+    return "".join(f"<br>reset {r['reset']}: {html.escape(describe_reset(r))}"
+                   for r in job.resets)

@@ -287,34 +287,52 @@ class SparkBackend:
 
         (A Connect session can count only a local master's slots, and not the busy ones:
         elsewhere the start timeout says when the cluster is too small.)"""
+        self._check_slots(self.np)
+        self._events = events
+        if self.live:
+            self._open_channel(job_id, events)
+        else:
+            print(f"hvd_magics: no live view: {self.no_live_view}. The ranks' output, errors and "
+                  "the value come back when the job ends.", file=sys.stderr)
+        self._submit(TaskSpec(payload, self._server.address if self._server else None, self.env,
+                              job_id, {source.index: source.name for source in self.sources}))
+
+    def _check_slots(self, np: int) -> None:
+        """Raise at once when the cluster cannot run ``np`` tasks at the same time."""
         if self.sc is not None:
-            check_slots(self.sc, self.np, reads_data=self.reads_data)
+            check_slots(self.sc, np, reads_data=self.reads_data)
         else:  # Spark Connect: only a local master tells its size
             master = self.spark.conf.get("spark.master", "")
             cpus = self.spark.conf.get("spark.task.cpus", "1")
             total = local_master_slots(master, int(cpus))
-            if total is not None and self.np > total:
-                raise not_enough_slots(self.np, total, total, master, cpus, self.reads_data)
-        self._events = events
-        if self.live:
-            address = _driver_address(self.spark)
-            try:
-                self._server = EventServer(address, job_id, events)
-            except OSError as exc:
-                raise OSError(f"cannot listen for the ranks' events on {address} ({exc}); set "
-                              f"{ENV_DRIVER_HOST} to an address of this machine, or {ENV_LIVE}=0 "
-                              "to run without a live view") from None
-        else:
-            print(f"hvd_magics: no live view: {self.no_live_view}. The ranks' output, errors and "
-                  "the value come back when the job ends.", file=sys.stderr)
-        self._group = f"hvd_magics-{job_id}"
-        spec = TaskSpec(payload, self._server.address if self._server else None, self.env,
-                        job_id, {source.index: source.name for source in self.sources})
+            if total is not None and np > total:
+                raise not_enough_slots(np, total, total, master, cpus, self.reads_data)
+
+    def _open_channel(self, job_id: str, events: queue.Queue) -> None:
+        """Listen for the tasks' events on the address the executors reach."""
+        address = _driver_address(self.spark)
+        try:
+            self._server = EventServer(address, job_id, events)
+        except OSError as exc:
+            raise OSError(f"cannot listen for the ranks' events on {address} ({exc}); set "
+                          f"{ENV_DRIVER_HOST} to an address of this machine, or {ENV_LIVE}=0 "
+                          "to run without a live view") from None
+
+    def _submit(self, spec: TaskSpec) -> None:
+        """Run the stage of ``spec`` in a background thread, in the job's group (or tag)."""
+        self._group = f"hvd_magics-{spec.job_id}"
         from pyspark import InheritableThread
 
         self._thread = InheritableThread(target=self._collect, args=(spec,), daemon=True,
                                          **({"session": self.spark} if self.connect else {}))
         self._thread.start()
+
+    def _stage(self, spec: TaskSpec) -> Any:
+        """One barrier stage through the DataFrame API: np partitions, one task each, over the
+        rows of the job's DataFrames (or over nothing)."""
+        ranks = (sharded_input(self.sources, self.np) if self.reads_data
+                 else self.spark.range(0, self.np, 1, self.np))
+        return ranks.mapInArrow(barrier_function(spec), STATUS_SCHEMA, barrier=True)
 
     def _collect(self, spec: TaskSpec) -> None:
         try:
@@ -323,13 +341,8 @@ class SparkBackend:
             else:
                 self.sc.setJobGroup(self._group, f"hvd_magics Horovod job, {self.np} ranks",
                                     interruptOnCancel=True)
-            # One barrier stage through the DataFrame API: np partitions, one task each, over
-            # the rows of the job's DataFrames (or over nothing).
             with local_workers_use_this_python(self.sc):  # the UDFs are wrapped here
-                function = barrier_function(spec)
-                ranks = (sharded_input(self.sources, self.np) if self.reads_data
-                         else self.spark.range(0, self.np, 1, self.np))
-                tasks = ranks.mapInArrow(function, STATUS_SCHEMA, barrier=True)
+                tasks = self._stage(spec)
             lines = [json.loads(row.status) for row in tasks.collect()]
             self.results = [line for line in lines if "events" not in line]
             kept: dict[int, list[str]] = {}

@@ -11,8 +11,9 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from hvd_magics.errors import CellError, PayloadError
-from hvd_magics.job.options import (DEFAULT_START_TIMEOUT_S, VERBOSITIES, validate_np,
-                                    validate_start_timeout)
+from hvd_magics.job.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S,
+                                    VERBOSITIES, validate_elastic_timeout, validate_reset_limit,
+                                    validate_size, validate_start_timeout)
 from hvd_magics.job.mlflow_run import MlflowMissing, requested
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.runner import HorovodRunner, default_views
@@ -27,7 +28,10 @@ from hvd_magics.result_codec import RETURN_PREFIX, VALUE, decode_guarded, decode
 #: ``key=value`` tokens accepted in HorovodRunner style, and the option each one means.
 _KEY_VALUE_OPTIONS = {"np": "--np", "start_timeout": "--start-timeout",
                       "start-timeout": "--start-timeout", "verbosity": "--verbosity",
-                      "driver_log_verbosity": "--verbosity", "return": "--return"}
+                      "driver_log_verbosity": "--verbosity", "return": "--return",
+                      "elastic_timeout": "--elastic-timeout",
+                      "elastic-timeout": "--elastic-timeout", "reset_limit": "--reset-limit",
+                      "reset-limit": "--reset-limit"}
 _KEY_VALUE = re.compile(r"^([A-Za-z_][\w-]*)=(.*)$")
 #: How to bring back an object that the cell's value could not bring.
 _RETURN_HINT = ("To bring an object into the notebook, assign it in the cell and name it with "
@@ -75,9 +79,15 @@ class HorovodMagics(Magics):
     """``%%horovod np=N``: run the cell as a Horovod job with N ranks."""
 
     @magic_arguments()
-    @argument("-np", "--np", type=int, default=None,
-              help="Number of ranks: N>0 runs N Spark tasks, N<0 runs -N processes on the driver. "
-                   "HorovodRunner style np=N works too.")
+    @argument("-np", "--np", default=None,
+              help="Number of ranks: N>0 runs N Spark tasks, N<0 runs -N processes on the driver, "
+                   "MIN:MAX runs an elastic job (hvd.elastic). HorovodRunner style np=N works too.")
+    @argument("--elastic-timeout", type=float, default=DEFAULT_ELASTIC_TIMEOUT_S,
+              metavar="SECONDS",
+              help="Elastic jobs: stop when fewer than MIN ranks are left for this long "
+                   f"(default {DEFAULT_ELASTIC_TIMEOUT_S:.0f}).")
+    @argument("--reset-limit", type=int, default=None, metavar="N",
+              help="Elastic jobs: stop when the ranks would re-form more than N times.")
     @argument("-o", "--output", metavar="NAME", default=None,
               help="Store the run record (timing, exit codes, logs) in the variable NAME.")
     @argument("--return", dest="return_names", metavar="NAME[,NAME...]", default="",
@@ -103,8 +113,10 @@ class HorovodMagics(Magics):
         if args.np is None:
             raise UsageError("%%horovod needs the number of ranks, e.g. %%horovod np=2")
         try:
-            np = validate_np(args.np)
+            np = validate_size(args.np)
             validate_start_timeout(args.start_timeout)
+            validate_elastic_timeout(args.elastic_timeout)
+            validate_reset_limit(args.reset_limit)
         except ValueError as exc:
             raise UsageError(f"%%horovod: {exc}") from None
         env = parse_env(args.env)
@@ -143,7 +155,9 @@ class HorovodMagics(Magics):
                                    start_timeout=args.start_timeout, env=env,
                                    timeline=timeline.next_path() if timeline.enabled else None,
                                    timeline_mark_cycles=timeline.mark_cycles,
-                                   mlflow=False if args.no_mlflow else args.mlflow)
+                                   mlflow=False if args.no_mlflow else args.mlflow,
+                                   elastic_timeout=args.elastic_timeout,
+                                   reset_limit=args.reset_limit)
         except MlflowMissing as exc:
             raise UsageError(f"%%horovod --mlflow: {exc}") from None
         views = default_views(args.verbosity, show_output=not args.quiet)

@@ -73,6 +73,19 @@ def _end_horovod() -> None:
                   file=sys.stderr)
 
 
+def _final_rank() -> int:
+    """This process's Horovod rank at the end of the job: an elastic job's ranks may have been
+    renumbered since the process started (``HOROVOD_RANK`` is the first one)."""
+    for name in ("horovod.torch", "horovod.tensorflow"):
+        module = sys.modules.get(name)
+        try:
+            if module is not None and module.is_initialized():
+                return int(module.rank())
+        except Exception:  # noqa: BLE001,S112 - fall back to the environment
+            continue
+    return int(os.environ.get("HOROVOD_RANK", "0"))
+
+
 def _fail(exc: BaseException, code: int = 1) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
@@ -114,7 +127,6 @@ def run_rank() -> None:
     keras_progress.install()
     _preimport(os.environ.get(ENV_PREIMPORT, ""))
     payload = _read_job(sys.stdin.buffer)
-    rank = int(os.environ.get("HOROVOD_RANK", "0"))
     rank_events.emit(STARTED, pid=os.getpid())
     try:
         main_fn, kwargs = cloudpickle.loads(payload)
@@ -126,7 +138,7 @@ def run_rank() -> None:
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver
         _fail(exc)
     try:
-        parts = encode_parts(value) if rank == 0 else None
+        parts = encode_parts(value) if _final_rank() == 0 else None
     except BaseException as exc:  # noqa: BLE001
         _fail(exc)
     _end_horovod()

@@ -42,9 +42,12 @@ class TaskSpec:
     env: dict[str, str] = field(default_factory=dict)
     job_id: str = ""
     sources: dict[int, str] = field(default_factory=dict)
+    #: An elastic job: each (non-barrier) task offers one slot and starts its rank when the
+    #: driver's elastic driver assigns it (see :mod:`hvd_magics.task.elastic_task`).
+    elastic: bool = False
 
 
-class _RankHolder:
+class RankHolder:
     """The rank process of a task, killed when the driver goes away (even before it starts)."""
 
     def __init__(self) -> None:
@@ -86,7 +89,7 @@ class DriverUnreachable(ConnectionError):
     """The task cannot reach the notebook's event channel (the message says what to do)."""
 
 
-def _connect(spec: TaskSpec, rank: int, host: str, holder: _RankHolder
+def _connect(spec: TaskSpec, rank: int, host: str, holder: RankHolder
              ) -> EventClient | EventBuffer:
     """The task's way to the driver: the event channel, or a buffer when there is none."""
     if spec.channel is None:
@@ -131,7 +134,7 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
     partition = ctx.partitionId()
     hosts = [info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()]
     host = hosts[partition]
-    holder = _RankHolder()
+    holder = RankHolder()
     server = client = folder = None
     port = 0
     error = ""
@@ -167,7 +170,8 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
             return
         late_env = {ENV_RENDEZVOUS_PORT: str(gathered[root_task]["port"]),
                     **_shard_env(spec, slots, gathered, shards)}
-        status = _supervise(spec, ctx, slot, client, holder, late_env, shards)
+        status = supervise(spec, ctx, slot.rank, slot.local_rank, client, holder, late_env,
+                           shards)
         if isinstance(client, EventBuffer):  # no channel: the events travel with the result
             for number, chunk in enumerate(client.chunks()):
                 yield json.dumps({"partition": partition, "events": chunk, "chunk": number})
@@ -182,29 +186,38 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
             remove_shards(folder)
 
 
-def _rank_env(spec: TaskSpec, ctx: Any, slot: Any, root_host: str, host: str) -> dict[str, str]:
-    """The rank's environment as far as it is known before the tasks meet."""
+def task_rank_env(spec: TaskSpec, ctx: Any) -> dict[str, str]:
+    """The environment every rank of this task starts with: the job's, and the GPUs Spark gave
+    the task (``ctx`` is its ``TaskContext``)."""
     env = rank_environment(dict(os.environ), spec.env)
-    env.update(slot_env(slot, root_host, 0, iface_for_address(host)))
     gpus = ctx.resources().get("gpu")
     if gpus is not None and gpus.addresses:
         env[CUDA_VISIBLE_DEVICES] = visible_devices(gpus.addresses, os.environ)
     return env
 
 
-def _supervise(spec: TaskSpec, ctx: Any, slot: Any, client: EventClient | EventBuffer,
-               holder: _RankHolder, late_env: dict[str, str], shards: list[ShardFile]) -> dict:
+def _rank_env(spec: TaskSpec, ctx: Any, slot: Any, root_host: str, host: str) -> dict[str, str]:
+    """The rank's environment as far as it is known before the tasks meet."""
+    env = task_rank_env(spec, ctx)
+    env.update(slot_env(slot, root_host, 0, iface_for_address(host)))
+    return env
+
+
+def supervise(spec: TaskSpec, ctx: Any, rank: int, local_rank: int,
+              client: EventClient | EventBuffer, holder: RankHolder, late_env: dict[str, str],
+              shards: list[ShardFile]) -> dict:
+    """Send the waiting rank its job and wait for it to end; return the task's status."""
     try:
         client.send(TASK_STARTED, partition=ctx.partitionId(), hostname=socket.gethostname(),
-                    local_rank=slot.local_rank, pid=os.getpid(),
+                    local_rank=local_rank, pid=os.getpid(),
                     shards=[{"name": spec.sources[s.source], **s.as_dict()} for s in shards])
         proc = holder.deliver(spec.payload, late_env)
         if proc is None:
-            return {"rank": slot.rank, "code": None, "stopped": True}
-        return {"rank": slot.rank, "code": proc.wait()}
+            return {"rank": rank, "code": None, "stopped": True}
+        return {"rank": rank, "code": proc.wait()}
     except BaseException:  # noqa: BLE001
         try:
             client.send(TASK_ERROR, traceback=traceback.format_exc())
         except OSError:
             pass
-        return {"rank": slot.rank, "error": traceback.format_exc()}
+        return {"rank": rank, "error": traceback.format_exc()}

@@ -21,18 +21,23 @@ def guarded_barrier_task(spec_blob: bytes, rows):  # noqa: ANN001, ANN201 - runs
 
     try:
         from hvd_magics.task.spark_task import barrier_task
+        from hvd_magics.task.elastic_task import elastic_task
 
         spec = pickle.loads(spec_blob)
     except BaseException as exc:  # noqa: BLE001 - reported to the driver through Spark
-        ctx = BarrierTaskContext.get()
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        elastic = not isinstance(ctx, BarrierTaskContext)  # an elastic job's stage is not
         error = (f"the executor's Python ({sys.executable} on {socket.gethostname()}) cannot "
                  f"import hvd_magics: {type(exc).__name__}: {exc}")
         detail = traceback.format_exc()
-        ctx.allGather(json.dumps({"port": 0, "error": error}))
+        if not elastic:
+            ctx.allGather(json.dumps({"port": 0, "error": error}))
         yield json.dumps({"partition": ctx.partitionId(), "error": error, "setup": True,
                           "traceback": detail})
         return
-    yield from barrier_task(spec, rows)
+    yield from (elastic_task if spec.elastic else barrier_task)(spec, rows)
 
 
 def arrow_barrier_task(spec_blob: bytes, batches):  # noqa: ANN001, ANN201 - runs on executors
