@@ -62,7 +62,7 @@ def _free_port() -> int:
 
 
 class StandaloneCluster:
-    """A real Spark standalone master and two one-core workers on loopback."""
+    """A real Spark standalone master and ``workers`` one-core workers on loopback."""
 
     def __init__(self, workers: int = 2) -> None:
         import pyspark
@@ -79,13 +79,33 @@ class StandaloneCluster:
                                   "--host", "127.0.0.1", "--port", str(self.port),
                                   "--webui-port", str(self.ui_port))]
         self._wait(lambda s: True, "the master's web UI")
-        for i in range(workers):
-            self.procs.append(self._start(
-                spark_class, f"worker{i}", "org.apache.spark.deploy.worker.Worker", self.url,
-                "--cores", "1", "--memory", "2g", "--host", "127.0.0.1",
-                "--webui-port", str(_free_port())))
-        self._wait(lambda s: sum(w["state"] == "ALIVE" for w in s["workers"]) >= workers,
-                   f"{workers} workers to register")
+        self._spark_class = spark_class
+        for _ in range(workers):
+            self.add_worker(wait=False)
+        self.wait_for_workers(workers)
+
+    def add_worker(self, wait: bool = True) -> subprocess.Popen:
+        """Start one more one-core worker (and wait until the master has it)."""
+        alive = self.alive_workers()
+        proc = self._start(self._spark_class, f"worker{len(self.procs) - 1}",
+                           "org.apache.spark.deploy.worker.Worker", self.url, "--cores", "1",
+                           "--memory", "2g", "--host", "127.0.0.1",
+                           "--webui-port", str(_free_port()))
+        self.procs.append(proc)
+        if wait:
+            self.wait_for_workers(alive + 1)
+        return proc
+
+    def alive_workers(self) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=2) as r:
+                return sum(w["state"] == "ALIVE" for w in json.load(r)["workers"])
+        except OSError:
+            return 0
+
+    def wait_for_workers(self, count: int) -> None:
+        self._wait(lambda s: sum(w["state"] == "ALIVE" for w in s["workers"]) >= count,
+                   f"{count} workers to register")
 
     def _start(self, spark_class: str, name: str, *args: str) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115

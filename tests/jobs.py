@@ -508,3 +508,52 @@ def elastic_torch(steps: int = 200, commit_every: int = 5, marks: str = ""):
     return hvd.allgather_object({"rank": hvd.rank(), "size": hvd.size(), "step": state.step,
                                  "weights": weights, "lost": seen["lost"],
                                  "host": os.environ["HOROVOD_HOSTNAME"]})
+
+
+def elastic_keras(epochs: int = 6, marks: str = ""):
+    """An elastic tf_keras job with Horovod's ``TensorFlowKerasState`` and its callbacks; each
+    rank writes ``<slot host>.pid`` in ``marks`` once its first epoch ended, and every epoch is
+    slow enough (0.2 s a batch after the first) for a rank to be killed during the next."""
+    import os
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+    import horovod.tensorflow.keras as hvd
+
+    hvd.init()
+    rng = np.random.default_rng(hvd.rank())
+    x = rng.normal(size=(256, 8)).astype("float32")
+    y = (x.sum(axis=1) > 0).astype("int64")
+    model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(16, activation="relu"),
+                                 tf.keras.layers.Dense(2)])
+    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05))
+    model.compile(optimizer, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  experimental_run_tf_function=False)
+    state = hvd.elastic.KerasState(model, batch=0, epoch=0)
+
+    class Marks(tf.keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            path = os.path.join(marks, os.environ["HOROVOD_HOSTNAME"] + ".pid")
+            if marks and not os.path.exists(path):
+                with open(path + ".tmp", "w") as fh:
+                    fh.write(str(os.getpid()))
+                os.replace(path + ".tmp", path)
+
+        def on_train_batch_end(self, batch, logs=None):
+            if state.epoch >= 1:
+                time.sleep(0.2)
+
+    @hvd.elastic.run
+    def train(state):
+        model.fit(x, y, batch_size=32, steps_per_epoch=4, epochs=epochs - state.epoch,
+                  verbose=0, callbacks=[hvd.elastic.CommitStateCallback(state, batches_per_commit=2),
+                                        hvd.elastic.UpdateBatchStateCallback(state),
+                                        hvd.elastic.UpdateEpochStateCallback(state), Marks()])
+
+    train(state)
+    weights = [w.ravel().tolist() for w in model.get_weights()]
+    import horovod.tensorflow as hvd_tf
+
+    return hvd_tf.allgather_object({"rank": hvd.rank(), "epoch": state.epoch,
+                                    "weights": weights})

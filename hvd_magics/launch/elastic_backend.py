@@ -30,6 +30,13 @@ from hvd_magics.protocol import (CHANNEL_CLOSED, ENV_HOROVOD_ELASTIC, ENV_LIVE, 
 from hvd_magics.task.slots import slot_env
 from hvd_magics.task.spark_task import TaskSpec
 
+#: Horovod's own: how long a Gloo operation waits for a peer (its default is 30 s).
+ENV_GLOO_TIMEOUT = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+#: The Gloo timeout of an elastic job's ranks unless the job sets its own. When a rank dies,
+#: a survivor that does not talk to it directly notices only when its own wait times out, so
+#: this bounds the time from a loss to the reset; it must still cover the time a new rank takes
+#: to reach ``hvd.init()`` after it was started.
+ELASTIC_GLOO_TIMEOUT_S = 15
 #: Exit code recorded for a rank whose task vanished without reporting one.
 LOST_CODE = -1
 #: After the elastic driver stopped a rank's slot, how long the rank's exit may take to arrive.
@@ -160,7 +167,8 @@ class ElasticSparkBackend(SparkBackend):
 
     def __init__(self, spark: Any, size: ElasticSize, env: dict[str, str], start_timeout: float,
                  elastic_timeout: float, reset_limit: int | None) -> None:
-        super().__init__(spark, size.max_np, env)
+        super().__init__(spark, size.max_np, {ENV_GLOO_TIMEOUT: str(ELASTIC_GLOO_TIMEOUT_S),
+                                              **env})
         self.size = size
         self.start_timeout = start_timeout
         self.elastic_timeout = elastic_timeout
