@@ -73,9 +73,10 @@ def validate_size(np: Any) -> int | ElasticSize:
         text = np.strip()
         if ":" not in text:
             try:
-                return validate_np(int(text))
+                whole = int(text)
             except ValueError:
                 raise ValueError(f"np must be a whole number of ranks or MIN:MAX, got {np!r}") from None
+            return validate_np(whole)
         low, _, high = text.partition(":")
         try:
             bounds: Any = (int(low), int(high))

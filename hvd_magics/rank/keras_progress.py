@@ -36,15 +36,18 @@ def _callback_class(base: type) -> type:
         _supports_tf_logs = True
 
         def __init__(self, batch_size: int | None, epochs: int | None = None,
-                     steps: int | None = None) -> None:
+                     steps: int | None = None, offset: int = 0) -> None:
             super().__init__()
             self.batch_size = batch_size
             self.epochs, self.steps = epochs, steps  # when not those of this fit call
+            self.offset = offset  # epochs done before this fit call (an elastic job's reset)
             self.steps_done = 0
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self.steps_done = 0
-            progress.start_epoch(epoch + 1, self.epochs or self.params.get("epochs"),
+            epochs = self.epochs or self.params.get("epochs")
+            progress.start_epoch(self.offset + epoch + 1,
+                                 self.offset + epochs if epochs and not self.epochs else epochs,
                                  self.steps or self.params.get("steps"), self.batch_size)
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
@@ -56,6 +59,19 @@ def _callback_class(base: type) -> type:
             progress.end_epoch(samples=samples, **(logs or {}))
 
     return HorovodMagicsProgress
+
+
+def _elastic_epochs_done(callbacks: list[Any]) -> int:
+    """Epochs an elastic job finished before this ``fit`` call: Horovod's examples call
+    ``fit(epochs=epochs - state.epoch)`` after a reset, so Keras counts from 1 again while
+    ``UpdateEpochStateCallback(state)`` knows the epochs done."""
+    for callback in callbacks:
+        if type(callback).__name__.startswith("UpdateEpochStateCallback"):
+            try:
+                return int(callback.state.epoch)
+            except (AttributeError, TypeError, ValueError):
+                return 0
+    return 0
 
 
 def patch_keras(module: Any) -> None:
@@ -72,7 +88,8 @@ def patch_keras(module: Any) -> None:
     def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
         given = list(kwargs.get("callbacks") or (args[5] if len(args) > 5 else None) or [])
         if not any(isinstance(c, callback_class) for c in given):
-            given.append(callback_class(_batch_size(args, kwargs)))
+            offset = 0 if kwargs.get("initial_epoch") else _elastic_epochs_done(given)
+            given.append(callback_class(_batch_size(args, kwargs), offset=offset))
         if len(args) > 5:
             args = args[:5] + (given,) + args[6:]
         else:

@@ -9,7 +9,7 @@ from hvd_magics.launch.spark_backend import no_live_view_reason, replay_order
 from hvd_magics.protocol import EXIT, OUTPUT, PROGRESS, RESULT
 from hvd_magics.task import event_buffer
 from hvd_magics.task.event_buffer import EventBuffer, replay
-from hvd_magics.task.spark_task import DriverUnreachable, TaskSpec, _connect, _RankHolder
+from hvd_magics.task.spark_task import DriverUnreachable, TaskSpec, _connect, RankHolder
 
 
 def _lines(events):
@@ -52,8 +52,8 @@ def test_a_task_that_cannot_reach_the_notebook_says_what_to_set():
     spec = TaskSpec(b"", ChannelAddress("127.0.0.1", port, b"s" * 32, "job"))
     with pytest.raises(DriverUnreachable, match=f"cannot reach the notebook's event channel at "
                                                 f"127.0.0.1:{port} \\(ConnectionRefusedError"):
-        _connect(spec, 0, "127.0.0.1", _RankHolder())
-    assert isinstance(_connect(TaskSpec(b"", None), 0, "h", _RankHolder()), EventBuffer)
+        _connect(spec, 0, "127.0.0.1", RankHolder())
+    assert isinstance(_connect(TaskSpec(b"", None), 0, "h", RankHolder()), EventBuffer)
 
 
 def test_the_live_view_is_off_when_asked(monkeypatch):

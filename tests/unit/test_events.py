@@ -152,3 +152,43 @@ def test_closed_servers_leave_no_thread_and_accept_nothing():
     for port in ports[:3]:
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=2).recv(1)
+
+
+def test_the_driver_sends_orders_a_client_verifies_and_a_drop_ends_it_cleanly():
+    server = EventServer("127.0.0.1", "job-orders")
+    orders, closed = queue.Queue(), threading.Event()
+    client = EventClient(server.address, rank=2, host=None, on_close=closed.set,
+                         on_order=orders.put)
+    assert client.local_address == "127.0.0.1"
+    client.send("slot_offer", partition=2)
+    assert _get(server.events)["host"] == "127.0.0.1"  # the address that reaches the driver
+    assert server.send_order(2, {"kind": "start_rank", "env": {"A": "1"}})
+    assert server.send_order(2, {"kind": "start_rank", "env": {"A": "2"}})
+    assert [_get(orders)["env"]["A"] for _ in range(2)] == ["1", "2"]
+    assert not server.send_order(7, {"kind": "start_rank"})  # no such task
+    server.drop(2)
+    assert closed.wait(5)
+    event = _get(server.events)
+    assert event["kind"] == CHANNEL_CLOSED and event["clean"] is True  # dropped, not lost
+    assert not server.send_order(2, {"kind": "start_rank"})
+    server.close()
+
+
+def test_an_order_signed_with_the_wrong_key_is_not_obeyed():
+    listener = socket.create_server(("127.0.0.1", 0))
+    address = ChannelAddress("127.0.0.1", listener.getsockname()[1], b"k" * 32, "job-forged")
+    orders, closed = queue.Queue(), threading.Event()
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(listener.accept()[0]), daemon=True).start()
+    nonce = b"n" * NONCE_BYTES
+
+    def serve() -> None:
+        _wait_for(lambda: accepted)
+        accepted[0].sendall(nonce)
+        accepted[0].sendall(encode_frame(b"x" * 32, b"down" + nonce, 0, {"kind": "start_rank"}))
+
+    threading.Thread(target=serve, daemon=True).start()
+    EventClient(address, rank=0, host="h", on_close=closed.set, on_order=orders.put)
+    assert closed.wait(5)  # a bad frame ends the connection: the task stops its rank
+    assert orders.empty()
+    listener.close()

@@ -12,7 +12,13 @@ from hvd_magics.notebook.magics import normalise_line
 @pytest.mark.parametrize("line, message", [
     ("", "needs the number of ranks"),
     ("np=0", "np=0 runs nothing"),
-    ("np=two", "invalid int value: 'two'"),
+    ("np=two", "np must be a whole number of ranks or MIN:MAX, got 'two'"),
+    ("np=4:2", "np='4:2': an elastic job takes MIN:MAX with 1 <= MIN <= MAX"),
+    ("np=0:2", "1 <= MIN <= MAX"),
+    ("np=1:x", "np='1:x': an elastic job takes MIN:MAX"),
+    ("np=1:2 --elastic-timeout -5", "elastic_timeout (--elastic-timeout) must be a positive"),
+    ("np=1:2 --reset-limit -1", "reset_limit (--reset-limit) must be a whole number >= 0"),
+    ("np=1:2 reset_limit=x", "argument --reset-limit: invalid int value: 'x'"),
     ("np=2 --bogus", "unrecognized arguments: --bogus"),
     ("np=2 --env NOEQUALS", "--env takes NAME=VALUE"),
     ("np=2 --return 1x", "--return takes variable names"),
@@ -44,11 +50,14 @@ def test_the_driver_gpu_guard_refuses_and_can_be_overridden(ip, monkeypatch):
 def test_horovodrunner_style_and_dash_forms_parse_alike():
     assert normalise_line("np=4 start_timeout=30") == "--np 4 --start-timeout 30"
     assert normalise_line("-np 4 --env A=np=1") == "-np 4 --env A=np=1"
+    assert normalise_line("np=2:4 elastic_timeout=60 reset_limit=3") == (
+        "--np 2:4 --elastic-timeout 60 --reset-limit 3")
 
 
 def test_help_lists_the_options(ip):
     doc = ip.find_cell_magic("horovod").__doc__
-    for option in ("--np", "--return", "--start-timeout", "--env", "--quiet", "--allow-driver-gpu", "-o"):
+    for option in ("--np", "--return", "--start-timeout", "--env", "--quiet", "--allow-driver-gpu", "-o",
+                   "--elastic-timeout", "--reset-limit", "MIN:MAX"):
         assert option in doc
 
 
