@@ -43,6 +43,7 @@ EXIT = "exit"
 SLOT_OFFER = "slot_offer"
 # -- sent by the driver to the job's views (elastic jobs) -------------------------------------
 RESIZE = "resize"
+DRIVER_LOG = "driver_log"
 # -- orders the driver sends to a task (elastic jobs) -----------------------------------------
 START_RANK = "start_rank"
 # -- the channel itself -----------------------------------------------------------------------
@@ -79,6 +80,8 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
     EventKind(RESIZE, "driver", ("size", "ranks", "reset", "causes"),
               "an elastic job (re)assigned its ranks: ``ranks`` maps task to Horovod rank, "
               "``reset`` counts the resets (0 at the start), ``causes`` says what changed"),
+    EventKind(DRIVER_LOG, "driver", ("text",),
+              "a line of the driver's own (Horovod's elastic driver) for the job's log file"),
     EventKind(START_RANK, "driver", ("env",),
               "an order to an elastic job's waiting task: start the rank with this environment"),
     EventKind(HELLO, "channel", ("job", "rank"), "first frame of a connection (authenticates it)"),

@@ -699,6 +699,107 @@ except HorovodMagicsError as exc:
 ]
 
 
+ELASTIC = [
+    md("""
+# Elastic training: a job that survives losing a rank
+
+`%%horovod np=MIN:MAX` runs an elastic job with Horovod's own elastic API (`hvd.elastic.run`,
+a `State`, `state.commit()`): when a rank is lost (a preempted node, a killed executor, an
+out-of-memory kill), the others go back to the last commit and go on, as long as `MIN` remain.
+
+It starts its own SparkSession as a notebook usually does; `local[2]` gives two task slots, so
+`np=1:2` starts two ranks. Rank 1 then kills its own process at step 30, once, to play a lost
+worker.
+"""),
+    code("""
+from pyspark.sql import SparkSession
+
+spark = SparkSession.builder.master("local[2]").getOrCreate()
+spark.sparkContext.setLogLevel("ERROR")
+%load_ext hvd_magics
+"""),
+    md("## A PyTorch regression that commits every 10 steps"),
+    code("""
+%%horovod np=1:2 -o run
+import os
+import signal
+
+import horovod.torch as hvd
+import torch
+
+hvd.init()
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                     named_parameters=model.named_parameters())
+state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0)
+true_weights = torch.arange(8.0)
+
+
+@hvd.elastic.run
+def train(state):
+    generator = torch.Generator().manual_seed(hvd.rank() * 1000 + state.step)
+    while state.step < 200:
+        if hvd.rank() == 1 and state.step == 30:
+            os.kill(os.getpid(), signal.SIGKILL)  # play a lost worker
+        x = torch.randn(32, 8, generator=generator)
+        optimizer.zero_grad()
+        loss = ((model(x).squeeze(1) - x @ true_weights) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+        state.step += 1
+        if state.step % 10 == 0:
+            state.commit()
+
+
+train(state)
+error = (model.weight.detach().squeeze() - true_weights).abs().max().item()
+f"rank {hvd.rank()} of {hvd.size()}: {state.step} steps, largest weight error {error:.4f}"
+"""),
+    md("## The run record lists the reset and its cause"),
+    code("""
+print("elastic:", run.elastic, "| exit codes:", run.exit_codes)
+for reset in run.resets:
+    print(f"reset {reset['reset']}: {reset['causes']} -> {reset['size']} rank(s)")
+"""),
+    md("""
+## Bounds
+
+Fewer than `MIN` ranks for longer than `--elastic-timeout`, or more resets than `--reset-limit`,
+stop the job with an error that names the setting. Here the minimum is 2 and rank 1 is lost:
+"""),
+    code("""
+from hvd_magics import HorovodJobError, HorovodRunner
+
+
+def needs_two():
+    import os, signal
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    state = hvd.elastic.TorchState(step=0)
+
+    @hvd.elastic.run
+    def train(state):
+        while True:
+            if hvd.rank() == 1 and state.step == 5:
+                os.kill(os.getpid(), signal.SIGKILL)
+            hvd.allreduce(torch.ones(1))
+            state.step += 1
+            state.commit()
+
+    train(state)
+
+
+try:
+    HorovodRunner(np=(2, 2), elastic_timeout=5).run(needs_two)
+except HorovodJobError as exc:
+    print("stopped:", exc.summary)
+"""),
+]
+
+
 if __name__ == "__main__":
     write("mnist-tensorflow-keras.ipynb", MNIST)
     write("pytorch.ipynb", PYTORCH)
@@ -707,4 +808,5 @@ if __name__ == "__main__":
     write("failures.ipynb", FAILURES)
     write("dataframes.ipynb", DATAFRAMES)
     write("estimator.ipynb", ESTIMATOR)
+    write("elastic.ipynb", ELASTIC)
     print("wrote", HERE)

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from hvd_magics.job.epoch_timing import EPOCH_LINE, EpochTimer
 from hvd_magics.errors import OUTPUT_TAIL_LINES, RankFailure
 from hvd_magics.job.options import ElasticSize
-from hvd_magics.protocol import (CHANNEL_CLOSED, EPOCH_BEGIN, EPOCH_END, ERROR, EXIT, OUTPUT,
+from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, EPOCH_BEGIN, EPOCH_END, ERROR, EXIT, OUTPUT,
                                  OUTPUT_PARTIAL, PROGRESS, RESIZE, RESULT, SHARDING, SLOT_OFFER,
                                  STARTED, TASK_ERROR, TASK_STARTED, TIMELINE_CHUNK,
                                  TIMELINE_LOCAL)
@@ -152,6 +152,9 @@ class JobState:
         self.timeline_dest: Path | None = None
         self._timeline_file: Any = None
         self._timeline_local: str | None = None
+        #: How the job ended as a whole (``"succeeded"``, ``"failed"``, ``"interrupted"``), set
+        #: before :meth:`end`: an elastic job that lost ranks on the way may still succeed.
+        self.outcome: str | None = None
         #: When the first Spark task began receiving the job's DataFrame rows.
         self.data_arrived_at: float | None = None
 
@@ -161,6 +164,10 @@ class JobState:
             self._on_resize(event)
             for view in self.views:
                 view.on_event(self, event)
+            return
+        if event.get("kind") == DRIVER_LOG:  # the driver's own word, for the log file only
+            stamp = time.strftime("%H:%M:%S", time.localtime(event.get("time", time.time())))
+            self._log.write(f"{stamp} [driver] {event.get('text', '')}\n")
             return
         rank = event.get("rank")
         if not isinstance(rank, int) or not 0 <= rank < self.size:

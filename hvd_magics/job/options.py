@@ -69,6 +69,8 @@ _ELASTIC_HINT = ("an elastic job takes MIN:MAX with 1 <= MIN <= MAX (np='2:4' or
 def validate_size(np: Any) -> int | ElasticSize:
     """``np`` as a fixed size (see :func:`validate_np`) or an :class:`ElasticSize` (from
     ``"MIN:MAX"`` or ``(MIN, MAX)``)."""
+    if isinstance(np, ElasticSize):
+        return validate_size((np.min_np, np.max_np))
     if isinstance(np, str):
         text = np.strip()
         if ":" not in text:

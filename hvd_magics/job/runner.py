@@ -391,8 +391,11 @@ def _watch_elastic(job: JobState, backend: Any, events: queue.Queue) -> None:
         raise HorovodJobError(f"The elastic job failed: {failure}", job.failures(),
                               str(job.log_path))
     if not any(r.has_result and r.exit_code == 0 for r in job.ranks):
-        raise HorovodJobError("The elastic job ended without a rank that finished.",
-                              job.failures(), str(job.log_path))
+        failures = job.failures()
+        summary = (f"every rank of the elastic job failed; the first was "
+                   f"{failures[0].headline()}" if failures else
+                   "the elastic job ended without a rank that finished")
+        raise HorovodJobError(summary[0].upper() + summary[1:], failures, str(job.log_path))
 
 
 def _finish(record: RunRecord, job: JobState) -> None:
@@ -409,6 +412,7 @@ def _finish(record: RunRecord, job: JobState) -> None:
     record.startup_s, record.training_s = split["startup_s"], split["training_s"]
     if record.status == "running":
         record.status = "succeeded"
+    job.outcome = record.status
     job.end()
 
 

@@ -45,9 +45,9 @@ def widgets_available() -> bool:
 
 
 class _RankRow:
-    def __init__(self, widgets: Any, rank: int) -> None:
+    def __init__(self, widgets: Any, rank: int, unit: str = "rank") -> None:
         width = lambda px: widgets.Layout(width=f"{px}px")  # noqa: E731
-        self.name = widgets.HTML(f"<b>rank {rank}</b>", layout=width(170))
+        self.name = widgets.HTML(f"<b>{unit} {rank}</b>", layout=width(170))
         self.state = widgets.HTML(layout=width(110))
         self.epoch = widgets.Label(layout=width(90))
         self.bar = widgets.IntProgress(min=0, max=1, value=0, layout=width(180))
@@ -76,7 +76,7 @@ class WidgetView:
 
         self._job = job
         self.header = widgets.HTML()
-        self._rows = [_RankRow(widgets, r) for r in range(job.size)]
+        self._rows = [_RankRow(widgets, r, job.unit) for r in range(job.size)]
         self._logs = [collections.deque(maxlen=LOG_LINES_KEPT) for _ in range(job.size)]
         self.log_rank = widgets.Dropdown(options=[(f"{job.unit} {r}", r) for r in range(job.size)],
                                          description="log of", layout=widgets.Layout(width="200px"))
@@ -117,7 +117,8 @@ class WidgetView:
     def _refresh(self, job: JobState, now: float, final: bool) -> None:
         self._last_refresh = now
         elapsed = now - job.started_at
-        failed = any(r.state == FAILED for r in job.ranks)
+        failed = (job.outcome in ("failed", "interrupted") if job.outcome else
+                  any(r.state == FAILED for r in job.ranks) and job.elastic is None)
         overall = ("failed" if failed else "done" if final else
                    "running" if any(r.state == RUNNING for r in job.ranks) else "starting")
         colour = _COLOURS[FAILED] if failed else _COLOURS[DONE] if final else _COLOURS[RUNNING]
@@ -143,7 +144,7 @@ class WidgetView:
             label, state = f"stalled {stalled:.0f} s", "stalled"
         if elastic:
             as_rank = f" = rank {rank.hvd_rank}" if rank.hvd_rank is not None and \
-                not rank.exited else ""
+                rank.state != FAILED else ""
             row.name.value = f"<b>task {rank.rank}{as_rank}</b> {html.escape(rank.host)}"
         else:
             row.name.value = f"<b>rank {rank.rank}</b> {html.escape(rank.host)}"
@@ -166,10 +167,9 @@ class WidgetView:
 
 def _size_text(job: JobState) -> str:
     """``"4 ranks"``; for an elastic job ``"3 ranks (elastic 2:4)"``."""
-    if job.elastic is None:
-        return f"{job.size} ranks"
-    size = job.current_size if job.formations else 0
-    return f"{size} ranks (elastic {job.elastic})"
+    size = job.current_size if job.formations or job.elastic is None else 0
+    text = f"{size} rank" + ("" if size == 1 else "s")
+    return text if job.elastic is None else f"{text} (elastic {job.elastic})"
 
 
 def _resets_html(job: JobState) -> str:

@@ -17,16 +17,17 @@ its next commit.
 """
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
 from typing import Any
 
-from hvd_magics.errors import NotEnoughSlotsError
+from hvd_magics.errors import HorovodMagicsError
 from hvd_magics.job.options import ElasticSize
 from hvd_magics.launch.spark_backend import STATUS_SCHEMA, SparkBackend, barrier_function
-from hvd_magics.protocol import (CHANNEL_CLOSED, ENV_HOROVOD_ELASTIC, ENV_LIVE, EXIT, RESIZE,
-                                 SLOT_OFFER, START_RANK)
+from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, ENV_HOROVOD_ELASTIC, ENV_LIVE, EXIT,
+                                 RESIZE, SLOT_OFFER, START_RANK)
 from hvd_magics.task.slots import slot_env
 from hvd_magics.task.spark_task import TaskSpec
 
@@ -146,6 +147,23 @@ def _horovod_driver_class() -> type:
     return ReportingDriver
 
 
+class HorovodLogToJob(logging.Filter):
+    """Horovod's elastic driver logs through the root logger (``logging.error('failure count ==
+    2 -> stop running')``), which a kernel prints into the cell: while the job runs, its records
+    go to the job's log file instead (as ``driver_log`` events)."""
+
+    def __init__(self, events: queue.Queue) -> None:
+        super().__init__()
+        self._events = events
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "horovod" not in record.pathname.replace("\\", "/").split("/"):
+            return True
+        self._events.put({"kind": DRIVER_LOG, "rank": None, "time": record.created,
+                          "text": f"{record.levelname} horovod: {record.getMessage()}"})
+        return False
+
+
 class ElasticSparkBackend(SparkBackend):
     """An elastic job's Spark side and Horovod's elastic driver (see the module docstring).
 
@@ -173,7 +191,6 @@ class ElasticSparkBackend(SparkBackend):
         self.start_timeout = start_timeout
         self.elastic_timeout = elastic_timeout
         self.reset_limit = reset_limit
-        self.where += f", elastic {size}"
         self.slots = TaskSlots()
         #: Why the job failed as a whole (``None``: it did not, or the ranks' errors say it).
         self.failure: str | None = None
@@ -185,6 +202,7 @@ class ElasticSparkBackend(SparkBackend):
         self._rendezvous_port = 0
         self._address = ""
         self._conductor: threading.Thread | None = None
+        self._log_filter: logging.Filter | None = None
         self._stopping = threading.Event()
         self._done = threading.Event()
 
@@ -192,16 +210,27 @@ class ElasticSparkBackend(SparkBackend):
     def start(self, payload: bytes, job_id: str, events: queue.Queue) -> None:
         """Check the cluster can ever run ``MIN`` ranks, start Horovod's elastic driver and
         rendezvous, open the channel and submit the stage of ``MAX`` tasks."""
-        from horovod.runner.elastic.rendezvous import create_rendezvous_handler
-        from horovod.runner.http.http_server import RendezvousServer
-
         if not self.live:
-            raise NotEnoughSlotsError(
+            raise HorovodMagicsError(
                 f"an elastic job hands out ranks over the notebook's event channel, which the "
                 f"executors cannot use here: {self.no_live_view}. Fix: set it up for a live "
                 f"view (unset {ENV_LIVE}=0), or run a fixed-size job (np=N).")
         self._check_total_slots()
         self._events = events
+        self._log_filter = HorovodLogToJob(events)
+        logging.getLogger().addFilter(self._log_filter)
+        try:
+            self._start_elastic(payload, job_id)
+        except BaseException:
+            logging.getLogger().removeFilter(self._log_filter)
+            if self._driver is not None:
+                self._driver.stop()
+            raise
+
+    def _start_elastic(self, payload: bytes, job_id: str) -> None:
+        from horovod.runner.elastic.rendezvous import create_rendezvous_handler
+        from horovod.runner.http.http_server import RendezvousServer
+
         inbox: queue.Queue = queue.Queue()
         self._open_channel(job_id, inbox)
         self._address = self._server.address.host
@@ -336,6 +365,7 @@ class ElasticSparkBackend(SparkBackend):
             if self._server is not None:
                 self._server.close()  # tasks still waiting for a rank end now
             self._end_stage()
+            logging.getLogger().removeFilter(self._log_filter)
             self._done.set()
 
     def _end_stage(self) -> None:

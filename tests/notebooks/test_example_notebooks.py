@@ -148,3 +148,27 @@ def test_the_estimator_notebook(tmp_path):
     assert "loaded model gives the same predictions: True" in everything
     assert "refused: featuresCol 'pixels' is not a column of the DataFrame" in everything
     assert "Traceback" not in everything and "Py4J" not in everything
+
+
+def test_the_elastic_notebook(tmp_path):
+    nb, texts, everything = _run("elastic.ipynb", tmp_path)
+    assert re.search(r"elastic job started with 2 ranks \(task \d as rank 0, task \d as rank 1\)",
+                     everything)
+    assert re.search(r"reset 1: the rank of task \d exited with code -9; training goes on with 1 "
+                     r"rank", everything)
+    assert "'rank 0 of 1: 200 steps, largest weight error 0.0" in everything
+    assert "elastic: 1:2 | exit codes:" in everything
+    assert ("stopped: The elastic job failed: fewer than the minimum of 2 ranks (np=2:2) were left "
+            "for longer than elastic_timeout=5 s (--elastic-timeout)") in everything
+    # Horovod's own driver logs into the run's log file, not into the cell
+    assert "ERROR:root" not in everything and "stop running" not in everything
+    assert "Traceback" not in everything and "Py4J" not in everything
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    headers = [m["state"]["value"] for m in state.values()
+               if m["model_name"] == "HTMLModel" and "Horovod job" in m["state"]["value"]]
+    assert any("1 rank (elastic 1:2)" in h and "done" in h and "reset 1: the rank of task" in h
+               for h in headers), headers
+    assert any("(elastic 2:2)" in h and "failed" in h for h in headers), headers
+    names = [m["state"]["value"] for m in state.values()
+             if m["model_name"] == "HTMLModel" and m["state"]["value"].startswith("<b>task ")]
+    assert any(re.match(r"<b>task \d = rank 0</b>", n) for n in names), names

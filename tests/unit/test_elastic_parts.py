@@ -20,7 +20,7 @@ from hvd_magics.task.elastic_task import slot_host_name
 
 @pytest.mark.parametrize("given, size", [
     ("2:4", ElasticSize(2, 4)), ((1, 3), ElasticSize(1, 3)), ([2, 2], ElasticSize(2, 2)),
-    (" 3 ", 3), (-2, -2), ("-2", -2)])
+    (" 3 ", 3), (-2, -2), ("-2", -2), (ElasticSize(1, 2), ElasticSize(1, 2))])
 def test_sizes_fixed_and_elastic(given, size):
     assert validate_size(given) == size
 
