@@ -67,8 +67,28 @@ CONNECT_SCRIPT = textwrap.dedent('''
         HorovodRunner(np=3).run(jobs.print_lines, count=1)
     except NotEnoughSlotsError as exc:
         print("slots", exc)
+    import glob, pathlib
+    marks = pathlib.Path({out!r}) / "elastic"
+    marks.mkdir()
+    (marks / "hold").touch()
+    def kill_task_1():
+        while not glob.glob(f"{{marks}}/*-task1-*.pid"):
+            time.sleep(0.05)
+        os.kill(int(open(glob.glob(f"{{marks}}/*-task1-*.pid")[0]).read()), signal.SIGKILL)
+        while not (marks / "size1").exists():
+            time.sleep(0.05)
+        (marks / "hold").unlink()
+    threading.Thread(target=kill_task_1, daemon=True).start()
+    result = HorovodRunner(np="1:2").run(jobs.elastic_torch, steps=40, marks=str(marks))
+    print("elastic", [(r["size"], r["step"]) for r in result],
+          [(r["size"], r["causes"]) for r in last_run().resets])
     # executors that cannot reach the notebook: everything comes back with the Spark result
     os.environ["HVD_MAGICS_LIVE"] = "0"
+    from hvd_magics import HorovodMagicsError
+    try:
+        HorovodRunner(np="1:2").run(jobs.print_lines, count=1)
+    except HorovodMagicsError as exc:
+        print("quiet elastic", exc)
     print("quiet value", HorovodRunner(np=2).run(jobs.print_lines, count=3))
     try:
         HorovodRunner(np=2).run(jobs.fail_on_rank, bad_rank=1, how="raise")
@@ -105,3 +125,8 @@ def test_jobs_run_on_a_spark_connect_session(tmp_path):
     assert "[1] line 2 of rank 1" in proc.stdout and "quiet value 0" in proc.stdout
     assert "quiet error rank 1 on" in proc.stdout and "boom from rank 1" in proc.stdout
     assert "quiet shards 400" in proc.stdout
+    # an elastic job on Connect: a rank lost, the job goes on with the other
+    assert "elastic [(1, 40)] [(1, ['the rank of task 1 exited with code -9'])]" in proc.stdout, \
+        proc.stdout
+    assert "quiet elastic an elastic job hands out ranks over the notebook's event channel, " \
+           "which the executors cannot use here: HVD_MAGICS_LIVE=0 is set" in proc.stdout
