@@ -27,16 +27,20 @@ def validate_np(np: Any) -> int:
     return np
 
 
-def validate_start_timeout(seconds: Any) -> float:
-    """The start timeout as positive seconds."""
+def positive_seconds(seconds: Any, name: str) -> float:
+    """``seconds`` as a positive float, or a ``ValueError`` naming the option ``name``."""
     try:
         value = float(seconds)
     except (TypeError, ValueError):
         value = -1.0
     if not value > 0:
-        raise ValueError(f"start_timeout (--start-timeout) must be a positive number of seconds, "
-                         f"got {seconds!r}")
+        raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
     return value
+
+
+def validate_start_timeout(seconds: Any) -> float:
+    """The start timeout as positive seconds."""
+    return positive_seconds(seconds, "start_timeout (--start-timeout)")
 
 
 def validate_verbosity(verbosity: Any) -> str:
@@ -96,14 +100,7 @@ def validate_size(np: Any) -> int | ElasticSize:
 
 def validate_elastic_timeout(seconds: Any) -> float:
     """The elastic timeout as positive seconds."""
-    try:
-        value = float(seconds)
-    except (TypeError, ValueError):
-        value = -1.0
-    if not value > 0:
-        raise ValueError("elastic_timeout (--elastic-timeout) must be a positive number of "
-                         f"seconds, got {seconds!r}")
-    return value
+    return positive_seconds(seconds, "elastic_timeout (--elastic-timeout)")
 
 
 def validate_reset_limit(limit: Any) -> int | None:

@@ -309,6 +309,17 @@ def _drain(job: JobState, events: queue.Queue) -> None:
             return
 
 
+def _follow(job: JobState, events: queue.Queue) -> float:
+    """Apply what arrived within a tenth of a second, let the views refresh; return the time."""
+    try:
+        job.handle(events.get(timeout=0.1))
+        _drain(job, events)
+    except queue.Empty:
+        pass
+    job.tick()
+    return time.monotonic()
+
+
 def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: float) -> None:
     """Follow the job until every rank exited; raise when it failed (``launch`` stops it)."""
     started = time.monotonic()
@@ -316,13 +327,7 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
     ended_at: float | None = None
     finished_since: float | None = None
     while not job.all_exited:
-        try:
-            job.handle(events.get(timeout=0.1))
-            _drain(job, events)
-        except queue.Empty:
-            pass
-        job.tick()
-        now = time.monotonic()
+        now = _follow(job, events)
         if failed_since is None and job.any_failed:
             failed_since = now
         if failed_since is not None and now - failed_since >= FAILURE_GRACE_S:
@@ -374,13 +379,7 @@ def _watch_elastic(job: JobState, backend: Any, events: queue.Queue) -> None:
     the job failed as a whole (a rank lost on the way is a reset, not a failure)."""
     ended_at: float | None = None
     while True:
-        try:
-            job.handle(events.get(timeout=0.1))
-            _drain(job, events)
-        except queue.Empty:
-            pass
-        job.tick()
-        now = time.monotonic()
+        now = _follow(job, events)
         if backend.finished and ended_at is None:
             ended_at = now
         if ended_at is not None and (backend.drained or now - ended_at >= DRAIN_WAIT_S):

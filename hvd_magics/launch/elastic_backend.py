@@ -92,6 +92,12 @@ class TaskSlots:
             return self._ready.get(slot_host)
 
     @property
+    def tasks_seen(self) -> int:
+        """How many of the stage's tasks have offered a slot (a task run again counts once)."""
+        with self._cond:
+            return len(self._task_host)
+
+    @property
     def ready(self) -> int:
         with self._cond:
             return len(self._ready)
@@ -370,11 +376,16 @@ class ElasticSparkBackend(SparkBackend):
 
     def _end_stage(self) -> None:
         """Let the stage end by itself (its tasks saw the channel close); cancel it only when
-        tasks Spark never had a slot for keep it waiting."""
+        tasks Spark never had a slot for keep it waiting (at once when every task that ran has
+        gone)."""
         from hvd_magics.launch.spark_backend import CANCEL_AFTER_S
 
-        if self._thread is not None:
-            self._thread.join(CANCEL_AFTER_S)
+        deadline = time.monotonic() + CANCEL_AFTER_S
+        while self._thread is not None and self._thread.is_alive() \
+                and time.monotonic() < deadline:
+            if self.slots.tasks_seen < self.np and self._server.open_connections == 0:
+                break  # the tasks that ran have returned; the others never got a slot
+            self._thread.join(POLL_S)
         if self._group and self._thread is not None and self._thread.is_alive():
             if self.connect:
                 self.spark.interruptTag(self._group)
