@@ -45,6 +45,8 @@ class RunRecord:
         The model a :class:`~hvd_magics.estimator.HorovodEstimator` fit logged to that run.
     elastic : str or None
         ``"MIN:MAX"`` of an elastic job (``np`` is then its maximum), else ``None``.
+    final_size : int or None
+        How many ranks an elastic job had at its end (``None`` if it never started).
     resets : list of dict
         Each time an elastic job's ranks re-formed: ``reset`` (1, 2, ...), ``size`` (ranks
         after it), ``ranks`` (Spark task to Horovod rank), ``causes`` (what changed: a task
@@ -76,6 +78,7 @@ class RunRecord:
     error: str = ""
     elastic: str | None = None
     resets: list[dict[str, Any]] = field(default_factory=list)
+    final_size: int | None = None
     startup_s: float | None = None
     training_s: float | None = None
 
@@ -101,8 +104,8 @@ class RunRecord:
         wall = f"{self.wall_time_s:.2f} s" if self.wall_time_s is not None else "-"
         codes = ", ".join(f"{r}:{c}" for r, c in sorted(self.exit_codes.items())) or "-"
         ranks = str(self.size) if not self.elastic else (
-            f"elastic {self.elastic}, ended with {self.resets[-1]['size']}"
-            if self.resets else f"elastic {self.elastic}")
+            f"elastic {self.elastic}, ended with {self.final_size}" if self.final_size
+            else f"elastic {self.elastic}")
         rows = [("job", self.job_id), ("status", self.status), ("ranks", ranks),
                 ("where", self.where), ("started", self.started_at.strftime("%Y-%m-%d %H:%M:%S")),
                 ("wall time", wall), ("exit codes", codes)]

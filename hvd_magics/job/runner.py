@@ -400,6 +400,8 @@ def _watch_elastic(job: JobState, backend: Any, events: queue.Queue) -> None:
 def _finish(record: RunRecord, job: JobState) -> None:
     record.ended_at = datetime.now()
     record.resets = [dict(reset) for reset in job.resets]
+    if job.elastic and job.formations:
+        record.final_size = job.current_size
     record.exit_codes = {r.rank: r.exit_code for r in job.ranks}
     record.hosts = {r.rank: r.host for r in job.ranks}
     record.pids = {r.rank: r.pid for r in job.ranks if r.pid is not None}

@@ -92,12 +92,6 @@ class TaskSlots:
             return self._ready.get(slot_host)
 
     @property
-    def tasks_seen(self) -> int:
-        """How many of the stage's tasks have offered a slot (a task run again counts once)."""
-        with self._cond:
-            return len(self._task_host)
-
-    @property
     def ready(self) -> int:
         with self._cond:
             return len(self._ready)
@@ -211,6 +205,7 @@ class ElasticSparkBackend(SparkBackend):
         self._log_filter: logging.Filter | None = None
         self._stopping = threading.Event()
         self._done = threading.Event()
+        self._cancelled = False  # the stage was cancelled by us, once the job was over
 
     # -- start ---------------------------------------------------------------------------------
     def start(self, payload: bytes, job_id: str, events: queue.Queue) -> None:
@@ -347,7 +342,15 @@ class ElasticSparkBackend(SparkBackend):
         try:
             initial = self._initial_size()
             deadline = time.monotonic() + self.start_timeout
-            ready = self.slots.wait_ready(initial, deadline, self._stopping)
+            ready = 0
+            while time.monotonic() < deadline and not self._stopping.is_set():
+                ready = self.slots.wait_ready(initial, min(deadline, time.monotonic() + 0.5),
+                                              self._stopping)
+                if ready >= initial:
+                    break
+                if SparkBackend.finished.fget(self) and ready < self.size.min_np:
+                    self.failure = self._stage_ended_early()  # e.g. executors lack our packages
+                    return
             if self._stopping.is_set():
                 return
             if ready < self.size.min_np:
@@ -375,18 +378,15 @@ class ElasticSparkBackend(SparkBackend):
             self._done.set()
 
     def _end_stage(self) -> None:
-        """Let the stage end by itself (its tasks saw the channel close); cancel it only when
-        tasks Spark never had a slot for keep it waiting (at once when every task that ran has
-        gone)."""
+        """Let the stage end by itself: its tasks saw the channel close, and tasks that get a
+        slot only now find it closed and return at once. Cancel it only when tasks that Spark
+        has no slot for keep it waiting."""
         from hvd_magics.launch.spark_backend import CANCEL_AFTER_S
 
-        deadline = time.monotonic() + CANCEL_AFTER_S
-        while self._thread is not None and self._thread.is_alive() \
-                and time.monotonic() < deadline:
-            if self.slots.tasks_seen < self.np and self._server.open_connections == 0:
-                break  # the tasks that ran have returned; the others never got a slot
-            self._thread.join(POLL_S)
+        if self._thread is not None:
+            self._thread.join(CANCEL_AFTER_S)
         if self._group and self._thread is not None and self._thread.is_alive():
+            self._cancelled = True
             if self.connect:
                 self.spark.interruptTag(self._group)
             else:
@@ -432,4 +432,17 @@ class ElasticSparkBackend(SparkBackend):
         return ended and self._done.is_set()
 
     def describe_failure(self) -> str | None:
-        return self.failure or super().describe_failure()
+        """Why the job failed as a whole. Tasks that ran after the job was over (and found the
+        channel closed), or a stage cancelled for its waiting tasks, are not failures."""
+        if self.failure:
+            return self.failure
+        if self.error is not None and not self._cancelled:
+            from hvd_magics.launch.spark_backend import spark_error_text
+
+            return spark_error_text(self.error)
+        return None
+
+    def _stage_ended_early(self) -> str:
+        """Why the stage ended before the job could start (every task returned)."""
+        return (SparkBackend.describe_failure(self)
+                or "every Spark task of the job ended before the ranks could start")

@@ -434,8 +434,10 @@ def executor_lost_reason(text: str) -> str | None:
 
 
 def python_traceback(text: str) -> str | None:
-    """The executor's Python traceback inside a Spark (JVM) error's text, or ``None``."""
-    start = text.find("PythonException")
+    """The executor's Python traceback inside a Spark (JVM) error's text, or ``None`` (after
+    ``PythonException`` in the JVM's text, or pyspark's own ``An exception was thrown from the
+    Python worker`` that a retried task's failure becomes)."""
+    start = max(text.find("PythonException"), text.find("thrown from the Python worker"))
     start = text.find("Traceback (most recent call last):", max(start, 0)) if start >= 0 else -1
     if start < 0:
         return None

@@ -88,12 +88,13 @@ def _arrow_only_python(folder) -> str:
     return str(script)
 
 
+@pytest.mark.parametrize("np", [2, "1:2"])  # a barrier stage, and an elastic job's tasks
 @pytest.mark.parametrize("python, cause", [
     ("bare", "No module named 'pyarrow'"),  # Spark's Arrow task itself cannot run
     ("arrow_only", "cannot import hvd_magics: ModuleNotFoundError"),  # our guarded task reports
 ])
 def test_executors_without_our_packages_get_the_cause_and_the_fix(cluster_spark, tmp_path,
-                                                                   python, cause):
+                                                                   python, cause, np):
     """Regression: 15 lines of JVM stack, the cause (No module named ...) only in the log."""
     import sys
 
@@ -101,8 +102,10 @@ def test_executors_without_our_packages_get_the_cause_and_the_fix(cluster_spark,
     saved = sc.pythonExec
     sc.pythonExec = sys._base_executable if python == "bare" else _arrow_only_python(tmp_path)
     try:
+        start = time.monotonic()
         with pytest.raises(HorovodJobError) as info:
-            HorovodRunner(np=2).run(jobs.print_lines, count=1)
+            HorovodRunner(np=np).run(jobs.print_lines, count=1)
+        assert time.monotonic() - start < 60  # not the start timeout
     finally:
         sc.pythonExec = saved
     text = str(info.value)

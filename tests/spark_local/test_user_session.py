@@ -94,9 +94,24 @@ PY4J_TEXT_43 = (  # pyspark 4.3's form: [PYTHON_EXCEPTION], then JVM stacktrace 
     "\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException\n")
 
 
+#: pyspark's own text for a task that failed in the Python worker and was retried (an elastic
+#: job's stage is not a barrier stage).
+PYSPARK_WORKER_TEXT = (
+    "An exception was thrown from the Python worker. Please see the stack trace below.\n"
+    "Traceback (most recent call last):\n"
+    '  File "/x/pyspark/worker.py", line 4207, in invoke_udf\n'
+    "    func, profiler, deserializer, serializer = read_udfs(\n"
+    "ModuleNotFoundError: No module named 'pyarrow'\n"
+    "\n"
+    "JVM stacktrace:\n"
+    "org.apache.spark.SparkException: Job aborted due to stage failure\n"
+    "\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages\n")
+
+
 @pytest.mark.parametrize("jvm_text, last_line", [
     (PY4J_TEXT, "ModuleNotFoundError: No module named 'psutil'"),
     (PY4J_TEXT_43, "ModuleNotFoundError: No module named 'pyarrow'"),
+    (PYSPARK_WORKER_TEXT, "ModuleNotFoundError: No module named 'pyarrow'"),
 ])
 def test_spark_failures_show_the_executors_python_error_not_jvm_frames(jvm_text, last_line):
     text = spark_error_text(RuntimeError(jvm_text))

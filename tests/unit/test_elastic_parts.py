@@ -131,7 +131,7 @@ def test_a_lost_task_is_named_as_a_task(tmp_path):
 
 
 def test_the_record_lists_each_reset_with_its_cause():
-    record = RunRecord(job_id="j", np=3, elastic="2:3", resets=[
+    record = RunRecord(job_id="j", np=3, elastic="2:3", final_size=1, resets=[
         {"reset": 1, "size": 2, "ranks": {0: 0, 2: 1}, "causes": ["task 1 was lost (its executor "
                                                                  "went away)"], "time": 0.0},
         {"reset": 2, "size": 1, "ranks": {0: 0}, "causes": [], "time": 1.0}])
