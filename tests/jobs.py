@@ -240,6 +240,36 @@ def start_children():
     return hvd.allgather_object(child.pid)
 
 
+def temporary_files():
+    """Each rank runs a ``tf.function`` (TensorFlow's autograph writes a source file to the
+    temporary folder, deleted only by an exit hook); rank 0 also keeps a file of its own there.
+    Returns, per rank, the temporary folder, the autograph files seen and the kept file."""
+    import glob
+    import os
+    import tempfile
+
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+
+    @tf.function
+    def absolute(x):
+        if x > 0:
+            return x
+        return -x
+
+    absolute(tf.constant(-1.0))
+    folder = tempfile.gettempdir()
+    generated = glob.glob(os.path.join(folder, "__autograph_generated_file*"))
+    kept = None
+    if hvd.rank() == 0:
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
+            fh.write("the user's own file")
+        kept = fh.name
+    return hvd.allgather_object((folder, generated, kept))
+
+
 def start_children_and_wait(pid_file: str):
     """Each rank starts a child, writes its pid to ``pid_file``.<rank>, then waits forever."""
     import os

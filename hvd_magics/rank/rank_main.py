@@ -9,12 +9,20 @@ The process started by the supervisor is a small *keeper*: it forks the rank int
 of its own, waits for it, then kills that group, so whatever the user's code started dies with the
 rank. When the supervisor dies (the kernel was killed, the executor was lost) the keeper gets
 ``SIGTERM`` and kills the group too. It exits as the rank did.
+
+The rank's temporary folder (``TMPDIR``) is a private one the keeper makes: the rank ends with
+``os._exit`` (frameworks' exit hooks can block), so files that frameworks delete only at exit --
+TensorFlow's ``__autograph_generated_file*.py``, about fifteen per Keras rank -- would pile up in
+the executor's ``/tmp`` job after job. The keeper removes those and, when nothing else is left,
+the folder; what the user's code left there stays.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -25,6 +33,10 @@ from hvd_magics.rank.process_group import die_with_parent, killpg
 
 #: Exit code of a rank whose keeper went away (the job was stopped).
 ORPHANED_EXIT = 113
+#: Prefix of the private temporary folder of each rank process.
+RANK_TMP_PREFIX = "hvd_magics-rank-"
+#: Files frameworks leave in the temporary folder and delete only in exit hooks the rank skips.
+EXIT_HOOK_LEFTOVERS = ("__autograph_generated_file",)
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -160,10 +172,52 @@ def _exit_like(status: int) -> None:
     os._exit(os.waitstatus_to_exitcode(status) if not os.WIFSIGNALED(status) else 1)
 
 
-def keep(child: int) -> None:
-    """The keeper: wait for the rank ``child``, kill its process group, exit as it did."""
+def make_rank_tmpdir() -> str | None:
+    """A private temporary folder for the rank (``None`` when none can be made: the rank then
+    uses the usual one)."""
+    try:
+        return tempfile.mkdtemp(prefix=RANK_TMP_PREFIX)
+    except OSError:
+        return None
+
+
+def use_tmpdir(folder: str) -> None:
+    """Make ``folder`` this process's (and its children's) temporary folder."""
+    os.environ["TMPDIR"] = folder
+    tempfile.tempdir = folder
+
+
+def clean_rank_tmpdir(folder: str | None) -> None:
+    """Remove the frameworks' exit-hook leftovers from ``folder``, then ``folder`` if empty."""
+    if not folder:
+        return
+    for place in (folder, os.path.join(folder, "__pycache__")):
+        try:
+            names = os.listdir(place)
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith(EXIT_HOOK_LEFTOVERS):
+                path = os.path.join(place, name)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    try:
+                        os.remove(path)
+                    except OSError:
+                        pass
+        try:
+            os.rmdir(place)  # only when empty: what the user's code left stays
+        except OSError:
+            pass
+
+
+def keep(child: int, tmpdir: str | None = None) -> None:
+    """The keeper: wait for the rank ``child``, kill its process group, tidy the rank's
+    temporary folder ``tmpdir``, exit as the rank did."""
     def stop(_sig: int, _frame: object) -> None:
         killpg(child)
+        clean_rank_tmpdir(tmpdir)
         os._exit(128 + signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, stop)
@@ -172,14 +226,18 @@ def keep(child: int) -> None:
         stop(signal.SIGTERM, None)
     _, status = os.waitpid(child, 0)
     killpg(child)
+    clean_rank_tmpdir(tmpdir)
     _exit_like(status)
 
 
 def main() -> None:
     """Fork the rank into its own process group and keep it."""
     keeper = os.getpid()
+    tmpdir = make_rank_tmpdir()
     child = os.fork()
     if child == 0:
+        if tmpdir:
+            use_tmpdir(tmpdir)
         os.setpgid(0, 0)
         die_with_parent()
         if os.getppid() != keeper:
@@ -191,7 +249,7 @@ def main() -> None:
         except OSError:
             pass
         os.close(0)  # the payload is the rank's to read
-        keep(child)
+        keep(child, tmpdir)
 
 
 if __name__ == "__main__":

@@ -85,6 +85,31 @@ def test_a_ranks_children_die_with_the_job():
     assert rank_processes_alive(pids) == []
 
 
+def test_frameworks_leave_nothing_in_the_temporary_folder_but_the_users_files_stay():
+    """Ranks end with os._exit, so TensorFlow's autograph files (removed by an exit hook) piled
+    up in the executors' /tmp: about fifteen per Keras rank, every job."""
+    import tempfile
+
+    shared = tempfile.gettempdir()
+    before = set(os.listdir(shared))
+    per_rank = HorovodRunner(np=-2).run(jobs.temporary_files)
+    folders = [folder for folder, _, _ in per_rank]
+    assert all(os.path.dirname(f) == shared and os.path.basename(f).startswith("hvd_magics-rank-")
+               for f in folders) and len(set(folders)) == 2, folders
+    assert all(generated for _, generated, _ in per_rank), "autograph wrote no file: test is moot"
+    assert not any(os.path.exists(p) for _, generated, _ in per_rank for p in generated)
+    kept = per_rank[0][2]
+    try:
+        assert Path(kept).read_text() == "the user's own file"  # the user's file stays
+        assert not os.path.exists(folders[1])  # the other rank's folder was left empty: gone
+        new = set(os.listdir(shared)) - before
+        assert not [n for n in new if n.startswith("__autograph_generated_file")], new
+        assert new <= {os.path.basename(folders[0])}, new
+    finally:
+        Path(kept).unlink()
+        os.rmdir(folders[0])
+
+
 def test_a_ranks_children_die_when_the_kernel_is_killed(tmp_path):
     """np<0: the kernel is the supervisor; SIGKILL it and the ranks' children must still go."""
     pid_file = str(tmp_path / "child")
