@@ -191,7 +191,7 @@ def clean_rank_tmpdir(folder: str | None) -> None:
     """Remove the frameworks' exit-hook leftovers from ``folder``, then ``folder`` if empty."""
     if not folder:
         return
-    for place in (folder, os.path.join(folder, "__pycache__")):
+    for place in (os.path.join(folder, "__pycache__"), folder):  # the inner one first
         try:
             names = os.listdir(place)
         except OSError:
