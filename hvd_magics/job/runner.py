@@ -4,7 +4,6 @@ from __future__ import annotations
 import inspect
 import os
 import queue
-import tempfile
 import time
 import uuid
 import warnings
@@ -22,6 +21,7 @@ from hvd_magics.notebook.cell_capture import leading_imports
 from hvd_magics.protocol import (ENV_PREIMPORT, ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE,
                                  RANK_MODULE)
 from hvd_magics.result_codec import VALUE, ResultDecodeError, decode_strict
+from hvd_magics.job.run_logs import prune_old_runs, runs_dir
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.session import SESSION
 from hvd_magics.task.slots import local_addresses
@@ -54,11 +54,6 @@ def decode_value(parts: dict) -> Any:
 def last_run() -> RunRecord | None:
     """The record of the most recent job in this process (also failed or interrupted ones)."""
     return SESSION.last_run
-
-
-def runs_dir() -> Path:
-    """Where each job's log folder goes on the driver."""
-    return Path(tempfile.gettempdir()) / "hvd_magics" / "runs"
 
 
 def default_views(verbosity: str = VERBOSITY_ALL, show_output: bool = True) -> list[JobView]:
@@ -256,6 +251,7 @@ def launch(payload: JobPayload | bytes, np: int | ElasticSize, env: dict[str, st
         env = {**env, ENV_PREIMPORT: ",".join(preimport)}
     backend = _make_backend(np, env, payload.sources, start_timeout, elastic_bounds)
     size = elastic.max_np if elastic else np
+    prune_old_runs()
     log_path = runs_dir() / job_id / "ranks.log"
     tracker = _tracker(tracking, job_id, size, backend.where, source)
     job = JobState(abs(size), log_path, views + ([tracker] if tracker else []), backend.where,

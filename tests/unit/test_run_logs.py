@@ -1,0 +1,46 @@
+"""How many run log folders the driver keeps."""
+import os
+
+from hvd_magics.job import run_logs
+
+
+def _runs(root, count):
+    for i in range(count):
+        folder = root / f"run{i:03d}"
+        folder.mkdir(parents=True)
+        (folder / "ranks.log").write_text("line\n")
+        os.utime(folder / "ranks.log", (1000 + i, 1000 + i))
+        os.utime(folder, (1000 + i, 1000 + i))
+
+
+def test_the_oldest_go_leaving_room_for_the_next_job(tmp_path):
+    _runs(tmp_path, 6)
+    (tmp_path / "stray.txt").write_text("not a run")
+    removed = run_logs.prune_old_runs(tmp_path, keep=4)
+    assert sorted(p.name for p in removed) == ["run000", "run001", "run002"]
+    assert sorted(os.listdir(tmp_path)) == ["run003", "run004", "run005", "stray.txt"]
+
+
+def test_a_run_still_writing_its_log_is_not_old(tmp_path):
+    _runs(tmp_path, 4)
+    os.utime(tmp_path / "run000" / "ranks.log", (5000, 5000))  # a long job, still logging
+    run_logs.prune_old_runs(tmp_path, keep=3)
+    assert sorted(os.listdir(tmp_path)) == ["run000", "run003"]
+
+
+def test_fewer_than_the_limit_are_all_kept_and_a_missing_folder_is_fine(tmp_path):
+    _runs(tmp_path, 3)
+    assert run_logs.prune_old_runs(tmp_path, keep=4) == []
+    assert run_logs.prune_old_runs(tmp_path / "none", keep=4) == []
+
+
+def test_the_limit_comes_from_the_environment(monkeypatch, caplog):
+    monkeypatch.setenv(run_logs.ENV_KEEP_RUNS, "7")
+    assert run_logs.keep_runs() == 7
+    monkeypatch.setenv(run_logs.ENV_KEEP_RUNS, "0")
+    assert run_logs.keep_runs() == 1
+    monkeypatch.setenv(run_logs.ENV_KEEP_RUNS, "lots")
+    assert run_logs.keep_runs() == run_logs.DEFAULT_KEEP_RUNS
+    assert "HVD_MAGICS_KEEP_RUNS='lots' is not a whole number" in caplog.text
+    monkeypatch.delenv(run_logs.ENV_KEEP_RUNS)
+    assert run_logs.keep_runs() == run_logs.DEFAULT_KEEP_RUNS
