@@ -19,6 +19,8 @@ __version__ = "0.1.0"
 #: Public name -> the module that defines it.
 _PUBLIC = {
     "HorovodRunner": "hvd_magics.job.runner",
+    "HorovodEstimator": "hvd_magics.estimator",
+    "HorovodModel": "hvd_magics.estimator",
     "last_run": "hvd_magics.job.runner",
     "RunRecord": "hvd_magics.job.run_record",
     "HorovodMagicsError": "hvd_magics.errors",

@@ -20,6 +20,17 @@ def _optional(convert: Any) -> Any:
     return lambda value: None if value is None else convert(value)
 
 
+def _fixed_np(value: Any) -> int | None:
+    """``np``: a whole number of ranks; an elastic range is refused with where it belongs."""
+    if value is None:
+        return None
+    if isinstance(value, (tuple, list)) or (isinstance(value, str) and ":" in value):
+        raise TypeError(f"HorovodEstimator runs a fixed number of ranks, so np={value!r} (an "
+                        "elastic range) is not for it; give a whole number such as np=2. Elastic "
+                        "jobs are %%horovod np=MIN:MAX and HorovodRunner(np=(MIN, MAX)).")
+    return TypeConverters.toInt(value)
+
+
 def _mapping(value: Any) -> dict[str, str] | None:
     if value is None:
         return None
@@ -94,7 +105,7 @@ class EstimatorParams(HasOutputCols, HasLabelCol, HasSeed):
                                         typeConverter=_optional(TypeConverters.toString))
     np: Param[int] = Param(Params._dummy(), "np",
                            "ranks: tasks of one Spark barrier stage (default: every task slot)",
-                           typeConverter=_optional(TypeConverters.toInt))
+                           typeConverter=_fixed_np)
     modelDir: Param[str] = Param(Params._dummy(), "modelDir",
                                  "checkpoints, event files and the saved model; a fit with the "
                                  "same modelDir resumes (default: a new folder per fit)",

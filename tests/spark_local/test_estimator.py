@@ -172,3 +172,10 @@ def test_bad_input_is_refused_before_any_rank_starts(local_spark, change, messag
 def test_a_misspelt_param_is_named():
     with pytest.raises(TypeError, match="no param 'epoch'. Did you mean 'epochs'"):
         HorovodEstimator(epoch=3)
+
+
+@pytest.mark.parametrize("elastic", ["1:2", (1, 2)])
+def test_an_elastic_np_is_refused_with_where_it_belongs(elastic):
+    with pytest.raises(TypeError, match=r"fixed number of ranks.*HorovodRunner\(np=\(MIN, MAX\)\)"):
+        HorovodEstimator(np=elastic)
+    assert HorovodEstimator(np=3).getOrDefault("np") == 3
