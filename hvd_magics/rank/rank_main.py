@@ -19,7 +19,6 @@ the folder; what the user's code left there stays.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -182,34 +181,48 @@ def make_rank_tmpdir() -> str | None:
 
 
 def use_tmpdir(folder: str) -> None:
-    """Make ``folder`` this process's (and its children's) temporary folder."""
+    """Make ``folder`` this process's (and its children's) temporary folder.
+
+    Caches that frameworks keep in the temporary folder stay shared between jobs: PyTorch's
+    inductor cache keeps its usual place unless ``TORCHINDUCTOR_CACHE_DIR`` is set.
+    """
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        try:
+            import getpass
+            import re
+
+            user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(),
+                                                                 f"torchinductor_{user}")
+        except (KeyError, OSError):  # no user name: torch finds none either
+            pass
     os.environ["TMPDIR"] = folder
     tempfile.tempdir = folder
 
 
 def clean_rank_tmpdir(folder: str | None) -> None:
-    """Remove the frameworks' exit-hook leftovers from ``folder``, then ``folder`` if empty."""
+    """Remove the frameworks' exit-hook leftovers and empty folders from ``folder`` (``folder``
+    too when it is left empty); files the user's code left stay, with the folders holding them."""
     if not folder:
         return
-    for place in (os.path.join(folder, "__pycache__"), folder):  # the inner one first
-        try:
-            names = os.listdir(place)
-        except OSError:
-            continue
+    for place, subfolders, names in os.walk(folder, topdown=False):
         for name in names:
             if name.startswith(EXIT_HOOK_LEFTOVERS):
-                path = os.path.join(place, name)
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    try:
-                        os.remove(path)
-                    except OSError:
-                        pass
-        try:
-            os.rmdir(place)  # only when empty: what the user's code left stays
-        except OSError:
-            pass
+                try:
+                    os.remove(os.path.join(place, name))
+                except OSError:
+                    pass
+        for name in subfolders:
+            path = os.path.join(place, name)
+            if not os.path.islink(path):
+                try:
+                    os.rmdir(path)  # only when empty
+                except OSError:
+                    pass
+    try:
+        os.rmdir(folder)
+    except OSError:
+        pass
 
 
 def keep(child: int, tmpdir: str | None = None) -> None:

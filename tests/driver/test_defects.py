@@ -108,6 +108,10 @@ def test_frameworks_leave_nothing_in_the_temporary_folder_but_the_users_files_st
     finally:
         Path(kept).unlink()
         os.rmdir(folders[0])
+    # PyTorch makes its (empty) inductor cache folder at import: not one per rank either
+    HorovodRunner(np=-2).run(jobs.torch_allreduce)
+    new = set(os.listdir(shared)) - before
+    assert not [n for n in new if n.startswith(("hvd_magics-rank-", "__autograph"))], new
 
 
 def test_a_ranks_children_die_when_the_kernel_is_killed(tmp_path):

@@ -28,6 +28,27 @@ def test_what_the_users_code_left_stays(tmp_path):
     assert os.listdir(folder / "__pycache__") == ["mine.cpython-311.pyc"]
 
 
+def test_empty_folders_frameworks_made_go_too(tmp_path):
+    folder = tmp_path / "hvd_magics-rank-c"
+    (folder / "torchinductor_me" / "fxgraph").mkdir(parents=True)
+    clean_rank_tmpdir(str(folder))
+    assert not folder.exists()
+
+
+def test_the_rank_keeps_the_shared_inductor_cache(tmp_path, monkeypatch):
+    import getpass
+    import tempfile
+
+    from hvd_magics.rank.rank_main import use_tmpdir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    use_tmpdir(str(tmp_path / "private"))
+    assert tempfile.gettempdir() == os.environ["TMPDIR"] == str(tmp_path / "private")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / f"torchinductor_{getpass.getuser()}")
+
+
 def test_no_folder_or_a_missing_one_is_fine(tmp_path):
     clean_rank_tmpdir(None)
     clean_rank_tmpdir(str(tmp_path / "gone"))
