@@ -120,6 +120,8 @@ ENV_RENDEZVOUS_PORT = "HOROVOD_GLOO_RENDEZVOUS_PORT"
 #: Comma-separated modules a rank imports while it waits for its job (the leading imports of the
 #: cell or function), so that importing overlaps the rest of the launch.
 ENV_PREIMPORT = "HVD_MAGICS_PREIMPORT"
+#: The private temporary folder the supervisor made for a rank (its keeper tidies it).
+ENV_RANK_TMPDIR = "HVD_MAGICS_RANK_TMPDIR"
 #: Horovod's own: set for the ranks of an elastic job (``hvd.elastic`` reads it).
 ENV_HOROVOD_ELASTIC = "HOROVOD_ELASTIC"
 #: The module a rank process runs (``python -m``).

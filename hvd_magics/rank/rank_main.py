@@ -10,32 +10,25 @@ of its own, waits for it, then kills that group, so whatever the user's code sta
 rank. When the supervisor dies (the kernel was killed, the executor was lost) the keeper gets
 ``SIGTERM`` and kills the group too. It exits as the rank did.
 
-The rank's temporary folder (``TMPDIR``) is a private one the keeper makes: the rank ends with
-``os._exit`` (frameworks' exit hooks can block), so files that frameworks delete only at exit --
-TensorFlow's ``__autograph_generated_file*.py``, about fifteen per Keras rank -- would pile up in
-the executor's ``/tmp`` job after job. The keeper removes those and, when nothing else is left,
-the folder; what the user's code left there stays.
+The rank's temporary folder is a private one (:mod:`hvd_magics.rank.rank_tmpdir`) that the keeper
+tidies when the rank ends.
 """
 from __future__ import annotations
 
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 import traceback
 
-from hvd_magics.protocol import ENV_PREIMPORT, ERROR, RESULT, STARTED
+from hvd_magics.protocol import ENV_PREIMPORT, ENV_RANK_TMPDIR, ERROR, RESULT, STARTED
 from hvd_magics.rank import rank_events
 from hvd_magics.rank.process_group import die_with_parent, killpg
+from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, use_tmpdir
 
 #: Exit code of a rank whose keeper went away (the job was stopped).
 ORPHANED_EXIT = 113
-#: Prefix of the private temporary folder of each rank process.
-RANK_TMP_PREFIX = "hvd_magics-rank-"
-#: Files frameworks leave in the temporary folder and delete only in exit hooks the rank skips.
-EXIT_HOOK_LEFTOVERS = ("__autograph_generated_file",)
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -171,60 +164,6 @@ def _exit_like(status: int) -> None:
     os._exit(os.waitstatus_to_exitcode(status) if not os.WIFSIGNALED(status) else 1)
 
 
-def make_rank_tmpdir() -> str | None:
-    """A private temporary folder for the rank (``None`` when none can be made: the rank then
-    uses the usual one)."""
-    try:
-        return tempfile.mkdtemp(prefix=RANK_TMP_PREFIX)
-    except OSError:
-        return None
-
-
-def use_tmpdir(folder: str) -> None:
-    """Make ``folder`` this process's (and its children's) temporary folder.
-
-    Caches that frameworks keep in the temporary folder stay shared between jobs: PyTorch's
-    inductor cache keeps its usual place unless ``TORCHINDUCTOR_CACHE_DIR`` is set.
-    """
-    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        try:
-            import getpass
-            import re
-
-            user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(),
-                                                                 f"torchinductor_{user}")
-        except (KeyError, OSError):  # no user name: torch finds none either
-            pass
-    os.environ["TMPDIR"] = folder
-    tempfile.tempdir = folder
-
-
-def clean_rank_tmpdir(folder: str | None) -> None:
-    """Remove the frameworks' exit-hook leftovers and empty folders from ``folder`` (``folder``
-    too when it is left empty); files the user's code left stay, with the folders holding them."""
-    if not folder:
-        return
-    for place, subfolders, names in os.walk(folder, topdown=False):
-        for name in names:
-            if name.startswith(EXIT_HOOK_LEFTOVERS):
-                try:
-                    os.remove(os.path.join(place, name))
-                except OSError:
-                    pass
-        for name in subfolders:
-            path = os.path.join(place, name)
-            if not os.path.islink(path):
-                try:
-                    os.rmdir(path)  # only when empty
-                except OSError:
-                    pass
-    try:
-        os.rmdir(folder)
-    except OSError:
-        pass
-
-
 def keep(child: int, tmpdir: str | None = None) -> None:
     """The keeper: wait for the rank ``child``, kill its process group, tidy the rank's
     temporary folder ``tmpdir``, exit as the rank did."""
@@ -246,7 +185,7 @@ def keep(child: int, tmpdir: str | None = None) -> None:
 def main() -> None:
     """Fork the rank into its own process group and keep it."""
     keeper = os.getpid()
-    tmpdir = make_rank_tmpdir()
+    tmpdir = os.environ.get(ENV_RANK_TMPDIR)
     child = os.fork()
     if child == 0:
         if tmpdir:

@@ -21,8 +21,9 @@ import uuid
 from typing import Any, Callable
 
 from hvd_magics.rank.process_group import die_with_parent, killpg
+from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, make_rank_tmpdir
 from hvd_magics.protocol import (ENV_EVENT_FD, ENV_HOROVOD_TIMELINE, ENV_LEGACY_KERAS,
-                                 ENV_WANT_TIMELINE, EXIT, OUTPUT, OUTPUT_PARTIAL, RANK_MODULE,
+                                 ENV_RANK_TMPDIR, ENV_WANT_TIMELINE, EXIT, OUTPUT, OUTPUT_PARTIAL, RANK_MODULE,
                                  STARTED, TIMELINE_CHUNK, TIMELINE_LOCAL)
 
 #: ``sink(kind, **payload)`` receives every event of the rank, from several threads.
@@ -42,6 +43,8 @@ PARTIAL_MAX_BYTES = 4096
 OUTPUT_DRAIN_S = 5.0
 #: After the rank exited, how long its events may still be read (a large result takes a while).
 EVENTS_DRAIN_S = 600.0
+#: Seconds :meth:`RankProcess.kill` waits for the keeper to go before tidying its folder.
+KILL_WAIT_S = 5.0
 
 
 def encode_job(payload: bytes, late_env: dict[str, str]) -> bytes:
@@ -104,6 +107,10 @@ class RankProcess:
         read_fd, write_fd = os.pipe()
         env = dict(env)
         env[ENV_EVENT_FD] = str(write_fd)
+        #: The rank's private temporary folder, tidied when it ends (also when it is killed).
+        self._tmpdir = make_rank_tmpdir()
+        if self._tmpdir:
+            env[ENV_RANK_TMPDIR] = self._tmpdir
         self._proc = subprocess.Popen(
             [sys.executable, "-u", "-m", RANK_MODULE],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -202,6 +209,7 @@ class RankProcess:
         """
         code = self._proc.wait()
         self._kill_rank_group()  # what the rank started dies with it
+        clean_rank_tmpdir(self._tmpdir)
         output, events = self._pumps[:2]
         events.join(EVENTS_DRAIN_S)
         output.join(OUTPUT_DRAIN_S)
@@ -230,4 +238,9 @@ class RankProcess:
         """Kill the rank, every process it started (its process group) and its keeper."""
         self._kill_rank_group()
         killpg(self._proc.pid)
+        try:
+            self._proc.wait(timeout=KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            return  # wait() tidies up once it ends
+        clean_rank_tmpdir(self._tmpdir)
 

@@ -108,8 +108,11 @@ def test_frameworks_leave_nothing_in_the_temporary_folder_but_the_users_files_st
     finally:
         Path(kept).unlink()
         os.rmdir(folders[0])
-    # PyTorch makes its (empty) inductor cache folder at import: not one per rank either
+    # PyTorch makes its (empty) inductor cache folder at import: not one per rank either; and a
+    # failed job, whose other rank (and its keeper) is killed, leaves nothing behind either
     HorovodRunner(np=-2).run(jobs.torch_allreduce)
+    with pytest.raises(HorovodJobError):
+        HorovodRunner(np=-2).run(jobs.fail_on_rank)
     new = set(os.listdir(shared)) - before
     assert not [n for n in new if n.startswith(("hvd_magics-rank-", "__autograph"))], new
 
