@@ -30,11 +30,11 @@ def ratio_text(name: str, a: Sequence[float], b: Sequence[float]) -> str:
     return f"{name}={med:.3f} {name}_min={low:.3f} {name}_max={high:.3f}"
 
 
-def local_session(app: str, driver_memory: str | None = None):
-    """The benchmarks' SparkSession: ``local[2]``, quiet, on loopback."""
+def local_session(app: str, driver_memory: str | None = None, master: str = "local[2]"):
+    """The benchmarks' SparkSession: ``local[2]`` (or ``master``), quiet, on loopback."""
     from pyspark.sql import SparkSession
 
-    builder = (SparkSession.builder.master("local[2]").appName(app)
+    builder = (SparkSession.builder.master(master).appName(app)
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.driver.host", "127.0.0.1"))
     if driver_memory:

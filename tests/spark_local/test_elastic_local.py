@@ -53,6 +53,22 @@ def test_an_elastic_job_goes_on_when_a_rank_process_dies(local_spark, tmp_path):
     assert rank_processes_alive(record.pids.values()) == []
 
 
+def test_an_elastic_job_that_loses_a_rank_brings_rank_0s_timeline_back(local_spark, tmp_path):
+    import json
+
+    from hvd_magics.job.timeline import summarize
+
+    marks, trace = tmp_path / "marks", tmp_path / "trace.json"
+    marks.mkdir()
+    (marks / "hold").touch()
+    kill_rank_of_task(marks, 1, then_release="size1")
+    HorovodRunner(np="1:2", timeline=trace).run(jobs.elastic_torch, steps=40, marks=str(marks))
+    assert last_run().timeline_path == str(trace) and len(last_run().resets) == 1
+    names = {e.get("name") for e in json.loads(trace.read_text())}
+    assert "ALLREDUCE" in names, sorted(n for n in names if n)[:20]
+    assert summarize(trace).activity_us["ALLREDUCE"] > 0
+
+
 def test_below_the_minimum_for_longer_than_the_elastic_timeout_ends_the_job(local_spark,
                                                                            tmp_path):
     (tmp_path / "hold").touch()
