@@ -4,7 +4,9 @@ Horovod's coordinator (rank 0) writes a Chrome-trace JSON array, one object afte
 lines, rewriting the closing ``]`` after each event. A run that was killed leaves a file cut
 anywhere (or holding only ``[``). :func:`repair` cuts after the last complete object and closes the
 array; :func:`iter_events` decodes objects from fixed-size chunks, so a trace of hundreds of MB is
-summarised in constant memory.
+summarised in constant memory. An elastic job's rank 0 starts its trace again after a reset,
+appending a second array (``...][...``) whose times and tensor ids start from zero again;
+:func:`repair` joins them into one array on one clock, with distinct ids.
 """
 from __future__ import annotations
 
@@ -71,11 +73,53 @@ def iter_events(path: str | os.PathLike) -> Iterator[tuple[dict, int]]:
             buffer += decoder.decode(chunk, final=eof)
 
 
+def _segment_start(event: dict) -> int | None:
+    """The wall-clock start (µs) that Horovod writes as the first event of each trace it starts."""
+    if event.get("ph") == "M" and event.get("name") == "process_name":
+        start = (event.get("args") or {}).get("start_time_since_epoch_in_micros")
+        if isinstance(start, (int, float)):
+            return int(start)
+    return None
+
+
+def _join_segments(path: str | os.PathLike) -> None:
+    """Rewrite a trace of several arrays as one: each later array's times shifted by how much
+    later it started, and its tensor ids (``pid``) moved past the ids already used."""
+    tmp = f"{path}.joining"
+    first_start = None
+    ts_shift = pid_shift = 0
+    max_pid = -1
+    with open(tmp, "w", encoding="utf-8") as out:
+        out.write("[\n")
+        written = False
+        for event, _ in iter_events(path):
+            start = _segment_start(event)
+            if start is not None and event.get("pid") == 0:
+                if first_start is None:
+                    first_start = start
+                else:
+                    ts_shift, pid_shift = start - first_start, max_pid + 1
+            if isinstance(event.get("pid"), int):
+                event["pid"] += pid_shift
+                max_pid = max(max_pid, event["pid"])
+            if isinstance(event.get("ts"), (int, float)):
+                event["ts"] += ts_shift
+            out.write((",\n" if written else "") + json.dumps(event, separators=(", ", ": ")))
+            written = True
+        out.write("\n]")
+    os.replace(tmp, path)
+
+
 def repair(path: str | os.PathLike) -> bool:
-    """Make ``path`` a valid JSON array, cutting a partial last object; ``True`` if it changed."""
-    last_end = 0
-    for _, end in iter_events(path):
+    """Make ``path`` one valid JSON array, cutting a partial last object and joining the arrays
+    of an elastic job's restarts; ``True`` if it changed."""
+    last_end = segments = 0
+    for event, end in iter_events(path):
         last_end = end
+        segments += _segment_start(event) is not None and event.get("pid") == 0
+    if segments > 1:
+        _join_segments(path)
+        return True
     with open(path, "r+b") as fh:
         fh.seek(last_end)
         rest = fh.read().strip()

@@ -10,8 +10,8 @@ of its own, waits for it, then kills that group, so whatever the user's code sta
 rank. When the supervisor dies (the kernel was killed, the executor was lost) the keeper gets
 ``SIGTERM`` and kills the group too. It exits as the rank did.
 
-The rank's temporary folder is a private one (:mod:`hvd_magics.rank.rank_tmpdir`) that the keeper
-tidies when the rank ends.
+The rank's temporary folder is a private one (:mod:`hvd_magics.rank.rank_tmpdir`): the supervisor
+tidies it when the rank ends, the keeper when the supervisor is gone.
 """
 from __future__ import annotations
 
@@ -165,8 +165,8 @@ def _exit_like(status: int) -> None:
 
 
 def keep(child: int, tmpdir: str | None = None) -> None:
-    """The keeper: wait for the rank ``child``, kill its process group, tidy the rank's
-    temporary folder ``tmpdir``, exit as the rank did."""
+    """The keeper: wait for the rank ``child``, kill its process group, exit as it did; stopped
+    (its supervisor is gone), it also tidies the rank's temporary folder ``tmpdir``."""
     def stop(_sig: int, _frame: object) -> None:
         killpg(child)
         clean_rank_tmpdir(tmpdir)
@@ -178,7 +178,6 @@ def keep(child: int, tmpdir: str | None = None) -> None:
         stop(signal.SIGTERM, None)
     _, status = os.waitpid(child, 0)
     killpg(child)
-    clean_rank_tmpdir(tmpdir)
     _exit_like(status)
 
 

@@ -23,8 +23,8 @@ from typing import Any, Callable
 from hvd_magics.rank.process_group import die_with_parent, killpg
 from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, make_rank_tmpdir
 from hvd_magics.protocol import (ENV_EVENT_FD, ENV_HOROVOD_TIMELINE, ENV_LEGACY_KERAS,
-                                 ENV_RANK_TMPDIR, ENV_WANT_TIMELINE, EXIT, OUTPUT, OUTPUT_PARTIAL, RANK_MODULE,
-                                 STARTED, TIMELINE_CHUNK, TIMELINE_LOCAL)
+                                 ENV_RANK_TMPDIR, ENV_WANT_TIMELINE, EXIT, OUTPUT, OUTPUT_PARTIAL,
+                                 RANK_MODULE, STARTED, TIMELINE_CHUNK, TIMELINE_LOCAL)
 
 #: ``sink(kind, **payload)`` receives every event of the rank, from several threads.
 EventSink = Callable[..., None]

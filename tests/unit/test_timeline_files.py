@@ -49,3 +49,27 @@ def test_repair_keeps_a_valid_trace_and_fixes_cut_ones(tmp_path):
     (tmp_path / "only.json").write_text("[")
     assert repair(tmp_path / "only.json") is True
     assert json.loads((tmp_path / "only.json").read_text()) == []
+
+
+def _segment(start_us: int, tensor: str, ts: int) -> str:
+    return ('[\n{"name": "process_name", "ph": "M", "pid": 0, "args": '
+            f'{{"start_time_since_epoch_in_micros":{start_us}}}}},\n'
+            f'{{"name": "process_name", "ph": "M", "pid": 1, "args": {{"name": "{tensor}"}}}},\n'
+            f'{{"ph": "B", "name": "ALLREDUCE", "ts": {ts}, "pid": 1}},'
+            f'{{"ph": "E", "ts": {ts + 10}, "pid": 1}}]')
+
+
+def test_an_elastic_jobs_restarted_trace_becomes_one_array_on_one_clock(tmp_path):
+    """Rank 0 of an elastic job starts its trace again at a reset: '...][...' in one file."""
+    path = tmp_path / "elastic.json"
+    path.write_text(_segment(1_000_000, "allreduce.weight", 5)
+                    + _segment(3_000_000, "allreduce.weight", 7)[:-1])  # cut: the job went on
+    assert repair(path) is True
+    events = json.loads(path.read_text())
+    begins = [e for e in events if e.get("ph") == "B"]
+    assert [(e["ts"], e["pid"]) for e in begins] == [(5, 1), (2_000_007, 3)]
+    names = {e["pid"]: e["args"].get("name") for e in events if e.get("name") == "process_name"}
+    assert names == {0: None, 1: "allreduce.weight", 2: None, 3: "allreduce.weight"}
+    assert repair(path) is False  # now whole
+    summary = summarize(path)
+    assert summary.activity_count["ALLREDUCE"] == 2 and summary.tensor_us["allreduce.weight"] == 20
