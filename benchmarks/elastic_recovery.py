@@ -1,14 +1,16 @@
 """Elastic jobs side by side: a 2-rank elastic PyTorch job that loses a rank, ours and the peer's.
 
-On one warm ``local[2,4]`` SparkSession (a failed task is retried up to 4 times, as on a
-cluster: on plain ``local[2]`` Spark never retries, and ``run_elastic``, which fails the task
-of a lost rank so that Spark restarts it, fails the whole job), interleaved, ``--runs`` times each (medians):
+On one warm ``local[2,4]`` SparkSession, interleaved, ``--runs`` times each (medians):
   ours           hvd_magics.HorovodRunner(np=(1, 2)).run(job)
   run_elastic    horovod.spark.run_elastic(job, num_proc=2, min_num_proc=1, max_num_proc=2)
+``local[2,4]`` retries a failed task up to 4 times, as a cluster does: ``run_elastic`` fails the
+Spark task of a lost rank so that Spark restarts it, and on plain ``local[2]`` (no retries) that
+fails its whole job.
 Two cases: ``clean`` (nothing fails: the launch and end of an elastic job) and ``lost`` (rank 1
-kills its own process with SIGKILL at step 22; commits every 5 steps, so 2 steps are redone;
-ours goes on with 1 rank, run_elastic's Spark task is retried and may join again). Per run: the wall time, and for ``lost`` the recovery, from the
-kill to the survivor's first step after the reset (both on the wall clock of this machine).
+kills its own process with SIGKILL at step 22; commits every 5 steps, so 2 steps are redone; ours
+goes on with 1 rank, run_elastic's Spark task is retried and may join again). Per run: the wall
+time, and for ``lost`` the recovery, from the kill to the survivor's first step after the reset
+(both on this machine's wall clock).
 
 Usage: .venv/bin/python benchmarks/elastic_recovery.py [--runs 3]
 Last line: elastic_recovery ours_lost=<s> run_elastic_lost=<s> ours_recovery=<s>
@@ -113,7 +115,8 @@ def main() -> None:
             assert steps == STEPS, (name, steps)
             if not kill:
                 return wall, None
-            return wall, _read(os.path.join(marks, "resumed")) - _read(os.path.join(marks, "killed"))
+            resumed, killed = (_read(os.path.join(marks, n)) for n in ("resumed", "killed"))
+            return wall, resumed - killed
 
     for name in candidates:  # warm-up: imports, JVM classes, Python workers
         once(name, False)
@@ -134,8 +137,8 @@ def main() -> None:
     print(f"\nmedians over {args.runs} runs: {STEPS} steps, rank 1 lost at step {KILL_AT}, "
           f"{KILL_AT % COMMIT_EVERY} steps redone (commits every {COMMIT_EVERY})")
     for name in candidates:
-        print(f"  {name:<12} clean {med[(name, 'clean')]:6.2f} s   lost {med[(name, 'lost')]:6.2f} s"
-              f"   recovery {rec[name]:5.2f} s")
+        print(f"  {name:<12} clean {med[(name, 'clean')]:6.2f} s   "
+              f"lost {med[(name, 'lost')]:6.2f} s   recovery {rec[name]:5.2f} s")
     print(f"elastic_recovery ours_lost={med[('ours', 'lost')]:.2f} "
           f"run_elastic_lost={med[('run_elastic', 'lost')]:.2f} "
           f"ours_recovery={rec['ours']:.2f} run_elastic_recovery={rec['run_elastic']:.2f} "

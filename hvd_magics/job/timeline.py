@@ -74,8 +74,9 @@ def iter_events(path: str | os.PathLike) -> Iterator[tuple[dict, int]]:
 
 
 def _segment_start(event: dict) -> int | None:
-    """The wall-clock start (µs) that Horovod writes as the first event of each trace it starts."""
-    if event.get("ph") == "M" and event.get("name") == "process_name":
+    """The wall-clock start (µs) that Horovod writes as the first event (process 0's name) of
+    each trace it starts; ``None`` for any other event."""
+    if event.get("ph") == "M" and event.get("name") == "process_name" and event.get("pid") == 0:
         start = (event.get("args") or {}).get("start_time_since_epoch_in_micros")
         if isinstance(start, (int, float)):
             return int(start)
@@ -94,7 +95,7 @@ def _join_segments(path: str | os.PathLike) -> None:
         written = False
         for event, _ in iter_events(path):
             start = _segment_start(event)
-            if start is not None and event.get("pid") == 0:
+            if start is not None:
                 if first_start is None:
                     first_start = start
                 else:
@@ -116,7 +117,7 @@ def repair(path: str | os.PathLike) -> bool:
     last_end = segments = 0
     for event, end in iter_events(path):
         last_end = end
-        segments += _segment_start(event) is not None and event.get("pid") == 0
+        segments += _segment_start(event) is not None
     if segments > 1:
         _join_segments(path)
         return True

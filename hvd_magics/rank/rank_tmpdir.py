@@ -4,8 +4,8 @@ A rank ends with ``os._exit`` (frameworks' exit hooks can block when a peer is g
 that frameworks delete only at exit -- TensorFlow's ``__autograph_generated_file*.py``, about
 fifteen per Keras rank -- piled up in the executor's ``/tmp`` job after job. The supervisor makes
 each rank a private ``TMPDIR``; when the rank ends or is killed, the supervisor (or, when the
-supervisor itself is gone, the rank's keeper) removes those leftovers and the empty folders, the private folder too when nothing else is left.
-Files the user's code left there stay.
+supervisor itself is gone, the rank's keeper) removes those leftovers and the empty folders, the
+private folder too when nothing else is left. Files the user's code left there stay.
 """
 from __future__ import annotations
 

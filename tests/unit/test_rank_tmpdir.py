@@ -46,7 +46,8 @@ def test_the_rank_keeps_the_shared_inductor_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     use_tmpdir(str(tmp_path / "private"))
     assert tempfile.gettempdir() == os.environ["TMPDIR"] == str(tmp_path / "private")
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / f"torchinductor_{getpass.getuser()}")
+    shared_cache = tmp_path / f"torchinductor_{getpass.getuser()}"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(shared_cache)
 
 
 def test_no_folder_or_a_missing_one_is_fine(tmp_path):
