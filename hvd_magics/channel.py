@@ -10,7 +10,9 @@ Wire format, per connection:
 3. Only after the hello verified does the server accept frames up to ``MAX_FRAME_BYTES`` (a
    rank's result travels as one frame). A peer without the secret therefore costs the driver one
    small buffer and a few seconds of one thread, never memory in proportion to what it sends; at
-   most ``MAX_PENDING_HANDSHAKES`` such peers are served at once.
+   most ``MAX_PENDING_HANDSHAKES`` such peers are served at once, and a new connection when that
+   many wait closes the one that has waited longest (so idle peers cannot keep the ranks out: a
+   rank sends its hello as soon as it has the nonce, and a client turned away tries again).
 4. The client's last frame is ``bye``. When a connection ends, the server queues a
    ``channel_closed`` event for its rank with ``clean`` telling whether ``bye`` came first: a rank
    whose supervisor vanished (its executor was lost) is told apart from one that finished.
@@ -43,9 +45,9 @@ NONCE_BYTES = 32
 #: Largest first frame (the hello) accepted from a connection that has not yet authenticated.
 HELLO_MAX_BYTES = 1024
 #: Seconds a new connection has to send its hello.
-HANDSHAKE_TIMEOUT_S = 10.0
-#: Most connections that may be in their handshake at once (the rest are closed at once).
-MAX_PENDING_HANDSHAKES = 32
+HANDSHAKE_TIMEOUT_S = 5.0
+#: Most connections that may be in their handshake at once (a new one closes the oldest).
+MAX_PENDING_HANDSHAKES = 64
 #: Largest frame from an authenticated connection (a rank's result is one frame).
 MAX_FRAME_BYTES = 512 * 1024 * 1024
 #: Seconds a supervisor tries to reach the driver before it gives up.
@@ -148,7 +150,9 @@ class EventServer:
         self._readers: set[threading.Thread] = set()
         self._lock = threading.Lock()
         self._closed = False
-        self._pending = 0
+        #: Connections in their handshake, oldest first.
+        self._pending: list[socket.socket] = []
+        #: Connections closed for breaking the protocol or for not authenticating in time.
         self.rejected = 0
         self.address = ChannelAddress(host, self._sock.getsockname()[1], self._secret, job_id)
         self._accepter = threading.Thread(target=self._accept_loop, name="hvd-events-accept",
@@ -168,13 +172,12 @@ class EventServer:
             except OSError:
                 return
             with self._lock:
-                if self._closed or self._pending >= MAX_PENDING_HANDSHAKES:
-                    self.rejected += not self._closed
+                if self._closed:
                     conn.close()
-                    if self._closed:
-                        return
-                    continue
-                self._pending += 1
+                    return
+                if len(self._pending) >= MAX_PENDING_HANDSHAKES:
+                    _shut(self._pending.pop(0))  # its reader counts it as rejected
+                self._pending.append(conn)
                 self._conns.add(conn)
                 reader = threading.Thread(target=self._read_loop, args=(conn,),
                                           name="hvd-events-read", daemon=True)
@@ -202,7 +205,8 @@ class EventServer:
                 nonce, rank = self._handshake(conn)
             finally:
                 with self._lock:
-                    self._pending -= 1
+                    if conn in self._pending:
+                        self._pending.remove(conn)
             with self._lock:
                 self._by_rank[rank] = [conn, nonce, 0]
             seq = 1
@@ -216,10 +220,10 @@ class EventServer:
                     continue
                 event["recv"] = time.monotonic()
                 self.events.put(event)
-        except (_Rejected, ValueError, KeyError, TypeError):
+        except (_Rejected, ValueError, KeyError, TypeError, TimeoutError):
             self.rejected += 1
         except OSError:
-            pass
+            self.rejected += rank is None and not self._closed
         finally:
             conn.close()
             if rank is not None:  # a connection the driver closed itself was not lost
@@ -267,10 +271,7 @@ class EventServer:
             self._closed = True
             conns = list(self._conns)
         for conn in conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            _shut(conn)
         try:
             self._sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
         except OSError:
@@ -278,6 +279,35 @@ class EventServer:
         self._sock.close()
         if self._accepter is not threading.current_thread():
             self._accepter.join(timeout=5)
+
+
+def _shut(conn: socket.socket) -> None:
+    """End a connection from another thread (its reader wakes up and closes it)."""
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _open(address: ChannelAddress) -> tuple[socket.socket, bytes]:
+    """Connect and read the nonce; try again while the server turns the connection away (it
+    closes the connection that waited longest when many wait), up to ``CONNECT_TIMEOUT_S``."""
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    pause = 0.01
+    while True:
+        sock = socket.create_connection((address.host, address.port), timeout=CONNECT_TIMEOUT_S)
+        try:
+            nonce = _read_exact(sock, NONCE_BYTES)
+        except (OSError, _Rejected):
+            nonce = None
+        if nonce is not None:
+            return sock, nonce
+        sock.close()
+        if time.monotonic() + pause > deadline:
+            raise ConnectionError(f"the driver at {address.host}:{address.port} closed the "
+                                  "event channel before the handshake")
+        time.sleep(pause)  # a back-off between attempts, not a wait for a condition
+        pause = min(pause * 2, 0.5)
 
 
 class EventClient:
@@ -302,12 +332,7 @@ class EventClient:
                  on_order: Callable[[dict[str, Any]], None] | None = None) -> None:
         self._address = address
         self._rank = rank
-        self._sock = socket.create_connection((address.host, address.port),
-                                              timeout=CONNECT_TIMEOUT_S)
-        nonce = _read_exact(self._sock, NONCE_BYTES)
-        if nonce is None:
-            raise ConnectionError(f"the driver at {address.host}:{address.port} closed the "
-                                  "event channel before the handshake")
+        self._sock, nonce = _open(address)
         self._sock.settimeout(None)
         self._nonce = nonce
         self._seq = 0

@@ -587,3 +587,87 @@ def elastic_keras(epochs: int = 6, marks: str = ""):
 
     return hvd_tf.allgather_object({"rank": hvd.rank(), "epoch": state.epoch,
                                     "weights": weights})
+
+
+def uneven_sums(framework: str = "torch", user_join: bool = False, exit_early: bool = False):
+    """Rank 1 runs 2 steps, rank 0 runs 4, each an allreduce Sum of 1.0 (the issue's cell).
+
+    ``user_join``: rank 1 calls ``hvd.join()`` itself when it runs out (Horovod's meaning:
+    it adds zeros), and so does rank 0 at its end. ``exit_early``: rank 1 calls ``sys.exit(0)``
+    right after ``hvd.init()``.
+    """
+    import sys
+
+    if framework == "torch":
+        import horovod.torch as hvd
+        import torch
+
+        def total():
+            return float(hvd.allreduce(torch.ones(1), op=hvd.Sum).item())
+    else:
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+
+        def total():
+            return float(hvd.allreduce(tf.ones(1), op=hvd.Sum).numpy()[0])
+    hvd.init()
+    if exit_early and hvd.rank() == 1:
+        sys.exit(0)
+    steps = 2 if hvd.rank() == 1 else 4
+    sums = [total() for _ in range(steps)]
+    if user_join:
+        hvd.join()
+    return sums
+
+
+def rank_zero_works_alone_after_training(work_s: float = 8.0):
+    """Both ranks train; then rank 0 alone works a while with no collective (legitimate)."""
+    import time
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    total = float(hvd.allreduce(torch.ones(1), op=hvd.Sum).item())
+    if hvd.rank() == 0:
+        time.sleep(work_s)
+        return total, hvd.rank(), hvd.size()
+    return total
+
+
+def undecorated_elastic_loop(steps: int = 200):
+    """An elastic job's loop written without ``@hvd.elastic.run``: rank 1 dies at step 5."""
+    import os
+    import signal
+    import time
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    for step in range(steps):
+        if hvd.rank() == 1 and step == 5:
+            os.kill(os.getpid(), signal.SIGKILL)
+        hvd.allreduce(torch.ones(1))
+        time.sleep(0.05)
+    return steps
+
+
+def rank_metrics_held(marks: str, epochs: int = 3):
+    """As :func:`rank_metrics`, but after epoch 1 it writes ``marks/epoch1`` and waits for
+    ``marks/go`` (the test stops the tracking server meanwhile)."""
+    import os
+    import time
+
+    from hvd_magics.rank import progress
+
+    rank = int(os.environ["HOROVOD_RANK"])
+    for epoch in range(1, epochs + 1):
+        progress.start_epoch(epoch, epochs, steps=4, batch_size=8)
+        progress.report(4, loss=10.0 * rank + epoch)
+        progress.end_epoch(samples=32, score=rank + epoch)
+        if epoch == 1:
+            open(os.path.join(marks, "epoch1"), "w").close()
+            while not os.path.exists(os.path.join(marks, "go")):
+                time.sleep(0.05)
+    return "ok"

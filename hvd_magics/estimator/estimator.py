@@ -11,8 +11,8 @@ from pyspark.ml import Estimator
 from pyspark.ml.util import MLReadable, MLWritable
 
 from hvd_magics.errors import EstimatorInputError
-from hvd_magics.estimator.input_checks import (check_boolean, check_no_nulls, check_params,
-                                               column_kinds)
+from hvd_magics.estimator.input_checks import (check_boolean, check_model_dir, check_no_nulls,
+                                               check_params, column_kinds)
 from hvd_magics.estimator.model import HorovodModel
 from hvd_magics.estimator.params import OBJECT_PARAMS, EstimatorParams, add_accessors
 from hvd_magics.estimator.persistence import BlobReader, BlobWriter
@@ -124,6 +124,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
         if validation:
             check_boolean(dataset, validation)
         model_dir = get(self.modelDir) or _fresh_model_dir()
+        check_model_dir(model_dir)
         spec = self._spec(columns, names, model_dir)
         check_no_nulls(dataset, columns + [label], role)
         frames = self._split(dataset, columns + [label])

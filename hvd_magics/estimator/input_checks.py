@@ -88,3 +88,32 @@ def check_params(batch_size: int, epochs: int, max_steps: int | None, fraction: 
         raise EstimatorInputError("set validationFraction or isValidationCol, not both")
     if np is not None and np < 1:
         raise EstimatorInputError(f"np must be at least 1 (ranks as Spark tasks), got {np}")
+
+
+def check_model_dir(path: str) -> None:
+    """Refuse a ``modelDir`` that is a file or that cannot be written, before any rank starts.
+
+    The folder is made here when it is missing (the ranks write their checkpoints and the
+    model into it), and a probe file is written and removed.
+
+    Raises
+    ------
+    EstimatorInputError
+        Naming the path, what is wrong with it and the fix.
+    """
+    import os
+    import tempfile
+
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise EstimatorInputError(
+            f"modelDir {path!r} is an existing file, not a folder. Fix: set modelDir to a "
+            "folder (the fit writes its checkpoints and the model there), or remove the file.")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".hvd_magics-probe-"):
+            pass
+    except OSError as exc:
+        raise EstimatorInputError(
+            f"modelDir {path!r} cannot be written ({type(exc).__name__}: {exc.strerror or exc})."
+            " Fix: set modelDir to a folder this user can write (on a cluster, shared storage "
+            "that every executor reaches, such as /dbfs/...).") from None

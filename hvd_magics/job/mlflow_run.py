@@ -6,7 +6,11 @@ the epoch table, the cell's (or function's) source and the Horovod Timeline as a
 the end as the run's status (``FINISHED``, ``FAILED`` with the error as a tag, ``KILLED``).
 
 Every MLflow call runs in one background thread, so a slow or absent tracking server never slows
-or stops the job: the first failure gives one warning and tracking stops for that job.
+or stops the job. A tracking server that stops answering after the run was created (checked
+before every call, so MLflow's own retries do not hold the job) gives one warning; what was
+still to write (metrics, artifacts, the run's end) is kept and written when the server answers
+again: retried in the background every ``RETRY_S`` and first thing at the next tracked job, so
+the run does not stay ``RUNNING``. The run record's summary says so.
 """
 from __future__ import annotations
 
@@ -34,6 +38,10 @@ INSTALL_HINT = ("MLflow tracking needs the mlflow package in the notebook's Pyth
 FINISH_WAIT_S = 20.0
 #: How long a tracking server has to answer its health check.
 HEALTH_TIMEOUT_S = 3.0
+#: How often the writes a job left pending are tried again while the server does not answer...
+RETRY_S = 10.0
+#: ...and for how long after the job.
+RETRY_FOR_S = 24 * 3600.0
 #: Packages whose versions (on the driver) are logged as params.
 VERSIONED = ("horovod", "tensorflow", "tensorflow-cpu", "tf-keras", "keras", "torch", "pyspark")
 #: MLflow's own switch for the run links it prints when a run ends.
@@ -106,6 +114,78 @@ def ui_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
     return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
+def check_health(tracking_uri: str) -> None:
+    """Raise at once (``OSError``) when a tracking server does not answer its health check
+    (MLflow's own calls would retry for minutes); other stores are not checked."""
+    if tracking_uri.startswith(("http://", "https://")):
+        health = f"{tracking_uri.rstrip('/')}/health"
+        with urllib.request.urlopen(health, timeout=HEALTH_TIMEOUT_S):  # noqa: S310
+            pass
+
+
+class PendingWrites:
+    """The MLflow writes of finished jobs that their tracking server did not take, written
+    when it answers again (from a background thread, and at the next tracked job)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: list[tuple[str, str, list[Callable[[], None]], Any]] = []
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._flushing = threading.Lock()  # one writer at a time: no write twice
+
+    def add(self, tracking_uri: str, run_id: str, tasks: list[Callable[[], None]],
+            record: Any) -> None:
+        """Keep ``tasks`` (in order) for ``run_id``; ``record.mlflow`` is updated when done."""
+        with self._lock:
+            self._runs.append((tracking_uri, run_id, list(tasks), record))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._retry, name="hvd-mlflow-retry",
+                                                daemon=True)
+                self._thread.start()
+
+    def pending(self, run_id: str) -> int:
+        """How many writes of ``run_id`` wait."""
+        with self._lock:
+            return sum(len(tasks) for _, rid, tasks, _ in self._runs if rid == run_id)
+
+    def flush(self, tracking_uri: str | None = None) -> None:
+        """Write what waits (for ``tracking_uri``, or every server) if its server answers."""
+        with self._flushing:
+            self._flush(tracking_uri)
+
+    def _flush(self, tracking_uri: str | None) -> None:
+        with self._lock:
+            runs = [r for r in self._runs if tracking_uri in (None, r[0])]
+        for uri, run_id, tasks, record in runs:
+            try:
+                check_health(uri)
+                while tasks:
+                    tasks[0]()
+                    tasks.pop(0)
+            except Exception:  # noqa: BLE001,S112 - still not answering: later
+                continue
+            with self._lock:
+                self._runs = [r for r in self._runs if r[1] != run_id]
+            if record is not None and getattr(record, "mlflow", None):
+                record.mlflow = record.mlflow.split("; incomplete:")[0] + (
+                    f"; completed at {time.strftime('%H:%M:%S')}, when the server answered again")
+
+    def _retry(self) -> None:
+        deadline = time.monotonic() + RETRY_FOR_S
+        while time.monotonic() < deadline:
+            self._wake.wait(RETRY_S)
+            self._wake.clear()
+            self.flush()
+            with self._lock:
+                if not self._runs:
+                    return
+
+
+#: The one backlog of the notebook's process.
+PENDING = PendingWrites()
+
+
 class MlflowTracker:
     """Record one job in an MLflow run (a :class:`hvd_magics.job.job_state.JobView` too).
 
@@ -145,6 +225,8 @@ class MlflowTracker:
         self._batch_size: int | None = None
         self._steps: int | None = None
         self._tasks: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        #: Writes the server did not take once the run existed (kept for :data:`PENDING`).
+        self._pending: list[Callable[[], None]] = []
         self._worker = threading.Thread(target=self._work, name="hvd-mlflow", daemon=True)
         self._worker.start()
         self._tasks.put(self._start)
@@ -156,21 +238,28 @@ class MlflowTracker:
             if task is None:
                 return
             if self.failed is not None:
+                if self.run_id is not None:
+                    self._pending.append(task)
                 continue
             try:
+                if task != self._start:
+                    check_health(self.tracking_uri)
                 task()
             except Exception as exc:  # noqa: BLE001 - tracking never breaks a job
                 self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                later = (" What is left is written when it answers again."
+                         if self.run_id is not None else "")
                 warnings.warn(f"hvd_magics: MLflow tracking at {self.tracking_uri} failed "
-                              f"({self.failed}); the job goes on without it.", stacklevel=1)
+                              f"({self.failed}); the job goes on without it.{later}",
+                              stacklevel=1)
+                if self.run_id is not None:
+                    self._pending.append(task)
 
     def _start(self) -> None:
         from mlflow import MlflowClient
 
-        if self.tracking_uri.startswith(("http://", "https://")):
-            health = f"{self.tracking_uri.rstrip('/')}/health"
-            with urllib.request.urlopen(health, timeout=HEALTH_TIMEOUT_S):  # noqa: S310
-                pass  # a server that is down fails here at once, not after MLflow's retries
+        check_health(self.tracking_uri)  # a server that is down fails here at once
+        PENDING.flush(self.tracking_uri)  # what earlier jobs left, now that it answers
         client = MlflowClient(self.tracking_uri)
         if self.settings.experiment:
             found = client.get_experiment_by_name(self.settings.experiment)
@@ -252,10 +341,20 @@ class MlflowTracker:
                 if self.default_store else ""
             url = ui_url(self.tracking_uri, self.experiment_id or "0", self.run_id)
             record.mlflow = (f"run {self.run_id} in {self.tracking_uri}{store}"
-                             + (f", {url}" if url else "")
-                             + (f"; incomplete: {self.failed}" if self.failed else ""))
+                             + (f", {url}" if url else "") + self._incomplete())
+            if self._pending and not self._worker.is_alive():
+                PENDING.add(self.tracking_uri, self.run_id, self._pending, record)
         elif self.failed:
             record.mlflow = f"not recorded: {self.failed}"
+
+    def _incomplete(self) -> str:
+        if not self.failed:
+            return ""
+        if not self._pending or self._worker.is_alive():
+            return f"; incomplete: {self.failed}"
+        return (f"; incomplete: {self.failed}; {len(self._pending)} writes (metrics, artifacts, "
+                f"the run's end) are kept and written when the server answers again (tried "
+                f"every {RETRY_S:.0f} s in the background, and at the next tracked job)")
 
     def _end(self, record: Any) -> None:
         client, run_id = self._client, self.run_id

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 
 from hvd_magics.launch.driver_backend import DriverBackend
 from hvd_magics.errors import HorovodJobError, JobInterrupted, PayloadError, StartTimeoutError
-from hvd_magics.job.job_state import LOST, JobState, JobView
+from hvd_magics.job.job_state import LOST, WAITING, JobState, JobView
 from hvd_magics.job.mlflow_run import MlflowSettings, MlflowTracker, requested
 from hvd_magics.launch.dataframe_input import DataFrameSources, check_columns, common_session
 from hvd_magics.notebook.payload import JobPayload, serialize_job
@@ -42,6 +42,13 @@ RANK_EXIT_WAIT_S = 10.0
 #: After the Spark job ended, how long the ranks' event connections may take to deliver what is
 #: still on its way (a large result) before the job is judged on what arrived.
 DRAIN_WAIT_S = 120.0
+
+#: Said when ranks of an elastic job failed because they lost a peer: what survives a loss.
+ELASTIC_RUN_HINT = (
+    ". A rank that loses a peer goes on only inside a function decorated with "
+    "@hvd.elastic.run (taking a hvd.elastic State that the loop commits with state.commit()); "
+    "outside one, Horovod shuts down on every rank. Fix: put the training loop in such a "
+    "function (Horovod's elastic examples show the pattern)")
 
 #: ``decode(parts)``: what a job's record holds as its value, from rank 0's encoded parts.
 Decoder = Callable[[dict], Any]
@@ -326,6 +333,9 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
         now = _follow(job, events)
         if failed_since is None and job.any_failed:
             failed_since = now
+        if job.early_finish is not None:
+            raise HorovodJobError(job.early_finish.message(), job.failures(),
+                                  str(job.log_path))
         if failed_since is not None and now - failed_since >= FAILURE_GRACE_S:
             break
         if backend.finished and ended_at is None:
@@ -342,9 +352,11 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
             clock = None  # nothing arrives before the end: Spark's own scheduling decides
         if not job.all_started and clock is not None and now - clock > start_timeout:
             waiting = [r.rank for r in job.ranks if r.pid is None and not r.exited]
+            unheard = [r.rank for r in job.ranks if r.state == WAITING and not r.exited]
             raise StartTimeoutError(
                 f"Timed out after {start_timeout:.0f} s waiting for ranks {_ranks(waiting)} to "
                 f"start ({job.size - len(waiting)} of {job.size} started on {backend.where}). "
+                + backend.silence_note(unheard) +
                 "If the cluster needs longer to schedule the tasks, raise start_timeout "
                 "(%%horovod --start-timeout SECONDS).", log_path=str(job.log_path))
     failures = job.failures()
@@ -376,6 +388,9 @@ def _watch_elastic(job: JobState, backend: Any, events: queue.Queue) -> None:
     ended_at: float | None = None
     while True:
         now = _follow(job, events)
+        if job.early_finish is not None:
+            raise HorovodJobError(job.early_finish.message(), job.failures(),
+                                  str(job.log_path))
         if backend.finished and ended_at is None:
             ended_at = now
         if ended_at is not None and (backend.drained or now - ended_at >= DRAIN_WAIT_S):
@@ -390,6 +405,8 @@ def _watch_elastic(job: JobState, backend: Any, events: queue.Queue) -> None:
         summary = (f"every rank of the elastic job failed; the first was "
                    f"{failures[0].headline()}" if failures else
                    "the elastic job ended without a rank that finished")
+        if any(r.peer_lost for r in job.ranks if r.failed):
+            summary += ELASTIC_RUN_HINT
         raise HorovodJobError(summary[0].upper() + summary[1:], failures, str(job.log_path))
 
 
@@ -409,7 +426,7 @@ def _finish(record: RunRecord, job: JobState) -> None:
     record.startup_s, record.training_s = split["startup_s"], split["training_s"]
     if record.status == "running":
         record.status = "succeeded"
-    job.outcome = record.status
+    job.settle(record.status)
     job.end()
 
 

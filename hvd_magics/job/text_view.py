@@ -20,9 +20,12 @@ from hvd_magics.protocol import EPOCH_END, LOG, OUTPUT, OUTPUT_PARTIAL, RESIZE
 
 #: Lines are written at most this often...
 FLUSH_INTERVAL_S = 0.1
-#: ...and at most this many at a time: the first half and the last half of what came; the rest
-#: are counted (every line is in the log file).
+#: ...and at most this many at a time: the first half and the last half of what came (the last
+#: half shared by the ranks that printed, so that each rank's last lines are always shown); the
+#: rest are counted (every line is in the log file).
 MAX_LINES_PER_FLUSH = 1000
+#: Each rank's last lines shown after a flood, however many ranks printed.
+MIN_TAIL_PER_RANK = 20
 
 
 class TextView:
@@ -46,13 +49,14 @@ class TextView:
         self.epoch_lines = epoch_lines
         self._stream = stream
         self._head: list[tuple[int, str]] = []
-        self._tail: collections.deque[tuple[int, str]] = collections.deque(
-            maxlen=MAX_LINES_PER_FLUSH // 2)
-        self._dropped = 0
+        #: After the head is full: each rank's latest lines, numbered in arrival order.
+        self._tails: dict[int | None, collections.deque[tuple[int, str]]] = {}
+        self._dropped: collections.Counter[int | None] = collections.Counter()
+        self._seq = 0
         self._flushed = 0.0
         self._partials_changed = False  # a rank's unfinished line (JobState keeps it) moved
-        self._open_rank: int | None = None  # whose progress bar is on screen, unfinished
-        self._open_len = 0
+        self._open_len = 0  # the ranks' unfinished lines are on screen as the last line
+        self._erased = False  # that line was cleared for complete lines: draw it again
         self._stalled: dict[int, float] = {}
 
     def _prefix(self, job: JobState, rank: int) -> str:
@@ -83,13 +87,34 @@ class TextView:
         for line in self._lines_of(job, event):
             self._add(rank, display_line(line))
 
-    def _add(self, rank: int, line: str) -> None:
+    def _add(self, rank: int | None, line: str) -> None:
         if len(self._head) < MAX_LINES_PER_FLUSH // 2:
             self._head.append((rank, line))
             return
-        if len(self._tail) == self._tail.maxlen:
-            self._dropped += 1
-        self._tail.append((rank, line))
+        tail = self._tails.setdefault(rank, collections.deque(maxlen=MAX_LINES_PER_FLUSH // 2))
+        if len(tail) == tail.maxlen:
+            self._dropped[rank] += 1
+        self._seq += 1
+        tail.append((self._seq, line))
+
+    def _take_tails(self) -> list[tuple[int | None, str]]:
+        """The last lines of every rank that printed past the head, in arrival order: the tail's
+        room shared among them, at least :data:`MIN_TAIL_PER_RANK` each."""
+        keep = max(MIN_TAIL_PER_RANK, (MAX_LINES_PER_FLUSH // 2) // max(len(self._tails), 1))
+        lines = []
+        for rank, tail in self._tails.items():
+            self._dropped[rank] += max(len(tail) - keep, 0)
+            lines += [(seq, rank, line) for seq, line in list(tail)[-keep:]]
+        self._tails.clear()
+        return [(rank, line) for _, rank, line in sorted(lines, key=lambda item: item[0])]
+
+    def _dropped_note(self, job: JobState) -> str:
+        total = sum(self._dropped.values())
+        ranks = sorted((r for r in self._dropped if r is not None and self._dropped[r]))
+        each = ", ".join(f"{job.unit} {r}: {self._dropped[r]:,}" for r in ranks)
+        return (f"... {total:,} more lines not shown here ({each}; all are in {job.log_path})"
+                if len(ranks) > 1 else
+                f"... {total:,} more lines not shown here (all are in {job.log_path})")
 
     def on_tick(self, job: JobState) -> None:
         now = time.monotonic()
@@ -113,41 +138,52 @@ class TextView:
         out: list[str] = []
         for rank, line in self._head:
             out.append(self._complete(job, rank, line))
-        if self._dropped:
-            out.append(self._complete(job, None, f"... {self._dropped} more lines not shown here "
-                                                  f"(all are in {job.log_path})"))
-        for rank, line in self._tail:
+        tails = self._take_tails()
+        if sum(self._dropped.values()):
+            out.append(self._complete(job, None, self._dropped_note(job)))
+        for rank, line in tails:
             out.append(self._complete(job, rank, line))
-        self._head, self._dropped = [], 0
-        self._tail.clear()
+        self._head = []
+        self._dropped.clear()
         live = [r for r in job.ranks if r.partial]
-        if self._partials_changed and live:
-            rank = live[0].rank
-            text = f"{self._prefix(job, rank)} {display_line(live[0].partial, 300)}"
-            out.append("\r" + text.ljust(self._open_len))
-            self._open_rank, self._open_len = rank, len(text)
-        self._partials_changed = False
+        if (self._partials_changed or self._erased) and live:
+            out.append(self._status_line(job, live))
+        self._partials_changed = self._erased = False
         if out:
             stream = self._stream or sys.stdout
             stream.write("".join(out))
             stream.flush()
 
+    def _status_line(self, job: JobState, live: list) -> str:
+        """Every rank's unfinished line (a progress bar drawn with ``\\r``) on one line, drawn
+        over the previous one."""
+        if len(live) == 1:
+            text = f"{self._prefix(job, live[0].rank)} {display_line(live[0].partial, 300)}"
+        else:
+            width = max(40, 300 // len(live))
+            text = "  ".join(f"{self._prefix(job, r.rank)} {r.partial[:width].strip()}"
+                             for r in live)
+        line = "\r" + text.ljust(self._open_len)
+        self._open_len = len(text)
+        return line
+
     def _complete(self, job: JobState, rank: int | None, line: str) -> str:
-        """One complete line; it replaces the progress bar of its own rank, if one is open."""
+        """One complete line, drawn over the ranks' progress bars if they are on screen (they
+        are drawn again below it)."""
         text = line if rank is None else f"{self._prefix(job, rank)} {line}"
         lead = ""
-        if self._open_rank is not None:
-            lead = "\r" if rank == self._open_rank else "\n"
-            text = text.ljust(self._open_len) if rank == self._open_rank else text
-            self._open_rank, self._open_len = None, 0
+        if self._open_len:
+            lead, text = "\r", text.ljust(self._open_len)
+            self._open_len, self._erased = 0, True
         return f"{lead}{text}\n"
 
     def on_end(self, job: JobState) -> None:
         self._partials_changed = False  # a bar left unfinished is not redrawn at the end
         self._flush(job)
-        if self._open_rank is not None:
+        self._erased = False
+        if self._open_len:
             (self._stream or sys.stdout).write("\n")
-            self._open_rank = None
+            self._open_len = 0
 
 
 def resize_line(event: dict[str, Any]) -> str:

@@ -12,8 +12,8 @@ import html
 import time
 from typing import Any
 
-from hvd_magics.job.job_state import (DONE, FAILED, READY, RUNNING, SHARDING_DATA, STARTING,
-                                      WAITING, JobState, display_line)
+from hvd_magics.job.job_state import (DONE, FAILED, INTERRUPTED, READY, RUNNING, SHARDING_DATA,
+                                      STARTING, STOPPED, WAITING, JobState, display_line)
 from hvd_magics.job.noise import is_noise
 from hvd_magics.protocol import OUTPUT
 
@@ -27,10 +27,11 @@ LOG_LINES_KEPT_AFTER = 100
 
 _COLOURS = {WAITING: "#757575", READY: "#757575", SHARDING_DATA: "#1565c0", STARTING: "#1565c0",
             RUNNING: "#1565c0", DONE: "#2e7d32",
-            FAILED: "#c62828", "stalled": "#ef6c00"}
+            FAILED: "#c62828", "stalled": "#ef6c00", INTERRUPTED: "#6d4c41", STOPPED: "#6d4c41"}
 _STATE_LABELS = {WAITING: "waiting for slot", READY: "ready", SHARDING_DATA: "receiving data",
                  STARTING: "starting", RUNNING: "running",
-                 DONE: "done", FAILED: "failed"}
+                 DONE: "done", FAILED: "failed", INTERRUPTED: "interrupted",
+                 STOPPED: "stopped"}
 
 
 def widgets_available() -> bool:
@@ -117,11 +118,13 @@ class WidgetView:
     def _refresh(self, job: JobState, now: float, final: bool) -> None:
         self._last_refresh = now
         elapsed = now - job.started_at
-        failed = (job.outcome in ("failed", "interrupted") if job.outcome else
+        failed = (job.outcome in ("failed", INTERRUPTED) if job.outcome else
                   any(r.state == FAILED for r in job.ranks) and job.elastic is None)
-        overall = ("failed" if failed else "done" if final else
+        overall = (INTERRUPTED if job.outcome == INTERRUPTED else "failed" if failed else
+                   "done" if final else
                    "running" if any(r.state == RUNNING for r in job.ranks) else "starting")
-        colour = _COLOURS[FAILED] if failed else _COLOURS[DONE] if final else _COLOURS[RUNNING]
+        colour = (_COLOURS[INTERRUPTED] if overall == INTERRUPTED else _COLOURS[FAILED] if failed
+                  else _COLOURS[DONE] if final else _COLOURS[RUNNING])
         self.header.value = (f"<b>Horovod job</b>, {_size_text(job)} on "
                              f"{html.escape(job.where)}: <b style='color:{colour}'>{overall}</b>, "
                              f"{elapsed:.1f} s{_resets_html(job)}")
@@ -139,7 +142,7 @@ class WidgetView:
         label = _STATE_LABELS[state]
         if state in (WAITING, READY) and final:
             state, label = (WAITING, "not needed") if elastic else (FAILED, _STATE_LABELS[FAILED])
-        stalled = rank.stalled_for(now)
+        stalled = None if final else rank.stalled_for(now)
         if stalled is not None:
             label, state = f"stalled {stalled:.0f} s", "stalled"
         if elastic:
@@ -159,10 +162,11 @@ class WidgetView:
         if rank.state == DONE:
             row.bar.max = row.bar.max or 1
             row.bar.value = row.bar.max
-        row.bar.bar_style = {DONE: "success", FAILED: "danger"}.get(rank.state, "info")
+        row.bar.bar_style = {DONE: "success", FAILED: "danger", INTERRUPTED: "warning",
+                             STOPPED: "warning"}.get(rank.state, "info")
         row.metrics.value = "  ".join(f"{k} {v:.4g}" for k, v in list(rank.metrics.items())[:4])
         row.rate.value = f"{rank.samples_per_s:,.0f} samples/s" if rank.samples_per_s else ""
-        row.seen.value = "" if rank.exited else f"seen {silent:.0f} s ago"
+        row.seen.value = "" if rank.exited or final else f"seen {silent:.0f} s ago"
 
 
 def _size_text(job: JobState) -> str:

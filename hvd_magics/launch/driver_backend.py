@@ -80,6 +80,10 @@ class DriverBackend:
     def describe_failure(self) -> str | None:
         return str(self.error) if self.error else None
 
+    def silence_note(self, ranks: list[int]) -> str:  # noqa: ARG002 - no channel to name
+        """Ranks on the driver have no event channel to name in a start timeout."""
+        return ""
+
 
 class _QueueSink:
     """Stamp a rank's events the way the channel does and put them on the driver's queue."""

@@ -188,6 +188,7 @@ class ElasticSparkBackend(SparkBackend):
         super().__init__(spark, size.max_np, {ENV_GLOO_TIMEOUT: str(ELASTIC_GLOO_TIMEOUT_S),
                                               **env})
         self.size = size
+        self.elastic_max = size.max_np
         self.start_timeout = start_timeout
         self.elastic_timeout = elastic_timeout
         self.reset_limit = reset_limit
@@ -260,7 +261,8 @@ class ElasticSparkBackend(SparkBackend):
             if time.monotonic() >= deadline:
                 raise not_enough_slots(self.size.min_np, task_slots(self.sc)[0], total,
                                        self.sc.master, self.sc.getConf().get("spark.task.cpus",
-                                                                            "1"), True)
+                                                                            "1"), True,
+                                       self.elastic_max)
             time.sleep(POLL_S)
 
     def _stage(self, spec: TaskSpec) -> Any:

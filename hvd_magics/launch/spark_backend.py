@@ -160,13 +160,26 @@ def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool 
 
 
 def not_enough_slots(np: int, free: int, total: int, master: str, cpus: str,
-                     reads_data: bool = False) -> NotEnoughSlotsError:
+                     reads_data: bool = False, elastic_max: int | None = None
+                     ) -> NotEnoughSlotsError:
     """The error for ``np`` ranks on a cluster with ``free`` of ``total`` task slots (a job that
-    reads DataFrames cannot fall back to ranks on the driver, so that fix is not offered)."""
+    reads DataFrames cannot fall back to ranks on the driver, so that fix is not offered).
+
+    ``elastic_max``: the job is elastic, ``np:elastic_max``; ``np`` is the slots it needs to
+    start, and the fix is said in its terms.
+    """
+    where = f"(master {master}, spark.task.cpus={cpus})"
+    if elastic_max is not None:
+        fix = (f"np={total}:{elastic_max}" if 0 < total else
+               "a cluster with executors")
+        return NotEnoughSlotsError(
+            f"np={np}:{elastic_max} is an elastic job that needs at least {np} Spark task "
+            f"slots to start (it takes up to {elastic_max} as they free up), but the cluster "
+            f"has {total} {where}. Fix: lower the minimum ({fix}), or add executors or cores.")
     fallback = "" if reads_data else f", or use np=-{np} to run all ranks on the driver"
     return NotEnoughSlotsError(
         f"np={np} needs {np} free Spark task slots at once (barrier mode), but the cluster has "
-        f"{free} free of {total} (master {master}, spark.task.cpus={cpus}). Fix: use np<={free}, "
+        f"{free} free of {total} {where}. Fix: use np<={free}, "
         f"add executors or cores{fallback}.")
 
 
@@ -306,7 +319,8 @@ class SparkBackend:
             cpus = self.spark.conf.get("spark.task.cpus", "1")
             total = local_master_slots(master, int(cpus))
             if total is not None and np > total:
-                raise not_enough_slots(np, total, total, master, cpus, self.reads_data)
+                raise not_enough_slots(np, total, total, master, cpus, self.reads_data,
+                                       self.elastic_max)
 
     def _open_channel(self, job_id: str, events: queue.Queue) -> None:
         """Listen for the tasks' events on the address the executors reach."""
@@ -358,6 +372,9 @@ class SparkBackend:
         """Whether the ranks' events stream to the notebook as they happen."""
         return self.no_live_view is None
 
+    #: The maximum of an elastic job (its slot errors are said in its terms), else ``None``.
+    elastic_max: int | None = None
+
     @property
     def reads_data(self) -> bool:
         """Whether the job reads DataFrames (its tasks start after the user's Spark stages)."""
@@ -395,6 +412,19 @@ class SparkBackend:
         if self._server is not None and self.finished:
             self._server.close()
         return self.finished
+
+    def silence_note(self, ranks: list[int]) -> str:
+        """What a start timeout says of ``ranks``, whose tasks never reached the channel."""
+        if not ranks or self._server is None:
+            return ""
+        address = self._server.address
+        note = (f"Nothing reached the notebook's event channel ({address.host}:{address.port}) "
+                f"from the Spark tasks of ranks {', '.join(map(str, ranks))}: Spark did not run "
+                "them, or they cannot reach this machine")
+        if self._server.rejected:
+            note += (f"; the channel closed {self._server.rejected} connections that did not "
+                     "authenticate (another process connecting to it?)")
+        return note + ". "
 
     def describe_failure(self) -> str | None:
         """Why the Spark side failed, as the executor's Python error (never JVM frames), or

@@ -188,3 +188,39 @@ def test_gpu_indices_are_mapped_through_the_inherited_cuda_visible_devices(monke
     assert HorovodRunner(np=-2).run(jobs.cuda_visible_devices) == ["2", "3"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
     assert HorovodRunner(np=-2).run(jobs.cuda_visible_devices) == ["5", "5"]
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_a_rank_that_ends_early_fails_the_job_instead_of_giving_zeros(framework):
+    """Rank 1 ran 2 allreduce steps, rank 0 ran 4: the coordinated end (``hvd.join()``) gave
+    rank 0's steps 3 and 4 a Sum of 1.0 and the job 'succeeded'."""
+    started = time.monotonic()
+    with pytest.raises(HorovodJobError) as info:
+        HorovodRunner(np=-2).run(jobs.uneven_sums, framework=framework)
+    took = time.monotonic() - started
+    text = str(info.value)
+    assert "rank 1 finished (its function returned) while rank 0 still waited" in text, text
+    assert "hvd.join()" in text
+    assert last_run().status == "failed" and last_run().value is None
+    assert took < 45, took
+    assert not rank_processes_alive(last_run().pids.values())
+
+
+def test_a_rank_that_exits_after_init_fails_its_peers_collectives():
+    with pytest.raises(HorovodJobError) as info:
+        HorovodRunner(np=-2).run(jobs.uneven_sums, exit_early=True)
+    assert "rank 1 finished" in str(info.value) and "rank 0 still waited" in str(info.value)
+
+
+def test_hvd_join_called_by_the_user_keeps_horovods_meaning():
+    """A rank that joins contributes zeros: that is what users of hvd.join() ask for."""
+    assert HorovodRunner(np=-2).run(jobs.uneven_sums, user_join=True) == [2.0, 2.0, 1.0, 1.0]
+    assert last_run().status == "succeeded"
+
+
+def test_a_rank_may_work_alone_after_the_last_collective():
+    """Rank 1 finishing first must not shut Horovod down under rank 0 (hvd.rank() still works)."""
+    assert HorovodRunner(np=-2).run(jobs.rank_zero_works_alone_after_training,
+                                    work_s=8.0) == (2.0, 0, 2)
+    log = Path(last_run().log_path).read_text()
+    assert "uncaught exception" not in log and "Connection reset" not in log, log[-2000:]

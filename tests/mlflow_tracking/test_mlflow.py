@@ -24,29 +24,35 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    """A real MLflow tracking server on loopback; its URI."""
-    folder = tmp_path_factory.mktemp("mlflow-server")
-    port = _free_port()
+def start_server(folder, port: int) -> subprocess.Popen:
+    """A real MLflow tracking server on loopback at ``port``, keeping its runs in ``folder``;
+    returns once it answers."""
     uri = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
          "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
          "--artifacts-destination", str(folder / "artifacts"), "--workers", "1"],
-        stdout=open(folder / "server.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+        stdout=open(folder / "server.log", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
         start_new_session=True)
     deadline = time.monotonic() + 120
     while True:
         try:
             with urllib.request.urlopen(f"{uri}/health", timeout=2):
-                break
+                return server
         except OSError:
             if server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("mlflow server did not start: "
                                    + (folder / "server.log").read_text()[-2000:]) from None
             time.sleep(0.2)
-    yield uri
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server on loopback; its URI."""
+    folder = tmp_path_factory.mktemp("mlflow-server")
+    port = _free_port()
+    server = start_server(folder, port)
+    yield f"http://127.0.0.1:{port}"
     os.killpg(server.pid, signal.SIGTERM)
     server.wait(30)
 
@@ -236,3 +242,69 @@ def test_an_estimator_fit_logs_its_model_with_flavour_and_signature(tracking, lo
     rows = fitted.transform(val).limit(10).collect()
     outputs = logged.predict(np.array([r["pixels"] for r in rows], dtype=np.float32))
     assert np.asarray(outputs).argmax(1).tolist() == [int(r["prediction"]) for r in rows]
+
+
+def _wait_until(condition, timeout: float = 90.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = condition()
+        except Exception:  # noqa: BLE001 - the server may still be coming up
+            value = None
+        if value:
+            return value
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.2)
+
+
+def test_a_server_killed_mid_job_gets_the_rest_of_the_run_when_it_is_back(tmp_path,
+                                                                          monkeypatch):
+    """The run stayed RUNNING forever with epoch-1 metrics and no artifacts."""
+    import mlflow
+
+    from hvd_magics.job import mlflow_run
+
+    monkeypatch.setattr(mlflow_run, "RETRY_S", 0.5)
+    folder, marks = tmp_path / "server", tmp_path / "marks"
+    folder.mkdir()
+    marks.mkdir()
+    port = _free_port()
+    uri = f"http://127.0.0.1:{port}"
+    server = start_server(folder, port)
+    client = mlflow.MlflowClient(uri)
+    mlflow.set_tracking_uri(uri)
+
+    def kill_after_epoch_1():
+        _wait_until(lambda: (marks / "epoch1").exists())
+        run_id = _wait_until(lambda: client.search_runs(
+            [client.get_experiment_by_name("held").experiment_id])[0].info.run_id)
+        _wait_until(lambda: _history(client, run_id, "score"))
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(30)
+        (marks / "go").touch()
+
+    killer = threading.Thread(target=kill_after_epoch_1, daemon=True)
+    killer.start()
+    try:
+        with pytest.warns(UserWarning, match="What is left is written when it answers again"):
+            started = time.monotonic()
+            assert HorovodRunner(np=-1, mlflow="held").run(jobs.rank_metrics_held,
+                                                           marks=str(marks)) == "ok"
+        killer.join(60)
+        record = last_run()
+        assert record.status == "succeeded" and time.monotonic() - started < 60
+        assert "writes (metrics, artifacts, the run's end) are kept and written when the " \
+               "server answers again" in record.mlflow, record.mlflow
+        again = start_server(folder, port)
+        try:
+            run = _wait_until(lambda: (r := client.get_run(record.mlflow_run_id)).info.status
+                              == "FINISHED" and r)
+            assert _history(client, run.info.run_id, "score") == [(1, 1.0), (2, 2.0), (3, 3.0)]
+            assert {a.path for a in client.list_artifacts(run.info.run_id)} == {
+                "ranks.log", "epoch_timing.csv", "source.py"}
+            _wait_until(lambda: "completed at" in record.mlflow)
+        finally:
+            os.killpg(again.pid, signal.SIGTERM)
+            again.wait(30)
+    finally:
+        mlflow.set_tracking_uri(None)

@@ -116,3 +116,24 @@ def test_an_elastic_job_refuses_a_dataframe_before_it_starts(local_spark):
     with pytest.raises(PayloadError, match=r"elastic job \(np=1:2\) cannot reshard a DataFrame"):
         HorovodRunner(np=(1, 2)).run(jobs.shard_report, out="/nonexistent", data=frame)
     assert last_run() is None
+
+
+def test_an_elastic_minimum_above_the_slots_is_refused_in_elastic_terms(local_spark):
+    """np=3:4 on local[2] was refused as a barrier job ('np=3 needs 3 free Spark task slots at
+    once (barrier mode) ... Fix: use np<=2')."""
+    from hvd_magics.errors import NotEnoughSlotsError
+
+    with pytest.raises(NotEnoughSlotsError) as info:
+        HorovodRunner(np="3:4").run(jobs.elastic_torch, steps=5)
+    text = str(info.value)
+    assert text.startswith("np=3:4 is an elastic job that needs at least 3 Spark task slots to "
+                           "start"), text
+    assert "Fix: lower the minimum (np=2:4)" in text and "barrier" not in text
+
+
+def test_an_elastic_loop_without_hvd_elastic_run_says_to_decorate_it(local_spark):
+    with pytest.raises(HorovodJobError) as info:
+        HorovodRunner(np="1:2").run(jobs.undecorated_elastic_loop)
+    text = str(info.value)
+    assert text.startswith("Every rank of the elastic job failed"), text
+    assert "@hvd.elastic.run" in text and "Fix: put the training loop in such a function" in text

@@ -179,3 +179,28 @@ def test_an_elastic_np_is_refused_with_where_it_belongs(elastic):
     with pytest.raises(TypeError, match=r"fixed number of ranks.*HorovodRunner\(np=\(MIN, MAX\)\)"):
         HorovodEstimator(np=elastic)
     assert HorovodEstimator(np=3).getOrDefault("np") == 3
+
+
+def test_a_model_dir_that_is_a_file_or_unwritable_is_refused_before_start(local_spark,
+                                                                          tmp_path):
+    """An existing file as modelDir started the job and failed both ranks with a bare
+    FileExistsError from makedirs."""
+    train, _ = digits_frames(local_spark)
+    afile = tmp_path / "model.txt"
+    afile.write_text("not a folder")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    params = {"model": torch_mlp(), "loss": "cross_entropy", "np": 2, "featuresCol": "pixels"}
+    with pytest.raises(EstimatorInputError, match=r"modelDir '.*model.txt' is an existing file, "
+                                                  r"not a folder. Fix: set modelDir to a folder"):
+        HorovodEstimator(modelDir=str(afile), **params).fit(train.limit(100))
+    assert last_run() is None
+    if os.geteuid() == 0:  # root writes anywhere; a file in the way of the path still fails
+        unwritable = str(afile / "sub")
+    else:
+        unwritable = str(locked / "sub")
+    with pytest.raises(EstimatorInputError, match=r"modelDir '.*sub' cannot be written "
+                                                  r"\(\w+Error: .*\)\. Fix: set modelDir to a "
+                                                  r"folder this user can write"):
+        HorovodEstimator(modelDir=unwritable, **params).fit(train.limit(100))
+    assert last_run() is None

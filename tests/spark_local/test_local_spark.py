@@ -110,3 +110,27 @@ def test_a_rank_imports_the_jobs_leading_imports_before_the_job_arrives(local_sp
     rendezvous (known only then) comes with the job."""
     early = HorovodRunner(np=2).run(jobs.port_at_import)
     assert early["at_import"] == "0" and int(early["now"]) > 0
+
+
+def test_a_local_peer_holding_idle_connections_cannot_keep_the_ranks_out(local_spark,
+                                                                         monkeypatch):
+    """A peer holding 40 idle connections to the event channel from the moment it opened kept
+    the ranks out until a StartTimeoutError that did not mention the channel."""
+    import hvd_magics.launch.spark_backend as spark_backend
+    from hvd_magics.channel import EventServer
+    from tests.unit.test_events import IdleFlood
+
+    floods = []
+
+    class FloodedServer(EventServer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            floods.append(IdleFlood(self.address.host, self.address.port))
+
+    monkeypatch.setattr(spark_backend, "EventServer", FloodedServer)
+    try:
+        assert HorovodRunner(np=2, start_timeout=60).run(jobs.print_lines, count=1) == 0
+    finally:
+        for flood in floods:
+            flood.end()
+    assert floods and floods[0].opened >= 40

@@ -192,3 +192,58 @@ def test_an_order_signed_with_the_wrong_key_is_not_obeyed():
     assert closed.wait(5)  # a bad frame ends the connection: the task stops its rank
     assert orders.empty()
     listener.close()
+
+
+class IdleFlood:
+    """A local peer that holds ``count`` idle connections to ``address`` from the moment it
+    opens, and opens a new one whenever one is closed."""
+
+    def __init__(self, host: str, port: int, count: int = 80) -> None:
+        self.address, self.count = (host, port), count
+        self.stop = threading.Event()
+        self.opened = 0
+        self.threads = [threading.Thread(target=self._hold, daemon=True) for _ in range(count)]
+        for thread in self.threads:
+            thread.start()
+
+    def _hold(self) -> None:
+        while not self.stop.is_set():
+            try:
+                sock = socket.create_connection(self.address, timeout=1)
+            except OSError:
+                return
+            self.opened += 1
+            sock.settimeout(0.2)
+            while not self.stop.is_set():
+                try:
+                    if sock.recv(64) == b"":
+                        break  # the server dropped us: come back at once
+                except socket.timeout:
+                    continue
+                except OSError:
+                    break
+            sock.close()
+
+    def end(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(5)
+
+
+def test_idle_connections_cannot_keep_the_ranks_out():
+    """40 idle connections held from the start kept every rank out (StartTimeoutError)."""
+    server = EventServer("127.0.0.1", "job12")
+    flood = IdleFlood(server.address.host, server.address.port)
+    _wait_for(lambda: flood.opened >= flood.count)
+    started = time.monotonic()
+    clients = [EventClient(server.address, rank=r, host="h") for r in range(4)]
+    took = time.monotonic() - started
+    for rank, client in enumerate(clients):
+        client.send("output", lines=[f"hello from {rank}"])
+    got = sorted(_get(server.events)["rank"] for _ in range(4))
+    assert got == [0, 1, 2, 3]
+    assert took < 5, took
+    flood.end()
+    for client in clients:
+        client.close()
+    server.close()

@@ -1,5 +1,6 @@
 """Synthetic events through the text and widget views; result values; noise; GPU mapping."""
 import io
+import re
 import sys
 import time
 from pathlib import Path
@@ -62,8 +63,48 @@ def test_a_flood_keeps_the_first_and_the_last_lines(tmp_path):
     job.end()
     text = out.getvalue()
     assert "[0] line 0\n" in text and f"[0] line {total - 1}\n" in text  # the result line
-    assert f"... {total - MAX_LINES_PER_FLUSH} more lines not shown" in text
+    assert f"... {total - MAX_LINES_PER_FLUSH:,} more lines not shown" in text
     assert text.count("\n") == MAX_LINES_PER_FLUSH + 1
+
+
+def test_a_flood_from_two_ranks_shows_each_ranks_last_lines(tmp_path):
+    """One tail for both ranks: rank 0's flood pushed rank 1's last lines out (7 runs of 8)."""
+    out = io.StringIO()
+    job = _job(tmp_path, 2, [TextView(stream=out)])
+    for block in range(40):
+        for rank in (1, 0):
+            job.handle(_output(rank, *[f"r{rank} line {block * 1000 + i}" for i in range(1000)]))
+    job.handle(_output(1, "r1 the end"))
+    job.handle(_output(0, *[f"r0 more {i}" for i in range(2000)], "r0 the end"))
+    job.end()
+    text = out.getvalue()
+    assert "[1] r1 the end\n" in text and "[0] r0 the end\n" in text
+    assert "[1] r1 line 39999\n" in text  # rank 1's lines before its last one too
+    assert re.search(r"\.\.\. [\d,]+ more lines not shown here \(rank 0: [\d,]+, rank 1: [\d,]+;",
+                     text), text[:3000]
+    assert text.count("\n") <= MAX_LINES_PER_FLUSH + 2
+    assert text.index("[1] r1 the end") < text.index("[0] r0 more 1999")  # arrival order
+
+
+def test_two_ranks_progress_bars_are_live_on_one_line(tmp_path):
+    """Only rank 0's bar was redrawn; rank 1's appeared when its line ended."""
+    out = io.StringIO()
+    view = TextView(stream=out)
+    job = _job(tmp_path, 2, [view])
+    for pct in (10, 50):
+        for rank in (0, 1):
+            job.handle({"kind": "output_partial", "rank": rank, "host": "h",
+                        "text": f"{pct + rank}%|###"})
+        view._flush(job)
+    job.handle(_output(0, "rank 0 done"))
+    view._flush(job)
+    job.handle(_output(1, "rank 1 done"))
+    job.end()
+    text = out.getvalue()
+    assert text.startswith("\r[0] 10%|###  [1] 11%|###\r[0] 50%|###  [1] 51%|###")
+    # a finished line is drawn over the bars; the bars still running come back below it
+    assert "\r[0] rank 0 done".ljust(len("\r[0] 50%|###  [1] 51%|###")) + "\n\r[1] 51%|###" in text
+    assert text.endswith("[1] rank 1 done\n")
 
 
 def test_a_progress_bar_is_redrawn_in_place_and_replaced_by_its_line(tmp_path):
@@ -219,3 +260,28 @@ def test_a_long_line_goes_through_the_pump_in_linear_time():
     assert [len(x) for x in big_lines] == [64_000_000]
     # linear: about 8 times the small one; quadratic: about 64 times
     assert big < 24 * small + 0.5, f"8 MB took {small:.2f} s, 64 MB took {big:.2f} s"
+
+
+@pytest.mark.parametrize("outcome, header, rows", [
+    ("interrupted", "interrupted", ["interrupted", "interrupted"]),
+    ("failed", "failed", ["failed", "stopped"]),
+])
+def test_the_dashboards_last_state_agrees_with_the_record(tmp_path, outcome, header, rows):
+    """After an interrupt the header said 'failed' and both rows 'running, seen 1 s ago'."""
+    from hvd_magics.job.widgets_view import WidgetView
+
+    view = WidgetView()
+    job = _job(tmp_path, 2, [view])
+    job.tick()
+    for rank in (0, 1):
+        job.handle({"kind": "started", "rank": rank, "host": "h", "pid": 1})
+    if outcome == "failed":
+        job.handle({"kind": "error", "rank": 0, "host": "h", "error": "ValueError",
+                    "message": "bad", "traceback": ""})
+    else:
+        job.handle({"kind": "exit", "rank": 0, "host": "h", "code": -9})  # killed by the stop
+    job.settle(outcome)
+    job.end()
+    assert f">{header}</b>" in view.header.value
+    assert [row.state.value.split(">")[1].split("<")[0] for row in view._rows] == rows
+    assert [row.seen.value for row in view._rows] == ["", ""]
