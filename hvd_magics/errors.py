@@ -121,6 +121,11 @@ class NotEnoughSlotsError(HorovodMagicsError, ValueError):
     """The Spark cluster has fewer free task slots than the job has ranks."""
 
 
+class SparkSessionLost(HorovodMagicsError, RuntimeError):
+    """The SparkSession cannot reach its Spark Connect server (stopped, lost, or restarted so
+    that it no longer knows the session); the message says how to get a new session."""
+
+
 class PayloadError(HorovodMagicsError, TypeError):
     """Something the job needs cannot be pickled and shipped to the ranks."""
 

@@ -124,17 +124,6 @@ ENV_PREIMPORT = "HVD_MAGICS_PREIMPORT"
 ENV_RANK_TMPDIR = "HVD_MAGICS_RANK_TMPDIR"
 #: Horovod's own: set for the ranks of an elastic job (``hvd.elastic`` reads it).
 ENV_HOROVOD_ELASTIC = "HOROVOD_ELASTIC"
-#: Horovod's own: how long a collective may wait for other ranks before its stall inspector
-#: (on rank 0) reports which ranks have not submitted which tensors. The driver reads that report
-#: to end a job in which a finished rank is awaited (see ``END_TENSOR``); Horovod's default is 60.
-ENV_STALL_CHECK_TIME = "HOROVOD_STALL_CHECK_TIME_SECONDS"
-#: Our default for ``ENV_STALL_CHECK_TIME`` (the ranks' ``--env`` overrides it).
-STALL_CHECK_TIME_S = "5"
-#: The collective every rank submits once its function returned (``rank_main``), before Horovod
-#: shuts down: ranks leave together, and a rank still submitting its own collectives while a
-#: peer waits here is reported by the stall inspector instead of being given zeros (as
-#: ``hvd.join()`` would).
-END_TENSOR = "hvd_magics_finished"
 #: The module a rank process runs (``python -m``).
 RANK_MODULE = "hvd_magics.rank.rank_main"
 

@@ -22,6 +22,16 @@ if the text is not found (another Horovod version), the script stops and says wh
    optimizers (tf_keras's default ``SGD``) ``momentum`` is a plain float, not a variable, so the
    callback failed with ``'float' object has no attribute 'dtype'``. The correction is now made
    only where ``momentum`` is a variable (the legacy optimizers); a float momentum is left alone.
+6. A rank whose job function returned leaves Horovod with ``hvd.join()`` (so that ranks leave
+   together, without "Connection reset by peer"), and a joined rank adds zeros to its peers'
+   allreduces: a peer that still trained got a wrong sum and the job "succeeded". A new C call,
+   ``horovod_hvd_magics_finished()``, marks this process's next Join as its last (the Join
+   request carries ``root_rank = -2``, a field Join does not use otherwise). The coordinator
+   keeps the ranks that joined so, and any collective that would need one of them fails with an
+   error naming the finished ranks, the ranks that submitted it and the tensor, instead of
+   completing with zeros; a finished rank also lets no cached collective through (its cache
+   entries are invalidated, so they are negotiated and meet that error). ``hvd.join()`` called
+   by the user keeps Horovod's meaning.
 """
 from __future__ import annotations
 
@@ -63,6 +73,119 @@ CHANGES = [
         "horovod/tensorflow/keras/callbacks.py",
         "    from keras import backend as K",
         "    K = keras.backend  # hvd_magics: the backend of tf.keras (Keras 2 under TF_USE_LEGACY_KERAS=1)",
+    ),
+]
+
+
+#: The Join of a rank whose function returned (``root_rank`` of its Join request).
+_FINISHED = "-2"
+_NOTE_FINISHED_JOIN = (
+    "\n        if (message.request_type() == Request::JOIN) {{\n"
+    "          process_set.joined_size++;\n"
+    "          process_set.last_joined_rank = global_ranks_[{who}];\n"
+)
+
+CHANGES += [
+    (
+        "horovod/common/global_state.h",
+        "  std::atomic_bool shut_down{false};",
+        "  std::atomic_bool shut_down{false};\n\n"
+        "  // hvd_magics: this process's job function returned; its next Join is its last.\n"
+        "  std::atomic_bool finished_join{false};",
+    ),
+    (
+        "horovod/common/operations.cc",
+        "  message.set_request_type(Request::JOIN);\n",
+        "  message.set_request_type(Request::JOIN);\n"
+        "  if (horovod_global.finished_join) {\n"
+        "    message.set_root_rank(" + _FINISHED + ");  // hvd_magics: a finished rank's Join\n"
+        "  }\n",
+    ),
+    (
+        "horovod/common/operations.cc",
+        "int horovod_rank() {",
+        "// hvd_magics: mark this process's next Join as its last (its job function returned).\n"
+        "void horovod_hvd_magics_finished() { horovod_global.finished_join = true; }\n\n"
+        "int horovod_rank() {",
+    ),
+    (
+        "horovod/common/controller.h",
+        "  MessageTable message_table_;",
+        "  MessageTable message_table_;\n\n"
+        "  // hvd_magics: global ranks that joined because their job function returned.\n"
+        "  std::vector<int> finished_ranks_;",
+    ),
+    (
+        "horovod/common/controller.cc",
+        "    for (uint32_t bit : response_cache_.list_all_bits()) {\n"
+        "      cache_coordinator.record_hit(bit);\n"
+        "    }",
+        "    for (uint32_t bit : response_cache_.list_all_bits()) {\n"
+        "      if (state.finished_join) {  // hvd_magics: no cached collective gets zeros\n"
+        "        cache_coordinator.record_invalid_bit(bit);\n"
+        "        cache_coordinator.set_uncached_in_queue(true);\n"
+        "      } else {\n"
+        "        cache_coordinator.record_hit(bit);\n"
+        "      }\n"
+        "    }",
+    ),
+    (
+        "horovod/common/controller.cc",
+        _NOTE_FINISHED_JOIN.format(who="rank_"),
+        _NOTE_FINISHED_JOIN.format(who="rank_")
+        + "          if (message.root_rank() == " + _FINISHED + ") {  // hvd_magics\n"
+        "            finished_ranks_.push_back(global_ranks_[rank_]);\n"
+        "          }\n",
+    ),
+    (
+        "horovod/common/controller.cc",
+        "          if (received_message.request_type() == Request::JOIN) {\n"
+        "            process_set.joined_size++;\n"
+        "            process_set.last_joined_rank = global_ranks_[i];\n",
+        "          if (received_message.request_type() == Request::JOIN) {\n"
+        "            process_set.joined_size++;\n"
+        "            process_set.last_joined_rank = global_ranks_[i];\n"
+        "            if (received_message.root_rank() == " + _FINISHED + ") {  // hvd_magics\n"
+        "              finished_ranks_.push_back(global_ranks_[i]);\n"
+        "            }\n",
+    ),
+    (
+        "horovod/common/controller.cc",
+        "        process_set.joined_size = 0;\n"
+        "        process_set.last_joined_rank = -1;\n",
+        "        process_set.joined_size = 0;\n"
+        "        process_set.last_joined_rank = -1;\n"
+        "        finished_ranks_.clear();  // hvd_magics\n",
+    ),
+    (
+        "horovod/common/controller.cc",
+        "  // If we are doing an allreduce, broadcast, or reducescatter check that all\n"
+        "  // tensor shapes are identical.\n",
+        "  // hvd_magics: a rank whose job function returned adds nothing to a collective; fail\n"
+        "  // the collective rather than complete it with zeros in that rank's place.\n"
+        "  if (!error && joined_size > 0 && !finished_ranks_.empty()) {\n"
+        "    error = true;\n"
+        "    error_message_stream << \"hvd_magics: rank\"\n"
+        "                         << (finished_ranks_.size() > 1 ? \"s\" : \"\");\n"
+        "    for (size_t f = 0; f < finished_ranks_.size(); ++f) {\n"
+        "      error_message_stream << (f ? \", \" : \" \") << finished_ranks_[f];\n"
+        "    }\n"
+        "    error_message_stream << \" finished (the job's function returned) while rank\"\n"
+        "                         << (requests.size() > 1 ? \"s\" : \"\");\n"
+        "    for (size_t r = 0; r < requests.size(); ++r) {\n"
+        "      error_message_stream << (r ? \", \" : \" \")\n"
+        "                           << global_ranks_[requests[r].request_rank()];\n"
+        "    }\n"
+        "    error_message_stream << \" still submitted \"\n"
+        "                         << Request::RequestType_Name(message_type)\n"
+        "                         << \" of tensor '\" << name << \"'. A collective needs every \"\n"
+        "                         << \"rank, and a finished rank never submits it. Fix: have every \"\n"
+        "                         << \"rank run the same collectives (the same number of steps), \"\n"
+        "                         << \"or call hvd.join() on a rank that runs out of data early \"\n"
+        "                         << \"(the others then go on with zeros in its place).\";\n"
+        "  }\n\n"
+        "  // If we are doing an allreduce, broadcast, or reducescatter check that all\n"
+        "  // tensor shapes are identical.\n",
     ),
 ]
 

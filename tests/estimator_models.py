@@ -41,3 +41,48 @@ def event_scalars(folder) -> dict[str, list[tuple[int, float]]]:
             for value in event.summary.value:
                 found.setdefault(value.tag, []).append((event.step, value.simple_value))
     return found
+
+
+def torch_dropout_mlp(inputs: int = 64, classes: int = 10):
+    """A PyTorch classifier with dropout (training draws random numbers every step)."""
+    def build():
+        import torch
+
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(inputs, 64), torch.nn.ReLU(),
+                                   torch.nn.Dropout(0.3), torch.nn.Linear(64, classes))
+
+    return build
+
+
+def keras_dropout_mlp(inputs: int = 64, classes: int = 10):
+    """A tf_keras classifier with dropout."""
+    def build():
+        import tf_keras as keras
+
+        keras.utils.set_random_seed(0)
+        return keras.Sequential([keras.layers.Input((inputs,)),
+                                 keras.layers.Dense(64, activation="relu"),
+                                 keras.layers.Dropout(0.3),
+                                 keras.layers.Dense(classes, activation="softmax")])
+
+    return build
+
+
+def keras_decaying_adam():
+    """Adam whose learning rate decays with the optimizer's step (a schedule)."""
+    import tf_keras as keras
+
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=10,
+                                                           decay_rate=0.9)
+    return keras.optimizers.Adam(learning_rate=schedule)
+
+
+def model_weights(fitted) -> list:
+    """The weights of a fitted HorovodModel's model, as numpy arrays."""
+    import numpy as np
+
+    model = fitted.get_model()
+    if hasattr(model, "get_weights"):
+        return [np.asarray(w) for w in model.get_weights()]
+    return [t.detach().numpy().copy() for t in model.state_dict().values()]

@@ -17,7 +17,6 @@ from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, EPOCH_BEGIN, EPOCH_
                                  STARTED, TASK_ERROR, TASK_STARTED, TIMELINE_CHUNK,
                                  TIMELINE_LOCAL)
 from hvd_magics.job.noise import is_noise
-from hvd_magics.job.stall_report import EarlyFinish, StallReports
 
 #: Error texts of a rank that failed only because a peer went away (not the root cause).
 _PEER_LOST = ("HorovodInternalError", "Horovod has been shut down", "Connection reset by peer",
@@ -161,13 +160,6 @@ class JobState:
         self.outcome: str | None = None
         #: When the first Spark task began receiving the job's DataFrame rows.
         self.data_arrived_at: float | None = None
-        #: Horovod's stall reports read from the ranks' output (a finished rank awaited).
-        self.stall_reports = StallReports(size)
-
-    @property
-    def early_finish(self) -> EarlyFinish | None:
-        """Ranks that finished while peers wait for them in a collective (the job cannot end)."""
-        return self.stall_reports.early_finish
 
     def handle(self, event: dict[str, Any]) -> None:
         """Apply one event (dispatched on its kind through :attr:`_HANDLERS`)."""
@@ -197,22 +189,15 @@ class JobState:
             view.on_event(self, event)
 
     def _on_output(self, state: RankState, event: dict[str, Any]) -> None:
-        """Log every line; keep Horovod's stall reports out of what the views show (they are
-        read for :attr:`early_finish`)."""
         stamp = time.strftime("%H:%M:%S", time.localtime(event.get("time", time.time())))
         state.partial = ""
-        shown = []
         for line in event.get("lines", []):
-            self._log.write(f"{stamp} [{state.rank}@{state.host}] {line}\n")
-            if self.stall_reports.feed(state.rank, line):
-                continue
-            shown.append(line)
             if not is_noise(line, self.elastic is not None):  # the tail is what an error shows
                 state.tail.append(display_line(line))
+            self._log.write(f"{stamp} [{state.rank}@{state.host}] {line}\n")
             match = EPOCH_LINE.match(line)
             if match and not state.reports_epochs:
                 state.epoch, state.epochs = int(match.group(1)), int(match.group(2))
-        event["lines"] = shown
 
     def _on_output_partial(self, state: RankState, event: dict[str, Any]) -> None:
         state.partial = display_line(event.get("text", ""))

@@ -290,18 +290,33 @@ def launch(payload: JobPayload | bytes, np: int | ElasticSize, env: dict[str, st
         record.error = f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        if not clean:
+        try:
+            _wind_down(backend, job, events, clean)
+        except KeyboardInterrupt:  # a second interrupt while the job is being stopped
             backend.stop()
-        ended = backend.join(STOP_WAIT_S)
-        if not ended:
-            backend.stop()
-        _drain(job, events)
-        if not clean:
             _reap_local_ranks(job)
-        _finish(record, job)
-        if tracker is not None:
-            tracker.finish(record)
+            record.status = record.error = "interrupted"
+            raise JobInterrupted("stopped while the job was being wound down; its rank "
+                                 "processes were killed. The log of every rank: "
+                                 + str(log_path)) from None
+        finally:
+            _finish(record, job)
+            if tracker is not None:
+                tracker.finish(record)
     return record
+
+
+def _wind_down(backend: Any, job: JobState, events: queue.Queue, clean: bool) -> None:
+    """Stop the job unless it ended by itself, wait for the Spark job, take what arrived, and
+    make sure no rank process is left on this host."""
+    if not clean:
+        backend.stop()
+    ended = backend.join(STOP_WAIT_S)
+    if not ended:
+        backend.stop()
+    _drain(job, events)
+    if not clean:
+        _reap_local_ranks(job)
 
 
 def _drain(job: JobState, events: queue.Queue) -> None:
@@ -333,9 +348,6 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
         now = _follow(job, events)
         if failed_since is None and job.any_failed:
             failed_since = now
-        if job.early_finish is not None:
-            raise HorovodJobError(job.early_finish.message(), job.failures(),
-                                  str(job.log_path))
         if failed_since is not None and now - failed_since >= FAILURE_GRACE_S:
             break
         if backend.finished and ended_at is None:
@@ -388,9 +400,6 @@ def _watch_elastic(job: JobState, backend: Any, events: queue.Queue) -> None:
     ended_at: float | None = None
     while True:
         now = _follow(job, events)
-        if job.early_finish is not None:
-            raise HorovodJobError(job.early_finish.message(), job.failures(),
-                                  str(job.log_path))
         if backend.finished and ended_at is None:
             ended_at = now
         if ended_at is not None and (backend.drained or now - ended_at >= DRAIN_WAIT_S):

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import cloudpickle
 
 from hvd_magics.task import task_entry
-from hvd_magics.errors import NotEnoughSlotsError
+from hvd_magics.errors import NotEnoughSlotsError, SparkSessionLost
 from hvd_magics.channel import EventServer
 from hvd_magics.launch.dataframe_input import DataFrameSources, sharded_input
 from hvd_magics.protocol import ENV_DRIVER_HOST, ENV_LIVE
@@ -32,6 +32,10 @@ SLOT_WAIT_S = 5.0
 #: After the channel closed (its supervisors kill their ranks), how long the stage may take to
 #: end by itself before it is cancelled.
 CANCEL_AFTER_S = 3.0
+#: How long a Spark Connect server may take to accept a connection before it counts as gone.
+CONNECT_PROBE_S = 2.0
+#: How long the cancel of a Connect job may take (pyspark retries for ten minutes otherwise).
+INTERRUPT_WAIT_S = 10.0
 
 
 def active_session() -> Any | None:
@@ -41,6 +45,61 @@ def active_session() -> Any | None:
     except ImportError:
         return None
     return SparkSession.getActiveSession()
+
+
+def connect_endpoint(spark: Any) -> tuple[str, int] | None:
+    """``(host, port)`` of a Spark Connect session's server, or ``None`` when unknown."""
+    try:
+        host, port = spark.client._builder.endpoint.rsplit(":", 1)  # noqa: SLF001
+        return host.strip("[]"), int(port)
+    except Exception:  # noqa: BLE001 - pyspark's internals; unknown means not checked
+        return None
+
+
+def connect_server_gone(spark: Any) -> str | None:
+    """Why a Spark Connect session's server is gone (it accepts no connection), or ``None``.
+
+    pyspark's own calls retry an absent server for about ten minutes; this answers at once.
+    """
+    endpoint = connect_endpoint(spark)
+    if endpoint is None:
+        return None
+    try:
+        with socket.create_connection(endpoint, timeout=CONNECT_PROBE_S):
+            return None
+    except OSError as exc:
+        return (f"the Spark Connect server at {endpoint[0]}:{endpoint[1]} does not answer "
+                f"({exc.strerror or type(exc).__name__}): it was stopped or lost")
+
+
+def session_lost(spark: Any, why: str) -> SparkSessionLost:
+    """The error for a Connect session that cannot be used, with how to get a new one."""
+    endpoint = connect_endpoint(spark)
+    url = f"sc://{endpoint[0]}:{endpoint[1]}" if endpoint else "..."
+    return SparkSessionLost(
+        f"{why}. Fix: start the Spark Connect server again if it is down, then get a new "
+        f"session with spark = SparkSession.builder.remote({url!r}).getOrCreate() and run "
+        "the cell again.")
+
+
+def check_connect_session(spark: Any) -> str:
+    """The master of a Connect session, asked of its server: refused at once (never pyspark's
+    ten minutes of retries) when the server is gone, or when it no longer knows the session
+    (it was restarted).
+
+    Raises
+    ------
+    SparkSessionLost
+        Naming the server and the fix.
+    """
+    gone = connect_server_gone(spark)
+    if gone:
+        raise session_lost(spark, gone)
+    try:
+        return spark.conf.get("spark.master", "?")
+    except Exception as exc:  # noqa: BLE001 - pyspark's Connect errors have no common base here
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise session_lost(spark, f"the Spark Connect session cannot be used ({first})") from None
 
 
 def embedded_spark_log() -> Path:
@@ -283,7 +342,7 @@ class SparkBackend:
         self.sc = None if self.connect else spark.sparkContext
         self.np = np
         self.env = env
-        master = spark.conf.get("spark.master", "?") if self.connect else self.sc.master
+        master = check_connect_session(spark) if self.connect else self.sc.master
         self.where = f"spark {master}" + (" (Connect)" if self.connect else "")
         #: Why the job's events come back only at its end (``None``: they stream live).
         self.no_live_view = no_live_view_reason(spark)
@@ -294,6 +353,8 @@ class SparkBackend:
         self._thread: threading.Thread | None = None
         self._events: queue.Queue | None = None
         self._group = ""
+        #: Why the Spark Connect server counts as gone (``None``: it answers, or not checked).
+        self.server_gone: str | None = None
 
     def start(self, payload: bytes, job_id: str, events: queue.Queue) -> None:
         """Check the slots, open the event channel and submit the stage.
@@ -401,14 +462,38 @@ class SparkBackend:
             self._thread.join(CANCEL_AFTER_S)
         if self._group and not self.finished:
             if self.connect:
-                self.spark.interruptTag(self._group)
+                self._interrupt_connect()
             else:
                 self.sc.cancelJobGroup(self._group)
 
+    def _interrupt_connect(self) -> None:
+        """Cancel the stage by its tag, waiting at most ``INTERRUPT_WAIT_S`` (not at all when
+        the server is gone: pyspark would retry it for ten minutes)."""
+        self.server_gone = self.server_gone or connect_server_gone(self.spark)
+        if self.server_gone:
+            return
+
+        def interrupt() -> None:
+            try:
+                self.spark.interruptTag(self._group)
+            except Exception:  # noqa: BLE001,S110 - the server went away meanwhile
+                pass
+
+        thread = threading.Thread(target=interrupt, name="hvd-interrupt-tag", daemon=True)
+        thread.start()
+        thread.join(INTERRUPT_WAIT_S)
+
     def join(self, timeout: float) -> bool:
-        """Wait for the Spark job to end; ``True`` when it did."""
-        if self._thread is not None:
-            self._thread.join(timeout)
+        """Wait for the Spark job to end; ``True`` when it did (``False`` at once when a
+        Connect server is gone: its job cannot end)."""
+        deadline = time.monotonic() + timeout
+        while self._thread is not None and self._thread.is_alive() and \
+                time.monotonic() < deadline:
+            self._thread.join(min(CONNECT_PROBE_S, max(deadline - time.monotonic(), 0)))
+            if self.connect and self._thread.is_alive():
+                self.server_gone = self.server_gone or connect_server_gone(self.spark)
+                if self.server_gone:
+                    break
         if self._server is not None and self.finished:
             self._server.close()
         return self.finished
@@ -430,6 +515,11 @@ class SparkBackend:
         """Why the Spark side failed, as the executor's Python error (never JVM frames), or
         ``None`` when it did not."""
         setup = [r for r in self.results if r.get("setup")]
+        if self.connect and not self.finished and self.server_gone is None:
+            self.server_gone = connect_server_gone(self.spark)
+        if self.server_gone:
+            return (f"{self.server_gone}, and the ranks' tasks with it. Fix: start it again, "
+                    "then get a new session (SparkSession.builder.remote(...).getOrCreate())")
         if setup:
             text = setup[0]["error"]
         elif self.error is not None:

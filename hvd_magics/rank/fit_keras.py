@@ -22,7 +22,7 @@ import numpy as np
 from hvd_magics.protocol import KERAS
 from hvd_magics.rank.checkpoints import Position, epoch_plan, latest_checkpoint, write_checkpoint
 from hvd_magics.rank.estimator_fit import (classifier_output, inputs_of, labels_of,
-                                           scaled_learning_rate)
+                                           scaled_learning_rate, step_seed)
 from hvd_magics.rank.event_files import EventFiles
 from hvd_magics.rank.fit_spec import DEFAULT_LEARNING_RATE, FitSpec
 from hvd_magics.rank.keras_progress import progress_callback
@@ -75,6 +75,27 @@ def _restore(model: Any, optimizer: Any, state: dict[str, Any]) -> None:
     model.set_weights(state["weights"])
     for variable, value in zip(variables, state["optimizer"]):
         variable.assign(value)
+
+
+def step_generators(model: Any) -> list[Any]:
+    """The random generators of the model's layers that draw while training (dropout, noise),
+    each a ``tf.random.Generator`` whose state the fit sets at every step.
+
+    tf_keras makes them TF1-style stateful ops by default, whose state lives inside the traced
+    train function (a resumed fit would start it afresh); they are switched to
+    ``tf.random.Generator`` (tf_keras' own "stateful" kind) before the first step.
+    """
+    generators = []
+    for layer in model.submodules:
+        rng = getattr(layer, "_random_generator", None)
+        if rng is None or not hasattr(rng, "_rng_type"):
+            continue
+        if getattr(rng, "_generator", None) is None:
+            rng._rng_type, rng._built = rng.RNG_STATEFUL, False  # noqa: SLF001 - see above
+            rng._maybe_init()  # noqa: SLF001
+        if getattr(rng, "_generator", None) is not None:
+            generators.append(rng._generator)  # noqa: SLF001
+    return generators
 
 
 def fit_keras(spec: FitSpec, model: Any, train: Any, val: Any) -> dict[str, Any] | None:
@@ -138,6 +159,16 @@ def fit_keras(spec: FitSpec, model: Any, train: Any, val: Any) -> dict[str, Any]
         write_checkpoint(spec.model_dir, at, "pkl", write, spec.keep_checkpoints)
         saved["at"] = time.monotonic()
 
+    generators = step_generators(model)
+
+    class _SeedEachStep(keras.callbacks.Callback):
+        """Each step draws from a state set by the fit's seed, the rank and the step."""
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            step = int(optimizer.iterations.numpy())
+            for index, generator in enumerate(generators):
+                generator.reset_from_seed(step_seed(spec.seed + index, hvd.rank(), step))
+
     class _TimedCheckpoints(keras.callbacks.Callback):
         """Rank 0 saves a checkpoint inside an epoch every ``checkpoint_secs`` seconds."""
 
@@ -152,6 +183,7 @@ def fit_keras(spec: FitSpec, model: Any, train: Any, val: Any) -> dict[str, Any]
 
     for epoch, first, count in epoch_plan(position, steps, spec.epochs, spec.max_steps):
         callbacks = [hvd.callbacks.MetricAverageCallback()]
+        callbacks += [_SeedEachStep()] if generators else []
         if spec.model_dir and hvd.rank() == 0 and spec.checkpoint_secs is not None:
             callbacks.append(_TimedCheckpoints(epoch, first))
         shown = progress_callback(keras, size, spec.epochs, steps)

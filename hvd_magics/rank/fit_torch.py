@@ -14,7 +14,7 @@ import numpy as np
 from hvd_magics.rank import progress
 from hvd_magics.rank.checkpoints import Position, epoch_plan, latest_checkpoint, write_checkpoint
 from hvd_magics.protocol import TORCH
-from hvd_magics.rank.estimator_fit import classifier_output, inputs_of, labels_of
+from hvd_magics.rank.estimator_fit import classifier_output, inputs_of, labels_of, step_seed
 from hvd_magics.rank.event_files import EventFiles
 from hvd_magics.rank.fit_spec import DEFAULT_LEARNING_RATE, FitSpec, OptimizerRecipe
 
@@ -171,9 +171,11 @@ def fit_torch(spec: FitSpec, model: Any, train: Any, val: Any) -> dict[str, Any]
             "position": asdict(Position()), "history": []}
     state = hvd.broadcast_object(state, root_rank=0, name="hvd_magics_start_state")
     model.load_state_dict(state["model"])
+    # Horovod's DistributedOptimizer is a new optimizer over the same parameter groups, with a
+    # state of its own: that one steps, so that one is restored and saved.
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     optimizer.load_state_dict(state["optimizer"])
     position = Position(**state["position"])
-    distributed = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
 
     with warnings.catch_warnings():  # read-only views of the shard file; batches are copies
         warnings.simplefilter("ignore", UserWarning)
@@ -208,12 +210,13 @@ def fit_torch(spec: FitSpec, model: Any, train: Any, val: Any) -> dict[str, Any]
         sums = _Sums(metrics, output_kind is not None)
         for index, rows in enumerate(batches):
             rows = torch.from_numpy(rows)
-            distributed.zero_grad()
+            torch.manual_seed(step_seed(spec.seed, hvd.rank(), global_step))
+            optimizer.zero_grad()
             output = _forward(model, [x[rows] for x in xs], spec.input_names)
             target = _shaped(ys[rows], output)
             loss = loss_fn(output, target)
             loss.backward()
-            distributed.step()
+            optimizer.step()
             global_step += 1
             sums.add(output.detach(), target, loss.detach())
             progress.report(first + index + 1, loss=loss.detach())

@@ -22,8 +22,7 @@ import threading
 import time
 import traceback
 
-from hvd_magics.protocol import (END_TENSOR, ENV_PREIMPORT, ENV_RANK_TMPDIR, ERROR, RESULT,
-                                 STARTED)
+from hvd_magics.protocol import ENV_PREIMPORT, ENV_RANK_TMPDIR, ERROR, RESULT, STARTED
 from hvd_magics.rank import rank_events
 from hvd_magics.rank.process_group import die_with_parent, killpg
 from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, use_tmpdir
@@ -60,39 +59,27 @@ def _format_exception(exc: BaseException) -> str:
         return f"{type(exc).__name__}: {_safe_str(exc)}\n"
 
 
-def _meet_at_the_end(module, name: str) -> None:  # noqa: ANN001 - a Horovod framework module
-    """Submit the collective every rank submits once its function returned, and wait for it.
-
-    Unlike ``hvd.join()``, this gives peers nothing: a peer still submitting its own collectives
-    waits for this rank instead of being handed zeros, and Horovod's stall inspector reports the
-    mismatch, which the driver turns into the job's error.
-    """
-    if name == "horovod.torch":
-        import torch
-
-        module.allreduce(torch.zeros(1), name=END_TENSOR, op=module.Sum)
-    else:
-        import tensorflow as tf
-
-        module.allreduce(tf.zeros(1), name=END_TENSOR, op=module.Sum)
-
-
 def _end_horovod() -> None:
-    """Leave Horovod together: wait until every rank's function returned, then shut down.
+    """Leave Horovod together: wait until every rank is done (``join``), then shut down.
 
     Without this, a rank that exits while a peer's background loop still talks to it makes that
     peer print ``Horovod background loop uncaught exception ... Connection reset by peer``.
+    The Join is marked as this rank's last (our patch of Horovod, ``scripts/patch_horovod.py``):
+    a peer that still submits a collective gets an error naming this rank and the tensor,
+    where a plain ``hvd.join()`` would hand it zeros in this rank's place.
     """
     for name in ("horovod.torch", "horovod.tensorflow"):
         module = sys.modules.get(name)
         try:
             if module is None or not module.is_initialized():
                 continue
-            _meet_at_the_end(module, name)
+            module.mpi_ops._basics.MPI_LIB_CTYPES.horovod_hvd_magics_finished()
+            module.join()
             module.shutdown()
         except Exception as exc:  # noqa: BLE001 - a peer that failed is reported by its own rank
-            print(f"hvd_magics: leaving Horovod ({name}) failed: {_safe_str(exc)}",
-                  file=sys.stderr)
+            if "Horovod has been shut down" not in _safe_str(exc):  # a peer failed: it says so
+                print(f"hvd_magics: leaving Horovod ({name}) failed: {_safe_str(exc)}",
+                      file=sys.stderr)
 
 
 def _final_rank() -> int:

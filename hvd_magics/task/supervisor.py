@@ -23,7 +23,6 @@ from typing import Any, Callable
 from hvd_magics.rank.process_group import die_with_parent, killpg
 from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, make_rank_tmpdir
 from hvd_magics.protocol import (ENV_EVENT_FD, ENV_HOROVOD_TIMELINE, ENV_LEGACY_KERAS,
-                                 ENV_STALL_CHECK_TIME, STALL_CHECK_TIME_S,
                                  ENV_RANK_TMPDIR, ENV_WANT_TIMELINE, EXIT, OUTPUT, OUTPUT_PARTIAL,
                                  RANK_MODULE, STARTED, TIMELINE_CHUNK, TIMELINE_LOCAL)
 
@@ -77,7 +76,6 @@ def rank_environment(base: dict[str, str], extra: dict[str, str]) -> dict[str, s
     env = dict(base)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault(ENV_LEGACY_KERAS, "1")
-    env.setdefault(ENV_STALL_CHECK_TIME, STALL_CHECK_TIME_S)
     root = _package_root()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env.update(extra)

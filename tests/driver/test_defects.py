@@ -199,8 +199,10 @@ def test_a_rank_that_ends_early_fails_the_job_instead_of_giving_zeros(framework)
         HorovodRunner(np=-2).run(jobs.uneven_sums, framework=framework)
     took = time.monotonic() - started
     text = str(info.value)
-    assert "rank 1 finished (its function returned) while rank 0 still waited" in text, text
-    assert "hvd.join()" in text
+    assert re.search(r"rank 0 on \S+: \w+: .*hvd_magics: rank 1 finished \(the job's function "
+                     r"returned\) while rank 0 still submitted ALLREDUCE of tensor '[^']+'", text), text
+    assert "call hvd.join() on a rank that runs out of data early" in info.value.failures[0].message
+    assert [f.rank for f in info.value.failures] == [0]
     assert last_run().status == "failed" and last_run().value is None
     assert took < 45, took
     assert not rank_processes_alive(last_run().pids.values())
@@ -209,7 +211,8 @@ def test_a_rank_that_ends_early_fails_the_job_instead_of_giving_zeros(framework)
 def test_a_rank_that_exits_after_init_fails_its_peers_collectives():
     with pytest.raises(HorovodJobError) as info:
         HorovodRunner(np=-2).run(jobs.uneven_sums, exit_early=True)
-    assert "rank 1 finished" in str(info.value) and "rank 0 still waited" in str(info.value)
+    assert "hvd_magics: rank 1 finished (the job's function returned) while rank 0 still " \
+           "submitted ALLREDUCE" in str(info.value)
 
 
 def test_hvd_join_called_by_the_user_keeps_horovods_meaning():

@@ -6,6 +6,7 @@ it, which cannot live beside the other tests' classic session.
 import os
 import subprocess
 import sys
+import re
 import textwrap
 
 from tests.conftest import ROOT
@@ -130,3 +131,92 @@ def test_jobs_run_on_a_spark_connect_session(tmp_path):
         proc.stdout
     assert "quiet elastic an elastic job hands out ranks over the notebook's event channel, " \
            "which the executors cannot use here: HVD_MAGICS_LIVE=0 is set" in proc.stdout
+
+
+SERVER_SCRIPT = textwrap.dedent('''
+    import sys, threading
+    from pyspark.sql import SparkSession
+    spark = (SparkSession.builder.remote("local[2]")
+             .config("spark.connect.grpc.binding.port", "{port}").getOrCreate())
+    print("serving", flush=True)
+    threading.Event().wait()
+''')
+
+LOST_SERVER_CLIENT = textwrap.dedent('''
+    import sys, os, signal, subprocess, time, threading, glob
+    sys.path.insert(0, {root!r})
+    import cloudpickle
+    from tests import jobs
+    cloudpickle.register_pickle_by_value(jobs)
+    from pyspark.sql import SparkSession
+    from hvd_magics import HorovodJobError, HorovodRunner, HorovodMagicsError
+    os.environ["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = "hvd-magics-test"  # the server's too
+
+    def start_server():
+        proc = subprocess.Popen([sys.executable, "-c", {server!r}], stdout=subprocess.PIPE,
+                                text=True, start_new_session=True)
+        assert proc.stdout.readline().strip() == "serving"
+        return proc
+
+    server = start_server()
+    spark = SparkSession.builder.remote("sc://localhost:{port}").getOrCreate()
+    print("before", HorovodRunner(np=2).run(jobs.print_lines, count=1), flush=True)
+    marks = {marks!r}
+
+    def kill_server():
+        while len(glob.glob(marks + "/rank*")) < 2:
+            time.sleep(0.05)
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+    threading.Thread(target=kill_server, daemon=True).start()
+    started = time.monotonic()
+    try:
+        HorovodRunner(np=2).run(jobs.sleep_in_allreduce, pid_dir=marks)
+    except HorovodJobError as exc:
+        print("lost after", round(time.monotonic() - started), "s:", str(exc).splitlines()[0])
+        print("first failure:", exc.failures[0].headline())
+    started = time.monotonic()
+    try:
+        HorovodRunner(np=2).run(jobs.print_lines, count=1)
+    except HorovodMagicsError as exc:
+        print("while down:", round(time.monotonic() - started), "s:", type(exc).__name__, exc)
+    server = start_server()
+    try:
+        print("same session after restart", HorovodRunner(np=2).run(jobs.print_lines, count=1))
+    except HorovodMagicsError as exc:
+        print("same session after restart:", type(exc).__name__, str(exc).count(chr(10)), exc)
+    spark = SparkSession.builder.remote("sc://localhost:{port}").getOrCreate()
+    print("new session", HorovodRunner(np=2).run(jobs.print_lines, count=1), flush=True)
+    os.killpg(server.pid, signal.SIGKILL)
+''')
+
+
+def test_a_connect_server_killed_mid_job_fails_it_in_seconds_naming_the_server(tmp_path):
+    """The cell hung for about ten minutes (pyspark retried interruptTag against the dead
+    server), then showed a raw SparkConnectGrpcException."""
+    from tests.conftest import _free_port
+
+    port = _free_port()
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    proc = subprocess.run([sys.executable, "-c", LOST_SERVER_CLIENT.format(
+        root=str(ROOT), port=port, marks=str(marks),
+        server=SERVER_SCRIPT.format(port=port))], env=env, capture_output=True, text=True,
+        timeout=400, cwd=tmp_path)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
+    assert "before 0" in out
+    lost = re.search(r"lost after (\d+) s: (.*)", out)
+    assert lost and int(lost.group(1)) < 30, out
+    assert f"the Spark Connect server at 127.0.0.1:{port} does not answer" in out, out
+    assert re.search(r"while down: \d s: SparkSessionLost: the Spark Connect server at "
+                     rf"127.0.0.1:{port} does not answer .*Fix: start the Spark Connect server "
+                     r"again if it is down, then get a new session with spark = "
+                     rf"SparkSession.builder.remote\('sc://localhost:{port}'\).getOrCreate\(\)",
+                     out), out
+    restart = re.search(r"same session after restart:? (.*)", out).group(1)
+    assert restart == "0" or restart.startswith("SparkSessionLost: 0 "), restart
+    assert "new session 0" in out
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
