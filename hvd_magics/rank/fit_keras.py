@@ -41,8 +41,10 @@ def keras_optimizer(spec: FitSpec, keras: Any, size: int) -> Any:
     else:  # "factory"
         optimizer = recipe.value()
     rate = optimizer.learning_rate
-    if not hasattr(rate, "numpy") and not isinstance(rate, (int, float)):
-        return optimizer  # a schedule: used as it is
+    schedule = keras.optimizers.schedules.LearningRateSchedule
+    if isinstance(getattr(optimizer, "_learning_rate", None), schedule) or (
+            not hasattr(rate, "numpy") and not isinstance(rate, (int, float))):
+        return optimizer  # a schedule (its learning rate reads as a tensor): used as it is
     default = float(rate) if recipe.kind != "name" else DEFAULT_LEARNING_RATE
     optimizer.learning_rate = scaled_learning_rate(spec, size, default)
     return optimizer
