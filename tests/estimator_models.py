@@ -2,26 +2,30 @@
 from __future__ import annotations
 
 
-def torch_mlp(inputs: int = 64, classes: int = 10):
-    """A function that builds a small PyTorch classifier (logits out)."""
+def torch_mlp(inputs: int = 64, classes: int = 10, dropout: float = 0.0):
+    """A function that builds a small PyTorch classifier (logits out), with dropout (random
+    draws at every training step) when ``dropout`` is above 0."""
     def build():
         import torch
 
         torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(inputs, 64), torch.nn.ReLU(),
-                                   torch.nn.Linear(64, classes))
+        hidden = [torch.nn.Linear(inputs, 64), torch.nn.ReLU()]
+        hidden += [torch.nn.Dropout(dropout)] if dropout else []
+        return torch.nn.Sequential(*hidden, torch.nn.Linear(64, classes))
 
     return build
 
 
-def keras_mlp(inputs: int = 64, classes: int = 10):
-    """A function that builds a small tf_keras classifier (softmax out)."""
+def keras_mlp(inputs: int = 64, classes: int = 10, dropout: float = 0.0):
+    """A function that builds a small tf_keras classifier (softmax out), with dropout when
+    ``dropout`` is above 0."""
     def build():
         import tf_keras as keras
 
         keras.utils.set_random_seed(0)
-        return keras.Sequential([keras.layers.Input((inputs,)),
-                                 keras.layers.Dense(64, activation="relu"),
+        hidden = [keras.layers.Dense(64, activation="relu")]
+        hidden += [keras.layers.Dropout(dropout)] if dropout else []
+        return keras.Sequential([keras.layers.Input((inputs,)), *hidden,
                                  keras.layers.Dense(classes, activation="softmax")])
 
     return build
@@ -41,32 +45,6 @@ def event_scalars(folder) -> dict[str, list[tuple[int, float]]]:
             for value in event.summary.value:
                 found.setdefault(value.tag, []).append((event.step, value.simple_value))
     return found
-
-
-def torch_dropout_mlp(inputs: int = 64, classes: int = 10):
-    """A PyTorch classifier with dropout (training draws random numbers every step)."""
-    def build():
-        import torch
-
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(inputs, 64), torch.nn.ReLU(),
-                                   torch.nn.Dropout(0.3), torch.nn.Linear(64, classes))
-
-    return build
-
-
-def keras_dropout_mlp(inputs: int = 64, classes: int = 10):
-    """A tf_keras classifier with dropout."""
-    def build():
-        import tf_keras as keras
-
-        keras.utils.set_random_seed(0)
-        return keras.Sequential([keras.layers.Input((inputs,)),
-                                 keras.layers.Dense(64, activation="relu"),
-                                 keras.layers.Dropout(0.3),
-                                 keras.layers.Dense(classes, activation="softmax")])
-
-    return build
 
 
 def keras_decaying_adam():

@@ -211,15 +211,14 @@ def test_a_fit_stopped_mid_epoch_and_resumed_is_the_same_fit(local_spark, tmp_pa
     """Resume reached the same step count, but the weights differed by up to 0.61 from an
     uninterrupted fit: Horovod's torch DistributedOptimizer kept the optimizer state apart
     from the one saved and restored, and dropout drew other numbers after a resume."""
-    from tests.estimator_models import (keras_decaying_adam, keras_dropout_mlp, model_weights,
-                                        torch_dropout_mlp)
+    from tests.estimator_models import keras_decaying_adam, model_weights
 
     train, _ = digits_frames(local_spark)
     if framework == "torch":
-        params = {"model": torch_dropout_mlp(), "loss": "cross_entropy", "optimizer": "adam",
+        params = {"model": torch_mlp(dropout=0.3), "loss": "cross_entropy", "optimizer": "adam",
                   "learningRate": 0.01}
     else:
-        params = {"model": keras_dropout_mlp(), "loss": "sparse_categorical_crossentropy",
+        params = {"model": keras_mlp(dropout=0.3), "loss": "sparse_categorical_crossentropy",
                   "optimizer": keras_decaying_adam()}
     estimator = HorovodEstimator(**params, batchSize=32, epochs=3, np=2, featuresCol="pixels",
                                  shuffle=True, seed=5)
