@@ -1,5 +1,5 @@
 # The two commands of the README. Both set everything up first (idempotent, seconds when done).
-.PHONY: main test setup
+.PHONY: main test test-fast setup
 PY := .venv/bin/python
 
 setup:
@@ -11,3 +11,7 @@ main: setup
 test:
 	@bash scripts/setup.sh --test
 	@$(PY) -m pytest -p no:cacheprovider -ra
+
+# The quick tier (no Spark, no ranks, no kernels): about 45 s.
+test-fast: setup
+	@$(PY) -m pytest -p no:cacheprovider -ra -m fast

@@ -153,7 +153,7 @@ def bench_fit(spark, frame, runs: int) -> str:
                          modelDir=tempfile.mkdtemp()).fit(frame)
 
     def plain() -> None:
-        from hvd_magics.notebook.payload import serialize_job
+        from hvd_magics.launch.payload import serialize_job
 
         runner = HorovodRunner(np=2)
         runner.run_payload(serialize_job(plain_fit, {"train": frame}), views=views())

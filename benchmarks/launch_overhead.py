@@ -91,7 +91,7 @@ def main() -> None:
     from pyspark.ml.torch.distributor import TorchDistributor
 
     from hvd_magics import HorovodRunner
-    from hvd_magics.notebook.payload import serialize_job
+    from hvd_magics.launch.payload import serialize_job
 
     script = tempfile.NamedTemporaryFile("w", suffix=".py", delete=False)
     script.write(HOROVODRUN_SCRIPT)

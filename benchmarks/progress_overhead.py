@@ -94,7 +94,7 @@ def overhead(runs: int) -> float:
     for run in range(runs):
         for label, times, env in in_turn(run, (("with", on, {}),
                                                ("without", off, {ENV_KERAS_PROGRESS: "0"}))):
-            from hvd_magics.notebook.payload import serialize_job
+            from hvd_magics.launch.payload import serialize_job
 
             record = HorovodRunner(np=2, env=env).run_payload(serialize_job(keras_many_steps, {}),
                                                                views=[])

@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     from hvd_magics import HorovodRunner
-    from hvd_magics.notebook.payload import serialize_job
+    from hvd_magics.launch.payload import serialize_job
     from hvd_magics.job.timeline import summarize
 
     payload = serialize_job(synthetic_training, {})

@@ -110,6 +110,11 @@ ENV_MAX_RESULT_MB = "HVD_MAGICS_MAX_RESULT_MB"
 ENV_LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
 #: The frameworks a HorovodEstimator trains (its fit's result and its model say which).
 KERAS, TORCH = "keras", "torch"
+#: How a fitted classifier's output becomes probabilities (its fit's result says which, and
+#: ``transform`` follows it): already probabilities, logits of several classes, one logit, or
+#: log-probabilities.
+OUTPUT_PROBABILITY, OUTPUT_SOFTMAX, OUTPUT_SIGMOID, OUTPUT_EXP = (
+    "probability", "softmax", "sigmoid", "exp")
 #: Horovod's own: where rank 0 writes the timeline, and whether it marks cycles.
 ENV_HOROVOD_TIMELINE = "HOROVOD_TIMELINE"
 ENV_TIMELINE_MARK_CYCLES = "HOROVOD_TIMELINE_MARK_CYCLES"

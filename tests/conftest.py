@@ -19,6 +19,22 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 _state: dict = {"master": None, "cluster": None}
 
+#: The marker of every test folder (its topology); ``pytest -m fast`` is the quick tier.
+TIERS = {"unit": "fast", "driver": "driver", "spark_local": "spark_local",
+         "spark_connect": "spark_connect", "spark_cluster": "spark_cluster",
+         "spark_elastic": "spark_elastic", "notebooks": "notebook", "browser": "browser",
+         "mlflow_tracking": "mlflow"}
+
+
+def pytest_collection_modifyitems(config, items) -> None:  # noqa: ARG001 - pytest's hook
+    """Mark each test by the folder it is in (a test folder without a tier is an error)."""
+    for item in items:
+        folder = Path(str(item.fspath)).relative_to(ROOT / "tests").parts[0]
+        if folder not in TIERS:
+            raise pytest.UsageError(f"tests/{folder} has no tier: add it to TIERS in "
+                                    "tests/conftest.py and to the markers in pyproject.toml")
+        item.add_marker(TIERS[folder])
+
 
 def _stop_active() -> None:
     from pyspark.sql import SparkSession

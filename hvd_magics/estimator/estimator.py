@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
+from dataclasses import asdict
 from typing import Any
 
 from pyspark.ml import Estimator
@@ -110,7 +111,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
 
     def _fit(self, dataset: Any) -> HorovodModel:
         from hvd_magics.job.runner import HorovodRunner
-        from hvd_magics.notebook.payload import serialize_job
+        from hvd_magics.launch.payload import serialize_job
         from hvd_magics.rank.estimator_fit import fit_on_rank
 
         get = self.getOrDefault
@@ -132,9 +133,10 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
                                mlflow=get(self.mlflow))
         payload = serialize_job(fit_on_rank, {"spec": spec, **frames}, names=frames)
         record = runner.run_payload(payload)
-        result = record.value
-        model = self._copy_to_model(HorovodModel(result["framework"], result["model"],
-                                                 {**result, "model_dir": model_dir}, record))
+        result = record.value  # a hvd_magics.rank.fit_common.FitResult
+        model = self._copy_to_model(HorovodModel(result.framework, result.model,
+                                                 {**asdict(result), "model_dir": model_dir},
+                                                 record))
         if getattr(record, "mlflow_run_id", None):
             from hvd_magics.estimator.mlflow_model import example_inputs, log_fitted_model
 
@@ -149,7 +151,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
         return to
 
     def _spec(self, columns: list[str], names: list[str] | None, model_dir: str) -> FitSpec:
-        from hvd_magics.notebook.payload import why_not_shippable
+        from hvd_magics.launch.payload import why_not_shippable
 
         get = self.getOrDefault
         model, loss = get(self.model), get(self.loss)

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from hvd_magics.job.epoch_timing import EPOCH_LINE, EpochTimer
 from hvd_magics.errors import OUTPUT_TAIL_LINES, RankFailure
-from hvd_magics.job.options import ElasticSize
+from hvd_magics.options import ElasticSize
 from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, EPOCH_BEGIN, EPOCH_END, ERROR, EXIT, OUTPUT,
                                  OUTPUT_PARTIAL, PROGRESS, RESIZE, RESULT, SHARDING, SLOT_OFFER,
                                  STARTED, TASK_ERROR, TASK_STARTED, TIMELINE_CHUNK,

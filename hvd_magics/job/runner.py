@@ -16,8 +16,8 @@ from hvd_magics.errors import HorovodJobError, JobInterrupted, PayloadError, Sta
 from hvd_magics.job.job_state import LOST, WAITING, JobState, JobView
 from hvd_magics.job.mlflow_run import MlflowSettings, MlflowTracker, requested
 from hvd_magics.launch.dataframe_input import DataFrameSources, check_columns, common_session
-from hvd_magics.notebook.payload import JobPayload, serialize_job
-from hvd_magics.notebook.cell_capture import leading_imports
+from hvd_magics.launch.payload import JobPayload, serialize_job
+from hvd_magics.launch.payload import leading_imports
 from hvd_magics.protocol import (ENV_PREIMPORT, ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE,
                                  RANK_MODULE)
 from hvd_magics.result_codec import VALUE, ResultDecodeError, decode_strict
@@ -26,7 +26,7 @@ from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.session import SESSION
 from hvd_magics.task.slots import local_addresses
 from hvd_magics.launch.spark_backend import SparkBackend, active_session, start_local_session
-from hvd_magics.job.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S,
+from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S,
                                     VERBOSITY_ALL, ElasticSize, validate_elastic_timeout,
                                     validate_reset_limit, validate_size, validate_start_timeout,
                                     validate_verbosity)

@@ -14,7 +14,7 @@ from typing import IO, Any
 
 from hvd_magics.job.job_state import JobState, display_line
 from hvd_magics.job.noise import is_noise
-from hvd_magics.job.options import (VERBOSITY_ALL, VERBOSITY_DEBUG, VERBOSITY_LOG_CALLBACK_ONLY,
+from hvd_magics.options import (VERBOSITY_ALL, VERBOSITY_DEBUG, VERBOSITY_LOG_CALLBACK_ONLY,
                                     validate_verbosity)
 from hvd_magics.protocol import EPOCH_END, LOG, OUTPUT, OUTPUT_PARTIAL, RESIZE
 

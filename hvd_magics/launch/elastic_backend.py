@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from hvd_magics.errors import HorovodMagicsError
-from hvd_magics.job.options import ElasticSize
+from hvd_magics.options import ElasticSize
 from hvd_magics.launch.spark_backend import STATUS_SCHEMA, SparkBackend, barrier_function
 from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, ENV_HOROVOD_ELASTIC, ENV_LIVE, EXIT,
                                  RESIZE, SLOT_OFFER, START_RANK)

@@ -44,7 +44,15 @@ def active_session() -> Any | None:
         from pyspark.sql import SparkSession
     except ImportError:
         return None
-    return SparkSession.getActiveSession()
+    session = SparkSession.getActiveSession()
+    if session is None:  # a Connect session made after its server restarted is only the default
+        try:
+            from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+            session = ConnectSession._get_default_session()  # noqa: SLF001
+        except Exception:  # noqa: BLE001 - no Connect client installed
+            return None
+    return session
 
 
 def connect_endpoint(spark: Any) -> tuple[str, int] | None:
@@ -72,6 +80,24 @@ def connect_server_gone(spark: Any) -> str | None:
                 f"({exc.strerror or type(exc).__name__}): it was stopped or lost")
 
 
+#: Connect sessions whose server went away, kept for the kernel's life: pyspark closes a
+#: session's gRPC channel when the session is garbage-collected, and doing that at an arbitrary
+#: point of another thread's gRPC call (our stage's, still retrying) was seen to deadlock the
+#: notebook when it rebound ``spark`` to a new session.
+_GONE_SESSIONS: list[Any] = []
+
+
+def give_up_retries(spark: Any) -> None:
+    """Let the calls of a Connect session whose server is gone fail at their next retry
+    instead of retrying for ten minutes (the job's own stage among them)."""
+    if not any(spark is kept for kept in _GONE_SESSIONS):
+        _GONE_SESSIONS.append(spark)
+    try:
+        spark.client._retry_policies[:] = []  # noqa: SLF001 - the list each call's retry reads
+    except Exception:  # noqa: BLE001,S110 - pyspark's internals changed: pyspark retries
+        pass
+
+
 def session_lost(spark: Any, why: str) -> SparkSessionLost:
     """The error for a Connect session that cannot be used, with how to get a new one."""
     endpoint = connect_endpoint(spark)
@@ -94,10 +120,12 @@ def check_connect_session(spark: Any) -> str:
     """
     gone = connect_server_gone(spark)
     if gone:
+        give_up_retries(spark)
         raise session_lost(spark, gone)
     try:
         return spark.conf.get("spark.master", "?")
     except Exception as exc:  # noqa: BLE001 - pyspark's Connect errors have no common base here
+        give_up_retries(spark)
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         raise session_lost(spark, f"the Spark Connect session cannot be used ({first})") from None
 
@@ -471,6 +499,7 @@ class SparkBackend:
         the server is gone: pyspark would retry it for ten minutes)."""
         self.server_gone = self.server_gone or connect_server_gone(self.spark)
         if self.server_gone:
+            give_up_retries(self.spark)
             return
 
         def interrupt() -> None:
@@ -493,6 +522,7 @@ class SparkBackend:
             if self.connect and self._thread.is_alive():
                 self.server_gone = self.server_gone or connect_server_gone(self.spark)
                 if self.server_gone:
+                    give_up_retries(self.spark)
                     break
         if self._server is not None and self.finished:
             self._server.close()

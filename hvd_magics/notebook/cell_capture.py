@@ -96,35 +96,6 @@ def unbound_return_names(source: str, names: tuple[str, ...]) -> list[str]:
     return [] if bound is None else [n for n in names if n not in bound]
 
 
-def leading_imports(source: str) -> list[str]:
-    """The modules a cell (or a function's source) imports before anything else it does.
-
-    A rank imports them while the launch goes on: only these, because a later import may depend
-    on what the code did first (``os.environ["KERAS_BACKEND"] = ...`` before ``import keras``).
-    """
-    import textwrap
-
-    try:
-        tree = ast.parse(textwrap.dedent(source))
-    except SyntaxError:
-        return []
-    body = tree.body
-    if len(body) == 1 and isinstance(body[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
-        body = body[0].body
-    names: list[str] = []
-    for index, node in enumerate(body):
-        if index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            continue  # a docstring
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
-                and node.module != "__future__":
-            names.append(node.module)
-        else:
-            break
-    return list(dict.fromkeys(names))
-
-
 def capture(source: str, user_ns: Mapping[str, Any], header: str = "%%horovod",
             return_names: tuple[str, ...] = ()) -> CapturedCell:
     """Collect what the cell needs from the notebook namespace.

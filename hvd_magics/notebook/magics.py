@@ -11,7 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from hvd_magics.errors import CellError, PayloadError
-from hvd_magics.job.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S,
+from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S,
                                     VERBOSITIES, validate_elastic_timeout, validate_reset_limit,
                                     validate_size, validate_start_timeout)
 from hvd_magics.job.mlflow_run import MlflowMissing, requested
@@ -21,7 +21,7 @@ from hvd_magics.job.session import SESSION
 from hvd_magics.job.timeline import COST_WARNING, summarize
 from hvd_magics.notebook.cell_capture import capture, unbound_return_names
 from hvd_magics.notebook.gpu_guard import driver_gpu_holders, driver_gpu_message
-from hvd_magics.notebook.payload import JobPayload, find_unshippable, serialize_job
+from hvd_magics.launch.payload import JobPayload, find_unshippable, serialize_job
 from hvd_magics.rank.cell_runner import run_captured_cell
 from hvd_magics.result_codec import RETURN_PREFIX, VALUE, decode_guarded, decode_strict
 

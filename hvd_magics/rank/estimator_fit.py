@@ -12,24 +12,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import numpy as np
-
 from hvd_magics.protocol import KERAS, TORCH
+from hvd_magics.rank.fit_common import FitResult
 from hvd_magics.rank.fit_spec import FitSpec
-
-#: Output of a classifier's model, and how ``transform`` turns it into probabilities.
-SOFTMAX, SIGMOID, EXP, PROBABILITY = "softmax", "sigmoid", "exp", "probability"
-
-_CLASSIFICATION_LOSSES = {
-    # name (a string loss, or a loss class's name, lower case) -> output unless from_logits
-    "sparse_categorical_crossentropy": PROBABILITY, "sparsecategoricalcrossentropy": PROBABILITY,
-    "categorical_crossentropy": PROBABILITY, "categoricalcrossentropy": PROBABILITY,
-    "binary_crossentropy": PROBABILITY, "binarycrossentropy": PROBABILITY,
-    "cross_entropy": SOFTMAX, "crossentropyloss": SOFTMAX,
-    "nll": EXP, "nll_loss": EXP, "nllloss": EXP,
-    "bce": PROBABILITY, "bceloss": PROBABILITY,
-    "bce_with_logits": SIGMOID, "bcewithlogitsloss": SIGMOID,
-}
 
 
 def framework_of(model: Any) -> str | None:
@@ -63,48 +48,7 @@ def build_model(model: Any) -> tuple[Any, str]:
     return built, framework
 
 
-def classifier_output(loss: Any, classifier: bool | None) -> str | None:
-    """How ``transform`` gets probabilities from the model's output (``None``: not a classifier),
-    from the loss (its name, its class and ``from_logits``) unless ``classifier`` says."""
-    name = loss if isinstance(loss, str) else type(loss).__name__
-    if not isinstance(loss, str) and getattr(loss, "__name__", None):
-        name = loss.__name__  # a loss function
-    kind = _CLASSIFICATION_LOSSES.get(str(name).lower())
-    config = getattr(loss, "get_config", lambda: {})()
-    if kind == PROBABILITY and isinstance(config, dict) and config.get("from_logits"):
-        kind = SIGMOID if "binary" in str(name).lower() else SOFTMAX
-    if classifier is False:
-        return None
-    return kind or (PROBABILITY if classifier else None)
-
-
-def inputs_of(shard: Any, spec: FitSpec) -> list[np.ndarray]:
-    """The model inputs of ``shard``'s rows: one 2-D float32 array per feature column."""
-    return [shard.feature_matrix(column) for column in spec.features]
-
-
-def labels_of(shard: Any, spec: FitSpec, classifier: bool) -> np.ndarray:
-    labels = shard.to_numpy(spec.label)
-    if classifier and labels.dtype.kind in "fiub" and labels.ndim == 1:
-        if labels.dtype.kind == "f" and not np.all(np.mod(labels, 1) == 0):
-            return labels.astype(np.float32)
-        return labels.astype(np.int64)
-    return labels.astype(np.float32) if labels.dtype.kind in "fiub" else labels
-
-
-def scaled_learning_rate(spec: FitSpec, size: int, default: float) -> float:
-    rate = spec.learning_rate if spec.learning_rate is not None else default
-    return rate * size if spec.scale_learning_rate else rate
-
-
-def step_seed(seed: int, rank: int, global_step: int) -> int:
-    """The random seed of one rank's training step: what a step draws (dropout) depends only on
-    the fit's seed, the rank and the step, so a resumed fit draws what the uninterrupted one
-    did."""
-    return (seed * 1_000_003 + global_step * 1_009 + rank) % (2 ** 31 - 1)
-
-
-def fit_on_rank(spec: FitSpec, train: Any, val: Any = None) -> dict[str, Any] | None:
+def fit_on_rank(spec: FitSpec, train: Any, val: Any = None) -> FitResult | None:
     """Train on this rank's shards; rank 0 returns what the driver's model needs."""
     model, framework = build_model(spec.model)
     if spec.model_dir:

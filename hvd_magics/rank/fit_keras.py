@@ -21,8 +21,8 @@ import numpy as np
 
 from hvd_magics.protocol import KERAS
 from hvd_magics.rank.checkpoints import Position, epoch_plan, latest_checkpoint, write_checkpoint
-from hvd_magics.rank.estimator_fit import (classifier_output, inputs_of, labels_of,
-                                           scaled_learning_rate, step_seed)
+from hvd_magics.rank.fit_common import (FitResult, classifier_output, inputs_of, labels_of,
+                                        scaled_learning_rate, step_seed)
 from hvd_magics.rank.event_files import EventFiles
 from hvd_magics.rank.fit_spec import DEFAULT_LEARNING_RATE, FitSpec
 from hvd_magics.rank.keras_progress import progress_callback
@@ -100,7 +100,7 @@ def step_generators(model: Any) -> list[Any]:
     return generators
 
 
-def fit_keras(spec: FitSpec, model: Any, train: Any, val: Any) -> dict[str, Any] | None:
+def fit_keras(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | None:
     import horovod.tensorflow as hvd_tf
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
@@ -220,10 +220,8 @@ def fit_keras(spec: FitSpec, model: Any, train: Any, val: Any) -> dict[str, Any]
     blob = _save_final(model, spec.model_dir)
     example = model(model_inputs([x[:2] for x in xs]), training=False)
     output_size = int(np.prod(example.shape[1:]))
-    return {"framework": KERAS, "model": blob, "output": output_kind,
-            "output_size": output_size, "history": history, "position": asdict(position),
-            "resumed_from": asdict(found[0]) if found else None, "steps_per_epoch": steps,
-            "optimizer_step": optimizer_step}
+    return FitResult(KERAS, blob, output_kind, output_size, history, asdict(position),
+                     asdict(found[0]) if found else None, steps, optimizer_step)
 
 
 def _save_final(model: Any, model_dir: str | None) -> bytes:

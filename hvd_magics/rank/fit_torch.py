@@ -14,7 +14,8 @@ import numpy as np
 from hvd_magics.rank import progress
 from hvd_magics.rank.checkpoints import Position, epoch_plan, latest_checkpoint, write_checkpoint
 from hvd_magics.protocol import TORCH
-from hvd_magics.rank.estimator_fit import classifier_output, inputs_of, labels_of, step_seed
+from hvd_magics.rank.fit_common import (FitResult, classifier_output, inputs_of, labels_of,
+                                        step_seed)
 from hvd_magics.rank.event_files import EventFiles
 from hvd_magics.rank.fit_spec import DEFAULT_LEARNING_RATE, FitSpec, OptimizerRecipe
 
@@ -155,7 +156,7 @@ def _save_final(model: Any, model_dir: str | None, example: list[Any], names: li
     return blob
 
 
-def fit_torch(spec: FitSpec, model: Any, train: Any, val: Any) -> dict[str, Any] | None:
+def fit_torch(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | None:
     import horovod.torch as hvd
     import torch
 
@@ -248,10 +249,9 @@ def fit_torch(spec: FitSpec, model: Any, train: Any, val: Any) -> dict[str, Any]
         output_size = int(np.prod(_forward(model, example, spec.input_names).shape[1:]))
     steps_taken = [int(s["step"]) for s in optimizer.state_dict()["state"].values()
                    if "step" in s]
-    return {"framework": TORCH, "model": blob, "output": output_kind,
-            "output_size": output_size, "history": history, "position": asdict(position),
-            "resumed_from": asdict(found[0]) if found else None, "steps_per_epoch": steps,
-            "optimizer_step": max(steps_taken) if steps_taken else global_step}
+    return FitResult(TORCH, blob, output_kind, output_size, history, asdict(position),
+                     asdict(found[0]) if found else None, steps,
+                     max(steps_taken) if steps_taken else global_step)
 
 
 def _evaluate(model: Any, loss_fn: Any, xs: list[Any], ys: Any, spec: FitSpec,

@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from hvd_magics.protocol import ENV_LEGACY_KERAS, KERAS
+from hvd_magics.protocol import (ENV_LEGACY_KERAS, KERAS, OUTPUT_EXP, OUTPUT_SIGMOID,
+                                 OUTPUT_SOFTMAX)
 
 #: Output fields of the UDF's struct (the model adds them as columns under its param names).
 PREDICTION, PROBABILITY, RAW = "prediction", "probability", "raw"
@@ -160,12 +161,12 @@ def column_matrix(array: Any, name: str) -> np.ndarray:
 
 def probabilities(raw: np.ndarray, output: str) -> np.ndarray:
     """Class probabilities from a classifier's raw output (one column: binary)."""
-    if output == "softmax":
+    if output == OUTPUT_SOFTMAX:
         shifted = np.exp(raw - raw.max(axis=1, keepdims=True))
         probs = shifted / shifted.sum(axis=1, keepdims=True)
-    elif output == "sigmoid":
+    elif output == OUTPUT_SIGMOID:
         probs = 1.0 / (1.0 + np.exp(-raw))
-    elif output == "exp":
+    elif output == OUTPUT_EXP:
         probs = np.exp(raw)
     else:
         probs = raw

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hvd_magics import HorovodJobError, HorovodRunner, last_run
-from hvd_magics.notebook.payload import serialize_job
+from hvd_magics.launch.payload import serialize_job
 from hvd_magics.result_codec import ENV_MAX_RESULT_MB
 from hvd_magics.job.text_view import TextView
 from tests import jobs

@@ -22,7 +22,7 @@ class Collect:
 
 
 def _run(fn, view, np=-2, **kwargs):
-    from hvd_magics.notebook.payload import serialize_job
+    from hvd_magics.launch.payload import serialize_job
 
     return HorovodRunner(np=np).run_payload(serialize_job(fn, kwargs), views=[view])
 

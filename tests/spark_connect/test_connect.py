@@ -134,10 +134,18 @@ def test_jobs_run_on_a_spark_connect_session(tmp_path):
 
 
 SERVER_SCRIPT = textwrap.dedent('''
-    import sys, threading
+    import socket, threading, time
     from pyspark.sql import SparkSession
-    spark = (SparkSession.builder.remote("local[2]")
+    # a classic session whose JVM serves Spark Connect (what remote("local[2]") starts)
+    spark = (SparkSession.builder.master("local[2]")
+             .config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
              .config("spark.connect.grpc.binding.port", "{port}").getOrCreate())
+    while True:
+        try:
+            socket.create_connection(("localhost", {port}), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
     print("serving", flush=True)
     threading.Event().wait()
 ''')
@@ -152,9 +160,11 @@ LOST_SERVER_CLIENT = textwrap.dedent('''
     from hvd_magics import HorovodJobError, HorovodRunner, HorovodMagicsError
     os.environ["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = "hvd-magics-test"  # the server's too
 
-    def start_server():
+    def start_server():  # in an environment without the client's Spark Connect settings
+        env = {{k: v for k, v in os.environ.items()
+               if not k.startswith("SPARK_") or k == "SPARK_CONNECT_AUTHENTICATE_TOKEN"}}
         proc = subprocess.Popen([sys.executable, "-c", {server!r}], stdout=subprocess.PIPE,
-                                text=True, start_new_session=True)
+                                text=True, start_new_session=True, env=env)
         assert proc.stdout.readline().strip() == "serving"
         return proc
 
@@ -188,7 +198,9 @@ LOST_SERVER_CLIENT = textwrap.dedent('''
         print("same session after restart:", type(exc).__name__, str(exc).count(chr(10)), exc)
     spark = SparkSession.builder.remote("sc://localhost:{port}").getOrCreate()
     print("new session", HorovodRunner(np=2).run(jobs.print_lines, count=1), flush=True)
+    spark.stop()
     os.killpg(server.pid, signal.SIGKILL)
+    os._exit(0)  # the first session's client would retry its exit hook for ten minutes
 ''')
 
 

@@ -59,7 +59,7 @@ def test_tracebacks_point_at_cell_lines_and_show_the_source():
 
 
 def test_only_the_leading_imports_are_imported_early():
-    from hvd_magics.notebook.cell_capture import leading_imports
+    from hvd_magics.launch.payload import leading_imports
 
     cell = ("import tensorflow as tf\nimport horovod.tensorflow.keras as hvd\n"
             "from sklearn.datasets import load_digits\nhvd.init()\nimport torch\n")

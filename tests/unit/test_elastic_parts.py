@@ -8,7 +8,7 @@ import types
 import pytest
 
 from hvd_magics.job.job_state import DONE, FAILED, READY, RUNNING, JobState
-from hvd_magics.job.options import ElasticSize, validate_size
+from hvd_magics.options import ElasticSize, validate_size
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.text_view import TextView
 from hvd_magics.launch.elastic_backend import LOST_CODE, TaskSlots

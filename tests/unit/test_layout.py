@@ -63,3 +63,74 @@ def test_every_event_kind_is_written_down_once():
         for kind in protocol.EVENTS:
             assert not re.search(rf"""(emit|send|sink|_sink|kind\s*==)\(?\s*["']{kind}["']""",
                                  text), f"{path.name} spells the event kind {kind!r}"
+
+
+#: Which floors each floor may import (the code's folders, by where it runs, top to bottom;
+#: ``shared`` is the package's own top-level modules). The entry point ``hvd_magics/__init__``
+#: names the public API and may import any floor.
+MAY_IMPORT = {
+    "notebook": {"notebook", "estimator", "job", "launch", "task", "rank", "shared"},
+    "estimator": {"estimator", "job", "launch", "task", "rank", "shared"},
+    "job": {"job", "launch", "task", "rank", "shared"},
+    "launch": {"launch", "task", "rank", "shared"},
+    "task": {"task", "rank", "shared"},
+    "rank": {"rank", "shared"},
+    "shared": {"shared"},
+}
+
+
+def _floor(module: str) -> str:
+    """The folder a module is in (a folder's own ``__init__`` too), or ``shared``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in MAY_IMPORT else "shared"
+
+
+def _imports() -> dict[str, set[str]]:
+    """Every module of the package and the package modules it imports (anywhere in it)."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(hvd_magics.__file__).parent
+    found: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root.parent).with_suffix("")
+        module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        found[module] = {n for n in names if n.startswith("hvd_magics.")}
+    modules = set(found)
+    return {m: {n if n in modules else n.rsplit(".", 1)[0] for n in names} & modules
+            for m, names in found.items()}
+
+
+def test_every_module_imports_only_its_own_floor_or_below():
+    """The table holds for every folder (job/runner once imported notebook/payload)."""
+    assert set(MAY_IMPORT) >= {_floor(m) for m in _imports() if m != "hvd_magics"}
+    wrong = sorted(f"{m} -> {n}" for m, names in _imports().items() if m != "hvd_magics"
+                   for n in names if _floor(n) not in MAY_IMPORT[_floor(m)])
+    assert wrong == [], wrong
+
+
+def test_no_module_imports_itself_round_a_circle():
+    """rank/estimator_fit and rank/fit_keras once imported each other."""
+    graph = _imports()
+    graph.pop("hvd_magics")  # the entry point imports lazily what it names
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            raise AssertionError("import circle: " + " -> ".join(path[path.index(module):]
+                                                                 + [module]))
+        if module in done:
+            return
+        for name in sorted(graph.get(module, ())):
+            if name != "hvd_magics":
+                visit(name, path + [module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])

@@ -5,7 +5,7 @@ import cloudpickle
 import pytest
 
 from hvd_magics.errors import PayloadError
-from hvd_magics.notebook.payload import serialize_job, why_not_shippable
+from hvd_magics.launch.payload import serialize_job, why_not_shippable
 
 
 def test_a_lock_argument_is_named():

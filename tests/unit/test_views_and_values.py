@@ -13,7 +13,7 @@ from hvd_magics.job.noise import is_noise
 from hvd_magics.task.supervisor import terminal_text
 from hvd_magics.result_codec import (Parts, RemoteValue, ResultDecodeError, decode_guarded,
                                      decode_strict, encode_parts)
-from hvd_magics.job.options import VERBOSITY_DEBUG
+from hvd_magics.options import VERBOSITY_DEBUG
 from hvd_magics.job.text_view import MAX_LINES_PER_FLUSH, TextView
 
 TF_STARTUP = [

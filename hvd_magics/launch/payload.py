@@ -7,6 +7,7 @@ DataFrame itself becomes a source of the job's barrier stage
 """
 from __future__ import annotations
 
+import ast
 import inspect
 import io
 import socket
@@ -129,3 +130,32 @@ def serialize_job(main: Callable, kwargs: Mapping[str, Any],
             "function (from a file or table, or pass a Spark DataFrame: each rank gets its "
             "shard) instead of capturing it.", stacklevel=3)
     return JobPayload(blob, sources)
+
+
+def leading_imports(source: str) -> list[str]:
+    """The modules a cell (or a function's source) imports before anything else it does.
+
+    A rank imports them while the launch goes on: only these, because a later import may depend
+    on what the code did first (``os.environ["KERAS_BACKEND"] = ...`` before ``import keras``).
+    """
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        return []
+    body = tree.body
+    if len(body) == 1 and isinstance(body[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
+        body = body[0].body
+    names: list[str] = []
+    for index, node in enumerate(body):
+        if index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # a docstring
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module != "__future__":
+            names.append(node.module)
+        else:
+            break
+    return list(dict.fromkeys(names))
