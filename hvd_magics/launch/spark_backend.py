@@ -99,13 +99,23 @@ def give_up_retries(spark: Any) -> None:
 
 
 def session_lost(spark: Any, why: str) -> SparkSessionLost:
-    """The error for a Connect session that cannot be used, with how to get a new one."""
+    """The error for a Connect session that cannot be used, with how to get a new one (pyspark's
+    ``getOrCreate`` gives the old session back until it is stopped)."""
     endpoint = connect_endpoint(spark)
     url = f"sc://{endpoint[0]}:{endpoint[1]}" if endpoint else "..."
     return SparkSessionLost(
         f"{why}. Fix: start the Spark Connect server again if it is down, then get a new "
-        f"session with spark = SparkSession.builder.remote({url!r}).getOrCreate() and run "
-        "the cell again.")
+        f"session (spark.stop(); spark = SparkSession.builder.remote({url!r}).getOrCreate()) "
+        "and run the cell again.")
+
+
+def _gist(exc: BaseException) -> str:
+    """The telling line of a pyspark or gRPC error (a gRPC error's ``details``)."""
+    text = str(exc).strip()
+    found = re.search(r'details = "([^"]+)"', text)
+    if found:
+        return found.group(1)[:300]
+    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 def check_connect_session(spark: Any) -> str:
@@ -126,8 +136,8 @@ def check_connect_session(spark: Any) -> str:
         return spark.conf.get("spark.master", "?")
     except Exception as exc:  # noqa: BLE001 - pyspark's Connect errors have no common base here
         give_up_retries(spark)
-        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-        raise session_lost(spark, f"the Spark Connect session cannot be used ({first})") from None
+        raise session_lost(spark, f"the Spark Connect session cannot be used ({_gist(exc)})"
+                           ) from None
 
 
 def embedded_spark_log() -> Path:
@@ -549,7 +559,8 @@ class SparkBackend:
             self.server_gone = connect_server_gone(self.spark)
         if self.server_gone:
             return (f"{self.server_gone}, and the ranks' tasks with it. Fix: start it again, "
-                    "then get a new session (SparkSession.builder.remote(...).getOrCreate())")
+                    "then get a new session (spark.stop(); spark = "
+                    "SparkSession.builder.remote(...).getOrCreate())")
         if setup:
             text = setup[0]["error"]
         elif self.error is not None:
