@@ -247,3 +247,21 @@ def test_idle_connections_cannot_keep_the_ranks_out():
     for client in clients:
         client.close()
     server.close()
+
+
+def test_a_start_timeout_names_the_channel_and_what_it_turned_away():
+    """The start timeout said only 'waiting for ranks 0, 1 to start' while idle connections
+    held the channel."""
+    from hvd_magics.launch.spark_backend import SparkBackend
+
+    server = EventServer("127.0.0.1", "job13")
+    backend = object.__new__(SparkBackend)  # the note needs only the channel
+    backend._server = server
+    assert backend.silence_note([]) == ""
+    server.rejected = 3
+    assert backend.silence_note([0, 1]) == (
+        f"Nothing reached the notebook's event channel (127.0.0.1:{server.address.port}) from "
+        "the Spark tasks of ranks 0, 1: Spark did not run them, or they cannot reach this "
+        "machine; the channel closed 3 connections that did not authenticate (another process "
+        "connecting to it?). ")
+    server.close()
