@@ -28,7 +28,7 @@ _PUBLIC = {
     "JobInterrupted": "hvd_magics.errors",
     "NotEnoughSlotsError": "hvd_magics.errors",
     "PayloadError": "hvd_magics.errors",
-    "MlflowMissing": "hvd_magics.job.mlflow_run",
+    "MlflowMissing": "hvd_magics.errors",
     "StartTimeoutError": "hvd_magics.errors",
     "log_to_driver": "hvd_magics.rank.reporting",
     "progress": "hvd_magics.rank",  # the module hvd_magics.rank.progress

@@ -126,6 +126,20 @@ class SparkSessionLost(HorovodMagicsError, RuntimeError):
     that it no longer knows the session); the message says how to get a new session."""
 
 
+class ShardError(HorovodMagicsError, TypeError):
+    """On a rank: a shard's column cannot become the arrays training code asks for (the message
+    names it)."""
+
+
+class ShardSpaceError(HorovodMagicsError, OSError):
+    """In a Spark task: a shard does not fit on the executor's local disk (the message has the
+    figures)."""
+
+
+class MlflowMissing(HorovodMagicsError, ImportError):
+    """Tracking was asked for, but mlflow is not installed (the message says how to get it)."""
+
+
 class PayloadError(HorovodMagicsError, TypeError):
     """Something the job needs cannot be pickled and shipped to the ranks."""
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Callable, Iterator
 
-from hvd_magics.errors import HorovodMagicsError
+from hvd_magics.errors import MlflowMissing
 from hvd_magics.protocol import EPOCH_BEGIN, EPOCH_END
 
 #: How to get MLflow when a job asks for tracking without it.
@@ -48,10 +48,6 @@ VERSIONED = ("horovod", "tensorflow", "tensorflow-cpu", "tf-keras", "keras", "to
 _SUPPRESS_URL = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 #: Run status for each way a job ends.
 STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
-
-
-class MlflowMissing(HorovodMagicsError, ImportError):
-    """Tracking was asked for, but mlflow is not installed (the message says how to get it)."""
 
 
 @dataclass

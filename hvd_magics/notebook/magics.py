@@ -10,11 +10,11 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from hvd_magics.errors import CellError, PayloadError
+from hvd_magics.errors import CellError, MlflowMissing, PayloadError
 from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S,
                                     VERBOSITIES, validate_elastic_timeout, validate_reset_limit,
                                     validate_size, validate_start_timeout)
-from hvd_magics.job.mlflow_run import MlflowMissing, requested
+from hvd_magics.job.mlflow_run import requested
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.runner import HorovodRunner, default_views
 from hvd_magics.job.session import SESSION

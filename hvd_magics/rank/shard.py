@@ -24,14 +24,12 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from hvd_magics.errors import ShardError
+
 #: What :meth:`Shard.steps_per_epoch` does with the rows by which shards differ.
 REPEAT, DROP = "repeat", "drop"
 #: Arrow field names of an MLlib ``VectorUDT`` column (``type`` 0: sparse, 1: dense).
 _VECTOR_FIELDS = {"type", "size", "indices", "values"}
-
-
-class ShardError(TypeError):
-    """A column cannot become the arrays training code asks for (the message names it)."""
 
 
 def _is_vector(kind: Any) -> bool:

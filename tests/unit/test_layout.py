@@ -39,7 +39,8 @@ def test_every_error_is_a_horovod_magics_error():
     from hvd_magics import errors
 
     for name in ("HorovodJobError", "StartTimeoutError", "NotEnoughSlotsError", "PayloadError",
-                 "CellError", "ResultDecodeError"):
+                 "CellError", "ResultDecodeError", "ShardError", "ShardSpaceError",
+                 "MlflowMissing", "SparkSessionLost", "EstimatorInputError"):
         assert issubclass(getattr(errors, name), errors.HorovodMagicsError), name
     assert issubclass(errors.JobInterrupted, KeyboardInterrupt)
     # a user mistake renders as its one line in IPython, not a traceback through hvd_magics
