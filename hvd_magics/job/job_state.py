@@ -369,11 +369,11 @@ class JobState:
         if outcome not in (INTERRUPTED, "failed"):
             return
         for state in self.ranks:
-            if state.state in (DONE, WAITING, READY) or (state.failed and not state.lost and
-                                                         outcome != INTERRUPTED):
-                continue
-            if state.error is None and not state.task_error and not state.lost:
-                state.state = INTERRUPTED if outcome == INTERRUPTED else STOPPED
+            own_failure = state.error is not None or state.task_error or state.lost
+            if state.state in (DONE, WAITING, READY) or own_failure or (
+                    state.failed and outcome != INTERRUPTED):
+                continue  # its own end says more (a rank killed by an interrupt was stopped)
+            state.state = INTERRUPTED if outcome == INTERRUPTED else STOPPED
 
     def end(self) -> None:
         """Tell the views the job is over and close the log."""

@@ -238,8 +238,7 @@ class MlflowTracker:
                     self._pending.append(task)
                 continue
             try:
-                if task != self._start:
-                    check_health(self.tracking_uri)
+                check_health(self.tracking_uri)  # at once, not after MLflow's own retries
                 task()
             except Exception as exc:  # noqa: BLE001 - tracking never breaks a job
                 self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
@@ -254,7 +253,6 @@ class MlflowTracker:
     def _start(self) -> None:
         from mlflow import MlflowClient
 
-        check_health(self.tracking_uri)  # a server that is down fails here at once
         PENDING.flush(self.tracking_uri)  # what earlier jobs left, now that it answers
         client = MlflowClient(self.tracking_uri)
         if self.settings.experiment:

@@ -16,8 +16,7 @@ from hvd_magics.errors import HorovodJobError, JobInterrupted, PayloadError, Sta
 from hvd_magics.job.job_state import LOST, WAITING, JobState, JobView
 from hvd_magics.job.mlflow_run import MlflowSettings, MlflowTracker, requested
 from hvd_magics.launch.dataframe_input import DataFrameSources, check_columns, common_session
-from hvd_magics.launch.payload import JobPayload, serialize_job
-from hvd_magics.launch.payload import leading_imports
+from hvd_magics.launch.payload import JobPayload, leading_imports, serialize_job
 from hvd_magics.protocol import (ENV_PREIMPORT, ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE,
                                  RANK_MODULE)
 from hvd_magics.result_codec import VALUE, ResultDecodeError, decode_strict

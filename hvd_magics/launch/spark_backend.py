@@ -504,12 +504,19 @@ class SparkBackend:
             else:
                 self.sc.cancelJobGroup(self._group)
 
+    def _server_is_gone(self) -> bool:
+        """Whether this Connect session's server is gone (asked once it is: it stays gone); its
+        calls then stop retrying."""
+        if self.server_gone is None:
+            self.server_gone = connect_server_gone(self.spark)
+            if self.server_gone:
+                give_up_retries(self.spark)
+        return self.server_gone is not None
+
     def _interrupt_connect(self) -> None:
         """Cancel the stage by its tag, waiting at most ``INTERRUPT_WAIT_S`` (not at all when
         the server is gone: pyspark would retry it for ten minutes)."""
-        self.server_gone = self.server_gone or connect_server_gone(self.spark)
-        if self.server_gone:
-            give_up_retries(self.spark)
+        if self._server_is_gone():
             return
 
         def interrupt() -> None:
@@ -529,11 +536,8 @@ class SparkBackend:
         while self._thread is not None and self._thread.is_alive() and \
                 time.monotonic() < deadline:
             self._thread.join(min(CONNECT_PROBE_S, max(deadline - time.monotonic(), 0)))
-            if self.connect and self._thread.is_alive():
-                self.server_gone = self.server_gone or connect_server_gone(self.spark)
-                if self.server_gone:
-                    give_up_retries(self.spark)
-                    break
+            if self.connect and self._thread.is_alive() and self._server_is_gone():
+                break
         if self._server is not None and self.finished:
             self._server.close()
         return self.finished
@@ -555,9 +559,7 @@ class SparkBackend:
         """Why the Spark side failed, as the executor's Python error (never JVM frames), or
         ``None`` when it did not."""
         setup = [r for r in self.results if r.get("setup")]
-        if self.connect and not self.finished and self.server_gone is None:
-            self.server_gone = connect_server_gone(self.spark)
-        if self.server_gone:
+        if self.connect and not self.finished and self._server_is_gone():
             return (f"{self.server_gone}, and the ranks' tasks with it. Fix: start it again, "
                     "then get a new session (spark.stop(); spark = "
                     "SparkSession.builder.remote(...).getOrCreate())")

@@ -164,12 +164,16 @@ def fit_keras(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | No
     generators = step_generators(model)
 
     class _SeedEachStep(keras.callbacks.Callback):
-        """Each step draws from a state set by the fit's seed, the rank and the step."""
+        """Each step draws from a state set by the fit's seed, the rank and the step (the
+        optimizer's step counter is read once per ``fit`` call, not at every step)."""
+
+        def on_train_begin(self, logs: Any = None) -> None:
+            self.first_step, self.rank = int(optimizer.iterations.numpy()), hvd.rank()
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-            step = int(optimizer.iterations.numpy())
             for index, generator in enumerate(generators):
-                generator.reset_from_seed(step_seed(spec.seed + index, hvd.rank(), step))
+                generator.reset_from_seed(step_seed(spec.seed + index, self.rank,
+                                                    self.first_step + batch))
 
     class _TimedCheckpoints(keras.callbacks.Callback):
         """Rank 0 saves a checkpoint inside an epoch every ``checkpoint_secs`` seconds."""

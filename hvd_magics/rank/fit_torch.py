@@ -195,6 +195,7 @@ def fit_torch(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | No
     history: list[dict[str, Any]] = list(state.get("history") or [])  # of earlier fits too
     last_save = time.monotonic()
     global_step = position.global_step
+    rank = hvd.rank()
 
     def save(at: Position) -> None:
         nonlocal last_save
@@ -211,7 +212,7 @@ def fit_torch(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | No
         sums = _Sums(metrics, output_kind is not None)
         for index, rows in enumerate(batches):
             rows = torch.from_numpy(rows)
-            torch.manual_seed(step_seed(spec.seed, hvd.rank(), global_step))
+            torch.manual_seed(step_seed(spec.seed, rank, global_step))
             optimizer.zero_grad()
             output = _forward(model, [x[rows] for x in xs], spec.input_names)
             target = _shaped(ys[rows], output)
