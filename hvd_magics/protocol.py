@@ -10,7 +10,9 @@ Order: a rank's ``exit`` is its last event, after everything it wrote.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import BinaryIO
 
 
 @dataclass(frozen=True)
@@ -136,3 +138,18 @@ RANK_MODULE = "hvd_magics.rank.rank_main"
 #: ``__source`` is the DataFrame's index, ``__key`` sends the row to its task, ``__s<index>``
 #: holds the row's columns as a struct (see hvd_magics.launch.dataframe_input).
 SOURCE_COLUMN, KEY_COLUMN, ROW_COLUMN = "__source", "__key", "__s{}"
+
+
+# -- what a supervisor writes to its rank's stdin -----------------------------------------------
+def encode_job(payload: bytes, late_env: dict[str, str]) -> bytes:
+    """A rank's stdin: 4 bytes (big-endian) giving the length of a JSON object of environment
+    variables known only at delivery (the rendezvous port, say), that object, then the
+    cloudpickled ``(main, kwargs)`` to the end of the stream."""
+    env = json.dumps(late_env).encode()
+    return len(env).to_bytes(4, "big") + env + payload
+
+
+def decode_job(stream: BinaryIO) -> tuple[dict[str, str], bytes]:
+    """Read what :func:`encode_job` wrote: ``(late_env, payload)``."""
+    size = int.from_bytes(stream.read(4), "big")
+    return json.loads(stream.read(size) or b"{}"), stream.read()

@@ -135,7 +135,8 @@ class JobState:
     """
 
     def __init__(self, size: int, log_path: Path, views: list[JobView] | None = None,
-                 where: str = "", elastic: ElasticSize | None = None) -> None:
+                 where: str = "", elastic: ElasticSize | None = None,
+                 timeline_dest: Path | None = None) -> None:
         self.size = size
         self.where = where
         self.elastic = elastic
@@ -152,7 +153,8 @@ class JobState:
         self.result_parts: dict[str, dict[str, Any]] = {}
         self.started_at = time.monotonic()
         self.timer = EpochTimer(self.started_at)
-        self.timeline_dest: Path | None = None
+        #: Where the driver puts rank 0's Horovod Timeline, when the job records one.
+        self.timeline_dest = timeline_dest
         self._timeline_file: Any = None
         self._timeline_local: str | None = None
         #: How the job ended as a whole (``"succeeded"``, ``"failed"``, ``"interrupted"``), set

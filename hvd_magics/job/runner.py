@@ -7,6 +7,7 @@ import queue
 import time
 import uuid
 import warnings
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -15,7 +16,7 @@ from hvd_magics.launch.driver_backend import DriverBackend
 from hvd_magics.errors import HorovodJobError, JobInterrupted, PayloadError, StartTimeoutError
 from hvd_magics.job.job_state import LOST, WAITING, JobState, JobView
 from hvd_magics.job.mlflow_run import MlflowSettings, MlflowTracker, requested
-from hvd_magics.launch.dataframe_input import DataFrameSources, check_columns, common_session
+from hvd_magics.launch.dataframe_input import check_columns, common_session
 from hvd_magics.launch.payload import JobPayload, leading_imports, serialize_job
 from hvd_magics.protocol import (ENV_PREIMPORT, ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE,
                                  RANK_MODULE)
@@ -49,13 +50,53 @@ ELASTIC_RUN_HINT = (
     "outside one, Horovod shuts down on every rank. Fix: put the training loop in such a "
     "function (Horovod's elastic examples show the pattern)")
 
-#: ``decode(parts)``: what a job's record holds as its value, from rank 0's encoded parts.
-Decoder = Callable[[dict], Any]
+#: ``decode(parts) -> (value, returned)``: what a job's record holds as its ``value`` and its
+#: ``returned`` variables, from rank 0's encoded parts (:mod:`hvd_magics.result_codec`).
+Decoder = Callable[[dict], "tuple[Any, dict[str, Any]]"]
 
 
-def decode_value(parts: dict) -> Any:
+def decode_value(parts: dict) -> tuple[Any, dict[str, Any]]:
     """The default :data:`Decoder`: rank 0's value, decoded because the caller asked for it."""
-    return decode_strict(VALUE, parts[VALUE]) if VALUE in parts else None
+    return (decode_strict(VALUE, parts[VALUE]) if VALUE in parts else None), {}
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Everything one job needs to start, as :class:`HorovodRunner` settled it.
+
+    ``size`` is an :class:`ElasticSize` for an elastic job, whose ``elastic_timeout`` and
+    ``reset_limit`` then apply. ``preimport`` names the modules a rank imports while the launch
+    goes on (the leading imports of ``source``, the cell's or the function's).
+    """
+
+    payload: JobPayload
+    size: int | ElasticSize
+    env: Mapping[str, str]
+    start_timeout: float
+    views: list[JobView]
+    timeline: Path | None = None
+    decode: Decoder = decode_value
+    tracking: MlflowSettings | None = None
+    source: str | None = None
+    preimport: tuple[str, ...] = ()
+    elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT_S
+    reset_limit: int | None = None
+
+    @property
+    def elastic(self) -> ElasticSize | None:
+        return self.size if isinstance(self.size, ElasticSize) else None
+
+    @property
+    def np(self) -> int:
+        """The number of ranks (an elastic job's maximum); negative on the driver."""
+        return self.size.max_np if isinstance(self.size, ElasticSize) else self.size
+
+    def rank_env(self) -> dict[str, str]:
+        """The ranks' environment: the user's, plus what to import early unless the user said."""
+        env = dict(self.env)
+        if self.preimport and ENV_PREIMPORT not in env:
+            env[ENV_PREIMPORT] = ",".join(self.preimport)
+        return env
 
 def last_run() -> RunRecord | None:
     """The record of the most recent job in this process (also failed or interrupted ones)."""
@@ -175,22 +216,26 @@ class HorovodRunner:
         return self.run_payload(payload, source=_source_of(main)).value
 
     def run_payload(self, payload: JobPayload | bytes, views: list[JobView] | None = None,
-                    decode: Decoder = decode_value, source: str | None = None) -> RunRecord:
+                    decode: Decoder = decode_value, source: str | None = None,
+                    preimport: tuple[str, ...] | None = None) -> RunRecord:
         """Run an already serialised job; return its :class:`RunRecord` (used by the magics).
 
-        ``decode`` turns what rank 0 sent back into the record's ``value``; ``source`` (the
-        cell's or the function's) goes to MLflow when the run is tracked.
+        ``decode`` turns what rank 0 sent back into the record's ``value`` and ``returned``;
+        ``source`` (the cell's or the function's) goes to MLflow when the run is tracked;
+        ``preimport`` (default: the leading imports of ``source``) is what ranks import early.
         """
-        views = default_views(self.driver_log_verbosity) if views is None else views
-        tracking = requested(self.mlflow, SESSION.mlflow)
-        size = self.elastic or self.num_processor
-        return launch(payload, size, self.env, self.start_timeout, views, self.timeline,
-                      decode, tracking, source, (self.elastic_timeout, self.reset_limit))
+        if preimport is None:
+            preimport = tuple(leading_imports(source)) if source else ()
+        return launch(LaunchRequest(
+            payload if isinstance(payload, JobPayload) else JobPayload(payload),
+            self.elastic or self.num_processor, self.env, self.start_timeout,
+            default_views(self.driver_log_verbosity) if views is None else views,
+            self.timeline, decode, requested(self.mlflow, SESSION.mlflow), source, preimport,
+            self.elastic_timeout, self.reset_limit))
 
 
-def _make_backend(np: int | ElasticSize, env: dict[str, str], sources: DataFrameSources,
-                  start_timeout: float, bounds: tuple[float, int | None]
-                  ) -> SparkBackend | DriverBackend:
+def _make_backend(request: LaunchRequest) -> SparkBackend | DriverBackend:
+    np, env, sources = request.size, request.rank_env(), request.payload.sources
     if isinstance(np, ElasticSize):
         if sources:
             raise PayloadError(
@@ -201,7 +246,8 @@ def _make_backend(np: int | ElasticSize, env: dict[str, str], sources: DataFrame
         from hvd_magics.launch.elastic_backend import ElasticSparkBackend
 
         spark = active_session() or start_local_session(np.max_np)
-        return ElasticSparkBackend(spark, np, env, start_timeout, *bounds)
+        return ElasticSparkBackend(spark, np, env, request.start_timeout,
+                                   request.elastic_timeout, request.reset_limit)
     if sources:
         if np < 0:
             raise PayloadError(
@@ -236,45 +282,31 @@ def _tracker(settings: MlflowSettings | None, job_id: str, np: int, where: str,
         return None
 
 
-def launch(payload: JobPayload | bytes, np: int | ElasticSize, env: dict[str, str],
-           start_timeout: float, views: list[JobView], timeline: Path | None = None,
-           decode: Decoder = decode_value, tracking: MlflowSettings | None = None,
-           source: str | None = None,
-           elastic_bounds: tuple[float, int | None] = (DEFAULT_ELASTIC_TIMEOUT_S, None)
-           ) -> RunRecord:
+def launch(request: LaunchRequest) -> RunRecord:
     """Run one job to its end and return its record; raise when it failed.
 
-    ``np`` is an :class:`ElasticSize` for an elastic job, whose ``elastic_bounds`` are its
-    elastic timeout and reset limit. Whatever happens, the views are ended and the log is
-    closed before this returns or raises.
+    Whatever happens, the views are ended and the log is closed before this returns or raises.
     """
-    elastic = np if isinstance(np, ElasticSize) else None
+    elastic, size = request.elastic, request.np
     job_id = uuid.uuid4().hex[:12]
-    if not isinstance(payload, JobPayload):
-        payload = JobPayload(payload)
-    preimport = leading_imports(source) if source else []
-    if preimport and ENV_PREIMPORT not in env:
-        env = {**env, ENV_PREIMPORT: ",".join(preimport)}
-    backend = _make_backend(np, env, payload.sources, start_timeout, elastic_bounds)
-    size = elastic.max_np if elastic else np
+    backend = _make_backend(request)
     prune_old_runs()
     log_path = runs_dir() / job_id / "ranks.log"
-    tracker = _tracker(tracking, job_id, size, backend.where, source)
-    job = JobState(abs(size), log_path, views + ([tracker] if tracker else []), backend.where,
-                   elastic)
-    job.timeline_dest = timeline
+    tracker = _tracker(request.tracking, job_id, size, backend.where, request.source)
+    job = JobState(abs(size), log_path, request.views + ([tracker] if tracker else []),
+                   backend.where, elastic, timeline_dest=request.timeline)
     record = RunRecord(job_id=job_id, np=size, where=backend.where, log_path=str(log_path),
                        elastic=str(elastic) if elastic else None)
     SESSION.last_run = record
     events: queue.Queue = queue.Queue()
     clean = False
     try:
-        backend.start(payload.blob, job_id, events)
+        backend.start(request.payload.blob, job_id, events)
         (_watch_elastic(job, backend, events) if elastic else
-         _watch(job, backend, events, start_timeout))
+         _watch(job, backend, events, request.start_timeout))
         clean = True
         try:
-            record.value = decode(job.result_parts)
+            record.value, record.returned = request.decode(job.result_parts)
         except ResultDecodeError as exc:
             raise HorovodJobError(str(exc), log_path=str(log_path)) from None
     except KeyboardInterrupt:

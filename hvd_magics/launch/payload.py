@@ -58,9 +58,8 @@ class JobPayload:
     sources: DataFrameSources = field(default_factory=DataFrameSources)
 
 
-def why_not_shippable(value: Any) -> str | None:
-    """Say why ``value`` cannot travel to a rank, or ``None`` when it can be pickled (a Spark
-    DataFrame can: it arrives as the rank's shard)."""
+def _kind_reason(value: Any) -> str | None:
+    """Why ``value``'s type can never travel (cheap: no pickling), or ``None``."""
     kind = f"{type(value).__module__}.{type(value).__qualname__}"
     if kind.startswith("pyspark.") and type(value).__name__ in (
             "SparkSession", "SparkContext", "RDD", "SQLContext"):
@@ -73,19 +72,19 @@ def why_not_shippable(value: Any) -> str | None:
         return "it is a lock"
     if isinstance(value, types.GeneratorType):
         return "it is a generator (its position cannot be copied)"
+    return None
+
+
+def why_not_shippable(value: Any) -> str | None:
+    """Say why ``value`` cannot travel to a rank, or ``None`` when it can be pickled (a Spark
+    DataFrame can: it arrives as the rank's shard)."""
+    reason = _kind_reason(value)
+    if reason is not None:
+        return reason
     try:
         dumps(value)
     except Exception as exc:  # noqa: BLE001 - any pickling failure is reported by name
         return f"it cannot be pickled ({type(exc).__name__}: {str(exc)[:200]})"
-    return None
-
-
-def find_unshippable(named: Mapping[str, Any]) -> tuple[str, str] | None:
-    """The first ``(name, reason)`` among ``named`` values that cannot travel, or ``None``."""
-    for name, value in named.items():
-        reason = why_not_shippable(value)
-        if reason is not None:
-            return name, reason
     return None
 
 
@@ -97,33 +96,47 @@ def _function_references(fn: Callable) -> dict[str, Any]:
 
 
 def serialize_job(main: Callable, kwargs: Mapping[str, Any],
-                  names: Mapping[str, Any] | None = None) -> JobPayload:
-    """Pickle ``(main, kwargs)`` for the ranks.
+                  names: Mapping[str, Any] | None = None,
+                  labels: Mapping[str, Any] | None = None, advice: str = _ADVICE) -> JobPayload:
+    """Pickle ``(main, kwargs)`` for the ranks, once.
 
     ``names`` (default: ``kwargs`` and the globals ``main`` uses) name the DataFrames found, as
-    their shards show them.
+    their shards show them. ``labels`` (default: the arguments and the variables ``main`` uses)
+    say, by the words an error names them with, which values to blame when the job cannot be
+    pickled; only then is each pickled on its own, to find the one.
 
     Raises
     ------
     PayloadError
-        Naming the argument or the variable ``main`` uses that cannot be pickled.
+        Naming the argument or the variable ``main`` uses that cannot be pickled, and ``advice``.
     """
     if not callable(main):
         raise PayloadError(f"main must be a function, got {type(main).__name__}")
-    references = {k: v for k, v in _function_references(main).items() if not inspect.ismodule(v)}
-    culprit = find_unshippable({f"argument {k!r}": v for k, v in kwargs.items()})
-    culprit = culprit or find_unshippable(
-        {f"variable {k!r} used by {getattr(main, '__name__', 'main')}()": v
-         for k, v in references.items()})
+    if labels is None or names is None:
+        references = {k: v for k, v in _function_references(main).items()
+                      if not inspect.ismodule(v)}
+        if labels is None:
+            fn = getattr(main, "__name__", "main")
+            labels = {**{f"argument {k!r}": v for k, v in kwargs.items()},
+                      **{f"variable {k!r} used by {fn}()": v for k, v in references.items()}}
+        if names is None:
+            names = {**references, **kwargs}
+    culprit = next(((label, reason) for label, value in labels.items()
+                    if (reason := _kind_reason(value)) is not None), None)
+    sources = DataFrameSources(names_by_id(names))
+    blob = b""
+    if culprit is None:
+        try:
+            blob = dumps((main, dict(kwargs)), sources)
+        except Exception as exc:  # noqa: BLE001 - named below, value by value
+            culprit = next(((label, reason) for label, value in labels.items()
+                            if (reason := why_not_shippable(value)) is not None), None)
+            if culprit is None:
+                raise PayloadError(f"Cannot pickle the job for the ranks: {type(exc).__name__}: "
+                                   f"{exc}. Fix: {advice}.") from exc
     if culprit is not None:
-        name, reason = culprit
-        raise PayloadError(f"Cannot ship {name} to the ranks: {reason}. Fix: {_ADVICE}.")
-    sources = DataFrameSources(names_by_id({**references, **kwargs} if names is None else names))
-    try:
-        blob = dumps((main, dict(kwargs)), sources)
-    except Exception as exc:  # noqa: BLE001
-        raise PayloadError(f"Cannot pickle the job for the ranks: {type(exc).__name__}: {exc}. "
-                           f"Fix: {_ADVICE}.") from exc
+        label, reason = culprit
+        raise PayloadError(f"Cannot ship {label} to the ranks: {reason}. Fix: {advice}.")
     if len(blob) > LARGE_PAYLOAD_BYTES:
         warnings.warn(
             f"The job ships {len(blob) / 1e6:.1f} MB to every rank; load large data inside the "
@@ -132,18 +145,22 @@ def serialize_job(main: Callable, kwargs: Mapping[str, Any],
     return JobPayload(blob, sources)
 
 
-def leading_imports(source: str) -> list[str]:
-    """The modules a cell (or a function's source) imports before anything else it does.
+def leading_imports(source: str | ast.Module) -> list[str]:
+    """The modules a cell (or a function's source, or its parsed tree) imports before anything
+    else it does.
 
     A rank imports them while the launch goes on: only these, because a later import may depend
     on what the code did first (``os.environ["KERAS_BACKEND"] = ...`` before ``import keras``).
     """
     import textwrap
 
-    try:
-        tree = ast.parse(textwrap.dedent(source))
-    except SyntaxError:
-        return []
+    if isinstance(source, str):
+        try:
+            tree = ast.parse(textwrap.dedent(source))
+        except SyntaxError:
+            return []
+    else:
+        tree = source
     body = tree.body
     if len(body) == 1 and isinstance(body[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
         body = body[0].body

@@ -9,9 +9,11 @@ from __future__ import annotations
 import ast
 import builtins
 import types
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from hvd_magics.errors import CellError
+from hvd_magics.launch.payload import leading_imports
 from hvd_magics.rank.cell_runner import CapturedCell
 
 #: Names IPython puts in the user namespace that a cell never wants shipped.
@@ -36,12 +38,17 @@ def check_plain_python(source: str) -> None:
                     "ranks. Use Python instead, or move that line to another cell.")
 
 
-def free_names(source: str) -> list[str]:
-    """Names the cell reads before (or without) binding them itself, in first-use order."""
+def parse_cell(source: str) -> ast.Module:
+    """The cell's syntax tree; :class:`CellError` (with the cell's line number) when it has none."""
     try:
-        tree = ast.parse(source)
+        return ast.parse(source)
     except SyntaxError as exc:
         raise CellError(f"line {(exc.lineno or 0) + 1}: {exc.msg}") from None
+
+
+def free_names(source: str | ast.Module) -> list[str]:
+    """Names the cell reads before (or without) binding them itself, in first-use order."""
+    tree = parse_cell(source) if isinstance(source, str) else source
     first_load: dict[str, int] = {}
     first_bind: dict[str, int] = {}
     for node in ast.walk(tree):
@@ -60,7 +67,7 @@ def free_names(source: str) -> list[str]:
     return sorted(names, key=first_load.__getitem__)
 
 
-def top_level_bindings(source: str) -> set[str] | None:
+def top_level_bindings(source: str | ast.Module) -> set[str] | None:
     """Names the cell binds in its own (top-level) scope; ``None`` when it cannot be told
     (``from x import *``)."""
     bound: set[str] = set()
@@ -87,18 +94,31 @@ def top_level_bindings(source: str) -> set[str] | None:
             bound.add(node.name)
         return all(visit(child, top) for child in ast.iter_child_nodes(node))
 
-    return bound if visit(ast.parse(source), True) else None
+    tree = parse_cell(source) if isinstance(source, str) else source
+    return bound if visit(tree, True) else None
 
 
-def unbound_return_names(source: str, names: tuple[str, ...]) -> list[str]:
+def unbound_return_names(source: str | ast.Module, names: tuple[str, ...]) -> list[str]:
     """The ``--return`` names that the cell never binds at its top level."""
     bound = top_level_bindings(source)
     return [] if bound is None else [n for n in names if n not in bound]
 
 
+@dataclass
+class CellPlan:
+    """A cell made into a job, from one parse of it: what travels, and what the driver checks."""
+
+    #: What the ranks run: the code and the notebook values and modules it reads.
+    cell: CapturedCell
+    #: The ``--return`` names the cell never binds at its top level (rank 0 could not send them).
+    unbound_returns: list[str]
+    #: The modules the cell imports before anything else (ranks import them early).
+    preimport: tuple[str, ...]
+
+
 def capture(source: str, user_ns: Mapping[str, Any], header: str = "%%horovod",
-            return_names: tuple[str, ...] = ()) -> CapturedCell:
-    """Collect what the cell needs from the notebook namespace.
+            return_names: tuple[str, ...] = ()) -> CellPlan:
+    """Collect what the cell needs from the notebook namespace, parsing it once.
 
     Raises
     ------
@@ -106,8 +126,9 @@ def capture(source: str, user_ns: Mapping[str, Any], header: str = "%%horovod",
         For IPython syntax or a syntax error in the cell.
     """
     check_plain_python(source)
+    tree = parse_cell(source)
     cell = CapturedCell(source=source, header=header, return_names=return_names)
-    for name in free_names(source):
+    for name in free_names(tree):
         if name in _IPYTHON_NAMES or name not in user_ns or hasattr(builtins, name):
             continue
         value = user_ns[name]
@@ -115,4 +136,5 @@ def capture(source: str, user_ns: Mapping[str, Any], header: str = "%%horovod",
             cell.modules[name] = value.__name__
         else:
             cell.values[name] = value
-    return cell
+    return CellPlan(cell, unbound_return_names(tree, return_names),
+                    tuple(leading_imports(tree)))

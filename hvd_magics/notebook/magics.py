@@ -11,17 +11,14 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from hvd_magics.errors import CellError, MlflowMissing, PayloadError
-from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S,
-                                    VERBOSITIES, validate_elastic_timeout, validate_reset_limit,
-                                    validate_size, validate_start_timeout)
+from hvd_magics.options import DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S, VERBOSITIES
 from hvd_magics.job.mlflow_run import requested
-from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.runner import HorovodRunner, default_views
 from hvd_magics.job.session import SESSION
 from hvd_magics.job.timeline import COST_WARNING, summarize
-from hvd_magics.notebook.cell_capture import capture, unbound_return_names
+from hvd_magics.notebook.cell_capture import capture
 from hvd_magics.notebook.gpu_guard import driver_gpu_holders, driver_gpu_message
-from hvd_magics.launch.payload import JobPayload, find_unshippable, serialize_job
+from hvd_magics.launch.payload import serialize_job
 from hvd_magics.rank.cell_runner import run_captured_cell
 from hvd_magics.result_codec import RETURN_PREFIX, VALUE, decode_guarded, decode_strict
 
@@ -38,13 +35,13 @@ _RETURN_HINT = ("To bring an object into the notebook, assign it in the cell and
                 "%%horovod --return NAME.")
 
 
-def decode_cell_result(parts: dict) -> dict[str, Any]:
+def decode_cell_result(parts: dict) -> tuple[Any, dict[str, Any]]:
     """The cell's value (only when that imports no framework into the notebook) and the
     ``--return`` variables (always: the user asked for them)."""
     value = decode_guarded(VALUE, parts[VALUE], _RETURN_HINT) if VALUE in parts else None
     returned = {name.removeprefix(RETURN_PREFIX): decode_strict(name, part)
                 for name, part in parts.items() if name.startswith(RETURN_PREFIX)}
-    return {"value": value, "returned": returned}
+    return value, returned
 
 
 def normalise_line(line: str) -> str:
@@ -112,71 +109,55 @@ class HorovodMagics(Magics):
         args = parse_argstring(self.horovod, normalise_line(line))
         if args.np is None:
             raise UsageError("%%horovod needs the number of ranks, e.g. %%horovod np=2")
-        try:
-            np = validate_size(args.np)
-            validate_start_timeout(args.start_timeout)
-            validate_elastic_timeout(args.elastic_timeout)
-            validate_reset_limit(args.reset_limit)
-        except ValueError as exc:
-            raise UsageError(f"%%horovod: {exc}") from None
         env = parse_env(args.env)
         return_names = tuple(n.strip() for n in args.return_names.split(",") if n.strip())
         bad = [n for n in return_names if not n.isidentifier()]
         if bad:
             raise UsageError(f"%%horovod: --return takes variable names, got {', '.join(bad)}")
-        if not args.allow_driver_gpu:
-            holders = driver_gpu_holders()
-            if holders:
-                raise UsageError(driver_gpu_message(holders))
-        try:
-            captured = capture(cell, self.shell.user_ns, f"%%horovod {line}".rstrip(),
-                               return_names)
-        except CellError as exc:
-            raise UsageError(f"%%horovod: {exc}") from None
-        unbound = unbound_return_names(cell, return_names)
-        if unbound:
-            raise UsageError(f"%%horovod: --return {', '.join(unbound)}: the cell never assigns "
-                             f"{' or '.join(unbound)} at its top level, so rank 0 would have "
-                             "nothing to bring back. Fix: assign it in the cell, or leave it out "
-                             "of --return.")
-        culprit = find_unshippable(captured.values)
-        if culprit is not None:
-            name, reason = culprit
-            raise UsageError(f"%%horovod: the cell uses the notebook variable {name!r}, which "
-                             f"cannot travel to the ranks: {reason}. Fix: create it inside the "
-                             "cell instead.")
-        try:
-            payload = serialize_job(run_captured_cell, {"cell": captured}, names=captured.values)
-        except PayloadError as exc:
-            raise UsageError(f"%%horovod: {exc}") from None
         timeline = SESSION.timeline
-        try:
-            runner = HorovodRunner(np, driver_log_verbosity=args.verbosity,
+        try:  # the runner checks every option, once
+            runner = HorovodRunner(args.np, driver_log_verbosity=args.verbosity,
                                    start_timeout=args.start_timeout, env=env,
                                    timeline=timeline.next_path() if timeline.enabled else None,
                                    timeline_mark_cycles=timeline.mark_cycles,
                                    mlflow=False if args.no_mlflow else args.mlflow,
                                    elastic_timeout=args.elastic_timeout,
                                    reset_limit=args.reset_limit)
+        except ValueError as exc:
+            raise UsageError(f"%%horovod: {exc}") from None
         except MlflowMissing as exc:
             raise UsageError(f"%%horovod --mlflow: {exc}") from None
+        if not args.allow_driver_gpu:
+            holders = driver_gpu_holders()
+            if holders:
+                raise UsageError(driver_gpu_message(holders))
+        try:
+            plan = capture(cell, self.shell.user_ns, f"%%horovod {line}".rstrip(), return_names)
+        except CellError as exc:
+            raise UsageError(f"%%horovod: {exc}") from None
+        if plan.unbound_returns:
+            unbound = plan.unbound_returns
+            raise UsageError(f"%%horovod: --return {', '.join(unbound)}: the cell never assigns "
+                             f"{' or '.join(unbound)} at its top level, so rank 0 would have "
+                             "nothing to bring back. Fix: assign it in the cell, or leave it out "
+                             "of --return.")
+        values = plan.cell.values
+        try:
+            payload = serialize_job(
+                run_captured_cell, {"cell": plan.cell}, names=values,
+                labels={f"the notebook variable {k!r}": v for k, v in values.items()},
+                advice="create it inside the cell instead")
+        except PayloadError as exc:
+            raise UsageError(f"%%horovod: {exc}") from None
         views = default_views(args.verbosity, show_output=not args.quiet)
-        record = self._run(runner, payload, views, args.output, cell)
-        result = record.value or {}
-        record.value = result.get("value")
-        record.returned = result.get("returned", {})
+        try:
+            record = runner.run_payload(payload, views, decode_cell_result, cell, plan.preimport)
+        finally:
+            if args.output:
+                self.shell.user_ns[args.output] = SESSION.last_run
         self.shell.user_ns.update(record.returned)
         display(record)  # the static summary: shown by exports, terminals and widget-less views
         return record.value
-
-    def _run(self, runner: HorovodRunner, payload: JobPayload, views: list, output: str | None,
-             source: str) -> RunRecord:
-        try:
-            record = runner.run_payload(payload, views, decode_cell_result, source)
-        finally:
-            if output:
-                self.shell.user_ns[output] = SESSION.last_run
-        return record
 
     @magic_arguments()
     @argument("action", nargs="?", choices=["on", "off", "show"], default=None,

@@ -22,7 +22,8 @@ import threading
 import time
 import traceback
 
-from hvd_magics.protocol import ENV_PREIMPORT, ENV_RANK_TMPDIR, ERROR, RESULT, STARTED
+from hvd_magics.protocol import (ENV_PREIMPORT, ENV_RANK_TMPDIR, ERROR, RESULT, STARTED,
+                                 decode_job)
 from hvd_magics.rank import rank_events
 from hvd_magics.rank.process_group import die_with_parent, killpg
 from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, use_tmpdir
@@ -116,15 +117,6 @@ def _preimport(names: str) -> None:
             continue
 
 
-def _read_job(stream) -> bytes:  # noqa: ANN001 - a binary stream
-    """Read the job from stdin: the environment known only at delivery, then the payload."""
-    import json
-
-    size = int.from_bytes(stream.read(4), "big")
-    os.environ.update(json.loads(stream.read(size) or b"{}"))
-    return stream.read()
-
-
 def run_rank() -> None:
     """Run the shipped function and report its result or its exception (never returns)."""
     import cloudpickle
@@ -135,7 +127,8 @@ def run_rank() -> None:
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     keras_progress.install()
     _preimport(os.environ.get(ENV_PREIMPORT, ""))
-    payload = _read_job(sys.stdin.buffer)
+    late_env, payload = decode_job(sys.stdin.buffer)
+    os.environ.update(late_env)
     rank_events.emit(STARTED, pid=os.getpid())
     try:
         main_fn, kwargs = cloudpickle.loads(payload)

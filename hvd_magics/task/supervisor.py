@@ -24,7 +24,7 @@ from hvd_magics.rank.process_group import die_with_parent, killpg
 from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, make_rank_tmpdir
 from hvd_magics.protocol import (ENV_EVENT_FD, ENV_HOROVOD_TIMELINE, ENV_LEGACY_KERAS,
                                  ENV_RANK_TMPDIR, ENV_WANT_TIMELINE, EXIT, OUTPUT, OUTPUT_PARTIAL,
-                                 RANK_MODULE, STARTED, TIMELINE_CHUNK, TIMELINE_LOCAL)
+                                 RANK_MODULE, STARTED, TIMELINE_CHUNK, TIMELINE_LOCAL, encode_job)
 
 #: ``sink(kind, **payload)`` receives every event of the rank, from several threads.
 EventSink = Callable[..., None]
@@ -45,12 +45,6 @@ OUTPUT_DRAIN_S = 5.0
 EVENTS_DRAIN_S = 600.0
 #: Seconds :meth:`RankProcess.kill` waits for the keeper to go before tidying its folder.
 KILL_WAIT_S = 5.0
-
-
-def encode_job(payload: bytes, late_env: dict[str, str]) -> bytes:
-    """What a rank reads on stdin: the environment known only at delivery, then the job."""
-    env = json.dumps(late_env).encode()
-    return len(env).to_bytes(4, "big") + env + payload
 
 
 def _keeper_dies_with_supervisor() -> None:  # runs in the child between fork and exec

@@ -105,7 +105,7 @@ def test_the_failures_notebook(tmp_path):
     assert "exited with code 3 without a Python exception" in everything
     assert "The notebook's own process holds a GPU (TensorFlow holds" in everything
     assert "np=0 runs nothing" in everything
-    assert "notebook variable 'lock', which cannot travel" in everything
+    assert "Cannot ship the notebook variable 'lock' to the ranks: it is a lock" in everything
     assert "the kernel is still fine: 42" in everything
     assert "TaskKilled" not in everything and "Failed to cancel" not in everything
 

@@ -19,7 +19,7 @@ def test_capture_ships_values_and_reimports_modules():
         return v * 2
 
     ns = {"os": os, "helper": helper, "factor": 3, "unused": object(), "In": []}
-    cell = capture("result = helper(factor)\nos.getpid()\nIn\n", ns)
+    cell = capture("result = helper(factor)\nos.getpid()\nIn\n", ns).cell
     assert cell.modules == {"os": "os"}
     assert set(cell.values) == {"helper", "factor"}
 
@@ -37,20 +37,20 @@ def test_syntax_error_names_the_cell_line():
 
 
 def test_the_cell_runs_and_returns_its_last_expression_and_asked_names():
-    cell = capture("a = base + 1\nb = a * 2\nb + 1\n", {"base": 1}, return_names=("a", "b"))
+    cell = capture("a = base + 1\nb = a * 2\nb + 1\n", {"base": 1}, return_names=("a", "b")).cell
     out = run_captured_cell(cell)
     assert out == {"value": 5, "return:a": 2, "return:b": 4}
 
 
 def test_a_statement_last_gives_none_and_missing_return_names_are_an_error():
-    assert run_captured_cell(capture("x = 1\n", {}))["value"] is None
+    assert run_captured_cell(capture("x = 1\n", {}).cell)["value"] is None
     with pytest.raises(NameError, match="--return names z"):
-        run_captured_cell(capture("x = 1\n", {}, return_names=("z",)))
+        run_captured_cell(capture("x = 1\n", {}, return_names=("z",)).cell)
 
 
 def test_tracebacks_point_at_cell_lines_and_show_the_source():
     cell = capture("x = 1\ndef f():\n    raise KeyError('nope')\nf()\n", {},
-                   header="%%horovod np=2")
+                   header="%%horovod np=2").cell
     with pytest.raises(KeyError) as info:
         run_captured_cell(cell)
     text = "".join(traceback.format_exception(info.value))
@@ -71,3 +71,10 @@ def test_only_the_leading_imports_are_imported_early():
                 '        from . import local\n        hvd.init()\n')
     assert leading_imports(function) == ["horovod.torch", "torch"]
     assert leading_imports("def broken(:\n") == []
+
+
+def test_one_parse_gives_the_values_the_unbound_returns_and_the_early_imports():
+    plan = capture("import os\nimport json\nx = base\n", {"base": 2}, return_names=("x", "y"))
+    assert plan.cell.values == {"base": 2}
+    assert plan.unbound_returns == ["y"]
+    assert plan.preimport == ("os", "json")

@@ -43,14 +43,10 @@ def test_main_must_be_callable():
         serialize_job(42, {})
 
 
-def test_a_rank_reads_its_late_environment_then_its_job(monkeypatch):
+def test_a_rank_reads_its_late_environment_then_its_job():
     import io
-    import os
 
-    from hvd_magics.rank.rank_main import _read_job
-    from hvd_magics.task.supervisor import encode_job
+    from hvd_magics.protocol import decode_job, encode_job
 
-    monkeypatch.setenv("HOROVOD_GLOO_RENDEZVOUS_PORT", "0")
     stream = io.BytesIO(encode_job(b"\x80job bytes", {"HOROVOD_GLOO_RENDEZVOUS_PORT": "4242"}))
-    assert _read_job(stream) == b"\x80job bytes"
-    assert os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "4242"
+    assert decode_job(stream) == ({"HOROVOD_GLOO_RENDEZVOUS_PORT": "4242"}, b"\x80job bytes")
