@@ -1,6 +1,7 @@
 """hvd_magics: run a notebook cell as a distributed Horovod job on Spark.
 
-``%load_ext hvd_magics`` registers ``%%horovod``, ``%hvd_timeline`` and ``%hvd_mlflow``;
+``%load_ext hvd_magics`` registers ``%%horovod``, ``%hvd_pool``, ``%hvd_timeline`` and
+``%hvd_mlflow``;
 :class:`HorovodRunner` is the Python API beneath them, compatible with Databricks' ``sparkdl.HorovodRunner``.
 
 The package is split by where code runs: ``notebook/`` (the kernel's front end), ``job/`` (the
@@ -19,6 +20,8 @@ __version__ = "0.1.0"
 #: Public name -> the module that defines it.
 _PUBLIC = {
     "HorovodRunner": "hvd_magics.job.runner",
+    "HorovodPool": "hvd_magics.job.pool",
+    "rank_namespace": "hvd_magics.rank.cell_runner",
     "HorovodEstimator": "hvd_magics.estimator",
     "HorovodModel": "hvd_magics.estimator",
     "last_run": "hvd_magics.job.runner",
@@ -28,6 +31,7 @@ _PUBLIC = {
     "JobInterrupted": "hvd_magics.errors",
     "NotEnoughSlotsError": "hvd_magics.errors",
     "PayloadError": "hvd_magics.errors",
+    "PoolError": "hvd_magics.errors",
     "MlflowMissing": "hvd_magics.errors",
     "StartTimeoutError": "hvd_magics.errors",
     "log_to_driver": "hvd_magics.rank.reporting",
@@ -53,7 +57,8 @@ def __dir__() -> list[str]:
 
 
 def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's own type
-    """Register ``%%horovod``, ``%hvd_timeline`` and ``%hvd_mlflow`` (``%load_ext hvd_magics``)."""
+    """Register ``%%horovod``, ``%hvd_pool``, ``%hvd_timeline`` and ``%hvd_mlflow``
+    (``%load_ext hvd_magics``)."""
     from hvd_magics.notebook.magics import HorovodMagics
 
     ipython.register_magics(HorovodMagics)

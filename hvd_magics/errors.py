@@ -74,6 +74,11 @@ class HorovodJobError(HorovodMagicsError, RuntimeError):
         self.log_path = log_path
         super().__init__(self._text())
 
+    def add_summary(self, text: str) -> None:
+        """Say one more thing after the summary (the pool restarted its ranks, say)."""
+        self.summary = f"{self.summary.rstrip('.')}. {text[0].upper()}{text[1:]}"
+        self.args = (self._text(),)
+
     def _text(self) -> str:
         lines = [self.summary]
         lines += [f"  {f.headline()}" for f in self.failures[:MAX_RANKS_SHOWN]]
@@ -138,6 +143,11 @@ class ShardSpaceError(HorovodMagicsError, OSError):
 
 class MlflowMissing(HorovodMagicsError, ImportError):
     """Tracking was asked for, but mlflow is not installed (the message says how to get it)."""
+
+
+class PoolError(HorovodMagicsError, RuntimeError):
+    """A warm pool cannot take the work: it has ended, or runs another cell (the message says
+    what to do)."""
 
 
 class PayloadError(HorovodMagicsError, TypeError):

@@ -46,8 +46,13 @@ SLOT_OFFER = "slot_offer"
 # -- sent by the driver to the job's views (elastic jobs) -------------------------------------
 RESIZE = "resize"
 DRIVER_LOG = "driver_log"
-# -- orders the driver sends to a task (elastic jobs) -----------------------------------------
+# -- orders the driver sends to a task (elastic jobs, warm pools) -----------------------------
 START_RANK = "start_rank"
+RUN_CELL = "run_cell"
+INTERRUPT_CELL = "interrupt_cell"
+END_POOL = "end_pool"
+# -- sent by a warm pool's supervisor ---------------------------------------------------------
+CELL_END = "cell_end"
 # -- the channel itself -----------------------------------------------------------------------
 HELLO = "hello"
 BYE = "bye"
@@ -86,6 +91,17 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
               "a line of the driver's own (Horovod's elastic driver) for the job's log file"),
     EventKind(START_RANK, "driver", ("env",),
               "an order to an elastic job's waiting task: start the rank with this environment"),
+    EventKind(RUN_CELL, "driver", ("frame",),
+              "an order to a warm pool's task: write this stdin frame (base64 of encode_job) to "
+              "the rank, which runs it in its kept namespace"),
+    EventKind(INTERRUPT_CELL, "driver", (),
+              "an order to a warm pool's task: interrupt the rank's cell (SIGINT)"),
+    EventKind(END_POOL, "driver", (),
+              "an order to a warm pool's task: end the rank's stdin; the rank leaves Horovod "
+              "together with its peers and exits"),
+    EventKind(CELL_END, "supervisor", (),
+              "a warm pool's rank ended a cell (its RESULT or ERROR was sent before): every "
+              "line the cell printed came before this"),
     EventKind(HELLO, "channel", ("job", "rank"), "first frame of a connection (authenticates it)"),
     EventKind(BYE, "channel", (), "last frame of a connection that ends cleanly"),
     EventKind(CHANNEL_CLOSED, "channel", ("clean",),
@@ -131,6 +147,9 @@ ENV_PREIMPORT = "HVD_MAGICS_PREIMPORT"
 ENV_RANK_TMPDIR = "HVD_MAGICS_RANK_TMPDIR"
 #: Horovod's own: set for the ranks of an elastic job (``hvd.elastic`` reads it).
 ENV_HOROVOD_ELASTIC = "HOROVOD_ELASTIC"
+#: The line a warm pool's rank prints after a cell's output; its supervisor sends ``cell_end``
+#: in its place (so the end of a cell follows every line the cell printed).
+CELL_END_LINE = "\x1ehvd_magics cell end\x1e"
 #: The module a rank process runs (``python -m``).
 RANK_MODULE = "hvd_magics.rank.rank_main"
 
@@ -142,14 +161,20 @@ SOURCE_COLUMN, KEY_COLUMN, ROW_COLUMN = "__source", "__key", "__s{}"
 
 # -- what a supervisor writes to its rank's stdin -----------------------------------------------
 def encode_job(payload: bytes, late_env: dict[str, str]) -> bytes:
-    """A rank's stdin: 4 bytes (big-endian) giving the length of a JSON object of environment
-    variables known only at delivery (the rendezvous port, say), that object, then the
-    cloudpickled ``(main, kwargs)`` to the end of the stream."""
+    """One frame of a rank's stdin: 4 bytes (big-endian) giving the length of a JSON object of
+    environment variables known only at delivery (the rendezvous port, say), that object, 8 bytes
+    giving the payload's length, then the cloudpickled ``(main, kwargs)``. A cold job's rank reads
+    one frame; a pool's rank reads one per cell until its stdin ends."""
     env = json.dumps(late_env).encode()
-    return len(env).to_bytes(4, "big") + env + payload
+    return len(env).to_bytes(4, "big") + env + len(payload).to_bytes(8, "big") + payload
 
 
-def decode_job(stream: BinaryIO) -> tuple[dict[str, str], bytes]:
-    """Read what :func:`encode_job` wrote: ``(late_env, payload)``."""
-    size = int.from_bytes(stream.read(4), "big")
-    return json.loads(stream.read(size) or b"{}"), stream.read()
+def decode_job(stream: BinaryIO) -> tuple[dict[str, str], bytes] | None:
+    """Read one frame :func:`encode_job` wrote: ``(late_env, payload)``; ``None`` at the end of
+    the stream (a pool that stops)."""
+    head = stream.read(4)
+    if len(head) < 4:
+        return None
+    late_env = json.loads(stream.read(int.from_bytes(head, "big")) or b"{}")
+    size = int.from_bytes(stream.read(8), "big")
+    return late_env, stream.read(size)

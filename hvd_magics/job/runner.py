@@ -18,13 +18,12 @@ from hvd_magics.job.job_state import LOST, WAITING, JobState, JobView
 from hvd_magics.job.mlflow_run import MlflowSettings, MlflowTracker, requested
 from hvd_magics.launch.dataframe_input import check_columns, common_session
 from hvd_magics.launch.payload import JobPayload, leading_imports, serialize_job
-from hvd_magics.protocol import (ENV_PREIMPORT, ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE,
-                                 RANK_MODULE)
+from hvd_magics.protocol import ENV_PREIMPORT, ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE
 from hvd_magics.result_codec import VALUE, ResultDecodeError, decode_strict
 from hvd_magics.job.run_logs import prune_old_runs, runs_dir
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.session import SESSION
-from hvd_magics.task.slots import local_addresses
+from hvd_magics.launch.local_ranks import reap_local_ranks
 from hvd_magics.launch.spark_backend import SparkBackend, active_session, start_local_session
 from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S,
                                     VERBOSITY_ALL, ElasticSize, validate_elastic_timeout,
@@ -37,8 +36,6 @@ from hvd_magics.job.widgets_view import WidgetView, widgets_available
 FAILURE_GRACE_S = 1.0
 #: How long to wait for the Spark job / rank processes to end after a stop.
 STOP_WAIT_S = 30.0
-#: After a stop, how long rank processes on this host get to exit before we kill them ourselves.
-RANK_EXIT_WAIT_S = 10.0
 #: After the Spark job ended, how long the ranks' event connections may take to deliver what is
 #: still on its way (a large result) before the job is judged on what arrived.
 DRAIN_WAIT_S = 120.0
@@ -81,6 +78,8 @@ class LaunchRequest:
     preimport: tuple[str, ...] = ()
     elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT_S
     reset_limit: int | None = None
+    #: A warm pool (:class:`hvd_magics.job.pool.HorovodPool`) to run on instead of new ranks.
+    pool: Any = None
 
     @property
     def elastic(self) -> ElasticSize | None:
@@ -152,6 +151,9 @@ class HorovodRunner:
     reset_limit : int, optional
         An elastic job whose ranks would re-form more often than this stops with an error
         (default: no limit).
+    pool : HorovodPool, optional
+        Run on the warm ranks of this pool (:class:`hvd_magics.HorovodPool`) instead of new ones;
+        ``np`` must be the pool's. ``env`` is then set on the ranks for each run.
 
     Raises
     ------
@@ -173,8 +175,12 @@ class HorovodRunner:
                  timeline: str | os.PathLike | None = None,
                  timeline_mark_cycles: bool = False, mlflow: bool | str | None = None,
                  elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT_S,
-                 reset_limit: int | None = None) -> None:
+                 reset_limit: int | None = None, pool: Any = None) -> None:
         size = validate_size(np)
+        if pool is not None and size != pool.np:
+            raise ValueError(f"np={np} is not the warm pool's np={pool.np}. Fix: use np={pool.np} "
+                             "on the pool, or leave the pool out for a cold job.")
+        self.pool = pool
         #: The number of ranks (sparkdl's attribute); an elastic job's maximum.
         self.num_processor = size.max_np if isinstance(size, ElasticSize) else size
         #: ``MIN:MAX`` of an elastic job, else ``None``.
@@ -231,11 +237,19 @@ class HorovodRunner:
             self.elastic or self.num_processor, self.env, self.start_timeout,
             default_views(self.driver_log_verbosity) if views is None else views,
             self.timeline, decode, requested(self.mlflow, SESSION.mlflow), source, preimport,
-            self.elastic_timeout, self.reset_limit))
+            self.elastic_timeout, self.reset_limit, self.pool))
 
 
-def _make_backend(request: LaunchRequest) -> SparkBackend | DriverBackend:
+def _make_backend(request: LaunchRequest) -> Any:
     np, env, sources = request.size, request.rank_env(), request.payload.sources
+    if request.pool is not None:
+        if sources:
+            raise PayloadError(
+                f"the job reads the DataFrame {sources.sources[0].name!r}, but a warm pool's "
+                "ranks cannot receive a DataFrame's shards yet. Fix: run this cell cold "
+                f"(%%horovod np={request.pool.np} after %hvd_pool stop), or read the data "
+                "inside the cell (from files or a table).")
+        return request.pool.cell(request.env)
     if isinstance(np, ElasticSize):
         if sources:
             raise PayloadError(
@@ -300,6 +314,7 @@ def launch(request: LaunchRequest) -> RunRecord:
     SESSION.last_run = record
     events: queue.Queue = queue.Queue()
     clean = False
+    failure: BaseException | None = None
     try:
         backend.start(request.payload.blob, job_id, events)
         (_watch_elastic(job, backend, events) if elastic else
@@ -312,20 +327,18 @@ def launch(request: LaunchRequest) -> RunRecord:
     except KeyboardInterrupt:
         record.status = "interrupted"
         record.error = "interrupted"
-        raise JobInterrupted(
-            f"stopped {job.current_size} rank processes"
-            + (f" and cancelled Spark job group hvd_magics-{job_id}" if size > 0 else "")
-            + "; nothing is left running. The log of every rank: " + str(log_path)) from None
+        failure = KeyboardInterrupt()
     except BaseException as exc:  # noqa: BLE001 - recorded, then raised as it is
         record.status = "failed"
         record.error = f"{type(exc).__name__}: {exc}"
-        raise
+        failure = exc
     finally:
         try:
             _wind_down(backend, job, events, clean)
         except KeyboardInterrupt:  # a second interrupt while the job is being stopped
             backend.stop()
-            _reap_local_ranks(job)
+            if not getattr(backend, "keeps_ranks", False):
+                _reap_local_ranks(job)
             record.status = record.error = "interrupted"
             raise JobInterrupted("stopped while the job was being wound down; its rank "
                                  "processes were killed. The log of every rank: "
@@ -334,6 +347,20 @@ def launch(request: LaunchRequest) -> RunRecord:
             _finish(record, job)
             if tracker is not None:
                 tracker.finish(record)
+    note = getattr(backend, "restart_note", "")
+    if isinstance(failure, KeyboardInterrupt):
+        if getattr(backend, "keeps_ranks", False):
+            what = (note or "the pool keeps its ranks and their variables") + " "
+            raise JobInterrupted(f"interrupted the cell on every rank of the warm pool; {what}"
+                                 "The log of every rank: " + str(log_path)) from None
+        raise JobInterrupted(
+            f"stopped {job.current_size} rank processes"
+            + (f" and cancelled Spark job group hvd_magics-{job_id}" if size > 0 else "")
+            + "; nothing is left running. The log of every rank: " + str(log_path)) from None
+    if failure is not None:
+        if note and isinstance(failure, HorovodJobError):
+            failure.add_summary(note)
+        raise failure
     return record
 
 
@@ -346,7 +373,7 @@ def _wind_down(backend: Any, job: JobState, events: queue.Queue, clean: bool) ->
     if not ended:
         backend.stop()
     _drain(job, events)
-    if not clean:
+    if not clean and not getattr(backend, "keeps_ranks", False):
         _reap_local_ranks(job)
 
 
@@ -471,39 +498,9 @@ def _finish(record: RunRecord, job: JobState) -> None:
 
 
 def _reap_local_ranks(job: JobState) -> None:
-    """Make sure rank processes on this host are gone before the driver says the job is over.
-
-    The stop order (closed channel, cancelled Spark stage) kills ranks asynchronously; wait for
-    them, and kill what is left. Only processes that run ``hvd_magics.rank.rank_main`` are touched.
-    """
-    import psutil
-
-    local = local_addresses()
-    procs = []
-    for rank in job.ranks:
-        if rank.pid is None or rank.host not in local:
-            continue
-        try:
-            proc = psutil.Process(rank.pid)
-            if RANK_MODULE in " ".join(proc.cmdline()):
-                procs.append(proc)
-        except psutil.Error:
-            continue
-    def running(proc: psutil.Process) -> bool:
-        try:
-            return proc.status() != psutil.STATUS_ZOMBIE  # a zombie has exited
-        except psutil.Error:
-            return False
-
-    deadline = time.monotonic() + RANK_EXIT_WAIT_S
-    while procs and time.monotonic() < deadline:
-        procs = [proc for proc in procs if running(proc)]
-        time.sleep(0.05)
-    for proc in procs:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
+    """Make sure the job's rank processes on this host are gone before the driver says the job
+    is over."""
+    reap_local_ranks([(r.pid, r.host) for r in job.ranks])
 
 
 def _ranks(ranks: list[int]) -> str:

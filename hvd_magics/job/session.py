@@ -1,13 +1,13 @@
 """The state one Python process (one kernel) keeps across jobs, in one place.
 
 The magics and :class:`~hvd_magics.job.runner.HorovodRunner` share the one :data:`SESSION`: the
-last run (also failed or interrupted ones) and what ``%hvd_timeline`` and ``%hvd_mlflow`` turned
-on. Nothing else
-keeps state between jobs.
+last run (also failed or interrupted ones), what ``%hvd_timeline`` and ``%hvd_mlflow`` turned
+on, and the warm pool ``%hvd_pool`` started. Nothing else keeps state between jobs.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from hvd_magics.job.mlflow_run import MlflowSettings
 from hvd_magics.job.run_record import RunRecord
@@ -22,12 +22,18 @@ class Session:
     timeline: TimelineSettings = field(default_factory=TimelineSettings)
     #: MLflow tracking for every job (``%hvd_mlflow on``), or ``None``.
     mlflow: MlflowSettings | None = None
+    #: The warm pool of ``%hvd_pool start`` (a :class:`hvd_magics.job.pool.HorovodPool`; it may
+    #: have ended since), or ``None``.
+    pool: Any = None
 
     def reset(self) -> None:
         """Forget the last run, turn the timeline and MLflow tracking off (as in a fresh kernel)."""
         self.last_run = None
         self.timeline = TimelineSettings()
         self.mlflow = None
+        if self.pool is not None:
+            self.pool.close()
+        self.pool = None
 
 
 #: This process's session.

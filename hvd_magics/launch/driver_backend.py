@@ -24,11 +24,14 @@ class DriverBackend:
         Number of ranks.
     env : dict
         Extra environment for the ranks.
+    pool : bool
+        A warm pool: the ranks keep running the cells of :meth:`send_cell`.
     """
 
-    def __init__(self, size: int, env: dict[str, str]) -> None:
+    def __init__(self, size: int, env: dict[str, str], pool: bool = False) -> None:
         self.size = size
         self.env = env
+        self.pool = pool
         self.where = "driver"
         self.error: BaseException | None = None
         self._procs: list[RankProcess] = []
@@ -47,7 +50,7 @@ class DriverBackend:
                 env[CUDA_VISIBLE_DEVICES] = visible_devices([slot.local_rank % gpus], os.environ)
             sink = _QueueSink(events, slot.rank)
             sink(TASK_STARTED, partition=slot.rank, local_rank=slot.local_rank, pid=os.getpid())
-            proc = RankProcess(env, payload, sink)
+            proc = RankProcess(env, payload, sink, pool=self.pool)
             self._procs.append(proc)
             waiter = threading.Thread(target=proc.wait, name="hvd-rank-wait", daemon=True)
             waiter.start()
@@ -67,6 +70,21 @@ class DriverBackend:
         """Kill every rank and its children."""
         for proc in self._procs:
             proc.kill()
+
+    def send_cell(self, frame: bytes) -> None:
+        """A warm pool: give every rank its next cell (one stdin frame)."""
+        for proc in self._procs:
+            proc.send_frame(frame)
+
+    def interrupt_cell(self) -> None:
+        """A warm pool: interrupt the cell every rank runs."""
+        for proc in self._procs:
+            proc.interrupt()
+
+    def end_pool(self) -> None:
+        """A warm pool: end the ranks' input; they leave Horovod together and exit."""
+        for proc in self._procs:
+            proc.end_input()
 
     def join(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

@@ -1,6 +1,7 @@
 """Run a job's ranks as one Spark barrier stage (``np > 0``)."""
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import heapq
@@ -19,10 +20,10 @@ from typing import Any, Iterator
 import cloudpickle
 
 from hvd_magics.task import task_entry
-from hvd_magics.errors import NotEnoughSlotsError, SparkSessionLost
+from hvd_magics.errors import HorovodMagicsError, NotEnoughSlotsError, SparkSessionLost
 from hvd_magics.channel import EventServer
 from hvd_magics.launch.dataframe_input import DataFrameSources, sharded_input
-from hvd_magics.protocol import ENV_DRIVER_HOST, ENV_LIVE
+from hvd_magics.protocol import ENV_DRIVER_HOST, ENV_LIVE, END_POOL, INTERRUPT_CELL, RUN_CELL
 from hvd_magics.task.event_buffer import replay
 from hvd_magics.task.slots import local_addresses
 from hvd_magics.task.spark_task import TaskSpec
@@ -370,11 +371,15 @@ class SparkBackend:
     sources : DataFrameSources, optional
         The DataFrames the job reads (each rank gets its shard of each); without any, the
         stage runs over ``spark.range(np)``.
+    pool : bool
+        A warm pool: the stage holds its tasks and their ranks run the cells of
+        :meth:`send_cell`, sent as orders over the event channel.
     """
 
     def __init__(self, spark: Any, np: int, env: dict[str, str],
-                 sources: DataFrameSources | None = None) -> None:
+                 sources: DataFrameSources | None = None, pool: bool = False) -> None:
         self.spark = spark
+        self.pool = pool
         self.sources = sources if sources is not None else DataFrameSources()
         self.connect = is_connect(spark)
         self.sc = None if self.connect else spark.sparkContext
@@ -403,11 +408,34 @@ class SparkBackend:
         self._events = events
         if self.live:
             self._open_channel(job_id, events)
+        elif self.pool:
+            raise HorovodMagicsError(
+                f"a warm pool sends its cells over the notebook's event channel, which the "
+                f"executors cannot use here: {self.no_live_view}. Fix: run cold jobs "
+                "(%%horovod np=N), or let the executors reach the notebook.")
         else:
             print(f"hvd_magics: no live view: {self.no_live_view}. The ranks' output, errors and "
                   "the value come back when the job ends.", file=sys.stderr)
         self._submit(TaskSpec(payload, self._server.address if self._server else None, self.env,
-                              job_id, {source.index: source.name for source in self.sources}))
+                              job_id, {source.index: source.name for source in self.sources},
+                              pool=self.pool))
+
+    def _order_all(self, order: dict[str, Any]) -> None:
+        if self._server is not None:
+            for rank in range(self.np):
+                self._server.send_order(rank, order)
+
+    def send_cell(self, frame: bytes) -> None:
+        """A warm pool: give every rank its next cell (one stdin frame, as an order)."""
+        self._order_all({"kind": RUN_CELL, "frame": base64.b64encode(frame).decode()})
+
+    def interrupt_cell(self) -> None:
+        """A warm pool: interrupt the cell every rank runs."""
+        self._order_all({"kind": INTERRUPT_CELL})
+
+    def end_pool(self) -> None:
+        """A warm pool: end the ranks' input; they leave Horovod together and exit."""
+        self._order_all({"kind": END_POOL})
 
     def _check_slots(self, np: int) -> None:
         """Raise at once when the cluster cannot run ``np`` tasks at the same time."""

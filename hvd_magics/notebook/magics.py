@@ -10,9 +10,10 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from hvd_magics.errors import CellError, MlflowMissing, PayloadError
+from hvd_magics.errors import CellError, HorovodMagicsError, MlflowMissing, PayloadError, PoolError
 from hvd_magics.options import DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S, VERBOSITIES
 from hvd_magics.job.mlflow_run import requested
+from hvd_magics.job.pool import DEFAULT_IDLE_TIMEOUT_S, HorovodPool
 from hvd_magics.job.runner import HorovodRunner, default_views
 from hvd_magics.job.session import SESSION
 from hvd_magics.job.timeline import COST_WARNING, summarize
@@ -28,7 +29,8 @@ _KEY_VALUE_OPTIONS = {"np": "--np", "start_timeout": "--start-timeout",
                       "driver_log_verbosity": "--verbosity", "return": "--return",
                       "elastic_timeout": "--elastic-timeout",
                       "elastic-timeout": "--elastic-timeout", "reset_limit": "--reset-limit",
-                      "reset-limit": "--reset-limit"}
+                      "reset-limit": "--reset-limit", "idle_timeout": "--idle-timeout",
+                      "idle-timeout": "--idle-timeout"}
 _KEY_VALUE = re.compile(r"^([A-Za-z_][\w-]*)=(.*)$")
 #: How to bring back an object that the cell's value could not bring.
 _RETURN_HINT = ("To bring an object into the notebook, assign it in the cell and name it with "
@@ -60,6 +62,29 @@ def normalise_line(line: str) -> str:
     return " ".join(shlex.quote(t) for t in out)
 
 
+def _pool_for(np: str | None) -> Any:
+    """The warm pool a ``%%horovod`` cell runs on: without ``np`` (or with the pool's own), the
+    session's pool; ``None`` for a cold job. Raise ``UsageError`` without ``np`` and no pool."""
+    pool = SESSION.pool
+    if pool is not None and not pool.alive:
+        SESSION.pool = None
+        if np is None:
+            try:
+                pool.check_usable()
+            except PoolError as exc:
+                raise UsageError(f"%%horovod: {exc}") from None
+        print(f"hvd_magics: the warm pool has ended ({pool.ended}); this cell runs cold.")
+        return None
+    if np is None:
+        if pool is None:
+            raise UsageError("%%horovod needs the number of ranks, e.g. %%horovod np=2 (or a warm "
+                             "pool: %hvd_pool start np=2)")
+        return pool
+    if pool is not None and np.strip() == str(pool.np):
+        return pool
+    return None
+
+
 def parse_env(pairs: list[str] | None) -> dict[str, str]:
     """``["K=V", ...]`` to a dict; raise ``UsageError`` for a pair without ``=``."""
     env: dict[str, str] = {}
@@ -78,7 +103,9 @@ class HorovodMagics(Magics):
     @magic_arguments()
     @argument("-np", "--np", default=None,
               help="Number of ranks: N>0 runs N Spark tasks, N<0 runs -N processes on the driver, "
-                   "MIN:MAX runs an elastic job (hvd.elastic). HorovodRunner style np=N works too.")
+                   "MIN:MAX runs an elastic job (hvd.elastic). HorovodRunner style np=N works too. "
+                   "Without it (or with the pool's own N) the cell runs on the warm pool of "
+                   "%%hvd_pool start.")
     @argument("--elastic-timeout", type=float, default=DEFAULT_ELASTIC_TIMEOUT_S,
               metavar="SECONDS",
               help="Elastic jobs: stop when fewer than MIN ranks are left for this long "
@@ -107,22 +134,26 @@ class HorovodMagics(Magics):
     def horovod(self, line: str, cell: str) -> Any:
         """Run the cell as a Horovod job; return what rank 0's cell evaluates to last."""
         args = parse_argstring(self.horovod, normalise_line(line))
-        if args.np is None:
-            raise UsageError("%%horovod needs the number of ranks, e.g. %%horovod np=2")
+        pool = _pool_for(args.np)
         env = parse_env(args.env)
         return_names = tuple(n.strip() for n in args.return_names.split(",") if n.strip())
         bad = [n for n in return_names if not n.isidentifier()]
         if bad:
             raise UsageError(f"%%horovod: --return takes variable names, got {', '.join(bad)}")
         timeline = SESSION.timeline
+        if pool is not None and timeline.enabled:
+            print("hvd_magics: Horovod Timeline is set when ranks start, so a warm pool's cells "
+                  "run without it; run the cell cold to record one.")
         try:  # the runner checks every option, once
-            runner = HorovodRunner(args.np, driver_log_verbosity=args.verbosity,
+            runner = HorovodRunner(pool.np if pool is not None else args.np,
+                                   driver_log_verbosity=args.verbosity,
                                    start_timeout=args.start_timeout, env=env,
-                                   timeline=timeline.next_path() if timeline.enabled else None,
+                                   timeline=(timeline.next_path() if timeline.enabled and
+                                             pool is None else None),
                                    timeline_mark_cycles=timeline.mark_cycles,
                                    mlflow=False if args.no_mlflow else args.mlflow,
                                    elastic_timeout=args.elastic_timeout,
-                                   reset_limit=args.reset_limit)
+                                   reset_limit=args.reset_limit, pool=pool)
         except ValueError as exc:
             raise UsageError(f"%%horovod: {exc}") from None
         except MlflowMissing as exc:
@@ -144,7 +175,7 @@ class HorovodMagics(Magics):
         values = plan.cell.values
         try:
             payload = serialize_job(
-                run_captured_cell, {"cell": plan.cell}, names=values,
+                run_captured_cell, {"cell": plan.cell, "kept": pool is not None}, names=values,
                 labels={f"the notebook variable {k!r}": v for k, v in values.items()},
                 advice="create it inside the cell instead")
         except PayloadError as exc:
@@ -158,6 +189,61 @@ class HorovodMagics(Magics):
         self.shell.user_ns.update(record.returned)
         display(record)  # the static summary: shown by exports, terminals and widget-less views
         return record.value
+
+    @magic_arguments()
+    @argument("action", nargs="?", choices=["start", "stop", "restart"], default=None,
+              help="start: start warm ranks that run the next %%horovod cells; stop: end them; "
+                   "restart: new ranks (the kept variables are gone). Without an action, show "
+                   "the pool.")
+    @argument("-np", "--np", default=None,
+              help="start: number of ranks (N>0 Spark tasks held by the pool, N<0 processes on "
+                   "the driver); np=N works too.")
+    @argument("--env", action="append", metavar="NAME=VALUE",
+              help="start: an environment variable for the ranks (repeat for more).")
+    @argument("--start-timeout", type=float, default=DEFAULT_START_TIMEOUT_S, metavar="SECONDS",
+              help="start: seconds to wait for every rank to start.")
+    @argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT_S, metavar="SECONDS",
+              help="start: end the pool (and free its slots) after this long without a cell "
+                   f"(default {DEFAULT_IDLE_TIMEOUT_S:.0f}).")
+    @line_magic
+    def hvd_pool(self, line: str) -> Any:
+        """Warm ranks that live across cells: ``%hvd_pool start np=2``, then ``%%horovod``."""
+        args = parse_argstring(self.hvd_pool, normalise_line(line))
+        pool = SESSION.pool
+        if args.action == "start":
+            if pool is not None and pool.alive:
+                raise UsageError(f"%hvd_pool start: a warm pool runs already ({pool!r}). Fix: "
+                                 "%hvd_pool stop first, or %hvd_pool restart for new ranks.")
+            if args.np is None:
+                raise UsageError("%hvd_pool start needs the number of ranks, e.g. "
+                                 "%hvd_pool start np=2")
+            try:
+                SESSION.pool = HorovodPool(args.np, parse_env(args.env), args.start_timeout,
+                                           args.idle_timeout)
+            except ValueError as exc:
+                raise UsageError(f"%hvd_pool start: {exc}") from None
+            print(SESSION.pool)
+            return None
+        if pool is None:
+            print("No warm pool: start one with %hvd_pool start np=2")
+            return None
+        if args.action == "stop":
+            pool.close()
+            SESSION.pool = None
+            print(f"The warm pool of {abs(pool.np)} ranks on {pool.where} has ended; its slots "
+                  "are free.")
+            return None
+        if args.action == "restart":
+            if not pool.alive:
+                raise UsageError("%hvd_pool restart: the pool has ended; start a new one with "
+                                 f"%hvd_pool start np={pool.np}")
+            try:
+                pool.restart()
+            except HorovodMagicsError as exc:
+                SESSION.pool = None
+                raise UsageError(f"%hvd_pool restart: {exc}") from None
+        print(pool)
+        return None
 
     @magic_arguments()
     @argument("action", nargs="?", choices=["on", "off", "show"], default=None,

@@ -1,7 +1,8 @@
 """Run a captured notebook cell on a rank.
 
-The cell runs as top-level code in a fresh namespace, with the notebook values it read and its
-modules imported again by name. Line numbers in tracebacks are the cell's own (the ``%%horovod``
+The cell runs as top-level code in a fresh namespace (on a warm pool: in the rank's kept
+namespace, :func:`rank_namespace`), with the notebook values it read and its modules imported
+again by name. Line numbers in tracebacks are the cell's own (the ``%%horovod``
 line is line 1), and the cell's source is shown in them.
 """
 from __future__ import annotations
@@ -30,22 +31,43 @@ class CapturedCell:
     return_names: tuple[str, ...] = ()
 
 
-def run_captured_cell(cell: CapturedCell) -> Parts:
-    """Run on a rank: execute the cell; return its last expression's value and the asked names,
-    each a part of its own (so that each is decoded on its own in the notebook)."""
+#: The namespace that lives as long as the rank process (see :func:`rank_namespace`).
+_KEPT: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+#: How many cells this process ran (each gets a traceback file name of its own).
+_CELLS = [0]
+
+
+def rank_namespace() -> dict[str, Any]:
+    """The namespace that lives as long as this rank process.
+
+    On a warm pool (``%hvd_pool``, :class:`hvd_magics.HorovodPool`) every ``%%horovod`` cell runs
+    in it, so what one cell defines the next one finds; a function run on a pool may keep objects
+    in it between runs (``rank_namespace()["model"] = model``). On a cold job the process, and so
+    the namespace, is new each time.
+    """
+    return _KEPT
+
+
+def run_captured_cell(cell: CapturedCell, kept: bool = False) -> Parts:
+    """Run on a rank: execute the cell (in :func:`rank_namespace` when ``kept``); return its last
+    expression's value and the asked names, each a part of its own (so that each is decoded on
+    its own in the notebook)."""
+    _CELLS[0] += 1
+    filename = CELL_FILENAME if not kept else f"<%%horovod cell {_CELLS[0]}>"
     lines = [cell.header + "\n"] + cell.source.splitlines(True)
-    linecache.cache[CELL_FILENAME] = (sum(map(len, lines)), None, lines, CELL_FILENAME)
-    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
+    namespace: dict[str, Any] = (_KEPT if kept else
+                                 {"__name__": "__main__", "__builtins__": builtins})
     for alias, module in cell.modules.items():
         namespace[alias] = importlib.import_module(module)
     namespace.update(cell.values)
-    tree = ast.parse(cell.source, CELL_FILENAME)
+    tree = ast.parse(cell.source, filename)
     ast.increment_lineno(tree, 1)  # the %%horovod line is line 1 of the cell
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
-    exec(compile(tree, CELL_FILENAME, "exec"), namespace)  # noqa: S102 - running the user's cell
-    value = eval(compile(last, CELL_FILENAME, "eval"), namespace) if last else None  # noqa: S307
+    exec(compile(tree, filename, "exec"), namespace)  # noqa: S102 - running the user's cell
+    value = eval(compile(last, filename, "eval"), namespace) if last else None  # noqa: S307
     missing = [n for n in cell.return_names if n not in namespace]
     if missing:
         raise NameError(f"--return names {', '.join(missing)}, which the cell did not define")

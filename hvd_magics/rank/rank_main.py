@@ -83,7 +83,7 @@ def _end_horovod() -> None:
                       file=sys.stderr)
 
 
-def _final_rank() -> int:
+def final_rank() -> int:
     """This process's Horovod rank at the end of the job: an elastic job's ranks may have been
     renumbered since the process started (``HOROVOD_RANK`` is the first one)."""
     for name in ("horovod.torch", "horovod.tensorflow"):
@@ -96,11 +96,16 @@ def _final_rank() -> int:
     return int(os.environ.get("HOROVOD_RANK", "0"))
 
 
-def _fail(exc: BaseException, code: int = 1) -> None:
+def report_error(exc: BaseException) -> None:
+    """Send the driver ``exc`` with its traceback (the user's frames first), after the output."""
     sys.stdout.flush()
     sys.stderr.flush()
     rank_events.emit(ERROR, error=type(exc).__name__, message=_safe_str(exc)[:2000],
                      traceback=_format_exception(exc))
+
+
+def _fail(exc: BaseException, code: int = 1) -> None:
+    report_error(exc)
     rank_events.close()
     os._exit(code)
 
@@ -127,7 +132,7 @@ def run_rank() -> None:
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     keras_progress.install()
     _preimport(os.environ.get(ENV_PREIMPORT, ""))
-    late_env, payload = decode_job(sys.stdin.buffer)
+    late_env, payload = decode_job(sys.stdin.buffer) or ({}, b"")
     os.environ.update(late_env)
     rank_events.emit(STARTED, pid=os.getpid())
     try:
@@ -140,7 +145,7 @@ def run_rank() -> None:
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver
         _fail(exc)
     try:
-        parts = encode_parts(value) if _final_rank() == 0 else None
+        parts = encode_parts(value) if final_rank() == 0 else None
     except BaseException as exc:  # noqa: BLE001
         _fail(exc)
     _end_horovod()

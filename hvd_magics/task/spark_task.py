@@ -7,6 +7,7 @@ retries a stage that already started ranks.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -16,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from hvd_magics.channel import ChannelAddress, EventClient
-from hvd_magics.protocol import (CUDA_VISIBLE_DEVICES, ENV_DRIVER_HOST, ENV_LIVE,
-                                 ENV_RENDEZVOUS_PORT, ENV_SHARDS, SHARDING, TASK_ERROR,
-                                 TASK_STARTED)
+from hvd_magics.protocol import (CUDA_VISIBLE_DEVICES, END_POOL, ENV_DRIVER_HOST, ENV_LIVE,
+                                 ENV_RENDEZVOUS_PORT, ENV_SHARDS, INTERRUPT_CELL, RUN_CELL,
+                                 SHARDING, TASK_ERROR, TASK_STARTED)
 from hvd_magics.task.event_buffer import EventBuffer
 from hvd_magics.task.gpus import visible_devices
 from hvd_magics.task.shard_files import (ShardFile, ShardSpaceError, empty_shards, remove_shards,
@@ -45,16 +46,36 @@ class TaskSpec:
     #: An elastic job: each (non-barrier) task offers one slot and starts its rank when the
     #: driver's elastic driver assigns it (see :mod:`hvd_magics.task.elastic_task`).
     elastic: bool = False
+    #: A warm pool: the rank keeps running cells the driver sends as orders
+    #: (:mod:`hvd_magics.rank.pool_loop`) until it is told to end.
+    pool: bool = False
 
 
 class RankHolder:
-    """The rank process of a task, killed when the driver goes away (even before it starts)."""
+    """The rank process of a task, killed when the driver goes away (even before it starts).
 
-    def __init__(self) -> None:
+    ``pool``: a warm pool's rank, which takes the driver's cell orders (:meth:`on_order`).
+    """
+
+    def __init__(self, pool: bool = False) -> None:
         self.stopped = threading.Event()
         self._lock = threading.Lock()
         self.proc: RankProcess | None = None
         self.delivered = False
+        self.pool = pool
+
+    def on_order(self, order: dict[str, Any]) -> None:
+        """Carry out a warm pool's order: run a cell, interrupt it, or end the pool."""
+        proc = self.proc
+        if proc is None:
+            return
+        kind = order.get("kind")
+        if kind == RUN_CELL:
+            proc.send_frame(base64.b64decode(order["frame"]))
+        elif kind == INTERRUPT_CELL:
+            proc.interrupt()
+        elif kind == END_POOL:
+            proc.end_input()
 
     def on_driver_gone(self) -> None:
         with self._lock:
@@ -66,7 +87,7 @@ class RankHolder:
         """Start the rank process, which imports what the job needs until :meth:`deliver`."""
         with self._lock:
             if not self.stopped.is_set():
-                self.proc = RankProcess(env, None, sink)
+                self.proc = RankProcess(env, None, sink, pool=self.pool)
 
     def deliver(self, payload: bytes, late_env: dict[str, str]) -> RankProcess | None:
         """Send the rank its job; ``None`` when the job was stopped meanwhile."""
@@ -95,7 +116,8 @@ def _connect(spec: TaskSpec, rank: int, host: str, holder: RankHolder
     if spec.channel is None:
         return EventBuffer(rank, host, spec.job_id)
     try:
-        return EventClient(spec.channel, rank, host, on_close=holder.on_driver_gone)
+        return EventClient(spec.channel, rank, host, on_close=holder.on_driver_gone,
+                           on_order=holder.on_order if spec.pool else None)
     except OSError as exc:
         raise DriverUnreachable(
             f"the executor on {socket.gethostname()} cannot reach the notebook's event channel "
@@ -134,7 +156,7 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
     partition = ctx.partitionId()
     hosts = [info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()]
     host = hosts[partition]
-    holder = RankHolder()
+    holder = RankHolder(pool=spec.pool)
     server = client = folder = None
     port = 0
     error = ""

@@ -22,9 +22,13 @@ from typing import Any, Callable
 
 from hvd_magics.rank.process_group import die_with_parent, killpg
 from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, make_rank_tmpdir
-from hvd_magics.protocol import (ENV_EVENT_FD, ENV_HOROVOD_TIMELINE, ENV_LEGACY_KERAS,
-                                 ENV_RANK_TMPDIR, ENV_WANT_TIMELINE, EXIT, OUTPUT, OUTPUT_PARTIAL,
-                                 RANK_MODULE, STARTED, TIMELINE_CHUNK, TIMELINE_LOCAL, encode_job)
+from hvd_magics.protocol import (CELL_END, CELL_END_LINE, ENV_EVENT_FD, ENV_HOROVOD_TIMELINE,
+                                 ENV_LEGACY_KERAS, ENV_RANK_TMPDIR, ENV_WANT_TIMELINE, EXIT,
+                                 OUTPUT, OUTPUT_PARTIAL, RANK_MODULE, STARTED, TIMELINE_CHUNK,
+                                 TIMELINE_LOCAL, encode_job)
+
+#: The line a pool's rank prints at the end of each cell, as its output pipe carries it.
+_CELL_END = CELL_END_LINE.encode()
 
 #: ``sink(kind, **payload)`` receives every event of the rank, from several threads.
 EventSink = Callable[..., None]
@@ -93,11 +97,20 @@ class RankProcess:
         process now (it imports what it will need) and :meth:`deliver` sends the job later.
     sink : callable
         ``sink(kind, **payload)``; called with ``output`` (``lines``), the rank's own events
-        (``started``, ``error``, ``result``, progress kinds) and finally ``exit`` (``code``).
+        (``started``, ``error``, ``result``, progress kinds), ``cell_end`` on a warm pool, and
+        finally ``exit`` (``code``).
+    pool : bool
+        A warm pool's rank: its stdin stays open after the job, for :meth:`send_frame`.
     """
 
-    def __init__(self, env: dict[str, str], payload: bytes | None, sink: EventSink) -> None:
+    #: A warm pool's rank (see ``pool``).
+    _pool = False
+
+    def __init__(self, env: dict[str, str], payload: bytes | None, sink: EventSink,
+                 pool: bool = False) -> None:
         self._sink = sink
+        self._pool = pool
+        self._stdin_lock = threading.Lock()
         read_fd, write_fd = os.pipe()
         env = dict(env)
         env[ENV_EVENT_FD] = str(write_fd)
@@ -136,11 +149,35 @@ class RankProcess:
         self._pumps.append(writer)
 
     def _write_job(self, payload: bytes, late_env: dict[str, str]) -> None:
-        try:
-            self._proc.stdin.write(encode_job(payload, late_env))
-            self._proc.stdin.close()
-        except (BrokenPipeError, OSError):
-            pass
+        self.send_frame(encode_job(payload, late_env))
+        if not self._pool:
+            self.end_input()
+
+    def send_frame(self, frame: bytes) -> bool:
+        """Write one stdin frame (a warm pool's next cell); ``False`` when the rank is gone."""
+        with self._stdin_lock:
+            try:
+                self._proc.stdin.write(frame)
+                self._proc.stdin.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                return False
+        return True
+
+    def end_input(self) -> None:
+        """Close the rank's stdin: a warm pool's rank then ends (after leaving Horovod)."""
+        with self._stdin_lock:
+            try:
+                self._proc.stdin.close()
+            except (BrokenPipeError, OSError):
+                pass
+
+    def interrupt(self) -> None:
+        """Interrupt what the rank runs now (``SIGINT``: a ``KeyboardInterrupt`` in its cell)."""
+        if self.rank_pid:
+            try:
+                os.kill(self.rank_pid, signal.SIGINT)
+            except OSError:
+                pass
 
     def _pump_output(self) -> None:
         """Forward the rank's output line by line, in linear time whatever the line lengths.
@@ -179,6 +216,14 @@ class RankProcess:
             self._send_lines([b"".join(pending)])
 
     def _send_lines(self, lines: list[bytes]) -> None:
+        ends = [i for i, ln in enumerate(lines) if ln.endswith(_CELL_END)] if self._pool else []
+        if ends:  # a cell ended: its lines (an unfinished last one too), then the word
+            at = ends[0]
+            unfinished = lines[at][:-len(_CELL_END)]
+            self._send_lines(lines[:at] + ([unfinished] if unfinished else []))
+            self._sink(CELL_END)
+            self._send_lines(lines[at + 1:])
+            return
         for start in range(0, len(lines), MAX_LINES_PER_EVENT):
             batch = lines[start:start + MAX_LINES_PER_EVENT]
             self._sink(OUTPUT, lines=[terminal_text(ln) for ln in batch])

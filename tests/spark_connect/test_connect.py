@@ -1,136 +1,157 @@
 """A local Spark Connect session (pyspark starts the Connect server): no SparkContext, no RDDs.
 
 Run in a subprocess: a Connect server runs a SparkContext of its own in the process that starts
-it, which cannot live beside the other tests' classic session.
+it, which cannot live beside the other tests' classic session. One worker process
+(:mod:`tests.spark_connect.connect_worker`) holds the session; each test runs one scenario on it.
 """
+import json
 import os
+import queue
+import re
 import subprocess
 import sys
-import re
 import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import ROOT
 
-CONNECT_SCRIPT = textwrap.dedent('''
-    import sys
-    sys.path.insert(0, {root!r})
-    import cloudpickle
-    from tests import jobs
-    cloudpickle.register_pickle_by_value(jobs)
-    from pyspark.sql import SparkSession
-    spark = SparkSession.builder.remote("local[2]").getOrCreate()
-    from hvd_magics import HorovodJobError, HorovodRunner, last_run
-    result = HorovodRunner(np=2).run(jobs.torch_allreduce)
-    print("sums", [r["sum"] for r in result], "where", last_run().where)
-    try:
-        HorovodRunner(np=2).run(jobs.fail_on_rank, bad_rank=1, how="raise")
-    except HorovodJobError as exc:
-        print("error", exc.failures[0].headline())
-    print("again", HorovodRunner(np=2).run(jobs.print_lines, count=1))
-    import os, signal, threading, time
-    from hvd_magics import JobInterrupted
-    pid_file = {pid_file!r}
-    def interrupt_when_running():
-        while not all(os.path.exists(f"{{pid_file}}.{{r}}") for r in (0, 1)):
-            time.sleep(0.1)
-        os.kill(os.getpid(), signal.SIGINT)
-    threading.Thread(target=interrupt_when_running, daemon=True).start()
-    try:
-        HorovodRunner(np=2).run(jobs.start_children_and_wait, pid_file=pid_file)
-    except JobInterrupted as exc:
-        print("interrupted", exc)
-    children = [int(open(f"{{pid_file}}.{{r}}").read()) for r in (0, 1)]
-    print("children left", [c for c in children if os.path.exists(f"/proc/{{c}}")
-                            and open(f"/proc/{{c}}/stat").read().split()[2] != "Z"])
-    print("after", HorovodRunner(np=2).run(jobs.print_lines, count=1))
-    from tests.frames import MIXED_IDS, check_cover, digits_frames, mixed_frame, read_reports
-    HorovodRunner(np=2).run(jobs.shard_report, out={out!r}, train=mixed_frame(spark))
-    counts = check_cover(read_reports({out!r}, 2), "train", MIXED_IDS)
-    print("shards", sum(counts), max(counts) - min(counts) <= 4, last_run().shards[0]["name"])
-    train, val = digits_frames(spark)
-    result = HorovodRunner(np=2).run(jobs.torch_digits, train=train, val=val)
-    print("torch accuracy", result["accuracy"] >= 0.9, result)
-    from tests import estimator_models
-    cloudpickle.register_pickle_by_value(estimator_models)
-    from hvd_magics.estimator import HorovodEstimator, HorovodModel
-    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
-    fitted = HorovodEstimator(model=estimator_models.torch_mlp(), loss="cross_entropy",
-                              learningRate=0.003, epochs=2, np=2, featuresCol="pixels",
-                              modelDir={out!r} + "/estimator").fit(train)
-    accuracy = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(
-        fitted.transform(val))
-    fitted.write().overwrite().save({out!r} + "/saved")
-    reloaded = HorovodModel.load({out!r} + "/saved").transform(val)
-    print("estimator", fitted.framework, len(fitted.history), accuracy >= 0.85,
-          reloaded.count() == val.count())
-    from hvd_magics import NotEnoughSlotsError
-    try:
-        HorovodRunner(np=3).run(jobs.print_lines, count=1)
-    except NotEnoughSlotsError as exc:
-        print("slots", exc)
-    import glob, pathlib
-    marks = pathlib.Path({out!r}) / "elastic"
-    marks.mkdir()
-    (marks / "hold").touch()
-    def kill_task_1():
-        while not glob.glob(f"{{marks}}/*-task1-*.pid"):
-            time.sleep(0.05)
-        os.kill(int(open(glob.glob(f"{{marks}}/*-task1-*.pid")[0]).read()), signal.SIGKILL)
-        while not (marks / "size1").exists():
-            time.sleep(0.05)
-        (marks / "hold").unlink()
-    threading.Thread(target=kill_task_1, daemon=True).start()
-    result = HorovodRunner(np="1:2").run(jobs.elastic_torch, steps=40, marks=str(marks))
-    print("elastic", [(r["size"], r["step"]) for r in result],
-          [(r["size"], r["causes"]) for r in last_run().resets])
-    # executors that cannot reach the notebook: everything comes back with the Spark result
-    os.environ["HVD_MAGICS_LIVE"] = "0"
-    from hvd_magics import HorovodMagicsError
-    try:
-        HorovodRunner(np="1:2").run(jobs.print_lines, count=1)
-    except HorovodMagicsError as exc:
-        print("quiet elastic", exc)
-    print("quiet value", HorovodRunner(np=2).run(jobs.print_lines, count=3))
-    try:
-        HorovodRunner(np=2).run(jobs.fail_on_rank, bad_rank=1, how="raise")
-    except HorovodJobError as exc:
-        print("quiet error", exc.failures[0].headline())
-    HorovodRunner(np=2).run(jobs.shard_report, out={out!r}, train=mixed_frame(spark))
-    print("quiet shards", sum(check_cover(read_reports({out!r}, 2), "train", MIXED_IDS)))
-    spark.stop()
-''')
+class ConnectWorker:
+    """The client process of :mod:`tests.spark_connect.connect_worker`: one Connect session for
+    the module, one scenario per test (started again when a scenario took it down)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.proc: subprocess.Popen | None = None
+        self.lines: queue.Queue = queue.Queue()
+
+    def _start(self) -> None:
+        # A Connect server's Python workers use PYSPARK_PYTHON as the server saw it at start
+        # (spark.pyspark.python cannot be changed on a running Connect session).
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+        log = open(self.log_dir / "connect-worker.err", "a")  # noqa: SIM115 - the JVM's chatter
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.spark_connect.connect_worker"], cwd=ROOT, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+        self.lines = queue.Queue()
+        threading.Thread(target=self._read, args=(self.proc, self.lines), daemon=True).start()
+        self._expect("@@ready", 300)
+
+    @staticmethod
+    def _read(proc: subprocess.Popen, lines: queue.Queue) -> None:
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    def _expect(self, prefix: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            if line is None:
+                raise AssertionError("the Connect worker ended: "
+                                     + (self.log_dir / "connect-worker.err").read_text()[-3000:])
+            if line.startswith(prefix):
+                return line[len(prefix):]
+
+    def run(self, scenario: str, out_dir: Path, timeout: float = 300) -> dict:
+        """Run one scenario; its ``out``, ``err`` and ``error`` (a traceback, or None)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        self.proc.stdin.write(f"{scenario} {out_dir}\n")
+        self.proc.stdin.flush()
+        try:
+            return json.loads(self._expect("@@result ", timeout))
+        except queue.Empty:
+            self.close()
+            raise AssertionError(f"scenario {scenario} ran past {timeout} s") from None
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
-def test_jobs_run_on_a_spark_connect_session(tmp_path):
-    # A Connect server's Python workers use PYSPARK_PYTHON as the server saw it at start
-    # (spark.pyspark.python cannot be changed on a running Connect session).
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    proc = subprocess.run([sys.executable, "-c", CONNECT_SCRIPT.format(
-        root=str(ROOT), pid_file=str(tmp_path / "child"), out=str(tmp_path))], env=env,
-                          capture_output=True, text=True, timeout=400, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "sums [3.0, 3.0] where spark local[2] (Connect)" in proc.stdout, proc.stdout
-    assert "error rank 1 on" in proc.stdout and "ValueError: boom from rank 1" in proc.stdout
-    assert "again 0" in proc.stdout
-    assert "estimator torch 2 True True" in proc.stdout, proc.stdout
-    # an interrupt cancels the job by its tag, kills the ranks and what they started
-    assert "interrupted stopped 2 rank processes and cancelled Spark job group" in proc.stdout
-    assert "children left []" in proc.stdout and "after 0" in proc.stdout
-    # DataFrames of the Connect session reach the ranks as disjoint shards, and train a model
-    assert "shards 400 True train" in proc.stdout, proc.stdout
-    assert "torch accuracy True" in proc.stdout, proc.stdout
-    assert "slots np=3 needs 3 free Spark task slots at once (barrier mode), but the cluster " \
-           "has 2 free of 2 (master local[2]" in proc.stdout
-    # no live view: the cell says why, and the output, errors and value still come back
-    assert "hvd_magics: no live view: HVD_MAGICS_LIVE=0 is set. The ranks' output" in proc.stderr
-    assert "[1] line 2 of rank 1" in proc.stdout and "quiet value 0" in proc.stdout
-    assert "quiet error rank 1 on" in proc.stdout and "boom from rank 1" in proc.stdout
-    assert "quiet shards 400" in proc.stdout
-    # an elastic job on Connect: a rank lost, the job goes on with the other
-    assert "elastic [(1, 40)] [(1, ['the rank of task 1 exited with code -9'])]" in proc.stdout, \
-        proc.stdout
-    assert "quiet elastic an elastic job hands out ranks over the notebook's event channel, " \
-           "which the executors cannot use here: HVD_MAGICS_LIVE=0 is set" in proc.stdout
+@pytest.fixture(scope="module")
+def connect(tmp_path_factory):
+    worker = ConnectWorker(tmp_path_factory.mktemp("connect"))
+    yield worker
+    worker.close()
+
+
+def _ran(result: dict) -> str:
+    assert result["error"] is None, result["error"] + result["out"][-2000:]
+    return result["out"]
+
+
+def test_a_job_runs_on_a_spark_connect_session(connect, tmp_path):
+    assert "sums [3.0, 3.0] where spark local[2] (Connect)" in _ran(connect.run("allreduce",
+                                                                                tmp_path))
+
+
+def test_a_failing_rank_names_itself_and_the_next_job_runs(connect, tmp_path):
+    out = _ran(connect.run("a_failing_rank_then_a_clean_job", tmp_path))
+    assert "error rank 1 on" in out and "ValueError: boom from rank 1" in out
+    assert "again 0" in out
+
+
+def test_an_interrupt_cancels_the_job_by_its_tag_and_kills_what_the_ranks_started(connect,
+                                                                                    tmp_path):
+    out = _ran(connect.run("an_interrupt", tmp_path))
+    assert "interrupted stopped 2 rank processes and cancelled Spark job group" in out, out
+    assert "children left []" in out and "after 0" in out
+
+
+def test_dataframes_of_a_connect_session_reach_the_ranks_as_disjoint_shards(connect, tmp_path):
+    assert "shards 400 True train" in _ran(connect.run("shards", tmp_path))
+
+
+def test_torch_trains_on_the_shards_of_a_connect_session(connect, tmp_path):
+    assert "torch accuracy True" in _ran(connect.run("torch_on_dataframes", tmp_path))
+
+
+def test_the_estimator_fits_transforms_saves_and_loads_on_connect(connect, tmp_path):
+    assert "estimator torch 2 True True" in _ran(connect.run("estimator", tmp_path))
+
+
+def test_too_many_ranks_for_the_connect_cluster_are_refused_with_its_slots(connect, tmp_path):
+    assert ("slots np=3 needs 3 free Spark task slots at once (barrier mode), but the cluster "
+            "has 2 free of 2 (master local[2]") in _ran(connect.run("too_many_ranks", tmp_path))
+
+
+def test_an_elastic_job_on_connect_goes_on_when_a_task_is_lost(connect, tmp_path):
+    out = _ran(connect.run("elastic_loses_a_task", tmp_path))
+    assert "elastic [(1, 40)] [(1, ['the rank of task 1 exited with code -9'])]" in out, out
+
+
+def test_without_a_live_view_the_cell_says_why_and_the_output_and_value_come_back(connect,
+                                                                                   tmp_path):
+    result = connect.run("quiet_value", tmp_path)
+    out = _ran(result)
+    assert "hvd_magics: no live view: HVD_MAGICS_LIVE=0 is set. The ranks' output" \
+        in result["err"], result["err"]
+    assert "[1] line 2 of rank 1" in out and "quiet value 0" in out
+
+
+def test_without_a_live_view_a_failing_rank_still_names_itself(connect, tmp_path):
+    out = _ran(connect.run("quiet_error", tmp_path))
+    assert "quiet error rank 1 on" in out and "boom from rank 1" in out
+
+
+def test_without_a_live_view_dataframes_still_reach_the_ranks(connect, tmp_path):
+    assert "quiet shards 400" in _ran(connect.run("quiet_shards", tmp_path))
+
+
+def test_without_a_live_view_an_elastic_job_is_refused_with_the_reason(connect, tmp_path):
+    assert ("quiet elastic an elastic job hands out ranks over the notebook's event channel, "
+            "which the executors cannot use here: HVD_MAGICS_LIVE=0 is set"
+            in _ran(connect.run("quiet_elastic", tmp_path)))
 
 
 SERVER_SCRIPT = textwrap.dedent('''

@@ -223,8 +223,10 @@ def test_a_gpu_index_outside_the_inherited_list_is_an_error():
     assert gpus.local_gpu_count({"CUDA_VISIBLE_DEVICES": "4,5,6"}) == 3
 
 
-def _pump(data: bytes) -> tuple[list[str], float]:
-    """Feed ``data`` through a supervisor's output pump; return the lines and the seconds."""
+def _pump(data: bytes, pool: bool = False, kinds: list | None = None
+          ) -> tuple[list[str], float]:
+    """Feed ``data`` through a supervisor's output pump; return the lines and the seconds
+    (``kinds``: gets each event's kind, with its lines)."""
     import os
     import threading
     import types
@@ -235,7 +237,14 @@ def _pump(data: bytes) -> tuple[list[str], float]:
     lines: list[str] = []
     pump = RankProcess.__new__(RankProcess)
     pump._proc = types.SimpleNamespace(stdout=types.SimpleNamespace(fileno=lambda: read_fd))
-    pump._sink = lambda kind, **event: lines.extend(event.get("lines", []))
+    pump._pool = pool
+
+    def sink(kind, **event):
+        lines.extend(event.get("lines", []))
+        if kinds is not None:
+            kinds.append((kind, event.get("lines")))
+
+    pump._sink = sink
 
     def feed():
         for start in range(0, len(data), 1 << 16):
@@ -260,6 +269,19 @@ def test_a_long_line_goes_through_the_pump_in_linear_time():
     assert [len(x) for x in big_lines] == [64_000_000]
     # linear: about 8 times the small one; quadratic: about 64 times
     assert big < 24 * small + 0.5, f"8 MB took {small:.2f} s, 64 MB took {big:.2f} s"
+
+
+def test_a_pool_ranks_end_of_cell_comes_after_the_cells_lines_and_is_not_shown():
+    from hvd_magics.protocol import CELL_END, CELL_END_LINE, OUTPUT
+
+    end = CELL_END_LINE.encode()
+    kinds: list = []
+    lines, _ = _pump(b"one\ntwo, no newline" + end + b"\nnext cell\n", pool=True, kinds=kinds)
+    assert kinds == [(OUTPUT, ["one", "two, no newline"]), (CELL_END, None),
+                     (OUTPUT, ["next cell"])]
+    kinds.clear()
+    _pump(b"cold job" + end + b"\n", pool=False, kinds=kinds)  # only a pool's rank ends cells
+    assert kinds == [(OUTPUT, ["cold job" + CELL_END_LINE])]
 
 
 @pytest.mark.parametrize("outcome, header, rows", [

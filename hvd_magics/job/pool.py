@@ -1,0 +1,328 @@
+"""Warm ranks: a Horovod pool whose rank processes live across cells.
+
+A pool is a job whose function is :func:`hvd_magics.rank.pool_loop.serve_cells`: on Spark one
+barrier stage that holds ``np`` task slots, on the driver ``-np`` processes. Each cell (or
+function) run on it travels as one more stdin frame to every rank (on Spark as an order over the
+event channel) and is followed by :func:`hvd_magics.job.runner.launch` like a cold job, through
+:class:`PoolCell`, a backend whose ranks already run. Each rank keeps one namespace across cells
+(:func:`hvd_magics.rank_namespace`).
+
+The ranks' events reach the pool's :class:`CellEvents`, which hands them to the cell that runs
+and turns each rank's end of a cell (its ``result`` or ``error``, then its ``cell_end`` after the
+cell's output) into the ``exit`` a cold job's rank sends last. A cell that fails or is interrupted
+leaves the pool as it is once every rank is back; a rank that does not come back (stuck in a
+collective its peer never entered) makes the pool restart its ranks, and the cell says so.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from datetime import datetime
+from typing import Any, Callable, Mapping
+
+from hvd_magics.errors import HorovodJobError, PoolError, StartTimeoutError
+from hvd_magics.job.runner import HorovodRunner
+from hvd_magics.launch.driver_backend import DriverBackend
+from hvd_magics.launch.local_ranks import reap_local_ranks
+from hvd_magics.launch.payload import serialize_job
+from hvd_magics.launch.spark_backend import SparkBackend, active_session, start_local_session
+from hvd_magics.options import (DEFAULT_START_TIMEOUT_S, ElasticSize, positive_seconds,
+                                validate_size, validate_start_timeout)
+from hvd_magics.protocol import (CELL_END, ERROR, EXIT, RESULT, STARTED, TASK_ERROR,
+                                 encode_job)
+from hvd_magics.rank.pool_loop import serve_cells
+
+#: A pool with no cell for this long ends and gives its slots back (``--idle-timeout``).
+DEFAULT_IDLE_TIMEOUT_S = 1800.0
+#: After a cell was interrupted (or a rank failed), how long the other ranks get to come back
+#: before the pool restarts them.
+CELL_STOP_WAIT_S = 5.0
+#: How long the ranks get to leave Horovod together and exit when the pool ends.
+POOL_END_WAIT_S = 30.0
+
+
+class CellEvents:
+    """The pool's event queue (backends only ``put``): the ranks' events go to the cell that
+    runs, each rank's end of a cell becoming its ``exit``; between cells they wait in
+    :attr:`idle` (the pool reads its start from there)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.idle: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._target: queue.Queue | None = None
+        self._outcome: dict[int, int] = {}
+        self._closed: set[int] = set()
+        #: Ranks whose process ended (the pool is broken), with their exit codes.
+        self.exited: dict[int, int | None] = {}
+        #: Ranks whose cell ended (``exit`` sent to the cell).
+        self.done: set[int] = set()
+
+    def begin(self, target: queue.Queue) -> None:
+        """A cell starts: its events go to ``target`` from now on (what came between cells,
+        such as a library's late warning, is dropped)."""
+        with self._lock:
+            self._target, self._outcome, self._closed, self.done = target, {}, set(), set()
+            while not self.idle.empty():
+                self.idle.get_nowait()
+
+    def end(self) -> None:
+        """The cell is over: what arrives now waits in :attr:`idle`."""
+        with self._lock:
+            self._target = None
+
+    @property
+    def cell_over(self) -> bool:
+        """Every rank ended the cell, or one rank process ended (the pool is broken)."""
+        return len(self.done) == self.size or bool(self.exited)
+
+    def put(self, event: dict[str, Any]) -> None:
+        kind, rank = event.get("kind"), event.get("rank")
+        out = [event]
+        with self._lock:
+            if kind == EXIT:
+                self.exited[rank] = event.get("code")
+            elif kind in (RESULT, ERROR) and self._target is not None:
+                self._outcome[rank] = 0 if kind == RESULT else 1
+            elif kind == CELL_END:
+                self._closed.add(rank)
+                out = []
+            if (kind in (RESULT, ERROR, CELL_END) and rank in self._outcome
+                    and rank in self._closed and rank not in self.done):
+                self.done.add(rank)
+                out.append({**event, "kind": EXIT, "code": self._outcome[rank]})
+            target = self._target
+        for item in out:
+            (target if target is not None else self.idle).put(item)
+
+
+class HorovodPool:
+    """Ranks that stay: run cells and functions on the same Horovod processes, one after another.
+
+    Parameters
+    ----------
+    np : int
+        ``np > 0``: ``np`` ranks as the tasks of one long-lived Spark barrier stage (they hold
+        their task slots until the pool ends); ``np < 0``: ``-np`` processes on the driver.
+    env : mapping, optional
+        Extra environment variables for the rank processes.
+    start_timeout : float
+        Seconds to wait for every rank to start.
+    idle_timeout : float
+        A pool that ran nothing for this many seconds ends and gives its slots back.
+
+    Examples
+    --------
+    >>> with HorovodPool(np=2) as pool:                      # doctest: +SKIP
+    ...     pool.run(build_model)                             # keeps it in rank_namespace()
+    ...     pool.run(train, epochs=2)                         # trains the kept model
+    """
+
+    def __init__(self, np: int, env: Mapping[str, str] | None = None,
+                 start_timeout: float = DEFAULT_START_TIMEOUT_S,
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S) -> None:
+        size = validate_size(np)
+        if isinstance(size, ElasticSize):
+            raise ValueError(f"np={np}: a warm pool has a fixed number of ranks. Fix: start it "
+                             f"with np={size.max_np}, or run the elastic job cold "
+                             f"(%%horovod np={np}).")
+        self.np = size
+        self.env = {str(k): str(v) for k, v in (env or {}).items()}
+        self.start_timeout = validate_start_timeout(start_timeout)
+        self.idle_timeout = positive_seconds(idle_timeout, "idle_timeout (--idle-timeout)")
+        self.cells = 0
+        self.restarts = 0
+        #: Why the pool ended (``None`` while it runs).
+        self.ended: str | None = None
+        self._lock = threading.Lock()
+        self._busy = False
+        self._start()
+        threading.Thread(target=self._watch_idle, name="hvd-pool-idle", daemon=True).start()
+
+    # -- life ------------------------------------------------------------------------------
+    def _start(self) -> None:
+        self.job_id = uuid.uuid4().hex[:12]
+        self.events = CellEvents(abs(self.np))
+        if self.np < 0:
+            self.backend: Any = DriverBackend(-self.np, self.env, pool=True)
+        else:
+            spark = active_session() or start_local_session(self.np)
+            self.backend = SparkBackend(spark, self.np, self.env, pool=True)
+        self.where = self.backend.where
+        self.hosts: dict[int, str] = {}
+        began = time.monotonic()
+        self.backend.start(serialize_job(serve_cells, {}).blob, self.job_id, self.events)
+        try:
+            self.pids = self._wait_started(began)
+        except BaseException:
+            self._kill()
+            raise
+        self.started_at = datetime.now()
+        self.start_s = time.monotonic() - began
+        self.last_used = time.monotonic()
+
+    def _wait_started(self, began: float) -> dict[int, int]:
+        pids: dict[int, int] = {}
+        errors: list[str] = []
+        while len(pids) < abs(self.np):
+            try:
+                event = self.events.idle.get(timeout=0.1)
+            except queue.Empty:
+                event = {}
+            if event.get("kind") == STARTED:
+                pids[event["rank"]] = event.get("pid")
+                self.hosts[event["rank"]] = event.get("host", "")
+            elif event.get("kind") == TASK_ERROR:
+                errors.append(event.get("traceback", ""))
+            if errors or self.events.exited or self.backend.finished:
+                why = (errors[0] if errors else self.backend.describe_failure()
+                       or f"ranks {sorted(self.events.exited)} exited before the pool started")
+                raise HorovodJobError(f"The warm pool could not start on {self.where}: {why}")
+            if time.monotonic() - began > self.start_timeout:
+                raise StartTimeoutError(
+                    f"Timed out after {self.start_timeout:.0f} s waiting for the warm pool's "
+                    f"ranks to start ({len(pids)} of {abs(self.np)} started on {self.where}). "
+                    "If the cluster needs longer, raise start_timeout (--start-timeout).")
+        return pids
+
+    def _kill(self) -> None:
+        self.backend.stop()
+        self.backend.join(POOL_END_WAIT_S)
+        pids = getattr(self, "pids", {})
+        reap_local_ranks([(pid, self.hosts.get(rank, "")) for rank, pid in pids.items()])
+
+    def close(self, why: str = "it was stopped") -> None:
+        """End the pool: the ranks leave Horovod together and exit; its slots are free again."""
+        with self._lock:
+            if self.ended is not None:
+                return
+            self.ended = why
+        self.backend.end_pool()
+        if not self.backend.join(POOL_END_WAIT_S):
+            self._kill()
+
+    def restart(self) -> None:
+        """End the ranks (whatever they run) and start new ones: every kept variable is gone."""
+        with self._lock:
+            self._kill()
+            self.restarts += 1
+            self.ended = None
+            self._start()
+
+    def __enter__(self) -> "HorovodPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _watch_idle(self) -> None:
+        while self.ended is None:
+            time.sleep(min(1.0, self.idle_timeout / 10))
+            idle = time.monotonic() - self.last_used
+            if not self._busy and self.ended is None and idle > self.idle_timeout:
+                self.close(f"it ran nothing for {self.idle_timeout:.0f} s (its idle timeout)")
+
+    # -- work ------------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self.ended is None
+
+    def check_usable(self) -> None:
+        """Raise :class:`PoolError` when the pool has ended (saying why and what to do)."""
+        if self.ended is not None:
+            raise PoolError(f"the warm pool of {abs(self.np)} ranks on {self.where} has ended: "
+                            f"{self.ended}; its slots are free. Fix: start it again "
+                            f"(%hvd_pool start np={self.np}, or HorovodPool(np={self.np})), or "
+                            f"run the cell cold with %%horovod np={self.np}.")
+
+    def cell(self, env: Mapping[str, str]) -> "PoolCell":
+        """The backend of the next cell (``env``: set on the ranks for it); refused while
+        another cell runs on the pool."""
+        self.check_usable()
+        if self._busy:
+            raise PoolError("the warm pool is running another cell; wait for it to end.")
+        return PoolCell(self, env)
+
+    def _finished_cell(self) -> None:
+        self.cells += 1
+        self.last_used = time.monotonic()
+        self._busy = False
+
+    def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
+        """Run ``main(**kwargs)`` on every rank of the pool; return what rank 0 returned.
+
+        What ``main`` keeps in :func:`hvd_magics.rank_namespace` is there for the next run.
+        """
+        return HorovodRunner(self.np, env=self.env, pool=self).run(main, **kwargs)
+
+    def __repr__(self) -> str:
+        if self.ended is not None:
+            return f"HorovodPool(np={self.np}): ended, {self.ended}"
+        idle = time.monotonic() - self.last_used
+        return (f"HorovodPool(np={self.np}): {abs(self.np)} warm ranks on {self.where}, started "
+                f"{self.started_at:%H:%M:%S} (in {self.start_s:.1f} s), {self.cells} cells run, "
+                f"idle for {idle:.0f} s (ends after {self.idle_timeout:.0f} s idle)"
+                + (f", restarted {self.restarts} times" if self.restarts else ""))
+
+
+class PoolCell:
+    """The backend :func:`hvd_magics.job.runner.launch` follows for one cell on a pool."""
+
+    keeps_ranks = True
+    drained = True
+    reads_data = False
+    live = True
+
+    def __init__(self, pool: HorovodPool, env: Mapping[str, str]) -> None:
+        self.pool = pool
+        self.env = dict(env)
+        self.where = f"{pool.where} (warm pool)"
+        #: Said after the cell's error when the ranks had to be restarted.
+        self.restart_note = ""
+
+    def start(self, payload: bytes, job_id: str, events: queue.Queue) -> None:  # noqa: ARG002
+        self.pool._busy = True
+        self.pool.events.begin(events)
+        self.pool.backend.send_cell(encode_job(payload, self.env))
+
+    @property
+    def finished(self) -> bool:
+        return self.pool.events.cell_over
+
+    def stop(self) -> None:
+        """Interrupt the ranks still in the cell; restart them if they do not come back."""
+        if self.finished:
+            return
+        self.pool.backend.interrupt_cell()
+        deadline = time.monotonic() + CELL_STOP_WAIT_S
+        while not self.finished and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.finished and not self.pool.events.exited:
+            return
+        stuck = sorted(set(range(abs(self.pool.np))) - self.pool.events.done)
+        why = (f"rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} did not come "
+               f"back within {CELL_STOP_WAIT_S:.0f} s of the interrupt (stuck in a collective "
+               "a peer never entered?)" if not self.pool.events.exited else
+               f"rank {min(self.pool.events.exited)}'s process ended")
+        self.pool.events.end()
+        self.pool.restart()
+        self.restart_note = (f"the ranks were restarted: {why}; their variables are gone "
+                             f"(the pool is ready again, {abs(self.pool.np)} new ranks).")
+
+    def join(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self.finished and time.monotonic() < deadline and not self.restart_note:
+            time.sleep(0.02)
+        self.pool.events.end()
+        if self.pool.events.exited and not self.restart_note:  # a rank process died
+            self.stop()
+        self.pool._finished_cell()
+        return True
+
+    def describe_failure(self) -> str | None:
+        return None
+
+    def silence_note(self, ranks: list[int]) -> str:  # noqa: ARG002
+        return ""

@@ -1,0 +1,48 @@
+"""Make sure no rank process is left on this host after a job (or a pool) ended."""
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+from hvd_magics.protocol import RANK_MODULE
+from hvd_magics.task.slots import local_addresses
+
+#: After a stop, how long rank processes on this host get to exit before we kill them ourselves.
+RANK_EXIT_WAIT_S = 10.0
+
+
+def reap_local_ranks(ranks: Iterable[tuple[int | None, str]]) -> None:
+    """Wait for the rank processes ``(pid, host)`` that run on this host to exit; kill the rest.
+
+    The stop order (closed channel, cancelled Spark stage) kills ranks asynchronously; wait for
+    them, and kill what is left. Only processes that run ``hvd_magics.rank.rank_main`` are touched.
+    """
+    import psutil
+
+    local = local_addresses()
+    procs = []
+    for pid, host in ranks:
+        if pid is None or host not in local:
+            continue
+        try:
+            proc = psutil.Process(pid)
+            if RANK_MODULE in " ".join(proc.cmdline()):
+                procs.append(proc)
+        except psutil.Error:
+            continue
+
+    def running(proc: psutil.Process) -> bool:
+        try:
+            return proc.status() != psutil.STATUS_ZOMBIE  # a zombie has exited
+        except psutil.Error:
+            return False
+
+    deadline = time.monotonic() + RANK_EXIT_WAIT_S
+    while procs and time.monotonic() < deadline:
+        procs = [proc for proc in procs if running(proc)]
+        time.sleep(0.05)
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass

@@ -1,0 +1,62 @@
+"""What a warm pool's rank runs: cell after cell, each read from stdin, in one process.
+
+A pool is a job whose function is :func:`serve_cells`. Each further frame on the rank's stdin
+(:func:`hvd_magics.protocol.encode_job`) is a ``(main, kwargs)`` to run: a ``%%horovod`` cell
+(run in :func:`hvd_magics.rank.cell_runner.rank_namespace`) or a function given to
+:meth:`hvd_magics.HorovodPool.run`. Per cell the rank sends ``started``, then ``result`` (rank 0's
+value) or ``error``, then prints :data:`hvd_magics.protocol.CELL_END_LINE`, which its supervisor
+turns into ``cell_end`` after the cell's output. The driver interrupts a cell with ``SIGINT``;
+between cells the rank ignores it. The end of stdin ends the pool: :func:`serve_cells` returns and
+the rank leaves Horovod as a cold job's rank does.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from hvd_magics.protocol import CELL_END_LINE, RESULT, STARTED, decode_job
+from hvd_magics.rank import rank_events
+
+
+def run_one(payload: bytes) -> None:
+    """Run one cell's ``(main, kwargs)``; report its value (rank 0) or its error."""
+    import cloudpickle
+
+    from hvd_magics.rank.rank_main import final_rank, report_error
+    from hvd_magics.result_codec import encode_parts
+
+    rank_events.emit(STARTED, pid=os.getpid())
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        main_fn, kwargs = cloudpickle.loads(payload)
+        value = main_fn(**kwargs)
+        parts = encode_parts(value) if final_rank() == 0 else None
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            parts = None
+        else:
+            report_error(exc)
+            return
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver
+        report_error(exc)
+        return
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    rank_events.emit(RESULT, parts=parts)
+
+
+def serve_cells() -> None:
+    """The pool's job function: run every cell that arrives on stdin until stdin ends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while (frame := decode_job(sys.stdin.buffer)) is not None:
+        late_env, payload = frame
+        os.environ.update(late_env)
+        try:
+            run_one(payload)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            print(CELL_END_LINE, flush=True)
