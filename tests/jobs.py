@@ -671,3 +671,87 @@ def rank_metrics_held(marks: str, epochs: int = 3):
             while not os.path.exists(os.path.join(marks, "go")):
                 time.sleep(0.05)
     return "ok"
+
+
+def pool_keep(**values):
+    """Keep ``values`` in the rank's kept namespace (a warm pool's); return this process's pid."""
+    import os
+
+    from hvd_magics import rank_namespace
+
+    rank_namespace().update(values)
+    return os.getpid()
+
+
+def pool_read(name: str):
+    """What the rank's kept namespace holds under ``name`` (``None``), and this process's pid."""
+    import os
+
+    from hvd_magics import rank_namespace
+
+    return rank_namespace().get(name), os.getpid()
+
+
+def pool_build_model():
+    """Initialise Horovod and keep a small torch model and its optimizer for the next runs."""
+    import horovod.torch as hvd
+    import torch
+
+    from hvd_magics import rank_namespace
+
+    hvd.init()
+    torch.manual_seed(hvd.rank())  # different on each rank until the broadcast
+    model = torch.nn.Linear(4, 1)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    rank_namespace().update(model=model, optimizer=optimizer)
+    return [float(w) for w in model.weight.detach().flatten()]
+
+
+def pool_train_kept(steps: int):
+    """Train the kept model ``steps`` steps on this rank's data; return its weights."""
+    import horovod.torch as hvd
+    import torch
+
+    from hvd_magics import rank_namespace
+
+    model, optimizer = rank_namespace()["model"], rank_namespace()["optimizer"]
+    generator = torch.Generator().manual_seed(100 + hvd.rank())
+    for _ in range(steps):
+        x = torch.randn(8, 4, generator=generator)
+        optimizer.zero_grad()
+        ((model(x) - x.sum(1, keepdim=True)) ** 2).mean().backward()
+        optimizer.step()
+    return [float(w) for w in model.weight.detach().flatten()]
+
+
+def pool_raise_on_rank_1_while_0_allreduces():
+    """Rank 1 raises; rank 0 waits in an allreduce rank 1 never enters (stuck)."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    if hvd.rank() == 1:
+        raise ValueError("rank 1 gives up")
+    hvd.allreduce(torch.ones(3), name="never.completed")
+
+
+def pool_sleep_marked(marks: str):
+    """Write ``marks``/<rank>, then sleep (until interrupted)."""
+    import os
+    import time
+
+    with open(os.path.join(marks, os.environ["HOROVOD_RANK"]), "w") as fh:
+        fh.write(str(os.getpid()))
+    time.sleep(600)
+
+
+def raise_on_rank(bad_rank: int = 1):
+    """Rank ``bad_rank`` raises ``ValueError``; the others return their rank (no collective)."""
+    import os
+
+    rank = int(os.environ["HOROVOD_RANK"])
+    if rank == bad_rank:
+        raise ValueError(f"boom from rank {rank}")
+    return rank

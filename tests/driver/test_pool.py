@@ -1,0 +1,130 @@
+"""Warm pools on the driver (np < 0): real rank processes that live across runs."""
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from hvd_magics import HorovodJobError, HorovodPool, JobInterrupted, PoolError, last_run
+from tests import jobs
+from tests.conftest import rank_processes_alive
+
+
+@pytest.fixture()
+def pool():
+    with HorovodPool(np=-2) as warm:
+        yield warm
+
+
+def test_runs_share_the_same_processes_and_what_they_kept(pool):
+    pids = pool.run(jobs.pool_keep, answer=42)
+    value, again = pool.run(jobs.pool_read, name="answer")
+    assert value == 42 and again == pids
+    assert last_run().where == "driver (warm pool)" and last_run().status == "succeeded"
+    assert "2 warm ranks on driver" in repr(pool) and "2 cells run" in repr(pool)
+
+
+def test_a_model_built_in_one_run_is_trained_in_the_next(pool):
+    first = pool.run(jobs.pool_build_model)
+    trained = pool.run(jobs.pool_train_kept, steps=5)
+    assert trained != first
+    assert pool.run(jobs.pool_train_kept, steps=0) == trained  # rank 0 kept the trained model
+    record = last_run()
+    assert record.exit_codes == {0: 0, 1: 0}
+
+
+def test_a_failing_rank_fails_the_run_and_the_pool_keeps_every_namespace(pool):
+    pids = pool.run(jobs.pool_keep, kept="yes")
+    with pytest.raises(HorovodJobError) as info:
+        pool.run(jobs.raise_on_rank, bad_rank=1)
+    assert info.value.failures[0].rank == 1 and "boom from rank 1" in str(info.value)
+    assert "restarted" not in str(info.value)
+    assert pool.run(jobs.pool_read, name="kept") == ("yes", pids)
+
+
+def test_a_stuck_rank_restarts_the_ranks_and_the_error_says_so(pool):
+    pids = pool.run(jobs.pool_keep, kept="yes")
+    with pytest.raises(HorovodJobError) as info:
+        pool.run(jobs.pool_raise_on_rank_1_while_0_allreduces)
+    text = str(info.value)
+    assert "rank 1 on localhost: ValueError: rank 1 gives up" in text
+    assert "The ranks were restarted: rank 0 did not come back" in text, text
+    assert "their variables are gone" in text
+    value, new_pid = pool.run(jobs.pool_read, name="kept")
+    assert value is None and new_pid != pids
+    assert rank_processes_alive([pids]) == []
+    assert pool.restarts == 1
+
+
+def test_an_interrupt_stops_the_run_on_every_rank_and_keeps_the_pool(pool, tmp_path):
+    pids = pool.run(jobs.pool_keep, kept="yes")
+
+    def interrupt_when_running():
+        while not all((tmp_path / str(r)).exists() for r in (0, 1)):
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_running, daemon=True).start()
+    with pytest.raises(JobInterrupted, match="interrupted the cell on every rank of the warm "
+                                             "pool; the pool keeps its ranks"):
+        pool.run(jobs.pool_sleep_marked, marks=str(tmp_path))
+    assert last_run().status == "interrupted"
+    assert pool.run(jobs.pool_read, name="kept") == ("yes", pids)
+
+
+def test_an_idle_pool_ends_frees_its_ranks_and_says_so():
+    pool = HorovodPool(np=-1, idle_timeout=0.5)
+    pid = pool.run(jobs.pool_keep)
+    deadline = time.monotonic() + 30
+    while pool.alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not pool.alive
+    with pytest.raises(PoolError, match=r"has ended: it ran nothing for 0 s \(its idle timeout\)"
+                                        r".*Fix: start it again"):
+        pool.run(jobs.pool_keep)
+    assert rank_processes_alive([pid]) == []
+
+
+def test_closing_a_pool_leaves_no_process_and_refuses_more_work():
+    pool = HorovodPool(np=-2)
+    pids = [pool.run(jobs.pool_keep)]
+    pool.close()
+    assert rank_processes_alive(pids) == []
+    with pytest.raises(PoolError, match="it was stopped"):
+        pool.run(jobs.pool_keep)
+
+
+def test_a_pool_refuses_an_elastic_size_and_a_runner_of_another_size():
+    from hvd_magics import HorovodRunner
+
+    with pytest.raises(ValueError, match="a warm pool has a fixed number of ranks"):
+        HorovodPool(np="1:2")
+    with HorovodPool(np=-1) as pool:
+        with pytest.raises(ValueError, match="np=-2 is not the warm pool's np=-1"):
+            HorovodRunner(np=-2, pool=pool)
+
+
+def test_the_magic_runs_cells_on_the_pool_and_they_share_variables(ip, capsys):
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError, match="%hvd_pool start np=2"):
+        ip.run_cell_magic("horovod", "", "1")
+    ip.run_line_magic("hvd_pool", "start np=-2")
+    try:
+        assert "2 warm ranks on driver" in capsys.readouterr().out
+        ip.run_cell_magic("horovod", "", "import os\nbase = int(os.environ['HOROVOD_RANK'])")
+        ip.user_ns["step"] = 10
+        assert ip.run_cell_magic("horovod", "--return total", "total = base + step\ntotal") == 10
+        assert ip.user_ns["total"] == 10
+        assert ip.run_cell_magic("horovod", "np=-2", "base") == 0  # the pool's own np
+        ip.run_line_magic("hvd_pool", "")
+        assert "3 cells run" in capsys.readouterr().out
+        with pytest.raises(UsageError, match="a warm pool runs already"):
+            ip.run_line_magic("hvd_pool", "start np=-2")
+        ip.run_line_magic("hvd_pool", "restart")
+        with pytest.raises(HorovodJobError, match="NameError: name 'base' is not defined"):
+            ip.run_cell_magic("horovod", "", "base")
+    finally:
+        ip.run_line_magic("hvd_pool", "stop")
+    assert "has ended; its slots are free" in capsys.readouterr().out
