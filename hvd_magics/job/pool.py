@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 
 from hvd_magics.errors import HorovodJobError, PoolError, StartTimeoutError
 from hvd_magics.job.runner import HorovodRunner
+from hvd_magics.job.session import SESSION
 from hvd_magics.launch.driver_backend import DriverBackend
 from hvd_magics.launch.local_ranks import reap_local_ranks
 from hvd_magics.launch.payload import serialize_job
@@ -139,6 +140,7 @@ class HorovodPool:
         self._lock = threading.Lock()
         self._busy = False
         self._start()
+        SESSION.live_pools.add(self)
         threading.Thread(target=self._watch_idle, name="hvd-pool-idle", daemon=True).start()
 
     # -- life ------------------------------------------------------------------------------
@@ -199,6 +201,7 @@ class HorovodPool:
             if self.ended is not None:
                 return
             self.ended = why
+        SESSION.live_pools.discard(self)
         self.backend.end_pool()
         if not self.backend.join(POOL_END_WAIT_S):
             self._kill()

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from hvd_magics.launch.driver_backend import DriverBackend
-from hvd_magics.errors import HorovodJobError, JobInterrupted, PayloadError, StartTimeoutError
+from hvd_magics.errors import (HorovodJobError, JobInterrupted, NotEnoughSlotsError,
+                               PayloadError, StartTimeoutError)
 from hvd_magics.job.job_state import LOST, WAITING, JobState, JobView
 from hvd_magics.job.mlflow_run import MlflowSettings, MlflowTracker, requested
 from hvd_magics.launch.dataframe_input import check_columns, common_session
@@ -232,6 +233,20 @@ class HorovodRunner:
         """
         if preimport is None:
             preimport = tuple(leading_imports(source)) if source else ()
+        try:
+            return self._launch(payload, views, decode, source, preimport)
+        except NotEnoughSlotsError as exc:
+            holding = [p for p in list(SESSION.live_pools) if p.np > 0 and p is not self.pool]
+            if not holding:
+                raise
+            held = sum(p.np for p in holding)
+            raise NotEnoughSlotsError(
+                f"{exc} Warm pools hold {held} of the slots: run the cell on the pool "
+                "(%%horovod without np, or HorovodRunner(np, pool=pool)), or free them with "
+                "%hvd_pool stop (pool.close()).") from None
+
+    def _launch(self, payload: JobPayload | bytes, views: list[JobView] | None, decode: Decoder,
+                source: str | None, preimport: tuple[str, ...]) -> RunRecord:
         return launch(LaunchRequest(
             payload if isinstance(payload, JobPayload) else JobPayload(payload),
             self.elastic or self.num_processor, self.env, self.start_timeout,

@@ -6,6 +6,7 @@ on, and the warm pool ``%hvd_pool`` started. Nothing else keeps state between jo
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,9 @@ class Session:
     #: The warm pool of ``%hvd_pool start`` (a :class:`hvd_magics.job.pool.HorovodPool`; it may
     #: have ended since), or ``None``.
     pool: Any = None
+    #: Every warm pool of this process that has not ended (``%hvd_pool``'s and ``HorovodPool``s
+    #: made in Python): a cold job refused for want of slots names the pools that hold them.
+    live_pools: weakref.WeakSet = field(default_factory=weakref.WeakSet)
 
     def reset(self) -> None:
         """Forget the last run, turn the timeline and MLflow tracking off (as in a fresh kernel)."""
