@@ -106,6 +106,8 @@ class HorovodMagics(Magics):
                    "MIN:MAX runs an elastic job (hvd.elastic). HorovodRunner style np=N works too. "
                    "Without it (or with the pool's own N) the cell runs on the warm pool of "
                    "%%hvd_pool start.")
+    @argument("--cold", action="store_true",
+              help="Run on new ranks even while a warm pool (%%hvd_pool) runs.")
     @argument("--elastic-timeout", type=float, default=DEFAULT_ELASTIC_TIMEOUT_S,
               metavar="SECONDS",
               help="Elastic jobs: stop when fewer than MIN ranks are left for this long "
@@ -134,7 +136,10 @@ class HorovodMagics(Magics):
     def horovod(self, line: str, cell: str) -> Any:
         """Run the cell as a Horovod job; return what rank 0's cell evaluates to last."""
         args = parse_argstring(self.horovod, normalise_line(line))
-        pool = _pool_for(args.np)
+        pool = None if args.cold else _pool_for(args.np)
+        if args.cold and args.np is None:
+            raise UsageError("%%horovod --cold needs the number of ranks, e.g. "
+                             "%%horovod np=2 --cold")
         env = parse_env(args.env)
         return_names = tuple(n.strip() for n in args.return_names.split(",") if n.strip())
         bad = [n for n in return_names if not n.isidentifier()]

@@ -118,6 +118,9 @@ def test_the_magic_runs_cells_on_the_pool_and_they_share_variables(ip, capsys):
         assert ip.run_cell_magic("horovod", "--return total", "total = base + step\ntotal") == 10
         assert ip.user_ns["total"] == 10
         assert ip.run_cell_magic("horovod", "np=-2", "base") == 0  # the pool's own np
+        with pytest.raises(HorovodJobError, match="NameError: name 'base' is not defined"):
+            ip.run_cell_magic("horovod", "np=-2 --cold", "base")  # new ranks
+        assert last_run().where == "driver"
         ip.run_line_magic("hvd_pool", "")
         assert "3 cells run" in capsys.readouterr().out
         with pytest.raises(UsageError, match="a warm pool runs already"):
