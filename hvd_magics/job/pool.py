@@ -15,6 +15,7 @@ collective its peer never entered) makes the pool restart its ranks, and the cel
 """
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
@@ -97,6 +98,19 @@ class CellEvents:
             target = self._target
         for item in out:
             (target if target is not None else self.idle).put(item)
+
+
+def _end_pools_at_exit() -> None:
+    """The kernel shuts down: stop every pool's ranks at once (no graceful leaving)."""
+    for pool in list(SESSION.live_pools):
+        pool.ended = "the notebook's process ended"
+        try:
+            pool.backend.stop()
+        except Exception:  # noqa: BLE001,S112 - the process ends anyway
+            continue
+
+
+atexit.register(_end_pools_at_exit)
 
 
 class HorovodPool:

@@ -78,3 +78,32 @@ def test_a_cell_ending_in_model_fit_keeps_tensorflow_out_of_the_kernel():
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+def test_a_warm_pool_keeps_variables_across_cells_and_dies_with_its_kernel(tmp_path):
+    """A fresh kernel with its own local[2] session: the pool's ranks keep what one cell made
+    for the next one, and shutting the kernel down leaves none of them running."""
+    import time
+
+    from tests.conftest import rank_processes_alive
+
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        _run(client, "%load_ext hvd_magics")
+        _run(client, "from pyspark.sql import SparkSession\n"
+                     "spark = SparkSession.builder.master('local[2]').getOrCreate()")
+        started = _run(client, "%hvd_pool start np=2")
+        assert "2 warm ranks on spark local[2]" in started, started
+        _run(client, f"%%horovod -q\nimport os\nmarker = os.getpid()\n"
+                     f"open(os.path.join({str(tmp_path)!r}, str(marker)), 'w').close()")
+        assert _run(client, "%%horovod -q\nimport os\nmarker == os.getpid()").strip() == "True"
+        pids = [int(p.name) for p in tmp_path.iterdir()]
+        assert len(pids) == 2 and rank_processes_alive(pids) == pids
+        assert "cells run" in _run(client, "%hvd_pool")
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel()  # as the notebook's shutdown does: atexit hooks run
+    deadline = time.monotonic() + 30
+    while rank_processes_alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert rank_processes_alive(pids) == []
