@@ -172,3 +172,17 @@ def test_the_elastic_notebook(tmp_path):
     names = [m["state"]["value"] for m in state.values()
              if m["model_name"] == "HTMLModel" and m["state"]["value"].startswith("<b>task ")]
     assert any(re.match(r"<b>task \d = rank 0</b>", n) for n in names), names
+
+
+def test_the_warm_pool_notebook(tmp_path):
+    nb, texts, everything = _run("warm-pool.ipynb", tmp_path)
+    assert "2 warm ranks on spark local[2]" in everything
+    assert "[0] rank 0: 674 training rows" in everything and "[1] rank 1: 673 training rows" \
+        in everything
+    after = float(re.search(r"test accuracy after 7 epochs on the warm pool: (\d\.\d+)",
+                            everything).group(1))
+    assert after >= 0.85
+    assert "spark local[2] (warm pool)" in everything
+    assert "TypeError" in everything and "still here: accuracy" in everything
+    assert "5 cells run" in everything or "6 cells run" in everything
+    assert "has ended; its slots are free" in everything
