@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import queue
+import sys
 import threading
 import time
 import uuid
@@ -32,8 +33,8 @@ from hvd_magics.launch.payload import serialize_job
 from hvd_magics.launch.spark_backend import SparkBackend, active_session, start_local_session
 from hvd_magics.options import (DEFAULT_START_TIMEOUT_S, ElasticSize, positive_seconds,
                                 validate_size, validate_start_timeout)
-from hvd_magics.protocol import (CELL_END, ERROR, EXIT, RESULT, STARTED, TASK_ERROR,
-                                 encode_job)
+from hvd_magics.protocol import (CELL_END, CHANNEL_CLOSED, ERROR, EXIT, RESULT, STARTED,
+                                 TASK_ERROR, encode_job)
 from hvd_magics.rank.pool_loop import serve_cells
 
 #: A pool with no cell for this long ends and gives its slots back (``--idle-timeout``).
@@ -86,6 +87,8 @@ class CellEvents:
         with self._lock:
             if kind == EXIT:
                 self.exited[rank] = event.get("code")
+            elif kind == CHANNEL_CLOSED and not event.get("clean"):  # its executor was lost
+                self.exited.setdefault(rank, None)
             elif kind in (RESULT, ERROR) and self._target is not None:
                 self._outcome[rank] = 0 if kind == RESULT else 1
             elif kind == CELL_END:
@@ -262,6 +265,15 @@ class HorovodPool:
             raise PoolError("the warm pool is running another cell; wait for it to end.")
         return PoolCell(self, env)
 
+    def lost_since_last_cell(self) -> str:
+        """What the pool lost while no cell ran (a rank process, an executor), or ``""``."""
+        exited = sorted(self.events.exited)
+        if exited:
+            return f"rank{'s' if len(exited) > 1 else ''} {', '.join(map(str, exited))}"
+        if self.backend.finished:
+            return f"its ranks ({self.backend.describe_failure() or 'the Spark job ended'})"
+        return ""
+
     def _finished_cell(self) -> None:
         self.cells += 1
         self.last_used = time.monotonic()
@@ -301,28 +313,36 @@ class PoolCell:
 
     def start(self, payload: bytes, job_id: str, events: queue.Queue) -> None:  # noqa: ARG002
         self.pool._busy = True
+        lost = self.pool.lost_since_last_cell()
+        if lost:
+            self.pool.restart()
+            print(f"hvd_magics: the warm pool lost {lost} since its last cell; its ranks were "
+                  "restarted, so their variables are gone.", file=sys.stderr)
         self.pool.events.begin(events)
         self.pool.backend.send_cell(encode_job(payload, self.env))
 
     @property
     def finished(self) -> bool:
-        return self.pool.events.cell_over
+        return self.pool.events.cell_over or self.pool.backend.finished
 
     def stop(self) -> None:
-        """Interrupt the ranks still in the cell; restart them if they do not come back."""
-        if self.finished:
+        """Interrupt the ranks still in the cell; restart them if they do not come back (or
+        when one of them is gone)."""
+        if self.restart_note:
             return
-        self.pool.backend.interrupt_cell()
-        deadline = time.monotonic() + CELL_STOP_WAIT_S
-        while not self.finished and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if self.finished and not self.pool.events.exited:
+        if not self.finished:
+            self.pool.backend.interrupt_cell()
+            deadline = time.monotonic() + CELL_STOP_WAIT_S
+            while not self.finished and time.monotonic() < deadline:
+                time.sleep(0.05)
+        lost = self.pool.lost_since_last_cell()
+        if self.finished and not lost:
             return
         stuck = sorted(set(range(abs(self.pool.np))) - self.pool.events.done)
-        why = (f"rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} did not come "
+        why = (f"the pool lost {lost}" if lost else
+               f"rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} did not come "
                f"back within {CELL_STOP_WAIT_S:.0f} s of the interrupt (stuck in a collective "
-               "a peer never entered?)" if not self.pool.events.exited else
-               f"rank {min(self.pool.events.exited)}'s process ended")
+               "a peer never entered?)")
         self.pool.events.end()
         self.pool.restart()
         self.restart_note = (f"the ranks were restarted: {why}; their variables are gone "
@@ -333,7 +353,7 @@ class PoolCell:
         while not self.finished and time.monotonic() < deadline and not self.restart_note:
             time.sleep(0.02)
         self.pool.events.end()
-        if self.pool.events.exited and not self.restart_note:  # a rank process died
+        if self.pool.lost_since_last_cell():  # a rank process or its executor is gone
             self.stop()
         self.pool._finished_cell()
         return True

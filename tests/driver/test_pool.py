@@ -131,3 +131,21 @@ def test_the_magic_runs_cells_on_the_pool_and_they_share_variables(ip, capsys):
     finally:
         ip.run_line_magic("hvd_pool", "stop")
     assert "has ended; its slots are free" in capsys.readouterr().out
+
+
+def test_a_rank_killed_between_runs_is_replaced_at_the_next_run_which_says_so(pool, capsys):
+    pool.run(jobs.pool_keep, kept="yes")
+    os.kill(pool.pids[1], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while not pool.lost_since_last_cell() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pool.run(jobs.pool_read, name="kept")[0] is None
+    assert ("the warm pool lost rank 1 since its last cell; its ranks were restarted"
+            in capsys.readouterr().err)
+
+
+def test_a_rank_killed_during_a_run_fails_it_and_the_pool_comes_back(pool):
+    with pytest.raises(HorovodJobError) as info:
+        pool.run(jobs.fail_on_rank, bad_rank=1, how="kill")
+    assert "The ranks were restarted: the pool lost rank 1" in str(info.value), str(info.value)
+    assert pool.run(jobs.pool_read, name="kept")[0] is None

@@ -144,3 +144,20 @@ def test_the_estimator_fits_and_transforms_on_two_executors(cluster_spark, tmp_p
     scored = model.transform(val)
     assert MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored) >= 0.9
     assert (tmp_path / "m" / "model.keras").exists()
+
+
+def test_a_warm_pool_spans_two_executors_and_survives_losing_one_between_runs(cluster_spark,
+                                                                               capsys):
+    from hvd_magics import HorovodPool
+
+    with HorovodPool(np=2) as pool:
+        first = pool.run(jobs.pool_build_model)
+        assert pool.run(jobs.pool_train_kept, steps=3) != first
+        assert last_run().where.endswith("(warm pool)")
+        _executor_jvm(pool.pids[1]).kill()  # rank 1's executor goes away while nothing runs
+        deadline = time.monotonic() + 60
+        while not pool.lost_since_last_cell() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pool.run(jobs.pool_read, name="model")[0] is None  # new ranks, nothing kept
+        assert "the warm pool lost rank 1 since its last cell" in capsys.readouterr().err
+        assert pool.run(jobs.pool_keep, again=1) > 0
