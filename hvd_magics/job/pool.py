@@ -30,7 +30,8 @@ from hvd_magics.job.session import SESSION
 from hvd_magics.launch.driver_backend import DriverBackend
 from hvd_magics.launch.local_ranks import reap_local_ranks
 from hvd_magics.launch.payload import serialize_job
-from hvd_magics.launch.spark_backend import SparkBackend, active_session, start_local_session
+from hvd_magics.launch.spark_backend import (SLOT_WAIT_S, SparkBackend, active_session,
+                                             start_local_session)
 from hvd_magics.options import (DEFAULT_START_TIMEOUT_S, ElasticSize, positive_seconds,
                                 validate_size, validate_start_timeout)
 from hvd_magics.protocol import (CELL_END, CHANNEL_CLOSED, ERROR, EXIT, RESULT, STARTED,
@@ -161,14 +162,15 @@ class HorovodPool:
         threading.Thread(target=self._watch_idle, name="hvd-pool-idle", daemon=True).start()
 
     # -- life ------------------------------------------------------------------------------
-    def _start(self) -> None:
+    def _start(self, slot_wait_s: float = SLOT_WAIT_S) -> None:
         self.job_id = uuid.uuid4().hex[:12]
         self.events = CellEvents(abs(self.np))
         if self.np < 0:
             self.backend: Any = DriverBackend(-self.np, self.env, pool=True)
         else:
             spark = active_session() or start_local_session(self.np)
-            self.backend = SparkBackend(spark, self.np, self.env, pool=True)
+            self.backend = SparkBackend(spark, self.np, self.env, pool=True,
+                                        slot_wait_s=slot_wait_s)
         self.where = self.backend.where
         self.hosts: dict[int, str] = {}
         began = time.monotonic()
@@ -224,12 +226,21 @@ class HorovodPool:
             self._kill()
 
     def restart(self) -> None:
-        """End the ranks (whatever they run) and start new ones: every kept variable is gone."""
+        """End the ranks (whatever they run) and start new ones: every kept variable is gone.
+
+        A lost executor may take a while to come back: the new ranks wait for their slots up to
+        the start timeout. When they cannot start, the pool ends (saying why) and this raises.
+        """
         with self._lock:
             self._kill()
             self.restarts += 1
+            try:
+                self._start(slot_wait_s=self.start_timeout)
+            except BaseException as exc:
+                self.ended = f"its ranks could not be restarted ({type(exc).__name__}: {exc})"
+                SESSION.live_pools.discard(self)
+                raise
             self.ended = None
-            self._start()
 
     def __enter__(self) -> "HorovodPool":
         return self

@@ -374,12 +374,17 @@ class SparkBackend:
     pool : bool
         A warm pool: the stage holds its tasks and their ranks run the cells of
         :meth:`send_cell`, sent as orders over the event channel.
+    slot_wait_s : float
+        On a cluster, how long to wait for executors to register (or come back) before saying
+        the cluster is too small.
     """
 
     def __init__(self, spark: Any, np: int, env: dict[str, str],
-                 sources: DataFrameSources | None = None, pool: bool = False) -> None:
+                 sources: DataFrameSources | None = None, pool: bool = False,
+                 slot_wait_s: float = SLOT_WAIT_S) -> None:
         self.spark = spark
         self.pool = pool
+        self.slot_wait_s = slot_wait_s
         self.sources = sources if sources is not None else DataFrameSources()
         self.connect = is_connect(spark)
         self.sc = None if self.connect else spark.sparkContext
@@ -440,7 +445,7 @@ class SparkBackend:
     def _check_slots(self, np: int) -> None:
         """Raise at once when the cluster cannot run ``np`` tasks at the same time."""
         if self.sc is not None:
-            check_slots(self.sc, np, reads_data=self.reads_data)
+            check_slots(self.sc, np, self.slot_wait_s, reads_data=self.reads_data)
         else:  # Spark Connect: only a local master tells its size
             master = self.spark.conf.get("spark.master", "")
             cpus = self.spark.conf.get("spark.task.cpus", "1")
