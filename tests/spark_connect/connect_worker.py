@@ -122,6 +122,23 @@ def elastic_loses_a_task(spark, out):
           [(r["size"], r["causes"]) for r in last_run().resets])
 
 
+def warm_pool(spark, out):
+    from hvd_magics import HorovodPool
+
+    with HorovodPool(np=2) as pool:
+        first = pool.run(jobs.pool_build_model)
+        trained = pool.run(jobs.pool_train_kept, steps=3)
+        pid = pool.run(jobs.pool_read, name="model")[1]
+        print("pool", last_run().where, trained != first,
+              pool.run(jobs.pool_read, name="model")[1] == pid)
+        try:
+            pool.run(jobs.pool_raise_on_rank_1_while_0_allreduces)
+        except HorovodJobError as exc:
+            print("pool stuck", "The ranks were restarted" in str(exc))
+        print("pool after", pool.run(jobs.pool_read, name="model")[0])
+    print("cold after the pool", HorovodRunner(np=2).run(jobs.print_lines, count=1))
+
+
 @contextlib.contextmanager
 def _not_live():
     """Executors that cannot reach the notebook: everything comes back with the Spark result."""
@@ -149,6 +166,16 @@ def quiet_shards(spark, out):
     with _not_live():
         HorovodRunner(np=2).run(jobs.shard_report, out=out, train=mixed_frame(spark))
         print("quiet shards", sum(check_cover(read_reports(out, 2), "train", MIXED_IDS)))
+
+
+def quiet_pool(spark, out):
+    from hvd_magics import HorovodPool
+
+    with _not_live():
+        try:
+            HorovodPool(np=2)
+        except HorovodMagicsError as exc:
+            print("quiet pool", exc)
 
 
 def quiet_elastic(spark, out):

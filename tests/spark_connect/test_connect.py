@@ -130,6 +130,20 @@ def test_an_elastic_job_on_connect_goes_on_when_a_task_is_lost(connect, tmp_path
     assert "elastic [(1, 40)] [(1, ['the rank of task 1 exited with code -9'])]" in out, out
 
 
+def test_a_warm_pool_on_connect_keeps_its_ranks_restarts_when_stuck_and_frees_its_slots(
+        connect, tmp_path):
+    out = _ran(connect.run("warm_pool", tmp_path))
+    assert "pool spark local[2] (Connect) (warm pool) True True" in out, out
+    assert "pool stuck True" in out and "pool after None" in out
+    assert "cold after the pool 0" in out
+
+
+def test_without_a_live_view_a_warm_pool_is_refused_with_the_reason(connect, tmp_path):
+    assert ("quiet pool a warm pool sends its cells over the notebook's event channel, which "
+            "the executors cannot use here: HVD_MAGICS_LIVE=0 is set" in
+            _ran(connect.run("quiet_pool", tmp_path)))
+
+
 def test_without_a_live_view_the_cell_says_why_and_the_output_and_value_come_back(connect,
                                                                                    tmp_path):
     result = connect.run("quiet_value", tmp_path)
