@@ -285,11 +285,17 @@ def _make_backend(request: LaunchRequest) -> Any:
                 f"Spark. Fix: use np={-np}.")
         for source in sources:
             check_columns(source)
-        return SparkBackend(common_session(sources), np, env, sources)
+        return SparkBackend(common_session(sources), np, env, sources,
+                            held_slots=_held_slots())
     if np < 0:
         return DriverBackend(-np, env)
     spark = active_session() or start_local_session(np)
-    return SparkBackend(spark, np, env)
+    return SparkBackend(spark, np, env, held_slots=_held_slots())
+
+
+def _held_slots() -> int:
+    """The task slots this process's warm pools on Spark hold."""
+    return sum(pool.np for pool in list(SESSION.live_pools) if pool.np > 0)
 
 
 def _source_of(main: Callable) -> str | None:

@@ -28,7 +28,7 @@ from hvd_magics.options import ElasticSize
 from hvd_magics.launch.spark_backend import STATUS_SCHEMA, SparkBackend, barrier_function
 from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, ENV_HOROVOD_ELASTIC, ENV_LIVE, EXIT,
                                  RESIZE, SLOT_OFFER, START_RANK)
-from hvd_magics.task.slots import slot_env
+from hvd_magics.task.slots import quiet_request_errors, slot_env
 from hvd_magics.task.spark_task import TaskSpec
 
 #: Horovod's own: how long a Gloo operation waits for a peer (its default is 30 s).
@@ -241,6 +241,8 @@ class ElasticSparkBackend(SparkBackend):
             self, self._rendezvous, self.slots, self.size.min_np, self.size.max_np,
             timeout=self.elastic_timeout, reset_limit=self.reset_limit)
         self._rendezvous_port = self._rendezvous.start(create_rendezvous_handler(self._driver))
+        quiet_request_errors(self._rendezvous, lambda text: self._events.put(
+            {"kind": DRIVER_LOG, "rank": None, "time": time.time(), "text": text}))
         threading.Thread(target=self._pump, args=(inbox,), name="hvd-elastic-events",
                          daemon=True).start()
         self._submit(TaskSpec(payload, self._server.address, self.env, job_id, elastic=True))

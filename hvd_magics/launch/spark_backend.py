@@ -237,17 +237,20 @@ def task_slots(sc: Any) -> tuple[int, int]:
     return max(total - busy, 0), total
 
 
-def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool = False) -> None:
+def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool = False,
+                held: int = 0) -> None:
     """Raise at once (not after Spark's ten minutes of retries) when ``np`` tasks cannot run.
 
     On a cluster, executors may still be registering: wait up to ``wait_s`` for them.
     ``reads_data``: the job reads DataFrames (so the error offers no driver-only fallback).
+    ``held``: slots that warm pools of this process hold, busy whatever Spark's status says.
     """
     if _is_local(sc):
         wait_s = 0.0
     deadline = time.monotonic() + wait_s
     while True:
         free, total = task_slots(sc)
+        free = min(free, max(total - held, 0))
         if free >= np:
             return
         if time.monotonic() >= deadline:
@@ -377,14 +380,17 @@ class SparkBackend:
     slot_wait_s : float
         On a cluster, how long to wait for executors to register (or come back) before saying
         the cluster is too small.
+    held_slots : int
+        Task slots the warm pools of this process hold (never free for this job).
     """
 
     def __init__(self, spark: Any, np: int, env: dict[str, str],
                  sources: DataFrameSources | None = None, pool: bool = False,
-                 slot_wait_s: float = SLOT_WAIT_S) -> None:
+                 slot_wait_s: float = SLOT_WAIT_S, held_slots: int = 0) -> None:
         self.spark = spark
         self.pool = pool
         self.slot_wait_s = slot_wait_s
+        self.held_slots = held_slots
         self.sources = sources if sources is not None else DataFrameSources()
         self.connect = is_connect(spark)
         self.sc = None if self.connect else spark.sparkContext
@@ -445,7 +451,7 @@ class SparkBackend:
     def _check_slots(self, np: int) -> None:
         """Raise at once when the cluster cannot run ``np`` tasks at the same time."""
         if self.sc is not None:
-            check_slots(self.sc, np, self.slot_wait_s, reads_data=self.reads_data)
+            check_slots(self.sc, np, self.slot_wait_s, self.reads_data, self.held_slots)
         else:  # Spark Connect: only a local master tells its size
             master = self.spark.conf.get("spark.master", "")
             cpus = self.spark.conf.get("spark.task.cpus", "1")

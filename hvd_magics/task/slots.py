@@ -8,7 +8,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
 import psutil
 
@@ -96,5 +96,21 @@ def start_rendezvous(slots: Sequence) -> tuple[object, int]:
 
     server = RendezvousServer(verbose=0)
     port = server.start()
+    quiet_request_errors(server)
     server.init(sorted(slots, key=lambda s: s.rank))
     return server, port
+
+
+def quiet_request_errors(server: object, log: Callable[[str], None] | None = None) -> None:
+    """A request that fails on a started Horovod rendezvous ``server`` (a rank killed while it
+    talked to it) becomes one line for ``log`` (dropped without one), not the traceback
+    ``socketserver`` prints to stderr, which a notebook shows in the cell. The rank's own exit
+    says what happened."""
+    import sys
+
+    def handle_error(_request: object, client_address: object) -> None:
+        if log is not None:
+            log(f"rendezvous request from {client_address} failed: "
+                f"{type(sys.exc_info()[1]).__name__}: {sys.exc_info()[1]}")
+
+    server._httpd.handle_error = handle_error  # noqa: SLF001 - Horovod keeps it private

@@ -1,4 +1,5 @@
 """A real standalone Spark cluster on loopback: a master and two one-core workers."""
+import re
 import time
 
 import pytest
@@ -159,5 +160,7 @@ def test_a_warm_pool_spans_two_executors_and_survives_losing_one_between_runs(cl
         while not pool.lost_since_last_cell() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert pool.run(jobs.pool_read, name="model")[0] is None  # new ranks, nothing kept
-        assert "the warm pool lost rank 1 since its last cell" in capsys.readouterr().err
+        # the lost executor is seen as rank 1's channel closing, or as the stage failing
+        assert re.search(r"the warm pool lost (rank 1|its ranks \(an executor was lost).* since "
+                         "its last cell", capsys.readouterr().err)
         assert pool.run(jobs.pool_keep, again=1) > 0
