@@ -46,3 +46,24 @@ def test_the_driver_fallback_is_offered_only_to_jobs_without_dataframes():
     with_data = str(not_enough_slots(5, 2, 2, "local[2]", "1", reads_data=True))
     assert with_data.endswith("Fix: use np<=2, add executors or cores.") and "np=-5" not in \
         with_data
+
+
+def test_a_failed_rendezvous_request_is_a_log_line_not_a_traceback_in_the_cell(capsys):
+    """Seen in the elastic notebook: socketserver printed a rank's reset connection's traceback
+    into the cell."""
+    from hvd_magics.task.slots import quiet_request_errors, start_rendezvous, stop_rendezvous
+
+    server, _ = start_rendezvous(plan_ranks(["localhost", "localhost"]))
+    try:
+        lines: list[str] = []
+        for log in (None, lines.append):
+            quiet_request_errors(server, log)
+            try:
+                raise ConnectionResetError("reset by peer")
+            except ConnectionResetError:
+                server._httpd.handle_error(None, ("10.0.0.7", 4242))
+        assert lines == ["rendezvous request from ('10.0.0.7', 4242) failed: "
+                         "ConnectionResetError: reset by peer"]
+        assert capsys.readouterr().err == ""
+    finally:
+        stop_rendezvous(server)
