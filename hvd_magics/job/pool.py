@@ -104,6 +104,17 @@ class CellEvents:
             (target if target is not None else self.idle).put(item)
 
 
+def pool_options(np: Any, start_timeout: Any, idle_timeout: Any) -> tuple[int, float, float]:
+    """A pool's ``(np, start_timeout, idle_timeout)`` checked; ``ValueError`` names the bad one."""
+    size = validate_size(np)
+    if isinstance(size, ElasticSize):
+        raise ValueError(f"np={np}: a warm pool has a fixed number of ranks. Fix: start it "
+                         f"with np={size.max_np}, or run the elastic job cold "
+                         f"(%%horovod np={np}).")
+    return (size, validate_start_timeout(start_timeout),
+            positive_seconds(idle_timeout, "idle_timeout (--idle-timeout)"))
+
+
 def _end_pools_at_exit() -> None:
     """The kernel shuts down: stop every pool's ranks at once (no graceful leaving)."""
     for pool in list(SESSION.live_pools):
@@ -142,15 +153,9 @@ class HorovodPool:
     def __init__(self, np: int, env: Mapping[str, str] | None = None,
                  start_timeout: float = DEFAULT_START_TIMEOUT_S,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S) -> None:
-        size = validate_size(np)
-        if isinstance(size, ElasticSize):
-            raise ValueError(f"np={np}: a warm pool has a fixed number of ranks. Fix: start it "
-                             f"with np={size.max_np}, or run the elastic job cold "
-                             f"(%%horovod np={np}).")
-        self.np = size
+        self.np, self.start_timeout, self.idle_timeout = pool_options(np, start_timeout,
+                                                                      idle_timeout)
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
-        self.start_timeout = validate_start_timeout(start_timeout)
-        self.idle_timeout = positive_seconds(idle_timeout, "idle_timeout (--idle-timeout)")
         self.cells = 0
         self.restarts = 0
         #: Why the pool ended (``None`` while it runs).

@@ -80,3 +80,17 @@ def test_return_names_the_cell_never_binds_are_found_before_launch(cell, names, 
 def test_a_return_name_the_cell_never_assigns_is_a_usage_error(ip):
     with pytest.raises(UsageError, match="--return model: the cell never assigns model"):
         ip.run_cell_magic("horovod", "np=-2 --return model", "history = 1\n")
+
+
+@pytest.mark.parametrize("line, message", [
+    ("start", "%hvd_pool start needs the number of ranks, e.g. %hvd_pool start np=2"),
+    ("start np=0", "%hvd_pool start: np=0 runs nothing"),
+    ("start np=1:2", "%hvd_pool start: np=1:2: a warm pool has a fixed number of ranks"),
+    ("start np=2 --idle-timeout -1", "idle_timeout (--idle-timeout) must be a positive"),
+])
+def test_a_bad_pool_start_is_one_clear_line_and_starts_nothing(ip, line, message):
+    from hvd_magics.job.session import SESSION
+
+    with pytest.raises(UsageError, match=re.escape(message)):
+        ip.run_line_magic("hvd_pool", line)
+    assert SESSION.pool is None
