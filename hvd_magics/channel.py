@@ -171,6 +171,7 @@ class EventServer:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
+            _no_delay(conn)
             with self._lock:
                 if self._closed:
                     conn.close()
@@ -289,6 +290,15 @@ def _shut(conn: socket.socket) -> None:
         pass
 
 
+def _no_delay(sock: socket.socket) -> None:
+    """Send each frame at once: events and orders are small and each is awaited, and Nagle's
+    algorithm against the peer's delayed ACK held the second of two frames for about 40 ms."""
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:
+        pass
+
+
 def _open(address: ChannelAddress) -> tuple[socket.socket, bytes]:
     """Connect and read the nonce; try again while the server turns the connection away (it
     closes the connection that waited longest when many wait), up to ``CONNECT_TIMEOUT_S``."""
@@ -296,6 +306,7 @@ def _open(address: ChannelAddress) -> tuple[socket.socket, bytes]:
     pause = 0.01
     while True:
         sock = socket.create_connection((address.host, address.port), timeout=CONNECT_TIMEOUT_S)
+        _no_delay(sock)
         try:
             nonce = _read_exact(sock, NONCE_BYTES)
         except (OSError, _Rejected):
