@@ -177,11 +177,13 @@ class HorovodPool:
             self.backend = SparkBackend(spark, self.np, self.env, pool=True,
                                         slot_wait_s=slot_wait_s)
         self.where = self.backend.where
+        #: Each rank's process id and host, from its ``started`` event.
+        self.pids: dict[int, int] = {}
         self.hosts: dict[int, str] = {}
         began = time.monotonic()
         self.backend.start(serialize_job(serve_cells, {}).blob, self.job_id, self.events)
         try:
-            self.pids = self._wait_started(began)
+            self._wait_started(began)
         except BaseException:
             self._kill()
             raise
@@ -189,8 +191,8 @@ class HorovodPool:
         self.start_s = time.monotonic() - began
         self.last_used = time.monotonic()
 
-    def _wait_started(self, began: float) -> dict[int, int]:
-        pids: dict[int, int] = {}
+    def _wait_started(self, began: float) -> None:
+        pids = self.pids
         errors: list[str] = []
         while len(pids) < abs(self.np):
             try:
@@ -211,13 +213,11 @@ class HorovodPool:
                     f"Timed out after {self.start_timeout:.0f} s waiting for the warm pool's "
                     f"ranks to start ({len(pids)} of {abs(self.np)} started on {self.where}). "
                     "If the cluster needs longer, raise start_timeout (--start-timeout).")
-        return pids
 
     def _kill(self) -> None:
         self.backend.stop()
         self.backend.join(POOL_END_WAIT_S)
-        pids = getattr(self, "pids", {})
-        reap_local_ranks([(pid, self.hosts.get(rank, "")) for rank, pid in pids.items()])
+        reap_local_ranks([(pid, self.hosts.get(rank, "")) for rank, pid in self.pids.items()])
 
     def close(self, why: str = "it was stopped") -> None:
         """End the pool: the ranks leave Horovod together and exit; its slots are free again."""

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from hvd_magics.launch.driver_backend import DriverBackend
-from hvd_magics.errors import (HorovodJobError, JobInterrupted, NotEnoughSlotsError,
-                               PayloadError, StartTimeoutError)
+from hvd_magics.errors import HorovodJobError, JobInterrupted, PayloadError, StartTimeoutError
 from hvd_magics.job.job_state import LOST, WAITING, JobState, JobView
 from hvd_magics.job.mlflow_run import MlflowSettings, MlflowTracker, requested
 from hvd_magics.launch.dataframe_input import check_columns, common_session
@@ -233,20 +232,6 @@ class HorovodRunner:
         """
         if preimport is None:
             preimport = tuple(leading_imports(source)) if source else ()
-        try:
-            return self._launch(payload, views, decode, source, preimport)
-        except NotEnoughSlotsError as exc:
-            holding = [p for p in list(SESSION.live_pools) if p.np > 0 and p is not self.pool]
-            if not holding:
-                raise
-            held = sum(p.np for p in holding)
-            raise NotEnoughSlotsError(
-                f"{exc} Warm pools hold {held} of the slots: run the cell on the pool "
-                "(%%horovod without np, or HorovodRunner(np, pool=pool)), or free them with "
-                "%hvd_pool stop (pool.close()).") from None
-
-    def _launch(self, payload: JobPayload | bytes, views: list[JobView] | None, decode: Decoder,
-                source: str | None, preimport: tuple[str, ...]) -> RunRecord:
         return launch(LaunchRequest(
             payload if isinstance(payload, JobPayload) else JobPayload(payload),
             self.elastic or self.num_processor, self.env, self.start_timeout,
@@ -358,8 +343,7 @@ def launch(request: LaunchRequest) -> RunRecord:
             _wind_down(backend, job, events, clean)
         except KeyboardInterrupt:  # a second interrupt while the job is being stopped
             backend.stop()
-            if not getattr(backend, "keeps_ranks", False):
-                _reap_local_ranks(job)
+            _reap_local_ranks(job, backend)
             record.status = record.error = "interrupted"
             raise JobInterrupted("stopped while the job was being wound down; its rank "
                                  "processes were killed. The log of every rank: "
@@ -368,9 +352,9 @@ def launch(request: LaunchRequest) -> RunRecord:
             _finish(record, job)
             if tracker is not None:
                 tracker.finish(record)
-    note = getattr(backend, "restart_note", "")
+    note = backend.restart_note
     if isinstance(failure, KeyboardInterrupt):
-        if getattr(backend, "keeps_ranks", False):
+        if backend.keeps_ranks:
             what = (note or "the pool keeps its ranks and their variables") + " "
             raise JobInterrupted(f"interrupted the cell on every rank of the warm pool; {what}"
                                  "The log of every rank: " + str(log_path)) from None
@@ -394,8 +378,8 @@ def _wind_down(backend: Any, job: JobState, events: queue.Queue, clean: bool) ->
     if not ended:
         backend.stop()
     _drain(job, events)
-    if not clean and not getattr(backend, "keeps_ranks", False):
-        _reap_local_ranks(job)
+    if not clean:
+        _reap_local_ranks(job, backend)
 
 
 def _drain(job: JobState, events: queue.Queue) -> None:
@@ -518,10 +502,11 @@ def _finish(record: RunRecord, job: JobState) -> None:
     job.end()
 
 
-def _reap_local_ranks(job: JobState) -> None:
+def _reap_local_ranks(job: JobState, backend: Any) -> None:
     """Make sure the job's rank processes on this host are gone before the driver says the job
-    is over."""
-    reap_local_ranks([(r.pid, r.host) for r in job.ranks])
+    is over (unless the backend keeps its ranks: a warm pool's)."""
+    if not backend.keeps_ranks:
+        reap_local_ranks([(r.pid, r.host) for r in job.ranks])
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -28,6 +28,11 @@ class DriverBackend:
         A warm pool: the ranks keep running the cells of :meth:`send_cell`.
     """
 
+    #: A cold job's ranks end with it (a warm pool's backend keeps them).
+    keeps_ranks = False
+    #: What a warm pool says after a cell's error when it had to restart its ranks.
+    restart_note = ""
+
     def __init__(self, size: int, env: dict[str, str], pool: bool = False) -> None:
         self.size = size
         self.env = env

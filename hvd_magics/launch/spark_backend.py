@@ -257,17 +257,17 @@ def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool 
             break
         time.sleep(0.25)
     raise not_enough_slots(np, free, total, sc.master, sc.getConf().get("spark.task.cpus", "1"),
-                           reads_data)
+                           reads_data, held=held)
 
 
 def not_enough_slots(np: int, free: int, total: int, master: str, cpus: str,
-                     reads_data: bool = False, elastic_max: int | None = None
+                     reads_data: bool = False, elastic_max: int | None = None, held: int = 0
                      ) -> NotEnoughSlotsError:
     """The error for ``np`` ranks on a cluster with ``free`` of ``total`` task slots (a job that
     reads DataFrames cannot fall back to ranks on the driver, so that fix is not offered).
 
     ``elastic_max``: the job is elastic, ``np:elastic_max``; ``np`` is the slots it needs to
-    start, and the fix is said in its terms.
+    start, and the fix is said in its terms. ``held``: slots this process's warm pools hold.
     """
     where = f"(master {master}, spark.task.cpus={cpus})"
     if elastic_max is not None:
@@ -278,10 +278,14 @@ def not_enough_slots(np: int, free: int, total: int, master: str, cpus: str,
             f"slots to start (it takes up to {elastic_max} as they free up), but the cluster "
             f"has {total} {where}. Fix: lower the minimum ({fix}), or add executors or cores.")
     fallback = "" if reads_data else f", or use np=-{np} to run all ranks on the driver"
+    pools = ("" if not held else
+             f" Warm pools hold {held} of the slots: run the cell on the pool (%%horovod without "
+             "np, or HorovodRunner(np, pool=pool)), or free them with %hvd_pool stop "
+             "(pool.close()).")
     return NotEnoughSlotsError(
         f"np={np} needs {np} free Spark task slots at once (barrier mode), but the cluster has "
         f"{free} free of {total} {where}. Fix: use np<={free}, "
-        f"add executors or cores{fallback}.")
+        f"add executors or cores{fallback}.{pools}")
 
 
 _LOCAL_MASTER = re.compile(r"^local(?:\[(\*|\d+)(?:,\s*\d+)?\])?$")
@@ -384,6 +388,11 @@ class SparkBackend:
         Task slots the warm pools of this process hold (never free for this job).
     """
 
+    #: A cold job's ranks end with it (a warm pool's backend keeps them).
+    keeps_ranks = False
+    #: What a warm pool says after a cell's error when it had to restart its ranks.
+    restart_note = ""
+
     def __init__(self, spark: Any, np: int, env: dict[str, str],
                  sources: DataFrameSources | None = None, pool: bool = False,
                  slot_wait_s: float = SLOT_WAIT_S, held_slots: int = 0) -> None:
@@ -456,9 +465,9 @@ class SparkBackend:
             master = self.spark.conf.get("spark.master", "")
             cpus = self.spark.conf.get("spark.task.cpus", "1")
             total = local_master_slots(master, int(cpus))
-            if total is not None and np > total:
-                raise not_enough_slots(np, total, total, master, cpus, self.reads_data,
-                                       self.elastic_max)
+            if total is not None and np > total - self.held_slots:
+                raise not_enough_slots(np, max(total - self.held_slots, 0), total, master, cpus,
+                                       self.reads_data, self.elastic_max, self.held_slots)
 
     def _open_channel(self, job_id: str, events: queue.Queue) -> None:
         """Listen for the tasks' events on the address the executors reach."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib
+import itertools
 import linecache
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,8 +34,8 @@ class CapturedCell:
 
 #: The namespace that lives as long as the rank process (see :func:`rank_namespace`).
 _KEPT: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
-#: How many cells this process ran (each gets a traceback file name of its own).
-_CELLS = [0]
+#: Numbers the kept cells of this process (each gets a traceback file name of its own).
+_CELL_NUMBERS = itertools.count(1)
 
 
 def rank_namespace() -> dict[str, Any]:
@@ -52,8 +53,7 @@ def run_captured_cell(cell: CapturedCell, kept: bool = False) -> Parts:
     """Run on a rank: execute the cell (in :func:`rank_namespace` when ``kept``); return its last
     expression's value and the asked names, each a part of its own (so that each is decoded on
     its own in the notebook)."""
-    _CELLS[0] += 1
-    filename = CELL_FILENAME if not kept else f"<%%horovod cell {_CELLS[0]}>"
+    filename = f"<%%horovod cell {next(_CELL_NUMBERS)}>" if kept else CELL_FILENAME
     lines = [cell.header + "\n"] + cell.source.splitlines(True)
     linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
     namespace: dict[str, Any] = (_KEPT if kept else

@@ -20,29 +20,18 @@ from hvd_magics.rank import rank_events
 
 
 def run_one(payload: bytes) -> None:
-    """Run one cell's ``(main, kwargs)``; report its value (rank 0) or its error."""
-    import cloudpickle
-
-    from hvd_magics.rank.rank_main import final_rank, report_error
-    from hvd_magics.result_codec import encode_parts
+    """Run one cell's ``(main, kwargs)`` (interruptible); report its value (rank 0) or its error."""
+    from hvd_magics.rank.rank_main import report_error, run_job
 
     rank_events.emit(STARTED, pid=os.getpid())
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        main_fn, kwargs = cloudpickle.loads(payload)
-        value = main_fn(**kwargs)
-        parts = encode_parts(value) if final_rank() == 0 else None
-    except SystemExit as exc:
-        if exc.code in (0, None):
-            parts = None
-        else:
-            report_error(exc)
-            return
-    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver
-        report_error(exc)
-        return
+        parts, failure, _ = run_job(payload)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if failure is not None:
+        report_error(failure)
+        return
     sys.stdout.flush()
     sys.stderr.flush()
     rank_events.emit(RESULT, parts=parts)

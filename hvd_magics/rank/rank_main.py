@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import traceback
+from typing import Any
 
 from hvd_magics.protocol import (ENV_PREIMPORT, ENV_RANK_TMPDIR, ERROR, RESULT, STARTED,
                                  decode_job)
@@ -122,12 +123,32 @@ def _preimport(names: str) -> None:
             continue
 
 
-def run_rank() -> None:
-    """Run the shipped function and report its result or its exception (never returns)."""
+def run_job(payload: bytes) -> tuple[Any, BaseException | None, int]:
+    """Run one shipped ``(main, kwargs)``: ``(parts, None, 0)`` with rank 0's encoded value
+    (``None`` on other ranks), or ``(None, exception, exit code)`` when it failed.
+    ``sys.exit(0)`` is a successful end."""
     import cloudpickle
 
-    from hvd_magics.rank import keras_progress
     from hvd_magics.result_codec import encode_parts
+
+    try:
+        main_fn, kwargs = cloudpickle.loads(payload)
+        value = main_fn(**kwargs)
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            return None, exc, exc.code if isinstance(exc.code, int) else 1
+        value = None
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver
+        return None, exc, 1
+    try:
+        return (encode_parts(value) if final_rank() == 0 else None), None, 0
+    except BaseException as exc:  # noqa: BLE001
+        return None, exc, 1
+
+
+def run_rank() -> None:
+    """Run the shipped function and report its result or its exception (never returns)."""
+    from hvd_magics.rank import keras_progress
 
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     keras_progress.install()
@@ -135,19 +156,9 @@ def run_rank() -> None:
     late_env, payload = decode_job(sys.stdin.buffer) or ({}, b"")
     os.environ.update(late_env)
     rank_events.emit(STARTED, pid=os.getpid())
-    try:
-        main_fn, kwargs = cloudpickle.loads(payload)
-        value = main_fn(**kwargs)
-    except SystemExit as exc:
-        if exc.code not in (0, None):
-            _fail(exc, exc.code if isinstance(exc.code, int) else 1)
-        value = None  # sys.exit(0) is a successful end
-    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver
-        _fail(exc)
-    try:
-        parts = encode_parts(value) if final_rank() == 0 else None
-    except BaseException as exc:  # noqa: BLE001
-        _fail(exc)
+    parts, failure, code = run_job(payload)
+    if failure is not None:
+        _fail(failure, code)
     _end_horovod()
     sys.stdout.flush()
     sys.stderr.flush()
