@@ -284,7 +284,7 @@ def not_enough_slots(np: int, free: int, total: int, master: str, cpus: str,
              "(pool.close()).")
     return NotEnoughSlotsError(
         f"np={np} needs {np} free Spark task slots at once (barrier mode), but the cluster has "
-        f"{free} free of {total} {where}. Fix: use np<={free}, "
+        f"{free} free of {total} {where}. Fix: {f'use np<={free}, ' if free > 0 else ''}"
         f"add executors or cores{fallback}.{pools}")
 
 

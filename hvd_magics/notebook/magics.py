@@ -171,7 +171,7 @@ class HorovodMagics(Magics):
             plan = capture(cell, self.shell.user_ns, f"%%horovod {line}".rstrip(), return_names)
         except CellError as exc:
             raise UsageError(f"%%horovod: {exc}") from None
-        if plan.unbound_returns:
+        if plan.unbound_returns and pool is None:  # a pool's rank may hold it from a cell before
             unbound = plan.unbound_returns
             raise UsageError(f"%%horovod: --return {', '.join(unbound)}: the cell never assigns "
                              f"{' or '.join(unbound)} at its top level, so rank 0 would have "

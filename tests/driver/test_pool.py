@@ -113,7 +113,8 @@ def test_the_magic_runs_cells_on_the_pool_and_they_share_variables(ip, capsys):
     ip.run_line_magic("hvd_pool", "start np=-2")
     try:
         assert "2 warm ranks on driver" in capsys.readouterr().out
-        ip.run_cell_magic("horovod", "", "import os\nbase = int(os.environ['HOROVOD_RANK'])")
+        ip.run_cell_magic("horovod", "", "import os\nbase = int(os.environ['HOROVOD_RANK'])\n"
+                                         "kept = base + 7")
         ip.user_ns["step"] = 10
         assert ip.run_cell_magic("horovod", "--return total", "total = base + step\ntotal") == 10
         assert ip.user_ns["total"] == 10
@@ -123,6 +124,9 @@ def test_the_magic_runs_cells_on_the_pool_and_they_share_variables(ip, capsys):
         assert last_run().where == "driver"
         ip.run_line_magic("hvd_pool", "")
         assert "3 cells run" in capsys.readouterr().out
+        # what an earlier cell made on the pool comes back without being assigned again
+        ip.run_cell_magic("horovod", "--return kept", "None")
+        assert ip.user_ns["kept"] == 7
         with pytest.raises(UsageError, match="a warm pool runs already"):
             ip.run_line_magic("hvd_pool", "start np=-2")
         ip.run_line_magic("hvd_pool", "restart")

@@ -67,3 +67,11 @@ def test_a_failed_rendezvous_request_is_a_log_line_not_a_traceback_in_the_cell(c
         assert capsys.readouterr().err == ""
     finally:
         stop_rendezvous(server)
+
+
+def test_no_smaller_np_is_offered_when_no_slot_is_free():
+    from hvd_magics.launch.spark_backend import not_enough_slots
+
+    text = str(not_enough_slots(1, 0, 2, "local[2]", "1", held=2))
+    assert "Fix: add executors or cores, or use np=-1" in text and "np<=0" not in text
+    assert "Warm pools hold 2 of the slots" in text
