@@ -82,23 +82,23 @@ def encode_frame(secret: bytes, nonce: bytes, seq: int, event: dict[str, Any]) -
 def read_frame(conn: socket.socket, secret: bytes, nonce: bytes, seq: int,
                limit: int = MAX_FRAME_BYTES) -> dict[str, Any] | None:
     """Read and verify frame ``seq`` (``None`` at a clean end of the stream)."""
-    header = _read_exact(conn, _HEADER.size)
+    header = read_exact(conn, _HEADER.size)
     if header is None:
         return None
     length, mac = _HEADER.unpack(header)
     if length > limit:
-        raise _Rejected("frame too long")
-    body = _read_exact(conn, length) or b""
+        raise Rejected("frame too long")
+    body = read_exact(conn, length) or b""
     if not hmac.compare_digest(mac, frame_mac(secret, nonce, seq, body)):
-        raise _Rejected("bad signature")
+        raise Rejected("bad signature")
     return json.loads(body)
 
 
-class _Rejected(Exception):
+class Rejected(Exception):
     """The peer broke the protocol; drop its connection."""
 
 
-def _read_exact(conn: socket.socket, size: int) -> bytes | None:
+def read_exact(conn: socket.socket, size: int) -> bytes | None:
     """Read exactly ``size`` bytes (``None`` at a clean end of stream before the first byte)."""
     buf = bytearray(size)
     view = memoryview(buf)
@@ -108,7 +108,7 @@ def _read_exact(conn: socket.socket, size: int) -> bytes | None:
         if n == 0:
             if got == 0:
                 return None
-            raise _Rejected("connection ended inside a frame")
+            raise Rejected("connection ended inside a frame")
         got += n
     return bytes(buf)
 
@@ -192,9 +192,9 @@ class EventServer:
         conn.sendall(nonce)
         hello = read_frame(conn, self._secret, nonce, 0, HELLO_MAX_BYTES)
         if hello is None:
-            raise _Rejected("closed before its hello")
+            raise Rejected("closed before its hello")
         if hello.get("kind") != HELLO or hello.get("job") != self._job_id:
-            raise _Rejected("not a hello for this job")
+            raise Rejected("not a hello for this job")
         conn.settimeout(None)
         return nonce, int(hello["rank"])
 
@@ -221,7 +221,7 @@ class EventServer:
                     continue
                 event["recv"] = time.monotonic()
                 self.events.put(event)
-        except (_Rejected, ValueError, KeyError, TypeError, TimeoutError):
+        except (Rejected, ValueError, KeyError, TypeError, TimeoutError):
             self.rejected += 1
         except OSError:
             self.rejected += rank is None and not self._closed
@@ -308,8 +308,8 @@ def _open(address: ChannelAddress) -> tuple[socket.socket, bytes]:
         sock = socket.create_connection((address.host, address.port), timeout=CONNECT_TIMEOUT_S)
         _no_delay(sock)
         try:
-            nonce = _read_exact(sock, NONCE_BYTES)
-        except (OSError, _Rejected):
+            nonce = read_exact(sock, NONCE_BYTES)
+        except (OSError, Rejected):
             nonce = None
         if nonce is not None:
             return sock, nonce
@@ -366,7 +366,7 @@ class EventClient:
                 seq += 1
                 if on_order is not None:
                     on_order(order)
-        except (OSError, _Rejected, ValueError):
+        except (OSError, Rejected, ValueError):
             pass
         if on_close is not None:
             on_close()

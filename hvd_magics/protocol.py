@@ -51,6 +51,7 @@ START_RANK = "start_rank"
 RUN_CELL = "run_cell"
 INTERRUPT_CELL = "interrupt_cell"
 END_POOL = "end_pool"
+DROP_SHARDS = "drop_shards"
 # -- sent by a warm pool's supervisor ---------------------------------------------------------
 CELL_END = "cell_end"
 # -- the channel itself -----------------------------------------------------------------------
@@ -71,9 +72,12 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
               "an epoch ended"),
     EventKind(SHARDING, "supervisor", ("partition", "hostname"),
               "the Spark task receives its rows of the job's DataFrames (its data arrives)"),
-    EventKind(TASK_STARTED, "supervisor", ("partition", "hostname", "local_rank", "pid", "shards"),
+    EventKind(TASK_STARTED, "supervisor",
+              ("partition", "hostname", "local_rank", "pid", "shards", "data"),
               "the Spark task (or driver slot) got its rank and starts the process; shards: "
-              "per DataFrame its name, rows, bytes and seconds spent writing it"),
+              "per DataFrame its name, rows, bytes and seconds spent writing it; data (a warm "
+              "pool's task only): [host, port] of its shard receiver "
+              "(hvd_magics.task.shard_receiver)"),
     EventKind(TASK_ERROR, "supervisor", ("traceback",), "the supervisor itself failed"),
     EventKind(OUTPUT, "supervisor", ("lines",), "complete lines of the rank's stdout/stderr"),
     EventKind(OUTPUT_PARTIAL, "supervisor", ("text",),
@@ -99,6 +103,9 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
     EventKind(END_POOL, "driver", (),
               "an order to a warm pool's task: end the rank's stdin; the rank leaves Horovod "
               "together with its peers and exits"),
+    EventKind(DROP_SHARDS, "driver", ("deal",),
+              "an order to a warm pool's task: delete the shards of that deal (no kept "
+              "DataFrame uses them any more)"),
     EventKind(CELL_END, "supervisor", (),
               "a warm pool's rank ended a cell (its RESULT or ERROR was sent before): every "
               "line the cell printed came before this"),

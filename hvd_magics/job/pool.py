@@ -24,18 +24,20 @@ import uuid
 from datetime import datetime
 from typing import Any, Callable, Mapping
 
-from hvd_magics.errors import HorovodJobError, PoolError, StartTimeoutError
+from hvd_magics.errors import HorovodJobError, PayloadError, PoolError, StartTimeoutError
 from hvd_magics.job.runner import HorovodRunner
 from hvd_magics.job.session import SESSION
 from hvd_magics.launch.driver_backend import DriverBackend
 from hvd_magics.launch.local_ranks import reap_local_ranks
+from hvd_magics.launch.dataframe_input import DataFrameSources
 from hvd_magics.launch.payload import serialize_job
+from hvd_magics.launch.pool_data import PoolShards
 from hvd_magics.launch.spark_backend import (SLOT_WAIT_S, SparkBackend, active_session,
                                              start_local_session)
 from hvd_magics.options import (DEFAULT_START_TIMEOUT_S, ElasticSize, positive_seconds,
                                 validate_size, validate_start_timeout)
-from hvd_magics.protocol import (CELL_END, CHANNEL_CLOSED, ERROR, EXIT, RESULT, STARTED,
-                                 TASK_ERROR, encode_job)
+from hvd_magics.protocol import (CELL_END, CHANNEL_CLOSED, ENV_SHARDS, ERROR, EXIT, RESULT,
+                                 STARTED, TASK_ERROR, TASK_STARTED, encode_job)
 from hvd_magics.rank.pool_loop import serve_cells
 
 #: A pool with no cell for this long ends and gives its slots back (``--idle-timeout``).
@@ -180,6 +182,8 @@ class HorovodPool:
         #: Each rank's process id and host, from its ``started`` event.
         self.pids: dict[int, int] = {}
         self.hosts: dict[int, str] = {}
+        #: Where each rank's task receives the shards of DataFrames cells read (on Spark).
+        self.data_targets: dict[int, tuple[str, int]] = {}
         began = time.monotonic()
         self.backend.start(serialize_job(serve_cells, {}).blob, self.job_id, self.events)
         try:
@@ -188,6 +192,9 @@ class HorovodPool:
             self._kill()
             raise
         self.started_at = datetime.now()
+        #: The DataFrames dealt to the ranks (on Spark; a restart starts without any).
+        self.shards = (PoolShards(self.backend, self.data_targets)
+                       if isinstance(self.backend, SparkBackend) else None)
         self.start_s = time.monotonic() - began
         self.last_used = time.monotonic()
 
@@ -202,6 +209,9 @@ class HorovodPool:
             if event.get("kind") == STARTED:
                 pids[event["rank"]] = event.get("pid")
                 self.hosts[event["rank"]] = event.get("host", "")
+            elif event.get("kind") == TASK_STARTED and event.get("data"):
+                host, port = event["data"]
+                self.data_targets[event["rank"]] = (host, int(port))
             elif event.get("kind") == TASK_ERROR:
                 errors.append(event.get("traceback", ""))
             if errors or self.events.exited or self.backend.finished:
@@ -273,13 +283,37 @@ class HorovodPool:
                             f"(%hvd_pool start np={self.np}, or HorovodPool(np={self.np})), or "
                             f"run the cell cold with %%horovod np={self.np}.")
 
-    def cell(self, env: Mapping[str, str]) -> "PoolCell":
-        """The backend of the next cell (``env``: set on the ranks for it); refused while
+    def cell(self, env: Mapping[str, str], sources: DataFrameSources | None = None
+             ) -> "PoolCell":
+        """The backend of the next cell (``env``: set on the ranks for it; ``sources``: the
+        DataFrames it reads, dealt to the ranks now unless the pool holds them); refused while
         another cell runs on the pool."""
         self.check_usable()
         if self._busy:
             raise PoolError("the warm pool is running another cell; wait for it to end.")
-        return PoolCell(self, env)
+        lost = self.lost_since_last_cell()
+        if lost:
+            self.restart()
+            print(f"hvd_magics: the warm pool lost {lost} since its last cell; its ranks were "
+                  "restarted, so their variables are gone.", file=sys.stderr)
+        rank_envs: list[dict[str, str]] = [{ENV_SHARDS: "[]"}] * abs(self.np)
+        if sources is not None and len(sources):
+            if self.shards is None:
+                raise PayloadError(
+                    f"the job reads the DataFrame {sources.sources[0].name!r}, whose rows reach "
+                    "the ranks through Spark tasks, but this pool's ranks run on the driver "
+                    f"without Spark. Fix: start the pool with np={-self.np} "
+                    f"(%hvd_pool restart np={-self.np}).")
+            rank_envs, notes = self.shards.rank_env(sources, SESSION.held_slots())
+            for note in notes:
+                print(f"hvd_magics: {note}", file=sys.stderr)
+        return PoolCell(self, env, rank_envs)
+
+    def forget_shards(self) -> int:
+        """Delete the DataFrames' shards the ranks hold: the next cell that reads one deals it
+        again (after the data under an unchanged plan changed); how many were dropped."""
+        self.check_usable()
+        return self.shards.forget() if self.shards is not None else 0
 
     def lost_since_last_cell(self) -> str:
         """What the pool lost while no cell ran (a rank process, an executor), or ``""``."""
@@ -320,22 +354,21 @@ class PoolCell:
     reads_data = False
     live = True
 
-    def __init__(self, pool: HorovodPool, env: Mapping[str, str]) -> None:
+    def __init__(self, pool: HorovodPool, env: Mapping[str, str],
+                 rank_envs: list[dict[str, str]]) -> None:
         self.pool = pool
         self.env = dict(env)
+        #: What each rank's environment gets besides ``env`` (its shards).
+        self.rank_envs = rank_envs
         self.where = f"{pool.where} (warm pool)"
         #: Said after the cell's error when the ranks had to be restarted.
         self.restart_note = ""
 
     def start(self, payload: bytes, job_id: str, events: queue.Queue) -> None:  # noqa: ARG002
         self.pool._busy = True
-        lost = self.pool.lost_since_last_cell()
-        if lost:
-            self.pool.restart()
-            print(f"hvd_magics: the warm pool lost {lost} since its last cell; its ranks were "
-                  "restarted, so their variables are gone.", file=sys.stderr)
         self.pool.events.begin(events)
-        self.pool.backend.send_cell(encode_job(payload, self.env))
+        self.pool.backend.send_cell([encode_job(payload, {**self.env, **extra})
+                                     for extra in self.rank_envs])
 
     @property
     def finished(self) -> bool:

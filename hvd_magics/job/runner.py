@@ -243,13 +243,7 @@ class HorovodRunner:
 def _make_backend(request: LaunchRequest) -> Any:
     np, env, sources = request.size, request.rank_env(), request.payload.sources
     if request.pool is not None:
-        if sources:
-            raise PayloadError(
-                f"the job reads the DataFrame {sources.sources[0].name!r}, but a warm pool's "
-                "ranks cannot receive a DataFrame's shards yet. Fix: run this cell cold "
-                f"(%%horovod np={request.pool.np} after %hvd_pool stop), or read the data "
-                "inside the cell (from files or a table).")
-        return request.pool.cell(request.env)
+        return request.pool.cell(request.env, sources)
     if isinstance(np, ElasticSize):
         if sources:
             raise PayloadError(
@@ -271,16 +265,11 @@ def _make_backend(request: LaunchRequest) -> Any:
         for source in sources:
             check_columns(source)
         return SparkBackend(common_session(sources), np, env, sources,
-                            held_slots=_held_slots())
+                            held_slots=SESSION.held_slots())
     if np < 0:
         return DriverBackend(-np, env)
     spark = active_session() or start_local_session(np)
-    return SparkBackend(spark, np, env, held_slots=_held_slots())
-
-
-def _held_slots() -> int:
-    """The task slots this process's warm pools on Spark hold."""
-    return sum(pool.np for pool in list(SESSION.live_pools) if pool.np > 0)
+    return SparkBackend(spark, np, env, held_slots=SESSION.held_slots())
 
 
 def _source_of(main: Callable) -> str | None:

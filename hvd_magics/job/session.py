@@ -30,6 +30,10 @@ class Session:
     #: made in Python): a cold job refused for want of slots names the pools that hold them.
     live_pools: weakref.WeakSet = field(default_factory=weakref.WeakSet)
 
+    def held_slots(self) -> int:
+        """The Spark task slots this process's warm pools hold."""
+        return sum(pool.np for pool in list(self.live_pools) if pool.np > 0)
+
     def reset(self) -> None:
         """Forget the last run, turn the timeline and MLflow tracking off (as in a fresh kernel)."""
         self.last_run = None

@@ -5,7 +5,7 @@ import os
 import queue
 import threading
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from hvd_magics.protocol import CUDA_VISIBLE_DEVICES, TASK_STARTED
 from hvd_magics.task.gpus import local_gpu_count, visible_devices
@@ -76,9 +76,9 @@ class DriverBackend:
         for proc in self._procs:
             proc.kill()
 
-    def send_cell(self, frame: bytes) -> None:
-        """A warm pool: give every rank its next cell (one stdin frame)."""
-        for proc in self._procs:
+    def send_cell(self, frames: Sequence[bytes]) -> None:
+        """A warm pool: give each rank its next cell (``frames[rank]``, one stdin frame)."""
+        for proc, frame in zip(self._procs, frames):
             proc.send_frame(frame)
 
     def interrupt_cell(self) -> None:

@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import cloudpickle
 
@@ -23,7 +23,8 @@ from hvd_magics.task import task_entry
 from hvd_magics.errors import HorovodMagicsError, NotEnoughSlotsError, SparkSessionLost
 from hvd_magics.channel import EventServer
 from hvd_magics.launch.dataframe_input import DataFrameSources, sharded_input
-from hvd_magics.protocol import ENV_DRIVER_HOST, ENV_LIVE, END_POOL, INTERRUPT_CELL, RUN_CELL
+from hvd_magics.protocol import (DROP_SHARDS, ENV_DRIVER_HOST, ENV_LIVE, END_POOL,
+                                 INTERRUPT_CELL, RUN_CELL)
 from hvd_magics.task.event_buffer import replay
 from hvd_magics.task.slots import local_addresses
 from hvd_magics.task.spark_task import TaskSpec
@@ -445,9 +446,24 @@ class SparkBackend:
             for rank in range(self.np):
                 self._server.send_order(rank, order)
 
-    def send_cell(self, frame: bytes) -> None:
-        """A warm pool: give every rank its next cell (one stdin frame, as an order)."""
-        self._order_all({"kind": RUN_CELL, "frame": base64.b64encode(frame).decode()})
+    def send_cell(self, frames: Sequence[bytes]) -> None:
+        """A warm pool: give each rank its next cell (``frames[rank]``, one stdin frame, as an
+        order)."""
+        if self._server is not None:
+            for rank, frame in enumerate(frames):
+                self._server.send_order(rank, {"kind": RUN_CELL,
+                                               "frame": base64.b64encode(frame).decode()})
+
+    def drop_shards(self, deal: str) -> None:
+        """A warm pool: the ranks' tasks delete the shards of ``deal``."""
+        self._order_all({"kind": DROP_SHARDS, "deal": deal})
+
+    @property
+    def channel_secret(self) -> bytes:
+        """The secret of the job's event channel (a warm pool's dealers sign with it too)."""
+        if self._server is None:
+            raise RuntimeError("the job has no event channel")
+        return self._server.address.secret
 
     def interrupt_cell(self) -> None:
         """A warm pool: interrupt the cell every rank runs."""

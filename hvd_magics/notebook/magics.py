@@ -196,10 +196,11 @@ class HorovodMagics(Magics):
         return record.value
 
     @magic_arguments()
-    @argument("action", nargs="?", choices=["start", "stop", "restart"], default=None,
+    @argument("action", nargs="?", choices=["start", "stop", "restart", "forget"], default=None,
               help="start: start warm ranks that run the next %%horovod cells; stop: end them; "
-                   "restart: new ranks (the kept variables are gone). Without an action, show "
-                   "the pool.")
+                   "restart: new ranks (the kept variables are gone); forget: delete the "
+                   "DataFrames' shards the ranks hold (the next cell deals them again). Without "
+                   "an action, show the pool.")
     @argument("-np", "--np", default=None,
               help="start: number of ranks (N>0 Spark tasks held by the pool, N<0 processes on "
                    "the driver); np=N works too.")
@@ -237,6 +238,12 @@ class HorovodMagics(Magics):
             SESSION.pool = None
             print(f"The warm pool of {abs(pool.np)} ranks on {pool.where} has ended; its slots "
                   "are free.")
+            return None
+        if args.action == "forget":
+            pool.check_usable()
+            dropped = pool.forget_shards()
+            print(f"The warm pool forgot the shards of {dropped} DataFrame"
+                  f"{'' if dropped == 1 else 's'}; the next cell that reads one deals it again.")
             return None
         if args.action == "restart":
             if not pool.alive:

@@ -311,7 +311,7 @@ class _EpochBatches:
                                            self._remainder))
 
 
-_OPENED: dict[int, Shard] = {}
+_OPENED: dict[str, Shard] = {}
 
 
 def open_shard(index: int) -> Shard:
@@ -321,12 +321,15 @@ def open_shard(index: int) -> Shard:
 
     from hvd_magics.protocol import ENV_SHARDS
 
-    if index not in _OPENED:
-        described = {d["index"]: d for d in json.loads(os.environ.get(ENV_SHARDS, "[]"))}
-        if index not in described:
-            raise RuntimeError("this process is not a rank of a job that sharded DataFrames "
-                               f"(no {ENV_SHARDS} entry {index})")
-        d = described[index]
-        _OPENED[index] = Shard(d["path"], d["name"], int(os.environ.get("HOROVOD_RANK", "0")),
-                               len(d["rows_per_rank"]), d["rows_per_rank"])
-    return _OPENED[index]
+    described = {d["index"]: d for d in json.loads(os.environ.get(ENV_SHARDS, "[]"))}
+    if index not in described:
+        raise RuntimeError("this process is not a rank of a job that sharded DataFrames "
+                           f"(no {ENV_SHARDS} entry {index})")
+    d = described[index]
+    # By file: a warm pool's rank gets other files (and the same index) in later cells, and
+    # one DataFrame read in several cells stays one Shard.
+    if d["path"] not in _OPENED:
+        _OPENED[d["path"]] = Shard(d["path"], d["name"],
+                                   int(os.environ.get("HOROVOD_RANK", "0")),
+                                   len(d["rows_per_rank"]), d["rows_per_rank"])
+    return _OPENED[d["path"]]

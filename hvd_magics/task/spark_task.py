@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from hvd_magics.channel import ChannelAddress, EventClient
-from hvd_magics.protocol import (CUDA_VISIBLE_DEVICES, END_POOL, ENV_DRIVER_HOST, ENV_LIVE,
-                                 ENV_RENDEZVOUS_PORT, ENV_SHARDS, INTERRUPT_CELL, RUN_CELL,
-                                 SHARDING, TASK_ERROR, TASK_STARTED)
+from hvd_magics.protocol import (CUDA_VISIBLE_DEVICES, DROP_SHARDS, END_POOL, ENV_DRIVER_HOST,
+                                 ENV_LIVE, ENV_RENDEZVOUS_PORT, ENV_SHARDS, INTERRUPT_CELL,
+                                 RUN_CELL, SHARDING, TASK_ERROR, TASK_STARTED)
 from hvd_magics.task.event_buffer import EventBuffer
 from hvd_magics.task.gpus import visible_devices
 from hvd_magics.task.shard_files import (ShardFile, ShardSpaceError, empty_shards, remove_shards,
                                          shard_folder, write_shards)
+from hvd_magics.task.shard_receiver import ShardReceiver
 from hvd_magics.task.supervisor import RankProcess, rank_environment
 from hvd_magics.task.slots import (iface_for_address, plan_ranks, slot_env, start_rendezvous,
                                    stop_rendezvous)
@@ -63,6 +64,8 @@ class RankHolder:
         self.proc: RankProcess | None = None
         self.delivered = False
         self.pool = pool
+        #: A warm pool's receiver of the shards later cells read.
+        self.receiver: ShardReceiver | None = None
 
     def on_order(self, order: dict[str, Any]) -> None:
         """Carry out a warm pool's order: run a cell, interrupt it, or end the pool."""
@@ -76,6 +79,8 @@ class RankHolder:
             proc.interrupt()
         elif kind == END_POOL:
             proc.end_input()
+        elif kind == DROP_SHARDS and self.receiver is not None:
+            self.receiver.drop(str(order["deal"]))
 
     def on_driver_gone(self) -> None:
         with self._lock:
@@ -174,6 +179,9 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
             client.send(SHARDING, partition=partition, hostname=socket.gethostname())
             folder = shard_folder(spec.job_id, partition, spec.env)
             shards = write_shards(rows, folder, spec.sources)
+        elif spec.pool and spec.channel is not None:
+            folder = shard_folder(spec.job_id, partition, spec.env)
+            holder.receiver = ShardReceiver(folder, spec.channel.secret)
         if slot.rank == 0:
             server, port = start_rendezvous(slots)
     except BaseException as exc:  # noqa: BLE001 - reported through allGather, never raised
@@ -192,8 +200,9 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
             return
         late_env = {ENV_RENDEZVOUS_PORT: str(gathered[root_task]["port"]),
                     **_shard_env(spec, slots, gathered, shards)}
+        data = [host, holder.receiver.port] if holder.receiver is not None else None
         status = supervise(spec, ctx, slot.rank, slot.local_rank, client, holder, late_env,
-                           shards)
+                           shards, data)
         if isinstance(client, EventBuffer):  # no channel: the events travel with the result
             for number, chunk in enumerate(client.chunks()):
                 yield json.dumps({"partition": partition, "events": chunk, "chunk": number})
@@ -204,6 +213,8 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
             stop_rendezvous(server)
         if client is not None:
             client.close()
+        if holder.receiver is not None:
+            holder.receiver.close()
         if folder is not None:
             remove_shards(folder)
 
@@ -227,12 +238,14 @@ def _rank_env(spec: TaskSpec, ctx: Any, slot: Any, root_host: str, host: str) ->
 
 def supervise(spec: TaskSpec, ctx: Any, rank: int, local_rank: int,
               client: EventClient | EventBuffer, holder: RankHolder, late_env: dict[str, str],
-              shards: list[ShardFile]) -> dict:
-    """Send the waiting rank its job and wait for it to end; return the task's status."""
+              shards: list[ShardFile], data: list | None = None) -> dict:
+    """Send the waiting rank its job and wait for it to end; return the task's status
+    (``data``: where a warm pool's task receives later shards)."""
     try:
         client.send(TASK_STARTED, partition=ctx.partitionId(), hostname=socket.gethostname(),
                     local_rank=local_rank, pid=os.getpid(),
-                    shards=[{"name": spec.sources[s.source], **s.as_dict()} for s in shards])
+                    shards=[{"name": spec.sources[s.source], **s.as_dict()} for s in shards],
+                    **({"data": data} if data else {}))
         proc = holder.deliver(spec.payload, late_env)
         if proc is None:
             return {"rank": rank, "code": None, "stopped": True}

@@ -176,13 +176,23 @@ def test_the_elastic_notebook(tmp_path):
 
 def test_the_warm_pool_notebook(tmp_path):
     nb, texts, everything = _run("warm-pool.ipynb", tmp_path)
-    assert "2 warm ranks on spark local[2]" in everything
+    assert "2 warm ranks on spark local[3]" in everything
     assert "[0] rank 0: 674 training rows" in everything and "[1] rank 1: 673 training rows" \
         in everything
     after = float(re.search(r"test accuracy after 7 epochs on the warm pool: (\d\.\d+)",
                             everything).group(1))
     assert after >= 0.85
-    assert "spark local[2] (warm pool)" in everything
+    assert "spark local[3] (warm pool)" in everything
+    assert re.search(r"dealt 'digits_df' to the pool's 2 ranks: 1,797 rows in \d+\.\d s",
+                     everything)
+    assert "rank 0 holds 899 of 1797 rows" in everything
+    assert "rank 1 holds 898 of 1797 rows" in everything
+    accuracy = float(re.search(r"accuracy on the 1797 rows of the DataFrame: (\d\.\d+)",
+                               everything).group(1))
+    assert accuracy >= 0.85
+    assert ("the shards of 'digits_df' dealt for an earlier cell were reused (1,797 rows; same "
+            "plan)") in everything
+    assert "the same DataFrame again, on rank 0: 899 rows" in everything
     assert "TypeError" in everything and "still here: accuracy" in everything
     assert "5 cells run" in everything or "6 cells run" in everything
     assert "has ended; its slots are free" in everything

@@ -1,8 +1,13 @@
 """Warm pools on local Spark: one long barrier stage holds the ranks across runs."""
+import json
+import time
+from pathlib import Path
+
 import pytest
 
 from hvd_magics import HorovodPool, HorovodRunner, NotEnoughSlotsError, PayloadError, last_run
 from tests import jobs
+from hvd_magics.task.shard_files import ENV_SHARD_DIR
 from tests.frames import mixed_frame
 
 
@@ -17,9 +22,11 @@ def test_a_pool_on_spark_keeps_its_ranks_and_their_model_and_holds_its_slots(loc
         with pytest.raises(NotEnoughSlotsError, match=r"has 0 free of 2.*Warm pools hold 2 of "
                                                       r"the slots.*%hvd_pool stop"):
             HorovodRunner(np=2).run(jobs.print_lines, count=1)
-        with pytest.raises(PayloadError, match="a warm pool's ranks cannot receive a "
-                                               "DataFrame's shards yet"):
+        with pytest.raises(PayloadError, match=r"reads the DataFrame 'train', but dealing its "
+                                               r"rows to the warm pool needs one free Spark task "
+                                               r"slot beside the 2 the pools hold.*local\[N\+1\]"):
             pool.run(jobs.shard_report, out="/nonexistent", train=mixed_frame(local_spark))
+        assert pool.run(jobs.pool_read, name="model")[1] == pid  # refused before it ran
     assert HorovodRunner(np=2).run(jobs.print_lines, count=1) == 0  # the slots are free again
 
 
@@ -30,3 +37,69 @@ def test_a_stuck_rank_on_spark_restarts_the_pool_in_place(local_spark):
             pool.run(jobs.pool_raise_on_rank_1_while_0_allreduces)
         assert pool.run(jobs.pool_read, name="kept")[0] is None
         assert pool.run(jobs.pool_keep, kept="again") > 0
+
+
+def _deals(root: Path) -> list[str]:
+    """The deals whose shards the pool's one task holds under ``root``."""
+    return sorted(p.name for task in root.iterdir() for p in task.iterdir() if p.is_dir())
+
+
+def _small(spark):
+    """A DataFrame built anew each call, always with the same plan."""
+    return spark.range(0, 40, 1, 2).selectExpr("id", "cast(id * 2 as double) as x")
+
+
+def _until(condition, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_a_dataframe_is_dealt_to_the_pool_once_kept_replaced_and_forgotten(local_spark,
+                                                                            tmp_path, capfd):
+    frame = mixed_frame(local_spark)
+    cold_out, warm_out, root = tmp_path / "cold", tmp_path / "warm", tmp_path / "shards"
+    cold_out.mkdir()
+    warm_out.mkdir()
+    # one rank held, one slot free to deal (and to run the cold job the shards are checked by)
+    with HorovodPool(np=1, env={ENV_SHARD_DIR: str(root)}) as pool:
+        warm = pool.run(jobs.shard_report, out=str(warm_out), train=frame)
+        assert "dealt 'train' to the pool's 1 rank: 400 rows in" in capfd.readouterr().err
+        cold = HorovodRunner(np=1).run(jobs.shard_report, out=str(cold_out), train=frame)
+        for key in ("rows_per_rank", "dtypes", "steps", "name", "vec", "arr"):
+            assert warm["train"][key] == cold["train"][key], key
+        assert sorted(warm["train"]["ids"]) == sorted(cold["train"]["ids"]) == \
+            list(range(100)) + list(range(900, 1200))
+        first = _deals(root)
+        assert len(first) == 1
+        # the same DataFrame is not dealt again, nor one with the same plan
+        again = pool.run(jobs.shard_report, out=str(warm_out), train=frame)
+        assert again["train"]["ids"] == warm["train"]["ids"]
+        assert "the shards of 'train' dealt for an earlier cell were reused (400 rows; same " \
+               "plan)" in capfd.readouterr().err
+        pool.run(jobs.shard_report, out=str(warm_out), small=_small(local_spark))
+        assert "dealt 'small'" in capfd.readouterr().err
+        pool.run(jobs.shard_report, out=str(warm_out), small=_small(local_spark))
+        assert "the shards of 'small' dealt for an earlier cell were reused" in \
+            capfd.readouterr().err
+        assert len(_deals(root)) == 2
+        # another plan under the same name replaces the old shards, whose files go
+        fewer = pool.run(jobs.shard_report, out=str(warm_out), train=frame.where("id < 950"))
+        assert sorted(fewer["train"]["ids"]) == list(range(100)) + list(range(900, 950))
+        _until(lambda: len(_deals(root)) == 2 and first[0] not in _deals(root),
+               f"the replaced deal's files stay: {_deals(root)}")
+        assert pool.forget_shards() == 2
+        _until(lambda: _deals(root) == [], f"forgotten shards stay: {_deals(root)}")
+        pool.run(jobs.shard_report, out=str(warm_out), train=frame.where("id < 950"))
+        assert "dealt 'train'" in capfd.readouterr().err
+        assert json.loads((warm_out / "0.json").read_text())["train"]["rows_per_rank"] == [150]
+    _until(lambda: not any(root.iterdir()), "the pool's shard folder outlives it")
+
+
+def test_a_dataframe_on_a_pool_of_driver_ranks_is_refused_with_the_fix(local_spark):
+    with HorovodPool(np=-1) as pool:
+        with pytest.raises(PayloadError, match=r"this pool's ranks run on the driver without "
+                                               r"Spark\. Fix: start the pool with np=1"):
+            pool.run(jobs.shard_report, out="/nonexistent", train=mixed_frame(local_spark))
+        assert pool.run(jobs.pool_keep, kept="yes") > 0
