@@ -85,6 +85,10 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
         Seconds for every rank to start after the data reached the tasks.
     mlflow : bool or str, optional
         As ``HorovodRunner(mlflow=...)``; the fitted model is logged with its MLflow flavour.
+    pool : HorovodPool, optional
+        Fit on the warm ranks of this pool (:class:`hvd_magics.HorovodPool`, on Spark) instead
+        of new ones: no start-up, and the DataFrame's shards the pool already holds (same plan)
+        are not dealt again. ``np`` defaults to the pool's. Not a param: not saved.
 
     Examples
     --------
@@ -94,9 +98,15 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
     >>> fitted.transform(test_df).select("prediction").show()    # doctest: +SKIP
     """
 
-    def __init__(self, **params: Any) -> None:
+    def __init__(self, pool: Any = None, **params: Any) -> None:
         super().__init__()
+        self.pool = pool
         self.setParams(**params)
+
+    def setPool(self, pool: Any) -> HorovodEstimator:
+        """Fit on this warm pool's ranks (``None``: on new ranks)."""
+        self.pool = pool
+        return self
 
     def setParams(self, **params: Any) -> HorovodEstimator:
         """Set any params by name."""
@@ -130,7 +140,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
         check_no_nulls(dataset, columns + [label], role)
         frames = self._split(dataset, columns + [label])
         runner = HorovodRunner(np=self._ranks(dataset), start_timeout=get(self.startTimeout),
-                               mlflow=get(self.mlflow))
+                               mlflow=get(self.mlflow), pool=self.pool)
         payload = serialize_job(fit_on_rank, {"spec": spec, **frames}, names=frames)
         record = runner.run_payload(payload)
         result = record.value  # a hvd_magics.rank.fit_common.FitResult
@@ -193,6 +203,8 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
         from hvd_magics.launch.spark_backend import all_task_slots
 
         np = self.getOrDefault(self.np)
+        if np is None and self.pool is not None:
+            np = self.pool.np
         if np is None:
             np = all_task_slots(dataset.sparkSession)
             if np is None:

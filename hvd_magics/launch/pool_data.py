@@ -151,8 +151,8 @@ class PoolShards:
             kept = self.find(source.frame)
             if kept is not None:
                 found[source.index] = kept
-                notes.append(f"the shards of {source.name!r} dealt for an earlier cell were "
-                             f"reused ({sum(kept.rows_per_rank):,} rows; same plan)")
+                notes.append(f"the shards of {source.name!r} dealt earlier were reused "
+                             f"({sum(kept.rows_per_rank):,} rows; same plan)")
             else:
                 check_columns(source)
                 new.index_of(source.frame)

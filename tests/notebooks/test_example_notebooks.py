@@ -190,7 +190,7 @@ def test_the_warm_pool_notebook(tmp_path):
     accuracy = float(re.search(r"accuracy on the 1797 rows of the DataFrame: (\d\.\d+)",
                                everything).group(1))
     assert accuracy >= 0.85
-    assert ("the shards of 'digits_df' dealt for an earlier cell were reused (1,797 rows; same "
+    assert ("the shards of 'digits_df' dealt earlier were reused (1,797 rows; same "
             "plan)") in everything
     assert "the same DataFrame again, on rank 0: 899 rows" in everything
     assert "TypeError" in everything and "still here: accuracy" in everything

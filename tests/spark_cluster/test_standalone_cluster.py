@@ -7,6 +7,7 @@ import pytest
 from hvd_magics import HorovodJobError, HorovodRunner, last_run
 from tests import jobs
 from tests.conftest import rank_processes_alive
+from tests.frames import MIXED_IDS, check_cover, mixed_frame, read_reports
 
 
 def test_ranks_run_in_two_executors_and_allreduce(cluster_spark):
@@ -164,3 +165,13 @@ def test_a_warm_pool_spans_two_executors_and_survives_losing_one_between_runs(cl
         assert re.search(r"the warm pool lost (rank 1|its ranks \(an executor was lost).* since "
                          "its last cell", capsys.readouterr().err)
         assert pool.run(jobs.pool_keep, again=1) > 0
+
+
+def test_a_warm_pool_on_one_executor_gets_a_dataframe_dealt_from_the_other(cluster_spark,
+                                                                           tmp_path, capsys):
+    from hvd_magics import HorovodPool
+
+    with HorovodPool(np=1) as pool:  # the other executor's one slot runs the dealing task
+        pool.run(jobs.shard_report, out=str(tmp_path), train=mixed_frame(cluster_spark))
+        assert sum(check_cover(read_reports(tmp_path, 1), "train", MIXED_IDS)) == 400
+        assert "dealt 'train' to the pool's 1 rank: 400 rows" in capsys.readouterr().err

@@ -139,6 +139,22 @@ def warm_pool(spark, out):
     print("cold after the pool", HorovodRunner(np=2).run(jobs.print_lines, count=1))
 
 
+def pool_dataframe(spark, out):
+    from hvd_magics import HorovodPool, PayloadError
+
+    frame = mixed_frame(spark)
+    with HorovodPool(np=2) as pool:  # local[2]: no slot is left to deal a DataFrame
+        try:
+            pool.run(jobs.shard_report, out=out, train=frame)
+        except PayloadError as exc:
+            print("pool full", exc)
+    with HorovodPool(np=1) as pool:
+        pool.run(jobs.shard_report, out=out, train=frame)
+        print("pool shards", sum(check_cover(read_reports(out, 1), "train", MIXED_IDS)))
+        again = pool.run(jobs.shard_report, out=out, train=frame)
+        print("pool reused", sorted(again["train"]["ids"]) == MIXED_IDS)
+
+
 @contextlib.contextmanager
 def _not_live():
     """Executors that cannot reach the notebook: everything comes back with the Spark result."""

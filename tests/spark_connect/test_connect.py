@@ -138,6 +138,13 @@ def test_a_warm_pool_on_connect_keeps_its_ranks_restarts_when_stuck_and_frees_it
     assert "cold after the pool 0" in out
 
 
+def test_a_dataframe_is_dealt_to_a_warm_pool_on_connect_when_a_slot_is_free(connect, tmp_path):
+    out = _ran(connect.run("pool_dataframe", tmp_path))
+    assert ("pool full the cell reads the DataFrame 'train', but dealing its rows to the warm "
+            "pool needs one free Spark task slot beside the 2 the pools hold") in out, out
+    assert "pool shards 400" in out and "pool reused True" in out, out
+
+
 def test_without_a_live_view_a_warm_pool_is_refused_with_the_reason(connect, tmp_path):
     assert ("quiet pool a warm pool sends its cells over the notebook's event channel, which "
             "the executors cannot use here: HVD_MAGICS_LIVE=0 is set" in

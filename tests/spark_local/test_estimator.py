@@ -233,3 +233,23 @@ def test_a_fit_stopped_mid_epoch_and_resumed_is_the_same_fit(local_spark, tmp_pa
     assert resumed.optimizer_step == whole.optimizer_step == 3 * steps
     for a, b in zip(model_weights(whole), model_weights(resumed), strict=True):
         assert np.array_equal(a, b), float(np.abs(a - b).max())
+
+
+def test_an_estimator_fits_on_a_warm_pool_and_a_second_fit_reuses_its_shards(local_spark,
+                                                                           tmp_path, capfd):
+    from hvd_magics import HorovodPool
+
+    train, val = digits_frames(local_spark)
+    with HorovodPool(np=1) as pool:  # local[2]: one slot held, one to deal and to transform
+        params = dict(model=torch_mlp(), loss="cross_entropy", metrics=["accuracy"],
+                      learningRate=0.003, batchSize=32, featuresCol="pixels", pool=pool)
+        first = HorovodEstimator(epochs=2, modelDir=str(tmp_path / "a"), **params).fit(train)
+        assert first.run_record.where.endswith("(warm pool)") and first.run_record.np == 1
+        assert "dealt 'train' to the pool's 1 rank" in capfd.readouterr().err
+        second = HorovodEstimator(epochs=3, modelDir=str(tmp_path / "b"), **params).fit(train)
+        assert [h["epoch"] for h in second.history] == [1, 2, 3]
+        assert "the shards of 'train' dealt earlier were reused" in \
+            capfd.readouterr().err
+        assert _accuracy(second.transform(val)) >= 0.85
+        with pytest.raises(ValueError, match="np=2 is not the warm pool's np=1"):
+            HorovodEstimator(np=2, epochs=1, **params).fit(train)

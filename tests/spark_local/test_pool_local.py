@@ -76,12 +76,12 @@ def test_a_dataframe_is_dealt_to_the_pool_once_kept_replaced_and_forgotten(local
         # the same DataFrame is not dealt again, nor one with the same plan
         again = pool.run(jobs.shard_report, out=str(warm_out), train=frame)
         assert again["train"]["ids"] == warm["train"]["ids"]
-        assert "the shards of 'train' dealt for an earlier cell were reused (400 rows; same " \
+        assert "the shards of 'train' dealt earlier were reused (400 rows; same " \
                "plan)" in capfd.readouterr().err
         pool.run(jobs.shard_report, out=str(warm_out), small=_small(local_spark))
         assert "dealt 'small'" in capfd.readouterr().err
         pool.run(jobs.shard_report, out=str(warm_out), small=_small(local_spark))
-        assert "the shards of 'small' dealt for an earlier cell were reused" in \
+        assert "the shards of 'small' dealt earlier were reused" in \
             capfd.readouterr().err
         assert len(_deals(root)) == 2
         # another plan under the same name replaces the old shards, whose files go
