@@ -24,7 +24,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from hvd_magics.channel import DOWN, NONCE_BYTES, encode_frame, read_exact, read_frame
+from hvd_magics.channel import (DOWN, NONCE_BYTES, Rejected, encode_frame, read_exact,
+                                read_frame)
 from hvd_magics.errors import ShardSpaceError
 from hvd_magics.task.shard_files import write_shards
 
@@ -126,23 +127,26 @@ def send_rows(address: tuple[str, int], secret: bytes, deal: str, names: dict[in
 
     batches = iter(batches)
     first = next(batches, None)
-    with socket.create_connection(address, timeout=timeout) as conn:
-        nonce = read_exact(conn, NONCE_BYTES)
-        if nonce is None:
-            raise ConnectionError(f"the pool's task at {address[0]}:{address[1]} closed the "
-                                  "connection at once")
-        conn.settimeout(None)
-        header = {"deal": deal, "names": {str(k): v for k, v in names.items()},
-                  "rows": first is not None}
-        conn.sendall(encode_frame(secret, DATA + nonce, 0, header))
-        if first is not None:
-            with conn.makefile("wb") as stream:
-                with pa.ipc.new_stream(stream, first.schema) as writer:
-                    writer.write_batch(first)
-                    for batch in batches:
-                        writer.write_batch(batch)
-            conn.shutdown(socket.SHUT_WR)
-        reply = read_frame(conn, secret, DATA + DOWN + nonce, 0)
+    try:
+        with socket.create_connection(address, timeout=timeout) as conn:
+            nonce = read_exact(conn, NONCE_BYTES)
+            if nonce is None:
+                raise ConnectionError("it closed the connection at once")
+            conn.settimeout(None)
+            header = {"deal": deal, "names": {str(k): v for k, v in names.items()},
+                      "rows": first is not None}
+            conn.sendall(encode_frame(secret, DATA + nonce, 0, header))
+            if first is not None:
+                with conn.makefile("wb") as stream:
+                    with pa.ipc.new_stream(stream, first.schema) as writer:
+                        writer.write_batch(first)
+                        for batch in batches:
+                            writer.write_batch(batch)
+                conn.shutdown(socket.SHUT_WR)
+            reply = read_frame(conn, secret, DATA + DOWN + nonce, 0)
+    except (OSError, Rejected) as exc:
+        raise ConnectionError(f"the pool's task at {address[0]}:{address[1]} did not take the "
+                              f"rows ({type(exc).__name__}: {exc})") from None
     if reply is None:
         raise ConnectionError(f"the pool's task at {address[0]}:{address[1]} closed the "
                               "connection without an answer")

@@ -8,6 +8,7 @@ retries a stage that already started ranks.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import socket
@@ -80,7 +81,8 @@ class RankHolder:
         elif kind == END_POOL:
             proc.end_input()
         elif kind == DROP_SHARDS and self.receiver is not None:
-            self.receiver.drop(str(order["deal"]))
+            with contextlib.suppress(ValueError):  # not a deal id of ours: nothing to drop
+                self.receiver.drop(str(order["deal"]))
 
     def on_driver_gone(self) -> None:
         with self._lock:
