@@ -25,10 +25,14 @@ def check_plain_python(source: str) -> None:
     """Raise :class:`CellError` when the cell uses IPython-only syntax (``%magic``, ``!cmd``)."""
     from IPython.core.inputtransformer2 import TransformerManager
 
-    transformed = TransformerManager().transform_cell(source)
-    if transformed.rstrip() == source.rstrip():
+    lines = source.splitlines()
+    blank = next((i for i, line in enumerate(lines) if line.strip()), len(lines))
+    body = "\n".join(lines[blank:])  # IPython drops leading blank lines; Python does not mind
+    transformed = TransformerManager().transform_cell(body)
+    if transformed.rstrip() == body.rstrip():
         return
-    for number, (before, after) in enumerate(zip(source.splitlines(), transformed.splitlines()), 2):
+    for number, (before, after) in enumerate(zip(lines[blank:], transformed.splitlines()),
+                                             2 + blank):
         if before != after:
             raise CellError(
                 f"line {number} uses IPython syntax ({before.strip()[:40]!r}): a %%horovod cell "

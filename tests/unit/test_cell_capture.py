@@ -29,6 +29,13 @@ def test_ipython_syntax_is_refused_with_its_line():
         capture("x = 1\n!ls\n", {})
     with pytest.raises(CellError, match="line 2 uses IPython syntax"):
         capture("%timeit x\n", {})
+    with pytest.raises(CellError, match=r"line 4 uses IPython syntax \('!ls'\)"):
+        capture("\n  \n!ls\n", {})
+
+
+def test_a_cell_that_starts_with_blank_lines_is_plain_python():
+    # a blank line after %%horovod is common; IPython drops it, which is not IPython syntax
+    assert capture("\n\nx = 1\nx + 1\n", {}).cell.source.strip() == "x = 1\nx + 1"
 
 
 def test_syntax_error_names_the_cell_line():
