@@ -15,8 +15,9 @@ Then on Spark, ``--keras-runs`` times each, interleaved:
                nothing can be downloaded here; an epoch's time depends on the shapes, not the
                pixels), model built in the cell; the pool's cell against the same cell cold.
   data cell    a cell that reads a DataFrame of ``--rows`` rows x 64 floats: on the pool its
-               first run deals it (printed on its own) and later runs reuse the shards; cold, it
-               is dealt every time.
+               first run deals it (printed on its own) and later runs reuse the shards; also on
+               the pool after ``forget_shards()`` (dealt again each time); cold, it is dealt
+               every time.
 
 Usage: .venv/bin/python benchmarks/warm_pool.py [--runs 7] [--keras-runs 3] [--rows 200000]
 Last line: warm_pool run_s=<s> cell_s=<s> ratio=<warm/cold> (Spark), the same for the driver,
@@ -117,10 +118,17 @@ def measure_cells(runs: int, rows: int, ip) -> dict[str, list[float]]:
                            .select("id", F.array(*[(F.col("id") % 97 + i).cast("float")
                                                    for i in range(64)]).alias("x")))
     ip.user_ns["ROWS"] = rows
+    from hvd_magics.job.session import SESSION
+
+    def redeal():
+        SESSION.pool.forget_shards()
+        return ip.run_cell_magic("horovod", "", DATA_CELL)
+
     return on_pool(ip, 2, runs, {
         "warm_keras": lambda: ip.run_cell_magic("horovod", "", KERAS_CELL),
         "cold_keras": lambda: ip.run_cell_magic("horovod", "np=2 --cold", KERAS_CELL),
         "warm_data": lambda: ip.run_cell_magic("horovod", "", DATA_CELL),
+        "warm_deal": redeal,
         "cold_data": lambda: ip.run_cell_magic("horovod", "np=2 --cold", DATA_CELL),
     }, {"first_keras": lambda: ip.run_cell_magic("horovod", "", KERAS_CELL),  # TF imported
         "first_data": lambda: ip.run_cell_magic("horovod", "", DATA_CELL)})  # dealt
@@ -152,9 +160,11 @@ def main() -> None:
     print(f"keras epoch cell: pool {med['warm_keras']:.2f} s, cold {med['cold_keras']:.2f} s; "
           f"DataFrame cell ({args.rows:,} rows x 64 floats): pool's first (deals it) "
           f"{med['first_data']:.2f} s, pool's next (reuses the shards) {med['warm_data']:.2f} s, "
+          f"pool's after %hvd_pool forget (deals it again) {med['warm_deal']:.2f} s, "
           f"cold {med['cold_data']:.2f} s (medians of {args.keras_runs})")
     lines.append(ratio_text("keras_cell_ratio", t["warm_keras"], t["cold_keras"]) + " "
-                 + ratio_text("data_cell_ratio", t["warm_data"], t["cold_data"]))
+                 + ratio_text("data_cell_ratio", t["warm_data"], t["cold_data"]) + " "
+                 + ratio_text("data_deal_ratio", t["warm_deal"], t["cold_data"]))
     print("warm_pool " + " ".join(lines))
 
 

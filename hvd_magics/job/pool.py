@@ -272,13 +272,18 @@ class HorovodPool:
 
     # -- work ------------------------------------------------------------------------------
     @property
+    def ranks(self) -> str:
+        """``"2 ranks"``, ``"1 rank"``."""
+        return f"{abs(self.np)} rank{'' if abs(self.np) == 1 else 's'}"
+
+    @property
     def alive(self) -> bool:
         return self.ended is None
 
     def check_usable(self) -> None:
         """Raise :class:`PoolError` when the pool has ended (saying why and what to do)."""
         if self.ended is not None:
-            raise PoolError(f"the warm pool of {abs(self.np)} ranks on {self.where} has ended: "
+            raise PoolError(f"the warm pool of {self.ranks} on {self.where} has ended: "
                             f"{self.ended}; its slots are free. Fix: start it again "
                             f"(%hvd_pool start np={self.np}, or HorovodPool(np={self.np})), or "
                             f"run the cell cold with %%horovod np={self.np}.")
@@ -340,7 +345,8 @@ class HorovodPool:
         if self.ended is not None:
             return f"HorovodPool(np={self.np}): ended, {self.ended}"
         idle = time.monotonic() - self.last_used
-        return (f"HorovodPool(np={self.np}): {abs(self.np)} warm ranks on {self.where}, started "
+        size, word = self.ranks.split()
+        return (f"HorovodPool(np={self.np}): {size} warm {word} on {self.where}, started "
                 f"{self.started_at:%H:%M:%S} (in {self.start_s:.1f} s), {self.cells} cells run, "
                 f"idle for {idle:.0f} s (ends after {self.idle_timeout:.0f} s idle)"
                 + (f", restarted {self.restarts} times" if self.restarts else ""))
@@ -395,7 +401,7 @@ class PoolCell:
         self.pool.events.end()
         self.pool.restart()
         self.restart_note = (f"the ranks were restarted: {why}; their variables are gone "
-                             f"(the pool is ready again, {abs(self.pool.np)} new ranks).")
+                             f"(the pool is ready again, {self.pool.ranks.replace(' ', ' new ')}).")
 
     def join(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

@@ -22,6 +22,7 @@ import cloudpickle
 from hvd_magics.task import task_entry
 from hvd_magics.errors import HorovodMagicsError, NotEnoughSlotsError, SparkSessionLost
 from hvd_magics.channel import EventServer
+from hvd_magics.launch import console_bar
 from hvd_magics.launch.dataframe_input import DataFrameSources, sharded_input
 from hvd_magics.protocol import (DROP_SHARDS, ENV_DRIVER_HOST, ENV_LIVE, END_POOL,
                                  INTERRUPT_CELL, RUN_CELL)
@@ -419,6 +420,8 @@ class SparkBackend:
         self._group = ""
         #: Why the Spark Connect server counts as gone (``None``: it answers, or not checked).
         self.server_gone: str | None = None
+        #: A warm pool stopped Spark's console progress bar (:mod:`console_bar`) until it ends.
+        self._bar_paused = False
 
     def start(self, payload: bytes, job_id: str, events: queue.Queue) -> None:
         """Check the slots, open the event channel and submit the stage.
@@ -437,6 +440,8 @@ class SparkBackend:
         else:
             print(f"hvd_magics: no live view: {self.no_live_view}. The ranks' output, errors and "
                   "the value come back when the job ends.", file=sys.stderr)
+        if self.pool and self.sc is not None and not self._bar_paused:
+            self._bar_paused = console_bar.pause(self.sc)  # resumed when the stage ends
         self._submit(TaskSpec(payload, self._server.address if self._server else None, self.env,
                               job_id, {source.index: source.name for source in self.sources},
                               pool=self.pool))
@@ -604,6 +609,9 @@ class SparkBackend:
                 break
         if self._server is not None and self.finished:
             self._server.close()
+        if self._bar_paused and self.finished:
+            self._bar_paused = False
+            console_bar.resume()
         return self.finished
 
     def silence_note(self, ranks: list[int]) -> str:

@@ -236,11 +236,13 @@ class HorovodMagics(Magics):
         if args.action == "stop":
             pool.close()
             SESSION.pool = None
-            print(f"The warm pool of {abs(pool.np)} ranks on {pool.where} has ended; its slots "
+            print(f"The warm pool of {pool.ranks} on {pool.where} has ended; its slots "
                   "are free.")
             return None
         if args.action == "forget":
-            pool.check_usable()
+            if not pool.alive:
+                raise UsageError("%hvd_pool forget: the pool has ended (and its shards with "
+                                 f"it); start a new one with %hvd_pool start np={pool.np}")
             dropped = pool.forget_shards()
             print(f"The warm pool forgot the shards of {dropped} DataFrame"
                   f"{'' if dropped == 1 else 's'}; the next cell that reads one deals it again.")

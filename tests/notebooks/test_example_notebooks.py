@@ -196,3 +196,4 @@ def test_the_warm_pool_notebook(tmp_path):
     assert "TypeError" in everything and "still here: accuracy" in everything
     assert "5 cells run" in everything or "6 cells run" in everything
     assert "has ended; its slots are free" in everything
+    assert "[Stage" not in everything  # Spark's console bar is off while the pool runs

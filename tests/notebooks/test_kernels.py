@@ -92,6 +92,13 @@ def test_a_warm_pool_keeps_variables_across_cells_and_dies_with_its_kernel(tmp_p
         _run(client, "%load_ext hvd_magics")
         _run(client, "from pyspark.sql import SparkSession\n"
                      "spark = SparkSession.builder.master('local[2]').getOrCreate()")
+        # Spark's console bar is off while a pool runs (it drew the pool's stage into a cell
+        # every minute), and a new one is there when the pool has ended
+        bar = "spark.sparkContext._jsc.sc().progressBar().isDefined()"
+        assert "[Stage" not in _run(client, "%hvd_pool start np=1")
+        assert _run(client, bar).strip() == "False"
+        _run(client, "%hvd_pool stop")
+        assert _run(client, bar).strip() == "True"
         started = _run(client, "%hvd_pool start np=2")
         assert "2 warm ranks on spark local[2]" in started, started
         _run(client, f"%%horovod -q\nimport os\nmarker = os.getpid()\n"
