@@ -344,7 +344,7 @@ def launch(request: LaunchRequest) -> RunRecord:
     note = backend.restart_note
     if isinstance(failure, KeyboardInterrupt):
         if backend.keeps_ranks:
-            what = (note or "the pool keeps its ranks and their variables") + " "
+            what = (note or "the pool keeps its ranks and their variables.") + " "
             raise JobInterrupted(f"interrupted the cell on every rank of the warm pool; {what}"
                                  "The log of every rank: " + str(log_path)) from None
         raise JobInterrupted(

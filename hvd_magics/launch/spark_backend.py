@@ -22,7 +22,7 @@ import cloudpickle
 from hvd_magics.task import task_entry
 from hvd_magics.errors import HorovodMagicsError, NotEnoughSlotsError, SparkSessionLost
 from hvd_magics.channel import EventServer
-from hvd_magics.launch import console_bar
+from hvd_magics.launch import console_bar, interrupt_guard
 from hvd_magics.launch.dataframe_input import DataFrameSources, sharded_input
 from hvd_magics.protocol import (DROP_SHARDS, ENV_DRIVER_HOST, ENV_LIVE, END_POOL,
                                  INTERRUPT_CELL, RUN_CELL)
@@ -420,7 +420,9 @@ class SparkBackend:
         self._group = ""
         #: Why the Spark Connect server counts as gone (``None``: it answers, or not checked).
         self.server_gone: str | None = None
-        #: A warm pool stopped Spark's console progress bar (:mod:`console_bar`) until it ends.
+        #: A warm pool's stage is kept from Spark's console bar and from pyspark's Ctrl-C
+        #: handler until it ends (:meth:`_guard_pool`).
+        self._pool_guarded = False
         self._bar_paused = False
 
     def start(self, payload: bytes, job_id: str, events: queue.Queue) -> None:
@@ -440,8 +442,8 @@ class SparkBackend:
         else:
             print(f"hvd_magics: no live view: {self.no_live_view}. The ranks' output, errors and "
                   "the value come back when the job ends.", file=sys.stderr)
-        if self.pool and self.sc is not None and not self._bar_paused:
-            self._bar_paused = console_bar.pause(self.sc)  # resumed when the stage ends
+        if self.pool and self.sc is not None and not self._pool_guarded:
+            self._guard_pool(job_id)
         self._submit(TaskSpec(payload, self._server.address if self._server else None, self.env,
                               job_id, {source.index: source.name for source in self.sources},
                               pool=self.pool))
@@ -609,10 +611,24 @@ class SparkBackend:
                 break
         if self._server is not None and self.finished:
             self._server.close()
-        if self._bar_paused and self.finished:
+        if self._pool_guarded and self.finished:
+            self._release_pool()
+        return self.finished
+
+    def _guard_pool(self, job_id: str) -> None:
+        """A warm pool on classic Spark: its stage runs as long as the pool, so Spark's console
+        bar would draw it into a cell every minute, and an interrupt (pyspark cancels every
+        job) would end it; both are held off until the stage ends."""
+        self._pool_guarded = True
+        self._bar_paused = console_bar.pause(self.sc)
+        interrupt_guard.protect(self.sc, f"hvd_magics-{job_id}")
+
+    def _release_pool(self) -> None:
+        self._pool_guarded = False
+        interrupt_guard.release(self._group)
+        if self._bar_paused:
             self._bar_paused = False
             console_bar.resume()
-        return self.finished
 
     def silence_note(self, ranks: list[int]) -> str:
         """What a start timeout says of ``ranks``, whose tasks never reached the channel."""

@@ -1,11 +1,15 @@
 """Warm pools on local Spark: one long barrier stage holds the ranks across runs."""
 import json
+import os
+import signal
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from hvd_magics import HorovodPool, HorovodRunner, NotEnoughSlotsError, PayloadError, last_run
+from hvd_magics import (HorovodPool, HorovodRunner, JobInterrupted, NotEnoughSlotsError,
+                        PayloadError, last_run)
 from tests import jobs
 from hvd_magics.task.shard_files import ENV_SHARD_DIR
 from tests.frames import mixed_frame
@@ -103,3 +107,40 @@ def test_a_dataframe_on_a_pool_of_driver_ranks_is_refused_with_the_fix(local_spa
                                                r"Spark\. Fix: start the pool with np=1"):
             pool.run(jobs.shard_report, out="/nonexistent", train=mixed_frame(local_spark))
         assert pool.run(jobs.pool_keep, kept="yes") > 0
+
+
+def test_an_interrupt_stops_the_cell_and_the_users_job_but_not_the_pools_stage(local_spark,
+                                                                             tmp_path):
+    """pyspark's Ctrl-C handler cancels every Spark job: the pool's stage must not be one of
+    them (it was, and the pool lost its ranks while the cell said it kept them)."""
+    tracker = local_spark.sparkContext.statusTracker()
+    pysparks_handler = signal.getsignal(signal.SIGINT)
+    with HorovodPool(np=1) as pool:  # local[2]: the user's own job runs on the other slot
+        pid = pool.run(jobs.pool_keep, kept="yes")
+        pool_jobs = tracker.getJobIdsForGroup(pool.backend._group)
+        users_job: dict = {}
+
+        def users_long_job():
+            local_spark.sparkContext.setJobGroup("users-own", "a long job of the user's")
+            try:
+                local_spark.range(0, 10**12, 1, 1).selectExpr("sum(id % 7)").collect()
+            except Exception as exc:  # noqa: BLE001
+                users_job["error"] = str(exc)
+
+        def interrupt_when_both_run():
+            while not ((tmp_path / "0").exists() and tracker.getJobIdsForGroup("users-own")):
+                time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        user = threading.Thread(target=users_long_job, daemon=True)
+        user.start()
+        threading.Thread(target=interrupt_when_both_run, daemon=True).start()
+        with pytest.raises(JobInterrupted, match=r"the pool keeps its ranks and their "
+                                                 r"variables\. The log"):
+            pool.run(jobs.pool_sleep_marked, marks=str(tmp_path))
+        user.join(60)
+        assert "cancel" in users_job.get("error", "").lower(), users_job  # the user's job: ended
+        # the same interrupt would have cancelled the pool's job in the same scheduler event
+        assert [tracker.getJobInfo(j).status for j in pool_jobs] == ["RUNNING"]
+        assert pool.run(jobs.pool_read, name="kept") == ("yes", pid)
+    assert signal.getsignal(signal.SIGINT) is pysparks_handler  # put back with the last pool
