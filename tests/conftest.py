@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +19,12 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 _state: dict = {"master": None, "cluster": None}
+
+# A suite started in the background by a non-interactive shell (`make test &`, a CI runner)
+# inherits SIGINT ignored (POSIX), and Python then installs no KeyboardInterrupt handler: the
+# tests that interrupt a job with SIGINT hung for ten minutes. A notebook kernel always has one.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 #: The marker of every test folder (its topology); ``pytest -m fast`` is the quick tier.
 TIERS = {"unit": "fast", "driver": "driver", "spark_local": "spark_local",
