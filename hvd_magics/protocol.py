@@ -143,6 +143,8 @@ OUTPUT_PROBABILITY, OUTPUT_SOFTMAX, OUTPUT_SIGMOID, OUTPUT_EXP = (
 #: Horovod's own: where rank 0 writes the timeline, and whether it marks cycles.
 ENV_HOROVOD_TIMELINE = "HOROVOD_TIMELINE"
 ENV_TIMELINE_MARK_CYCLES = "HOROVOD_TIMELINE_MARK_CYCLES"
+#: ``HOROVOD_TIMELINE`` of a warm pool's ranks: nothing recorded until ``hvd.start_timeline``.
+TIMELINE_DYNAMIC = "DYNAMIC"
 #: CUDA's device list: the GPUs a rank sees.
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 #: Horovod's own: the port of the Gloo rendezvous (known only once the tasks met).

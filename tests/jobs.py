@@ -139,8 +139,9 @@ def print_epoch_lines(epochs: int = 3):
     return "printed"
 
 
-def torch_allreduce_steps(steps: int = 20, fail: bool = False):
-    """Several named allreduces (so the timeline has activity); optionally die afterwards."""
+def torch_allreduce_steps(steps: int = 20, fail: bool = False, name: str = "grad"):
+    """Several allreduces named ``name_0``.. (so the timeline has activity); optionally die
+    afterwards."""
     import os
     import signal
 
@@ -149,7 +150,7 @@ def torch_allreduce_steps(steps: int = 20, fail: bool = False):
 
     hvd.init()
     for step in range(steps):
-        hvd.allreduce(torch.ones(1000) * step, name=f"grad_{step % 3}")
+        hvd.allreduce(torch.ones(1000) * step, name=f"{name}_{step % 3}")
     if fail and hvd.rank() == 0:
         os.kill(os.getpid(), signal.SIGKILL)
     return hvd.rank()
@@ -755,3 +756,10 @@ def raise_on_rank(bad_rank: int = 1):
     if rank == bad_rank:
         raise ValueError(f"boom from rank {rank}")
     return rank
+
+
+def environment_value(name: str):
+    """``os.environ.get(name)`` on rank 0."""
+    import os
+
+    return os.environ.get(name)

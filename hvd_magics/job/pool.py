@@ -36,8 +36,9 @@ from hvd_magics.launch.spark_backend import (SLOT_WAIT_S, SparkBackend, active_s
                                              start_local_session)
 from hvd_magics.options import (DEFAULT_START_TIMEOUT_S, ElasticSize, positive_seconds,
                                 validate_size, validate_start_timeout)
-from hvd_magics.protocol import (CELL_END, CHANNEL_CLOSED, ENV_SHARDS, ERROR, EXIT, RESULT,
-                                 STARTED, TASK_ERROR, TASK_STARTED, encode_job)
+from hvd_magics.protocol import (CELL_END, CHANNEL_CLOSED, ENV_HOROVOD_TIMELINE, ENV_SHARDS, ERROR,
+                                 EXIT, RESULT, STARTED, TASK_ERROR, TASK_STARTED, TIMELINE_DYNAMIC,
+                                 encode_job)
 from hvd_magics.rank.pool_loop import serve_cells
 
 #: A pool with no cell for this long ends and gives its slots back (``--idle-timeout``).
@@ -172,12 +173,13 @@ class HorovodPool:
     def _start(self, slot_wait_s: float = SLOT_WAIT_S) -> None:
         self.job_id = uuid.uuid4().hex[:12]
         self.events = CellEvents(abs(self.np))
+        # a cell can then record a timeline (hvd_magics.rank.cell_timeline)
+        env = {ENV_HOROVOD_TIMELINE: TIMELINE_DYNAMIC, **self.env}
         if self.np < 0:
-            self.backend: Any = DriverBackend(-self.np, self.env, pool=True)
+            self.backend: Any = DriverBackend(-self.np, env, pool=True)
         else:
             spark = active_session() or start_local_session(self.np)
-            self.backend = SparkBackend(spark, self.np, self.env, pool=True,
-                                        slot_wait_s=slot_wait_s)
+            self.backend = SparkBackend(spark, self.np, env, pool=True, slot_wait_s=slot_wait_s)
         self.where = self.backend.where
         #: Each rank's process id and host, from its ``started`` event.
         self.pids: dict[int, int] = {}

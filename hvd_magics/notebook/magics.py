@@ -146,15 +146,11 @@ class HorovodMagics(Magics):
         if bad:
             raise UsageError(f"%%horovod: --return takes variable names, got {', '.join(bad)}")
         timeline = SESSION.timeline
-        if pool is not None and timeline.enabled:
-            print("hvd_magics: Horovod Timeline is set when ranks start, so a warm pool's cells "
-                  "run without it; run the cell cold to record one.")
         try:  # the runner checks every option, once
             runner = HorovodRunner(pool.np if pool is not None else args.np,
                                    driver_log_verbosity=args.verbosity,
                                    start_timeout=args.start_timeout, env=env,
-                                   timeline=(timeline.next_path() if timeline.enabled and
-                                             pool is None else None),
+                                   timeline=timeline.next_path() if timeline.enabled else None,
                                    timeline_mark_cycles=timeline.mark_cycles,
                                    mlflow=False if args.no_mlflow else args.mlflow,
                                    elastic_timeout=args.elastic_timeout,

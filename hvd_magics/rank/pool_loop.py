@@ -5,7 +5,9 @@ A pool is a job whose function is :func:`serve_cells`. Each further frame on the
 (run in :func:`hvd_magics.rank.cell_runner.rank_namespace`) or a function given to
 :meth:`hvd_magics.HorovodPool.run`. Per cell the rank sends ``started``, then ``result`` (rank 0's
 value) or ``error``, then prints :data:`hvd_magics.protocol.CELL_END_LINE`, which its supervisor
-turns into ``cell_end`` after the cell's output. The driver interrupts a cell with ``SIGINT``;
+turns into ``cell_end`` after the cell's output. A cell's environment (``--env``, its shards) is
+its own: what it set is undone when it ends. A cell that asks for Horovod Timeline gets one
+(:mod:`hvd_magics.rank.cell_timeline`), sent before its result. The driver interrupts a cell with ``SIGINT``;
 between cells the rank ignores it. The end of stdin ends the pool: :func:`serve_cells` returns and
 the rank leaves Horovod as a cold job's rank does.
 """
@@ -16,7 +18,7 @@ import signal
 import sys
 
 from hvd_magics.protocol import CELL_END_LINE, RESULT, STARTED, decode_job
-from hvd_magics.rank import rank_events
+from hvd_magics.rank import cell_timeline, rank_events
 
 
 def run_one(payload: bytes) -> None:
@@ -24,11 +26,12 @@ def run_one(payload: bytes) -> None:
     from hvd_magics.rank.rank_main import report_error, run_job
 
     rank_events.emit(STARTED, pid=os.getpid())
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        parts, failure, _ = run_job(payload)
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with cell_timeline.recording():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            parts, failure, _ = run_job(payload)
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     if failure is not None:
         report_error(failure)
         return
@@ -42,10 +45,21 @@ def serve_cells() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while (frame := decode_job(sys.stdin.buffer)) is not None:
         late_env, payload = frame
+        before = {name: os.environ.get(name) for name in (*late_env, *cell_timeline.SETS_ENV)}
         os.environ.update(late_env)
         try:
             run_one(payload)
         finally:
+            _restore_environ(before)
             sys.stdout.flush()
             sys.stderr.flush()
             print(CELL_END_LINE, flush=True)
+
+
+def _restore_environ(before: dict[str, str | None]) -> None:
+    """Put back the variables a cell's environment changed (``None``: it was not set)."""
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

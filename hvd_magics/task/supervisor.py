@@ -7,7 +7,6 @@ supervisor dies, or :meth:`RankProcess.kill` is called, the rank's whole process
 """
 from __future__ import annotations
 
-import base64
 import json
 import os
 import select
@@ -20,6 +19,7 @@ import time
 import uuid
 from typing import Any, Callable
 
+from hvd_magics.rank.cell_timeline import timeline_chunks
 from hvd_magics.rank.process_group import die_with_parent, killpg
 from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, make_rank_tmpdir
 from hvd_magics.protocol import (CELL_END, CELL_END_LINE, ENV_EVENT_FD, ENV_HOROVOD_TIMELINE,
@@ -32,9 +32,6 @@ _CELL_END = CELL_END_LINE.encode()
 
 #: ``sink(kind, **payload)`` receives every event of the rank, from several threads.
 EventSink = Callable[..., None]
-
-#: Bytes of a timeline file sent in one ``timeline_chunk`` event.
-TIMELINE_CHUNK_BYTES = 1 << 20
 
 #: Most lines sent in one ``output`` event (the rest follow in the next one).
 MAX_LINES_PER_EVENT = 200
@@ -264,9 +261,8 @@ class RankProcess:
         """Send the trace this rank wrote (rank 0 only) in chunks, then delete the local file."""
         if not self._timeline or not os.path.exists(self._timeline):
             return
-        with open(self._timeline, "rb") as fh:
-            while chunk := fh.read(TIMELINE_CHUNK_BYTES):
-                self._sink(TIMELINE_CHUNK, data=base64.b64encode(chunk).decode())
+        for data in timeline_chunks(self._timeline):
+            self._sink(TIMELINE_CHUNK, data=data)
         os.remove(self._timeline)
 
     def _kill_rank_group(self) -> None:

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from hvd_magics import HorovodJobError, HorovodPool, JobInterrupted, PoolError, last_run
+from hvd_magics import (HorovodJobError, HorovodPool, HorovodRunner, JobInterrupted, PoolError,
+                         last_run)
 from tests import jobs
 from tests.conftest import rank_processes_alive
 
@@ -23,6 +24,12 @@ def test_runs_share_the_same_processes_and_what_they_kept(pool):
     assert value == 42 and again == pids
     assert last_run().where == "driver (warm pool)" and last_run().status == "succeeded"
     assert "2 warm ranks on driver" in repr(pool) and "2 cells run" in repr(pool)
+
+
+def test_a_runs_environment_is_its_own(pool):
+    assert HorovodRunner(np=-2, env={"HVD_TEST_X": "1"}, pool=pool).run(
+        jobs.environment_value, name="HVD_TEST_X") == "1"
+    assert pool.run(jobs.environment_value, name="HVD_TEST_X") is None
 
 
 def test_a_model_built_in_one_run_is_trained_in_the_next(pool):
@@ -96,8 +103,6 @@ def test_closing_a_pool_leaves_no_process_and_refuses_more_work():
 
 
 def test_a_pool_refuses_an_elastic_size_and_a_runner_of_another_size():
-    from hvd_magics import HorovodRunner
-
     with pytest.raises(ValueError, match="a warm pool has a fixed number of ranks"):
         HorovodPool(np="1:2")
     with HorovodPool(np=-1) as pool:

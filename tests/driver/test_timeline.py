@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from hvd_magics import HorovodJobError, HorovodRunner, last_run
+from hvd_magics import HorovodJobError, HorovodPool, HorovodRunner, last_run
 from hvd_magics.job.timeline import repair, summarize
 from tests import jobs
 
@@ -63,3 +63,42 @@ def test_the_timeline_magic_records_shows_and_turns_off(ip, tmp_path, capsys):
 def test_each_rank_writes_to_its_own_temporary_trace(tmp_path):
     paths = HorovodRunner(np=-2, timeline=tmp_path / "x.json").run(jobs.timeline_paths)
     assert len(set(paths)) == 2 and all(p and p.endswith(".json") for p in paths)
+
+
+def _trace_tensors(path) -> set[str]:
+    events = json.loads(path.read_text())  # valid JSON
+    return {e["args"]["name"].split(".", 1)[-1] for e in events
+            if e.get("name") == "process_name" and "name" in e.get("args", {})}
+
+
+def test_a_warm_pool_records_a_timeline_per_cell_that_asks_for_one(tmp_path):
+    with HorovodPool(np=-2) as pool:
+        # the cell that calls hvd.init() first: its init opens the trace
+        HorovodRunner(np=-2, timeline=tmp_path / "first.json", pool=pool).run(
+            jobs.torch_allreduce_steps, steps=10, name="first")
+        pool.run(jobs.torch_allreduce_steps, steps=10, name="untraced")
+        # Horovod runs already: the trace is started and stopped around the cell
+        HorovodRunner(np=-2, timeline=tmp_path / "third.json", pool=pool).run(
+            jobs.torch_allreduce_steps, steps=10, name="third")
+        assert last_run().timeline_path == str(tmp_path / "third.json")
+        assert pool.run(jobs.environment_value, name="HOROVOD_TIMELINE") == "DYNAMIC"
+    first, third = _trace_tensors(tmp_path / "first.json"), _trace_tensors(tmp_path / "third.json")
+    assert {"first_0", "first_1", "first_2"} <= first and not any("untraced" in t for t in first)
+    assert {"third_0", "third_1", "third_2"} <= third
+    assert not any(t.startswith(("first", "untraced")) for t in third)
+    assert "ALLREDUCE" in summarize(tmp_path / "third.json").activity_us
+    assert not list(tmp_path.glob("untraced*"))
+
+
+def test_hvd_timeline_show_reads_the_trace_of_a_warm_pools_cell(ip, tmp_path, capsys):
+    ip.run_line_magic("hvd_timeline", f"on {tmp_path}/")
+    ip.run_line_magic("hvd_pool", "start np=-2")
+    try:
+        ip.run_cell_magic("horovod", "-q", "import horovod.torch as hvd, torch\nhvd.init()\n"
+                                           "[hvd.allreduce(torch.ones(10), name='g') for _ in range(5)]\n")
+        summary = ip.run_line_magic("hvd_timeline", "show")
+        assert "ALLREDUCE" in summary.activity_us
+        assert "without it" not in capsys.readouterr().out
+    finally:
+        ip.run_line_magic("hvd_pool", "stop")
+        ip.run_line_magic("hvd_timeline", "off")
