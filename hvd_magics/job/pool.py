@@ -30,7 +30,7 @@ from hvd_magics.job.session import SESSION
 from hvd_magics.launch.driver_backend import DriverBackend
 from hvd_magics.launch.local_ranks import reap_local_ranks
 from hvd_magics.launch.dataframe_input import DataFrameSources
-from hvd_magics.launch.payload import serialize_job
+from hvd_magics.launch.payload import sent_value, serialize_job
 from hvd_magics.launch.pool_data import PoolShards
 from hvd_magics.launch.spark_backend import (SLOT_WAIT_S, SparkBackend, active_session,
                                              start_local_session)
@@ -39,6 +39,7 @@ from hvd_magics.options import (DEFAULT_START_TIMEOUT_S, ElasticSize, positive_s
 from hvd_magics.protocol import (CELL_END, CHANNEL_CLOSED, ENV_HOROVOD_TIMELINE, ENV_SHARDS, ERROR,
                                  EXIT, RESULT, STARTED, TASK_ERROR, TASK_STARTED, TIMELINE_DYNAMIC,
                                  encode_job)
+from hvd_magics.rank.kept_values import SentValue
 from hvd_magics.rank.pool_loop import serve_cells
 
 #: A pool with no cell for this long ends and gives its slots back (``--idle-timeout``).
@@ -79,6 +80,13 @@ class CellEvents:
         """The cell is over: what arrives now waits in :attr:`idle`."""
         with self._lock:
             self._target = None
+
+    @property
+    def succeeded(self) -> bool:
+        """Every rank ended the cell with its result (none raised or was interrupted)."""
+        with self._lock:
+            return (len(self.done) == self.size
+                    and all(self._outcome.get(rank) == 0 for rank in range(self.size)))
 
     @property
     def cell_over(self) -> bool:
@@ -199,6 +207,9 @@ class HorovodPool:
                        if isinstance(self.backend, SparkBackend) else None)
         self.start_s = time.monotonic() - began
         self.last_used = time.monotonic()
+        #: name -> digest of the notebook values every rank holds (after a cell that succeeded).
+        self._held_values: dict[str, str] = {}
+        self._sending_values: dict[str, str] = {}
 
     def _wait_started(self, began: float) -> None:
         pids = self.pids
@@ -316,6 +327,30 @@ class HorovodPool:
                 print(f"hvd_magics: {note}", file=sys.stderr)
         return PoolCell(self, env, rank_envs)
 
+    def pack_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """A cell's notebook values as they travel: each the ranks hold unchanged (same name,
+        same pickle) as its digest only (:mod:`hvd_magics.rank.kept_values`)."""
+        packed: dict[str, Any] = {}
+        self._sending_values = {}
+        for name, value in values.items():
+            sent = sent_value(value)
+            if sent is None:
+                packed[name] = value
+                continue
+            self._sending_values[name] = sent.digest
+            held = self._held_values.get(name) == sent.digest
+            packed[name] = SentValue(sent.digest) if held else sent
+        return packed
+
+    def _values_arrived(self, every_rank_ran_it: bool) -> None:
+        """After a cell: what it sent is held when every rank ran it; else nothing is taken as
+        held (a rank may have stopped before it kept a value): the next cell sends everything."""
+        if every_rank_ran_it:
+            self._held_values.update(self._sending_values)
+        else:
+            self._held_values.clear()
+        self._sending_values = {}
+
     def forget_shards(self) -> int:
         """Delete the DataFrames' shards the ranks hold: the next cell that reads one deals it
         again (after the data under an unchanged plan changed); how many were dropped."""
@@ -412,6 +447,7 @@ class PoolCell:
         self.pool.events.end()
         if self.pool.lost_since_last_cell():  # a rank process or its executor is gone
             self.stop()
+        self.pool._values_arrived(self.pool.events.succeeded and not self.restart_note)
         self.pool._finished_cell()
         return True
 

@@ -8,6 +8,7 @@ DataFrame itself becomes a source of the job's barrier stage
 from __future__ import annotations
 
 import ast
+import hashlib
 import inspect
 import io
 import socket
@@ -21,6 +22,7 @@ import cloudpickle
 
 from hvd_magics.errors import PayloadError
 from hvd_magics.launch.dataframe_input import DataFrameSources, is_dataframe, names_by_id
+from hvd_magics.rank.kept_values import SentValue
 from hvd_magics.rank.shard import open_shard
 
 #: A payload larger than this gets a warning with its size.
@@ -48,6 +50,19 @@ def dumps(value: Any, sources: DataFrameSources | None = None) -> bytes:
     buffer = io.BytesIO()
     _JobPickler(buffer, sources if sources is not None else DataFrameSources()).dump(value)
     return buffer.getvalue()
+
+
+def sent_value(value: Any) -> SentValue | None:
+    """``value`` pickled with its digest, to travel to a warm pool's ranks; ``None`` when it
+    cannot be pickled (:func:`serialize_job` says why) or holds a DataFrame (dealt as shards)."""
+    found = DataFrameSources()
+    try:
+        pickled = dumps(value, found)
+    except Exception:  # noqa: BLE001 - serialize_job names the value and the reason
+        return None
+    if len(found):
+        return None
+    return SentValue(hashlib.blake2b(pickled, digest_size=16).hexdigest(), pickled)
 
 
 @dataclass

@@ -174,6 +174,8 @@ class HorovodMagics(Magics):
                              "nothing to bring back. Fix: assign it in the cell, or leave it out "
                              "of --return.")
         values = plan.cell.values
+        if pool is not None:  # what the ranks hold unchanged goes as its digest only
+            plan.cell.values = pool.pack_values(values)
         try:
             payload = serialize_job(
                 run_captured_cell, {"cell": plan.cell, "kept": pool is not None}, names=values,

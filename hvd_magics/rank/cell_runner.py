@@ -15,6 +15,7 @@ import linecache
 from dataclasses import dataclass, field
 from typing import Any
 
+from hvd_magics.rank.kept_values import unpack_values
 from hvd_magics.result_codec import RETURN_PREFIX, VALUE, Parts
 
 #: Traceback file name of a captured cell.
@@ -60,7 +61,7 @@ def run_captured_cell(cell: CapturedCell, kept: bool = False) -> Parts:
                                  {"__name__": "__main__", "__builtins__": builtins})
     for alias, module in cell.modules.items():
         namespace[alias] = importlib.import_module(module)
-    namespace.update(cell.values)
+    namespace.update(unpack_values(cell.values))
     tree = ast.parse(cell.source, filename)
     ast.increment_lineno(tree, 1)  # the %%horovod line is line 1 of the cell
     last = None

@@ -142,6 +142,32 @@ def test_the_magic_runs_cells_on_the_pool_and_they_share_variables(ip, capsys):
     assert "has ended; its slots are free" in capsys.readouterr().out
 
 
+def test_a_notebook_value_travels_again_only_when_it_changed(ip):
+    from hvd_magics.job.session import SESSION
+
+    ip.run_line_magic("hvd_pool", "start np=-2")
+    try:
+        pool = next(iter(SESSION.live_pools))
+        ip.user_ns["values"] = list(range(1000))
+        # a cell that changes the value on the ranks does not change what the next cell gets
+        assert ip.run_cell_magic("horovod", "", "values.append(-1)\nlen(values)") == 1001
+        assert pool.pack_values({"values": ip.user_ns["values"]})["values"].pickled is None
+        assert ip.run_cell_magic("horovod", "", "len(values), values[-1]") == (1000, 999)
+        ip.user_ns["values"].append(5)  # changed in the notebook: sent again
+        assert pool.pack_values({"values": ip.user_ns["values"]})["values"].pickled is not None
+        assert ip.run_cell_magic("horovod", "", "len(values), values[-1]") == (1001, 5)
+        with pytest.raises(HorovodJobError, match="ZeroDivisionError"):
+            ip.run_cell_magic("horovod", "", "len(values) / (hvd_rank := int(__import__("
+                                             "'os').environ['HOROVOD_RANK']))")
+        # after a failed cell nothing is taken as held: everything is sent again
+        assert pool.pack_values({"values": ip.user_ns["values"]})["values"].pickled is not None
+        assert ip.run_cell_magic("horovod", "", "values[-1]") == 5
+        ip.run_line_magic("hvd_pool", "restart")
+        assert ip.run_cell_magic("horovod", "", "values[-1]") == 5  # new ranks get it anew
+    finally:
+        ip.run_line_magic("hvd_pool", "stop")
+
+
 def test_a_rank_killed_between_runs_is_replaced_at_the_next_run_which_says_so(pool, capsys):
     pool.run(jobs.pool_keep, kept="yes")
     os.kill(pool.pids[1], signal.SIGKILL)
