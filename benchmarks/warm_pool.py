@@ -63,6 +63,10 @@ DATA_CELL = ("import horovod.torch as hvd\nimport torch\nhvd.init()\n"
              "op=hvd.Sum).item()")
 
 
+#: A cell that reads a 40 MB notebook array (sent once to a pool, then by digest while unchanged).
+VALUE_CELL = "2.0 if BIG.shape == (5_000_000,) else 0.0"
+
+
 def trivial():
     import horovod.torch as hvd
     import torch
@@ -98,10 +102,20 @@ def on_pool(ip, np: int, runs: int, candidates: dict, first: dict) -> dict[str, 
 
 def measure(np: int, runs: int, ip) -> dict[str, list[float]]:
     """The trivial function and cell, on a pool of ``np`` against cold, interleaved."""
+    import numpy as np_
+
     from hvd_magics import HorovodRunner
     from hvd_magics.job.session import SESSION
 
+    ip.user_ns["BIG"] = np_.random.default_rng(0).random(5_000_000)
+
+    def changed_value():
+        ip.user_ns["BIG"][0] += 1.0  # the notebook changed it: it travels again
+        return ip.run_cell_magic("horovod", "", VALUE_CELL)
+
     return on_pool(ip, np, runs, {
+        "warm_value": lambda: ip.run_cell_magic("horovod", "", VALUE_CELL),
+        "warm_value_changed": changed_value,
         "warm_run": lambda: SESSION.pool.run(trivial),
         "cold_run": lambda: HorovodRunner(np=np).run(trivial),
         "warm_cell": lambda: ip.run_cell_magic("horovod", "", CELL),
@@ -151,10 +165,13 @@ def main() -> None:
         med = {k: statistics.median(v) for k, v in t.items()}
         print(f"{label}: pool.run {med['warm_run']:.3f} s, cold run {med['cold_run']:.3f} s; "
               f"pool cell {med['warm_cell']:.3f} s, cold cell {med['cold_cell']:.3f} s "
-              f"(medians of {args.runs})")
+              f"(medians of {args.runs}); a cell reading a 40 MB array: unchanged "
+              f"{med['warm_value']:.3f} s, changed {med['warm_value_changed']:.3f} s")
         lines.append(f"{label}_run_s={med['warm_run']:.3f} {label}_cell_s={med['warm_cell']:.3f} "
                      + ratio_text(f"{label}_run_ratio", t["warm_run"], t["cold_run"]) + " "
-                     + ratio_text(f"{label}_cell_ratio", t["warm_cell"], t["cold_cell"]))
+                     + ratio_text(f"{label}_cell_ratio", t["warm_cell"], t["cold_cell"]) + " "
+                     + ratio_text(f"{label}_value_ratio", t["warm_value"],
+                                  t["warm_value_changed"]))
     t = measure_cells(args.keras_runs, args.rows, ip)
     med = {k: statistics.median(v) for k, v in t.items()}
     print(f"keras epoch cell: pool {med['warm_keras']:.2f} s, cold {med['cold_keras']:.2f} s; "

@@ -34,6 +34,7 @@ _PUBLIC = {
     "PoolError": "hvd_magics.errors",
     "MlflowMissing": "hvd_magics.errors",
     "StartTimeoutError": "hvd_magics.errors",
+    "JobTimeoutError": "hvd_magics.errors",
     "log_to_driver": "hvd_magics.rank.reporting",
     "progress": "hvd_magics.rank",  # the module hvd_magics.rank.progress
 }

@@ -122,6 +122,10 @@ class StartTimeoutError(HorovodJobError):
     """Not every rank started within the start timeout."""
 
 
+class JobTimeoutError(HorovodJobError):
+    """The job ran past its ``timeout`` and was stopped; the message says where each rank was."""
+
+
 class NotEnoughSlotsError(HorovodMagicsError, ValueError):
     """The Spark cluster has fewer free task slots than the job has ranks."""
 

@@ -33,6 +33,7 @@ LOG = "log"
 EPOCH_BEGIN = "epoch_begin"
 PROGRESS = "progress"
 EPOCH_END = "epoch_end"
+STACKS = "stacks"
 # -- sent by the supervisor -------------------------------------------------------------------
 SHARDING = "sharding"
 TASK_STARTED = "task_started"
@@ -52,6 +53,7 @@ RUN_CELL = "run_cell"
 INTERRUPT_CELL = "interrupt_cell"
 END_POOL = "end_pool"
 DROP_SHARDS = "drop_shards"
+TAKE_STACKS = "take_stacks"
 # -- sent by a warm pool's supervisor ---------------------------------------------------------
 CELL_END = "cell_end"
 # -- the channel itself -----------------------------------------------------------------------
@@ -70,6 +72,11 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
               "progress within an epoch (at most 4 a second)"),
     EventKind(EPOCH_END, "rank", ("epoch", "epochs", "duration", "samples", "metrics"),
               "an epoch ended"),
+    EventKind(STACKS, "rank", ("request", "threads", "others"),
+              "the rank's Python stacks, taken on request while it runs "
+              "(hvd_magics.rank.stack_report): per thread its name and frames, outermost first, "
+              "each [file, line, function, code, kind] with kind 'user' or 'library' (hvd_magics' "
+              "own frames left out); others: how many threads showed no frame of the user's"),
     EventKind(SHARDING, "supervisor", ("partition", "hostname"),
               "the Spark task receives its rows of the job's DataFrames (its data arrives)"),
     EventKind(TASK_STARTED, "supervisor",
@@ -106,6 +113,9 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
     EventKind(DROP_SHARDS, "driver", ("deal",),
               "an order to a warm pool's task: delete the shards of that deal (no kept "
               "DataFrame uses them any more)"),
+    EventKind(TAKE_STACKS, "driver", ("request",),
+              "an order to a task: have the rank report its stacks (a STACKS event with this "
+              "request id) without stopping it"),
     EventKind(CELL_END, "supervisor", (),
               "a warm pool's rank ended a cell (its RESULT or ERROR was sent before): every "
               "line the cell printed came before this"),
@@ -118,6 +128,8 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
 # -- environment variables the driver side sets (or reads) for ranks --------------------------
 #: The file descriptor of the pipe a rank writes its events to.
 ENV_EVENT_FD = "HVD_MAGICS_EVENT_FD"
+#: The file descriptor of the pipe a rank reads its supervisor's requests from (stacks).
+ENV_CONTROL_FD = "HVD_MAGICS_CONTROL_FD"
 #: Set in the notebook: the address of its machine that the executors reach (for the live view).
 ENV_DRIVER_HOST = "HVD_MAGICS_DRIVER_HOST"
 #: Set to ``0`` in the notebook: no live view; output, errors and the value come back through
@@ -145,6 +157,8 @@ ENV_HOROVOD_TIMELINE = "HOROVOD_TIMELINE"
 ENV_TIMELINE_MARK_CYCLES = "HOROVOD_TIMELINE_MARK_CYCLES"
 #: ``HOROVOD_TIMELINE`` of a warm pool's ranks: nothing recorded until ``hvd.start_timeline``.
 TIMELINE_DYNAMIC = "DYNAMIC"
+#: Horovod's own: seconds before its coordinator warns of tensors some ranks never submitted.
+ENV_STALL_CHECK = "HOROVOD_STALL_CHECK_TIME_SECONDS"
 #: CUDA's device list: the GPUs a rank sees.
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 #: Horovod's own: the port of the Gloo rendezvous (known only once the tasks met).

@@ -763,3 +763,19 @@ def environment_value(name: str):
     import os
 
     return os.environ.get(name)
+
+
+def wait_for_a_sleeping_peer():
+    """Rank 1 sleeps in ``slow_down`` while rank 0 waits for it in an allreduce."""
+    import time
+
+    import horovod.torch as hvd
+    import torch
+
+    def slow_down():
+        time.sleep(600)
+
+    hvd.init()
+    if hvd.rank() == 1:
+        slow_down()
+    hvd.allreduce(torch.ones(3), name="grad.dense/kernel")

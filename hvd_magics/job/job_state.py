@@ -5,6 +5,7 @@ import base64
 import collections
 import shutil
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -12,10 +13,11 @@ from typing import Any, Protocol
 from hvd_magics.job.epoch_timing import EPOCH_LINE, EpochTimer
 from hvd_magics.errors import OUTPUT_TAIL_LINES, RankFailure
 from hvd_magics.options import ElasticSize
-from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, EPOCH_BEGIN, EPOCH_END, ERROR, EXIT, OUTPUT,
-                                 OUTPUT_PARTIAL, PROGRESS, RESIZE, RESULT, SHARDING, SLOT_OFFER,
-                                 STARTED, TASK_ERROR, TASK_STARTED, TIMELINE_CHUNK,
-                                 TIMELINE_LOCAL)
+from hvd_magics.job.stacks import where as stack_where
+from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, EPOCH_BEGIN, EPOCH_END, ERROR, EXIT,
+                                 OUTPUT, OUTPUT_PARTIAL, PROGRESS, RESIZE, RESULT, SHARDING,
+                                 SLOT_OFFER, STACKS, STARTED, TASK_ERROR, TASK_STARTED,
+                                 TIMELINE_CHUNK, TIMELINE_LOCAL)
 from hvd_magics.job.noise import is_noise
 
 #: Error texts of a rank that failed only because a peer went away (not the root cause).
@@ -29,8 +31,10 @@ WAITING, SHARDING_DATA, READY, STARTING, RUNNING, DONE, FAILED = (
 #: The last state of a rank that had not finished when its job was interrupted, or stopped
 #: because another rank failed.
 INTERRUPTED, STOPPED = "interrupted", "stopped"
-#: A running rank silent for this long is shown as stalled.
+#: A running rank silent for this long is shown as stalled (``--stall-after``).
 STALL_AFTER_S = 60.0
+#: The prefix of the stack requests the driver makes for a rank found stalled.
+STALL_REQUEST = "stall-"
 #: Characters of one output line kept in memory for display (the log file has every line whole).
 DISPLAY_LINE_CHARS = 2000
 #: Error name of a rank whose supervisor vanished (its Spark executor was lost or killed).
@@ -84,6 +88,8 @@ class RankState:
     shards: list[dict[str, Any]] = field(default_factory=list)
     reports_epochs: bool = False
     last_seen: float = field(default_factory=time.monotonic)
+    #: Where the rank was when it was last found stalled (its innermost frame of the user's).
+    stalled_at: str = ""
     tail: collections.deque = field(
         default_factory=lambda: collections.deque(maxlen=OUTPUT_TAIL_LINES))
 
@@ -104,10 +110,11 @@ class RankState:
         text = f"{err.get('error', '')} {err.get('message', '')}"
         return any(marker in text for marker in _PEER_LOST)
 
-    def stalled_for(self, now: float) -> float | None:
-        """Seconds this running rank has been silent, when that makes it stalled."""
+    def stalled_for(self, now: float, after: float = STALL_AFTER_S) -> float | None:
+        """Seconds this running rank has been silent, when that (more than ``after``) makes it
+        stalled."""
         silent = now - self.last_seen
-        return silent if self.state == RUNNING and silent > STALL_AFTER_S else None
+        return silent if self.state == RUNNING and silent > after else None
 
     def failure(self) -> RankFailure:
         err = self.error or ({"error": LOST, "message": self.lost} if self.lost else {})
@@ -136,7 +143,8 @@ class JobState:
 
     def __init__(self, size: int, log_path: Path, views: list[JobView] | None = None,
                  where: str = "", elastic: ElasticSize | None = None,
-                 timeline_dest: Path | None = None) -> None:
+                 timeline_dest: Path | None = None,
+                 stall_after: float = STALL_AFTER_S) -> None:
         self.size = size
         self.where = where
         self.elastic = elastic
@@ -162,6 +170,10 @@ class JobState:
         self.outcome: str | None = None
         #: When the first Spark task began receiving the job's DataFrame rows.
         self.data_arrived_at: float | None = None
+        #: Request id -> rank -> its ``stacks`` event (see :meth:`request_stacks`).
+        self.stacks: dict[str, dict[int, dict[str, Any]]] = {}
+        #: Seconds of silence after which a running rank is stalled (its stacks are taken).
+        self.stall_after = stall_after
 
     def handle(self, event: dict[str, Any]) -> None:
         """Apply one event (dispatched on its kind through :attr:`_HANDLERS`)."""
@@ -179,7 +191,13 @@ class JobState:
             return
         state = self.ranks[rank]
         event.setdefault("recv", time.monotonic())
+        if event["kind"] == STACKS:  # an answer, not a sign of life: the stall clock runs on
+            self._on_stacks(state, event)
+            for view in self.views:
+                view.on_event(self, event)
+            return
         state.last_seen = event["recv"]
+        state.stalled_at = ""
         self.timer.observe(event)
         state.host = event.get("host", state.host) or state.host
         handler = self._HANDLERS.get(event["kind"])
@@ -277,6 +295,28 @@ class JobState:
 
     def _on_progress(self, state: RankState, event: dict[str, Any]) -> None:
         self._progress(state, event["kind"], event)
+
+    def _on_stacks(self, state: RankState, event: dict[str, Any]) -> None:
+        self.stacks.setdefault(str(event.get("request")), {})[state.rank] = event
+        where = stack_where(event.get("threads", []))
+        if (str(event.get("request")).startswith(STALL_REQUEST) and where != state.stalled_at
+                and state.stalled_for(event["recv"], self.stall_after) is not None):
+            state.stalled_at = where
+            self._log.write(f"{time.strftime('%H:%M:%S')} [{state.rank}@{state.host}] "
+                            f"hvd_magics: silent for {self.stall_after:.0f} s, in "
+                            f"{state.stalled_at}\n")
+
+    def request_stacks(self, backend: Any, prefix: str = "") -> str:
+        """Ask the backend's ranks for their stacks; the request id, whose answers
+        :attr:`stacks` gathers."""
+        request = f"{prefix}{uuid.uuid4().hex[:8]}"
+        self.stacks[request] = {}
+        backend.request_stacks(request)
+        return request
+
+    def running_ranks(self) -> list[int]:
+        """Ranks whose process runs (started, not exited)."""
+        return [r.rank for r in self.ranks if r.pid is not None and not r.exited]
 
     def _on_exit(self, state: RankState, event: dict[str, Any]) -> None:
         state.exit_code = event.get("code")

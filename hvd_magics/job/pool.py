@@ -413,6 +413,10 @@ class PoolCell:
         self.pool.backend.send_cell([encode_job(payload, {**self.env, **extra})
                                      for extra in self.rank_envs])
 
+    def request_stacks(self, request: str) -> None:
+        """Ask the pool's ranks for their stacks (``stacks`` events carrying ``request``)."""
+        self.pool.backend.request_stacks(request)
+
     @property
     def finished(self) -> bool:
         return self.pool.events.cell_over or self.pool.backend.finished

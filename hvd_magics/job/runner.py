@@ -13,12 +13,16 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from hvd_magics.launch.driver_backend import DriverBackend
-from hvd_magics.errors import HorovodJobError, JobInterrupted, PayloadError, StartTimeoutError
-from hvd_magics.job.job_state import LOST, WAITING, JobState, JobView
+from hvd_magics.errors import (HorovodJobError, JobInterrupted, JobTimeoutError, PayloadError,
+                               StartTimeoutError)
+from hvd_magics.job.job_state import (LOST, STALL_AFTER_S, STALL_REQUEST, WAITING, JobState,
+                                      JobView)
+from hvd_magics.job.stacks import JobStacks
 from hvd_magics.job.mlflow_run import MlflowSettings, MlflowTracker, requested
 from hvd_magics.launch.dataframe_input import check_columns, common_session
 from hvd_magics.launch.payload import JobPayload, leading_imports, serialize_job
-from hvd_magics.protocol import ENV_PREIMPORT, ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE
+from hvd_magics.protocol import (ENV_PREIMPORT, ENV_STALL_CHECK, ENV_TIMELINE_MARK_CYCLES,
+                                 ENV_WANT_TIMELINE)
 from hvd_magics.result_codec import VALUE, ResultDecodeError, decode_strict
 from hvd_magics.job.run_logs import prune_old_runs, runs_dir
 from hvd_magics.job.run_record import RunRecord
@@ -26,7 +30,8 @@ from hvd_magics.job.session import SESSION
 from hvd_magics.launch.local_ranks import reap_local_ranks
 from hvd_magics.launch.spark_backend import SparkBackend, active_session, start_local_session
 from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S,
-                                    VERBOSITY_ALL, ElasticSize, validate_elastic_timeout,
+                                    VERBOSITY_ALL, ElasticSize, positive_seconds,
+                                    validate_elastic_timeout,
                                     validate_reset_limit, validate_size, validate_start_timeout,
                                     validate_verbosity)
 from hvd_magics.job.text_view import TextView
@@ -36,6 +41,10 @@ from hvd_magics.job.widgets_view import WidgetView, widgets_available
 FAILURE_GRACE_S = 1.0
 #: How long to wait for the Spark job / rank processes to end after a stop.
 STOP_WAIT_S = 30.0
+#: How long the driver waits for the ranks' stacks (a stall, ``--timeout``, ``%hvd_stacks``).
+STACKS_WAIT_S = 2.0
+#: The same at an interrupt, which should stop the job at once.
+INTERRUPT_STACKS_WAIT_S = 1.0
 #: After the Spark job ended, how long the ranks' event connections may take to deliver what is
 #: still on its way (a large result) before the job is judged on what arrived.
 DRAIN_WAIT_S = 120.0
@@ -80,6 +89,10 @@ class LaunchRequest:
     reset_limit: int | None = None
     #: A warm pool (:class:`hvd_magics.job.pool.HorovodPool`) to run on instead of new ranks.
     pool: Any = None
+    #: Seconds after which the job is stopped, saying where each rank was (``None``: never).
+    timeout: float | None = None
+    #: Seconds of silence after which a rank is shown as stalled, with where it is.
+    stall_after: float = STALL_AFTER_S
 
     @property
     def elastic(self) -> ElasticSize | None:
@@ -154,6 +167,13 @@ class HorovodRunner:
     pool : HorovodPool, optional
         Run on the warm ranks of this pool (:class:`hvd_magics.HorovodPool`) instead of new ones;
         ``np`` must be the pool's. ``env`` is then set on the ranks for each run.
+    timeout : float, optional
+        Stop the job after this many seconds; the error says where each rank was
+        (``%%horovod --timeout``). Default: no limit.
+    stall_after : float
+        A rank with no output or progress for this many seconds is shown as stalled, with the
+        line of your code it is in (``%%horovod --stall-after``; default 60). Horovod's own stall
+        check (``HOROVOD_STALL_CHECK_TIME_SECONDS``) is set to the same unless ``env`` sets it.
 
     Raises
     ------
@@ -175,8 +195,12 @@ class HorovodRunner:
                  timeline: str | os.PathLike | None = None,
                  timeline_mark_cycles: bool = False, mlflow: bool | str | None = None,
                  elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT_S,
-                 reset_limit: int | None = None, pool: Any = None) -> None:
+                 reset_limit: int | None = None, pool: Any = None,
+                 timeout: float | None = None, stall_after: float = STALL_AFTER_S) -> None:
         size = validate_size(np)
+        self.timeout = None if timeout is None else positive_seconds(timeout,
+                                                                     "timeout (--timeout)")
+        self.stall_after = positive_seconds(stall_after, "stall_after (--stall-after)")
         if pool is not None and size != pool.np:
             raise ValueError(f"np={np} is not the warm pool's np={pool.np}. Fix: use np={pool.np} "
                              "on the pool, or leave the pool out for a cold job.")
@@ -190,6 +214,7 @@ class HorovodRunner:
         self.driver_log_verbosity = validate_verbosity(driver_log_verbosity)
         self.start_timeout = validate_start_timeout(start_timeout)
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
+        self.env.setdefault(ENV_STALL_CHECK, str(max(1, round(self.stall_after))))
         self.timeline = Path(timeline) if timeline is not None else None
         self.mlflow = mlflow
         if mlflow:
@@ -237,7 +262,7 @@ class HorovodRunner:
             self.elastic or self.num_processor, self.env, self.start_timeout,
             default_views(self.driver_log_verbosity) if views is None else views,
             self.timeline, decode, requested(self.mlflow, SESSION.mlflow), source, preimport,
-            self.elastic_timeout, self.reset_limit, self.pool))
+            self.elastic_timeout, self.reset_limit, self.pool, self.timeout, self.stall_after))
 
 
 def _make_backend(request: LaunchRequest) -> Any:
@@ -303,7 +328,8 @@ def launch(request: LaunchRequest) -> RunRecord:
     log_path = runs_dir() / job_id / "ranks.log"
     tracker = _tracker(request.tracking, job_id, size, backend.where, request.source)
     job = JobState(abs(size), log_path, request.views + ([tracker] if tracker else []),
-                   backend.where, elastic, timeline_dest=request.timeline)
+                   backend.where, elastic, timeline_dest=request.timeline,
+                   stall_after=request.stall_after)
     record = RunRecord(job_id=job_id, np=size, where=backend.where, log_path=str(log_path),
                        elastic=str(elastic) if elastic else None)
     SESSION.last_run = record
@@ -313,7 +339,7 @@ def launch(request: LaunchRequest) -> RunRecord:
     try:
         backend.start(request.payload.blob, job_id, events)
         (_watch_elastic(job, backend, events) if elastic else
-         _watch(job, backend, events, request.start_timeout))
+         _watch(job, backend, events, request.start_timeout, request.timeout))
         clean = True
         try:
             record.value, record.returned = request.decode(job.result_parts)
@@ -323,6 +349,10 @@ def launch(request: LaunchRequest) -> RunRecord:
         record.status = "interrupted"
         record.error = "interrupted"
         failure = KeyboardInterrupt()
+        try:
+            where_they_were = _where_on_interrupt(job, backend, events)
+        except KeyboardInterrupt:  # a second interrupt: stop without looking
+            where_they_were = ""
     except BaseException as exc:  # noqa: BLE001 - recorded, then raised as it is
         record.status = "failed"
         record.error = f"{type(exc).__name__}: {exc}"
@@ -346,11 +376,13 @@ def launch(request: LaunchRequest) -> RunRecord:
         if backend.keeps_ranks:
             what = (note or "the pool keeps its ranks and their variables.") + " "
             raise JobInterrupted(f"interrupted the cell on every rank of the warm pool; {what}"
-                                 "The log of every rank: " + str(log_path)) from None
+                                 "The log of every rank: " + str(log_path)
+                                 + where_they_were) from None
         raise JobInterrupted(
             f"stopped {job.current_size} rank processes"
             + (f" and cancelled Spark job group hvd_magics-{job_id}" if size > 0 else "")
-            + "; nothing is left running. The log of every rank: " + str(log_path)) from None
+            + "; nothing is left running. The log of every rank: " + str(log_path)
+            + where_they_were) from None
     if failure is not None:
         if note and isinstance(failure, HorovodJobError):
             failure.add_summary(note)
@@ -390,14 +422,57 @@ def _follow(job: JobState, events: queue.Queue) -> float:
     return time.monotonic()
 
 
-def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: float) -> None:
+def collect_stacks(job: JobState, backend: Any, events: queue.Queue,
+                   wait: float = STACKS_WAIT_S) -> JobStacks:
+    """Ask every running rank where it is; wait up to ``wait`` seconds for the answers (the
+    job's other events are applied meanwhile)."""
+    began = time.monotonic()
+    running = set(job.running_ranks())
+    if not running or not hasattr(backend, "request_stacks"):
+        return JobStacks()
+    request = job.request_stacks(backend)
+    while time.monotonic() - began < wait and not running <= set(job.stacks[request]):
+        _follow(job, events)
+    answers = job.stacks.pop(request)
+    return JobStacks(dict(answers), sorted(running - set(answers)), time.monotonic() - began)
+
+
+def _where_on_interrupt(job: JobState, backend: Any, events: queue.Queue) -> str:
+    """``" Where each rank was:"`` and a line per rank, or ``""`` when none answered (the ranks
+    had gone already: on classic Spark, pyspark cancels the job at the interrupt)."""
+    stacks = collect_stacks(job, backend, events, INTERRUPT_STACKS_WAIT_S)
+    if not stacks.ranks:
+        return ""
+    return f" Where each {job.unit} was:\n" + stacks.summary(job.unit)
+
+
+def _ask_stalled(job: JobState, backend: Any, now: float, asked: set[int]) -> None:
+    """Take the stacks of ranks that just went silent (their answer tells the views where they
+    are); a rank that speaks again may be asked again when it next goes silent."""
+    stalled = {r.rank for r in job.ranks if r.stalled_for(now, job.stall_after) is not None}
+    asked &= stalled
+    if stalled - asked and hasattr(backend, "request_stacks"):
+        job.request_stacks(backend, STALL_REQUEST)
+        asked |= stalled
+
+
+def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: float,
+           timeout: float | None = None) -> None:
     """Follow the job until every rank exited; raise when it failed (``launch`` stops it)."""
     started = time.monotonic()
     failed_since: float | None = None
     ended_at: float | None = None
     finished_since: float | None = None
+    asked: set[int] = set()
     while not job.all_exited:
         now = _follow(job, events)
+        _ask_stalled(job, backend, now, asked)
+        if timeout is not None and now - started > timeout and failed_since is None:
+            stacks = collect_stacks(job, backend, events)
+            raise JobTimeoutError(
+                f"The job ran past its timeout of {timeout:g} s and was stopped (raise it with "
+                f"%%horovod --timeout SECONDS or HorovodRunner(np, timeout=SECONDS)). Where each "
+                f"{job.unit} was:\n{stacks.summary(job.unit)}", log_path=str(job.log_path))
         if failed_since is None and job.any_failed:
             failed_since = now
         if failed_since is not None and now - failed_since >= FAILURE_GRACE_S:

@@ -20,6 +20,8 @@ from hvd_magics.protocol import EPOCH_END, LOG, OUTPUT, OUTPUT_PARTIAL, RESIZE
 
 #: Lines are written at most this often...
 FLUSH_INTERVAL_S = 0.1
+#: How long a stalled rank's line waits for the rank to say where it is.
+STALL_WHERE_WAIT_S = 2.0
 #: ...and at most this many at a time: the first half and the last half of what came (the last
 #: half shared by the ranks that printed, so that each rank's last lines are always shown); the
 #: rest are counted (every line is in the log file).
@@ -58,6 +60,8 @@ class TextView:
         self._open_len = 0  # the ranks' unfinished lines are on screen as the last line
         self._erased = False  # that line was cleared for complete lines: draw it again
         self._stalled: dict[int, float] = {}
+        #: Stalled ranks not yet shown: when to show them even without their stacks.
+        self._where_due: dict[int, float] = {}
 
     def _prefix(self, job: JobState, rank: int) -> str:
         hosts = {r.host for r in job.ranks if r.host}
@@ -124,12 +128,18 @@ class TextView:
 
     def _check_stalls(self, job: JobState, now: float) -> None:
         for rank in job.ranks:
-            silent = rank.stalled_for(now)
+            silent = rank.stalled_for(now, job.stall_after)
             if silent is not None and rank.rank not in self._stalled:
                 self._stalled[rank.rank] = rank.last_seen
-                self._add(rank.rank, f"no output or progress for {silent:.0f} s: stalled? (it "
-                                     "still runs; interrupt the kernel to stop the job)")
+                self._where_due[rank.rank] = now + STALL_WHERE_WAIT_S
+            due = self._where_due.get(rank.rank)
+            if silent is not None and due is not None and (rank.stalled_at or now >= due):
+                del self._where_due[rank.rank]  # said once, with where it is when known
+                where = f", in {rank.stalled_at}" if rank.stalled_at else ""
+                self._add(rank.rank, f"no output or progress for {silent:.0f} s{where}: stalled? "
+                                     "(it still runs; interrupt the kernel to stop the job)")
             elif silent is None and rank.rank in self._stalled:
+                self._where_due.pop(rank.rank, None)
                 quiet = rank.last_seen - self._stalled.pop(rank.rank)
                 self._add(rank.rank, f"active again after {quiet:.0f} s")
 

@@ -13,7 +13,8 @@ import time
 from typing import Any
 
 from hvd_magics.job.job_state import (DONE, FAILED, INTERRUPTED, READY, RUNNING, SHARDING_DATA,
-                                      STARTING, STOPPED, WAITING, JobState, display_line)
+                                      STALL_AFTER_S, STARTING, STOPPED, WAITING, JobState,
+                                      display_line)
 from hvd_magics.job.noise import is_noise
 from hvd_magics.protocol import OUTPUT
 
@@ -129,22 +130,25 @@ class WidgetView:
                              f"{html.escape(job.where)}: <b style='color:{colour}'>{overall}</b>, "
                              f"{elapsed:.1f} s{_resets_html(job)}")
         for rank, row in zip(job.ranks, self._rows):
-            self._refresh_row(rank, row, now, final, job.elastic is not None)
+            self._refresh_row(rank, row, now, final, job.elastic is not None, job.stall_after)
         if self._dirty:
             self._show_log()
             self._dirty = False
 
     @staticmethod
     def _refresh_row(rank: Any, row: _RankRow, now: float, final: bool,
-                     elastic: bool = False) -> None:
+                     elastic: bool = False, stall_after: float = STALL_AFTER_S) -> None:
         silent = now - rank.last_seen
         state = rank.state
         label = _STATE_LABELS[state]
         if state in (WAITING, READY) and final:
             state, label = (WAITING, "not needed") if elastic else (FAILED, _STATE_LABELS[FAILED])
-        stalled = None if final else rank.stalled_for(now)
+        stalled = None if final else rank.stalled_for(now, stall_after)
         if stalled is not None:
             label, state = f"stalled {stalled:.0f} s", "stalled"
+            if rank.stalled_at:
+                label += (f"</b> <span style='font-weight:normal'>in "
+                          f"{html.escape(rank.stalled_at)}</span><b>")
         if elastic:
             as_rank = f" = rank {rank.hvd_rank}" if rank.hvd_rank is not None and \
                 rank.state != FAILED else ""

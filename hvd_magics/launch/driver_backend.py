@@ -81,6 +81,11 @@ class DriverBackend:
         for proc, frame in zip(self._procs, frames):
             proc.send_frame(frame)
 
+    def request_stacks(self, request: str) -> None:
+        """Ask every rank for its stacks (``stacks`` events carrying ``request``)."""
+        for proc in self._procs:
+            proc.request_stacks(request)
+
     def interrupt_cell(self) -> None:
         """A warm pool: interrupt the cell every rank runs."""
         for proc in self._procs:

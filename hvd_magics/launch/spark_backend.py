@@ -25,7 +25,7 @@ from hvd_magics.channel import EventServer
 from hvd_magics.launch import console_bar, interrupt_guard
 from hvd_magics.launch.dataframe_input import DataFrameSources, sharded_input
 from hvd_magics.protocol import (DROP_SHARDS, ENV_DRIVER_HOST, ENV_LIVE, END_POOL,
-                                 INTERRUPT_CELL, RUN_CELL)
+                                 INTERRUPT_CELL, RUN_CELL, TAKE_STACKS)
 from hvd_magics.task.event_buffer import replay
 from hvd_magics.task.slots import local_addresses
 from hvd_magics.task.spark_task import TaskSpec
@@ -471,6 +471,11 @@ class SparkBackend:
         if self._server is None:
             raise RuntimeError("the job has no event channel")
         return self._server.address.secret
+
+    def request_stacks(self, request: str) -> None:
+        """Ask every rank for its stacks (``stacks`` events carrying ``request``); without an
+        event channel (``HVD_MAGICS_LIVE=0``) nobody answers."""
+        self._order_all({"kind": TAKE_STACKS, "request": request})
 
     def interrupt_cell(self) -> None:
         """A warm pool: interrupt the cell every rank runs."""

@@ -12,6 +12,7 @@ from IPython.display import display
 
 from hvd_magics.errors import CellError, HorovodMagicsError, MlflowMissing, PayloadError, PoolError
 from hvd_magics.options import DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S, VERBOSITIES
+from hvd_magics.job.job_state import STALL_AFTER_S
 from hvd_magics.job.mlflow_run import requested
 from hvd_magics.job.pool import DEFAULT_IDLE_TIMEOUT_S, HorovodPool
 from hvd_magics.job.runner import HorovodRunner, default_views
@@ -122,6 +123,11 @@ class HorovodMagics(Magics):
               help=f"Seconds to wait for every rank to start (default {DEFAULT_START_TIMEOUT_S:.0f}).")
     @argument("--env", action="append", metavar="NAME=VALUE",
               help="An environment variable for the ranks (repeat for more).")
+    @argument("--timeout", type=float, default=None, metavar="SECONDS",
+              help="Stop the job after SECONDS; the error says where each rank was.")
+    @argument("--stall-after", type=float, default=STALL_AFTER_S, metavar="SECONDS",
+              help=f"Show a rank silent this long as stalled, with the line it is in "
+                   f"(default {STALL_AFTER_S:.0f}).")
     @argument("-q", "--quiet", action="store_true",
               help="Do not print the ranks' output (widgets and the log file still have it).")
     @argument("--verbosity", choices=VERBOSITIES, default=VERBOSITIES[0],
@@ -154,7 +160,8 @@ class HorovodMagics(Magics):
                                    timeline_mark_cycles=timeline.mark_cycles,
                                    mlflow=False if args.no_mlflow else args.mlflow,
                                    elastic_timeout=args.elastic_timeout,
-                                   reset_limit=args.reset_limit, pool=pool)
+                                   reset_limit=args.reset_limit, pool=pool,
+                                   timeout=args.timeout, stall_after=args.stall_after)
         except ValueError as exc:
             raise UsageError(f"%%horovod: {exc}") from None
         except MlflowMissing as exc:

@@ -15,6 +15,7 @@ tidies it when the rank ends, the keeper when the supervisor is gone.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -23,8 +24,8 @@ import time
 import traceback
 from typing import Any
 
-from hvd_magics.protocol import (ENV_PREIMPORT, ENV_RANK_TMPDIR, ERROR, RESULT, STARTED,
-                                 decode_job)
+from hvd_magics.protocol import (ENV_CONTROL_FD, ENV_PREIMPORT, ENV_RANK_TMPDIR, ERROR, RESULT,
+                                 STARTED, decode_job)
 from hvd_magics.rank import rank_events
 from hvd_magics.rank.process_group import die_with_parent, killpg
 from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, use_tmpdir
@@ -148,9 +149,10 @@ def run_job(payload: bytes) -> tuple[Any, BaseException | None, int]:
 
 def run_rank() -> None:
     """Run the shipped function and report its result or its exception (never returns)."""
-    from hvd_magics.rank import keras_progress
+    from hvd_magics.rank import keras_progress, stack_report
 
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    stack_report.serve()
     keras_progress.install()
     _preimport(os.environ.get(ENV_PREIMPORT, ""))
     late_env, payload = decode_job(sys.stdin.buffer) or ({}, b"")
@@ -195,6 +197,13 @@ def keep(child: int, tmpdir: str | None = None) -> None:
     _exit_like(status)
 
 
+def _close_control_fd() -> None:
+    fd = os.environ.get(ENV_CONTROL_FD)
+    if fd:
+        with contextlib.suppress(OSError):
+            os.close(int(fd))
+
+
 def main() -> None:
     """Fork the rank into its own process group and keep it."""
     keeper = os.getpid()
@@ -214,6 +223,7 @@ def main() -> None:
         except OSError:
             pass
         os.close(0)  # the payload is the rank's to read
+        _close_control_fd()  # and so are the stack requests
         keep(child, tmpdir)
 
 

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 from hvd_magics.channel import ChannelAddress, EventClient
 from hvd_magics.protocol import (CUDA_VISIBLE_DEVICES, DROP_SHARDS, END_POOL, ENV_DRIVER_HOST,
                                  ENV_LIVE, ENV_RENDEZVOUS_PORT, ENV_SHARDS, INTERRUPT_CELL,
-                                 RUN_CELL, SHARDING, TASK_ERROR, TASK_STARTED)
+                                 RUN_CELL, SHARDING, TAKE_STACKS, TASK_ERROR, TASK_STARTED)
 from hvd_magics.task.event_buffer import EventBuffer
 from hvd_magics.task.gpus import visible_devices
 from hvd_magics.task.shard_files import (ShardFile, ShardSpaceError, empty_shards, remove_shards,
@@ -69,13 +69,16 @@ class RankHolder:
         self.receiver: ShardReceiver | None = None
 
     def on_order(self, order: dict[str, Any]) -> None:
-        """Carry out a warm pool's order: run a cell, interrupt it, or end the pool."""
+        """Carry out the driver's order: report the rank's stacks; on a warm pool also run a
+        cell, interrupt it, end the pool or drop shards."""
         proc = self.proc
         if proc is None:
             return
         kind = order.get("kind")
         if kind == RUN_CELL:
             proc.send_frame(base64.b64decode(order["frame"]))
+        elif kind == TAKE_STACKS:
+            proc.request_stacks(str(order.get("request", "")))
         elif kind == INTERRUPT_CELL:
             proc.interrupt()
         elif kind == END_POOL:
@@ -124,7 +127,7 @@ def _connect(spec: TaskSpec, rank: int, host: str, holder: RankHolder
         return EventBuffer(rank, host, spec.job_id)
     try:
         return EventClient(spec.channel, rank, host, on_close=holder.on_driver_gone,
-                           on_order=holder.on_order if spec.pool else None)
+                           on_order=holder.on_order)
     except OSError as exc:
         raise DriverUnreachable(
             f"the executor on {socket.gethostname()} cannot reach the notebook's event channel "

@@ -22,10 +22,10 @@ from typing import Any, Callable
 from hvd_magics.rank.cell_timeline import timeline_chunks
 from hvd_magics.rank.process_group import die_with_parent, killpg
 from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, make_rank_tmpdir
-from hvd_magics.protocol import (CELL_END, CELL_END_LINE, ENV_EVENT_FD, ENV_HOROVOD_TIMELINE,
-                                 ENV_LEGACY_KERAS, ENV_RANK_TMPDIR, ENV_WANT_TIMELINE, EXIT,
-                                 OUTPUT, OUTPUT_PARTIAL, RANK_MODULE, STARTED, TIMELINE_CHUNK,
-                                 TIMELINE_LOCAL, encode_job)
+from hvd_magics.protocol import (CELL_END, CELL_END_LINE, ENV_CONTROL_FD, ENV_EVENT_FD,
+                                 ENV_HOROVOD_TIMELINE, ENV_LEGACY_KERAS, ENV_RANK_TMPDIR,
+                                 ENV_WANT_TIMELINE, EXIT, OUTPUT, OUTPUT_PARTIAL, RANK_MODULE,
+                                 STARTED, TIMELINE_CHUNK, TIMELINE_LOCAL, encode_job)
 
 #: The line a pool's rank prints at the end of each cell, as its output pipe carries it.
 _CELL_END = CELL_END_LINE.encode()
@@ -109,8 +109,10 @@ class RankProcess:
         self._pool = pool
         self._stdin_lock = threading.Lock()
         read_fd, write_fd = os.pipe()
+        control_read, control_write = os.pipe()
         env = dict(env)
         env[ENV_EVENT_FD] = str(write_fd)
+        env[ENV_CONTROL_FD] = str(control_read)
         #: The rank's private temporary folder, tidied when it ends (also when it is killed).
         self._tmpdir = make_rank_tmpdir()
         if self._tmpdir:
@@ -118,10 +120,13 @@ class RankProcess:
         self._proc = subprocess.Popen(
             [sys.executable, "-u", "-m", RANK_MODULE],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env=env, pass_fds=(write_fd,), start_new_session=True,
+            env=env, pass_fds=(write_fd, control_read), start_new_session=True,
             preexec_fn=_keeper_dies_with_supervisor if sys.platform.startswith("linux") else None,
         )
         os.close(write_fd)
+        os.close(control_read)
+        self._control = os.fdopen(control_write, "wb", buffering=0)
+        self._control_lock = threading.Lock()
         self.pid = self._proc.pid
         #: The rank's own pid (also its process group), known from its ``started`` event.
         self.rank_pid: int | None = None
@@ -166,6 +171,15 @@ class RankProcess:
             try:
                 self._proc.stdin.close()
             except (BrokenPipeError, OSError):
+                pass
+
+    def request_stacks(self, request: str) -> None:
+        """Ask the rank for its stacks (:mod:`hvd_magics.rank.stack_report`): it answers with a
+        ``stacks`` event carrying ``request``, without stopping what it runs."""
+        with self._control_lock:
+            try:
+                self._control.write(request.encode() + b"\n")
+            except (BrokenPipeError, OSError, ValueError):
                 pass
 
     def interrupt(self) -> None:
@@ -245,6 +259,8 @@ class RankProcess:
         """
         code = self._proc.wait()
         self._kill_rank_group()  # what the rank started dies with it
+        with self._control_lock:
+            self._control.close()
         clean_rank_tmpdir(self._tmpdir)
         output, events = self._pumps[:2]
         events.join(EVENTS_DRAIN_S)

@@ -74,8 +74,9 @@ def test_an_interrupt_stops_the_run_on_every_rank_and_keeps_the_pool(pool, tmp_p
 
     threading.Thread(target=interrupt_when_running, daemon=True).start()
     with pytest.raises(JobInterrupted, match="interrupted the cell on every rank of the warm "
-                                             "pool; the pool keeps its ranks"):
+                                             "pool; the pool keeps its ranks") as info:
         pool.run(jobs.pool_sleep_marked, marks=str(tmp_path))
+    assert "Where each rank was:" in str(info.value) and "pool_sleep_marked" in str(info.value)
     assert last_run().status == "interrupted"
     assert pool.run(jobs.pool_read, name="kept") == ("yes", pids)
 

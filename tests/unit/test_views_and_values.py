@@ -129,12 +129,21 @@ def test_a_silent_rank_is_said_to_stall_in_the_text_view(tmp_path):
     job.ranks[1].last_seen -= STALL_AFTER_S + 5
     job.tick()
     view._flush(job)
-    assert "[1] no output or progress for 6" in out.getvalue()
+    assert "no output" not in out.getvalue()  # it waits a moment for where the rank is
+    frames = [["/home/me/train.py", 7, "slow_down", "time.sleep(1000)", "user"],
+              ["/usr/lib/python3.11/x.py", 1, "inner", "", "library"]]
+    job.handle({"kind": "stacks", "rank": 1, "host": "h", "request": "stall-1", "others": 0,
+                "threads": [{"name": "MainThread", "main": True, "frames": frames}]})
+    job.tick()
+    view._flush(job)
+    assert ("[1] no output or progress for 6" in out.getvalue()
+            and "in /home/me/train.py:7 slow_down (time.sleep(1000)), in" in out.getvalue())
     assert "[0] no output" not in out.getvalue()
     job.handle(_output(1, "back"))
     job.tick()
     job.end()
     assert "[1] active again after" in out.getvalue()
+    assert "silent for 60 s, in /home/me/train.py:7" in (tmp_path / "ranks.log").read_text()
 
 
 def test_long_lines_are_cut_for_display_and_whole_in_the_log(tmp_path):
@@ -307,3 +316,16 @@ def test_the_dashboards_last_state_agrees_with_the_record(tmp_path, outcome, hea
     assert f">{header}</b>" in view.header.value
     assert [row.state.value.split(">")[1].split("<")[0] for row in view._rows] == rows
     assert [row.seen.value for row in view._rows] == ["", ""]
+
+
+def test_a_stalled_rank_that_never_says_where_is_still_shown(tmp_path):
+    out = io.StringIO()
+    view = TextView(stream=out)
+    job = _job(tmp_path, 1, [view])
+    job.handle({"kind": "started", "rank": 0, "host": "h", "pid": 1})
+    job.ranks[0].last_seen -= STALL_AFTER_S + 5
+    job.tick()
+    view._where_due[0] = 0.0  # its wait for the stacks is over
+    job.tick()
+    view._flush(job)
+    assert "[0] no output or progress for 6" in out.getvalue() and ", in " not in out.getvalue()

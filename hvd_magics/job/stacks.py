@@ -1,0 +1,138 @@
+"""Where each rank is: the stacks the ranks sent on request, read as a person would.
+
+A ``stacks`` event (:mod:`hvd_magics.rank.stack_report`) gives a rank's threads, each a list of
+frames ``[file, line, function, code, kind]`` from outermost to innermost. :class:`JobStacks`
+keeps one per rank and prints them (the user's frames marked ``>``); :func:`where` says in a few
+words where a rank is: its innermost frame of the user's, and the library call it waits in.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+#: ``.../site-packages/horovod/torch/mpi_ops.py`` is shown as ``horovod/torch/mpi_ops.py``.
+_PACKAGE_ROOT = re.compile(r".*[\\/](?:site|dist)-packages[\\/]")
+#: Most frames printed per thread (the innermost).
+SHOWN_FRAMES = 12
+#: The files of Horovod's collectives: a rank whose innermost frame is in one waits for its peers.
+_COLLECTIVE = re.compile(r"horovod[\\/](torch|tensorflow|keras|_keras)[\\/]")
+
+
+def short_path(path: str) -> str:
+    """A frame's file as it reads best: a package-relative path, a cell's name, a file name."""
+    if path.startswith("<"):
+        return path
+    shortened = _PACKAGE_ROOT.sub("", path)
+    if shortened != path:
+        return shortened
+    return path if len(path) < 60 else os.path.join("...", *path.split(os.sep)[-2:])
+
+
+def _place(frame: list[Any]) -> str:
+    file, line, function = frame[0], frame[1], frame[2]
+    return f"{short_path(file)}:{line} {function}"
+
+
+def where(threads: list[dict[str, Any]]) -> str:
+    """Where the main thread is, in a line: ``<%%horovod cell 2>:7 train_step
+    (loss = hvd.allreduce(loss)), in horovod/torch/mpi_ops.py:1285 synchronize``."""
+    frames = _main_frames(threads)
+    if not frames:
+        return "no Python frame (it runs native code or has not started)"
+    users = [i for i, f in enumerate(frames) if f[4] == "user"]
+    if not users:
+        return f"{_place(frames[-1])} (no frame of yours)"
+    at = users[-1]
+    user = frames[at]
+    text = _place(user) + (f" ({user[3]})" if user[3] else "")
+    if at < len(frames) - 1:
+        text += f", in {_place(frames[-1])}"
+    return text
+
+
+def _main_frames(threads: list[dict[str, Any]]) -> list[list[Any]]:
+    main = next((t for t in threads if t.get("main")), threads[0] if threads else None)
+    return main["frames"] if main else []
+
+
+def in_collective(threads: list[dict[str, Any]]) -> bool:
+    """Whether the main thread waits inside a Horovod collective (its innermost frame is
+    Horovod's)."""
+    frames = _main_frames(threads)
+    return bool(frames) and bool(_COLLECTIVE.search(frames[-1][0]))
+
+
+@dataclass
+class JobStacks:
+    """Each rank's stacks, taken together on request.
+
+    Attributes
+    ----------
+    ranks : dict
+        Rank -> its ``stacks`` event (``threads``, ``others``, ``host``).
+    missing : list of int
+        Running ranks that did not answer in time (stuck in native code that holds the GIL, or
+        their task cannot be reached).
+    seconds : float
+        How long taking them took.
+    """
+
+    ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    missing: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def where(self) -> dict[int, str]:
+        """Rank -> where its main thread is, in a line (:func:`where`)."""
+        found = {rank: where(event.get("threads", [])) for rank, event in self.ranks.items()}
+        found.update({rank: "did not answer (busy in native code?)" for rank in self.missing})
+        return dict(sorted(found.items()))
+
+    def diagnosis(self, unit: str = "rank") -> str:
+        """In words, when some ranks wait in a Horovod collective and others are elsewhere:
+        ``ranks 0 wait in a Horovod collective for rank 1, which is elsewhere (see below)``."""
+        waiting = sorted(r for r, e in self.ranks.items() if in_collective(e.get("threads", [])))
+        elsewhere = sorted(set(self.ranks) - set(waiting)) + list(self.missing)
+        if not waiting or not elsewhere:
+            return ""
+        def names(ranks: list[int]) -> str:
+            return f"{unit}{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+        verb = "wait" if len(waiting) > 1 else "waits"
+        return (f"{names(waiting)} {verb} in a Horovod collective for {names(elsewhere)}, "
+                f"which {'are' if len(elsewhere) > 1 else 'is'} elsewhere and never entered it")
+
+    def summary(self, unit: str = "rank") -> str:
+        """One line per rank (where it is), and the diagnosis when there is one."""
+        lines = [f"  {unit} {rank}: {text}" for rank, text in self.where().items()]
+        diagnosis = self.diagnosis(unit)
+        return "\n".join(lines + ([f"  So: {diagnosis}."] if diagnosis else []))
+
+    def __str__(self) -> str:
+        parts = []
+        for rank, event in sorted(self.ranks.items()):
+            parts.append(f"rank {rank} ({event.get('host', '?')}):")
+            for thread in event.get("threads", []):
+                frames = thread.get("frames", [])
+                parts.append(f"  thread {thread.get('name')}"
+                             + (f" ({len(frames) - SHOWN_FRAMES} outer frames left out)"
+                                if len(frames) > SHOWN_FRAMES else ""))
+                for frame in frames[-SHOWN_FRAMES:]:
+                    mark = ">" if frame[4] == "user" else " "
+                    parts.append(f"  {mark} {_place(frame)}")
+                    if frame[3]:
+                        parts.append(f"        {frame[3]}")
+            if event.get("others"):
+                parts.append(f"  (and {event['others']} more thread(s) with no frame of yours)")
+        for rank in self.missing:
+            parts.append(f"rank {rank}: did not answer within the wait (busy in native code "
+                         "that holds Python's lock?)")
+        if not parts:
+            return "No rank runs now."
+        if self.diagnosis():
+            parts.append(f"So: {self.diagnosis()}.")
+        parts.append(f"(taken in {self.seconds:.2f} s; '>' marks your frames)")
+        return "\n".join(parts)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # noqa: FBT001 - IPython's API
+        printer.text(str(self))

@@ -1,0 +1,46 @@
+"""Where each rank is: stalls shown with the line a rank is in, --timeout, interrupts."""
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from hvd_magics import HorovodRunner, JobInterrupted, JobTimeoutError, last_run
+from tests import jobs
+from tests.conftest import rank_processes_alive
+
+
+def test_a_timeout_stops_the_job_and_says_where_each_rank_was(capsys):
+    began = time.monotonic()
+    with pytest.raises(JobTimeoutError) as info:
+        HorovodRunner(np=-2, timeout=8, stall_after=2).run(jobs.wait_for_a_sleeping_peer)
+    text = str(info.value)
+    assert "ran past its timeout of 8 s" in text and "--timeout" in text
+    assert "rank 1: " in text and "slow_down (time.sleep(600))" in text
+    assert "rank 0: " in text and "in horovod/torch/mpi_ops.py" in text
+    assert "rank 0 waits in a Horovod collective for rank 1" in text
+    assert time.monotonic() - began < 30
+    # the stall was shown while it ran, with the line each rank was in
+    shown = capsys.readouterr().out
+    assert "[1] no output or progress for 2 s, in " in shown and "slow_down" in shown
+    assert last_run().status == "failed"
+    assert rank_processes_alive(list(last_run().pids.values())) == []
+
+
+def test_an_interrupt_says_where_each_rank_was(tmp_path):
+    def interrupt_when_running():
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / str(r)).exists() for r in (0, 1)):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_running, daemon=True).start()
+    with pytest.raises(JobInterrupted) as info:
+        HorovodRunner(np=-2).run(jobs.pool_sleep_marked, marks=str(tmp_path))
+    text = str(info.value)
+    assert "nothing is left running" in text and "Where each rank was:" in text
+    assert "rank 0: " in text and "rank 1: " in text and "pool_sleep_marked" in text
+    assert rank_processes_alive(list(last_run().pids.values())) == []
