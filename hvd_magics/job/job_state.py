@@ -315,8 +315,8 @@ class JobState:
         return request
 
     def running_ranks(self) -> list[int]:
-        """Ranks whose process runs (started, not exited)."""
-        return [r.rank for r in self.ranks if r.pid is not None and not r.exited]
+        """Ranks that have not exited (their process may still be starting)."""
+        return [r.rank for r in self.ranks if not r.exited]
 
     def _on_exit(self, state: RankState, event: dict[str, Any]) -> None:
         state.exit_code = event.get("code")

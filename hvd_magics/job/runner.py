@@ -1,9 +1,11 @@
 """HorovodRunner: run a function as a Horovod job, on Spark (``np > 0``) or on the driver (``np < 0``)."""
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import queue
+import threading
 import time
 import uuid
 import warnings
@@ -17,6 +19,8 @@ from hvd_magics.errors import (HorovodJobError, JobInterrupted, JobTimeoutError,
                                StartTimeoutError)
 from hvd_magics.job.job_state import (LOST, STALL_AFTER_S, STALL_REQUEST, WAITING, JobState,
                                       JobView)
+from hvd_magics.job.background import BackgroundJob
+from hvd_magics.job.live_job import LiveJob
 from hvd_magics.job.stacks import JobStacks
 from hvd_magics.job.mlflow_run import MlflowSettings, MlflowTracker, requested
 from hvd_magics.launch.dataframe_input import check_columns, common_session
@@ -93,6 +97,8 @@ class LaunchRequest:
     timeout: float | None = None
     #: Seconds of silence after which a rank is shown as stalled, with where it is.
     stall_after: float = STALL_AFTER_S
+    #: Filled in as the job starts, for another thread (a background job's handle).
+    live: LiveJob | None = None
 
     @property
     def elastic(self) -> ElasticSize | None:
@@ -115,13 +121,16 @@ def last_run() -> RunRecord | None:
     return SESSION.last_run
 
 
-def default_views(verbosity: str = VERBOSITY_ALL, show_output: bool = True) -> list[JobView]:
-    """Widgets in a Jupyter kernel with ipywidgets, plus the ranks' output as text."""
+def default_views(verbosity: str = VERBOSITY_ALL, show_output: bool = True,
+                  background: bool = False) -> list[JobView]:
+    """Widgets in a Jupyter kernel with ipywidgets, plus the ranks' output as text; a
+    background job shows widgets only when it can (text printed from its thread would land in
+    whichever cell runs then)."""
     views: list[JobView] = []
     widgets = widgets_available()
     if widgets:
-        views.append(WidgetView())
-    if show_output:
+        views.append(WidgetView(display_now=background))
+    if show_output and not (background and widgets):
         views.append(TextView(verbosity, epoch_lines=not widgets))
     return views
 
@@ -255,14 +264,45 @@ class HorovodRunner:
         ``source`` (the cell's or the function's) goes to MLflow when the run is tracked;
         ``preimport`` (default: the leading imports of ``source``) is what ranks import early.
         """
+        return launch(self._request(payload, views, decode, source, preimport))
+
+    def start(self, main: Callable[..., Any], **kwargs: Any) -> BackgroundJob:
+        """Start ``main(**kwargs)`` on every rank in the background; return its handle at once.
+
+        The notebook stays free while it runs; ``job.wait()`` gives rank 0's value (or raises
+        the job's error), ``job.stop()`` ends it, ``job.stacks()`` shows where each rank is.
+        Raises what :meth:`run` raises before anything starts (``PayloadError``).
+        """
+        payload = serialize_job(main, kwargs)
+        return self.start_payload(payload, source=_source_of(main))
+
+    def start_payload(self, payload: JobPayload | bytes, views: list[JobView] | None = None,
+                      decode: Decoder = decode_value, source: str | None = None,
+                      preimport: tuple[str, ...] | None = None,
+                      on_success: Callable[[RunRecord], None] | None = None) -> BackgroundJob:
+        """:meth:`run_payload` in the background (used by ``%%horovod --background``);
+        ``on_success`` is called with the record when the job succeeded."""
+        if views is None:
+            views = default_views(self.driver_log_verbosity, background=True)
+        request = self._request(payload, views, decode, source, preimport)
+        spark = 0 if self.pool is not None or self.num_processor < 0 else self.num_processor
+
+        def run(live: LiveJob) -> RunRecord:
+            return launch(dataclasses.replace(request, live=live))
+
+        return BackgroundJob(run, self.num_processor, spark, on_success)
+
+    def _request(self, payload: JobPayload | bytes, views: list[JobView] | None,
+                 decode: Decoder, source: str | None,
+                 preimport: tuple[str, ...] | None) -> LaunchRequest:
         if preimport is None:
             preimport = tuple(leading_imports(source)) if source else ()
-        return launch(LaunchRequest(
+        return LaunchRequest(
             payload if isinstance(payload, JobPayload) else JobPayload(payload),
             self.elastic or self.num_processor, self.env, self.start_timeout,
             default_views(self.driver_log_verbosity) if views is None else views,
             self.timeline, decode, requested(self.mlflow, SESSION.mlflow), source, preimport,
-            self.elastic_timeout, self.reset_limit, self.pool, self.timeout, self.stall_after))
+            self.elastic_timeout, self.reset_limit, self.pool, self.timeout, self.stall_after)
 
 
 def _make_backend(request: LaunchRequest) -> Any:
@@ -334,12 +374,15 @@ def launch(request: LaunchRequest) -> RunRecord:
                        elastic=str(elastic) if elastic else None)
     SESSION.last_run = record
     events: queue.Queue = queue.Queue()
+    if request.live is not None:
+        request.live.job, request.live.backend, request.live.record = job, backend, record
     clean = False
     failure: BaseException | None = None
     try:
         backend.start(request.payload.blob, job_id, events)
-        (_watch_elastic(job, backend, events) if elastic else
-         _watch(job, backend, events, request.start_timeout, request.timeout))
+        stop = request.live.stop if request.live is not None else None
+        (_watch_elastic(job, backend, events, stop) if elastic else
+         _watch(job, backend, events, request.start_timeout, request.timeout, stop))
         clean = True
         try:
             record.value, record.returned = request.decode(job.result_parts)
@@ -457,7 +500,7 @@ def _ask_stalled(job: JobState, backend: Any, now: float, asked: set[int]) -> No
 
 
 def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: float,
-           timeout: float | None = None) -> None:
+           timeout: float | None = None, stop: threading.Event | None = None) -> None:
     """Follow the job until every rank exited; raise when it failed (``launch`` stops it)."""
     started = time.monotonic()
     failed_since: float | None = None
@@ -466,6 +509,8 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
     asked: set[int] = set()
     while not job.all_exited:
         now = _follow(job, events)
+        if stop is not None and stop.is_set():
+            raise KeyboardInterrupt  # stopped from another thread: ended as an interrupt
         _ask_stalled(job, backend, now, asked)
         if timeout is not None and now - started > timeout and failed_since is None:
             stacks = collect_stacks(job, backend, events)
@@ -521,12 +566,15 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
         failures, str(job.log_path))
 
 
-def _watch_elastic(job: JobState, backend: Any, events: queue.Queue) -> None:
+def _watch_elastic(job: JobState, backend: Any, events: queue.Queue,
+                   stop: threading.Event | None = None) -> None:
     """Follow an elastic job until Horovod's elastic driver and the stage ended; raise when
     the job failed as a whole (a rank lost on the way is a reset, not a failure)."""
     ended_at: float | None = None
     while True:
         now = _follow(job, events)
+        if stop is not None and stop.is_set():
+            raise KeyboardInterrupt
         if backend.finished and ended_at is None:
             ended_at = now
         if ended_at is not None and (backend.drained or now - ended_at >= DRAIN_WAIT_S):

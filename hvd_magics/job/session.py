@@ -29,10 +29,13 @@ class Session:
     #: Every warm pool of this process that has not ended (``%hvd_pool``'s and ``HorovodPool``s
     #: made in Python): a cold job refused for want of slots names the pools that hold them.
     live_pools: weakref.WeakSet = field(default_factory=weakref.WeakSet)
+    #: The background jobs that still run (:class:`hvd_magics.job.background.BackgroundJob`).
+    background_jobs: set = field(default_factory=set)
 
     def held_slots(self) -> int:
-        """The Spark task slots this process's warm pools hold."""
-        return sum(pool.np for pool in list(self.live_pools) if pool.np > 0)
+        """The Spark task slots this process's warm pools and background jobs hold."""
+        return (sum(pool.np for pool in list(self.live_pools) if pool.np > 0)
+                + sum(job.spark_slots for job in list(self.background_jobs)))
 
     def reset(self) -> None:
         """Forget the last run, turn the timeline and MLflow tracking off (as in a fresh kernel)."""

@@ -86,7 +86,8 @@ class JobStacks:
     def where(self) -> dict[int, str]:
         """Rank -> where its main thread is, in a line (:func:`where`)."""
         found = {rank: where(event.get("threads", [])) for rank, event in self.ranks.items()}
-        found.update({rank: "did not answer (busy in native code?)" for rank in self.missing})
+        found.update({rank: "did not answer (not started yet, or busy in native code?)"
+                      for rank in self.missing})
         return dict(sorted(found.items()))
 
     def diagnosis(self, unit: str = "rank") -> str:
@@ -125,8 +126,8 @@ class JobStacks:
             if event.get("others"):
                 parts.append(f"  (and {event['others']} more thread(s) with no frame of yours)")
         for rank in self.missing:
-            parts.append(f"rank {rank}: did not answer within the wait (busy in native code "
-                         "that holds Python's lock?)")
+            parts.append(f"rank {rank}: did not answer within the wait (not started yet, or "
+                         "busy in native code that holds Python's lock?)")
         if not parts:
             return "No rank runs now."
         if self.diagnosis():

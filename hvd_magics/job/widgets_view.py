@@ -61,9 +61,14 @@ class _RankRow:
 
 
 class WidgetView:
-    """Show a job as widgets; created and displayed on the first tick after submission."""
+    """Show a job as widgets; created and displayed on the first tick after submission.
 
-    def __init__(self) -> None:
+    ``display_now``: take the dashboard's place in the output now (a background job's, whose
+    first tick comes from its own thread, when another cell may be running); it is filled in
+    at the first tick.
+    """
+
+    def __init__(self, display_now: bool = False) -> None:
         self._rows: list[_RankRow] = []
         self._logs: list[collections.deque] = []
         self._last_refresh = 0.0
@@ -71,6 +76,12 @@ class WidgetView:
         self._shown = False
         self._job: JobState | None = None
         self.box: Any = None
+        if display_now:
+            import ipywidgets as widgets
+            from IPython.display import display
+
+            self.box = widgets.VBox([widgets.HTML("starting the job ...")])
+            display(self.box)
 
     def _build(self, job: JobState) -> None:
         import ipywidgets as widgets
@@ -85,9 +96,13 @@ class WidgetView:
         self.log = widgets.Textarea(layout=widgets.Layout(width="100%", height="160px"),
                                     disabled=True)
         self.log_rank.observe(lambda _change: self._show_log(), names="value")
-        self.box = widgets.VBox([self.header, *[row.box for row in self._rows],
-                                 widgets.HBox([self.log_rank]), self.log])
-        display(self.box)
+        children = [self.header, *[row.box for row in self._rows],
+                    widgets.HBox([self.log_rank]), self.log]
+        if self.box is not None:  # its place was taken when the job started
+            self.box.children = children
+        else:
+            self.box = widgets.VBox(children)
+            display(self.box)
         self._shown = True
 
     def on_event(self, job: JobState, event: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ from IPython.display import display
 
 from hvd_magics.errors import CellError, HorovodMagicsError, MlflowMissing, PayloadError, PoolError
 from hvd_magics.options import DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S, VERBOSITIES
+from hvd_magics.job.background import BackgroundJob, jobs
 from hvd_magics.job.job_state import STALL_AFTER_S
 from hvd_magics.job.mlflow_run import requested
 from hvd_magics.job.pool import DEFAULT_IDLE_TIMEOUT_S, HorovodPool
@@ -116,7 +117,11 @@ class HorovodMagics(Magics):
     @argument("--reset-limit", type=int, default=None, metavar="N",
               help="Elastic jobs: stop when the ranks would re-form more than N times.")
     @argument("-o", "--output", metavar="NAME", default=None,
-              help="Store the run record (timing, exit codes, logs) in the variable NAME.")
+              help="Store the run record (timing, exit codes, logs) in the variable NAME; with "
+                   "--background, the job's handle.")
+    @argument("--background", action="store_true",
+              help="Return at once: the job runs while other cells do (-o NAME keeps its "
+                   "handle: NAME.wait(), NAME.stop(), %%hvd_stacks NAME).")
     @argument("--return", dest="return_names", metavar="NAME[,NAME...]", default="",
               help="After a successful run, copy these variables from rank 0 into the notebook.")
     @argument("--start-timeout", type=float, default=DEFAULT_START_TIMEOUT_S, metavar="SECONDS",
@@ -190,6 +195,8 @@ class HorovodMagics(Magics):
                 advice="create it inside the cell instead")
         except PayloadError as exc:
             raise UsageError(f"%%horovod: {exc}") from None
+        if args.background:
+            return self._start_background(runner, payload, args, cell, plan.preimport)
         views = default_views(args.verbosity, show_output=not args.quiet)
         try:
             record = runner.run_payload(payload, views, decode_cell_result, cell, plan.preimport)
@@ -199,6 +206,49 @@ class HorovodMagics(Magics):
         self.shell.user_ns.update(record.returned)
         display(record)  # the static summary: shown by exports, terminals and widget-less views
         return record.value
+
+    def _start_background(self, runner: HorovodRunner, payload: Any, args: Any, cell: str,
+                          preimport: tuple[str, ...]) -> BackgroundJob:
+        views = default_views(args.verbosity, show_output=not args.quiet, background=True)
+        job = runner.start_payload(payload, views, decode_cell_result, cell, preimport,
+                                   on_success=lambda record: self.shell.user_ns.update(
+                                       record.returned))
+        if args.output:
+            self.shell.user_ns[args.output] = job
+        name = args.output or "job"
+        keep = "" if args.output else " (-o NAME keeps its handle)"
+        print(f"hvd_magics: the job runs in the background{keep}; {name}.wait() for its value, "
+              f"{name}.stop() to end it, %hvd_stacks {args.output or ''} to see where its "
+              "ranks are.".replace("  ", " "))
+        return job
+
+    @magic_arguments()
+    @argument("job", nargs="?", default=None,
+              help="A background job's handle (the name given to -o); default: the latest "
+                   "background job that runs.")
+    @line_magic
+    def hvd_stacks(self, line: str) -> Any:
+        """Show where each rank of a background job is now (its Python stacks), without
+        stopping it."""
+        args = parse_argstring(self.hvd_stacks, line)
+        if args.job:
+            job = self.shell.user_ns.get(args.job)
+            if not isinstance(job, BackgroundJob):
+                raise UsageError(f"%hvd_stacks: {args.job!r} is not a background job's handle. "
+                                 "Fix: start one with %%horovod --background -o NAME, then "
+                                 "%hvd_stacks NAME.")
+        else:
+            running = jobs()
+            if not running:
+                raise UsageError("%hvd_stacks: no background job runs. Start one with "
+                                 "%%horovod --background -o job (a job in the foreground shows "
+                                 "where its ranks are when they stall, at --timeout and when "
+                                 "interrupted).")
+            job = running[-1]
+        if job.done():
+            raise UsageError(f"%hvd_stacks: the job has ended ({job!r}); its record: "
+                             f"{args.job or 'job'}.record")
+        return job.stacks()
 
     @magic_arguments()
     @argument("action", nargs="?", choices=["start", "stop", "restart", "forget"], default=None,

@@ -49,7 +49,7 @@ def _frames(frame: FrameType | None) -> list[list[Any]]:
     while frame is not None:
         code = frame.f_code
         kind = frame_kind(code.co_filename)
-        if kind != "own":
+        if kind != "own" and not code.co_filename.startswith("<frozen"):
             line = frame.f_lineno or 0
             text = linecache.getline(code.co_filename, line, frame.f_globals).strip()
             stack.append([code.co_filename, line, code.co_name, text, kind])

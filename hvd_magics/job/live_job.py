@@ -1,0 +1,29 @@
+"""A running job as another thread sees it: what :func:`hvd_magics.job.runner.launch` made for
+it, and a way to stop it (a background job's handle holds one)."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class LiveJob:
+    """Filled in by ``launch`` as the job starts; read by the thread that holds the handle.
+
+    Attributes
+    ----------
+    job : JobState or None
+        The driver's picture of the job (its ranks, their stacks), once it started.
+    backend : object or None
+        Where the ranks run (what takes their stacks).
+    record : RunRecord or None
+        The job's record (its status is ``running`` until it ended).
+    stop : threading.Event
+        Set to stop the job: its watch loop ends it as an interrupt would.
+    """
+
+    job: Any = None
+    backend: Any = None
+    record: Any = None
+    stop: threading.Event = field(default_factory=threading.Event)
