@@ -41,8 +41,7 @@ class BackgroundJob:
     def __init__(self, run: Callable[[LiveJob], RunRecord], np: int, spark_slots: int,
                  on_success: Callable[[RunRecord], None] | None = None) -> None:
         self.np = np
-        #: Spark task slots the job's ranks take (0 on the driver or on a warm pool).
-        self.spark_slots = spark_slots
+        self._spark_slots = spark_slots
         self._live = LiveJob()
         self._done = threading.Event()
         self._result: RunRecord | None = None
@@ -53,6 +52,16 @@ class BackgroundJob:
         self._thread = threading.Thread(target=self._run, args=(run,), daemon=True,
                                         name="hvd-background-job")
         self._thread.start()
+        while not (self._live.started.wait(0.05) or self._done.is_set()):
+            pass  # what refuses the job (slots, its input) is raised here, at once
+        if self._error is not None and not self._live.started.is_set():
+            raise self._error
+
+    @property
+    def spark_slots(self) -> int:
+        """Spark task slots the job's ranks hold (0 on the driver, on a warm pool, or before
+        its stage was submitted)."""
+        return self._spark_slots if self._live.started.is_set() and not self.done() else 0
 
     def _run(self, run: Callable[[LiveJob], RunRecord]) -> None:
         try:

@@ -21,9 +21,12 @@ class LiveJob:
         The job's record (its status is ``running`` until it ended).
     stop : threading.Event
         Set to stop the job: its watch loop ends it as an interrupt would.
+    started : threading.Event
+        Set once the ranks are being started (the slots were checked, the stage submitted).
     """
 
     job: Any = None
     backend: Any = None
     record: Any = None
     stop: threading.Event = field(default_factory=threading.Event)
+    started: threading.Event = field(default_factory=threading.Event)

@@ -32,7 +32,9 @@ from hvd_magics.job.run_logs import prune_old_runs, runs_dir
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.session import SESSION
 from hvd_magics.launch.local_ranks import reap_local_ranks
-from hvd_magics.launch.spark_backend import SparkBackend, active_session, start_local_session
+from hvd_magics.launch import interrupt_guard
+from hvd_magics.launch.spark_backend import (SparkBackend, active_session, is_connect,
+                                             start_local_session)
 from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S,
                                     VERBOSITY_ALL, ElasticSize, positive_seconds,
                                     validate_elastic_timeout,
@@ -271,7 +273,8 @@ class HorovodRunner:
 
         The notebook stays free while it runs; ``job.wait()`` gives rank 0's value (or raises
         the job's error), ``job.stop()`` ends it, ``job.stacks()`` shows where each rank is.
-        Raises what :meth:`run` raises before anything starts (``PayloadError``).
+        Raises at once what refuses the job before its ranks start (``PayloadError``,
+        ``NotEnoughSlotsError`` when this notebook's pools and background jobs hold the slots).
         """
         payload = serialize_job(main, kwargs)
         return self.start_payload(payload, source=_source_of(main))
@@ -286,6 +289,9 @@ class HorovodRunner:
             views = default_views(self.driver_log_verbosity, background=True)
         request = self._request(payload, views, decode, source, preimport)
         spark = 0 if self.pool is not None or self.num_processor < 0 else self.num_processor
+        session = active_session() if spark else None
+        if session is not None and not is_connect(session):  # from the main thread, now
+            interrupt_guard.install(session.sparkContext)
 
         def run(live: LiveJob) -> RunRecord:
             return launch(dataclasses.replace(request, live=live))
@@ -330,11 +336,12 @@ def _make_backend(request: LaunchRequest) -> Any:
         for source in sources:
             check_columns(source)
         return SparkBackend(common_session(sources), np, env, sources,
-                            held_slots=SESSION.held_slots())
+                            held_slots=SESSION.held_slots(), background=request.live is not None)
     if np < 0:
         return DriverBackend(-np, env)
     spark = active_session() or start_local_session(np)
-    return SparkBackend(spark, np, env, held_slots=SESSION.held_slots())
+    return SparkBackend(spark, np, env, held_slots=SESSION.held_slots(),
+                        background=request.live is not None)
 
 
 def _source_of(main: Callable) -> str | None:
@@ -380,6 +387,8 @@ def launch(request: LaunchRequest) -> RunRecord:
     failure: BaseException | None = None
     try:
         backend.start(request.payload.blob, job_id, events)
+        if request.live is not None:
+            request.live.started.set()
         stop = request.live.stop if request.live is not None else None
         (_watch_elastic(job, backend, events, stop) if elastic else
          _watch(job, backend, events, request.start_timeout, request.timeout, stop))
@@ -419,13 +428,13 @@ def launch(request: LaunchRequest) -> RunRecord:
         if backend.keeps_ranks:
             what = (note or "the pool keeps its ranks and their variables.") + " "
             raise JobInterrupted(f"interrupted the cell on every rank of the warm pool; {what}"
-                                 "The log of every rank: " + str(log_path)
-                                 + where_they_were) from None
+                                 + where_they_were + "The log of every rank: "
+                                 + str(log_path)) from None
         raise JobInterrupted(
             f"stopped {job.current_size} rank processes"
             + (f" and cancelled Spark job group hvd_magics-{job_id}" if size > 0 else "")
-            + "; nothing is left running. The log of every rank: " + str(log_path)
-            + where_they_were) from None
+            + "; nothing is left running. " + where_they_were + "The log of every rank: "
+            + str(log_path)) from None
     if failure is not None:
         if note and isinstance(failure, HorovodJobError):
             failure.add_summary(note)
@@ -486,7 +495,7 @@ def _where_on_interrupt(job: JobState, backend: Any, events: queue.Queue) -> str
     stacks = collect_stacks(job, backend, events, INTERRUPT_STACKS_WAIT_S)
     if not stacks.ranks:
         return ""
-    return f" Where each {job.unit} was:\n" + stacks.summary(job.unit)
+    return f"Where each {job.unit} was:\n" + stacks.summary(job.unit) + "\n"
 
 
 def _ask_stalled(job: JobState, backend: Any, now: float, asked: set[int]) -> None:

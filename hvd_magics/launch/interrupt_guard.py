@@ -1,4 +1,5 @@
-"""Keep a warm pool's Spark job out of pyspark's Ctrl-C handler (driver side, classic Spark).
+"""Keep a warm pool's (or a background job's) Spark job out of pyspark's Ctrl-C handler (driver
+side, classic Spark).
 
 A classic ``SparkContext`` made in the main thread replaces the ``SIGINT`` handler with one that
 cancels *every* Spark job and raises ``KeyboardInterrupt``. The notebook's stop button is a
@@ -32,16 +33,30 @@ def _handler(signum: int, frame: Any) -> NoReturn:  # noqa: ARG001
         raise KeyboardInterrupt()
 
 
+def install(sc: Any) -> bool:
+    """Put our handler in pyspark's place now (from the main thread), so that a job whose
+    stage is submitted from another thread (a background job's) can be kept by
+    :func:`protect`; with no group kept it cancels every job, as pyspark's does. Whether it
+    is in place."""
+    with _lock:
+        if signal.getsignal(signal.SIGINT) is _handler:
+            _state["sc"] = sc
+            return True
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        _state["previous"] = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, _handler)
+        _state["sc"] = sc
+    return True
+
+
 def protect(sc: Any, group: str) -> bool:
-    """Keep the jobs of ``group`` (a pool's) from being cancelled by an interrupt; whether it
-    could (only the main thread sets signal handlers)."""
-    if threading.current_thread() is not threading.main_thread():
+    """Keep the jobs of ``group`` (a pool's, a background job's) from being cancelled by an
+    interrupt; whether it could (only the main thread sets signal handlers: from another
+    thread, only once :func:`install` put ours in place)."""
+    if not install(sc):
         return False
     with _lock:
-        if signal.getsignal(signal.SIGINT) is not _handler:
-            _state["previous"] = signal.getsignal(signal.SIGINT)
-            signal.signal(signal.SIGINT, _handler)
-        _state["sc"] = sc
         _state["groups"].add(group)
     return True
 

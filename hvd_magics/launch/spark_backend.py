@@ -48,6 +48,11 @@ def active_session() -> Any | None:
     except ImportError:
         return None
     session = SparkSession.getActiveSession()
+    if session is None:  # the active session is per thread: another thread's (a background
+        # job's) finds the one the notebook made as the process's default
+        default = getattr(SparkSession, "_instantiatedSession", None)
+        if default is not None and getattr(default.sparkContext, "_jsc", None) is not None:
+            return default
     if session is None:  # a Connect session made after its server restarted is only the default
         try:
             from pyspark.sql.connect.session import SparkSession as ConnectSession
@@ -269,7 +274,7 @@ def not_enough_slots(np: int, free: int, total: int, master: str, cpus: str,
     reads DataFrames cannot fall back to ranks on the driver, so that fix is not offered).
 
     ``elastic_max``: the job is elastic, ``np:elastic_max``; ``np`` is the slots it needs to
-    start, and the fix is said in its terms. ``held``: slots this process's warm pools hold.
+    start, and the fix is said in its terms. ``held``: slots this process's warm pools and background jobs hold.
     """
     where = f"(master {master}, spark.task.cpus={cpus})"
     if elastic_max is not None:
@@ -281,9 +286,10 @@ def not_enough_slots(np: int, free: int, total: int, master: str, cpus: str,
             f"has {total} {where}. Fix: lower the minimum ({fix}), or add executors or cores.")
     fallback = "" if reads_data else f", or use np=-{np} to run all ranks on the driver"
     pools = ("" if not held else
-             f" Warm pools hold {held} of the slots: run the cell on the pool (%%horovod without "
-             "np, or HorovodRunner(np, pool=pool)), or free them with %hvd_pool stop "
-             "(pool.close()).")
+             f" This notebook's warm pools and background jobs hold {held} of the slots: run "
+             "the cell on the pool (%%horovod without np, or HorovodRunner(np, pool=pool)) or "
+             "free them with %hvd_pool stop (pool.close()); wait for the background job "
+             "(job.wait()) or end it (job.stop()).")
     return NotEnoughSlotsError(
         f"np={np} needs {np} free Spark task slots at once (barrier mode), but the cluster has "
         f"{free} free of {total} {where}. Fix: {f'use np<={free}, ' if free > 0 else ''}"
@@ -388,6 +394,9 @@ class SparkBackend:
         the cluster is too small.
     held_slots : int
         Task slots the warm pools of this process hold (never free for this job).
+    background : bool
+        A background job: while it runs, Spark's console bar is off and an interrupt of another
+        cell does not cancel it (as for a pool).
     """
 
     #: A cold job's ranks end with it (a warm pool's backend keeps them).
@@ -397,9 +406,12 @@ class SparkBackend:
 
     def __init__(self, spark: Any, np: int, env: dict[str, str],
                  sources: DataFrameSources | None = None, pool: bool = False,
-                 slot_wait_s: float = SLOT_WAIT_S, held_slots: int = 0) -> None:
+                 slot_wait_s: float = SLOT_WAIT_S, held_slots: int = 0,
+                 background: bool = False) -> None:
         self.spark = spark
         self.pool = pool
+        #: A background job: its stage, like a pool's, runs while other cells do.
+        self.background = background
         self.slot_wait_s = slot_wait_s
         self.held_slots = held_slots
         self.sources = sources if sources is not None else DataFrameSources()
@@ -442,7 +454,7 @@ class SparkBackend:
         else:
             print(f"hvd_magics: no live view: {self.no_live_view}. The ranks' output, errors and "
                   "the value come back when the job ends.", file=sys.stderr)
-        if self.pool and self.sc is not None and not self._pool_guarded:
+        if (self.pool or self.background) and self.sc is not None and not self._pool_guarded:
             self._guard_pool(job_id)
         self._submit(TaskSpec(payload, self._server.address if self._server else None, self.env,
                               job_id, {source.index: source.name for source in self.sources},

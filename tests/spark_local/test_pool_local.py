@@ -23,8 +23,9 @@ def test_a_pool_on_spark_keeps_its_ranks_and_their_model_and_holds_its_slots(loc
         assert last_run().where == "spark local[2] (warm pool)"
         kept, pid = pool.run(jobs.pool_read, name="model")
         assert kept is not None and pool.run(jobs.pool_read, name="model")[1] == pid
-        with pytest.raises(NotEnoughSlotsError, match=r"has 0 free of 2.*Warm pools hold 2 of "
-                                                      r"the slots.*%hvd_pool stop"):
+        with pytest.raises(NotEnoughSlotsError, match=r"has 0 free of 2.*warm pools and "
+                                                      r"background jobs hold 2 of the "
+                                                      r"slots.*%hvd_pool stop"):
             HorovodRunner(np=2).run(jobs.print_lines, count=1)
         with pytest.raises(PayloadError, match=r"reads the DataFrame 'train', but dealing its "
                                                r"rows to the warm pool needs one free Spark task "

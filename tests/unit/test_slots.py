@@ -74,4 +74,4 @@ def test_no_smaller_np_is_offered_when_no_slot_is_free():
 
     text = str(not_enough_slots(1, 0, 2, "local[2]", "1", held=2))
     assert "Fix: add executors or cores, or use np=-1" in text and "np<=0" not in text
-    assert "Warm pools hold 2 of the slots" in text
+    assert "warm pools and background jobs hold 2 of the slots" in text

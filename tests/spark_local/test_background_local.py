@@ -1,0 +1,35 @@
+"""Background jobs on local Spark: the notebook goes on, held slots refuse a job at once."""
+import os
+import signal
+import time
+
+import pytest
+
+from hvd_magics import HorovodRunner, JobInterrupted, NotEnoughSlotsError
+from tests import jobs
+
+
+def test_a_background_job_holds_its_slots_and_another_is_refused_at_once(local_spark):
+    job = HorovodRunner(np=2).start(jobs.wait_for_a_sleeping_peer)
+    try:
+        began = time.monotonic()
+        with pytest.raises(NotEnoughSlotsError, match=r"background jobs hold 2 of the slots.*"
+                                                      r"job\.stop\(\)"):
+            HorovodRunner(np=2).run(jobs.print_lines, count=1)
+        assert time.monotonic() - began < 10
+        deadline = time.monotonic() + 120
+        while "slow_down" not in job.stacks().where().get(1, ""):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert "mpi_ops.py" in job.stacks().where()[0]  # over the event channel, from the task
+        # the stop button on another cell (pyspark's Ctrl-C cancels every job) leaves it running
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)
+        assert not job.done() and "slow_down" in job.stacks().where()[1]
+    finally:
+        job.stop()
+    with pytest.raises(JobInterrupted, match="cancelled Spark job group"):
+        job.wait(timeout=5)
+    assert local_spark.sparkContext.statusTracker().getActiveJobsIds() == []
+    assert HorovodRunner(np=2).run(jobs.print_lines, count=1) == 0  # the slots are free again
