@@ -114,3 +114,39 @@ def test_a_warm_pool_keeps_variables_across_cells_and_dies_with_its_kernel(tmp_p
     while rank_processes_alive(pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert rank_processes_alive(pids) == []
+
+
+def test_a_background_job_leaves_the_kernel_free_and_dies_with_it(tmp_path):
+    """A fresh kernel with its own local[2] session: the cell returns at once, its dashboard is
+    drawn in that cell, other cells run while the job does, %hvd_stacks shows where the ranks
+    are, and shutting the kernel down leaves no rank running."""
+    import time
+
+    from tests.conftest import rank_processes_alive
+
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        _run(client, "%load_ext hvd_magics")
+        _run(client, "from pyspark.sql import SparkSession\n"
+                     "spark = SparkSession.builder.master('local[2]').getOrCreate()")
+        started = _run(client, f"%%horovod np=2 --background -o job\nimport os, time\n"
+                               f"open(os.path.join({str(tmp_path)!r}, str(os.getpid())), "
+                               f"'w').close()\ndef training():\n    time.sleep(600)\ntraining()",
+                       displays=True)
+        assert "runs in the background" in started and "VBox" in started, started
+        assert _run(client, "6 * 7").strip() == "42"  # the kernel is free
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.iterdir())) < 2:
+            assert time.monotonic() < deadline, _run(client, "job")
+            time.sleep(0.2)
+        pids = [int(p.name) for p in tmp_path.iterdir()]
+        stacks = _run(client, "%hvd_stacks job")
+        assert stacks.count("training") >= 2 and "time.sleep(600)" in stacks, stacks
+        assert "running" in _run(client, "job")
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel()  # as the notebook's shutdown does: atexit hooks run
+    deadline = time.monotonic() + 60
+    while rank_processes_alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert rank_processes_alive(pids) == []
