@@ -123,6 +123,15 @@ class BackgroundJob:
         job.stacks.pop(request, None)
         return JobStacks(answers, sorted(running - set(answers)), time.monotonic() - began)
 
+    def timeline_so_far(self) -> str | None:
+        """The job's Horovod Timeline so far (a valid copy), while it runs and records one;
+        ``None`` when it records none, or rank 0 writes it on another host."""
+        job = self._live.job
+        if self.done() or job is None:
+            return None
+        path = job.timeline_so_far()
+        return str(path) if path is not None else None
+
     def __repr__(self) -> str:
         record = self.record
         state = ("running" if not self.done() else

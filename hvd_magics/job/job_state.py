@@ -283,7 +283,8 @@ class JobState:
             self.result_parts = event.get("parts") or {}
 
     def _on_timeline_local(self, state: RankState, event: dict[str, Any]) -> None:
-        self._timeline_local = event.get("path")
+        if state.rank == 0:  # every rank is given a path; only rank 0 (the coordinator) writes
+            self._timeline_local = event.get("path")
 
     def _on_timeline_chunk(self, state: RankState, event: dict[str, Any]) -> None:
         if self.timeline_dest is None:
@@ -385,6 +386,22 @@ class JobState:
         failed = [r for r in self.ranks if r.failed]
         failed.sort(key=lambda r: (r.peer_lost, r.failed_at or 0.0))
         return [r.failure() for r in failed]
+
+    def timeline_so_far(self) -> Path | None:
+        """A running job's trace as rank 0 has written it so far, copied beside its destination
+        and made valid; ``None`` when rank 0 writes it on another host (it comes at the end)."""
+        from hvd_magics.job.timeline import repair
+
+        if self.timeline_dest is None or not self._timeline_local:
+            return None
+        source = Path(self._timeline_local)
+        if not source.exists():
+            return None
+        copy = self.timeline_dest.with_name(self.timeline_dest.stem + ".so-far.json")
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, copy)
+        repair(copy)
+        return copy
 
     def finish_timeline(self) -> Path | None:
         """Close the trace sent by rank 0; if none came (the job was stopped) but rank 0 wrote it

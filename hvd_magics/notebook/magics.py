@@ -320,7 +320,8 @@ class HorovodMagics(Magics):
                    "Without an action, print the current state.")
     @argument("path", nargs="?", default=None,
               help="on: a file, or a folder for one timestamped file per run (default "
-                   "hvd_timelines/ beside the notebook). show: the trace (default: the last run's).")
+                   "hvd_timelines/ beside the notebook). show: the trace (default: the last "
+                   "run's; of a background job that runs: its trace so far).")
     @argument("--mark-cycles", action="store_true", help="Mark Horovod's cycles in the trace.")
     @line_magic
     def hvd_timeline(self, line: str) -> Any:
@@ -340,8 +341,9 @@ class HorovodMagics(Magics):
             print(settings)
             return None
         if args.action == "show":
-            path = args.path or (SESSION.last_run.timeline_path
-                                 if SESSION.last_run is not None else None)
+            running = [job for job in jobs() if job.record is SESSION.last_run]
+            path = args.path or (running[0].timeline_so_far() if running else None) or (
+                SESSION.last_run.timeline_path if SESSION.last_run is not None else None)
             if not path:
                 raise UsageError("%hvd_timeline show: the last run recorded no timeline; turn it "
                                  "on with %hvd_timeline on, or give a trace file")

@@ -74,3 +74,24 @@ def test_the_magic_starts_a_background_job_and_the_notebook_goes_on(ip, capsys):
         ip.run_line_magic("hvd_stacks", "job")
     with pytest.raises(UsageError, match="'z' is not a background job's handle"):
         ip.run_line_magic("hvd_stacks", "z")
+
+
+def test_the_timeline_of_a_running_background_job_is_shown_so_far(ip, tmp_path):
+    import json
+
+    ip.run_line_magic("hvd_timeline", f"on {tmp_path}/")
+    try:
+        job = ip.run_cell_magic("horovod", "np=-2 --background -o job",
+                                "import time\nimport horovod.torch as hvd, torch\nhvd.init()\n"
+                                "for step in range(100000):\n"
+                                "    hvd.allreduce(torch.ones(10), name='g')\n"
+                                "    time.sleep(0.01)\n")
+        _until(lambda: "<%%horovod cell>:7" in job.stacks().where().get(0, ""))
+        summary = ip.run_line_magic("hvd_timeline", "show")
+        assert summary.path.endswith(".so-far.json") and not job.done()
+        assert "ALLREDUCE" in summary.activity_us
+        json.loads(open(summary.path).read())  # valid JSON although rank 0 still writes it
+    finally:
+        ip.run_line_magic("hvd_timeline", "off")
+        for running in hvd_magics.jobs():
+            running.stop()
