@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from hvd_magics.job.charts import MetricHistory
 from hvd_magics.job.epoch_timing import EPOCH_LINE, EpochTimer
 from hvd_magics.errors import OUTPUT_TAIL_LINES, RankFailure
 from hvd_magics.options import ElasticSize
@@ -161,6 +162,8 @@ class JobState:
         self.result_parts: dict[str, dict[str, Any]] = {}
         self.started_at = time.monotonic()
         self.timer = EpochTimer(self.started_at)
+        #: What the charts draw (loss and metrics, samples/s per rank).
+        self.history = MetricHistory(self.started_at)
         #: Where the driver puts rank 0's Horovod Timeline, when the job records one.
         self.timeline_dest = timeline_dest
         self._timeline_file: Any = None
@@ -296,6 +299,7 @@ class JobState:
 
     def _on_progress(self, state: RankState, event: dict[str, Any]) -> None:
         self._progress(state, event["kind"], event)
+        self.history.observe(event["kind"], state.rank, event, event["recv"])
 
     def _on_stacks(self, state: RankState, event: dict[str, Any]) -> None:
         self.stacks.setdefault(str(event.get("request")), {})[state.rank] = event

@@ -37,6 +37,9 @@ class RunRecord:
         The driver-side file with every line of every rank.
     timeline_path : str or None
         The Horovod Timeline file on the driver, when one was recorded.
+    charts_html : str
+        The job's charts (loss and metrics per step and epoch, samples/s per rank) as inline
+        SVG; part of the record's HTML, so saved notebooks and their exports keep them.
     mlflow_run_id : str or None
         The MLflow run that recorded the job, when one did.
     mlflow : str
@@ -81,6 +84,8 @@ class RunRecord:
     final_size: int | None = None
     startup_s: float | None = None
     training_s: float | None = None
+    #: The job's charts (loss, metrics, samples/s) as inline SVG, for saved notebooks.
+    charts_html: str = field(default="", repr=False)
 
     def to_pandas(self) -> Any:
         """The epoch rows as a pandas DataFrame (needs pandas)."""
@@ -147,7 +152,8 @@ class RunRecord:
                        f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
                        for k, v in self._rows())
         return (f"<div class='hvd-run-record'><b style='color:{colour}'>HorovodRun "
-                f"{html.escape(self.status)}</b><table>{body}</table>{self._epochs_html()}</div>")
+                f"{html.escape(self.status)}</b><table>{body}</table>{self.charts_html}"
+                f"{self._epochs_html()}</div>")
 
     def _epochs_html(self) -> str:
         return f"<b>epoch timing</b>{format_html_table(self.epochs)}" if self.epochs else ""

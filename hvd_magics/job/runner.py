@@ -130,9 +130,10 @@ def default_views(verbosity: str = VERBOSITY_ALL, show_output: bool = True,
     whichever cell runs then)."""
     views: list[JobView] = []
     widgets = widgets_available()
-    if widgets:
-        views.append(WidgetView(display_now=background))
-    if show_output and not (background and widgets):
+    text = show_output and not (background and widgets)
+    if widgets:  # the ranks' output is shown once: as text, or else in the dashboard
+        views.append(WidgetView(display_now=background, show_log=not text))
+    if text:
         views.append(TextView(verbosity, epoch_lines=not widgets))
     return views
 
@@ -615,6 +616,7 @@ def _finish(record: RunRecord, job: JobState) -> None:
     record.timeline_path = str(timeline) if timeline else None
     record.shards = job.shard_summary()
     record.epochs = job.timer.rows()
+    record.charts_html = job.history.html()
     split = job.timer.split(time.monotonic())
     record.startup_s, record.training_s = split["startup_s"], split["training_s"]
     if record.status == "running":

@@ -20,6 +20,8 @@ from hvd_magics.protocol import OUTPUT
 
 #: Least seconds between two refreshes of the widgets.
 REFRESH_INTERVAL_S = 0.25
+#: Least seconds between two redraws of the charts.
+CHARTS_INTERVAL_S = 1.0
 #: Lines of each rank's log kept in memory for the log viewer while the job runs (the log file
 #: has them all)...
 LOG_LINES_KEPT = 500
@@ -68,7 +70,11 @@ class WidgetView:
     at the first tick.
     """
 
-    def __init__(self, display_now: bool = False) -> None:
+    def __init__(self, display_now: bool = False, show_log: bool = True) -> None:
+        #: Whether the dashboard has a pane with each rank's output (not when the cell also
+        #: prints it as text: the log is shown once).
+        self.show_log = show_log
+        self._charts_drawn = 0.0
         self._rows: list[_RankRow] = []
         self._logs: list[collections.deque] = []
         self._last_refresh = 0.0
@@ -96,8 +102,10 @@ class WidgetView:
         self.log = widgets.Textarea(layout=widgets.Layout(width="100%", height="160px"),
                                     disabled=True)
         self.log_rank.observe(lambda _change: self._show_log(), names="value")
-        children = [self.header, *[row.box for row in self._rows],
-                    widgets.HBox([self.log_rank]), self.log]
+        self.charts = widgets.HTML()
+        children = [self.header, *[row.box for row in self._rows], self.charts]
+        if self.show_log:
+            children += [widgets.HBox([self.log_rank]), self.log]
         if self.box is not None:  # its place was taken when the job started
             self.box.children = children
         else:
@@ -146,7 +154,11 @@ class WidgetView:
                              f"{elapsed:.1f} s{_resets_html(job)}")
         for rank, row in zip(job.ranks, self._rows):
             self._refresh_row(rank, row, now, final, job.elastic is not None, job.stall_after)
-        if self._dirty:
+        if job.history.changed_at > self._charts_drawn and (
+                final or now - self._charts_drawn >= CHARTS_INTERVAL_S):
+            self._charts_drawn = now
+            self.charts.value = job.history.html()
+        if self._dirty and self.show_log:
             self._show_log()
             self._dirty = False
 

@@ -1,0 +1,194 @@
+"""Pictures of a job's progress: loss and metrics per step and per epoch, samples/s per rank.
+
+:class:`MetricHistory` gathers what the ranks' progress events carry (``progress``: the step's
+metrics and samples/s; ``epoch_end``: the epoch's metrics, validation ones included); its
+:meth:`~MetricHistory.html` draws them as inline SVG, which a live widget shows (redrawn at most
+once a second) and the run's record keeps, so the pictures stay in the saved notebook and in its
+HTML export (nbconvert) without a widget state or a JavaScript library.
+"""
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+#: Colours of the lines, in order (rank 0, 1, ... or metric 1, 2, ...).
+PALETTE = ("#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#5d4037",
+           "#9e9d24")
+#: Most points kept per line (older ones are thinned out: every other one dropped).
+MAX_POINTS = 400
+#: Weight of the newest value in the smoothed step curve (an exponential moving average).
+SMOOTHING = 0.3
+#: Size of one chart, in pixels.
+WIDTH, HEIGHT = 340, 170
+
+
+def _thin(points: list[tuple[float, float]]) -> None:
+    if len(points) > MAX_POINTS:
+        del points[1:-1:2]
+
+
+class MetricHistory:
+    """What the charts draw, from the ranks' progress events.
+
+    Attributes
+    ----------
+    steps : dict
+        Metric name -> ``(step, smoothed value)`` of rank 0, steps counted across epochs.
+    epochs : dict
+        Metric name (``val_`` ones too) -> ``(epoch, value)`` of rank 0.
+    rates : dict
+        Rank -> ``(seconds since the job started, samples/s)``.
+    """
+
+    def __init__(self, started_at: float) -> None:
+        self.started_at = started_at
+        self.steps: dict[str, list[tuple[float, float]]] = {}
+        self.epochs: dict[str, list[tuple[float, float]]] = {}
+        self.rates: dict[int, list[tuple[float, float]]] = {}
+        self._smoothed: dict[str, float] = {}
+        #: When a chart last changed (``time.monotonic()``; 0: never).
+        self.changed_at = 0.0
+
+    def observe(self, kind: str, rank: int, event: dict[str, Any], now: float) -> bool:
+        """Take one ``progress`` or ``epoch_end`` event; whether a chart changed."""
+        changed = self._take(kind, rank, event, now)
+        if changed:
+            self.changed_at = now
+        return changed
+
+    def _take(self, kind: str, rank: int, event: dict[str, Any], now: float) -> bool:
+        metrics = {k: float(v) for k, v in (event.get("metrics") or {}).items()
+                   if isinstance(v, (int, float)) and math.isfinite(v)}
+        if kind == "progress":
+            changed = False
+            rate = event.get("samples_per_s")
+            if isinstance(rate, (int, float)) and math.isfinite(rate):
+                self.rates.setdefault(rank, []).append((now - self.started_at, float(rate)))
+                _thin(self.rates[rank])
+                changed = True
+            if rank == 0 and metrics:
+                epoch = int(event.get("epoch") or 1)
+                steps = int(event.get("steps") or 0)
+                step = (epoch - 1) * steps + int(event.get("step") or 0) if steps else \
+                    self._next_step()
+                for name, value in metrics.items():
+                    if name.startswith("val_"):
+                        continue
+                    smooth = self._smoothed.get(name, value)
+                    smooth = SMOOTHING * value + (1 - SMOOTHING) * smooth
+                    self._smoothed[name] = smooth
+                    self.steps.setdefault(name, []).append((float(step), smooth))
+                    _thin(self.steps[name])
+                changed = True
+            return changed
+        if kind == "epoch_end" and rank == 0 and metrics:
+            epoch = float(event.get("epoch") or len(next(iter(self.epochs.values()), [])) + 1)
+            for name, value in metrics.items():
+                self.epochs.setdefault(name, []).append((epoch, value))
+            return True
+        return False
+
+    def _next_step(self) -> int:
+        return len(next(iter(self.steps.values()), [])) + 1
+
+    @property
+    def empty(self) -> bool:
+        return not (self.steps or self.epochs or self.rates)
+
+    def html(self) -> str:
+        """The charts side by side (``""`` when there is nothing to draw)."""
+        charts = []
+        for name, points in list(self.steps.items())[:2]:
+            charts.append(svg_chart({name: points}, f"{name} per step (rank 0, smoothed)",
+                                    "step"))
+        if self.epochs:
+            charts.append(svg_chart(_epoch_lines(self.epochs), "per epoch (rank 0)", "epoch",
+                                    markers=True))
+        if self.rates:
+            charts.append(svg_chart({f"rank {r}": p for r, p in sorted(self.rates.items())},
+                                    "samples/s per rank", "seconds"))
+        if not charts:
+            return ""
+        return ("<div class='hvd-charts' style='display:flex;flex-wrap:wrap;gap:8px'>"
+                + "".join(charts) + "</div>")
+
+
+def _epoch_lines(epochs: dict[str, list[tuple[float, float]]]) -> dict[str, list]:
+    """Training metrics with their validation twin beside them, at most four lines."""
+    names = [n for n in epochs if not n.startswith("val_")]
+    ordered = []
+    for name in names:
+        ordered.append(name)
+        if f"val_{name}" in epochs:
+            ordered.append(f"val_{name}")
+    ordered += [n for n in epochs if n not in ordered]
+    return {name: epochs[name] for name in ordered[:4]}
+
+
+def _ticks(low: float, high: float) -> list[float]:
+    if high <= low:
+        return [low]
+    step = 10 ** math.floor(math.log10((high - low) / 3))
+    for factor in (1, 2, 5, 10):
+        if (high - low) / (step * factor) <= 5:
+            step *= factor
+            break
+    first = math.ceil(low / step) * step
+    return [first + i * step for i in range(int((high - first) / step) + 1)]
+
+
+def _number(value: float) -> str:
+    return f"{value:.3g}" if abs(value) < 1e5 else f"{value:.2e}"
+
+
+def svg_chart(series: dict[str, list[tuple[float, float]]], title: str, x_label: str,
+              markers: bool = False) -> str:
+    """One line chart as inline SVG: a line per series, axes with a few ticks, a legend."""
+    points = [p for line in series.values() for p in line]
+    if not points:
+        return ""
+    left, right, top, bottom = 48, 8, 22, 30
+    plot_w, plot_h = WIDTH - left - right, HEIGHT - top - bottom
+    x_low, x_high = min(p[0] for p in points), max(p[0] for p in points)
+    y_low, y_high = min(p[1] for p in points), max(p[1] for p in points)
+    if x_high == x_low:
+        x_high = x_low + 1
+    if y_high == y_low:
+        y_low, y_high = y_low - 0.5 * abs(y_low or 1), y_high + 0.5 * abs(y_high or 1)
+
+    def sx(x: float) -> float:
+        return left + (x - x_low) / (x_high - x_low) * plot_w
+
+    def sy(y: float) -> float:
+        return top + plot_h - (y - y_low) / (y_high - y_low) * plot_h
+
+    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{WIDTH}' height='{HEIGHT}' "
+             f"style='font:10px sans-serif;background:#fff'>",
+             f"<text x='{left}' y='13' style='font-weight:bold'>{html.escape(title)}</text>",
+             f"<rect x='{left}' y='{top}' width='{plot_w}' height='{plot_h}' fill='none' "
+             "stroke='#999'/>"]
+    for tick in _ticks(y_low, y_high):
+        y = sy(tick)
+        parts.append(f"<line x1='{left}' x2='{left + plot_w}' y1='{y:.1f}' y2='{y:.1f}' "
+                     f"stroke='#eee'/><text x='{left - 3}' y='{y + 3:.1f}' "
+                     f"text-anchor='end'>{_number(tick)}</text>")
+    for tick in _ticks(x_low, x_high):
+        x = sx(tick)
+        parts.append(f"<text x='{x:.1f}' y='{top + plot_h + 12}' text-anchor='middle'>"
+                     f"{_number(tick)}</text>")
+    parts.append(f"<text x='{left + plot_w / 2}' y='{HEIGHT - 3}' text-anchor='middle' "
+                 f"fill='#666'>{html.escape(x_label)}</text>")
+    for i, (name, line) in enumerate(series.items()):
+        colour = PALETTE[i % len(PALETTE)]
+        dash = " stroke-dasharray='4 3'" if name.startswith("val_") else ""
+        coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in line)
+        parts.append(f"<polyline points='{coords}' fill='none' stroke='{colour}' "
+                     f"stroke-width='1.5'{dash}/>")
+        if markers or len(line) == 1:
+            parts.extend(f"<circle cx='{sx(x):.1f}' cy='{sy(y):.1f}' r='2.5' fill='{colour}'/>"
+                         for x, y in line)
+        parts.append(f"<text x='{left + plot_w - 4}' y='{top + 12 + 11 * i}' text-anchor='end' "
+                     f"fill='{colour}'>{html.escape(name)}</text>")
+    parts.append("</svg>")
+    return "".join(parts)

@@ -1,0 +1,65 @@
+"""The job's charts: drawn from progress events as inline SVG, live and in the record."""
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from hvd_magics.job.charts import MetricHistory, svg_chart
+from hvd_magics.job.job_state import JobState
+from hvd_magics.job.run_record import RunRecord
+
+
+def _progress(rank, epoch, step, loss, rate):
+    return {"kind": "progress", "rank": rank, "host": "h", "epoch": epoch, "step": step,
+            "steps": 10, "samples_per_s": rate, "metrics": {"loss": loss, "accuracy": 1 - loss}}
+
+
+def _feed(job: JobState) -> None:
+    for rank in (0, 1):
+        job.handle({"kind": "started", "rank": rank, "host": "h", "pid": 1})
+    for epoch in (1, 2):
+        for step in range(1, 11):
+            for rank in (0, 1):
+                job.handle(_progress(rank, epoch, step, 1.0 / (epoch * step), 100.0 + rank * 50))
+        job.handle({"kind": "epoch_end", "rank": 0, "host": "h", "epoch": epoch, "epochs": 2,
+                    "duration": 1.0, "samples": 100,
+                    "metrics": {"loss": 0.5 / epoch, "val_loss": 0.6 / epoch}})
+
+
+def test_progress_events_become_charts_of_steps_epochs_and_rates(tmp_path: Path):
+    job = JobState(2, tmp_path / "ranks.log")
+    _feed(job)
+    history = job.history
+    assert [x for x, _ in history.steps["loss"]] == [float(i) for i in range(1, 21)]
+    assert history.epochs["val_loss"] == [(1.0, 0.6), (2.0, 0.3)]
+    assert set(history.rates) == {0, 1} and history.rates[1][-1][1] == 150.0
+    page = history.html()
+    assert page.count("<svg") == 4  # loss and accuracy per step, per epoch, samples/s
+    for svg in page.split("<svg")[1:]:
+        ET.fromstring("<svg" + svg.split("</svg>")[0] + "</svg>")  # each one is valid XML
+    assert "val_loss" in page and "stroke-dasharray" in page and "rank 1" in page
+    job.end()
+
+
+def test_a_record_keeps_its_charts_for_saved_notebooks(tmp_path: Path):
+    job = JobState(2, tmp_path / "ranks.log")
+    _feed(job)
+    record = RunRecord(job_id="x", np=2, charts_html=job.history.html())
+    assert "<svg" in record._repr_html_() and "charts_html" not in repr(record)
+    assert "<svg" not in str(record)  # the text summary stays text
+    job.end()
+
+
+def test_nothing_reported_draws_nothing_and_one_point_is_a_dot():
+    assert MetricHistory(0.0).html() == ""
+    assert "<circle" in svg_chart({"loss": [(1.0, 0.5)]}, "t", "epoch")
+
+
+def test_the_dashboard_draws_charts_and_shows_the_log_once(tmp_path: Path):
+    from hvd_magics.job.widgets_view import WidgetView
+
+    with_text, alone = WidgetView(show_log=False), WidgetView()
+    job = JobState(2, tmp_path / "ranks.log", [with_text, alone])
+    job.tick()
+    _feed(job)
+    job.end()
+    assert "<svg" in with_text.charts.value and with_text.log not in with_text.box.children
+    assert alone.log in alone.box.children
