@@ -12,6 +12,8 @@ import html
 import math
 from typing import Any
 
+from hvd_magics.protocol import EPOCH_END, PROGRESS
+
 #: Colours of the lines, in order (rank 0, 1, ... or metric 1, 2, ...).
 PALETTE = ("#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#5d4037",
            "#9e9d24")
@@ -60,7 +62,7 @@ class MetricHistory:
     def _take(self, kind: str, rank: int, event: dict[str, Any], now: float) -> bool:
         metrics = {k: float(v) for k, v in (event.get("metrics") or {}).items()
                    if isinstance(v, (int, float)) and math.isfinite(v)}
-        if kind == "progress":
+        if kind == PROGRESS:
             changed = False
             rate = event.get("samples_per_s")
             if isinstance(rate, (int, float)) and math.isfinite(rate):
@@ -82,7 +84,7 @@ class MetricHistory:
                     _thin(self.steps[name])
                 changed = True
             return changed
-        if kind == "epoch_end" and rank == 0 and metrics:
+        if kind == EPOCH_END and rank == 0 and metrics:
             epoch = float(event.get("epoch") or len(next(iter(self.epochs.values()), [])) + 1)
             for name, value in metrics.items():
                 self.epochs.setdefault(name, []).append((epoch, value))
