@@ -128,10 +128,13 @@ def _epoch_lines(epochs: dict[str, list[tuple[float, float]]]) -> dict[str, list
     return {name: epochs[name] for name in ordered[:4]}
 
 
-def _ticks(low: float, high: float) -> list[float]:
+def _ticks(low: float, high: float, whole: bool = False) -> list[float]:
+    """A few round values between ``low`` and ``high`` (whole numbers only, with ``whole``)."""
     if high <= low:
         return [low]
     step = 10 ** math.floor(math.log10((high - low) / 3))
+    if whole:
+        step = max(step, 1)
     for factor in (1, 2, 5, 10):
         if (high - low) / (step * factor) <= 5:
             step *= factor
@@ -175,7 +178,7 @@ def svg_chart(series: dict[str, list[tuple[float, float]]], title: str, x_label:
         parts.append(f"<line x1='{left}' x2='{left + plot_w}' y1='{y:.1f}' y2='{y:.1f}' "
                      f"stroke='#eee'/><text x='{left - 3}' y='{y + 3:.1f}' "
                      f"text-anchor='end'>{_number(tick)}</text>")
-    for tick in _ticks(x_low, x_high):
+    for tick in _ticks(x_low, x_high, whole=x_label in ("epoch", "step")):
         x = sx(tick)
         parts.append(f"<text x='{x:.1f}' y='{top + plot_h + 12}' text-anchor='middle'>"
                      f"{_number(tick)}</text>")

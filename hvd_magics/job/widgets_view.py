@@ -134,6 +134,13 @@ class WidgetView:
         self._dirty = True
         self._refresh(job, time.monotonic(), final=True)
 
+    def hand_over_charts(self) -> None:
+        """The run's record, shown next, draws the charts (and keeps them in the saved
+        notebook): the dashboard stops drawing them, so they are shown once."""
+        if self._shown:
+            self.charts.value = ""
+        self._charts_drawn = float("inf")
+
     def _show_log(self) -> None:
         lines = list(self._logs[self.log_rank.value])
         partial = self._job.ranks[self.log_rank.value].partial if self._job else ""

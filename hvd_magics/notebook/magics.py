@@ -19,6 +19,7 @@ from hvd_magics.job.pool import DEFAULT_IDLE_TIMEOUT_S, HorovodPool
 from hvd_magics.job.runner import HorovodRunner, default_views
 from hvd_magics.job.session import SESSION
 from hvd_magics.job.timeline import COST_WARNING, summarize
+from hvd_magics.job.widgets_view import WidgetView
 from hvd_magics.notebook.cell_capture import capture
 from hvd_magics.notebook.gpu_guard import driver_gpu_holders, driver_gpu_message
 from hvd_magics.launch.payload import serialize_job
@@ -204,6 +205,9 @@ class HorovodMagics(Magics):
             if args.output:
                 self.shell.user_ns[args.output] = SESSION.last_run
         self.shell.user_ns.update(record.returned)
+        for view in views:
+            if isinstance(view, WidgetView):
+                view.hand_over_charts()
         display(record)  # the static summary: shown by exports, terminals and widget-less views
         return record.value
 

@@ -91,6 +91,7 @@ def test_the_dashboard_shows_ranks_moves_and_ends_with_timing(jupyterlab, tmp_pa
 
         page.wait_for_function("() => [...document.querySelectorAll('.widget-html')]"
                                ".some(e => e.textContent.includes('running'))", timeout=60_000)
+        page.wait_for_selector(".widget-html .hvd-charts svg polyline", timeout=60_000)
         first = bar_width()
         page.wait_for_function(  # the bar moves while the job runs
             "first => parseFloat(document.querySelector('.widget-hprogress .progress-bar')"
@@ -100,6 +101,10 @@ def test_the_dashboard_shows_ranks_moves_and_ends_with_timing(jupyterlab, tmp_pa
         assert page.locator("text=done").count() >= 1
         assert page.locator(".hvd-epochs tr").count() == 4  # header + 3 epochs
         assert page.locator(".widget-hprogress .progress-bar-success").count() == 2
+        # the charts are drawn once: by the record shown at the end (kept in the saved notebook),
+        # the dashboard having drawn them while the job ran (checked above)
+        assert page.locator(".hvd-run-record .hvd-charts svg polyline").count() >= 3
+        assert page.locator(".widget-html .hvd-charts").count() == 0
         news = page.get_by_role("button", name="No")  # JupyterLab's "Jupyter news?" prompt
         if news.count():
             news.first.click()
