@@ -308,7 +308,8 @@ class HorovodPool:
         another cell runs on the pool."""
         self.check_usable()
         if self._busy:
-            raise PoolError("the warm pool is running another cell; wait for it to end.")
+            raise PoolError("the warm pool is running another cell (a background one? its "
+                            "handle's wait() or stop()); wait for it to end.")
         lost = self.lost_since_last_cell()
         if lost:
             self.restart()
