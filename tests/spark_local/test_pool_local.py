@@ -137,7 +137,8 @@ def test_an_interrupt_stops_the_cell_and_the_users_job_but_not_the_pools_stage(l
         user.start()
         threading.Thread(target=interrupt_when_both_run, daemon=True).start()
         with pytest.raises(JobInterrupted, match=r"the pool keeps its ranks and their "
-                                                 r"variables\. The log"):
+                                                 r"variables\. Where each rank was:\n"
+                                                 r"  rank 0: .*jobs\.py:\d+ pool_sleep_marked"):
             pool.run(jobs.pool_sleep_marked, marks=str(tmp_path))
         user.join(60)
         assert "cancel" in users_job.get("error", "").lower(), users_job  # the user's job: ended
