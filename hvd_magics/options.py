@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hvd_magics.protocol import ENGINE_HOROVOD, ENGINES
+
 #: Default seconds to wait for every rank process to start (Spark scheduling included).
 DEFAULT_START_TIMEOUT_S = 120.0
 #: ``driver_log_verbosity`` values: HorovodRunner's two, and ``debug`` (framework chatter too).
@@ -111,3 +113,23 @@ def validate_reset_limit(limit: Any) -> int | None:
         raise ValueError("reset_limit (--reset-limit) must be a whole number >= 0 (how many "
                          f"times an elastic job may re-form), got {limit!r}")
     return limit
+
+
+def validate_engine(engine: Any) -> str:
+    """One of :data:`hvd_magics.protocol.ENGINES` (a few other spellings are taken: ``ddp``,
+    ``pytorch``, ``tensorflow``, ``hvd``)."""
+    name = engine.strip().lower() if isinstance(engine, str) else engine
+    aliases = {"hvd": "horovod", "pytorch": "torch", "ddp": "torch", "tensorflow": "tf"}
+    name = aliases.get(name, name)
+    if name not in ENGINES:
+        raise ValueError(f"engine={engine!r} is not an engine: use 'horovod' (hvd.init()), "
+                         "'torch' (torch.distributed.init_process_group()) or 'tf' "
+                         "(tf.distribute.MultiWorkerMirroredStrategy())")
+    return name
+
+
+def horovod_only(feature: str, engine: str, instead: str) -> None:
+    """Refuse a Horovod-only ``feature`` on another ``engine``, saying what to use ``instead``."""
+    if engine != ENGINE_HOROVOD:
+        raise ValueError(f"{feature} is Horovod's and this job runs on the {engine} engine. "
+                         f"{instead}")

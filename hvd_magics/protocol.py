@@ -173,6 +173,16 @@ ENV_HOROVOD_ELASTIC = "HOROVOD_ELASTIC"
 #: The line a warm pool's rank prints after a cell's output; its supervisor sends ``cell_end``
 #: in its place (so the end of a cell follows every line the cell printed).
 CELL_END_LINE = "\x1ehvd_magics cell end\x1e"
+#: The engine a job's ranks run on (``horovod``, ``torch`` or ``tf``), set for every rank.
+ENV_ENGINE = "HVD_MAGICS_ENGINE"
+ENGINE_HOROVOD, ENGINE_TORCH, ENGINE_TF = "horovod", "torch", "tf"
+ENGINES = (ENGINE_HOROVOD, ENGINE_TORCH, ENGINE_TF)
+#: The rank of a rank process and the number of ranks, whatever its engine.
+ENV_RANK, ENV_SIZE = "HVD_MAGICS_RANK", "HVD_MAGICS_SIZE"
+#: What ``torch.distributed``'s ``env://`` initialisation reads (as torchrun sets it), and what
+#: ``tf.distribute.MultiWorkerMirroredStrategy`` reads.
+ENV_MASTER_ADDR, ENV_MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"
+ENV_TF_CONFIG = "TF_CONFIG"
 #: The module a rank process runs (``python -m``).
 RANK_MODULE = "hvd_magics.rank.rank_main"
 

@@ -196,7 +196,8 @@ class MlflowTracker:
     """
 
     def __init__(self, settings: MlflowSettings, job_id: str, np: int, where: str,
-                 source: str | None = None) -> None:
+                 source: str | None = None, engine: str = "horovod") -> None:
+        self.engine = engine
         mlflow = _require_mlflow()
         from mlflow.tracking._tracking_service.utils import is_tracking_uri_set
 
@@ -269,7 +270,7 @@ class MlflowTracker:
         from mlflow.entities import Param
 
         params = {"np": str(self.np), "ranks": str(self._size), "where": self.where,
-                  **_versions()}
+                  "engine": self.engine, **_versions()}
         client.log_batch(self.run_id, params=[Param(k, v) for k, v in params.items()])
 
     # -- the job's events (from the driver's main loop: only bookkeeping here) ----------------

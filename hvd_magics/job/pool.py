@@ -35,8 +35,8 @@ from hvd_magics.launch.pool_data import PoolShards
 from hvd_magics.launch.spark_backend import (SLOT_WAIT_S, SparkBackend, active_session,
                                              start_local_session)
 from hvd_magics.options import (DEFAULT_START_TIMEOUT_S, ElasticSize, positive_seconds,
-                                validate_size, validate_start_timeout)
-from hvd_magics.protocol import (CELL_END, CHANNEL_CLOSED, ENV_HOROVOD_TIMELINE, ENV_SHARDS, ERROR,
+                                validate_engine, validate_size, validate_start_timeout)
+from hvd_magics.protocol import (CELL_END, CHANNEL_CLOSED, ENGINE_HOROVOD, ENV_ENGINE, ENV_HOROVOD_TIMELINE, ENV_SHARDS, ERROR,
                                  EXIT, RESULT, STARTED, TASK_ERROR, TASK_STARTED, TIMELINE_DYNAMIC,
                                  encode_job)
 from hvd_magics.rank.kept_values import SentValue
@@ -153,6 +153,10 @@ class HorovodPool:
         Seconds to wait for every rank to start.
     idle_timeout : float
         A pool that ran nothing for this many seconds ends and gives its slots back.
+    engine : {"horovod", "torch", "tf"}
+        What the ranks run on (see :class:`hvd_magics.HorovodRunner`); the first cell starts it
+        (``hvd.init()``, ``init_process_group()``, ``MultiWorkerMirroredStrategy()``) and later
+        cells use it as it is.
 
     Examples
     --------
@@ -163,10 +167,13 @@ class HorovodPool:
 
     def __init__(self, np: int, env: Mapping[str, str] | None = None,
                  start_timeout: float = DEFAULT_START_TIMEOUT_S,
-                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S) -> None:
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S, engine: str = ENGINE_HOROVOD
+                 ) -> None:
         self.np, self.start_timeout, self.idle_timeout = pool_options(np, start_timeout,
                                                                       idle_timeout)
+        self.engine = validate_engine(engine)
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
+        self.env[ENV_ENGINE] = self.engine
         self.cells = 0
         self.restarts = 0
         #: Why the pool ended (``None`` while it runs).
@@ -182,7 +189,8 @@ class HorovodPool:
         self.job_id = uuid.uuid4().hex[:12]
         self.events = CellEvents(abs(self.np))
         # a cell can then record a timeline (hvd_magics.rank.cell_timeline)
-        env = {ENV_HOROVOD_TIMELINE: TIMELINE_DYNAMIC, **self.env}
+        env = ({ENV_HOROVOD_TIMELINE: TIMELINE_DYNAMIC, **self.env}
+               if self.engine == ENGINE_HOROVOD else dict(self.env))
         if self.np < 0:
             self.backend: Any = DriverBackend(-self.np, env, pool=True)
         else:
@@ -380,11 +388,12 @@ class HorovodPool:
         return HorovodRunner(self.np, env=self.env, pool=self).run(main, **kwargs)
 
     def __repr__(self) -> str:
+        engine = f", engine={self.engine!r}" if self.engine != ENGINE_HOROVOD else ""
         if self.ended is not None:
-            return f"HorovodPool(np={self.np}): ended, {self.ended}"
+            return f"HorovodPool(np={self.np}{engine}): ended, {self.ended}"
         idle = time.monotonic() - self.last_used
         size, word = self.ranks.split()
-        return (f"HorovodPool(np={self.np}): {size} warm {word} on {self.where}, started "
+        return (f"HorovodPool(np={self.np}{engine}): {size} warm {word} on {self.where}, started "
                 f"{self.started_at:%H:%M:%S} (in {self.start_s:.1f} s), {self.cells} cells run, "
                 f"idle for {idle:.0f} s (ends after {self.idle_timeout:.0f} s idle)"
                 + (f", restarted {self.restarts} times" if self.restarts else ""))

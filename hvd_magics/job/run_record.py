@@ -37,6 +37,9 @@ class RunRecord:
         The driver-side file with every line of every rank.
     timeline_path : str or None
         The Horovod Timeline file on the driver, when one was recorded.
+    engine : str
+        What the ranks ran on: ``"horovod"``, ``"torch"`` (torch.distributed) or ``"tf"``
+        (tf.distribute).
     charts_html : str
         The job's charts (loss and metrics per step and epoch, samples/s per rank) as inline
         SVG; part of the record's HTML, so saved notebooks and their exports keep them.
@@ -84,6 +87,7 @@ class RunRecord:
     final_size: int | None = None
     startup_s: float | None = None
     training_s: float | None = None
+    engine: str = "horovod"
     #: The job's charts (loss, metrics, samples/s) as inline SVG, for saved notebooks.
     charts_html: str = field(default="", repr=False)
 
@@ -112,7 +116,8 @@ class RunRecord:
             f"elastic {self.elastic}, ended with {self.final_size}" if self.final_size
             else f"elastic {self.elastic}")
         rows = [("job", self.job_id), ("status", self.status), ("ranks", ranks),
-                ("where", self.where), ("started", self.started_at.strftime("%Y-%m-%d %H:%M:%S")),
+                ("where", self.where)] + ([("engine", _ENGINE_NAMES.get(self.engine, self.engine))]
+                                          if self.engine != "horovod" else []) + [("started", self.started_at.strftime("%Y-%m-%d %H:%M:%S")),
                 ("wall time", wall), ("exit codes", codes)]
         for reset in self.resets:
             rows.append((f"reset {reset['reset']}", describe_reset(reset)))
@@ -172,6 +177,10 @@ def describe_reset(reset: dict[str, Any]) -> str:
     """``"task 1 was lost (its executor went away); 2 ranks after it"``."""
     causes = "; ".join(reset.get("causes") or []) or "the ranks re-formed"
     return f"{causes}; {reset['size']} rank{'s' if reset['size'] != 1 else ''} after it"
+
+
+#: How the record names each engine.
+_ENGINE_NAMES = {"torch": "torch.distributed", "tf": "tf.distribute"}
 
 
 def _short(text: str, limit: int = 120) -> str:

@@ -25,7 +25,7 @@ from hvd_magics.job.stacks import JobStacks
 from hvd_magics.job.mlflow_run import MlflowSettings, MlflowTracker, requested
 from hvd_magics.launch.dataframe_input import check_columns, common_session
 from hvd_magics.launch.payload import JobPayload, leading_imports, serialize_job
-from hvd_magics.protocol import (ENV_PREIMPORT, ENV_STALL_CHECK, ENV_TIMELINE_MARK_CYCLES,
+from hvd_magics.protocol import (ENGINE_HOROVOD, ENV_ENGINE, ENV_PREIMPORT, ENV_STALL_CHECK, ENV_TIMELINE_MARK_CYCLES,
                                  ENV_WANT_TIMELINE)
 from hvd_magics.result_codec import VALUE, ResultDecodeError, decode_strict
 from hvd_magics.job.run_logs import prune_old_runs, runs_dir
@@ -37,7 +37,7 @@ from hvd_magics.launch.spark_backend import (SparkBackend, active_session, is_co
                                              start_local_session)
 from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S,
                                     VERBOSITY_ALL, ElasticSize, positive_seconds,
-                                    validate_elastic_timeout,
+                                    horovod_only, validate_elastic_timeout, validate_engine,
                                     validate_reset_limit, validate_size, validate_start_timeout,
                                     validate_verbosity)
 from hvd_magics.job.text_view import TextView
@@ -186,6 +186,13 @@ class HorovodRunner:
         A rank with no output or progress for this many seconds is shown as stalled, with the
         line of your code it is in (``%%horovod --stall-after``; default 60). Horovod's own stall
         check (``HOROVOD_STALL_CHECK_TIME_SECONDS``) is set to the same unless ``env`` sets it.
+    engine : {"horovod", "torch", "tf"}, optional
+        What the ranks run on (``%%horovod --engine``): ``"horovod"`` (``hvd.init()``),
+        ``"torch"`` (``torch.distributed.init_process_group()`` reads the environment torchrun
+        sets: ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+        ``LOCAL_WORLD_SIZE``) or ``"tf"`` (``tf.distribute.MultiWorkerMirroredStrategy()`` reads
+        ``TF_CONFIG``). Default: the pool's engine, else ``"horovod"``. Elastic jobs and
+        ``timeline`` are Horovod's.
 
     Raises
     ------
@@ -208,8 +215,24 @@ class HorovodRunner:
                  timeline_mark_cycles: bool = False, mlflow: bool | str | None = None,
                  elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT_S,
                  reset_limit: int | None = None, pool: Any = None,
-                 timeout: float | None = None, stall_after: float = STALL_AFTER_S) -> None:
+                 timeout: float | None = None, stall_after: float = STALL_AFTER_S,
+                 engine: str | None = None) -> None:
         size = validate_size(np)
+        pool_engine = getattr(pool, "engine", ENGINE_HOROVOD)
+        self.engine = pool_engine if engine is None else validate_engine(engine)
+        if pool is not None and self.engine != pool_engine:
+            raise ValueError(f"engine={engine!r} is not the warm pool's engine "
+                             f"({pool_engine!r}). Fix: leave engine out to run on the pool, or "
+                             "leave the pool out for a cold job on another engine.")
+        if isinstance(size, ElasticSize):
+            horovod_only(f"an elastic job (np={np})", self.engine,
+                         "Fix: give a fixed np, or use engine='horovod' with hvd.elastic "
+                         "(torch's elastic agent restarts every worker at each change, which "
+                         "a notebook's job cannot follow).")
+        if timeline is not None:
+            horovod_only("the Horovod Timeline (timeline=, %hvd_timeline)", self.engine,
+                         "Fix: record a trace with torch.profiler or tf.profiler in the job; "
+                         "epoch timing, charts and %hvd_stacks work on every engine.")
         self.timeout = None if timeout is None else positive_seconds(timeout,
                                                                      "timeout (--timeout)")
         self.stall_after = positive_seconds(stall_after, "stall_after (--stall-after)")
@@ -227,6 +250,7 @@ class HorovodRunner:
         self.start_timeout = validate_start_timeout(start_timeout)
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
         self.env.setdefault(ENV_STALL_CHECK, str(max(1, round(self.stall_after))))
+        self.env[ENV_ENGINE] = self.engine
         self.timeline = Path(timeline) if timeline is not None else None
         self.mlflow = mlflow
         if mlflow:
@@ -353,11 +377,11 @@ def _source_of(main: Callable) -> str | None:
 
 
 def _tracker(settings: MlflowSettings | None, job_id: str, np: int, where: str,
-             source: str | None) -> MlflowTracker | None:
+             source: str | None, engine: str) -> MlflowTracker | None:
     if settings is None:
         return None
     try:
-        return MlflowTracker(settings, job_id, np, where, source)
+        return MlflowTracker(settings, job_id, np, where, source, engine)
     except Exception as exc:  # noqa: BLE001 - tracking never stops a job
         warnings.warn(f"hvd_magics: MLflow tracking could not start ({type(exc).__name__}: "
                       f"{exc}); the job goes on without it.", stacklevel=3)
@@ -374,12 +398,13 @@ def launch(request: LaunchRequest) -> RunRecord:
     backend = _make_backend(request)
     prune_old_runs()
     log_path = runs_dir() / job_id / "ranks.log"
-    tracker = _tracker(request.tracking, job_id, size, backend.where, request.source)
+    engine = request.env.get(ENV_ENGINE, ENGINE_HOROVOD)
+    tracker = _tracker(request.tracking, job_id, size, backend.where, request.source, engine)
     job = JobState(abs(size), log_path, request.views + ([tracker] if tracker else []),
                    backend.where, elastic, timeline_dest=request.timeline,
                    stall_after=request.stall_after)
     record = RunRecord(job_id=job_id, np=size, where=backend.where, log_path=str(log_path),
-                       elastic=str(elastic) if elastic else None)
+                       elastic=str(elastic) if elastic else None, engine=engine)
     SESSION.last_run = record
     events: queue.Queue = queue.Queue()
     if request.live is not None:

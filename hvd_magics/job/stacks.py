@@ -16,8 +16,13 @@ from typing import Any
 _PACKAGE_ROOT = re.compile(r".*[\\/](?:site|dist)-packages[\\/]")
 #: Most frames printed per thread (the innermost).
 SHOWN_FRAMES = 12
-#: The files of Horovod's collectives: a rank whose innermost frame is in one waits for its peers.
-_COLLECTIVE = re.compile(r"horovod[\\/](torch|tensorflow|keras|_keras)[\\/]")
+#: The files of each engine's collectives: a rank whose innermost frame is in one waits for its
+#: peers.
+_COLLECTIVES = (
+    ("Horovod", re.compile(r"horovod[\\/](torch|tensorflow|keras|_keras)[\\/]")),
+    ("torch.distributed", re.compile(r"torch[\\/]distributed[\\/]")),
+    ("tf.distribute", re.compile(r"tensorflow[\\/]python[\\/](distribute|ops[\\/]collective)")),
+)
 
 
 def short_path(path: str) -> str:
@@ -57,11 +62,14 @@ def _main_frames(threads: list[dict[str, Any]]) -> list[list[Any]]:
     return main["frames"] if main else []
 
 
-def in_collective(threads: list[dict[str, Any]]) -> bool:
-    """Whether the main thread waits inside a Horovod collective (its innermost frame is
-    Horovod's)."""
+def collective_of(threads: list[dict[str, Any]]) -> str:
+    """Whose collective the main thread waits in (its innermost frame is Horovod's,
+    torch.distributed's or tf.distribute's): that engine's name, else ``""``."""
     frames = _main_frames(threads)
-    return bool(frames) and bool(_COLLECTIVE.search(frames[-1][0]))
+    if not frames:
+        return ""
+    return next((name for name, files in _COLLECTIVES if files.search(frames[-1][0])), "")
+
 
 
 @dataclass
@@ -91,16 +99,18 @@ class JobStacks:
         return dict(sorted(found.items()))
 
     def diagnosis(self, unit: str = "rank") -> str:
-        """In words, when some ranks wait in a Horovod collective and others are elsewhere:
-        ``ranks 0 wait in a Horovod collective for rank 1, which is elsewhere (see below)``."""
-        waiting = sorted(r for r, e in self.ranks.items() if in_collective(e.get("threads", [])))
+        """In words, when some ranks wait in a collective and others are elsewhere: ``ranks 0
+        wait in a Horovod collective for rank 1, which is elsewhere (see below)``."""
+        engines = {r: collective_of(e.get("threads", [])) for r, e in self.ranks.items()}
+        waiting = sorted(r for r, name in engines.items() if name)
         elsewhere = sorted(set(self.ranks) - set(waiting)) + list(self.missing)
         if not waiting or not elsewhere:
             return ""
         def names(ranks: list[int]) -> str:
             return f"{unit}{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
         verb = "wait" if len(waiting) > 1 else "waits"
-        return (f"{names(waiting)} {verb} in a Horovod collective for {names(elsewhere)}, "
+        engine = engines[waiting[0]]
+        return (f"{names(waiting)} {verb} in a {engine} collective for {names(elsewhere)}, "
                 f"which {'are' if len(elsewhere) > 1 else 'is'} elsewhere and never entered it")
 
     def summary(self, unit: str = "rank") -> str:

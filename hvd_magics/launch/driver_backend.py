@@ -7,10 +7,11 @@ import threading
 import time
 from typing import Any, Sequence
 
-from hvd_magics.protocol import CUDA_VISIBLE_DEVICES, TASK_STARTED
+from hvd_magics.protocol import CUDA_VISIBLE_DEVICES, ENGINE_HOROVOD, ENGINE_TORCH, TASK_STARTED
+from hvd_magics.task.engines import PortOffer, engine_of, meet_env, offers_port, start_env
 from hvd_magics.task.gpus import local_gpu_count, visible_devices
 from hvd_magics.task.supervisor import RankProcess, rank_environment
-from hvd_magics.task.slots import plan_ranks, slot_env, start_rendezvous, stop_rendezvous
+from hvd_magics.task.slots import plan_ranks, start_rendezvous, stop_rendezvous
 
 _HOST = "localhost"
 
@@ -46,12 +47,23 @@ class DriverBackend:
     def start(self, payload: bytes, job_id: str, events: queue.Queue) -> None:
         """Start the rendezvous and the ranks (from the calling thread, which outlives them)."""
         slots = plan_ranks([_HOST] * self.size)
-        self._server, port = start_rendezvous(slots)
+        engine = engine_of(self.env)
+        offers = {s.rank: PortOffer() for s in slots if offers_port(engine, s.rank)}
+        port = 0
+        if engine == ENGINE_HOROVOD:
+            self._server, port = start_rendezvous(slots)
+        addresses = [("127.0.0.1", offers[r].port if r in offers else port)
+                     for r in range(self.size)]
+        for offer in offers.values():
+            offer.release()
         gpus = local_gpu_count()
         for slot in slots:
             env = {**rank_environment(dict(os.environ), self.env),
-                   **slot_env(slot, "127.0.0.1", port, "lo")}
-            if gpus and CUDA_VISIBLE_DEVICES not in self.env:
+                   **start_env(engine, slot, "127.0.0.1", "lo", node_per_task=False),
+                   **meet_env(engine, slot.rank, addresses)}
+            # Horovod and tf.distribute ranks get a GPU each; torch ranks share the driver's
+            # GPUs and pick theirs with LOCAL_RANK, as under torchrun.
+            if gpus and CUDA_VISIBLE_DEVICES not in self.env and engine != ENGINE_TORCH:
                 env[CUDA_VISIBLE_DEVICES] = visible_devices([slot.local_rank % gpus], os.environ)
             sink = _QueueSink(events, slot.rank)
             sink(TASK_STARTED, partition=slot.rank, local_rank=slot.local_rank, pid=os.getpid())

@@ -11,7 +11,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from hvd_magics.errors import CellError, HorovodMagicsError, MlflowMissing, PayloadError, PoolError
-from hvd_magics.options import DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S, VERBOSITIES
+from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S, VERBOSITIES,
+                                validate_engine)
 from hvd_magics.job.background import BackgroundJob, jobs
 from hvd_magics.job.job_state import STALL_AFTER_S
 from hvd_magics.job.mlflow_run import requested
@@ -33,7 +34,7 @@ _KEY_VALUE_OPTIONS = {"np": "--np", "start_timeout": "--start-timeout",
                       "elastic_timeout": "--elastic-timeout",
                       "elastic-timeout": "--elastic-timeout", "reset_limit": "--reset-limit",
                       "reset-limit": "--reset-limit", "idle_timeout": "--idle-timeout",
-                      "idle-timeout": "--idle-timeout"}
+                      "idle-timeout": "--idle-timeout", "engine": "--engine"}
 _KEY_VALUE = re.compile(r"^([A-Za-z_][\w-]*)=(.*)$")
 #: How to bring back an object that the cell's value could not bring.
 _RETURN_HINT = ("To bring an object into the notebook, assign it in the cell and name it with "
@@ -65,10 +66,23 @@ def normalise_line(line: str) -> str:
     return " ".join(shlex.quote(t) for t in out)
 
 
-def _pool_for(np: str | None) -> Any:
+def _pool_for(np: str | None, engine: str | None = None) -> Any:
     """The warm pool a ``%%horovod`` cell runs on: without ``np`` (or with the pool's own), the
-    session's pool; ``None`` for a cold job. Raise ``UsageError`` without ``np`` and no pool."""
+    session's pool unless ``engine`` names another; ``None`` for a cold job. Raise
+    ``UsageError`` without ``np`` and no pool (or a pool of another engine)."""
     pool = SESSION.pool
+    if pool is not None and pool.alive and engine is not None:
+        try:
+            other = validate_engine(engine) != pool.engine
+        except ValueError as exc:
+            raise UsageError(f"%%horovod: {exc}") from None
+        if other:
+            if np is None:
+                raise UsageError(f"%%horovod --engine {engine}: the warm pool runs on "
+                                 f"{pool.engine}. Fix: give np for a cold job on {engine} "
+                                 f"(%%horovod np={pool.np} --engine {engine}), or leave "
+                                 "--engine out to run on the pool.")
+            return None
     if pool is not None and not pool.alive:
         SESSION.pool = None
         if np is None:
@@ -111,6 +125,11 @@ class HorovodMagics(Magics):
                    "%%hvd_pool start.")
     @argument("--cold", action="store_true",
               help="Run on new ranks even while a warm pool (%%hvd_pool) runs.")
+    @argument("--engine", default=None, metavar="ENGINE",
+              help="What the ranks run on: horovod (default; hvd.init()), torch "
+                   "(torch.distributed.init_process_group() from the environment, as under "
+                   "torchrun) or tf (tf.distribute.MultiWorkerMirroredStrategy() from "
+                   "TF_CONFIG). engine=torch works too.")
     @argument("--elastic-timeout", type=float, default=DEFAULT_ELASTIC_TIMEOUT_S,
               metavar="SECONDS",
               help="Elastic jobs: stop when fewer than MIN ranks are left for this long "
@@ -148,7 +167,7 @@ class HorovodMagics(Magics):
     def horovod(self, line: str, cell: str) -> Any:
         """Run the cell as a Horovod job; return what rank 0's cell evaluates to last."""
         args = parse_argstring(self.horovod, normalise_line(line))
-        pool = None if args.cold else _pool_for(args.np)
+        pool = None if args.cold else _pool_for(args.np, args.engine)
         if args.cold and args.np is None:
             raise UsageError("%%horovod --cold needs the number of ranks, e.g. "
                              "%%horovod np=2 --cold")
@@ -167,7 +186,8 @@ class HorovodMagics(Magics):
                                    mlflow=False if args.no_mlflow else args.mlflow,
                                    elastic_timeout=args.elastic_timeout,
                                    reset_limit=args.reset_limit, pool=pool,
-                                   timeout=args.timeout, stall_after=args.stall_after)
+                                   timeout=args.timeout, stall_after=args.stall_after,
+                                   engine=args.engine)
         except ValueError as exc:
             raise UsageError(f"%%horovod: {exc}") from None
         except MlflowMissing as exc:
@@ -270,6 +290,9 @@ class HorovodMagics(Magics):
     @argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT_S, metavar="SECONDS",
               help="start: end the pool (and free its slots) after this long without a cell "
                    f"(default {DEFAULT_IDLE_TIMEOUT_S:.0f}).")
+    @argument("--engine", default="horovod", metavar="ENGINE",
+              help="start: what the ranks run on: horovod (default), torch or tf (as for "
+                   "%%horovod --engine).")
     @line_magic
     def hvd_pool(self, line: str) -> Any:
         """Warm ranks that live across cells: ``%hvd_pool start np=2``, then ``%%horovod``."""
@@ -284,7 +307,7 @@ class HorovodMagics(Magics):
                                  "%hvd_pool start np=2")
             try:
                 SESSION.pool = HorovodPool(args.np, parse_env(args.env), args.start_timeout,
-                                           args.idle_timeout)
+                                           args.idle_timeout, engine=args.engine)
             except ValueError as exc:
                 raise UsageError(f"%hvd_pool start: {exc}") from None
             print(SESSION.pool)

@@ -9,13 +9,12 @@ in the ranks' environment to turn it off.
 from __future__ import annotations
 
 import functools
-import importlib.abc
 import os
-import sys
 from typing import Any
 
 from hvd_magics.protocol import ENV_KERAS_PROGRESS
 from hvd_magics.rank import progress
+from hvd_magics.rank.import_hooks import after_import
 
 _KERAS_MODULES = ("tf_keras", "keras")
 _PATCHED = "_hvd_magics_progress"
@@ -109,34 +108,8 @@ def progress_callback(module: Any, batch_size: int | None, epochs: int | None = 
     return kind(batch_size, epochs, steps) if kind is not None else None
 
 
-class _KerasImportHook(importlib.abc.MetaPathFinder):
-    """Patch Keras right after it is imported (whenever the user's code imports it)."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in _KERAS_MODULES:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                original_exec = spec.loader.exec_module
-
-                def exec_module(module: Any, _exec: Any = original_exec) -> None:
-                    _exec(module)
-                    patch_keras(module)
-
-                spec.loader.exec_module = exec_module
-                return spec
-        return None
-
-
 def install() -> None:
     """Patch Keras now if it is already imported, and whenever it is imported later."""
     if os.environ.get(ENV_KERAS_PROGRESS, "1") == "0":
         return
-    for name in _KERAS_MODULES:
-        if name in sys.modules:
-            patch_keras(sys.modules[name])
-    if not any(isinstance(f, _KerasImportHook) for f in sys.meta_path):
-        sys.meta_path.insert(0, _KerasImportHook())
+    after_import(_KERAS_MODULES, patch_keras)

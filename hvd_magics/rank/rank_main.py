@@ -3,7 +3,8 @@
 The supervisor (:mod:`hvd_magics.task.supervisor`) writes the cloudpickled ``(main, kwargs)`` to this
 process's stdin and reads structured events from the pipe named by ``HVD_MAGICS_EVENT_FD``. This
 process needs no network access to the driver and holds no secret: the supervisor signs what it
-forwards. Horovod's own environment (``HOROVOD_RANK``, rendezvous address, ...) is already set.
+forwards. The engine's own environment (Horovod's ``HOROVOD_RANK``, torch's ``MASTER_ADDR``,
+``TF_CONFIG``, ...) is already set (:mod:`hvd_magics.task.engines`).
 
 The process started by the supervisor is a small *keeper*: it forks the rank into a process group
 of its own, waits for it, then kills that group, so whatever the user's code started dies with the
@@ -24,8 +25,8 @@ import time
 import traceback
 from typing import Any
 
-from hvd_magics.protocol import (ENV_CONTROL_FD, ENV_PREIMPORT, ENV_RANK_TMPDIR, ERROR, RESULT,
-                                 STARTED, decode_job)
+from hvd_magics.protocol import (ENV_CONTROL_FD, ENV_PREIMPORT, ENV_RANK, ENV_RANK_TMPDIR, ERROR,
+                                 RESULT, STARTED, decode_job)
 from hvd_magics.rank import rank_events
 from hvd_magics.rank.process_group import die_with_parent, killpg
 from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, use_tmpdir
@@ -85,9 +86,29 @@ def _end_horovod() -> None:
                       file=sys.stderr)
 
 
+def _end_torch() -> None:
+    """Leave a ``torch.distributed`` process group together: a barrier (so that no rank takes
+    the store away from a peer still in its last collective), then destroy it."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception as exc:  # noqa: BLE001 - a peer that failed is reported by its own rank
+        print(f"hvd_magics: leaving torch.distributed failed: {_safe_str(exc)}", file=sys.stderr)
+
+
+def end_engine() -> None:
+    """Leave the job's engine together with the other ranks (Horovod or torch.distributed;
+    tf.distribute has nothing to leave)."""
+    _end_horovod()
+    _end_torch()
+
+
 def final_rank() -> int:
     """This process's Horovod rank at the end of the job: an elastic job's ranks may have been
-    renumbered since the process started (``HOROVOD_RANK`` is the first one)."""
+    renumbered since the process started (``HVD_MAGICS_RANK`` is the first one)."""
     for name in ("horovod.torch", "horovod.tensorflow"):
         module = sys.modules.get(name)
         try:
@@ -95,7 +116,7 @@ def final_rank() -> int:
                 return int(module.rank())
         except Exception:  # noqa: BLE001,S112 - fall back to the environment
             continue
-    return int(os.environ.get("HOROVOD_RANK", "0"))
+    return int(os.environ.get(ENV_RANK, os.environ.get("HOROVOD_RANK", "0")))
 
 
 def report_error(exc: BaseException) -> None:
@@ -149,11 +170,12 @@ def run_job(payload: bytes) -> tuple[Any, BaseException | None, int]:
 
 def run_rank() -> None:
     """Run the shipped function and report its result or its exception (never returns)."""
-    from hvd_magics.rank import keras_progress, stack_report
+    from hvd_magics.rank import engine_guard, keras_progress, stack_report
 
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     stack_report.serve()
     keras_progress.install()
+    engine_guard.install()
     _preimport(os.environ.get(ENV_PREIMPORT, ""))
     late_env, payload = decode_job(sys.stdin.buffer) or ({}, b"")
     os.environ.update(late_env)
@@ -161,7 +183,7 @@ def run_rank() -> None:
     parts, failure, code = run_job(payload)
     if failure is not None:
         _fail(failure, code)
-    _end_horovod()
+    end_engine()
     sys.stdout.flush()
     sys.stderr.flush()
     rank_events.emit(RESULT, parts=parts)

@@ -319,7 +319,7 @@ def open_shard(index: int) -> Shard:
     job's function or cell becomes when the rank unpickles it)."""
     import json
 
-    from hvd_magics.protocol import ENV_SHARDS
+    from hvd_magics.protocol import ENV_RANK, ENV_SHARDS
 
     described = {d["index"]: d for d in json.loads(os.environ.get(ENV_SHARDS, "[]"))}
     if index not in described:
@@ -330,6 +330,6 @@ def open_shard(index: int) -> Shard:
     # one DataFrame read in several cells stays one Shard.
     if d["path"] not in _OPENED:
         _OPENED[d["path"]] = Shard(d["path"], d["name"],
-                                   int(os.environ.get("HOROVOD_RANK", "0")),
+                                   int(os.environ.get(ENV_RANK, "0")),
                                    len(d["rows_per_rank"]), d["rows_per_rank"])
     return _OPENED[d["path"]]

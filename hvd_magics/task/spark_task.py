@@ -19,15 +19,16 @@ from typing import Any, Iterator
 
 from hvd_magics.channel import ChannelAddress, EventClient
 from hvd_magics.protocol import (CUDA_VISIBLE_DEVICES, DROP_SHARDS, END_POOL, ENV_DRIVER_HOST,
-                                 ENV_LIVE, ENV_RENDEZVOUS_PORT, ENV_SHARDS, INTERRUPT_CELL,
+                                 ENGINE_HOROVOD, ENV_LIVE, ENV_SHARDS, INTERRUPT_CELL,
                                  RUN_CELL, SHARDING, TAKE_STACKS, TASK_ERROR, TASK_STARTED)
+from hvd_magics.task.engines import PortOffer, engine_of, meet_env, offers_port, start_env
 from hvd_magics.task.event_buffer import EventBuffer
 from hvd_magics.task.gpus import visible_devices
 from hvd_magics.task.shard_files import (ShardFile, ShardSpaceError, empty_shards, remove_shards,
                                          shard_folder, write_shards)
 from hvd_magics.task.shard_receiver import ShardReceiver
 from hvd_magics.task.supervisor import RankProcess, rank_environment
-from hvd_magics.task.slots import (iface_for_address, plan_ranks, slot_env, start_rendezvous,
+from hvd_magics.task.slots import (iface_for_address, plan_ranks, start_rendezvous,
                                    stop_rendezvous)
 
 
@@ -167,12 +168,14 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
     hosts = [info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()]
     host = hosts[partition]
     holder = RankHolder(pool=spec.pool)
-    server = client = folder = None
+    server = client = folder = offer = None
     port = 0
+    engine = ENGINE_HOROVOD
     error = ""
     slots: list = []
     shards: list[ShardFile] = []
     try:
+        engine = engine_of(spec.env)
         slots = plan_ranks(hosts)
         slot = slots[partition]
         client = _connect(spec, slot.rank, host, holder)
@@ -187,8 +190,11 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
         elif spec.pool and spec.channel is not None:
             folder = shard_folder(spec.job_id, partition, spec.env)
             holder.receiver = ShardReceiver(folder, spec.channel.secret)
-        if slot.rank == 0:
+        if engine == ENGINE_HOROVOD and slot.rank == 0:
             server, port = start_rendezvous(slots)
+        elif offers_port(engine, slot.rank):
+            offer = PortOffer()
+            port = offer.port
     except BaseException as exc:  # noqa: BLE001 - reported through allGather, never raised
         error = _setup_error(exc)
     message = {"port": port, "error": error, "shards": [s.as_dict() for s in shards]}
@@ -203,8 +209,13 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
             holder.discard()
             yield json.dumps({"partition": partition, "error": errors[0], "setup": True})
             return
-        late_env = {ENV_RENDEZVOUS_PORT: str(gathered[root_task]["port"]),
+        addresses = [("", 0)] * len(slots)
+        for task, message in enumerate(gathered):
+            addresses[slots[task].rank] = (hosts[task], message["port"])
+        late_env = {**meet_env(engine, slot.rank, addresses),
                     **_shard_env(spec, slots, gathered, shards)}
+        if offer is not None:
+            offer.release()  # the rank listens on it
         data = [host, holder.receiver.port] if holder.receiver is not None else None
         status = supervise(spec, ctx, slot.rank, slot.local_rank, client, holder, late_env,
                            shards, data)
@@ -214,6 +225,8 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
         yield json.dumps(status)
     finally:
         holder.discard()  # a no-op for a rank that got its job
+        if offer is not None:
+            offer.release()
         if server is not None:
             stop_rendezvous(server)
         if client is not None:
@@ -237,7 +250,8 @@ def task_rank_env(spec: TaskSpec, ctx: Any) -> dict[str, str]:
 def _rank_env(spec: TaskSpec, ctx: Any, slot: Any, root_host: str, host: str) -> dict[str, str]:
     """The rank's environment as far as it is known before the tasks meet."""
     env = task_rank_env(spec, ctx)
-    env.update(slot_env(slot, root_host, 0, iface_for_address(host)))
+    env.update(start_env(engine_of(spec.env), slot, root_host, iface_for_address(host),
+                         node_per_task=True))
     return env
 
 

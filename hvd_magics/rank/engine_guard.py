@@ -1,0 +1,81 @@
+"""A call that starts another engine than the rank's fails at once, with one line that names the
+engine the rank runs on and the fix (not a hang while it waits for peers that never come, nor
+ranks that each train alone).
+
+The rank's engine is ``HVD_MAGICS_ENGINE``; :func:`install` patches, whenever they are imported,
+Horovod's ``init`` (``horovod.torch``, ``horovod.tensorflow``, ``horovod.tensorflow.keras``,
+``horovod.keras``), ``torch.distributed.init_process_group`` and
+``tf.distribute.MultiWorkerMirroredStrategy``, except those of the rank's own engine.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Callable
+
+from hvd_magics.protocol import ENGINE_HOROVOD, ENGINE_TF, ENGINE_TORCH, ENV_ENGINE
+from hvd_magics.rank.import_hooks import after_import
+
+#: How a user picks each engine: the magic's option and the Python keyword.
+_HOW = {ENGINE_HOROVOD: "%%horovod without --engine (engine='horovod')",
+        ENGINE_TORCH: "%%horovod --engine torch (engine='torch')",
+        ENGINE_TF: "%%horovod --engine tf (engine='tf')"}
+#: What each engine's ranks call to start it.
+_STARTS = {ENGINE_HOROVOD: "hvd.init()",
+           ENGINE_TORCH: "torch.distributed.init_process_group()",
+           ENGINE_TF: "tf.distribute.MultiWorkerMirroredStrategy()"}
+_HOROVOD_MODULES = ("horovod.torch", "horovod.tensorflow", "horovod.tensorflow.keras",
+                    "horovod.keras")
+_TORCH_MODULES = ("torch.distributed", "torch.distributed.distributed_c10d")
+_TF_MODULE = "tensorflow.python.distribute.collective_all_reduce_strategy"
+_GUARDED = "_hvd_magics_engine_guard"
+
+
+class WrongEngineError(RuntimeError):
+    """The rank's code starts another engine than the one its job runs on."""
+
+
+def wrong_engine_message(called: str, engine: str) -> str:
+    """The one line a rank of ``engine`` fails with when its code starts ``called``."""
+    return (f"{_STARTS[called]} was called, but this job runs on the {engine} engine, whose "
+            f"ranks call {_STARTS[engine]}. Fix: run the cell with {_HOW[called]}, or use "
+            f"{_STARTS[engine]} in it.")
+
+
+def _refuse(original: Callable, called: str, engine: str) -> Callable:
+    if getattr(original, _GUARDED, False):
+        return original
+
+    @functools.wraps(original)
+    def refused(*_args: Any, **_kwargs: Any) -> Any:
+        raise WrongEngineError(wrong_engine_message(called, engine))
+
+    setattr(refused, _GUARDED, True)
+    return refused
+
+
+def install() -> None:
+    """Guard every engine but the rank's own (nothing outside a rank of ours)."""
+    engine = os.environ.get(ENV_ENGINE)
+    if engine not in _STARTS:
+        return
+    if engine != ENGINE_HOROVOD:
+        def guard_horovod(module: Any) -> None:
+            if hasattr(module, "init"):
+                module.init = _refuse(module.init, ENGINE_HOROVOD, engine)
+
+        after_import(_HOROVOD_MODULES, guard_horovod)
+    if engine != ENGINE_TORCH:
+        def guard_torch(module: Any) -> None:
+            if hasattr(module, "init_process_group"):
+                module.init_process_group = _refuse(module.init_process_group, ENGINE_TORCH,
+                                                    engine)
+
+        after_import(_TORCH_MODULES, guard_torch)
+    if engine != ENGINE_TF:
+        def guard_tf(module: Any) -> None:
+            strategy = getattr(module, "CollectiveAllReduceStrategy", None)
+            if strategy is not None:
+                strategy.__init__ = _refuse(strategy.__init__, ENGINE_TF, engine)
+
+        after_import((_TF_MODULE,), guard_tf)

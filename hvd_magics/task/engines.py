@@ -1,0 +1,94 @@
+"""How the ranks of each engine find each other: the environment a rank starts with, the ports
+that are offered before the tasks meet, and what each rank learns once they met.
+
+=========  ================================  ==============================================
+engine     offered before the tasks meet     learnt once they met
+=========  ================================  ==============================================
+horovod    rank 0: its Gloo rendezvous       ``HOROVOD_GLOO_RENDEZVOUS_PORT``
+torch      rank 0: a free port (the store)   ``MASTER_PORT`` (``MASTER_ADDR`` is known before)
+tf         every rank: a free port           ``TF_CONFIG`` naming every worker, and this one
+=========  ================================  ==============================================
+
+``torch.distributed.init_process_group()`` then reads what torchrun would set (``MASTER_ADDR``,
+``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``);
+``tf.distribute.MultiWorkerMirroredStrategy()`` reads ``TF_CONFIG``. A port is held open until
+just before the rank gets its job, so no other process takes it meanwhile.
+"""
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any, Mapping, Sequence
+
+from hvd_magics.protocol import (ENGINE_HOROVOD, ENGINE_TF, ENGINE_TORCH, ENGINES, ENV_ENGINE,
+                                 ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RANK,
+                                 ENV_RENDEZVOUS_PORT, ENV_SIZE, ENV_TF_CONFIG)
+from hvd_magics.task.slots import slot_env
+
+
+def engine_of(env: Mapping[str, str]) -> str:
+    """The engine a job's environment names (Horovod when it names none)."""
+    engine = env.get(ENV_ENGINE, ENGINE_HOROVOD)
+    if engine not in ENGINES:
+        raise ValueError(f"{ENV_ENGINE}={engine!r} is not an engine; use one of {ENGINES}")
+    return engine
+
+
+def start_env(engine: str, slot: Any, root_host: str, iface: str,
+              node_per_task: bool) -> dict[str, str]:
+    """The environment a rank of ``engine`` starts with, as ``slot`` (a Horovod ``SlotInfo``).
+
+    ``node_per_task``: each rank is a node of its own (a Spark task with the GPUs Spark gave it,
+    as TorchDistributor runs torchrun with one process per node); otherwise the ranks on one
+    host share it and its GPUs (ranks on the driver), and ``LOCAL_RANK`` picks a device.
+    """
+    env = {ENV_ENGINE: engine, ENV_RANK: str(slot.rank), ENV_SIZE: str(slot.size)}
+    if engine == ENGINE_HOROVOD:
+        env.update(slot_env(slot, root_host, 0, iface))
+    elif engine == ENGINE_TORCH:
+        local_rank, local_size = (0, 1) if node_per_task else (slot.local_rank, slot.local_size)
+        env.update({ENV_MASTER_ADDR: root_host, "RANK": str(slot.rank),
+                    "WORLD_SIZE": str(slot.size), "LOCAL_RANK": str(local_rank),
+                    "LOCAL_WORLD_SIZE": str(local_size),
+                    "GROUP_RANK": str(slot.rank if node_per_task else slot.cross_rank)})
+        if iface:  # Gloo's own interface choice can pick one the other hosts cannot reach
+            env["GLOO_SOCKET_IFNAME"] = iface
+    return env
+
+
+def offers_port(engine: str, rank: int) -> bool:
+    """Whether the rank ``rank`` offers a port of its own before the tasks meet (a Horovod
+    job's rank 0 starts its rendezvous server instead)."""
+    return engine == ENGINE_TF or (engine == ENGINE_TORCH and rank == 0)
+
+
+class PortOffer:
+    """A free TCP port on this host, held (bound, not listening) until :meth:`release`."""
+
+    def __init__(self) -> None:
+        self._sock: socket.socket | None = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("", 0))
+        self.port: int = self._sock.getsockname()[1]
+
+    def release(self) -> None:
+        """Free the port for the rank that will listen on it."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+def meet_env(engine: str, rank: int, addresses: Sequence[tuple[str, int]]) -> dict[str, str]:
+    """What rank ``rank`` learns once the tasks met; ``addresses[r]`` is rank ``r``'s host and
+    the port it offered (``0``: none)."""
+    if engine == ENGINE_HOROVOD:
+        return {ENV_RENDEZVOUS_PORT: str(addresses[0][1])}
+    if engine == ENGINE_TORCH:
+        return {ENV_MASTER_PORT: str(addresses[0][1])}
+    workers = [f"{_url_host(host)}:{port}" for host, port in addresses]
+    return {ENV_TF_CONFIG: json.dumps({"cluster": {"worker": workers},
+                                       "task": {"type": "worker", "index": rank}})}
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
