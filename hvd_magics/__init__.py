@@ -21,6 +21,7 @@ __version__ = "0.1.0"
 _PUBLIC = {
     "HorovodRunner": "hvd_magics.job.runner",
     "HorovodPool": "hvd_magics.job.pool",
+    "TorchDistributor": "hvd_magics.job.torch_distributor",
     "BackgroundJob": "hvd_magics.job.background",
     "jobs": "hvd_magics.job.background",
     "rank_namespace": "hvd_magics.rank.cell_runner",

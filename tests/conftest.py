@@ -192,9 +192,10 @@ def rank_processes_alive(pids) -> list[int]:
 
 import cloudpickle  # noqa: E402
 
-from tests import estimator_models, jobs  # noqa: E402
+from tests import engine_jobs, estimator_models, jobs  # noqa: E402
 
 cloudpickle.register_pickle_by_value(jobs)
+cloudpickle.register_pickle_by_value(engine_jobs)
 cloudpickle.register_pickle_by_value(estimator_models)
 
 

@@ -249,7 +249,8 @@ class HorovodRunner:
         self.driver_log_verbosity = validate_verbosity(driver_log_verbosity)
         self.start_timeout = validate_start_timeout(start_timeout)
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
-        self.env.setdefault(ENV_STALL_CHECK, str(max(1, round(self.stall_after))))
+        if self.engine == ENGINE_HOROVOD:
+            self.env.setdefault(ENV_STALL_CHECK, str(max(1, round(self.stall_after))))
         self.env[ENV_ENGINE] = self.engine
         self.timeline = Path(timeline) if timeline is not None else None
         self.mlflow = mlflow
@@ -280,7 +281,7 @@ class HorovodRunner:
             When ranks did not start within ``start_timeout``.
         """
         payload = serialize_job(main, kwargs)
-        return self.run_payload(payload, source=_source_of(main)).value
+        return self.run_payload(payload, source=source_of(main)).value
 
     def run_payload(self, payload: JobPayload | bytes, views: list[JobView] | None = None,
                     decode: Decoder = decode_value, source: str | None = None,
@@ -302,7 +303,7 @@ class HorovodRunner:
         ``NotEnoughSlotsError`` when this notebook's pools and background jobs hold the slots).
         """
         payload = serialize_job(main, kwargs)
-        return self.start_payload(payload, source=_source_of(main))
+        return self.start_payload(payload, source=source_of(main))
 
     def start_payload(self, payload: JobPayload | bytes, views: list[JobView] | None = None,
                       decode: Decoder = decode_value, source: str | None = None,
@@ -369,7 +370,7 @@ def _make_backend(request: LaunchRequest) -> Any:
                         background=request.live is not None)
 
 
-def _source_of(main: Callable) -> str | None:
+def source_of(main: Callable) -> str | None:
     try:
         return inspect.getsource(main)
     except (OSError, TypeError):

@@ -103,7 +103,7 @@ def why_not_shippable(value: Any) -> str | None:
     return None
 
 
-def _function_references(fn: Callable) -> dict[str, Any]:
+def function_references(fn: Callable) -> dict[str, Any]:
     if not inspect.isfunction(fn):
         return {}
     refs = inspect.getclosurevars(fn)
@@ -128,7 +128,7 @@ def serialize_job(main: Callable, kwargs: Mapping[str, Any],
     if not callable(main):
         raise PayloadError(f"main must be a function, got {type(main).__name__}")
     if labels is None or names is None:
-        references = {k: v for k, v in _function_references(main).items()
+        references = {k: v for k, v in function_references(main).items()
                       if not inspect.ismodule(v)}
         if labels is None:
             fn = getattr(main, "__name__", "main")

@@ -1,0 +1,148 @@
+"""A drop-in for pyspark's ``TorchDistributor``: the same constructor, ``run`` and return value,
+run as a job of ours on the ``torch`` engine (the dashboard, rank-labelled errors, epoch timing,
+MLflow and DataFrame shards come with it).
+
+Change ``from pyspark.ml.torch.distributor import TorchDistributor`` to
+``from hvd_magics import TorchDistributor`` and nothing else.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any, Callable
+
+from hvd_magics.job.runner import HorovodRunner, source_of
+from hvd_magics.launch.payload import function_references, serialize_job
+from hvd_magics.launch.spark_backend import active_session
+from hvd_magics.protocol import CUDA_VISIBLE_DEVICES, ENGINE_TORCH
+from hvd_magics.rank.torch_entry import call_with, run_script
+from hvd_magics.task.gpus import local_gpu_count
+
+#: The Spark setting that gives each task its GPUs.
+TASK_GPU_AMOUNT = "spark.task.resource.gpu.amount"
+
+
+class TorchDistributor:
+    """Run a PyTorch training function or file on ``num_processes`` ranks, as pyspark's
+    ``TorchDistributor`` does, with the ranks' ``torch.distributed`` environment set as torchrun
+    sets it (``init_process_group()`` needs no arguments besides the backend).
+
+    Parameters
+    ----------
+    num_processes : int
+        How many ranks (processes).
+    local_mode : bool
+        ``True``: the ranks are processes on the driver; ``False``: one Spark barrier task each.
+    use_gpu : bool
+        Train on GPUs: on the driver, each rank sees every GPU and picks its own with
+        ``LOCAL_RANK``; on Spark, each task gets the GPUs of ``spark.task.resource.gpu.amount``
+        (which must be 1: one rank per task). ``False`` trains on CPU (the ``gloo`` backend).
+    **options
+        What :class:`hvd_magics.HorovodRunner` takes besides ``np`` and ``engine``
+        (``start_timeout``, ``env``, ``mlflow``, ``timeout``, ``stall_after``,
+        ``driver_log_verbosity``).
+
+    Examples
+    --------
+    >>> def train(learning_rate):                               # doctest: +SKIP
+    ...     import torch.distributed as dist
+    ...     dist.init_process_group(backend="gloo")
+    ...     ...
+    ...     return model
+    >>> model = TorchDistributor(num_processes=2, local_mode=True,
+    ...                          use_gpu=False).run(train, 1e-3)  # doctest: +SKIP
+    """
+
+    def __init__(self, num_processes: int = 1, local_mode: bool = True, use_gpu: bool = True,
+                 **options: Any) -> None:
+        if isinstance(num_processes, bool) or not isinstance(num_processes, int) or \
+                num_processes <= 0:
+            raise ValueError(f"num_processes must be a positive whole number, got "
+                             f"{num_processes!r}")
+        self.num_processes = num_processes
+        self.local_mode = bool(local_mode)
+        self.use_gpu = bool(use_gpu)
+        for taken in ("np", "engine", "pool"):
+            if taken in options:
+                raise ValueError(f"TorchDistributor sets {taken} itself; leave it out")
+        self.options = options
+        # the options are checked now, as pyspark checks its own
+        self._runner()
+
+    def _runner(self) -> HorovodRunner:
+        np = -self.num_processes if self.local_mode else self.num_processes
+        return HorovodRunner(np, engine=ENGINE_TORCH, **self.options)
+
+    def _check_gpus(self) -> None:
+        """``use_gpu=True`` needs GPUs where the ranks run; say how to get them or train on
+        CPU (pyspark raises here too)."""
+        if not self.use_gpu:
+            return
+        cpu_fix = "or use_gpu=False to train on CPU (the 'gloo' backend)"
+        if self.local_mode:
+            if not (local_gpu_count() or os.environ.get(CUDA_VISIBLE_DEVICES)):
+                raise RuntimeError(f"use_gpu=True, but the driver has no GPU. Fix: run on a "
+                                   f"machine with GPUs, {cpu_fix}.")
+            return
+        session = active_session()
+        amount = session.conf.get(TASK_GPU_AMOUNT, "0") if session is not None else "0"
+        try:
+            gpus = float(amount)
+        except ValueError:
+            gpus = 0.0
+        if gpus != 1:
+            what = "unset" if gpus == 0 else f"{amount}"
+            raise RuntimeError(f"use_gpu=True, but {TASK_GPU_AMOUNT} is {what}: each rank is one "
+                               f"Spark task with its own GPU. Fix: set {TASK_GPU_AMOUNT}=1 "
+                               f"(with the executors' GPU resources), {cpu_fix}.")
+
+    def run(self, train_object: Callable[..., Any] | str | os.PathLike, *args: Any,
+            **kwargs: Any) -> Any:
+        """Run ``train_object`` on every rank.
+
+        Parameters
+        ----------
+        train_object : callable or str
+            A function, called as ``train_object(*args, **kwargs)``; or the path of a Python
+            file, run as ``python path *args`` (the arguments are its command line).
+
+        Returns
+        -------
+        object or None
+            What the function returned on rank 0; ``None`` for a file.
+        """
+        self._check_gpus()
+        runner = self._runner()
+        if isinstance(train_object, (str, os.PathLike)):
+            if kwargs:
+                raise ValueError("a file takes command-line arguments only: pass them as "
+                                 "strings after the path, not as keywords")
+            path = os.path.abspath(train_object) if os.path.exists(train_object) else str(
+                train_object)
+            if self.local_mode and not os.path.isfile(path):
+                raise FileNotFoundError(f"no Python file at {train_object!r} on the driver")
+            payload = serialize_job(run_script, {"path": path, "argv": [str(a) for a in args]})
+            runner.run_payload(payload, source=_file_source(path))
+            return None
+        if not callable(train_object):
+            raise TypeError("train_object must be a function or the path of a Python file, got "
+                            f"{type(train_object).__name__}")
+        name = getattr(train_object, "__name__", "train")
+        references = {k: v for k, v in function_references(train_object).items()
+                      if not inspect.ismodule(v)}
+        arguments = {**{f"argument {i + 1}": a for i, a in enumerate(args)},
+                     **{f"argument {k!r}": v for k, v in kwargs.items()}}
+        payload = serialize_job(
+            call_with, {"function": train_object, "args": args, "kwargs": kwargs},
+            names={**references, **{f"args[{i}]": a for i, a in enumerate(args)}, **kwargs},
+            labels={**arguments, **{f"variable {k!r} used by {name}()": v
+                                    for k, v in references.items()}})
+        return runner.run_payload(payload, source=source_of(train_object)).value
+
+
+def _file_source(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read()
+    except OSError:
+        return None

@@ -1,0 +1,136 @@
+"""torch.distributed and tf.distribute ranks as processes on the driver (np < 0): real Gloo DDP,
+a real MultiWorkerMirroredStrategy fit, failures, interrupts, pools and the drop-in."""
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from hvd_magics import (HorovodJobError, HorovodPool, HorovodRunner, JobInterrupted,
+                        TorchDistributor, last_run)
+from tests import engine_jobs
+from tests.conftest import rank_processes_alive
+
+
+def test_ddp_allreduce_on_two_driver_ranks_with_torchrun_variables():
+    views = HorovodRunner(np=-2, engine="torch").run(engine_jobs.ddp_allreduce)
+    assert [v["sum"] for v in views] == [3.0, 3.0]
+    assert [(v["rank"], v["size"], v["local_rank"], v["local_world_size"]) for v in views] == [
+        (0, 2, 0, 2), (1, 2, 1, 2)]
+    assert views[0]["horovod_vars"] == []  # no Horovod environment on another engine's ranks
+    record = last_run()
+    assert record.status == "succeeded" and record.engine == "torch"
+    assert ("engine", "torch.distributed") in record._rows()
+    assert rank_processes_alive([v["pid"] for v in views]) == []
+
+
+def test_a_ddp_training_loop_reports_its_progress_and_epochs():
+    result = HorovodRunner(np=-2, engine="torch").run(engine_jobs.ddp_mlp, epochs=2, steps=10)
+    assert len(set(result["checksums"])) == 1  # DDP kept the ranks' weights equal
+    epochs = last_run().epochs
+    assert sorted({(row["epoch"]) for row in epochs}) == [1, 2]
+    assert all(row["samples"] == 640 and set(row["rank_seconds"]) == {0, 1} for row in epochs)
+
+
+@pytest.mark.parametrize("engine, job, expect", [
+    ("torch", engine_jobs.ddp_fail, "ValueError: boom from DDP rank 1"),
+    ("tf", engine_jobs.tf_mwms_fit, "ValueError: boom from tf worker 1"),
+])
+def test_a_failing_rank_ends_the_job_promptly_under_each_engine(engine, job, expect):
+    kwargs = {"bad_rank": 1} if engine == "torch" else {"fail_rank": 1}
+    start = time.monotonic()
+    with pytest.raises(HorovodJobError) as info:
+        HorovodRunner(np=-2, engine=engine).run(job, **kwargs)
+    assert time.monotonic() - start < 60
+    text = str(info.value)
+    assert "rank 1" in text and expect in text, text
+    assert rank_processes_alive(list(last_run().pids.values())) == []
+
+
+@pytest.mark.parametrize("engine", ["torch", "tf"])
+def test_an_interrupt_stops_every_rank_under_each_engine(engine, tmp_path):
+    def interrupt_when_running():
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / str(r)).exists() for r in (0, 1)):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_running, daemon=True).start()
+    with pytest.raises(JobInterrupted) as info:
+        HorovodRunner(np=-2, engine=engine).run(engine_jobs.wait_marked, marks=str(tmp_path),
+                                                engine=engine)
+    text = str(info.value)
+    assert "nothing is left running" in text and "wait_marked" in text, text
+    assert last_run().status == "interrupted"
+    assert rank_processes_alive(list(last_run().pids.values())) == []
+
+
+def test_hvd_init_on_the_torch_engine_fails_with_one_line_naming_it():
+    start = time.monotonic()
+    with pytest.raises(HorovodJobError) as info:
+        HorovodRunner(np=-2, engine="torch").run(engine_jobs.horovod_on_torch_engine)
+    assert time.monotonic() - start < 60
+    assert ("WrongEngineError: hvd.init() was called, but this job runs on the torch engine"
+            in str(info.value))
+
+
+def test_a_keras_fit_under_multi_worker_mirrored_strategy_on_two_driver_ranks():
+    result = HorovodRunner(np=-2, engine="tf").run(engine_jobs.tf_mwms_fit, epochs=2)
+    assert result["workers"] == 2 and result["index"] == 0
+    assert len(result["cluster"]) == 2 and result["loss"] > 0
+    record = last_run()
+    assert record.engine == "tf" and sorted({row["epoch"] for row in record.epochs}) == [1, 2]
+
+
+def test_a_warm_pool_keeps_the_process_group_across_runs():
+    with HorovodPool(np=-2, engine="torch") as pool:
+        assert "engine='torch'" in repr(pool)
+        first = pool.run(engine_jobs.ddp_allreduce_kept)
+        again = pool.run(engine_jobs.ddp_allreduce_kept)
+        assert first["sum"] == again["sum"] == 3.0
+        assert first["pid"] == again["pid"] and again["initialised_before"]
+        with pytest.raises(ValueError, match="not the warm pool's engine"):
+            HorovodRunner(np=-2, engine="tf", pool=pool)
+
+
+def test_the_drop_in_runs_pysparks_docstring_example_unchanged_but_for_cpu():
+    # pyspark's TorchDistributor docstring, with backend="gloo" and use_gpu=False (no GPU here)
+    # and the process group destroyed with torch.distributed's own call (the docstring's
+    # torch.destroy_process_group() does not exist)
+    def train(learning_rate):
+        import torch.distributed
+        torch.distributed.init_process_group(backend="gloo")
+        model = {"lr": learning_rate, "rank": torch.distributed.get_rank()}
+        torch.distributed.destroy_process_group()
+        return model  # or anything else
+
+    distributor = TorchDistributor(
+        num_processes=2,
+        local_mode=True,
+        use_gpu=False)
+    model = distributor.run(train, 1e-3)
+    assert model == {"lr": 1e-3, "rank": 0}
+    assert last_run().engine == "torch" and last_run().size == 2
+
+
+def test_the_drop_in_runs_a_file_with_its_arguments(tmp_path, capsys):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import argparse, os, pathlib\n"
+        "import torch, torch.distributed as dist\n"
+        "parser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--learning-rate', type=float)\n"
+        "args = parser.parse_args()\n"
+        "dist.init_process_group('gloo')\n"
+        "total = torch.tensor([1.0]); dist.all_reduce(total)\n"
+        f"pathlib.Path({str(tmp_path)!r}, f'rank{{dist.get_rank()}}').write_text("
+        "f'{args.learning_rate} {total.item()}')\n")
+    distributor = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False)
+    assert distributor.run(str(script), "--learning-rate=1e-3") is None
+    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["0.001 2.0"] * 2
+    with pytest.raises(HorovodJobError, match="rank 0 on localhost: SystemExit: 2"):
+        distributor.run(str(script), "--nope")
+    assert "[0] train.py: error: unrecognized arguments: --nope" in capsys.readouterr().out

@@ -1,0 +1,148 @@
+"""Functions the tests run on torch.distributed and tf.distribute ranks (pickled by value)."""
+
+
+def ddp_allreduce():
+    """Each rank adds rank+1 with torch.distributed (Gloo); every rank's view comes back."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    total = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(total)
+    mine = {"rank": dist.get_rank(), "size": dist.get_world_size(), "sum": total.item(),
+            "pid": os.getpid(), "local_rank": int(os.environ["LOCAL_RANK"]),
+            "local_world_size": int(os.environ["LOCAL_WORLD_SIZE"]),
+            "horovod_vars": sorted(k for k in os.environ if k.startswith("HOROVOD_"))}
+    views = [None] * dist.get_world_size()
+    dist.all_gather_object(views, mine)
+    return views
+
+
+def ddp_mlp(epochs: int = 2, steps: int = 20, batch: int = 32, shard=None):
+    """A small MLP trained with DistributedDataParallel, reporting its progress; returns the
+    final loss and a checksum of the weights (the same on every rank after DDP's averaging).
+    With ``shard``, the batches come from that DataFrame shard (columns ``x`` and ``y``)."""
+    import torch
+    import torch.distributed as dist
+
+    import hvd_magics
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    loss = torch.tensor(0.0)
+    for epoch in range(1, epochs + 1):
+        if shard is not None:
+            batches = ((torch.as_tensor(b["x"], dtype=torch.float32),
+                        torch.as_tensor(b["y"], dtype=torch.float32).reshape(-1, 1))
+                       for b in shard.batches(batch, epoch=epoch))
+            total = shard.steps_per_epoch(batch)
+        else:
+            batches = ((x, x.sum(1, keepdim=True)) for x in
+                       (torch.randn(batch, 8, generator=generator) for _ in range(steps)))
+            total = steps
+        hvd_magics.progress.start_epoch(epoch, epochs, total, batch)
+        for step, (x, y) in enumerate(batches, 1):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            hvd_magics.progress.report(step, loss=loss.item())
+        hvd_magics.progress.end_epoch(samples=total * batch, loss=loss.item())
+    checksum = sum(p.detach().sum().item() for p in model.parameters())
+    sums = [None] * dist.get_world_size()
+    dist.all_gather_object(sums, round(checksum, 5))
+    return {"loss": loss.item(), "checksums": sums}
+
+
+def ddp_fail(bad_rank: int = 1):
+    """Rank ``bad_rank`` raises; the others wait in an all_reduce it never enters."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    print(f"rank {dist.get_rank()} before the failure", flush=True)
+    if dist.get_rank() == bad_rank:
+        time.sleep(0.5)
+        raise ValueError(f"boom from DDP rank {dist.get_rank()}")
+    dist.all_reduce(torch.ones(1))
+    time.sleep(600)
+    return "never"
+
+
+def wait_marked(marks: str, engine: str = "torch", seconds: float = 600):
+    """Every rank starts its engine, leaves a file named by its rank in ``marks`` and waits
+    (to be interrupted)."""
+    import os
+    import pathlib
+    import time
+
+    if engine == "torch":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+    else:
+        import tensorflow as tf
+
+        tf.distribute.MultiWorkerMirroredStrategy()
+    pathlib.Path(marks, os.environ["HVD_MAGICS_RANK"]).touch()
+    time.sleep(seconds)
+
+
+def horovod_on_torch_engine():
+    """The mistake: hvd.init() on ranks started for torch.distributed."""
+    import horovod.torch as hvd
+
+    hvd.init()
+
+
+def tf_mwms_fit(epochs: int = 2, fail_rank: int | None = None):
+    """A Keras model fitted under MultiWorkerMirroredStrategy; returns each worker's weight sum
+    (the same on every worker) and what TF_CONFIG named."""
+    import json
+    import os
+
+    import numpy as np
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    config = json.loads(os.environ["TF_CONFIG"])
+    if fail_rank is not None and config["task"]["index"] == fail_rank:
+        raise ValueError(f"boom from tf worker {fail_rank}")
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="relu"),
+                                     tf.keras.layers.Dense(1)])
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.05), loss="mse")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).with_options(options)
+    history = model.fit(data, epochs=epochs, verbose=0)
+    total = float(sum(float(np.sum(w)) for w in model.get_weights()))
+    return {"workers": strategy.num_replicas_in_sync, "loss": history.history["loss"][-1],
+            "weights": round(total, 4), "index": config["task"]["index"],
+            "cluster": config["cluster"]["worker"]}
+
+
+def ddp_allreduce_kept():
+    """On a warm pool: join the process group once (the first run), all_reduce every run."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    before = dist.is_initialized()
+    if not before:
+        dist.init_process_group("gloo")
+    total = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(total)
+    return {"sum": total.item(), "pid": os.getpid(), "initialised_before": before}

@@ -1,0 +1,145 @@
+"""Engines: how each one's ranks meet, the wrong engine's start call, the options that pick one."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hvd_magics.options import horovod_only, validate_engine
+from hvd_magics.rank.engine_guard import wrong_engine_message
+from hvd_magics.task.engines import PortOffer, engine_of, meet_env, offers_port, start_env
+from hvd_magics.task.slots import plan_ranks
+
+
+def test_torch_ranks_get_what_torchrun_sets():
+    slots = plan_ranks(["10.0.0.1", "10.0.0.2"])
+    on_spark = start_env("torch", slots[1], "10.0.0.1", "eth0", node_per_task=True)
+    assert on_spark["MASTER_ADDR"] == "10.0.0.1" and on_spark["RANK"] == "1"
+    assert on_spark["WORLD_SIZE"] == "2" and on_spark["GROUP_RANK"] == "1"
+    # one Spark task is one node with its own GPUs, as TorchDistributor runs torchrun
+    assert (on_spark["LOCAL_RANK"], on_spark["LOCAL_WORLD_SIZE"]) == ("0", "1")
+    assert on_spark["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert on_spark["HVD_MAGICS_RANK"] == "1" and on_spark["HVD_MAGICS_ENGINE"] == "torch"
+    assert not any(k.startswith("HOROVOD_") for k in on_spark)
+    on_driver = start_env("torch", plan_ranks(["h"] * 3)[2], "127.0.0.1", "lo",
+                          node_per_task=False)
+    assert (on_driver["LOCAL_RANK"], on_driver["LOCAL_WORLD_SIZE"]) == ("2", "3")
+    assert meet_env("torch", 1, [("10.0.0.1", 29500), ("10.0.0.2", 0)]) == {
+        "MASTER_PORT": "29500"}
+
+
+def test_tf_ranks_get_a_tf_config_naming_every_worker_in_rank_order():
+    config = json.loads(meet_env("tf", 1, [("10.0.0.1", 5000), ("10.0.0.2", 6000)])["TF_CONFIG"])
+    assert config == {"cluster": {"worker": ["10.0.0.1:5000", "10.0.0.2:6000"]},
+                      "task": {"type": "worker", "index": 1}}
+    assert json.loads(meet_env("tf", 0, [("::1", 7)])["TF_CONFIG"])["cluster"]["worker"] == [
+        "[::1]:7"]
+    env = start_env("tf", plan_ranks(["h"])[0], "h", "", node_per_task=True)
+    assert env == {"HVD_MAGICS_ENGINE": "tf", "HVD_MAGICS_RANK": "0", "HVD_MAGICS_SIZE": "1"}
+
+
+def test_horovod_ranks_keep_their_gloo_environment():
+    env = start_env("horovod", plan_ranks(["h", "h"])[1], "127.0.0.1", "lo", node_per_task=True)
+    assert env["HOROVOD_RANK"] == "1" and env["HOROVOD_GLOO_IFACE"] == "lo"
+    assert meet_env("horovod", 1, [("h", 1234), ("h", 0)]) == {
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": "1234"}
+
+
+def test_who_offers_a_port():
+    assert [offers_port("torch", r) for r in (0, 1)] == [True, False]
+    assert [offers_port("tf", r) for r in (0, 1)] == [True, True]
+    assert [offers_port("horovod", r) for r in (0, 1)] == [False, False]  # its rendezvous
+
+
+def test_an_offered_port_is_held_until_released():
+    import socket
+
+    offer = PortOffer()
+    probe = socket.socket()
+    with pytest.raises(OSError):
+        probe.bind(("", offer.port))
+    probe.close()
+    offer.release()
+    listener = socket.socket()
+    listener.bind(("", offer.port))  # free for the rank now
+    listener.close()
+
+
+def test_engine_options_name_the_choices():
+    assert [validate_engine(e) for e in ("horovod", "Torch", "ddp", "tensorflow", "tf")] == [
+        "horovod", "torch", "torch", "tf", "tf"]
+    with pytest.raises(ValueError, match="'jax' is not an engine: use 'horovod'"):
+        validate_engine("jax")
+    with pytest.raises(ValueError, match="not an engine"):
+        engine_of({"HVD_MAGICS_ENGINE": "mxnet"})
+    assert engine_of({}) == "horovod"
+    horovod_only("x", "horovod", "")
+    with pytest.raises(ValueError, match="x is Horovod's and this job runs on the torch engine"):
+        horovod_only("x", "torch", "Fix: y")
+
+
+def test_the_wrong_engine_message_is_one_line_naming_both():
+    text = wrong_engine_message("horovod", "torch")
+    assert "\n" not in text
+    assert text.startswith("hvd.init() was called, but this job runs on the torch engine")
+    assert "--engine" not in text.split("Fix:")[0] and "%%horovod without --engine" in text
+
+
+_GUARDED = """
+import os, sys
+os.environ["HVD_MAGICS_ENGINE"] = sys.argv[1]
+from hvd_magics.rank import engine_guard
+engine_guard.install()
+call = sys.argv[2]
+try:
+    if call == "hvd":
+        import horovod.torch as hvd
+        hvd.init()
+    elif call == "torch":
+        import torch.distributed as dist
+        dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:1")
+    print("NO ERROR")
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize("engine, call, expect", [
+    ("torch", "hvd", "WrongEngineError hvd.init() was called, but this job runs on the torch"),
+    ("tf", "hvd", "WrongEngineError hvd.init() was called, but this job runs on the tf engine"),
+    ("horovod", "torch", "WrongEngineError torch.distributed.init_process_group() was called, "
+                         "but this job runs on the horovod engine"),
+])
+def test_the_guard_refuses_another_engines_start_call(engine, call, expect):
+    out = subprocess.run([sys.executable, "-c", _GUARDED, engine, call], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert out.stdout.strip().startswith(expect), out.stdout + out.stderr
+
+
+def test_the_runner_refuses_what_only_horovod_has():
+    from hvd_magics import HorovodRunner
+
+    with pytest.raises(ValueError, match="an elastic job .* is Horovod's .* torch engine"):
+        HorovodRunner(np="1:2", engine="torch")
+    with pytest.raises(ValueError, match="Horovod Timeline .* tf engine. Fix: record a trace"):
+        HorovodRunner(np=2, engine="tf", timeline="/tmp/t.json")
+    runner = HorovodRunner(np=2, engine="DDP")
+    assert runner.engine == "torch" and runner.env["HVD_MAGICS_ENGINE"] == "torch"
+    assert HorovodRunner(np=2).engine == "horovod"
+
+
+def test_torch_distributor_checks_its_input_as_pyspark_does():
+    from hvd_magics import TorchDistributor
+
+    with pytest.raises(ValueError, match="num_processes must be a positive whole number"):
+        TorchDistributor(num_processes=0)
+    with pytest.raises(ValueError, match="TorchDistributor sets engine itself"):
+        TorchDistributor(num_processes=2, engine="tf")
+    with pytest.raises(RuntimeError, match="use_gpu=True, but the driver has no GPU. Fix: .*"
+                                           "use_gpu=False"):
+        TorchDistributor(num_processes=2, local_mode=True, use_gpu=True).run(print)
+    with pytest.raises(FileNotFoundError, match="no Python file at 'nope.py' on the driver"):
+        TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run("nope.py")
+    with pytest.raises(TypeError, match="must be a function or the path of a Python file"):
+        TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(42)
