@@ -40,7 +40,7 @@ def ddp_mlp(epochs: int = 2, steps: int = 20, batch: int = 32, shard=None):
         if shard is not None:
             batches = ((torch.as_tensor(b["x"], dtype=torch.float32),
                         torch.as_tensor(b["y"], dtype=torch.float32).reshape(-1, 1))
-                       for b in shard.batches(batch, epoch=epoch))
+                       for b in shard.batches(batch, shuffle=True, seed=epoch))
             total = shard.steps_per_epoch(batch)
         else:
             batches = ((x, x.sum(1, keepdim=True)) for x in

@@ -1,0 +1,65 @@
+"""torch.distributed and tf.distribute ranks as Spark barrier tasks on local Spark: Gloo DDP with
+torchrun's variables, DataFrame shards feeding DDP, a Keras fit under
+MultiWorkerMirroredStrategy, the magic's --engine and the drop-in's Spark mode."""
+import pytest
+
+from hvd_magics import HorovodJobError, HorovodRunner, TorchDistributor, last_run
+from tests import engine_jobs
+
+
+def test_ddp_on_two_spark_tasks_each_one_node(local_spark):
+    views = HorovodRunner(np=2, engine="torch").run(engine_jobs.ddp_allreduce)
+    assert [v["sum"] for v in views] == [3.0, 3.0]
+    # one rank per task, as TorchDistributor's torchrun with one process per node
+    assert [(v["rank"], v["local_rank"], v["local_world_size"]) for v in views] == [
+        (0, 0, 1), (1, 0, 1)]
+    assert views[0]["horovod_vars"] == []
+    assert last_run().where.startswith("spark") and last_run().engine == "torch"
+
+
+def test_ddp_trains_on_dataframe_shards(local_spark):
+    frame = local_spark.range(0, 1280).selectExpr(
+        "array(cast(id % 7 as float), cast(id % 5 as float), 1.0f, 0.0f, 0.5f, 0.25f, 2.0f, "
+        "cast(id % 3 as float)) as x", "cast(id % 7 + id % 5 as float) as y")
+    result = HorovodRunner(np=2, engine="torch").run(engine_jobs.ddp_mlp, epochs=2, batch=32,
+                                                      shard=frame)
+    assert len(set(result["checksums"])) == 1
+    record = last_run()
+    assert record.shards[0]["name"] == "shard" and sum(record.shards[0]["rows_per_rank"]) == 1280
+    assert [row["samples"] for row in record.epochs] == [1280, 1280]  # both ranks
+
+
+def test_a_keras_fit_under_multi_worker_mirrored_strategy_on_spark(local_spark):
+    result = HorovodRunner(np=2, engine="tf").run(engine_jobs.tf_mwms_fit, epochs=2)
+    assert result["workers"] == 2 and len(result["cluster"]) == 2
+    assert last_run().engine == "tf" and len(last_run().epochs) == 2
+
+
+def test_the_magic_runs_a_ddp_cell_and_refuses_hvd_init_in_one(ip, local_spark, capsys):
+    cell = ("import torch, torch.distributed as dist\n"
+            "dist.init_process_group('gloo')\n"
+            "t = torch.tensor([float(dist.get_rank() + 1)])\n"
+            "dist.all_reduce(t)\n"
+            "total = t.item()\n")
+    ip.run_cell_magic("horovod", "np=2 --engine torch --return total -q", cell)
+    assert ip.user_ns["total"] == 3.0
+    assert ip.run_cell_magic("horovod", "np=2 engine=torch -q",
+                             "import os\nos.environ['MASTER_PORT'] != ''\n") is True
+    with pytest.raises(HorovodJobError, match="WrongEngineError: hvd.init.. was called, but "
+                                              "this job runs on the torch engine"):
+        ip.run_cell_magic("horovod", "np=2 --engine torch -q",
+                          "import horovod.torch as hvd\nhvd.init()\n")
+
+
+def test_the_drop_in_on_spark_tasks_and_its_gpu_check(local_spark):
+    def train(learning_rate):
+        import torch.distributed
+        torch.distributed.init_process_group(backend="gloo")
+        return {"lr": learning_rate, "size": torch.distributed.get_world_size()}
+
+    assert TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+        train, 1e-3) == {"lr": 1e-3, "size": 2}
+    assert last_run().where.startswith("spark")
+    with pytest.raises(RuntimeError, match="use_gpu=True, but spark.task.resource.gpu.amount "
+                                           "is unset.* Fix: set spark.task.resource.gpu.amount=1"):
+        TorchDistributor(num_processes=2, local_mode=False, use_gpu=True).run(train, 1e-3)
