@@ -98,6 +98,16 @@ def test_a_run_on_the_server_has_params_epoch_metrics_and_artifacts(tracking, lo
     assert "mlflow" in str(record)
 
 
+def test_a_ddp_run_is_tracked_with_its_engine_and_epoch_metrics(tracking):
+    from tests import engine_jobs
+
+    HorovodRunner(np=-2, engine="torch", mlflow="hvd-tests").run(engine_jobs.ddp_mlp, epochs=2,
+                                                                  steps=5)
+    run = tracking.get_run(last_run().mlflow_run_id)
+    assert run.info.status == "FINISHED" and run.data.params["engine"] == "torch"
+    assert [step for step, _ in _history(tracking, run.info.run_id, "loss")] == [1, 2]
+
+
 def test_failures_and_interrupts_end_the_run_as_such(tracking, tmp_path):
     with pytest.raises(HorovodJobError):
         HorovodRunner(np=-2, mlflow=True).run(jobs.fail_on_rank, bad_rank=1, how="raise")

@@ -197,3 +197,28 @@ def test_the_warm_pool_notebook(tmp_path):
     assert "5 cells run" in everything or "6 cells run" in everything
     assert "has ended; its slots are free" in everything
     assert "[Stage" not in everything  # Spark's console bar is off while the pool runs
+
+
+def test_the_ddp_notebook(tmp_path):
+    nb, texts, everything = _run("ddp.ipynb", tmp_path)
+    accuracy = float(re.search(r"test accuracy with DDP on 2 ranks: (\d\.\d+)", everything).group(1))
+    assert accuracy >= 0.85
+    assert "[0] Epoch 8/8" in everything and "engine      torch.distributed" in everything
+    bars = _widget_models(nb, "IntProgressModel")
+    assert len(bars) >= 2 and all(b["bar_style"] == "success" for b in bars)
+    assert re.search(r"TorchDistributor drop-in: final loss \d\.\d+ on rank 0", everything)
+    assert ("WrongEngineError: hvd.init() was called, but this job runs on the torch engine"
+            in everything)
+    assert "the kernel is still fine" in everything
+
+
+def test_the_tf_distribute_notebook(tmp_path):
+    nb, texts, everything = _run("tf-distribute.ipynb", tmp_path)
+    accuracy = float(re.search(r"MultiWorkerMirroredStrategy on 2 workers: (\d\.\d+)",
+                               everything).group(1))
+    assert accuracy >= 0.85
+    assert "engine      tf.distribute" in everything
+    bars = _widget_models(nb, "IntProgressModel")
+    assert len(bars) == 2 and all(b["bar_style"] == "success" and b["value"] == b["max"] > 0
+                                  for b in bars)
+    assert re.search(r"\n\s+6\s+\d+\.\d+", everything)  # six epochs timed

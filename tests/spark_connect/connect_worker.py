@@ -25,9 +25,10 @@ sys.path.insert(0, ROOT)
 
 import cloudpickle  # noqa: E402
 
-from tests import estimator_models, jobs  # noqa: E402
+from tests import engine_jobs, estimator_models, jobs  # noqa: E402
 
 cloudpickle.register_pickle_by_value(jobs)
+cloudpickle.register_pickle_by_value(engine_jobs)
 cloudpickle.register_pickle_by_value(estimator_models)
 
 from hvd_magics import (HorovodJobError, HorovodMagicsError, HorovodRunner,  # noqa: E402
@@ -77,6 +78,17 @@ def torch_on_dataframes(spark, out):
     train, val = digits_frames(spark)
     result = HorovodRunner(np=2).run(jobs.torch_digits, train=train, val=val)
     print("torch accuracy", result["accuracy"] >= 0.9, result)
+
+
+def ddp_on_dataframes(spark, out):
+    frame = spark.range(0, 640).selectExpr(
+        "array(cast(id % 7 as float), 1.0f, 0.0f, 0.5f, 0.25f, 2.0f, 3.0f, "
+        "cast(id % 3 as float)) as x", "cast(id % 7 + id % 3 as float) as y")
+    result = HorovodRunner(np=2, engine="torch").run(engine_jobs.ddp_mlp, epochs=1, batch=32,
+                                                      shard=frame)
+    views = HorovodRunner(np=2, engine="torch").run(engine_jobs.ddp_allreduce)
+    print("ddp", len(set(result["checksums"])), [v["sum"] for v in views], last_run().engine,
+          last_run().where)
 
 
 def estimator(spark, out):

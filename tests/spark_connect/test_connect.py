@@ -116,6 +116,11 @@ def test_torch_trains_on_the_shards_of_a_connect_session(connect, tmp_path):
     assert "torch accuracy True" in _ran(connect.run("torch_on_dataframes", tmp_path))
 
 
+def test_ddp_trains_on_the_shards_of_a_connect_session(connect, tmp_path):
+    assert "ddp 1 [3.0, 3.0] torch spark local[2] (Connect)" in _ran(
+        connect.run("ddp_on_dataframes", tmp_path))
+
+
 def test_the_estimator_fits_transforms_saves_and_loads_on_connect(connect, tmp_path):
     assert "estimator torch 2 True True" in _ran(connect.run("estimator", tmp_path))
 
