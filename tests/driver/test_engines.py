@@ -134,3 +134,10 @@ def test_the_drop_in_runs_a_file_with_its_arguments(tmp_path, capsys):
     with pytest.raises(HorovodJobError, match="rank 0 on localhost: SystemExit: 2"):
         distributor.run(str(script), "--nope")
     assert "[0] train.py: error: unrecognized arguments: --nope" in capsys.readouterr().out
+
+
+def test_a_background_ddp_job_and_its_stacks():
+    job = HorovodRunner(np=-2, engine="torch").start(engine_jobs.ddp_allreduce)
+    views = job.wait(120)
+    assert [v["sum"] for v in views] == [3.0, 3.0]
+    assert job.record.engine == "torch" and job.record.status == "succeeded"

@@ -205,7 +205,10 @@ def test_the_ddp_notebook(tmp_path):
     assert accuracy >= 0.85
     assert "[0] Epoch 8/8" in everything and "engine      torch.distributed" in everything
     bars = _widget_models(nb, "IntProgressModel")
-    assert len(bars) >= 2 and all(b["bar_style"] == "success" for b in bars)
+    assert len(bars) == 6  # the DDP cell's, the drop-in's, the failing cell's
+    assert [b["bar_style"] for b in bars[:4]] == ["success"] * 4
+    assert bars[0]["value"] == bars[0]["max"] > 0  # the DDP loop's progress filled its bar
+    assert [b["bar_style"] for b in bars[4:]] == ["danger"] * 2
     assert re.search(r"TorchDistributor drop-in: final loss \d\.\d+ on rank 0", everything)
     assert ("WrongEngineError: hvd.init() was called, but this job runs on the torch engine"
             in everything)

@@ -143,3 +143,22 @@ def test_torch_distributor_checks_its_input_as_pyspark_does():
         TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run("nope.py")
     with pytest.raises(TypeError, match="must be a function or the path of a Python file"):
         TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(42)
+
+
+def test_the_stall_diagnosis_names_the_engine_whose_collective_a_rank_waits_in():
+    from hvd_magics.job.stacks import JobStacks
+
+    def stacks(file):
+        return {"threads": [{"main": True, "frames": [
+            ["<%%horovod cell>", 3, "<module>", "dist.all_reduce(t)", "user"],
+            [file, 10, "wait", "", "library"]]}]}
+
+    torch_wait = stacks("/x/site-packages/torch/distributed/distributed_c10d.py")
+    elsewhere = stacks("/x/site-packages/numpy/core/fromnumeric.py")
+    assert JobStacks({0: torch_wait, 1: elsewhere}).diagnosis() == (
+        "rank 0 waits in a torch.distributed collective for rank 1, which is elsewhere and "
+        "never entered it")
+    tf_wait = stacks("/x/site-packages/tensorflow/python/distribute/cross_device_ops.py")
+    assert "in a tf.distribute collective" in JobStacks({0: tf_wait, 1: elsewhere}).diagnosis()
+    hvd_wait = stacks("/x/site-packages/horovod/torch/mpi_ops.py")
+    assert "in a Horovod collective" in JobStacks({0: hvd_wait, 1: elsewhere}).diagnosis()
