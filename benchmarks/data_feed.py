@@ -4,6 +4,7 @@ One DataFrame of ``--rows`` rows (a 784-float ``features`` array and a ``label``
 memory first, so every candidate starts from the same place. Each candidate goes until every rank
 has iterated its whole share once, in batches of 256:
   ours              HorovodRunner(np=2).run(fn, train=df): each rank's Shard, ``to_torch``
+  ours_ddp          the same on the torch engine (HorovodRunner(np=2, engine="torch"), Gloo DDP)
   torchdistributor  TorchDistributor(num_processes=2)._train_on_dataframe(fn, df.repartition(2)),
                     each rank reading ``_get_spark_partition_data_loader`` (pyspark's own path)
   topandas          what users do today: ``df.toPandas()`` on the driver, the arrays shipped to
@@ -15,7 +16,9 @@ candidate then goes through its share a second time, as a later epoch does, and 
 rank 0 is printed too. Also printed: the time from the call to the first batch on rank 0, and the
 driver's peak RSS growth during the call. Every candidate runs once to warm up first.
 
-Usage: .venv/bin/python benchmarks/data_feed.py [--rows 200000] [--runs 3]
+Usage: .venv/bin/python benchmarks/data_feed.py [--rows 200000] [--runs 3] [--only a,b]
+With ours_ddp and torchdistributor: a line data_feed_ddp ours_ddp=<rows/s>
+ratio_vs_torchdistributor=<x> later_epoch_ratio_vs_torchdistributor=<x>
 Last line: data_feed ours=<rows/s> torchdistributor=<rows/s> topandas=<rows/s> spark_arrow=<rows/s>
 ratio_vs_torchdistributor=<x> ratio_vs_limit=<x> later_epoch_ratio_vs_torchdistributor=<x>
 (ratios: medians of per-run ratios, with their min and max)
@@ -63,6 +66,22 @@ def iterate_shard(train):
     loader = train.to_torch("features", "label", batch_size=BATCH, remainder="drop")
     return _two_epochs(lambda: (len(y) for _, y in loader), len(train),
                        lambda n: int(hvd.allreduce(torch.tensor([n]), op=hvd.Sum).item()))
+
+
+def iterate_shard_ddp(train):
+    """Ours on the torch engine: the same shard and loader under torch.distributed."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+
+    def allreduce(n):
+        total = torch.tensor([n])
+        dist.all_reduce(total)
+        return int(total.item())
+
+    loader = train.to_torch("features", "label", batch_size=BATCH, remainder="drop")
+    return _two_epochs(lambda: (len(y) for _, y in loader), len(train), allreduce)
 
 
 def iterate_arrays(x, y):
@@ -162,6 +181,9 @@ def main() -> None:
     def ours():
         return HorovodRunner(np=2).run(iterate_shard, train=df)
 
+    def ours_ddp():
+        return HorovodRunner(np=2, engine="torch").run(iterate_shard_ddp, train=df)
+
     def torchdistributor():
         distributor = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
         return distributor._train_on_dataframe(iterate_partition, df.repartition(2), half)
@@ -180,7 +202,7 @@ def main() -> None:
         return {"first": None, "rows": sum(r.rows for r in rows), "epoch2_rows_per_s": None}
 
     candidates = {"ours": ours, "torchdistributor": torchdistributor, "topandas": topandas,
-                  "spark_arrow": spark_arrow}
+                  "spark_arrow": spark_arrow, "ours_ddp": ours_ddp}
     if args.only:
         candidates = {n: candidates[n] for n in args.only.split(",")}
     speed: dict[str, list[float]] = {name: [] for name in candidates}
@@ -215,7 +237,14 @@ def main() -> None:
         print(f"{name:16s} median {statistics.median(speed[name]):10,.0f} rows/s, first batch "
               f"{firsts}, driver peak RSS +{max(rss[name]):,.0f} MiB, a later epoch on one "
               f"rank {again}")
-    if len(candidates) < 4:
+    if "ours_ddp" in candidates and "torchdistributor" in candidates:
+        ddp = pair_ratios(speed["ours_ddp"], speed["torchdistributor"])
+        ddp_later = pair_ratios(epoch2["ours_ddp"], epoch2["torchdistributor"])
+        print(f"data_feed_ddp ours_ddp={statistics.median(speed['ours_ddp']):.0f} "
+              f"ratio_vs_torchdistributor={ddp[0]:.2f} ratio_vs_torchdistributor_min={ddp[1]:.2f} "
+              f"ratio_vs_torchdistributor_max={ddp[2]:.2f} later_epoch_ratio_vs_torchdistributor="
+              f"{ddp_later[0]:.1f}")
+    if not {"ours", "torchdistributor", "topandas", "spark_arrow"} <= set(candidates):
         return
     vs_td = pair_ratios(speed["ours"], speed["torchdistributor"])
     vs_limit = pair_ratios(speed["ours"], speed["spark_arrow"])
