@@ -23,6 +23,8 @@ from hvd_magics.notebook.magics import normalise_line
     ("np=2 --env NOEQUALS", "--env takes NAME=VALUE"),
     ("np=2 --return 1x", "--return takes variable names"),
     ("np=2 --start-timeout 0", "positive number of seconds"),
+    ("np=2 --engine jax", "engine='jax' is not an engine: use 'horovod'"),
+    ("np=1:2 engine=torch", "an elastic job (np=1:2) is Horovod's and this job runs on the torch"),
 ])
 def test_bad_lines_are_usage_errors_with_one_clear_line(ip, line, message):
     with pytest.raises(UsageError, match=re.escape(message)):
@@ -52,12 +54,13 @@ def test_horovodrunner_style_and_dash_forms_parse_alike():
     assert normalise_line("-np 4 --env A=np=1") == "-np 4 --env A=np=1"
     assert normalise_line("np=2:4 elastic_timeout=60 reset_limit=3") == (
         "--np 2:4 --elastic-timeout 60 --reset-limit 3")
+    assert normalise_line("np=2 engine=torch") == "--np 2 --engine torch"
 
 
 def test_help_lists_the_options(ip):
     doc = ip.find_cell_magic("horovod").__doc__
     for option in ("--np", "--return", "--start-timeout", "--env", "--quiet", "--allow-driver-gpu", "-o",
-                   "--elastic-timeout", "--reset-limit", "MIN:MAX"):
+                   "--elastic-timeout", "--reset-limit", "MIN:MAX", "--engine"):
         assert option in doc
 
 
