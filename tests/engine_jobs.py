@@ -103,9 +103,10 @@ def horovod_on_torch_engine():
     hvd.init()
 
 
-def tf_mwms_fit(epochs: int = 2, fail_rank: int | None = None):
-    """A Keras model fitted under MultiWorkerMirroredStrategy; returns each worker's weight sum
-    (the same on every worker) and what TF_CONFIG named."""
+def tf_mwms_fit(epochs: int = 2, fail_rank: int | None = None, shard=None):
+    """A Keras model fitted under MultiWorkerMirroredStrategy (on ``shard``'s columns ``x`` and
+    ``y`` when given: each worker its own rows); returns rank 0's view and what TF_CONFIG
+    named."""
     import json
     import os
 
@@ -124,8 +125,14 @@ def tf_mwms_fit(epochs: int = 2, fail_rank: int | None = None):
     x = rng.normal(size=(256, 4)).astype("float32")
     y = x.sum(axis=1, keepdims=True)
     options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).with_options(options)
+    if shard is None:
+        policy = tf.data.experimental.AutoShardPolicy.DATA
+        data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+    else:  # the rows are this worker's already
+        policy = tf.data.experimental.AutoShardPolicy.OFF
+        data = shard.to_tf_dataset("x", "y", batch_size=32)
+    options.experimental_distribute.auto_shard_policy = policy
+    data = data.with_options(options)
     history = model.fit(data, epochs=epochs, verbose=0)
     total = float(sum(float(np.sum(w)) for w in model.get_weights()))
     return {"workers": strategy.num_replicas_in_sync, "loss": history.history["loss"][-1],

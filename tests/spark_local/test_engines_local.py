@@ -33,6 +33,13 @@ def test_a_keras_fit_under_multi_worker_mirrored_strategy_on_spark(local_spark):
     result = HorovodRunner(np=2, engine="tf").run(engine_jobs.tf_mwms_fit, epochs=2)
     assert result["workers"] == 2 and len(result["cluster"]) == 2
     assert last_run().engine == "tf" and len(last_run().epochs) == 2
+    frame = local_spark.range(0, 512).selectExpr(
+        "array(cast(id % 7 as float), 1.0f, 0.5f, cast(id % 3 as float)) as x",
+        "cast(id % 7 + id % 3 as float) as y")
+    on_shards = HorovodRunner(np=2, engine="tf").run(engine_jobs.tf_mwms_fit, epochs=2,
+                                                      shard=frame)
+    assert on_shards["workers"] == 2 and on_shards["loss"] > 0
+    assert sum(last_run().shards[0]["rows_per_rank"]) == 512
 
 
 def test_the_magic_runs_a_ddp_cell_and_refuses_hvd_init_in_one(ip, local_spark, capsys):
@@ -63,3 +70,14 @@ def test_the_drop_in_on_spark_tasks_and_its_gpu_check(local_spark):
     with pytest.raises(RuntimeError, match="use_gpu=True, but spark.task.resource.gpu.amount "
                                            "is unset.* Fix: set spark.task.resource.gpu.amount=1"):
         TorchDistributor(num_processes=2, local_mode=False, use_gpu=True).run(train, 1e-3)
+
+
+def test_a_warm_torch_pool_on_spark_keeps_its_process_group(local_spark):
+    from hvd_magics import HorovodPool
+
+    with HorovodPool(np=2, engine="torch") as pool:
+        first = pool.run(engine_jobs.ddp_allreduce_kept)
+        again = pool.run(engine_jobs.ddp_allreduce_kept)
+    assert first["sum"] == again["sum"] == 3.0
+    assert first["pid"] == again["pid"] and again["initialised_before"]
+    assert not pool.alive
