@@ -1,12 +1,13 @@
-"""Spark's console progress bar, off while a warm pool's stage runs (driver side, classic Spark).
+"""Spark's console progress bar, off while a job's stage runs (driver side, classic Spark).
 
 Spark's ``ConsoleProgressBar`` draws every stage that has run for half a second, and draws it
-again every minute even when nothing changed. A pool's barrier stage runs for hours, so its bar
-(``[Stage 3:> (0 + 2) / 2]``) landed in whatever cell ran each minute, and in a Jupyter kernel
-the JVM's standard error is the cell's. ``spark.ui.showConsoleProgress`` is read only when the
-SparkContext starts, so while a pool lives the bar is stopped, and a new one is put in its place
-when the last pool of the process ends (through the context's ``_progressBar`` field; when that
-field is not there, the bar stays as it is).
+again every minute even when nothing changed. In a Jupyter kernel the JVM's standard error is the
+cell's: a cold job's bar (``[Stage 0:> (0 + 2) / 2]``) landed in its cell beside the dashboard,
+and a pool's barrier stage, which runs for hours, landed in whatever cell ran each minute.
+``spark.ui.showConsoleProgress`` is read only when the SparkContext starts, so while a job or a
+pool runs the bar is stopped, and a new one is put in its place when the last of them ends
+(through the context's ``_progressBar`` field; when that field is not there, the bar stays as
+it is).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import threading
 from typing import Any
 
 _lock = threading.Lock()
-#: Pools that asked for the bar to be off, and the context it was taken from.
+#: Jobs and pools that asked for the bar to be off, and the context it was taken from.
 _paused = {"count": 0, "sc": None}
 
 
@@ -26,7 +27,7 @@ def _field(jsc: Any) -> Any:
 
 def pause(sc: Any) -> bool:
     """Stop the console progress bar of ``sc`` (a ``SparkContext``) until :func:`resume`;
-    whether this call counts (the bar was on, or another pool had already stopped it)."""
+    whether this call counts (the bar was on, or another job had already stopped it)."""
     with _lock:
         if _paused["count"]:
             _paused["count"] += 1
@@ -46,7 +47,7 @@ def pause(sc: Any) -> bool:
 
 
 def resume() -> None:
-    """A pool that paused the bar ended: the last one puts a new bar in place."""
+    """A job or pool that paused the bar ended: the last one puts a new bar in place."""
     with _lock:
         if not _paused["count"]:
             return

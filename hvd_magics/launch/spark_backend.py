@@ -454,6 +454,10 @@ class SparkBackend:
         else:
             print(f"hvd_magics: no live view: {self.no_live_view}. The ranks' output, errors and "
                   "the value come back when the job ends.", file=sys.stderr)
+        if self.sc is not None and not self._bar_paused:
+            # Spark's console bar would draw the job's stage into the cell (a pool's and a
+            # background job's into whichever cell runs then)
+            self._bar_paused = console_bar.pause(self.sc)
         if (self.pool or self.background) and self.sc is not None and not self._pool_guarded:
             self._guard_pool(job_id)
         self._submit(TaskSpec(payload, self._server.address if self._server else None, self.env,
@@ -630,22 +634,21 @@ class SparkBackend:
             self._server.close()
         if self._pool_guarded and self.finished:
             self._release_pool()
+        if self._bar_paused and self.finished:
+            self._bar_paused = False
+            console_bar.resume()
         return self.finished
 
     def _guard_pool(self, job_id: str) -> None:
-        """A warm pool on classic Spark: its stage runs as long as the pool, so Spark's console
-        bar would draw it into a cell every minute, and an interrupt (pyspark cancels every
-        job) would end it; both are held off until the stage ends."""
+        """A warm pool or background job on classic Spark: its stage runs while other cells
+        do, and an interrupt of theirs (pyspark cancels every job) would end it; held off until
+        the stage ends."""
         self._pool_guarded = True
-        self._bar_paused = console_bar.pause(self.sc)
         interrupt_guard.protect(self.sc, f"hvd_magics-{job_id}")
 
     def _release_pool(self) -> None:
         self._pool_guarded = False
         interrupt_guard.release(self._group)
-        if self._bar_paused:
-            self._bar_paused = False
-            console_bar.resume()
 
     def silence_note(self, ranks: list[int]) -> str:
         """What a start timeout says of ``ranks``, whose tasks never reached the channel."""

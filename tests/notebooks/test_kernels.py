@@ -1,4 +1,6 @@
 """The extension loads in real Jupyter kernels: by %load_ext, and by the opt-in kernelspec."""
+import os
+
 import pytest
 from jupyter_client.manager import start_new_kernel
 
@@ -87,7 +89,10 @@ def test_a_warm_pool_keeps_variables_across_cells_and_dies_with_its_kernel(tmp_p
 
     from tests.conftest import rank_processes_alive
 
-    manager, client = start_new_kernel(kernel_name="python3")
+    # as in a notebook, the kernel forwards what the JVM writes to its stderr into the cell
+    # (ipykernel does not when it sees PYTEST_CURRENT_TEST)
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    manager, client = start_new_kernel(kernel_name="python3", env=env)
     try:
         _run(client, "%load_ext hvd_magics")
         _run(client, "from pyspark.sql import SparkSession\n"
@@ -95,6 +100,11 @@ def test_a_warm_pool_keeps_variables_across_cells_and_dies_with_its_kernel(tmp_p
         # Spark's console bar is off while a pool runs (it drew the pool's stage into a cell
         # every minute), and a new one is there when the pool has ended
         bar = "spark.sparkContext._jsc.sc().progressBar().isDefined()"
+        # and while a cold job's stage runs (it drew "[Stage 0:> (0 + 2) / 2]" into the cell);
+        # the job lasts well past the half second after which Spark draws a stage
+        cold = _run(client, "%%horovod np=2 -q\nimport time\ntime.sleep(2)\n'slept'")
+        assert "slept" in cold and "[Stage" not in cold, cold
+        assert _run(client, bar).strip() == "True"
         assert "[Stage" not in _run(client, "%hvd_pool start np=1")
         assert _run(client, bar).strip() == "False"
         _run(client, "%hvd_pool stop")
