@@ -215,7 +215,7 @@ class JobState:
         stamp = time.strftime("%H:%M:%S", time.localtime(event.get("time", time.time())))
         state.partial = ""
         for line in event.get("lines", []):
-            if not is_noise(line, self.elastic is not None):  # the tail is what an error shows
+            if not is_noise(line, self.peer_lost):  # the tail is what an error shows
                 state.tail.append(display_line(line))
             self._log.write(f"{stamp} [{state.rank}@{state.host}] {line}\n")
             match = EPOCH_LINE.match(line)
@@ -384,6 +384,12 @@ class JobState:
                 entry["bytes"] += shard["bytes"]
                 entry["write_s"] = max(entry["write_s"], shard["write_s"])
         return [by_source[k] for k in sorted(by_source)]
+
+    @property
+    def peer_lost(self) -> bool:
+        """Whether ranks may have lost a peer: an elastic job, or a rank has failed (their
+        Horovod loops then print that a connection closed; the failure says it better)."""
+        return self.elastic is not None or any(r.failed for r in self.ranks)
 
     def failures(self) -> list[RankFailure]:
         """Failed ranks, root causes first (a rank that lost its peer comes after), then by time."""

@@ -5,8 +5,9 @@ on``, ``cpu_feature_guard``, ``failed call to cuInit`` on a machine without a GP
 before the user's code runs, whatever ``TF_CPP_MIN_LOG_LEVEL`` says. ``--verbosity debug`` shows
 them again.
 
-In an elastic job, a rank that loses a peer is expected: Horovod's background loop then prints
-that the peer closed its connection before the job re-forms, and the reset line says it better.
+Once a rank has failed (and in an elastic job, where losing a rank is expected), its peers'
+Horovod background loops print that the peer closed its connection: the failed rank's own error
+(or the reset line) says it better.
 """
 from __future__ import annotations
 
@@ -23,16 +24,18 @@ NOISE = re.compile("|".join([
     r"^To enable the following instructions: .* rebuild TensorFlow with the appropriate "
     r"compiler flags\.",
     r"^Attempting to register factory for plugin cu\w+ when one has already been registered",
+    # the second line of tf.distribute's "Example stragglers:" while its workers connect
+    r"^/job:worker/replica:\d+/task:\d+$",
 ]))
 
 
-#: Lines that are expected when an elastic job loses a rank (the reset line says what happened).
-ELASTIC_NOISE = re.compile(
+#: Lines that are expected when a rank is lost (its error or the reset line says what happened).
+PEER_LOST_NOISE = re.compile(
     r"^\[[^\]]*horovod/common/operations\.cc:\d+\] \[\d+\]: Horovod background loop uncaught "
     r"exception: .*(?:Connection closed by peer|Connection reset by peer|Read error|Timed out)")
 
 
-def is_noise(line: str, elastic: bool = False) -> bool:
-    """Whether ``line`` is framework start-up chatter (or, in an ``elastic`` job, the expected
-    word of a rank that lost a peer)."""
-    return NOISE.match(line) is not None or (elastic and ELASTIC_NOISE.match(line) is not None)
+def is_noise(line: str, peer_lost: bool = False) -> bool:
+    """Whether ``line`` is framework start-up chatter (or, once a peer is lost, the expected
+    word of a rank that lost it)."""
+    return NOISE.match(line) is not None or (peer_lost and PEER_LOST_NOISE.match(line) is not None)

@@ -73,7 +73,7 @@ class TextView:
         if kind == OUTPUT and self.verbosity != VERBOSITY_LOG_CALLBACK_ONLY:
             lines = event.get("lines", [])
             return lines if self.verbosity == VERBOSITY_DEBUG else [
-                ln for ln in lines if not is_noise(ln, job.elastic is not None)]
+                ln for ln in lines if not is_noise(ln, job.peer_lost)]
         if kind == LOG:
             return [event.get("text", "")]
         if kind == EPOCH_END and self.epoch_lines:

@@ -117,7 +117,7 @@ class WidgetView:
         self._dirty = True
         if event["kind"] == OUTPUT and self._logs:
             self._logs[event["rank"]].extend(
-                display_line(ln) for ln in event.get("lines", []) if not is_noise(ln, job.elastic is not None))
+                display_line(ln) for ln in event.get("lines", []) if not is_noise(ln, job.peer_lost))
 
     def on_tick(self, job: JobState) -> None:
         if not self._shown:

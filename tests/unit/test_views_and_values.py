@@ -26,6 +26,7 @@ TF_STARTUP = [
     "TensorFlow with the appropriate compiler flags.",
     "E0000 00:00:1795310186.071591    4490 cuda_platform.cc:52] failed call to cuInit: INTERNAL: "
     "CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)",
+    "/job:worker/replica:0/task:1",
 ]
 
 
@@ -42,6 +43,28 @@ def test_framework_startup_lines_are_noise_and_user_lines_are_not():
     for line in ["Epoch 1/3", "E0000 my own message", "loss: 0.3", "WARNING: your data is odd",
                  "E0000 00:00:1.2  1 foo.cc:3] a real error"]:
         assert not is_noise(line), line
+
+
+def test_a_lost_peers_word_is_hidden_once_a_rank_failed(tmp_path):
+    """Rank 0's Horovod loop says its peer went away when rank 1 failed: rank 1's own error says
+    it better, so the cell hides the line from then on (before, it is shown: it may be all
+    there is)."""
+    line = ("[2026-11-24 10:00:00.000000: E /tmp/horovod/common/operations.cc:697] [0]: Horovod "
+            "background loop uncaught exception: [/tmp/gloo/pair.cc:589] Read error "
+            "[127.0.0.1]:1234: Connection reset by peer")
+    shown = {}
+    for failed_first in (False, True):
+        out = io.StringIO()
+        job = _job(tmp_path / str(failed_first), views=[TextView("all", stream=out)])
+        if failed_first:
+            job.handle({"kind": "error", "rank": 1, "host": "h", "error": "ValueError",
+                        "message": "boom", "traceback": "ValueError: boom\n"})
+        assert job.peer_lost is failed_first
+        job.handle(_output(0, line, "a line of the user's"))
+        job.end()
+        assert "[0] a line of the user's" in out.getvalue()
+        shown[failed_first] = "background loop" in out.getvalue()
+    assert shown == {False: True, True: False}
 
 
 def test_the_text_view_hides_noise_unless_asked_and_the_log_keeps_it(tmp_path):
