@@ -112,7 +112,9 @@ class BackgroundJob:
         if self.done() or job is None or not hasattr(backend, "request_stacks"):
             return JobStacks()
         began = time.monotonic()
-        running = set(job.running_ranks())
+        running, starting = set(job.running_ranks()), job.starting_ranks()
+        if not running:
+            return JobStacks(starting=starting)
         request = job.request_stacks(backend)
         answers: dict[int, Any] = {}
         while time.monotonic() - began < wait and not self.done():
@@ -121,7 +123,8 @@ class BackgroundJob:
                 break
             time.sleep(0.02)
         job.stacks.pop(request, None)
-        return JobStacks(answers, sorted(running - set(answers)), time.monotonic() - began)
+        return JobStacks(answers, sorted(running - set(answers)), time.monotonic() - began,
+                         starting)
 
     def timeline_so_far(self) -> str | None:
         """The job's Horovod Timeline so far (a valid copy), while it runs and records one;

@@ -320,8 +320,12 @@ class JobState:
         return request
 
     def running_ranks(self) -> list[int]:
-        """Ranks that have not exited (their process may still be starting)."""
-        return [r.rank for r in self.ranks if not r.exited]
+        """Ranks whose process started and has not exited."""
+        return [r.rank for r in self.ranks if not r.exited and r.pid is not None]
+
+    def starting_ranks(self) -> list[int]:
+        """Ranks whose process has not started yet."""
+        return [r.rank for r in self.ranks if not r.exited and r.pid is None]
 
     def _on_exit(self, state: RankState, event: dict[str, Any]) -> None:
         state.exit_code = event.get("code")

@@ -506,14 +506,15 @@ def collect_stacks(job: JobState, backend: Any, events: queue.Queue,
     """Ask every running rank where it is; wait up to ``wait`` seconds for the answers (the
     job's other events are applied meanwhile)."""
     began = time.monotonic()
-    running = set(job.running_ranks())
+    running, starting = set(job.running_ranks()), job.starting_ranks()
     if not running or not hasattr(backend, "request_stacks"):
-        return JobStacks()
+        return JobStacks(starting=starting)
     request = job.request_stacks(backend)
     while time.monotonic() - began < wait and not running <= set(job.stacks[request]):
         _follow(job, events)
     answers = job.stacks.pop(request)
-    return JobStacks(dict(answers), sorted(running - set(answers)), time.monotonic() - began)
+    return JobStacks(dict(answers), sorted(running - set(answers)), time.monotonic() - began,
+                     starting)
 
 
 def _where_on_interrupt(job: JobState, backend: Any, events: queue.Queue) -> str:

@@ -85,17 +85,22 @@ class JobStacks:
         their task cannot be reached).
     seconds : float
         How long taking them took.
+    starting : list of int
+        Ranks whose process had not started yet (nothing to ask).
     """
 
     ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
     missing: list[int] = field(default_factory=list)
     seconds: float = 0.0
+    starting: list[int] = field(default_factory=list)
 
     def where(self) -> dict[int, str]:
         """Rank -> where its main thread is, in a line (:func:`where`)."""
         found = {rank: where(event.get("threads", [])) for rank, event in self.ranks.items()}
-        found.update({rank: "did not answer (not started yet, or busy in native code?)"
+        found.update({rank: "did not answer (busy in native code that holds the GIL?)"
                       for rank in self.missing})
+        found.update({rank: "starting (its process has not begun the job yet)"
+                      for rank in self.starting})
         return dict(sorted(found.items()))
 
     def diagnosis(self, unit: str = "rank") -> str:
@@ -136,8 +141,10 @@ class JobStacks:
             if event.get("others"):
                 parts.append(f"  (and {event['others']} more thread(s) with no frame of yours)")
         for rank in self.missing:
-            parts.append(f"rank {rank}: did not answer within the wait (not started yet, or "
-                         "busy in native code that holds Python's lock?)")
+            parts.append(f"rank {rank}: did not answer within the wait (busy in native code "
+                         "that holds Python's lock?)")
+        for rank in self.starting:
+            parts.append(f"rank {rank}: starting (its process has not begun the job yet)")
         if not parts:
             return "No rank runs now."
         if self.diagnosis():

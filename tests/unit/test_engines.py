@@ -162,3 +162,4 @@ def test_the_stall_diagnosis_names_the_engine_whose_collective_a_rank_waits_in()
     assert "in a tf.distribute collective" in JobStacks({0: tf_wait, 1: elsewhere}).diagnosis()
     hvd_wait = stacks("/x/site-packages/horovod/torch/mpi_ops.py")
     assert "in a Horovod collective" in JobStacks({0: hvd_wait, 1: elsewhere}).diagnosis()
+
