@@ -118,6 +118,47 @@ def iterate_partition(rows_per_rank):
     return result
 
 
+def later_epochs(train, init_horovod: bool = False, with_tf: bool = True):
+    """On each rank, after the shard is open: one epoch of each way to read it against the
+    machine's limit, a plain numpy copy of the same mapped columns (rows/s each, rank 0's);
+    ``init_horovod``: with Horovod initialised, as a Horovod training loop reads."""
+    import time
+
+    import numpy as np
+
+    if init_horovod:
+        import horovod.torch as hvd
+
+        hvd.init()
+
+    def rate(epoch) -> float:
+        began = time.perf_counter()
+        rows = epoch()
+        return rows / (time.perf_counter() - began)
+
+    x, y = train.to_numpy("features"), train.to_numpy("label")
+
+    def copy() -> int:
+        np.copy(x), np.copy(y)
+        return len(x)
+
+    rate(lambda: sum(len(b["label"]) for b in train.batches(BATCH, remainder="drop")))  # warm
+    speeds = {"copy": rate(copy),
+              "batches": rate(lambda: sum(len(b["label"]) for b in
+                                          train.batches(BATCH, shuffle=True, seed=1,
+                                                        remainder="drop"))),
+              "to_torch": rate(lambda: sum(len(labels) for _, labels in
+                                           train.to_torch("features", "label", batch_size=BATCH,
+                                                          shuffle=True, seed=1,
+                                                          remainder="drop")))}
+    if with_tf:
+        dataset = train.to_tf_dataset("features", "label", batch_size=BATCH, shuffle=True,
+                                      seed=1, remainder="drop")
+        speeds["to_tf_dataset"] = rate(lambda: sum(int(labels.shape[0])
+                                                   for _, labels in dataset))
+    return speeds
+
+
 def count_rows(batches):
     import pyarrow as pa
 
@@ -168,6 +209,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--only", default="", help="comma-separated candidates (default: all)")
+    parser.add_argument("--later-epochs", action="store_true",
+                        help="also: a later epoch of batches, to_torch and to_tf_dataset on one "
+                             "rank against a numpy copy of the same columns")
     args = parser.parse_args()
 
     from pyspark.ml.torch.distributor import TorchDistributor
@@ -237,6 +281,16 @@ def main() -> None:
         print(f"{name:16s} median {statistics.median(speed[name]):10,.0f} rows/s, first batch "
               f"{firsts}, driver peak RSS +{max(rss[name]):,.0f} MiB, a later epoch on one "
               f"rank {again}")
+    for engine in ("torch", "horovod") if args.later_epochs else ():
+        # the ranks only read: Horovod is initialised (its background loop runs) or not
+        speeds = HorovodRunner(np=2, engine=engine).run(later_epochs, train=df,
+                                                        init_horovod=engine == "horovod")
+        copy = speeds["copy"]
+        print(f"data_feed_later_epoch engine={engine} " + " ".join(
+            f"{name}={value:.0f}" for name, value in speeds.items()) + " " + " ".join(
+            f"{name}_vs_copy={value / copy:.3f}" for name, value in speeds.items()
+            if name != "copy") + " (rows/s on rank 0; copy: np.copy of the mapped columns)",
+            flush=True)
     if "ours_ddp" in candidates and "torchdistributor" in candidates:
         ddp = pair_ratios(speed["ours_ddp"], speed["torchdistributor"])
         ddp_later = pair_ratios(epoch2["ours_ddp"], epoch2["torchdistributor"])

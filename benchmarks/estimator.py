@@ -9,16 +9,19 @@ every candidate writing every row to Spark's ``noop`` sink, alternating order, `
                     KerasModel/TorchModel transform does (model loaded once per worker too);
                     timed on ``--row-rows`` rows, its rate in rows/s
   predict_batch_udf pyspark.ml.functions.predict_batch_udf, written by hand (the careful limit)
-The model is the same PyTorch MLP (784-256-10) for all.
+The model is the same PyTorch MLP (784-256-10) for all. The same again for the same MLP in
+tf_keras (Keras 2, what HorovodEstimator fits): ``keras_ours``, ``keras_row_at_a_time`` (one
+``predict_on_batch`` call per row, as horovod.spark's KerasModel transform does) and
+``keras_predict_batch_udf``.
 
 Fit: the same PyTorch training (2 ranks, the same shards, model, optimizer, batch size and
 epochs) through HorovodEstimator.fit and through HorovodRunner with a hand-written loop over
 ``Shard.to_torch``; the ratio of their wall times (the estimator adds its input checks, the
 validation-free epoch metrics, a checkpoint and event file per epoch and the saved model).
 
-Usage: .venv/bin/python benchmarks/estimator.py [--rows 100000] [--runs 3]
-Last lines: estimator_fit ... ; estimator_transform ours=<rows/s> row_at_a_time=<rows/s>
-predict_batch_udf=<rows/s> ...
+Usage: .venv/bin/python benchmarks/estimator.py [--rows 100000] [--runs 3] [--no-fit]
+Last lines: estimator_fit ... ; estimator_transform_keras ours=<rows/s> ...;
+estimator_transform ours=<rows/s> row_at_a_time=<rows/s> predict_batch_udf=<rows/s> ...
 """
 from __future__ import annotations
 
@@ -66,6 +69,70 @@ def model_bytes(module) -> bytes:
     buffer = io.BytesIO()
     torch.save(module, buffer, pickle_module=cloudpickle)
     return buffer.getvalue()
+
+
+def build_keras_model():
+    import os
+
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tf_keras
+
+    tf_keras.utils.set_random_seed(0)
+    return tf_keras.Sequential([tf_keras.Input((FEATURES,)),
+                                tf_keras.layers.Dense(256, activation="relu"),
+                                tf_keras.layers.Dense(10, activation="softmax")])
+
+
+def keras_bytes(model) -> bytes:
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "model.keras")
+        model.save(path)
+        with open(path, "rb") as handle:
+            return handle.read()
+
+
+def keras_row_at_a_time_udf(blob: bytes):
+    """Score one row per ``predict_on_batch`` call, as horovod.spark's KerasModel does."""
+    from pyspark.sql.functions import pandas_udf
+
+    cache: dict = {}
+
+    @pandas_udf("double")
+    def predict(features: pd.Series) -> pd.Series:
+        import numpy as np
+
+        from hvd_magics.task.predict import model_from_bytes
+
+        if "model" not in cache:
+            cache["model"] = model_from_bytes("keras", blob)
+        model = cache["model"]
+        return pd.Series([float(np.argmax(model.predict_on_batch(
+            np.asarray(row, dtype=np.float32)[None, :]))) for row in features])
+
+    return predict
+
+
+def keras_batch_udf(blob: bytes):
+    """The careful user's predict_batch_udf for the tf_keras model (the limit)."""
+    from pyspark.ml.functions import predict_batch_udf
+    from pyspark.sql.types import DoubleType
+
+    def make_predict_fn():
+        import numpy as np
+        import tensorflow as tf
+
+        from hvd_magics.task.predict import model_from_bytes
+
+        model = model_from_bytes("keras", blob)
+        call = tf.function(lambda x: model(x, training=False))
+
+        def predict(inputs):
+            return np.argmax(call(inputs).numpy(), axis=1).astype(np.float64)
+
+        return predict
+
+    return predict_batch_udf(make_predict_fn, return_type=DoubleType(), batch_size=4096,
+                             input_tensor_shapes=[[FEATURES]])
 
 
 def row_at_a_time_udf(blob: bytes):
@@ -169,7 +236,7 @@ def bench_fit(spark, frame, runs: int) -> str:
             + ratio_text("overhead_ratio", times["estimator"], times["plain"]))
 
 
-def bench_transform(spark, frame, row_frame, runs: int) -> str:
+def bench_transform(spark, frame, row_frame, runs: int, keras_row_frame=None) -> str:
     from hvd_magics.estimator import HorovodModel
 
     blob = model_bytes(build_model())
@@ -180,7 +247,22 @@ def bench_transform(spark, frame, row_frame, runs: int) -> str:
     limit = batch_udf(blob)
     per_row = row_at_a_time_udf(blob)
     rows, row_rows = frame.count(), row_frame.count()
-    candidates = {
+    keras_candidates = {}
+    if keras_row_frame is not None:
+        kblob = keras_bytes(build_keras_model())
+        keras_lean = HorovodModel("keras", kblob, {"output": "probability", "output_size": 10}) \
+            .setFeaturesCol("features").setProbabilityCol("").setRawPredictionCol("")
+        keras_limit = keras_batch_udf(kblob)
+        keras_per_row = keras_row_at_a_time_udf(kblob)
+        keras_rows = keras_row_frame.count()
+        keras_candidates = {
+            "keras_ours": lambda: rows / timed(keras_lean.transform(frame)),
+            "keras_predict_batch_udf": lambda: rows / timed(frame.withColumn(
+                "prediction", keras_limit("features"))),
+            "keras_row_at_a_time": lambda: keras_rows / timed(keras_row_frame.withColumn(
+                "prediction", keras_per_row("features"))),
+        }
+    candidates = {**keras_candidates,
         "ours": lambda: rows / timed(lean.transform(frame)),
         "ours_full": lambda: rows / timed(full.transform(frame)),
         "predict_batch_udf": lambda: rows / timed(frame.withColumn("prediction",
@@ -196,6 +278,14 @@ def bench_transform(spark, frame, row_frame, runs: int) -> str:
                 rates[name].append(rate)
     med = {name: statistics.median(values) for name, values in rates.items()}
     vs_row = [a / b for a, b in zip(rates["ours"], rates["row_at_a_time"])]
+    if keras_candidates:
+        keras_vs_row = [a / b for a, b in zip(rates["keras_ours"], rates["keras_row_at_a_time"])]
+        print(f"estimator_transform_keras ours={med['keras_ours']:.0f} "
+              f"row_at_a_time={med['keras_row_at_a_time']:.0f} "
+              f"predict_batch_udf={med['keras_predict_batch_udf']:.0f} "
+              f"ratio_vs_row_at_a_time={statistics.median(keras_vs_row):.1f} "
+              + ratio_text("ratio_vs_limit", rates["keras_ours"],
+                           rates["keras_predict_batch_udf"]), flush=True)
     return (f"estimator_transform ours={med['ours']:.0f} row_at_a_time={med['row_at_a_time']:.0f} "
             f"predict_batch_udf={med['predict_batch_udf']:.0f} ours_full={med['ours_full']:.0f} "
             f"ratio_vs_row_at_a_time={statistics.median(vs_row):.1f} "
@@ -207,16 +297,20 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--row-rows", type=int, default=10_000)
     parser.add_argument("--fit-rows", type=int, default=20_000)
+    parser.add_argument("--keras-row-rows", type=int, default=2_000,
+                        help="rows for the tf_keras row-at-a-time peer (about 1 ms a row)")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--no-fit", action="store_true", help="only the transform")
     args = parser.parse_args()
     spark = local_session("estimator", driver_memory="6g")
     frame = make_frame(spark, args.rows)
     row_frame = frame.limit(args.row_rows).cache()
+    keras_row_frame = frame.limit(args.keras_row_rows).cache()
     fit_frame = frame.limit(args.fit_rows).cache()
-    row_frame.count(), fit_frame.count()
-    fit_line = bench_fit(spark, fit_frame, args.runs)
-    print(fit_line, flush=True)
-    print(bench_transform(spark, frame, row_frame, args.runs), flush=True)
+    row_frame.count(), fit_frame.count(), keras_row_frame.count()
+    if not args.no_fit:
+        print(bench_fit(spark, fit_frame, args.runs), flush=True)
+    print(bench_transform(spark, frame, row_frame, args.runs, keras_row_frame), flush=True)
     spark.stop()
 
 
