@@ -26,6 +26,7 @@ ratio_vs_torchdistributor=<x> ratio_vs_limit=<x> later_epoch_ratio_vs_torchdistr
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import statistics
 import sys
@@ -34,7 +35,7 @@ import time
 
 import psutil
 
-from pairs import in_turn, pair_ratios, local_session  # benchmarks/pairs.py
+from pairs import PhaseTimer, in_turn, local_session, pair_ratios  # benchmarks/pairs.py
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 FEATURES = 784
@@ -132,6 +133,9 @@ def later_epochs(train, init_horovod: bool = False, with_tf: bool = True):
         hvd.init()
 
     def rate(epoch) -> float:
+        """Rows/s of the second of two epochs (the first touches the mapped pages, imports the
+        framework and builds its pipeline)."""
+        epoch()
         began = time.perf_counter()
         rows = epoch()
         return rows / (time.perf_counter() - began)
@@ -142,15 +146,13 @@ def later_epochs(train, init_horovod: bool = False, with_tf: bool = True):
         np.copy(x), np.copy(y)
         return len(x)
 
-    rate(lambda: sum(len(b["label"]) for b in train.batches(BATCH, remainder="drop")))  # warm
+    loader = train.to_torch("features", "label", batch_size=BATCH, shuffle=True, seed=1,
+                            remainder="drop")
     speeds = {"copy": rate(copy),
               "batches": rate(lambda: sum(len(b["label"]) for b in
                                           train.batches(BATCH, shuffle=True, seed=1,
                                                         remainder="drop"))),
-              "to_torch": rate(lambda: sum(len(labels) for _, labels in
-                                           train.to_torch("features", "label", batch_size=BATCH,
-                                                          shuffle=True, seed=1,
-                                                          remainder="drop")))}
+              "to_torch": rate(lambda: sum(len(labels) for _, labels in loader))}
     if with_tf:
         dataset = train.to_tf_dataset("features", "label", batch_size=BATCH, shuffle=True,
                                       seed=1, remainder="drop")
@@ -222,8 +224,17 @@ def main() -> None:
     df = make_frame(spark, args.rows)
     half = args.rows // 2
 
+    phases: list[dict[str, float]] = []
+
     def ours():
-        return HorovodRunner(np=2).run(iterate_shard, train=df)
+        from hvd_magics.launch.payload import serialize_job
+
+        timer = PhaseTimer()
+        record = HorovodRunner(np=2).run_payload(
+            serialize_job(iterate_shard, {"train": df}), views=[timer],
+            source=inspect.getsource(iterate_shard))
+        phases.append({**timer.marks, "write_s": max(s["write_s"] for s in record.shards)})
+        return record.value
 
     def ours_ddp():
         return HorovodRunner(np=2, engine="torch").run(iterate_shard_ddp, train=df)
@@ -281,6 +292,12 @@ def main() -> None:
         print(f"{name:16s} median {statistics.median(speed[name]):10,.0f} rows/s, first batch "
               f"{firsts}, driver peak RSS +{max(rss[name]):,.0f} MiB, a later epoch on one "
               f"rank {again}")
+    if phases:
+        last = phases[-1]
+        print("ours, where the time went (driver clock, s from the call; the last run): "
+              + ", ".join(f"{kind} {last[kind]:.2f}" for kind in
+                          ("sharding", "task_started", "started", "end") if kind in last)
+              + f"; the slowest task wrote its shard file in {last['write_s']:.2f} s")
     for engine in ("torch", "horovod") if args.later_epochs else ():
         # the ranks only read: Horovod is initialised (its background loop runs) or not
         speeds = HorovodRunner(np=2, engine=engine).run(later_epochs, train=df,

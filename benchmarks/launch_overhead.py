@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from pairs import in_turn, ratio_text, local_session  # benchmarks/pairs.py
+from pairs import PhaseTimer, in_turn, local_session, ratio_text  # benchmarks/pairs.py
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -52,27 +52,6 @@ import horovod.torch as hvd, torch
 hvd.init()
 print(hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item())
 """
-
-
-class PhaseTimer:
-    """A JobView that notes when each phase of our launch ended (driver clock)."""
-
-    def __init__(self) -> None:
-        self.start = time.monotonic()
-        self.marks: dict[str, float] = {}
-        self.seen: dict[str, set] = {}
-
-    def on_event(self, job, event) -> None:
-        kind = event["kind"]
-        self.seen.setdefault(kind, set()).add(event["rank"])
-        if len(self.seen[kind]) == job.size and kind not in self.marks:
-            self.marks[kind] = time.monotonic() - self.start
-
-    def on_tick(self, job) -> None:
-        pass
-
-    def on_end(self, job) -> None:
-        self.marks["end"] = time.monotonic() - self.start
 
 
 def timed(fn):

@@ -1,5 +1,6 @@
 """What the benchmarks share: ratios that mean the same from run to run on a shared 2-core
-machine, and the one warm local SparkSession they measure on.
+machine, the one warm local SparkSession they measure on, and a view that times the phases of
+our launch.
 
 Each benchmark measures its candidates in interleaved pairs, alternating the order (A then B, then
 B then A), and reports the median of the per-pair ratios with their min and max: drift in the
@@ -8,6 +9,7 @@ machine's speed during a run cancels within a pair instead of landing on one sid
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Sequence, TypeVar
 
 T = TypeVar("T")
@@ -42,3 +44,24 @@ def local_session(app: str, driver_memory: str | None = None, master: str = "loc
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+class PhaseTimer:
+    """A JobView that notes when each phase of our launch ended (driver clock)."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.marks: dict[str, float] = {}
+        self.seen: dict[str, set] = {}
+
+    def on_event(self, job, event) -> None:
+        kind = event["kind"]
+        self.seen.setdefault(kind, set()).add(event["rank"])
+        if len(self.seen[kind]) == job.size and kind not in self.marks:
+            self.marks[kind] = time.monotonic() - self.start
+
+    def on_tick(self, job) -> None:
+        pass
+
+    def on_end(self, job) -> None:
+        self.marks["end"] = time.monotonic() - self.start

@@ -253,18 +253,30 @@ class Shard:
                       remainder: str = REPEAT) -> Any:
         """A ``tf.data.Dataset`` of ``(features, label)`` batches (``features`` alone without a
         label), ``steps_per_epoch(batch_size, remainder)`` of them per pass; with ``shuffle``,
-        each pass (each Keras epoch) in a new order. Several feature columns are concatenated."""
+        each pass (each Keras epoch) in a new order, reproducible with ``seed``. Several feature
+        columns are concatenated. Under ``tf.distribute`` the rows are this rank's already: set
+        the dataset's ``auto_shard_policy`` to ``OFF``."""
+        import itertools
+
         import tensorflow as tf
 
         x = self.feature_matrix(features)
-        dataset = tf.data.Dataset.from_tensor_slices(x if label is None
-                                                     else (x, self.to_numpy(label)))
-        if shuffle:
-            dataset = dataset.shuffle(len(self), seed=seed, reshuffle_each_iteration=True)
-        wanted = self.rows_per_epoch(batch_size, remainder)
-        if wanted > len(self):
-            dataset = dataset.repeat()
-        return dataset.take(wanted).batch(batch_size)
+        arrays = [x] if label is None else [x, self.to_numpy(label)]
+        self.steps_per_epoch(batch_size, remainder)  # a bad batch size fails here, not in fit
+        passes = itertools.count()
+
+        def one_pass() -> Iterator[Any]:
+            # each batch gathered by numpy out of the mapped file, as `batches` does: tf.data's
+            # per-row shuffle and batch of from_tensor_slices read 0.16 M rows/s of 784 floats
+            number = next(passes)
+            order_seed = None if seed is None else seed + number
+            for rows in self.batch_rows(batch_size, shuffle, order_seed, remainder):
+                batch = tuple(array[rows] for array in arrays)
+                yield batch if label is not None else batch[0]
+
+        specs = tuple(tf.TensorSpec((None, *a.shape[1:]), tf.as_dtype(a.dtype)) for a in arrays)
+        return tf.data.Dataset.from_generator(
+            one_pass, output_signature=specs if label is not None else specs[0]).prefetch(2)
 
     def to_torch(self, features: str | Sequence[str], label: str | None = None,
                  batch_size: int = 32, shuffle: bool = False, seed: int | None = None,
@@ -273,10 +285,7 @@ class Shard:
         label), ``steps_per_epoch(batch_size, remainder)`` of them per epoch; with ``shuffle``,
         each epoch (each ``iter``) in a new order, reproducible with ``seed``. Features are
         float32; an integer label becomes int64 (class indices, as torch's losses want them)."""
-        import warnings
-
-        import torch
-        from torch.utils.data import DataLoader, TensorDataset
+        from torch.utils.data import DataLoader
 
         arrays = [self.feature_matrix(features)]
         if label is not None:
@@ -284,11 +293,24 @@ class Shard:
             if labels.dtype.kind in "iub":  # class indices: torch's losses want int64
                 labels = labels.astype(np.int64)
             arrays.append(labels)
-        with warnings.catch_warnings():  # read-only views of the file: batches are gathered
-            warnings.simplefilter("ignore", UserWarning)  # copies, nothing writes to them
-            tensors = [torch.from_numpy(array) for array in arrays]
         batches = _EpochBatches(self, batch_size, shuffle, seed, remainder)
-        return DataLoader(TensorDataset(*tensors), batch_size=None, sampler=batches)
+        return DataLoader(_RowGather(arrays), batch_size=None, sampler=batches)
+
+
+class _RowGather:
+    """A map-style dataset whose item is a batch: the rows of an index array, gathered by numpy
+    (one fancy-indexing copy out of the mapped file: 1.7 M rows/s of 784 floats, shuffled,
+    against 1.2 M for indexing a torch tensor made from it), then made tensors by the loader
+    without a copy."""
+
+    def __init__(self, arrays: list[np.ndarray]) -> None:
+        self._arrays = arrays
+
+    def __len__(self) -> int:
+        return len(self._arrays[0])
+
+    def __getitem__(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
+        return tuple(array[rows] for array in self._arrays)
 
 
 class _EpochBatches:

@@ -90,6 +90,14 @@ def test_torch_and_tensorflow_loaders_give_the_same_steps(tmp_path):
     dataset = shard.to_tf_dataset("features", "label", batch_size=3)
     steps = [(x.shape[0], y.numpy().tolist()) for x, y in dataset]
     assert steps == [(3, [0, 1, 2]), (3, [3, 4, 5]), (3, [6, 7, 8]), (1, [9])]
+    shuffled = shard.to_tf_dataset("features", "label", batch_size=4, shuffle=True, seed=3)
+    passes = [[y.numpy().tolist() for _, y in shuffled] for _ in range(2)]
+    assert all(sorted(sum(p, [])) == list(range(10)) for p in passes)  # every row, each pass
+    assert passes[0] != passes[1]  # a new order each pass (each Keras epoch)
+    again = shard.to_tf_dataset("features", "label", batch_size=4, shuffle=True, seed=3)
+    assert [y.numpy().tolist() for _, y in again] == passes[0]  # reproducible from the seed
+    assert [x.shape for x in shard.to_tf_dataset("features", batch_size=4)] == [
+        (4, 3), (4, 3), (2, 3)]
     fewer = _shard(tmp_path, _table(7), rows_per_rank=[7, 10])
     labels = [y.numpy().tolist() for _, y in fewer.to_tf_dataset("features", "label", 3)]
     assert labels == [[0, 1, 2], [3, 4, 5], [6, 0, 1], [2]]
