@@ -32,8 +32,20 @@ _LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
 _ADVICE = "create it inside the function (or the %%horovod cell) so that each rank makes its own"
 
 
+#: What cloudpickle 3.1.3 and later name the file of every function pickled by value.
+_DYNAMIC_FILE = "<dynamic-code>"
+
+
 class _JobPickler(cloudpickle.CloudPickler):
-    """cloudpickle, with every Spark DataFrame pickled as its rank's shard."""
+    """cloudpickle, with every Spark DataFrame pickled as its rank's shard, and the code of a
+    function pickled by value keeping the name of its file.
+
+    cloudpickle 3.1.3 names that file ``<dynamic-code>`` (so that pickles are the same wherever
+    the function was defined). A rank then cannot find the function's source: its tracebacks and
+    stacks lose the lines of the user's code, which they no longer count as the user's, and
+    TensorFlow's AutoGraph cannot convert a ``tf.function`` written in it (a Python ``if`` on a
+    tensor fails with ``OperatorNotAllowedInGraphError``).
+    """
 
     def __init__(self, file: io.BytesIO, sources: DataFrameSources) -> None:
         super().__init__(file)
@@ -42,6 +54,10 @@ class _JobPickler(cloudpickle.CloudPickler):
     def reducer_override(self, obj: Any) -> Any:
         if is_dataframe(obj):
             return open_shard, (self.sources.index_of(obj),)
+        if isinstance(obj, types.CodeType):
+            constructor, args = self.dispatch_table[types.CodeType](obj)
+            return constructor, tuple(obj.co_filename if isinstance(a, str) and a == _DYNAMIC_FILE
+                                      else a for a in args)
         return super().reducer_override(obj)
 
 

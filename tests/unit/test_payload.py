@@ -50,3 +50,17 @@ def test_a_rank_reads_its_late_environment_then_its_job():
 
     stream = io.BytesIO(encode_job(b"\x80job bytes", {"HOROVOD_GLOO_RENDEZVOUS_PORT": "4242"}))
     assert decode_job(stream) == ({"HOROVOD_GLOO_RENDEZVOUS_PORT": "4242"}, b"\x80job bytes")
+
+
+def test_a_function_pickled_by_value_keeps_its_file_and_source():
+    """cloudpickle 3.1.3 names it <dynamic-code>: the rank's stacks, tracebacks and AutoGraph
+    then cannot find the user's source."""
+    import inspect
+    import pickle
+
+    from hvd_magics.launch.payload import dumps
+    from tests import jobs
+
+    restored = pickle.loads(dumps(jobs.fail_on_rank))
+    assert restored.__code__.co_filename == jobs.fail_on_rank.__code__.co_filename
+    assert inspect.getsource(restored) == inspect.getsource(jobs.fail_on_rank)
