@@ -506,15 +506,18 @@ def collect_stacks(job: JobState, backend: Any, events: queue.Queue,
     """Ask every running rank where it is; wait up to ``wait`` seconds for the answers (the
     job's other events are applied meanwhile)."""
     began = time.monotonic()
-    running, starting = set(job.running_ranks()), job.starting_ranks()
-    if not running or not hasattr(backend, "request_stacks"):
-        return JobStacks(starting=starting)
+    # every rank that has not exited is waited for: following the job's events meanwhile also
+    # records the pids of ranks that just started (an interrupt's clean-up needs them)
+    waiting = set(job.running_ranks()) | set(job.starting_ranks())
+    if not waiting or not hasattr(backend, "request_stacks"):
+        return JobStacks(starting=job.starting_ranks())
     request = job.request_stacks(backend)
-    while time.monotonic() - began < wait and not running <= set(job.stacks[request]):
+    while time.monotonic() - began < wait and not waiting <= set(job.stacks[request]):
         _follow(job, events)
     answers = job.stacks.pop(request)
-    return JobStacks(dict(answers), sorted(running - set(answers)), time.monotonic() - began,
-                     starting)
+    unanswered, starting = waiting - set(answers), set(job.starting_ranks())
+    return JobStacks(dict(answers), sorted(unanswered - starting), time.monotonic() - began,
+                     sorted(unanswered & starting))
 
 
 def _where_on_interrupt(job: JobState, backend: Any, events: queue.Queue) -> str:
