@@ -184,6 +184,22 @@ def cluster_spark(standalone_cluster):
     return spark
 
 
+def interrupt_once_marked(folder, ranks=(0, 1), limit: float = 60) -> None:
+    """In a thread: send this process SIGINT (the notebook's interrupt) once every rank in
+    ``ranks`` has left a file named by its rank in ``folder`` (nothing after ``limit`` s)."""
+    import threading
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + limit
+        while not all((Path(folder) / str(r)).exists() for r in ranks):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+
+
 def rank_processes_alive(pids) -> list[int]:
     """The pids (of ranks) that still run."""
     return [pid for pid in pids if psutil.pid_exists(pid)

@@ -24,6 +24,7 @@ from hvd_magics.job.live_job import LiveJob
 from hvd_magics.job.stacks import JobStacks
 from hvd_magics.job.mlflow_run import MlflowSettings, MlflowTracker, requested
 from hvd_magics.launch.dataframe_input import check_columns, common_session
+from hvd_magics.task.engines import engine_of
 from hvd_magics.launch.payload import JobPayload, leading_imports, serialize_job
 from hvd_magics.protocol import (ENGINE_HOROVOD, ENV_ENGINE, ENV_PREIMPORT, ENV_STALL_CHECK, ENV_TIMELINE_MARK_CYCLES,
                                  ENV_WANT_TIMELINE)
@@ -399,7 +400,7 @@ def launch(request: LaunchRequest) -> RunRecord:
     backend = _make_backend(request)
     prune_old_runs()
     log_path = runs_dir() / job_id / "ranks.log"
-    engine = request.env.get(ENV_ENGINE, ENGINE_HOROVOD)
+    engine = engine_of(request.env)
     tracker = _tracker(request.tracking, job_id, size, backend.where, request.source, engine)
     job = JobState(abs(size), log_path, request.views + ([tracker] if tracker else []),
                    backend.where, elastic, timeline_dest=request.timeline,

@@ -1,8 +1,5 @@
 """torch.distributed and tf.distribute ranks as processes on the driver (np < 0): real Gloo DDP,
 a real MultiWorkerMirroredStrategy fit, failures, interrupts, pools and the drop-in."""
-import os
-import signal
-import threading
 import time
 
 import pytest
@@ -10,7 +7,7 @@ import pytest
 from hvd_magics import (HorovodJobError, HorovodPool, HorovodRunner, JobInterrupted,
                         TorchDistributor, last_run)
 from tests import engine_jobs
-from tests.conftest import rank_processes_alive
+from tests.conftest import interrupt_once_marked, rank_processes_alive
 
 
 def test_ddp_allreduce_on_two_driver_ranks_with_torchrun_variables():
@@ -50,15 +47,7 @@ def test_a_failing_rank_ends_the_job_promptly_under_each_engine(engine, job, exp
 
 @pytest.mark.parametrize("engine", ["torch", "tf"])
 def test_an_interrupt_stops_every_rank_under_each_engine(engine, tmp_path):
-    def interrupt_when_running():
-        deadline = time.monotonic() + 120
-        while not all((tmp_path / str(r)).exists() for r in (0, 1)):
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    threading.Thread(target=interrupt_when_running, daemon=True).start()
+    interrupt_once_marked(tmp_path, limit=120)
     with pytest.raises(JobInterrupted) as info:
         HorovodRunner(np=-2, engine=engine).run(engine_jobs.wait_marked, marks=str(tmp_path),
                                                 engine=engine)

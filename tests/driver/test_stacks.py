@@ -1,14 +1,11 @@
 """Where each rank is: stalls shown with the line a rank is in, --timeout, interrupts."""
-import os
-import signal
-import threading
 import time
 
 import pytest
 
 from hvd_magics import HorovodRunner, JobInterrupted, JobTimeoutError, last_run
 from tests import jobs
-from tests.conftest import rank_processes_alive
+from tests.conftest import interrupt_once_marked, rank_processes_alive
 
 
 def test_a_timeout_stops_the_job_and_says_where_each_rank_was(capsys):
@@ -29,15 +26,7 @@ def test_a_timeout_stops_the_job_and_says_where_each_rank_was(capsys):
 
 
 def test_an_interrupt_says_where_each_rank_was(tmp_path):
-    def interrupt_when_running():
-        deadline = time.monotonic() + 60
-        while not all((tmp_path / str(r)).exists() for r in (0, 1)):
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    threading.Thread(target=interrupt_when_running, daemon=True).start()
+    interrupt_once_marked(tmp_path)
     with pytest.raises(JobInterrupted) as info:
         HorovodRunner(np=-2).run(jobs.pool_sleep_marked, marks=str(tmp_path))
     text = str(info.value)
