@@ -49,9 +49,10 @@ def deal_partition(spec: DealSpec, partition: int, batches: Any) -> dict[str, An
 
 def arrow_deal_task(spec_blob: bytes, batches: Any) -> Iterator[Any]:
     """The ``mapInArrow`` function of the dealing stage: one ``status`` row out per task."""
-    import pyarrow as pa
     from pyspark import TaskContext
+
+    from hvd_magics.task.task_entry import status_batch
 
     spec = pickle.loads(spec_blob)  # noqa: S301 - our own closure, from the driver
     status = deal_partition(spec, TaskContext.get().partitionId(), batches)
-    yield pa.RecordBatch.from_pydict({"status": [json.dumps(status)]})
+    yield status_batch(json.dumps(status))
