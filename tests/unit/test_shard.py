@@ -129,3 +129,59 @@ def test_reading_does_not_copy_the_file_into_memory(tmp_path):
     x = shard.to_numpy("x")
     assert x.shape == (rows, 16) and x[5, 3] == 5 * 16 + 3
     assert pyarrow.total_allocated_bytes() - before < 1_000_000  # a view of the mapped file
+
+
+def _batched_shard(tmp_path, table, batch_rows: int) -> Shard:
+    """A shard whose file holds several Arrow batches, as a task writes rows arriving in pieces."""
+    path = tmp_path / "batched.arrow"
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=batch_rows)
+    return Shard(path, name="train")
+
+
+@pytest.mark.parametrize("kind", [pa.list_(pa.float32()), pa.list_(pa.float64()),
+                                  pa.list_(pa.float32(), 5), pa.list_(pa.int32())])
+def test_a_file_of_many_batches_gives_every_row_in_place(tmp_path, kind):
+    rows = 1003
+    values = np.arange(rows * 5).reshape(rows, 5) % 997
+    table = pa.table({"x": pa.array(values.tolist(), kind), "y": pa.array(range(rows))})
+    shard = _batched_shard(tmp_path, table, batch_rows=100)
+    assert shard._table.column("x").num_chunks == 11
+    order = np.random.default_rng(3).permutation(rows)
+    gathered = np.concatenate([x.numpy() for x, _ in
+                               shard.to_torch("x", "y", batch_size=64, shuffle=True, seed=3)])
+    assert gathered.dtype == np.float32
+    assert np.array_equal(gathered, values[order].astype(np.float32))
+    batch = next(shard.batches(7, columns=["x"]))
+    assert np.array_equal(batch["x"], values[:7].astype(np.float32))
+    first = next(iter(shard.to_tf_dataset("x", batch_size=4)))
+    assert np.array_equal(first.numpy(), values[:4].astype(np.float32))
+    assert np.array_equal(shard.to_numpy("x"), values.astype(np.float32))
+
+
+def test_a_file_of_many_batches_is_not_joined_in_memory_to_train_on(tmp_path):
+    rows = 100_000
+    table = pa.table({"x": pa.array(np.ones((rows, 32), np.float32).tolist(),
+                                    pa.list_(pa.float32())), "y": pa.array(np.zeros(rows))})
+    shard = _batched_shard(tmp_path, table, batch_rows=10_000)
+    before = pa.total_allocated_bytes()
+    loader = shard.to_torch("x", "y", batch_size=1000, shuffle=True, seed=0)
+    assert sum(len(y) for _, y in loader) == rows
+    # joining the ten batches would allocate the column's 12.8 MB
+    assert pa.total_allocated_bytes() - before < 2_000_000
+
+
+def test_vectors_in_many_batches_dense_in_place_and_sparse_scattered(tmp_path):
+    dense = _batched_shard(tmp_path, _table(25), batch_rows=4)
+    x = np.concatenate([x.numpy() for x, _ in dense.to_torch("vec", "label", batch_size=5)])
+    assert x[:, 0].tolist() == list(range(25)) and x[:, 1].tolist() == [-i for i in range(25)]
+    sparse = _batched_shard(tmp_path, _table(25, sparse=True), batch_rows=4)
+    x = np.concatenate([x.numpy() for x, _ in sparse.to_torch("vec", "label", batch_size=5)])
+    assert x[1].tolist() == [0.0, 7.0] and x[3].tolist() == [3.0, -3.0]
+
+
+def test_null_rows_of_an_array_column_are_named(tmp_path):
+    table = pa.table({"x": pa.array([[1.0, 2.0], None, [3.0, 4.0]] * 4)})
+    shard = _batched_shard(tmp_path, table, batch_rows=5)
+    with pytest.raises(ShardError, match="column 'x' of train has 4 null rows"):
+        next(iter(shard.to_torch("x", batch_size=2)))
