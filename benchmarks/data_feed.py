@@ -17,6 +17,8 @@ rank 0 is printed too. Also printed: the time from the call to the first batch o
 driver's peak RSS growth during the call. Every candidate runs once to warm up first.
 
 Usage: .venv/bin/python benchmarks/data_feed.py [--rows 200000] [--runs 3] [--only a,b]
+With ours and spark_arrow: a line data_feed_first_pass ours=<rows/s> spark_arrow=<rows/s>
+ratio_vs_limit=<x> first_batch_s=<s> driver_peak_rss_mib=<MiB> (ours).
 With ours_ddp and torchdistributor: a line data_feed_ddp ours_ddp=<rows/s>
 ratio_vs_torchdistributor=<x> later_epoch_ratio_vs_torchdistributor=<x>
 Last line: data_feed ours=<rows/s> torchdistributor=<rows/s> topandas=<rows/s> spark_arrow=<rows/s>
@@ -35,7 +37,7 @@ import time
 
 import psutil
 
-from pairs import PhaseTimer, in_turn, local_session, pair_ratios  # benchmarks/pairs.py
+from pairs import PhaseTimer, in_turn, local_session, pair_ratios, ratio_text  # benchmarks/pairs.py
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 FEATURES = 784
@@ -233,7 +235,8 @@ def main() -> None:
         record = HorovodRunner(np=2).run_payload(
             serialize_job(iterate_shard, {"train": df}), views=[timer],
             source=inspect.getsource(iterate_shard))
-        phases.append({**timer.marks, "write_s": max(s["write_s"] for s in record.shards)})
+        phases.append({**timer.marks, "write_s": max(s["write_s"] for s in record.shards),
+                       "wait_s": max(s["wait_s"] for s in record.shards)})
         return record.value
 
     def ours_ddp():
@@ -297,7 +300,8 @@ def main() -> None:
         print("ours, where the time went (driver clock, s from the call; the last run): "
               + ", ".join(f"{kind} {last[kind]:.2f}" for kind in
                           ("sharding", "task_started", "started", "end") if kind in last)
-              + f"; the slowest task wrote its shard file in {last['write_s']:.2f} s")
+              + f"; the slowest task wrote its shard file in {last['write_s']:.2f} s and "
+              f"waited {last['wait_s']:.2f} s for Spark's rows")
     for engine in ("torch", "horovod") if args.later_epochs else ():
         # the ranks only read: Horovod is initialised (its background loop runs) or not
         speeds = HorovodRunner(np=2, engine=engine).run(later_epochs, train=df,
@@ -315,6 +319,12 @@ def main() -> None:
               f"ratio_vs_torchdistributor={ddp[0]:.2f} ratio_vs_torchdistributor_min={ddp[1]:.2f} "
               f"ratio_vs_torchdistributor_max={ddp[2]:.2f} later_epoch_ratio_vs_torchdistributor="
               f"{ddp_later[0]:.1f}")
+    if {"ours", "spark_arrow"} <= set(candidates):
+        print(f"data_feed_first_pass ours={statistics.median(speed['ours']):.0f} "
+              f"spark_arrow={statistics.median(speed['spark_arrow']):.0f} "
+              + ratio_text("ratio_vs_limit", speed["ours"], speed["spark_arrow"])
+              + f" first_batch_s={statistics.median(first['ours']):.2f}"
+              f" driver_peak_rss_mib={max(rss['ours']):.0f}", flush=True)
     if not {"ours", "torchdistributor", "topandas", "spark_arrow"} <= set(candidates):
         return
     vs_td = pair_ratios(speed["ours"], speed["torchdistributor"])

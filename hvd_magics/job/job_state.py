@@ -377,16 +377,18 @@ class JobState:
         return any(r.failed for r in self.ranks)
 
     def shard_summary(self) -> list[dict[str, Any]]:
-        """Per DataFrame: its name, rows per rank, bytes and seconds spent writing the shards."""
+        """Per DataFrame: its name, rows per rank, bytes and seconds spent writing the shards and
+        waiting for Spark's rows."""
         by_source: dict[int, dict[str, Any]] = {}
         for state in self.ranks:
             for shard in state.shards:
                 entry = by_source.setdefault(shard["source"], {
                     "name": shard["name"], "rows_per_rank": [0] * self.size, "bytes": 0,
-                    "write_s": 0.0})
+                    "write_s": 0.0, "wait_s": 0.0})
                 entry["rows_per_rank"][state.rank] = shard["rows"]
                 entry["bytes"] += shard["bytes"]
                 entry["write_s"] = max(entry["write_s"], shard["write_s"])
+                entry["wait_s"] = max(entry["wait_s"], shard.get("wait_s", 0.0))
         return [by_source[k] for k in sorted(by_source)]
 
     @property

@@ -59,8 +59,8 @@ class RunRecord:
         lost, a rank that exited, tasks that joined) and ``time`` (epoch seconds).
     shards : list of dict
         Per DataFrame the job read: ``name``, ``rows_per_rank`` (rank order), ``bytes`` (Arrow
-        bytes of all shards) and ``write_s`` (the longest time a task spent writing its shard to
-        local disk).
+        bytes of all shards), ``write_s`` (the longest time a task spent writing its shard to
+        local disk) and ``wait_s`` (the longest time a task waited for Spark's rows).
     """
 
     job_id: str

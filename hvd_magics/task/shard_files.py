@@ -36,7 +36,9 @@ class ShardFile:
     path: str
     rows: int = 0
     bytes: int = 0
+    #: Seconds spent writing this source's rows, and waiting for Spark's rows (of every source).
     write_s: float = 0.0
+    wait_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,8 +77,15 @@ def write_shards(batches: Iterable[Any], folder: Path, names: dict[int, str]
 
     files = {index: ShardFile(index, str(folder / f"{index}.arrow")) for index in names}
     writers: dict[int, Any] = {}
+    batches = iter(batches)
+    waited = 0.0
     try:
-        for batch in batches:
+        while True:
+            began = time.perf_counter()
+            batch = next(batches, None)
+            waited += time.perf_counter() - began
+            if batch is None:
+                break
             for index, shard in files.items():
                 rows = batch.column(ROW_COLUMN.format(index))
                 if len(files) > 1:
@@ -95,6 +104,8 @@ def write_shards(batches: Iterable[Any], folder: Path, names: dict[int, str]
     finally:
         for writer in writers.values():
             writer.close()
+    for shard in files.values():
+        shard.wait_s = waited
     return [files[index] for index in sorted(files)]
 
 
