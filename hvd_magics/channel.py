@@ -134,11 +134,11 @@ class EventServer:
     job_id : str
         Written into the address; a hello for another job is refused.
     events : queue.Queue, optional
-        Where verified events go (a new queue when not given).
+        Where verified events go (a new queue when not given); anything with the queue's
+        ``put`` (a job's :class:`hvd_magics.launch.meeting_point.MeetingPoint`).
     """
 
-    def __init__(self, host: str, job_id: str,
-                 events: queue.Queue[dict[str, Any]] | None = None) -> None:
+    def __init__(self, host: str, job_id: str, events: Any = None) -> None:
         self.events = queue.Queue() if events is None else events
         self._secret = secrets.token_bytes(32)
         self._job_id = job_id

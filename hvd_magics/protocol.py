@@ -44,6 +44,7 @@ TIMELINE_LOCAL = "timeline_local"
 TIMELINE_CHUNK = "timeline_chunk"
 EXIT = "exit"
 SLOT_OFFER = "slot_offer"
+MEET_OFFER = "meet_offer"
 # -- sent by the driver to the job's views (elastic jobs) -------------------------------------
 RESIZE = "resize"
 DRIVER_LOG = "driver_log"
@@ -54,6 +55,7 @@ INTERRUPT_CELL = "interrupt_cell"
 END_POOL = "end_pool"
 DROP_SHARDS = "drop_shards"
 TAKE_STACKS = "take_stacks"
+MEET = "meet"
 # -- sent by a warm pool's supervisor ---------------------------------------------------------
 CELL_END = "cell_end"
 # -- the channel itself -----------------------------------------------------------------------
@@ -80,11 +82,16 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
     EventKind(SHARDING, "supervisor", ("partition", "hostname"),
               "the Spark task receives its rows of the job's DataFrames (its data arrives)"),
     EventKind(TASK_STARTED, "supervisor",
-              ("partition", "hostname", "local_rank", "pid", "shards", "data"),
+              ("partition", "hostname", "local_rank", "pid", "shards", "data", "met"),
               "the Spark task (or driver slot) got its rank and starts the process; shards: "
               "per DataFrame its name, rows, bytes and seconds spent writing it; data (a warm "
               "pool's task only): [host, port] of its shard receiver "
-              "(hvd_magics.task.shard_receiver)"),
+              "(hvd_magics.task.shard_receiver); met (a barrier task only): how the tasks met, "
+              "'driver' (the MEET order) or 'spark' (allGather)"),
+    EventKind(MEET_OFFER, "supervisor", ("partition", "message"),
+              "a barrier task is ready to meet the others: what it gives Spark's allGather too "
+              "(its port, setup error and shards); the driver keeps these to itself and, once "
+              "every task has offered, answers each with MEET"),
     EventKind(TASK_ERROR, "supervisor", ("traceback",), "the supervisor itself failed"),
     EventKind(OUTPUT, "supervisor", ("lines",), "complete lines of the rank's stdout/stderr"),
     EventKind(OUTPUT_PARTIAL, "supervisor", ("text",),
@@ -116,6 +123,9 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
     EventKind(TAKE_STACKS, "driver", ("request",),
               "an order to a task: have the rank report its stacks (a STACKS event with this "
               "request id) without stopping it"),
+    EventKind(MEET, "driver", ("gathered",),
+              "an order to every barrier task: the tasks' MEET_OFFER messages in partition order, "
+              "as allGather would return them (hvd_magics.task.task_meeting)"),
     EventKind(CELL_END, "supervisor", (),
               "a warm pool's rank ended a cell (its RESULT or ERROR was sent before): every "
               "line the cell printed came before this"),

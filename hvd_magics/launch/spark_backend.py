@@ -24,6 +24,7 @@ from hvd_magics.errors import HorovodMagicsError, NotEnoughSlotsError, SparkSess
 from hvd_magics.channel import EventServer
 from hvd_magics.launch import console_bar, interrupt_guard
 from hvd_magics.launch.dataframe_input import DataFrameSources, sharded_input
+from hvd_magics.launch.meeting_point import MeetingPoint
 from hvd_magics.protocol import (DROP_SHARDS, ENV_DRIVER_HOST, ENV_LIVE, END_POOL,
                                  INTERRUPT_CELL, RUN_CELL, TAKE_STACKS)
 from hvd_magics.task.event_buffer import replay
@@ -517,7 +518,8 @@ class SparkBackend:
         """Listen for the tasks' events on the address the executors reach."""
         address = _driver_address(self.spark)
         try:
-            self._server = EventServer(address, job_id, events)
+            self._server = EventServer(address, job_id,
+                                       MeetingPoint(events, self.np, self._order_all))
         except OSError as exc:
             raise OSError(f"cannot listen for the ranks' events on {address} ({exc}); set "
                           f"{ENV_DRIVER_HOST} to an address of this machine, or {ENV_LIVE}=0 "

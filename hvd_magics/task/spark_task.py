@@ -1,9 +1,11 @@
 """What runs inside each Spark barrier task: plan the ranks, write the task's DataFrame shards,
 start one rank process, supervise it.
 
-Every task calls ``allGather`` exactly once, whatever fails (a barrier stage hangs otherwise). The
-task never raises: failures travel to the driver as events or as its status line, so Spark never
-retries a stage that already started ranks.
+Every task takes part in the tasks' meeting (:mod:`hvd_magics.task.task_meeting`), whatever
+fails: a barrier stage hangs otherwise. Once it can meet, the task never raises: failures travel to
+the driver as events or as its status line, so Spark never retries a stage that already started
+ranks. Only a task that cannot meet the others through the driver raises, before any rank starts,
+so that the stage fails and Spark stops the tasks that wait for it.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from typing import Any, Iterator
 
 from hvd_magics.channel import ChannelAddress, EventClient
 from hvd_magics.protocol import (CUDA_VISIBLE_DEVICES, DROP_SHARDS, END_POOL, ENV_DRIVER_HOST,
-                                 ENGINE_HOROVOD, ENV_LIVE, ENV_SHARDS, INTERRUPT_CELL,
+                                 ENGINE_HOROVOD, ENV_LIVE, ENV_SHARDS, INTERRUPT_CELL, MEET,
                                  RUN_CELL, SHARDING, TAKE_STACKS, TASK_ERROR, TASK_STARTED)
 from hvd_magics.task.engines import PortOffer, engine_of, meet_env, offers_port, start_env
 from hvd_magics.task.event_buffer import EventBuffer
@@ -28,6 +30,7 @@ from hvd_magics.task.shard_files import (ShardFile, ShardSpaceError, empty_shard
                                          shard_folder, write_shards)
 from hvd_magics.task.shard_receiver import ShardReceiver
 from hvd_magics.task.supervisor import RankProcess, rank_environment
+from hvd_magics.task.task_meeting import BY_DRIVER, TaskMeeting
 from hvd_magics.task.slots import (iface_for_address, plan_ranks, start_rendezvous,
                                    stop_rendezvous)
 
@@ -68,14 +71,19 @@ class RankHolder:
         self.pool = pool
         #: A warm pool's receiver of the shards later cells read.
         self.receiver: ShardReceiver | None = None
+        #: How the task meets the others (the driver's ``meet`` order answers it).
+        self.meeting = TaskMeeting()
 
     def on_order(self, order: dict[str, Any]) -> None:
-        """Carry out the driver's order: report the rank's stacks; on a warm pool also run a
-        cell, interrupt it, end the pool or drop shards."""
+        """Carry out the driver's order: the tasks' meeting, report the rank's stacks; on a
+        warm pool also run a cell, interrupt it, end the pool or drop shards."""
+        kind = order.get("kind")
+        if kind == MEET:
+            self.meeting.answer(list(order["gathered"]), BY_DRIVER)
+            return
         proc = self.proc
         if proc is None:
             return
-        kind = order.get("kind")
         if kind == RUN_CELL:
             proc.send_frame(base64.b64decode(order["frame"]))
         elif kind == TAKE_STACKS:
@@ -89,6 +97,7 @@ class RankHolder:
                 self.receiver.drop(str(order["deal"]))
 
     def on_driver_gone(self) -> None:
+        self.meeting.cancel()
         with self._lock:
             self.stopped.set()
             if self.proc is not None:
@@ -119,6 +128,11 @@ class RankHolder:
 
 class DriverUnreachable(ConnectionError):
     """The task cannot reach the notebook's event channel (the message says what to do)."""
+
+
+class TaskSetupError(RuntimeError):
+    """A barrier task could not get ready to meet the others through the driver (its message
+    is the setup error); raised out of the task to fail the stage."""
 
 
 def _connect(spec: TaskSpec, rank: int, host: str, holder: RankHolder
@@ -198,8 +212,16 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
     except BaseException as exc:  # noqa: BLE001 - reported through allGather, never raised
         error = _setup_error(exc)
     message = {"port": port, "error": error, "shards": [s.as_dict() for s in shards]}
-    gathered = [json.loads(m) for m in ctx.allGather(json.dumps(message))]
     try:
+        if spec.channel is not None and not isinstance(client, EventClient):
+            # the others offer to the driver and wait for it: fail the stage, Spark stops them
+            raise TaskSetupError(error)
+        gathered = holder.meeting.meet(ctx, partition, message, client.send if isinstance(
+            client, EventClient) else None)
+        if gathered is None:  # the driver went away before the tasks met
+            holder.discard()
+            yield json.dumps({"rank": slot.rank, "code": None, "stopped": True})
+            return
         errors = [g["error"] for g in gathered if g["error"]]
         if not errors and spec.sources:
             empty = empty_shards([[s["rows"] for s in g["shards"]] for g in gathered],
@@ -264,7 +286,7 @@ def supervise(spec: TaskSpec, ctx: Any, rank: int, local_rank: int,
         client.send(TASK_STARTED, partition=ctx.partitionId(), hostname=socket.gethostname(),
                     local_rank=local_rank, pid=os.getpid(),
                     shards=[{"name": spec.sources[s.source], **s.as_dict()} for s in shards],
-                    **({"data": data} if data else {}))
+                    met=holder.meeting.by, **({"data": data} if data else {}))
         proc = holder.deliver(spec.payload, late_env)
         if proc is None:
             return {"rank": rank, "code": None, "stopped": True}

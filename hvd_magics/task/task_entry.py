@@ -1,8 +1,9 @@
 """The functions Spark runs in each barrier task, shipped by value.
 
-It must run on an executor whose Python lacks hvd_magics (or one of its dependencies) too: then it
-still takes part in the barrier's ``allGather`` (so no task waits forever) and returns the import
-error as its result, which the driver shows with the fix. Only the standard library and pyspark
+It must run on an executor whose Python lacks hvd_magics (or one of its dependencies) too: then a
+barrier task raises the import error, which fails the stage (so no task waits forever for it to
+meet them) and which the driver shows with the fix; an elastic job's task returns it as its
+result. Only the standard library and pyspark
 are used before the import succeeds; the module is registered with pyspark's cloudpickle by value
 (:func:`hvd_magics.launch.spark_backend.barrier_function`), so executors never import it by name.
 """
@@ -31,11 +32,12 @@ def guarded_barrier_task(spec_blob: bytes, rows):  # noqa: ANN001, ANN201 - runs
         elastic = not isinstance(ctx, BarrierTaskContext)  # an elastic job's stage is not
         error = (f"the executor's Python ({sys.executable} on {socket.gethostname()}) cannot "
                  f"import hvd_magics: {type(exc).__name__}: {exc}")
-        detail = traceback.format_exc()
         if not elastic:
-            ctx.allGather(json.dumps({"port": 0, "error": error}))
+            # the other tasks may be waiting to meet through the driver, which this task cannot
+            # reach: fail the stage (Spark stops them; the driver shows this error and the fix)
+            raise RuntimeError(error) from None
         yield json.dumps({"partition": ctx.partitionId(), "error": error, "setup": True,
-                          "traceback": detail})
+                          "traceback": traceback.format_exc()})
         return
     yield from (elastic_task if spec.elastic else barrier_task)(spec, rows)
 

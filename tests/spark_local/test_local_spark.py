@@ -134,3 +134,34 @@ def test_a_local_peer_holding_idle_connections_cannot_keep_the_ranks_out(local_s
         for flood in floods:
             flood.end()
     assert floods and floods[0].opened >= 40
+
+
+class _TaskStarts:
+    """A job view that keeps each task's ``task_started`` event."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+
+    def on_event(self, job, event) -> None:
+        if event["kind"] == "task_started":
+            self.events.append(event)
+
+    def on_tick(self, job) -> None:
+        pass
+
+    def on_end(self, job) -> None:
+        pass
+
+
+@pytest.mark.parametrize("live, met", [("1", "driver"), ("0", "spark")])
+def test_the_tasks_meet_through_the_driver_and_without_a_channel_through_spark(
+        local_spark, monkeypatch, live, met):
+    from hvd_magics.launch.payload import serialize_job
+
+    monkeypatch.setenv("HVD_MAGICS_LIVE", live)
+    starts = _TaskStarts()
+    record = HorovodRunner(np=2).run_payload(serialize_job(jobs.torch_allreduce, {}),
+                                             views=[starts])
+    assert [r["sum"] for r in record.value] == [3.0, 3.0]  # the ranks met: Horovod's allreduce
+    assert sorted(e["rank"] for e in starts.events) == [0, 1]
+    assert {e["met"] for e in starts.events} == {met}

@@ -1,0 +1,52 @@
+"""The driver's side of the barrier tasks' meeting (the tasks' side, and why it exists:
+:mod:`hvd_magics.task.task_meeting`).
+
+The event channel's reader threads put every event of the job here: a task's ``meet_offer`` is
+kept, everything else goes on to the job's queue. Once each of the stage's tasks has offered, every
+task is sent the ``meet`` order with the offers in partition order, which is what ``allGather``
+would have returned.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable
+
+from hvd_magics.protocol import MEET, MEET_OFFER
+
+
+class MeetingPoint:
+    """Stands in the event channel for the job's queue (``put``), keeping the tasks' offers.
+
+    Parameters
+    ----------
+    events : queue.Queue
+        The job's events, where every other event goes.
+    tasks : int
+        The barrier stage's tasks.
+    order_all : callable
+        ``order_all(order)`` sends an order to every task.
+    """
+
+    def __init__(self, events: queue.Queue, tasks: int,
+                 order_all: Callable[[dict[str, Any]], None]) -> None:
+        self._events = events
+        self._tasks = tasks
+        self._order_all = order_all
+        self._lock = threading.Lock()
+        self._offers: dict[int, Any] = {}
+        self._answered = False
+
+    def put(self, event: dict[str, Any]) -> None:
+        """Keep a task's offer (answering every task once all have offered); queue any other
+        event for the job."""
+        if event.get("kind") != MEET_OFFER:
+            self._events.put(event)
+            return
+        with self._lock:
+            self._offers[int(event["partition"])] = event["message"]
+            complete = not self._answered and len(self._offers) == self._tasks
+            self._answered = self._answered or complete
+        if complete:
+            self._order_all({"kind": MEET,
+                             "gathered": [self._offers[p] for p in range(self._tasks)]})

@@ -1,0 +1,67 @@
+"""How the barrier tasks of a job meet: each learns what every task offers (its rendezvous port,
+a setup error, its shards) before any rank runs (executor side; the driver's side is
+:class:`hvd_magics.launch.meeting_point.MeetingPoint`).
+
+Spark's ``allGather`` answers a second after the last task called it at the earliest: its JVM
+side polls once a second (``BarrierTaskContext.runBarrier``). That was half of a small job's
+launch, and it is paid again at the end, since a task must not end before its barrier call
+returns. So when the job has an event channel each task offers its message to the driver
+(``meet_offer``); once every task has offered, the driver sends each the list in partition order
+(``meet``): a round trip of milliseconds. Only a job without a channel (``HVD_MAGICS_LIVE=0``)
+meets through ``allGather``.
+
+Either way every task must take part, or the others wait for it forever: a task of a job with a
+channel that cannot offer (it cannot reach the driver, or cannot even import hvd_magics) raises,
+which fails the barrier stage, and Spark stops the other tasks.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Callable
+
+from hvd_magics.protocol import MEET_OFFER
+
+#: ``met`` of a meeting through the driver, and through ``allGather``.
+BY_DRIVER, BY_SPARK = "driver", "spark"
+
+
+class TaskMeeting:
+    """One barrier task's meeting: :meth:`meet` once; :meth:`answer` with the driver's order,
+    :meth:`cancel` when the driver went away."""
+
+    def __init__(self) -> None:
+        self._answered = threading.Event()
+        self._lock = threading.Lock()
+        self._gathered: list[dict[str, Any]] | None = None
+        #: How the tasks met: ``"driver"`` or ``"spark"`` (empty before, or when cancelled).
+        self.by = ""
+
+    def answer(self, gathered: list[dict[str, Any]] | None, by: str) -> None:
+        """Take every task's message in partition order (``None``: there is none to wait
+        for); the first answer stands."""
+        with self._lock:
+            if self._answered.is_set():
+                return
+            self._gathered, self.by = gathered, by
+            self._answered.set()
+
+    def cancel(self) -> None:
+        """The driver went away: a task waiting for its answer stops waiting."""
+        self.answer(None, "")
+
+    def meet(self, ctx: Any, partition: int, message: dict[str, Any],
+             offer: Callable[..., None] | None) -> list[dict[str, Any]] | None:
+        """Every task's message in partition order: offered to the driver with ``offer`` (the
+        event channel's ``send``), or without it through ``allGather`` (``ctx``: the task's
+        ``BarrierTaskContext``). ``None`` when the driver went away first."""
+        if offer is None:
+            gathered = [json.loads(m) for m in ctx.allGather(json.dumps(message))]
+            self.answer(gathered, BY_SPARK)
+            return gathered
+        try:
+            offer(MEET_OFFER, partition=partition, message=message)
+        except OSError:
+            self.cancel()
+        self._answered.wait()
+        return self._gathered
