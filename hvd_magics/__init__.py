@@ -34,6 +34,7 @@ _PUBLIC = {
     "JobInterrupted": "hvd_magics.errors",
     "NotEnoughSlotsError": "hvd_magics.errors",
     "PayloadError": "hvd_magics.errors",
+    "DataRefused": "hvd_magics.errors",
     "PoolError": "hvd_magics.errors",
     "MlflowMissing": "hvd_magics.errors",
     "StartTimeoutError": "hvd_magics.errors",

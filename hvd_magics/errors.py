@@ -158,6 +158,12 @@ class PayloadError(HorovodMagicsError, TypeError):
     """Something the job needs cannot be pickled and shipped to the ranks."""
 
 
+class DataRefused(PayloadError, HorovodJobError):
+    """The rows of the job's DataFrames reached the tasks and were refused before any rank got
+    the job: a rank would get none, or a column that must hold no nulls holds some (the message
+    says which and the fix). Both a :class:`PayloadError` and a :class:`HorovodJobError`."""
+
+
 class EstimatorInputError(HorovodMagicsError, ValueError):
     """A :class:`~hvd_magics.estimator.HorovodEstimator` cannot train on this DataFrame or with
     these params (the message names the column or param and the fix)."""

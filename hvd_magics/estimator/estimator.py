@@ -11,9 +11,9 @@ from typing import Any
 from pyspark.ml import Estimator
 from pyspark.ml.util import MLReadable, MLWritable
 
-from hvd_magics.errors import EstimatorInputError
-from hvd_magics.estimator.input_checks import (check_boolean, check_model_dir, check_no_nulls,
-                                               check_params, column_kinds)
+from hvd_magics.errors import DataRefused, EstimatorInputError
+from hvd_magics.estimator.input_checks import (check_boolean, check_model_dir, check_params,
+                                               column_kinds)
 from hvd_magics.estimator.model import HorovodModel
 from hvd_magics.estimator.params import OBJECT_PARAMS, EstimatorParams, add_accessors
 from hvd_magics.estimator.persistence import BlobReader, BlobWriter
@@ -158,12 +158,16 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
         model_dir = get(self.modelDir) or _fresh_model_dir()
         check_model_dir(model_dir)
         spec = self._spec(columns, names, model_dir)
-        check_no_nulls(dataset, columns + [label], role)
         frames = self._split(dataset, columns + [label])
         runner = HorovodRunner(np=self._ranks(dataset), start_timeout=get(self.startTimeout),
                                mlflow=get(self.mlflow), pool=self.pool)
         payload = serialize_job(fit_on_rank, {"spec": spec, **frames}, names=frames)
-        record = runner.run_payload(payload, preimport=rank_imports(get(self.model)))
+        for source in payload.sources:  # counted as the rows reach the tasks: no query of ours
+            source.no_nulls = role
+        try:
+            record = runner.run_payload(payload, preimport=rank_imports(get(self.model)))
+        except DataRefused as exc:  # nulls, or fewer rows than ranks: before any rank trained
+            raise EstimatorInputError(exc.summary) from None
         result = record.value  # a hvd_magics.rank.fit_common.FitResult
         model = self._copy_to_model(HorovodModel(result.framework, result.model,
                                                  {**asdict(result), "model_dir": model_dir},

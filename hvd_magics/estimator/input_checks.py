@@ -1,5 +1,6 @@
 """What :class:`HorovodEstimator` refuses before any rank starts: missing columns, column types
-that cannot become tensors, nulls in the label or feature columns, params out of range."""
+that cannot become tensors, params out of range. (Nulls in the feature and label columns are
+counted by the barrier tasks as the rows arrive: ``DataFrameSource.no_nulls``.)"""
 from __future__ import annotations
 
 from typing import Any
@@ -58,20 +59,6 @@ def check_boolean(frame: Any, column: str) -> None:
         raise EstimatorInputError(f"isValidationCol {column!r} has type "
                                   f"{fields[column].simpleString()}; it must be boolean. Fix: "
                                   f"df.withColumn({column!r}, F.col({column!r}).cast('boolean'))")
-
-
-def check_no_nulls(frame: Any, columns: list[str], role: dict[str, str]) -> None:
-    """One Spark query over ``columns``; refuse the first that holds nulls, with the count."""
-    from pyspark.sql import functions as F
-
-    counts = frame.select([F.sum(F.col(c).isNull().cast("long")).alias(f"n{i}")
-                           for i, c in enumerate(columns)]).first()
-    for i, column in enumerate(columns):
-        nulls = counts[f"n{i}"] or 0
-        if nulls:
-            raise EstimatorInputError(
-                f"{role[column]} {column!r} has {nulls} null values. Fix: drop those rows "
-                f"(df.na.drop(subset=[{column!r}])) or fill them before fit.")
 
 
 def check_params(batch_size: int, epochs: int, max_steps: int | None, fraction: float,

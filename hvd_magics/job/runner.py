@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from hvd_magics.launch.driver_backend import DriverBackend
-from hvd_magics.errors import (HorovodJobError, JobInterrupted, JobTimeoutError, PayloadError,
-                               StartTimeoutError)
+from hvd_magics.errors import (DataRefused, HorovodJobError, JobInterrupted, JobTimeoutError,
+                               PayloadError, StartTimeoutError)
 from hvd_magics.job.job_state import (LOST, STALL_AFTER_S, STALL_REQUEST, WAITING, JobState,
                                       JobView)
 from hvd_magics.job.background import BackgroundJob
@@ -587,6 +587,9 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
     failures = job.failures()
     if not failures and job.all_exited:
         return
+    refused = backend.refused if isinstance(backend, SparkBackend) else None
+    if refused and not failures:
+        raise DataRefused(refused, log_path=str(job.log_path))
     spark_failure = backend.describe_failure()
     if spark_failure and not failures:
         began = any(r.pid is not None for r in job.ranks)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from hvd_magics.errors import PayloadError
@@ -47,11 +47,16 @@ class DataFrameSource:
         What the user calls it (the notebook variable or the keyword), shown by the shard.
     frame : DataFrame
         The DataFrame itself (stays on the driver).
+    no_nulls : dict
+        Its columns that must hold no nulls, each with what an error calls it (the estimator's
+        ``{"label": "labelCol"}``): counted as the rows reach the tasks, and the job is refused
+        before any rank gets it when one holds some.
     """
 
     index: int
     name: str
     frame: Any
+    no_nulls: dict[str, str] = field(default_factory=dict)
 
 
 class DataFrameSources:

@@ -23,13 +23,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from hvd_magics.errors import HorovodJobError, JobInterrupted, PayloadError
+from hvd_magics.errors import DataRefused, HorovodJobError, JobInterrupted, PayloadError
 from hvd_magics.launch.dataframe_input import DataFrameSources, check_columns, sharded_input
 from hvd_magics.launch.spark_backend import (STATUS_SCHEMA, SparkBackend, local_master_slots,
                                              task_slots)
 from hvd_magics.protocol import ENV_SHARDS
 from hvd_magics.task.deal_task import DealSpec, arrow_deal_task
-from hvd_magics.task.shard_files import empty_shards
+from hvd_magics.task.shard_files import empty_shards, null_values
 
 
 @dataclass
@@ -43,6 +43,8 @@ class DealtFrame:
     rows_per_rank: list[int]
     bytes: int = 0
     deal_s: float = 0.0
+    #: Null values per column over every rank's shard (a column without any is left out).
+    nulls: dict[str, int] = field(default_factory=dict)
 
     def shard_entry(self, index: int, rank: int, name: str) -> dict[str, Any]:
         """Rank ``rank``'s ``HVD_MAGICS_SHARDS`` entry for this job's source ``index``."""
@@ -131,7 +133,8 @@ class PoolShards:
         ------
         PayloadError
             A DataFrame of another session, a column the shards cannot carry, no free slot, or
-            a rank without rows (before the cell runs; the pool is kept).
+            (:class:`DataRefused`) a rank without rows or nulls in a column that must hold none
+            (before the cell runs; the pool is kept).
         HorovodJobError
             The dealing stage failed (its error; the pool is kept).
         JobInterrupted
@@ -165,6 +168,10 @@ class PoolShards:
                 notes.append(f"dealt {kept.name!r} to the pool's {size} "
                              f"rank{'s' if size != 1 else ''}: "
                              f"{sum(kept.rows_per_rank):,} rows in {kept.deal_s:.1f} s")
+        refused = null_values([{"source": s.index, "nulls": found[s.index].nulls}
+                               for s in sources], {s.index: s.no_nulls for s in sources})
+        if refused:
+            raise DataRefused(refused)
         for source in sources:
             for rank in range(size):
                 envs[rank].append(found[source.index].shard_entry(source.index, rank,
@@ -215,13 +222,17 @@ class PoolShards:
         empty = empty_shards([[by_rank[r][s.index]["rows"] for s in sources]
                               for r in range(size)], {s.index: s.name for s in sources})
         if empty:
-            raise PayloadError(empty)
+            raise DataRefused(empty)
         dealt: dict[int, DealtFrame] = {}
         for source in sources:
             shards = [by_rank[rank][source.index] for rank in range(size)]
+            nulls: dict[str, int] = {}
+            for shard in shards:
+                for column, count in shard.get("nulls", {}).items():
+                    nulls[column] = nulls.get(column, 0) + count
             dealt[source.index] = DealtFrame(
                 source.name, source.frame, spec.job_id, [s["path"] for s in shards],
-                [s["rows"] for s in shards], sum(s["bytes"] for s in shards), took)
+                [s["rows"] for s in shards], sum(s["bytes"] for s in shards), took, nulls)
         self._keep(list(dealt.values()))
         return dealt
 

@@ -463,7 +463,8 @@ class SparkBackend:
             self._guard_pool(job_id)
         self._submit(TaskSpec(payload, self._server.address if self._server else None, self.env,
                               job_id, {source.index: source.name for source in self.sources},
-                              pool=self.pool))
+                              pool=self.pool, no_nulls={s.index: s.no_nulls for s in self.sources
+                                                        if s.no_nulls}))
 
     def _order_all(self, order: dict[str, Any]) -> None:
         if self._server is not None:
@@ -664,6 +665,12 @@ class SparkBackend:
             note += (f"; the channel closed {self._server.rejected} connections that did not "
                      "authenticate (another process connecting to it?)")
         return note + ". "
+
+    @property
+    def refused(self) -> str | None:
+        """Why the tasks refused the DataFrames' rows before any rank got the job (a rank
+        without rows, nulls where there must be none), or ``None``."""
+        return next((r["error"] for r in self.results if r.get("refused")), None)
 
     def describe_failure(self) -> str | None:
         """Why the Spark side failed, as the executor's Python error (never JVM frames), or

@@ -81,6 +81,8 @@ class Shard:
         self._table = pa.ipc.open_file(source).read_all()
         self.rows_per_rank = list(rows_per_rank) if rows_per_rank is not None else [len(self)]
         self._arrays: dict[str, np.ndarray] = {}
+        #: columns read where they lie in the mapped file (:meth:`_rows_of`), made once
+        self._in_place: dict[str, _MappedRows] = {}
 
     def __len__(self) -> int:
         return self._table.num_rows
@@ -180,12 +182,15 @@ class Shard:
         """Column ``column`` to gather rows from by index (``array[rows]``): a list or dense
         vector column of a file written in several batches where it lies in the mapped file
         (:class:`_MappedRows`), any other as :meth:`to_numpy` gives it."""
+        if column in self._in_place:
+            return self._in_place[column]
         if column not in self._arrays and column in self._table.column_names:
             chunks = self._table.column(column).chunks
             lists = _dense_lists(chunks) if len(chunks) > 1 else None
             if lists is not None:
                 mapped = _MappedRows.over(self._mapped, lists, self._width(column, lists))
                 if mapped is not None:
+                    self._in_place[column] = mapped
                     return mapped
         return self.to_numpy(column)
 
@@ -275,14 +280,21 @@ class Shard:
         parts = [p.reshape(len(p), -1).astype(np.float32, copy=False) for p in parts]
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
 
-    def _feature_rows(self, features: str | Sequence[str]) -> "np.ndarray | _MappedRows":
-        """What :meth:`feature_matrix` gives, to gather rows from: one list column where it
-        lies in the mapped file, when it can."""
-        if isinstance(features, str) or len(features) == 1:
-            rows = self._rows_of(features if isinstance(features, str) else features[0])
+    def feature_rows(self, features: str | Sequence[str]) -> Any:
+        """The columns ``features`` to gather rows from: ``rows[idx]`` (``idx`` an index array)
+        is a new 2-D float32 array, ``feature_matrix(features)[idx]``.
+
+        One array or dense vector column of a shard that arrived in several Arrow batches (more
+        than 10,000 rows, as Spark sends them) is read where it lies in the mapped file, so
+        the column is never copied whole, as :meth:`feature_matrix` copies it; anything else
+        is :meth:`feature_matrix`'s array.
+        """
+        names = [features] if isinstance(features, str) else list(features)
+        if len(names) == 1:
+            rows = self._rows_of(names[0])
             if isinstance(rows, _MappedRows):
                 return rows
-        return self.feature_matrix(features)
+        return self.feature_matrix(names)
 
     def to_tf_dataset(self, features: str | Sequence[str], label: str | None = None,
                       batch_size: int = 32, shuffle: bool = False, seed: int | None = None,
@@ -296,7 +308,7 @@ class Shard:
 
         import tensorflow as tf
 
-        x = self._feature_rows(features)
+        x = self.feature_rows(features)
         arrays = [x] if label is None else [x, self.to_numpy(label)]
         self.steps_per_epoch(batch_size, remainder)  # a bad batch size fails here, not in fit
         passes = itertools.count()
@@ -323,7 +335,7 @@ class Shard:
         float32; an integer label becomes int64 (class indices, as torch's losses want them)."""
         from torch.utils.data import DataLoader
 
-        arrays = [self._feature_rows(features)]
+        arrays = [self.feature_rows(features)]
         if label is not None:
             labels = self.to_numpy(label)
             if labels.dtype.kind in "iub":  # class indices: torch's losses want int64

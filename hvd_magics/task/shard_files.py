@@ -6,7 +6,9 @@ The rows arrive as Arrow batches of ``(__source, __key, __s0, __s1, ...)`` (see
 to ``<folder>/<source>.arrow`` in Arrow's file format, which the rank memory-maps
 (:class:`hvd_magics.rank.shard.Shard`). Before each write the free space of the folder is checked,
 so a shard that does not fit fails before training, with the figures, instead of filling the
-executor's disk.
+executor's disk. Each write also counts the null values per column (Arrow keeps the count), so
+a job whose columns must hold none (a :class:`HorovodEstimator`'s features and label) is refused
+when the tasks meet, without a query of its own over the data.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import shutil
 import socket
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -39,6 +41,8 @@ class ShardFile:
     #: Seconds spent writing this source's rows, and waiting for Spark's rows (of every source).
     write_s: float = 0.0
     wait_s: float = 0.0
+    #: Null values per column of these rows (a column without any is left out).
+    nulls: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,6 +102,9 @@ def write_shards(batches: Iterable[Any], folder: Path, names: dict[int, str]
                 if index not in writers:
                     writers[index] = pa.ipc.new_file(shard.path, piece.schema)
                 writers[index].write_batch(piece)
+                for name, column in zip(piece.schema.names, piece.columns):
+                    if column.null_count:
+                        shard.nulls[name] = shard.nulls.get(name, 0) + column.null_count
                 shard.rows += piece.num_rows
                 shard.bytes += piece.nbytes
                 shard.write_s += time.perf_counter() - began
@@ -131,4 +138,26 @@ def empty_shards(rows_by_task: list[list[int]], names: dict[int, str]) -> str | 
             return (f"the DataFrame {name!r} gave {counts.count(0)} of {size} ranks no rows "
                     f"({total} rows in all). Fix: repartition it (df.repartition(n)) or use "
                     "fewer ranks.")
+    return None
+
+
+def null_values(shards: Iterable[dict[str, Any]], no_nulls: dict[int, dict[str, str]]
+                ) -> str | None:
+    """Why a job cannot start when a column that must hold no nulls holds some, or ``None``.
+
+    ``shards`` are :class:`ShardFile` dicts of any source and task (their ``nulls`` are summed
+    per column name, so a DataFrame split in two is counted whole); ``no_nulls`` maps a source
+    index to its columns that must hold none, each with what the error calls it
+    (``{"label": "labelCol"}``).
+    """
+    found: dict[str, int] = {}
+    roles: dict[str, str] = {}
+    for shard in shards:
+        for column, role in no_nulls.get(int(shard["source"]), {}).items():
+            roles.setdefault(column, role)
+            found[column] = found.get(column, 0) + shard.get("nulls", {}).get(column, 0)
+    for column, count in found.items():
+        if count:
+            return (f"{roles[column]} {column!r} has {count} null values. Fix: drop those rows "
+                    f"(df.na.drop(subset=[{column!r}])) or fill them (df.na.fill(...)) first.")
     return None

@@ -26,8 +26,8 @@ from hvd_magics.protocol import (CUDA_VISIBLE_DEVICES, DROP_SHARDS, END_POOL, EN
 from hvd_magics.task.engines import PortOffer, engine_of, meet_env, offers_port, start_env
 from hvd_magics.task.event_buffer import EventBuffer
 from hvd_magics.task.gpus import visible_devices
-from hvd_magics.task.shard_files import (ShardFile, ShardSpaceError, empty_shards, remove_shards,
-                                         shard_folder, write_shards)
+from hvd_magics.task.shard_files import (ShardFile, ShardSpaceError, empty_shards, null_values,
+                                         remove_shards, shard_folder, write_shards)
 from hvd_magics.task.shard_receiver import ShardReceiver
 from hvd_magics.task.supervisor import RankProcess, rank_environment
 from hvd_magics.task.task_meeting import BY_DRIVER, TaskMeeting
@@ -55,6 +55,9 @@ class TaskSpec:
     #: A warm pool: the rank keeps running cells the driver sends as orders
     #: (:mod:`hvd_magics.rank.pool_loop`) until it is told to end.
     pool: bool = False
+    #: Per source index, the columns that must hold no nulls and what an error calls each
+    #: (:attr:`hvd_magics.launch.dataframe_input.DataFrameSource.no_nulls`).
+    no_nulls: dict[int, dict[str, str]] = field(default_factory=dict)
 
 
 class RankHolder:
@@ -223,13 +226,15 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
             yield json.dumps({"rank": slot.rank, "code": None, "stopped": True})
             return
         errors = [g["error"] for g in gathered if g["error"]]
+        refused = None
         if not errors and spec.sources:
-            empty = empty_shards([[s["rows"] for s in g["shards"]] for g in gathered],
-                                 spec.sources)
-            errors = [empty] if empty else []
-        if errors:
+            refused = empty_shards([[s["rows"] for s in g["shards"]] for g in gathered],
+                                   spec.sources) or null_values(
+                [s for g in gathered for s in g["shards"]], spec.no_nulls)
+        if errors or refused:
             holder.discard()
-            yield json.dumps({"partition": partition, "error": errors[0], "setup": True})
+            yield json.dumps({"partition": partition, "error": errors[0] if errors else refused,
+                              "setup": True, **({"refused": True} if refused else {})})
             return
         addresses = [("", 0)] * len(slots)
         for task, message in enumerate(gathered):

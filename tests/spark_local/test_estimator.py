@@ -148,7 +148,6 @@ def _unpicklable_model():
 @pytest.mark.parametrize("change, message", [
     ({"featuresCol": "nope"}, "featuresCol 'nope' is not a column"),
     ({"featuresCol": "name"}, "featuresCol 'name' has type string, which cannot become a tensor"),
-    ({"labelCol": "maybe"}, r"labelCol 'maybe' has \d+ null values. Fix: drop those rows"),
     ({"model": _unpicklable_model()}, "the model cannot be pickled"),
     ({"model": None}, "set the estimator's model"),
     ({"validationFraction": 1.5}, "validationFraction must be in [0, 1)"),
@@ -167,6 +166,28 @@ def test_bad_input_is_refused_before_any_rank_starts(local_spark, change, messag
         HorovodEstimator(**params).fit(frame)
     assert re.search(message if "\\d" in message else re.escape(message), str(error.value))
     assert last_run() is None  # no job was started
+
+
+def test_nulls_in_a_column_it_trains_on_are_refused_before_any_rank_trains(local_spark,
+                                                                          tmp_path):
+    """The barrier tasks count the nulls as the rows arrive (the estimator runs no query of
+    its own over the data), over the training and the validation rows together."""
+    from pyspark.sql import functions as F
+
+    train, _ = digits_frames(local_spark)
+    frame = train.withColumn("maybe", F.when(F.col("label") == 3, None)
+                             .otherwise(F.col("label")))
+    nulls = frame.where(F.col("maybe").isNull()).count()
+    assert nulls > 0
+    model_dir = tmp_path / "m"
+    with pytest.raises(EstimatorInputError, match=rf"^labelCol 'maybe' has {nulls} null values\. "
+                       r"Fix: drop those rows \(df\.na\.drop\(subset=\['maybe'\]\)\)"):
+        HorovodEstimator(model=torch_mlp(), loss="cross_entropy", np=2, featuresCol="pixels",
+                         labelCol="maybe", validationFraction=0.2,
+                         modelDir=str(model_dir)).fit(frame)
+    record = last_run()
+    assert record.status == "failed" and not record.pids  # no rank got the job
+    assert list(model_dir.iterdir()) == []
 
 
 def test_a_misspelt_param_is_named():
@@ -237,6 +258,8 @@ def test_a_fit_stopped_mid_epoch_and_resumed_is_the_same_fit(local_spark, tmp_pa
 
 def test_an_estimator_fits_on_a_warm_pool_and_a_second_fit_reuses_its_shards(local_spark,
                                                                            tmp_path, capfd):
+    from pyspark.sql import functions as F
+
     from hvd_magics import HorovodPool
 
     train, val = digits_frames(local_spark)
@@ -253,3 +276,11 @@ def test_an_estimator_fits_on_a_warm_pool_and_a_second_fit_reuses_its_shards(loc
         assert _accuracy(second.transform(val)) >= 0.85
         with pytest.raises(ValueError, match="np=2 is not the warm pool's np=1"):
             HorovodEstimator(np=2, epochs=1, **params).fit(train)
+        with_nulls = train.withColumn("pixels", F.when(F.col("label") == 3, None)
+                                      .otherwise(F.col("pixels")))
+        nulls = with_nulls.where(F.col("pixels").isNull()).count()
+        for _ in ("dealt", "kept"):  # the second fit finds the shards the pool kept
+            with pytest.raises(EstimatorInputError,
+                               match=f"featuresCol 'pixels' has {nulls} null values"):
+                HorovodEstimator(epochs=1, **params).fit(with_nulls)
+        assert _accuracy(second.transform(val)) >= 0.85  # the pool still serves

@@ -156,6 +156,9 @@ def test_a_file_of_many_batches_gives_every_row_in_place(tmp_path, kind):
     assert np.array_equal(batch["x"], values[:7].astype(np.float32))
     first = next(iter(shard.to_tf_dataset("x", batch_size=4)))
     assert np.array_equal(first.numpy(), values[:4].astype(np.float32))
+    rows_of = shard.feature_rows(["x"])  # what the estimator's PyTorch fit gathers from
+    assert rows_of is shard.feature_rows("x") and not isinstance(rows_of, np.ndarray)
+    assert np.array_equal(rows_of[order[:50]], values[order[:50]].astype(np.float32))
     assert np.array_equal(shard.to_numpy("x"), values.astype(np.float32))
 
 
