@@ -10,7 +10,7 @@ main: setup
 
 test:
 	@bash scripts/setup.sh --test
-	@$(PY) -m pytest -p no:cacheprovider -ra
+	@$(PY) -m pytest -p no:cacheprovider -ra --durations=25
 
 # The quick tier (no Spark, no ranks, no kernels): about 45 s.
 test-fast: setup

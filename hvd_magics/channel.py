@@ -36,7 +36,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from hvd_magics.protocol import BYE, CHANNEL_CLOSED, HELLO
 
@@ -124,6 +124,13 @@ class ChannelAddress:
     job_id: str
 
 
+class EventSink(Protocol):
+    """Where an :class:`EventServer` puts the events it verified: a ``queue.Queue``, or a
+    job's :class:`hvd_magics.launch.meeting_point.MeetingPoint` in front of one."""
+
+    def put(self, event: dict[str, Any]) -> None: ...
+
+
 class EventServer:
     """Accept authenticated event frames from supervisors and put the events on a queue.
 
@@ -133,13 +140,12 @@ class EventServer:
         The address to listen on (the driver's address as the ranks reach it).
     job_id : str
         Written into the address; a hello for another job is refused.
-    events : queue.Queue, optional
-        Where verified events go (a new queue when not given); anything with the queue's
-        ``put`` (a job's :class:`hvd_magics.launch.meeting_point.MeetingPoint`).
+    events : EventSink, optional
+        Where verified events go (a new ``queue.Queue`` when not given).
     """
 
-    def __init__(self, host: str, job_id: str, events: Any = None) -> None:
-        self.events = queue.Queue() if events is None else events
+    def __init__(self, host: str, job_id: str, events: EventSink | None = None) -> None:
+        self.events: EventSink = queue.Queue() if events is None else events
         self._secret = secrets.token_bytes(32)
         self._job_id = job_id
         self._sock = socket.create_server((host, 0))
