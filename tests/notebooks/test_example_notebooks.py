@@ -208,7 +208,10 @@ def test_the_ddp_notebook(tmp_path):
     assert len(bars) == 6  # the DDP cell's, the drop-in's, the failing cell's
     assert [b["bar_style"] for b in bars[:4]] == ["success"] * 4
     assert bars[0]["value"] == bars[0]["max"] > 0  # the DDP loop's progress filled its bar
-    assert [b["bar_style"] for b in bars[4:]] == ["danger"] * 2
+    # the failing cell: both ranks raise, but one may be stopped first when the other's
+    # failure ends the job (a loaded machine): failed or stopped, never done
+    failing = [b["bar_style"] for b in bars[4:]]
+    assert "danger" in failing and set(failing) <= {"danger", "warning"}, failing
     assert re.search(r"TorchDistributor drop-in: final loss \d\.\d+ on rank 0", everything)
     assert ("WrongEngineError: hvd.init() was called, but this job runs on the torch engine"
             in everything)
