@@ -69,11 +69,20 @@ def safe_repr(value: Any, limit: int = REPR_CHARS) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def unwrapped(value: Any) -> Any:
+    """The model a ``DistributedDataParallel`` wraps (one cannot be rebuilt outside its process
+    group, so it comes back as its ``.module``); any other value as it is."""
+    parallel = sys.modules.get("torch.nn.parallel")
+    ddp = getattr(parallel, "DistributedDataParallel", None)
+    return value.module if ddp is not None and isinstance(value, ddp) else value
+
+
 def encode_parts(result: Any) -> dict[str, dict[str, Any]]:
     """Encode what ``main`` returned (a :class:`Parts`, or one value) for the trip back.
 
     A part that cannot be pickled, or that would take the job over the size limit, travels as
-    its type and repr with an ``error`` instead of a ``blob``.
+    its type and repr with an ``error`` instead of a ``blob``. A DDP-wrapped model travels as the
+    model it wraps (:func:`unwrapped`).
     """
     import cloudpickle
 
@@ -81,6 +90,7 @@ def encode_parts(result: Any) -> dict[str, dict[str, Any]]:
     budget = max_result_bytes()
     encoded: dict[str, dict[str, Any]] = {}
     for name, value in parts.items():
+        value = unwrapped(value)
         part: dict[str, Any] = {"type": type_name(value), "repr": safe_repr(value)}
         try:
             blob = cloudpickle.dumps(value)

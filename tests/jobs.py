@@ -779,3 +779,9 @@ def wait_for_a_sleeping_peer():
     if hvd.rank() == 1:
         slow_down()
     hvd.allreduce(torch.ones(3), name="grad.dense/kernel")
+
+
+def shard_sums(column: str = "x", **frames):
+    """The sum and row count of ``column`` in this rank's shard of each DataFrame."""
+    return {name: (float(shard.to_numpy(column).sum()), len(shard))
+            for name, shard in frames.items()}

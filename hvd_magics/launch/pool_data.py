@@ -10,8 +10,10 @@ through the driver. That stage needs one free task slot besides the pool's.
 
 What was dealt stays with the pool (:class:`PoolShards`): a later cell reading the same
 DataFrame, or one Spark finds to have the same plan (``sameSemantics``), gets the same shard
-files at once. Spark compares plans, not data: a table or files changed under an unchanged
-plan are not dealt again until :meth:`PoolShards.forget` (``%hvd_pool forget``).
+files at once, but only when its data is provably the one dealt
+(:func:`hvd_magics.launch.data_identity.data_identity`: the same files, sizes and times, the same
+cache, local rows). Equal plans do not mean equal data (a table with rows inserted since, a path
+overwritten): anything not proven the same is dealt again, and the cell says which and why.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hvd_magics.errors import DataRefused, HorovodJobError, JobInterrupted, PayloadError
+from hvd_magics.launch.data_identity import DataIdentity, data_identity, describe_change
 from hvd_magics.launch.dataframe_input import DataFrameSources, check_columns, sharded_input
 from hvd_magics.launch.spark_backend import (STATUS_SCHEMA, SparkBackend, local_master_slots,
                                              task_slots)
@@ -45,6 +48,8 @@ class DealtFrame:
     deal_s: float = 0.0
     #: Null values per column over every rank's shard (a column without any is left out).
     nulls: dict[str, int] = field(default_factory=dict)
+    #: What its data was when it was dealt (taken just before).
+    identity: DataIdentity = DataIdentity(None, "not identified")
 
     def shard_entry(self, index: int, rank: int, name: str) -> dict[str, Any]:
         """Rank ``rank``'s ``HVD_MAGICS_SHARDS`` entry for this job's source ``index``."""
@@ -103,18 +108,20 @@ class PoolShards:
         self.targets = targets
         self.kept: list[DealtFrame] = []
 
-    def find(self, frame: Any) -> DealtFrame | None:
-        """The kept shards of ``frame``, or of a DataFrame with the same plan."""
-        for kept in self.kept:
-            if kept.frame is frame:
-                return kept
+    def find(self, frame: Any, identity: DataIdentity) -> tuple[DealtFrame | None, bool]:
+        """The kept shards of ``frame`` or of a DataFrame with the same plan, and whether their
+        data is provably ``identity``'s (the kept shards of the same data first)."""
+        same_plan: list[DealtFrame] = [kept for kept in self.kept if kept.frame is frame]
         for kept in self.kept:
             try:
-                if kept.frame.sameSemantics(frame):
-                    return kept
+                if kept.frame is not frame and kept.frame.sameSemantics(frame):
+                    same_plan.append(kept)
             except Exception:  # noqa: BLE001,S112 - not comparable (another session, say)
                 continue
-        return None
+        for kept in same_plan:
+            if identity.proven and kept.identity.key == identity.key:
+                return kept, True
+        return (same_plan[0] if same_plan else None), False
 
     def forget(self) -> int:
         """Drop every kept shard (the next cell deals its DataFrames again); how many."""
@@ -145,29 +152,36 @@ class PoolShards:
         notes: list[str] = []
         found: dict[int, DealtFrame] = {}
         new = DataFrameSources({id(source.frame): source.name for source in sources})
+        identities: dict[int, DataIdentity] = {}
+        again: dict[int, str] = {}
         for source in sources:
             if source.frame.sparkSession is not self.backend.spark:
                 raise PayloadError(
                     f"the DataFrame {source.name!r} belongs to another SparkSession than the "
                     "warm pool's. Fix: make it from the pool's session, or restart the pool "
                     "(%hvd_pool restart) so it starts on the active session.")
-            kept = self.find(source.frame)
-            if kept is not None:
+            identity = data_identity(source.frame)
+            kept, same_data = self.find(source.frame, identity)
+            if kept is not None and same_data:
                 found[source.index] = kept
                 notes.append(f"the shards of {source.name!r} dealt earlier were reused "
-                             f"({sum(kept.rows_per_rank):,} rows; same plan)")
-            else:
-                check_columns(source)
-                new.index_of(source.frame)
+                             f"({sum(kept.rows_per_rank):,} rows; same plan and data: "
+                             f"{identity.why})")
+                continue
+            if kept is not None:
+                again[source.index] = (describe_change(kept.identity, identity)
+                                       if identity.proven and kept.identity.proven else
+                                       identity.why if not identity.proven else
+                                       kept.identity.why)
+            check_columns(source)
+            identities[new.index_of(source.frame)] = identity
         if len(new):
-            dealt = self._deal(new, held)
+            dealt = self._deal(new, held, identities)
             for source in sources:
                 if source.index not in found:
                     found[source.index] = dealt[new.index_of(source.frame)]
-            for kept in dealt.values():
-                notes.append(f"dealt {kept.name!r} to the pool's {size} "
-                             f"rank{'s' if size != 1 else ''}: "
-                             f"{sum(kept.rows_per_rank):,} rows in {kept.deal_s:.1f} s")
+                    notes.append(self._dealt_note(found[source.index],
+                                                  again.get(source.index)))
         refused = null_values([{"source": s.index, "nulls": found[s.index].nulls}
                                for s in sources], {s.index: s.no_nulls for s in sources})
         if refused:
@@ -178,7 +192,20 @@ class PoolShards:
                                                                   source.name))
         return [{ENV_SHARDS: json.dumps(entries)} for entries in envs], notes
 
-    def _deal(self, sources: DataFrameSources, held: int) -> dict[int, DealtFrame]:
+    def _dealt_note(self, dealt: DealtFrame, again: str | None) -> str:
+        """What the cell says of a DataFrame it dealt: again and why, or what keeps it."""
+        size = self.backend.np
+        note = (f"dealt {dealt.name!r}{' again' if again else ''} to the pool's {size} "
+                f"rank{'s' if size != 1 else ''}: {sum(dealt.rows_per_rank):,} rows in "
+                f"{dealt.deal_s:.1f} s")
+        if again:
+            return f"{note} ({again})"
+        if not dealt.identity.proven:
+            return f"{note} (each cell that reads it deals it again: {dealt.identity.why})"
+        return note
+
+    def _deal(self, sources: DataFrameSources, held: int,
+              identities: dict[int, DataIdentity]) -> dict[int, DealtFrame]:
         problem = free_slot_problem(self.backend, held)
         if problem:
             raise PayloadError(f"the cell reads the DataFrame {sources.sources[0].name!r}, but "
@@ -203,13 +230,13 @@ class PoolShards:
                                  "the dealing stage was cancelled and the pool keeps its ranks "
                                  "and their variables.") from None
         try:
-            return self._dealt(stage, sources, spec, time.monotonic() - began)
+            return self._dealt(stage, sources, spec, time.monotonic() - began, identities)
         except BaseException:
             self.backend.drop_shards(spec.job_id)
             raise
 
     def _dealt(self, stage: DealStage, sources: DataFrameSources, spec: DealSpec,
-               took: float) -> dict[int, DealtFrame]:
+               took: float, identities: dict[int, DataIdentity]) -> dict[int, DealtFrame]:
         failure = stage.describe_failure()
         if failure:
             raise HorovodJobError(f"Dealing the DataFrames to the warm pool failed: {failure}")
@@ -232,7 +259,8 @@ class PoolShards:
                     nulls[column] = nulls.get(column, 0) + count
             dealt[source.index] = DealtFrame(
                 source.name, source.frame, spec.job_id, [s["path"] for s in shards],
-                [s["rows"] for s in shards], sum(s["bytes"] for s in shards), took, nulls)
+                [s["rows"] for s in shards], sum(s["bytes"] for s in shards), took, nulls,
+                identities[source.index])
         self._keep(list(dealt.values()))
         return dealt
 

@@ -155,7 +155,8 @@ def embedded_spark_log() -> Path:
 
 
 def start_local_session(np: int) -> Any:
-    """Start an embedded local-mode SparkSession sized for ``np`` ranks; say so in one line.
+    """Start an embedded local-mode SparkSession sized for ``np`` ranks (or the machine's cores)
+    and one task more (a warm pool of them deals DataFrames through it); say so in one line.
 
     The JVM's own output (log4j, JVM warnings) goes to :func:`embedded_spark_log`, not the cell.
     """
@@ -169,7 +170,8 @@ def start_local_session(np: int) -> Any:
     # Spark's Python workers must use this interpreter, which has horovod and hvd_magics.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    cores = max(np, os.cpu_count() or 1)
+    # one slot beyond the ranks: a warm pool of all of them still has one to deal DataFrames
+    cores = max(np, os.cpu_count() or 1) + 1
     settings = {"spark.master": f"local[{cores}]", "spark.app.name": "hvd_magics",
                 "spark.ui.showConsoleProgress": "false", "spark.driver.host": "127.0.0.1",
                 "spark.driver.bindAddress": "127.0.0.1"}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import re
 import types
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -142,3 +143,16 @@ def capture(source: str, user_ns: Mapping[str, Any], header: str = "%%horovod",
             cell.values[name] = value
     return CellPlan(cell, unbound_return_names(tree, return_names),
                     tuple(leading_imports(tree)))
+
+
+#: Horovod's Keras API, which trains Keras 2 models only.
+_HOROVOD_KERAS = re.compile(r"\bhorovod\.(tensorflow\.)?keras\b")
+
+
+def keras_3_values(plan: CellPlan) -> list[str]:
+    """The notebook variables the cell reads that are Keras 3 models (the ``keras`` package),
+    when the cell uses Horovod's Keras API, which cannot train them."""
+    if not _HOROVOD_KERAS.search(plan.cell.source):
+        return []
+    return [name for name, value in plan.cell.values.items()
+            if type(value).__module__.startswith("keras.") and hasattr(value, "fit")]

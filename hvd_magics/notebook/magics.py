@@ -21,10 +21,12 @@ from hvd_magics.job.runner import HorovodRunner, default_views
 from hvd_magics.job.session import SESSION
 from hvd_magics.job.timeline import COST_WARNING, summarize
 from hvd_magics.job.widgets_view import WidgetView
-from hvd_magics.notebook.cell_capture import capture
+from hvd_magics.notebook.cell_capture import capture, keras_3_values
 from hvd_magics.notebook.gpu_guard import driver_gpu_holders, driver_gpu_message
 from hvd_magics.launch.payload import serialize_job
 from hvd_magics.rank.cell_runner import run_captured_cell
+from hvd_magics.rank.engine_guard import KERAS_3_MESSAGE
+from hvd_magics.protocol import ENGINE_HOROVOD
 from hvd_magics.result_codec import RETURN_PREFIX, VALUE, decode_guarded, decode_strict
 
 #: ``key=value`` tokens accepted in HorovodRunner style, and the option each one means.
@@ -50,10 +52,25 @@ def decode_cell_result(parts: dict) -> tuple[Any, dict[str, Any]]:
     return value, returned
 
 
+def without_comment(line: str) -> str:
+    """``line`` without a trailing ``# comment`` (a ``#`` that starts a word, outside quotes),
+    as Python and the shell read one."""
+    quote = ""
+    for index, char in enumerate(line):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (index == 0 or line[index - 1].isspace()):
+            return line[:index].rstrip()
+    return line
+
+
 def normalise_line(line: str) -> str:
-    """Rewrite HorovodRunner-style ``np=4`` tokens as ``--np 4``; leave the rest alone."""
+    """Rewrite HorovodRunner-style ``np=4`` tokens as ``--np 4`` and drop a trailing comment;
+    leave the rest alone."""
     try:
-        tokens = shlex.split(line)
+        tokens = shlex.split(without_comment(line))
     except ValueError as exc:
         raise UsageError(f"%%horovod: cannot parse the line ({exc}); check the quotes") from None
     out: list[str] = []
@@ -117,7 +134,7 @@ def parse_env(pairs: list[str] | None) -> dict[str, str]:
 class HorovodMagics(Magics):
     """``%%horovod np=N``: run the cell as a Horovod job with N ranks."""
 
-    @magic_arguments()
+    @magic_arguments("%horovod")  # a cell magic: its usage reads %%horovod
     @argument("-np", "--np", default=None,
               help="Number of ranks: N>0 runs N Spark tasks, N<0 runs -N processes on the driver, "
                    "MIN:MAX runs an elastic job (hvd.elastic). HorovodRunner style np=N works too. "
@@ -200,6 +217,10 @@ class HorovodMagics(Magics):
             plan = capture(cell, self.shell.user_ns, f"%%horovod {line}".rstrip(), return_names)
         except CellError as exc:
             raise UsageError(f"%%horovod: {exc}") from None
+        keras_3 = keras_3_values(plan) if runner.engine == ENGINE_HOROVOD else []
+        if keras_3:
+            raise UsageError(f"%%horovod: the notebook variable {keras_3[0]!r} is a Keras 3 "
+                             f"model, and {KERAS_3_MESSAGE}")
         if plan.unbound_returns and pool is None:  # a pool's rank may hold it from a cell before
             unbound = plan.unbound_returns
             raise UsageError(f"%%horovod: --return {', '.join(unbound)}: the cell never assigns "
@@ -254,7 +275,7 @@ class HorovodMagics(Magics):
     def hvd_stacks(self, line: str) -> Any:
         """Show where each rank of a background job is now (its Python stacks), without
         stopping it."""
-        args = parse_argstring(self.hvd_stacks, line)
+        args = parse_argstring(self.hvd_stacks, without_comment(line))
         if args.job:
             job = self.shell.user_ns.get(args.job)
             if not isinstance(job, BackgroundJob):
@@ -353,7 +374,7 @@ class HorovodMagics(Magics):
     @line_magic
     def hvd_timeline(self, line: str) -> Any:
         """Record Horovod Timeline for %%horovod runs and show what it recorded."""
-        args = parse_argstring(self.hvd_timeline, line)
+        args = parse_argstring(self.hvd_timeline, without_comment(line))
         settings = SESSION.timeline
         if args.action == "on":
             settings.enabled, settings.path = True, args.path
@@ -390,7 +411,7 @@ class HorovodMagics(Magics):
     @line_magic
     def hvd_mlflow(self, line: str) -> None:
         """Turn MLflow tracking of every %%horovod run on or off for this session."""
-        args = parse_argstring(self.hvd_mlflow, line)
+        args = parse_argstring(self.hvd_mlflow, without_comment(line))
         if args.action == "on":
             try:
                 SESSION.mlflow = requested(args.experiment or True, None)

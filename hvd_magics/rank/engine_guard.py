@@ -5,7 +5,9 @@ ranks that each train alone).
 The rank's engine is ``HVD_MAGICS_ENGINE``; :func:`install` patches, whenever they are imported,
 Horovod's ``init`` (``horovod.torch``, ``horovod.tensorflow``, ``horovod.tensorflow.keras``,
 ``horovod.keras``), ``torch.distributed.init_process_group`` and
-``tf.distribute.MultiWorkerMirroredStrategy``, except those of the rank's own engine.
+``tf.distribute.MultiWorkerMirroredStrategy``, except those of the rank's own engine. On the
+Horovod engine it also refuses a Keras 3 ``fit`` with Horovod's Keras callbacks or optimizer at
+once (:func:`guard_keras_3`), which Horovod 0.28 cannot train.
 """
 from __future__ import annotations
 
@@ -35,6 +37,42 @@ class WrongEngineError(RuntimeError):
     """The rank's code starts another engine than the one its job runs on."""
 
 
+class KerasVersionError(TypeError):
+    """A Keras 3 model is trained with Horovod's Keras API, which needs Keras 2 (tf_keras)."""
+
+
+#: What a Keras 3 ``fit`` with Horovod's callbacks or optimizer fails with.
+KERAS_3_MESSAGE = ("Horovod's Keras API (horovod.tensorflow.keras callbacks and "
+                   "DistributedOptimizer) trains Keras 2 models only. Fix: build the model inside the cell with tf.keras "
+                   "(Keras 2 on the ranks) or with tf_keras (import tf_keras as keras), or run "
+                   "the cell with --engine tf, whose MultiWorkerMirroredStrategy takes Keras 3.")
+
+
+def _from_horovod(value: Any) -> bool:
+    return type(value).__module__.startswith("horovod.")
+
+
+def guard_keras_3(module: Any) -> None:
+    """Make Keras 3's ``Model.fit`` fail at once, before any step, when given Horovod's Keras
+    callbacks or optimizer (which fail on Keras 3 variables after the first batch)."""
+    model = getattr(module, "Model", None)
+    if model is None or getattr(model.fit, _GUARDED, False):
+        return
+    original = model.fit
+
+    @functools.wraps(original)
+    def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        callbacks = kwargs.get("callbacks") or (args[5] if len(args) > 5 else None) or []
+        if any(_from_horovod(c) for c in callbacks) or \
+                _from_horovod(getattr(self, "optimizer", None)):
+            raise KerasVersionError(f"the model is a Keras 3 model (the keras package), and "
+                                    f"{KERAS_3_MESSAGE}")
+        return original(self, *args, **kwargs)
+
+    setattr(fit, _GUARDED, True)
+    model.fit = fit
+
+
 def wrong_engine_message(called: str, engine: str) -> str:
     """The one line a rank of ``engine`` fails with when its code starts ``called``."""
     return (f"{_STARTS[called]} was called, but this job runs on the {engine} engine, whose "
@@ -59,6 +97,8 @@ def install() -> None:
     engine = os.environ.get(ENV_ENGINE)
     if engine not in _STARTS:
         return
+    if engine == ENGINE_HOROVOD:
+        after_import(("keras",), guard_keras_3)
     if engine != ENGINE_HOROVOD:
         def guard_horovod(module: Any) -> None:
             if hasattr(module, "init"):

@@ -185,3 +185,12 @@ def test_a_warm_pool_on_one_executor_gets_a_dataframe_dealt_from_the_other(clust
         pool.run(jobs.shard_report, out=str(tmp_path), train=mixed_frame(cluster_spark))
         assert sum(check_cover(read_reports(tmp_path, 1), "train", MIXED_IDS)) == 400
         assert "dealt 'train' to the pool's 1 rank: 400 rows" in capsys.readouterr().err
+
+
+def test_a_warm_pool_on_the_cluster_deals_again_data_changed_under_the_same_plan(
+        cluster_spark, tmp_path, capfd):
+    from hvd_magics import HorovodPool
+    from tests.spark_local.test_pool_local import changed_data_cases
+
+    with HorovodPool(np=1) as pool:  # the other executor deals (and lists nothing: the driver)
+        changed_data_cases(cluster_spark, pool, tmp_path, capfd)

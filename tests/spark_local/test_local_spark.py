@@ -78,14 +78,21 @@ def test_keyboard_interrupt_cancels_the_job_and_the_ranks(local_spark, capsys):
 
 
 def test_without_a_session_an_embedded_local_spark_is_started():
-    code = ("from hvd_magics import HorovodRunner\n"
+    code = ("import os\nfrom hvd_magics import HorovodRunner\n"
             "def main():\n    import horovod.torch as hvd\n    hvd.init()\n    return hvd.size()\n"
-            "print('size', HorovodRunner(np=2).run(main))\n")
+            "print('size', HorovodRunner(np=2).run(main))\n"
+            # a pool of every core still deals a DataFrame (the session has a slot to spare)
+            "from hvd_magics import HorovodPool\n"
+            "from pyspark.sql import SparkSession\n"
+            "spark = SparkSession.getActiveSession()\n"
+            "def rows(df):\n    return len(df)\n"
+            "with HorovodPool(np=os.cpu_count()) as pool:\n"
+            "    print('rows', pool.run(rows, df=spark.range(10)))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "size 2" in proc.stdout
-    assert "started an embedded local[2] one" in proc.stderr
+    assert "size 2" in proc.stdout and "rows " in proc.stdout, proc.stdout
+    assert f"started an embedded local[{max(os.cpu_count(), 2) + 1}] one" in proc.stderr
     # the JVM's own chatter went to the log file, not to the user
     assert "WARN" not in proc.stderr and "log4j" not in proc.stderr, proc.stderr
 
