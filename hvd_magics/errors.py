@@ -79,9 +79,31 @@ class HorovodJobError(HorovodMagicsError, RuntimeError):
         self.summary = f"{self.summary.rstrip('.')}. {text[0].upper()}{text[1:]}"
         self.args = (self._text(),)
 
+    def _repeats(self, index: int) -> RankFailure | None:
+        """The earlier failure that failed as failure ``index`` did (same error and message),
+        so that one error is said once, not once per rank."""
+        failure = self.failures[index]
+        if not failure.error:
+            return None
+        return next((f for f in self.failures[:index]
+                     if (f.error, f.message) == (failure.error, failure.message)), None)
+
+    def _line(self, index: int) -> str | None:
+        """Failure ``index``'s line, or ``None`` when the summary already says it."""
+        failure = self.failures[index]
+        if index == 0 and self.summary.endswith(failure.headline()):
+            return None
+        same = self._repeats(index)
+        if same is not None:
+            where = f" on {failure.host}" if failure.host else ""
+            return f"{failure.unit} {failure.rank}{where}: the same {failure.error}"
+        return failure.headline()
+
     def _text(self) -> str:
         lines = [self.summary]
-        lines += [f"  {f.headline()}" for f in self.failures[:MAX_RANKS_SHOWN]]
+        lines += [f"  {line}" for line in map(self._line, range(min(len(self.failures),
+                                                                    MAX_RANKS_SHOWN)))
+                  if line is not None]
         if len(self.failures) > MAX_RANKS_SHOWN:
             lines.append(f"  ... and {len(self.failures) - MAX_RANKS_SHOWN} more ranks")
         if self.log_path:
@@ -91,11 +113,17 @@ class HorovodJobError(HorovodMagicsError, RuntimeError):
     def _render_traceback_(self) -> list[str]:
         """What IPython shows instead of a driver-side traceback: each failed rank's own."""
         out = [f"{type(self).__name__}: {self.summary}"]
-        for failure in self.failures[:MAX_RANKS_SHOWN]:
+        for index, failure in enumerate(self.failures[:MAX_RANKS_SHOWN]):
             label = f"[rank {failure.rank}]"
-            out.append(f"\n{label} {failure.headline()}")
-            if failure.traceback:
-                out += [f"{label} {ln}" for ln in failure.traceback.rstrip().splitlines()]
+            line = self._line(index)
+            out.append(f"\n{label} {line}" if line is not None else "")
+            # a repeated error's traceback is the first one's again
+            trace = failure.traceback.rstrip().splitlines() if self._repeats(index) is None \
+                else []
+            if line is None and trace and trace[-1].endswith(f"{failure.error}: "
+                                                             f"{failure.message}"):
+                trace = trace[:-1]  # the summary said its last line
+            out += [f"{label} {ln}" for ln in trace]
             if failure.output_tail:
                 out.append(f"{label} last {len(failure.output_tail)} lines of output:")
                 out += [f"{label}   {ln}" for ln in failure.output_tail]

@@ -785,3 +785,16 @@ def shard_sums(column: str = "x", **frames):
     """The sum and row count of ``column`` in this rank's shard of each DataFrame."""
     return {name: (float(shard.to_numpy(column).sum()), len(shard))
             for name, shard in frames.items()}
+
+
+def keras_3_with_horovod_callbacks():
+    """A Keras 3 model (the keras package) trained with Horovod's Keras callback."""
+    import horovod.tensorflow.keras as hvd
+    import keras
+    import numpy as np
+
+    hvd.init()
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    model.fit(np.zeros((8, 2)), np.zeros(8), epochs=1, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])

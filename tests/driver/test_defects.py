@@ -227,3 +227,27 @@ def test_a_rank_may_work_alone_after_the_last_collective():
                                     work_s=8.0) == (2.0, 0, 2)
     log = Path(last_run().log_path).read_text()
     assert "uncaught exception" not in log and "Connection reset" not in log, log[-2000:]
+
+
+def test_a_keras_3_model_under_horovods_keras_api_is_refused_before_it_trains(ip):
+    """It failed on every rank after the first batch with "'Variable' object has no attribute
+    'ref'" (Horovod 0.28's callbacks take Keras 2 variables)."""
+    from IPython.core.error import UsageError
+
+    with pytest.raises(HorovodJobError) as info:
+        HorovodRunner(np=-1).run(jobs.keras_3_with_horovod_callbacks)
+    failure = info.value.failures[0]
+    assert "KerasVersionError: the model is a Keras 3 model (the keras package), and " \
+           "Horovod's Keras API" in failure.headline(), failure.headline()
+    assert "--engine tf" in failure.headline()
+    # a model the notebook built with Keras 3 is refused before any rank starts
+    import keras
+
+    ip.user_ns["model"] = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    cell = ("import horovod.tensorflow.keras as hvd\nhvd.init()\n"
+            "model.fit([[0, 0]], [0], callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])\n")
+    with pytest.raises(UsageError, match=r"the notebook variable 'model' is a Keras 3 model, "
+                                         r"and Horovod's Keras API .* Fix: build the model "
+                                         r"inside the cell"):
+        ip.run_cell_magic("horovod", "np=-2", cell)
+    assert last_run() is None or last_run().np != -2

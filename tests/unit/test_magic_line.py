@@ -97,3 +97,22 @@ def test_a_bad_pool_start_is_one_clear_line_and_starts_nothing(ip, line, message
     with pytest.raises(UsageError, match=re.escape(message)):
         ip.run_line_magic("hvd_pool", line)
     assert SESSION.pool is None
+
+
+def test_a_trailing_comment_is_not_an_argument(ip):
+    """As the README writes them: `%hvd_stacks job        # each rank's Python stack`."""
+    from hvd_magics.notebook.magics import without_comment
+
+    assert without_comment("job        # each rank's Python stack") == "job"
+    assert without_comment("np=2 --env TAG=a#b # why") == "np=2 --env TAG=a#b"
+    assert without_comment("np=2 --env 'TAG=# kept'") == "np=2 --env 'TAG=# kept'"
+    assert normalise_line("np=2   # two ranks") == "--np 2"
+    with pytest.raises(UsageError, match="'nojob' is not a background job's handle"):
+        ip.run_line_magic("hvd_stacks", "nojob   # each rank's Python stack")
+    with pytest.raises(UsageError, match="np=0 runs nothing"):
+        ip.run_cell_magic("horovod", "np=0  # none", "x = 1\n")
+
+
+def test_the_cell_magics_usage_names_it_with_two_percent_signs(ip):
+    usage = ip.find_cell_magic("horovod").__doc__
+    assert usage.lstrip(": \n").startswith("%%horovod [-np NP]"), usage[:80]

@@ -31,3 +31,24 @@ def test_job_error_labels_each_rank_and_caps_how_many_it_shows():
 def test_a_rank_killed_by_a_signal_says_so():
     assert "killed by signal 9" in RankFailure(1, "h", -9).headline()
     assert "exited with code 3 without a Python exception" in RankFailure(1, "h", 3).headline()
+
+
+def test_one_error_of_every_rank_is_said_once():
+    """The wrong-engine error was shown five times: in the summary, once per rank, and as the
+    last line of each rank's traceback."""
+    message = "hvd.init() was called, but this job runs on the torch engine. Fix: ..."
+    trace = ("Traceback (most recent call last):\n  File \"cell\", line 2, in <module>\n"
+             f"    hvd.init()\nhvd_magics.rank.engine_guard.WrongEngineError: {message}")
+    failures = [RankFailure(r, "h", 1, "WrongEngineError", message, trace, [f"out {r}"])
+                for r in range(2)]
+    failures.append(RankFailure(2, "h", 1, "ValueError", "other", "Traceback...\nValueError: other"))
+    err = HorovodJobError(f"3 of 3 ranks failed; the first was {failures[0].headline()}",
+                          failures, "/tmp/log")
+    rendered = "\n".join(err._render_traceback_())
+    assert rendered.count(message) == 1, rendered
+    assert "[rank 0]     hvd.init()" in rendered  # where it was called, still shown
+    assert "[rank 1] rank 1 on h: the same WrongEngineError" in rendered
+    assert "[rank 1]   out 1" in rendered  # each rank's own output stays
+    assert "[rank 2] rank 2 on h: ValueError: other" in rendered
+    assert "[rank 2] ValueError: other" in rendered  # another error keeps its traceback
+    assert str(err).count(message) == 1 and "rank 1 on h: the same WrongEngineError" in str(err)
