@@ -173,6 +173,9 @@ class JobState:
         self.outcome: str | None = None
         #: When the first Spark task began receiving the job's DataFrame rows.
         self.data_arrived_at: float | None = None
+        #: Whether the job's rows were refused before any rank got the job (the views then
+        #: leave nothing in the cell but the error).
+        self.refused = False
         #: Request id -> rank -> its ``stacks`` event (see :meth:`request_stacks`).
         self.stacks: dict[str, dict[int, dict[str, Any]]] = {}
         #: Seconds of silence after which a running rank is stalled (its stacks are taken).

@@ -589,6 +589,7 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
         return
     refused = backend.refused if isinstance(backend, SparkBackend) else None
     if refused and not failures:
+        job.refused = True
         raise DataRefused(refused, log_path=str(job.log_path))
     spark_failure = backend.describe_failure()
     if spark_failure and not failures:

@@ -82,12 +82,13 @@ class WidgetView:
         self._shown = False
         self._job: JobState | None = None
         self.box: Any = None
+        self._handle: Any = None  # where the dashboard is in the output (to withdraw it)
         if display_now:
             import ipywidgets as widgets
             from IPython.display import display
 
             self.box = widgets.VBox([widgets.HTML("starting the job ...")])
-            display(self.box)
+            self._handle = display(self.box, display_id=True)
 
     def _build(self, job: JobState) -> None:
         import ipywidgets as widgets
@@ -110,7 +111,7 @@ class WidgetView:
             self.box.children = children
         else:
             self.box = widgets.VBox(children)
-            display(self.box)
+            self._handle = display(self.box, display_id=True)
         self._shown = True
 
     def on_event(self, job: JobState, event: dict[str, Any]) -> None:
@@ -127,12 +128,26 @@ class WidgetView:
             self._refresh(job, now, final=False)
 
     def on_end(self, job: JobState) -> None:
+        if job.refused:  # no rank got the job: the error says it all
+            self._withdraw()
+            return
         if not self._shown:
             self._build(job)
         self._job = None
         self._logs = [collections.deque(log, maxlen=LOG_LINES_KEPT_AFTER) for log in self._logs]
         self._dirty = True
         self._refresh(job, time.monotonic(), final=True)
+
+    def _withdraw(self) -> None:
+        """Take the dashboard out of the cell's output (and its widgets out of the kernel)."""
+        if self._handle is not None:
+            self._handle.update({"text/plain": ""}, raw=True)
+        todo = [self.box] if self.box is not None else []
+        while todo:
+            widget = todo.pop()
+            todo.extend(getattr(widget, "children", ()))
+            widget.close()
+        self._shown, self._rows, self._logs = False, [], []
 
     def hand_over_charts(self) -> None:
         """The run's record, shown next, draws the charts (and keeps them in the saved

@@ -160,3 +160,46 @@ def test_a_background_job_leaves_the_kernel_free_and_dies_with_it(tmp_path):
     while rank_processes_alive(pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert rank_processes_alive(pids) == []
+
+
+def _messages(client, code: str) -> list[dict]:
+    """Execute ``code``; every iopub message it caused, until the kernel is idle again."""
+    msg_id = client.execute(code)
+    messages = []
+    while True:
+        msg = client.get_iopub_msg(timeout=120)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        messages.append(msg)
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return messages
+
+
+def test_a_fit_refused_for_nulls_leaves_only_its_error_in_the_cell():
+    """The ranks start early to import while the rows arrive; a fit refused for nulls drew
+    their dashboard before its one-line error (and left it there)."""
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        _run(client, "%load_ext hvd_magics")
+        _run(client, "from pyspark.sql import SparkSession\n"
+                     "spark = SparkSession.builder.master('local[2]').getOrCreate()\n"
+                     "rows = [([float(i), 1.0], None if i % 3 == 0 else i % 2) for i in range(60)]\n"
+                     "bad = spark.createDataFrame(rows, 'x array<float>, y int')\n"
+                     "def build():\n    import torch\n    return torch.nn.Linear(2, 2)\n")
+        messages = _messages(client, "from hvd_magics import HorovodEstimator\n"
+                                     "HorovodEstimator(model=build, loss='cross_entropy', "
+                                     "featuresCol='x', labelCol='y', np=2, epochs=1).fit(bad)")
+        errors = [m["content"] for m in messages if m["msg_type"] == "error"]
+        assert [e["ename"] for e in errors] == ["EstimatorInputError"], errors
+        assert "labelCol 'y' has 20 null values" in errors[0]["evalue"]
+        shown: dict[str, dict] = {}  # display id -> what it shows last
+        for m in messages:
+            if m["msg_type"] in ("display_data", "update_display_data"):
+                key = m["content"].get("transient", {}).get("display_id") or m["header"]["msg_id"]
+                shown[key] = m["content"]["data"]
+        left = [data for data in shown.values() if data.get("text/plain", "").strip()
+                or "application/vnd.jupyter.widget-view+json" in data]
+        assert left == [], left
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
