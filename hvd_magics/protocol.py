@@ -29,6 +29,7 @@ class EventKind:
 STARTED = "started"
 ERROR = "error"
 RESULT = "result"
+LEAVING = "leaving"
 LOG = "log"
 EPOCH_BEGIN = "epoch_begin"
 PROGRESS = "progress"
@@ -68,6 +69,9 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
     EventKind(ERROR, "rank", ("error", "message", "traceback"), "the job's function raised"),
     EventKind(RESULT, "rank", ("parts",),
               "the function returned; rank 0's value parts (hvd_magics.result_codec), else None"),
+    EventKind(LEAVING, "rank", (),
+              "the job's function returned; the rank now leaves its engine with the others (a "
+              "peer still in a collective then waits for one this rank will never enter)"),
     EventKind(LOG, "rank", ("text",), "hvd_magics.log_to_driver(text)"),
     EventKind(EPOCH_BEGIN, "rank", ("epoch", "epochs", "steps"), "an epoch begins"),
     EventKind(PROGRESS, "rank", ("epoch", "step", "steps", "samples_per_s", "metrics"),

@@ -153,3 +153,43 @@ def ddp_allreduce_kept():
     total = torch.tensor([float(dist.get_rank() + 1)])
     dist.all_reduce(total)
     return {"sum": total.item(), "pid": os.getpid(), "initialised_before": before}
+
+
+def uneven_all_reduces():
+    """Rank 0 makes three all_reduce calls, rank 1 two: the first two are right, the third
+    can never complete."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    values = []
+    for _ in range(3 if dist.get_rank() == 0 else 2):
+        tensor = torch.ones(1)
+        dist.all_reduce(tensor)
+        values.append(float(tensor))
+        print("all_reduce gave", float(tensor), flush=True)
+    return values
+
+
+def all_reduce_against_broadcast():
+    """Rank 0 calls all_reduce where rank 1 calls broadcast: they never meet."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    tensor = torch.ones(3)
+    if dist.get_rank() == 0:
+        dist.all_reduce(tensor)
+    else:
+        dist.broadcast(tensor, 0)
+    print("value", tensor.tolist(), flush=True)
+
+
+def uneven_tf_reduces():
+    """Worker 0 makes three cross-worker reductions, worker 1 two."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    for _ in range(3 if strategy.cluster_resolver.task_id == 0 else 2):
+        value = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+        print("reduce gave", float(value), flush=True)

@@ -16,7 +16,7 @@ from hvd_magics.errors import OUTPUT_TAIL_LINES, RankFailure
 from hvd_magics.options import ElasticSize
 from hvd_magics.job.stacks import where as stack_where
 from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, EPOCH_BEGIN, EPOCH_END, ERROR, EXIT,
-                                 OUTPUT, OUTPUT_PARTIAL, PROGRESS, RESIZE, RESULT, SHARDING,
+                                 LEAVING, OUTPUT, OUTPUT_PARTIAL, PROGRESS, RESIZE, RESULT, SHARDING,
                                  SLOT_OFFER, STACKS, STARTED, TASK_ERROR, TASK_STARTED,
                                  TIMELINE_CHUNK, TIMELINE_LOCAL)
 from hvd_magics.job.noise import is_noise
@@ -78,6 +78,8 @@ class RankState:
     task_error: str = ""
     lost: str = ""
     has_result: bool = False
+    #: Whether its function returned and it now leaves the engine (``leaving``).
+    left: bool = False
     failed_at: float | None = None
     epoch: int = 0
     epochs: int | None = None
@@ -330,6 +332,14 @@ class JobState:
         """Ranks whose process has not started yet."""
         return [r.rank for r in self.ranks if not r.exited and r.pid is None]
 
+    def _on_leaving(self, state: RankState, event: dict[str, Any]) -> None:  # noqa: ARG002
+        state.left = True
+
+    def finished_ranks(self) -> list[int]:
+        """Ranks whose code returned: leaving their engine, or ended with success (a pool's
+        rank whose cell ended)."""
+        return [r.rank for r in self.ranks if r.left or (r.exited and not r.failed)]
+
     def _on_exit(self, state: RankState, event: dict[str, Any]) -> None:
         state.exit_code = event.get("code")
         state.state = FAILED if state.failed else DONE
@@ -342,6 +352,7 @@ class JobState:
         STARTED: _on_started, ERROR: _on_error, TASK_ERROR: _on_task_error, RESULT: _on_result,
         TIMELINE_LOCAL: _on_timeline_local, TIMELINE_CHUNK: _on_timeline_chunk,
         EPOCH_BEGIN: _on_progress, PROGRESS: _on_progress, EPOCH_END: _on_progress, EXIT: _on_exit,
+        LEAVING: _on_leaving,
     }
 
     @staticmethod

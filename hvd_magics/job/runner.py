@@ -16,12 +16,13 @@ from typing import Any, Callable, Mapping
 
 from hvd_magics.launch.driver_backend import DriverBackend
 from hvd_magics.errors import (DataRefused, HorovodJobError, JobInterrupted, JobTimeoutError,
-                               PayloadError, StartTimeoutError)
+                               PayloadError, RankFailure, StartTimeoutError)
 from hvd_magics.job.job_state import (LOST, STALL_AFTER_S, STALL_REQUEST, WAITING, JobState,
                                       JobView)
 from hvd_magics.job.background import BackgroundJob
 from hvd_magics.job.live_job import LiveJob
-from hvd_magics.job.stacks import JobStacks
+from hvd_magics.job.stacks import UNEVEN_FIX, JobStacks, collective_of
+from hvd_magics.job.stacks import where as stack_where
 from hvd_magics.job.mlflow_run import MlflowSettings, MlflowTracker, requested
 from hvd_magics.launch.dataframe_input import check_columns, common_session
 from hvd_magics.task.engines import engine_of
@@ -52,6 +53,10 @@ STOP_WAIT_S = 30.0
 STACKS_WAIT_S = 2.0
 #: The same at an interrupt, which should stop the job at once.
 INTERRUPT_STACKS_WAIT_S = 1.0
+#: After a rank finished the job's code, how long a peer may wait in a collective before its
+#: stacks are taken; one found in the same collective twice this far apart waits for a
+#: collective the finished rank will never enter (the ranks made different calls).
+LEFT_BEHIND_S = 2.0
 #: After the Spark job ended, how long the ranks' event connections may take to deliver what is
 #: still on its way (a large result) before the job is judged on what arrived.
 DRAIN_WAIT_S = 120.0
@@ -530,6 +535,59 @@ def _where_on_interrupt(job: JobState, backend: Any, events: queue.Queue) -> str
     return f"Where each {job.unit} was:\n" + stacks.summary(job.unit) + "\n"
 
 
+def left_behind(job: JobState, backend: Any, events: queue.Queue, now: float,
+                seen: dict[str, Any]) -> str | None:
+    """Why the job cannot end, when ranks finished its code while a peer waits, alone, in a
+    collective they will never enter (found twice :data:`LEFT_BEHIND_S` apart); else ``None``.
+
+    Horovod's own check (our patch) says so within seconds on the Horovod engine; Gloo under
+    ``torch.distributed`` and tf.distribute's collectives wait for the missing peer forever.
+    """
+    finished = job.finished_ranks()
+    running = [r for r in job.running_ranks() if r not in finished]
+    if not finished or not running:
+        seen.clear()
+        return None
+    if now - seen.setdefault("asked", now) < LEFT_BEHIND_S:
+        return None
+    seen["asked"] = now
+    stacks = collect_stacks(job, backend, events)
+    waiting = {rank: stack_where(stacks.ranks[rank].get("threads", [])) for rank in running
+               if rank in stacks.ranks and collective_of(stacks.ranks[rank].get("threads", []))}
+    stuck = {rank: at for rank, at in waiting.items() if seen.get("waiting", {}).get(rank) == at}
+    seen["waiting"] = waiting
+    if not stuck:
+        return None
+    engine = collective_of(stacks.ranks[min(stuck)].get("threads", []))
+    def name(ranks: list[int]) -> str:
+        return f"{job.unit}{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+    at = "; ".join(f"{job.unit} {rank} in {where}" for rank, where in sorted(stuck.items()))
+    return (f"{name(sorted(stuck))} {'wait' if len(stuck) > 1 else 'waits'} in a {engine} "
+            f"collective that {name(finished)} will never enter: "
+            f"{'they' if len(finished) > 1 else 'it'} finished the job's code ({at}); the job "
+            f"was stopped. {UNEVEN_FIX}")
+
+
+def mismatched(job: JobState, backend: Any, events: queue.Queue, now: float,
+               seen: dict[str, Any]) -> str | None:
+    """Why the job cannot end, when every rank has stalled (silent for the stall time) in a
+    collective of another name than a peer's (``all_reduce`` against ``broadcast``), found
+    twice :data:`LEFT_BEHIND_S` apart; else ``None``."""
+    running = job.running_ranks()
+    if len(running) < 2 or job.finished_ranks() or not all(
+            job.ranks[r].stalled_for(now, job.stall_after) is not None for r in running):
+        seen.pop("mismatch", None)
+        return None
+    if now - seen.get("mismatch_asked", 0.0) < LEFT_BEHIND_S:
+        return None
+    seen["mismatch_asked"] = now
+    mismatch = collect_stacks(job, backend, events).mismatch(job.unit)
+    found, seen["mismatch"] = seen.get("mismatch"), mismatch
+    if not mismatch or mismatch != found:
+        return None
+    return f"{mismatch[0].upper()}{mismatch[1:]}; the job was stopped. {UNEVEN_FIX}"
+
+
 def _ask_stalled(job: JobState, backend: Any, now: float, asked: set[int]) -> None:
     """Take the stacks of ranks that just went silent (their answer tells the views where they
     are); a rank that speaks again may be asked again when it next goes silent."""
@@ -548,11 +606,18 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
     ended_at: float | None = None
     finished_since: float | None = None
     asked: set[int] = set()
+    behind: dict[str, Any] = {}
+    unmatched: dict[str, Any] = {}
     while not job.all_exited:
         now = _follow(job, events)
         if stop is not None and stop.is_set():
             raise KeyboardInterrupt  # stopped from another thread: ended as an interrupt
         _ask_stalled(job, backend, now, asked)
+        stuck = (left_behind(job, backend, events, now, behind)
+                 or mismatched(job, backend, events, now, unmatched)) if failed_since is None \
+            else None
+        if stuck:
+            raise HorovodJobError(stuck, log_path=str(job.log_path))
         if timeout is not None and now - started > timeout and failed_since is None:
             stacks = collect_stacks(job, backend, events)
             raise JobTimeoutError(
@@ -607,8 +672,20 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
                 failure.message += f" (Spark: {spark_failure})"
     first = failures[0]
     raise HorovodJobError(
-        f"{len(failures)} of {job.size} ranks failed; the first was {first.headline()}",
-        failures, str(job.log_path))
+        f"{_uneven_note(job, first)}{len(failures)} of {job.size} ranks failed; the first was "
+        f"{first.headline()}", failures, str(job.log_path))
+
+
+
+def _uneven_note(job: JobState, first: RankFailure) -> str:
+    """``"rank 1 finished ... "`` when ranks finished the job's code before ``first`` failed in
+    a collective (tf.distribute aborts it, blaming the finished peer's 'crash')."""
+    finished = [rank for rank in job.finished_ranks() if rank != first.rank]
+    if not finished or "ollective" not in f"{first.error} {first.message}":
+        return ""
+    who = f"{job.unit}{'s' if len(finished) > 1 else ''} {', '.join(map(str, finished))}"
+    return (f"{who} finished the job's code while {job.unit} {first.rank} was in a collective, "
+            f"which then failed. {UNEVEN_FIX} ")
 
 
 def _watch_elastic(job: JobState, backend: Any, events: queue.Queue,

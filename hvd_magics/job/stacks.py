@@ -25,6 +25,20 @@ _COLLECTIVES = (
 )
 
 
+#: What the ranks did wrong when their collectives do not meet.
+UNEVEN_FIX = ("The ranks made different collective calls (a different number of them, or in "
+              "another order). Fix: have every rank make the same collective calls in the same "
+              "order.")
+#: Collective calls whose names say which collective a rank is in (a rank waiting on an
+#: asynchronous one's ``wait`` may be in any).
+_NAMED_CALLS = frozenset({"all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+                          "reduce_scatter", "reduce_scatter_tensor", "reduce", "gather",
+                          "scatter", "all_to_all", "all_to_all_single", "barrier",
+                          "broadcast_object_list", "all_gather_object", "gather_object",
+                          "scatter_object_list", "allreduce", "allgather", "alltoall",
+                          "broadcast_"})
+
+
 def short_path(path: str) -> str:
     """A frame's file as it reads best: a package-relative path, a cell's name, a file name."""
     if path.startswith("<"):
@@ -69,6 +83,14 @@ def collective_of(threads: list[dict[str, Any]]) -> str:
     if not frames:
         return ""
     return next((name for name, files in _COLLECTIVES if files.search(frames[-1][0])), "")
+
+
+def collective_call(threads: list[dict[str, Any]]) -> str:
+    """The named collective call the main thread waits in (``all_reduce``), else ``""``."""
+    frames = _main_frames(threads)
+    if not frames or not collective_of(threads):
+        return ""
+    return next((f[2] for f in reversed(frames) if f[2] in _NAMED_CALLS), "")
 
 
 
@@ -117,6 +139,19 @@ class JobStacks:
         engine = engines[waiting[0]]
         return (f"{names(waiting)} {verb} in a {engine} collective for {names(elsewhere)}, "
                 f"which {'are' if len(elsewhere) > 1 else 'is'} elsewhere and never entered it")
+
+    def mismatch(self, unit: str = "rank") -> str:
+        """In words, when every rank waits in a named collective and not all in the same one
+        (``rank 0 waits in all_reduce, rank 1 in broadcast``): they never meet; else ``""``."""
+        calls = {r: collective_call(e.get("threads", [])) for r, e in self.ranks.items()}
+        if self.missing or self.starting or len(calls) < 2 or not all(calls.values()) \
+                or len(set(calls.values())) == 1:
+            return ""
+        places = self.where()
+        first, *rest = sorted(calls.items())
+        return (f"{unit} {first[0]} waits in {first[1]} ({places[first[0]]}), "
+                + ", ".join(f"{unit} {rank} in {call} ({places[rank]})" for rank, call in rest)
+                + ": these collectives never meet")
 
     def summary(self, unit: str = "rank") -> str:
         """One line per rank (where it is), and the diagnosis when there is one."""

@@ -17,6 +17,7 @@ tidies it when the rank ends, the keeper when the supervisor is gone.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import signal
 import sys
@@ -26,7 +27,7 @@ import traceback
 from typing import Any
 
 from hvd_magics.protocol import (ENV_CONTROL_FD, ENV_PREIMPORT, ENV_RANK, ENV_RANK_TMPDIR, ERROR,
-                                 RESULT, STARTED, decode_job)
+                                 LEAVING, RESULT, STARTED, decode_job)
 from hvd_magics.rank import rank_events
 from hvd_magics.rank.process_group import die_with_parent, killpg
 from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, use_tmpdir
@@ -87,16 +88,29 @@ def _end_horovod() -> None:
 
 
 def _end_torch() -> None:
-    """Leave a ``torch.distributed`` process group together: a barrier (so that no rank takes
-    the store away from a peer still in its last collective), then destroy it."""
+    """Leave a ``torch.distributed`` process group together, then destroy it: each rank marks
+    itself done in the group's store and waits until every rank has (so that no rank takes the
+    store away from a peer still in its last collective).
+
+    Not a collective: a barrier here was matched with a peer's extra ``all_reduce`` (the ranks
+    made different calls) and hung both, where the driver now sees the peer wait alone in its
+    collective and ends the job naming both (:func:`hvd_magics.job.runner.left_behind`).
+    """
     dist = sys.modules.get("torch.distributed")
     try:
         if dist is None or not dist.is_available() or not dist.is_initialized():
             return
-        dist.barrier()
+        store = dist.distributed_c10d._get_default_store()  # noqa: SLF001 - the group's own
+        store.set(f"{_LEFT_KEY}{dist.get_rank()}", "1")
+        store.wait([f"{_LEFT_KEY}{rank}" for rank in range(dist.get_world_size())],
+                   datetime.timedelta(days=7))
         dist.destroy_process_group()
     except Exception as exc:  # noqa: BLE001 - a peer that failed is reported by its own rank
         print(f"hvd_magics: leaving torch.distributed failed: {_safe_str(exc)}", file=sys.stderr)
+
+
+#: The store key a rank sets when it leaves its torch.distributed group (its rank appended).
+_LEFT_KEY = "hvd_magics/left/"
 
 
 def end_engine() -> None:
@@ -183,6 +197,7 @@ def run_rank() -> None:
     parts, failure, code = run_job(payload)
     if failure is not None:
         _fail(failure, code)
+    rank_events.emit(LEAVING)
     end_engine()
     sys.stdout.flush()
     sys.stderr.flush()

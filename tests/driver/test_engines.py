@@ -1,5 +1,6 @@
 """torch.distributed and tf.distribute ranks as processes on the driver (np < 0): real Gloo DDP,
 a real MultiWorkerMirroredStrategy fit, failures, interrupts, pools and the drop-in."""
+import re
 import time
 
 import pytest
@@ -130,3 +131,57 @@ def test_a_background_ddp_job_and_its_stacks():
     views = job.wait(120)
     assert [v["sum"] for v in views] == [3.0, 3.0]
     assert job.record.engine == "torch" and job.record.status == "succeeded"
+
+
+def test_uneven_collectives_under_torch_end_the_job_in_seconds_naming_both_ranks(capfd):
+    """Rank 0 makes three all_reduce calls, rank 1 two: the cell hung until interrupted (rank 1
+    waited in the end's barrier, rank 0 in its third all_reduce). The first two values are
+    right; no wrong value is shown."""
+    start = time.monotonic()
+    with pytest.raises(HorovodJobError) as info:
+        HorovodRunner(np=-2, engine="torch").run(engine_jobs.uneven_all_reduces)
+    took = time.monotonic() - start
+    text = str(info.value)
+    assert "rank 0 waits in a torch.distributed collective that rank 1 will never enter" in text
+    assert "uneven_all_reduces" in text and "same collective calls in the same order" in text
+    assert took < 45, took
+    out = capfd.readouterr()
+    assert (out.out + out.err).count("all_reduce gave 2.0") == 4  # two calls, two ranks
+    assert "all_reduce gave" not in (out.out + out.err).replace("all_reduce gave 2.0", "")
+    assert rank_processes_alive(list(last_run().pids.values())) == []
+
+
+def test_uneven_collectives_on_a_torch_pool_end_the_cell_and_the_pool_serves_again():
+    with HorovodPool(np=-2, engine="torch") as pool:
+        with pytest.raises(HorovodJobError, match="rank 0 waits in a torch.distributed "
+                                                  "collective that rank 1 will never enter"):
+            pool.run(engine_jobs.uneven_all_reduces)
+        assert pool.run(engine_jobs.ddp_allreduce_kept)["sum"] == 3.0
+
+
+def test_an_all_reduce_against_a_broadcast_ends_the_job_once_the_ranks_stall(capfd):
+    """Both ranks wait in collectives that never meet; the cell hung with a stall line. Once
+    both are stalled (here after 3 s) and found there twice, the job ends, naming both."""
+    with pytest.raises(HorovodJobError) as info:
+        HorovodRunner(np=-2, engine="torch", stall_after=3, timeout=120).run(
+            engine_jobs.all_reduce_against_broadcast)
+    text = str(info.value)
+    assert re.search(r"Rank 0 waits in all_reduce \(.*all_reduce_against_broadcast.*\), rank 1 "
+                     r"in broadcast \(.*\): these collectives never meet; the job was stopped",
+                     text), text
+    out = capfd.readouterr()
+    assert "value" not in out.out + out.err  # no rank went on with a value
+
+
+def test_uneven_collectives_under_tf_end_the_job_in_seconds_naming_both_ranks(capfd):
+    start = time.monotonic()
+    with pytest.raises(HorovodJobError) as info:
+        HorovodRunner(np=-2, engine="tf").run(engine_jobs.uneven_tf_reduces)
+    text = str(info.value)
+    assert time.monotonic() - start < 90
+    assert re.search(r"rank 1 finished the job's code while rank 0 was in a collective|rank 0 "
+                     r"waits in a tf.distribute collective that rank 1 will never enter", text), \
+        text
+    assert "same collective calls in the same order" in text
+    out = capfd.readouterr()
+    assert set(re.findall(r"reduce gave (\S+)", out.out + out.err)) == {"2.0"}
