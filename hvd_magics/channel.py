@@ -156,6 +156,10 @@ class EventServer:
         self._readers: set[threading.Thread] = set()
         self._lock = threading.Lock()
         self._closed = False
+        #: Closed, but still greeting tasks that connect late, to close them at once.
+        self._lingering = False
+        #: Ranks whose supervisor said hello (turned away or not).
+        self.greeted: set[int] = set()
         #: Connections in their handshake, oldest first.
         self._pending: list[socket.socket] = []
         #: Connections closed for breaking the protocol or for not authenticating in time.
@@ -179,6 +183,10 @@ class EventServer:
                 return
             _no_delay(conn)
             with self._lock:
+                if self._closed and self._lingering:
+                    threading.Thread(target=self._turn_away, args=(conn,),
+                                     name="hvd-events-turn-away", daemon=True).start()
+                    continue
                 if self._closed:
                     conn.close()
                     return
@@ -216,6 +224,7 @@ class EventServer:
                         self._pending.remove(conn)
             with self._lock:
                 self._by_rank[rank] = [conn, nonce, 0]
+                self.greeted.add(rank)
             seq = 1
             while True:
                 event = read_frame(conn, self._secret, nonce, seq)
@@ -271,14 +280,31 @@ class EventServer:
             except OSError:
                 pass
 
-    def close(self) -> None:
-        """Stop listening, close every connection (ranks take it as a stop order), end the
-        accept thread."""
+    def _turn_away(self, conn: socket.socket) -> None:
+        """A task that connects after a lingering close: greet it, then close the connection,
+        which it takes as the stop order (its connection refused, it would fail its stage
+        with advice about a network that works)."""
+        try:
+            self.greeted.add(self._handshake(conn)[1])
+        except (Rejected, ValueError, KeyError, TypeError, OSError):
+            pass
+        finally:
+            _shut(conn)
+            conn.close()
+
+    def close(self, linger: bool = False) -> None:
+        """Close every connection (ranks take it as a stop order); then stop listening and end
+        the accept thread, or with ``linger`` (a job stopped while its tasks may still be
+        connecting) go on listening to close the late ones the same way, until closed again.
+        """
         with self._lock:
             self._closed = True
+            self._lingering = linger
             conns = list(self._conns)
         for conn in conns:
             _shut(conn)
+        if linger:
+            return
         try:
             self._sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
         except OSError:

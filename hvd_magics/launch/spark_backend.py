@@ -34,8 +34,11 @@ from hvd_magics.task.spark_task import TaskSpec
 #: How long to wait for executors to register before saying the cluster is too small.
 SLOT_WAIT_S = 5.0
 #: After the channel closed (its supervisors kill their ranks), how long the stage may take to
-#: end by itself before it is cancelled.
+#: end by itself before it is cancelled...
 CANCEL_AFTER_S = 3.0
+#: ...or, while some of its tasks have not yet reached the channel (their Python is starting;
+#: each is turned away as it does and ends quietly), how long in all.
+CANCEL_LATE_TASKS_AFTER_S = 15.0
 #: How long a Spark Connect server may take to accept a connection before it counts as gone.
 CONNECT_PROBE_S = 2.0
 #: How long the cancel of a Connect job may take (pyspark retries for ten minutes otherwise).
@@ -592,14 +595,21 @@ class SparkBackend:
         ``CANCEL_AFTER_S`` (a cancelled stage makes Spark warn of killed tasks in the user's
         next cells)."""
         if self._server is not None:
-            self._server.close()
+            self._server.close(linger=not self.finished)  # closed for good once it ended
         if self._thread is not None and self.live:
+            began = time.monotonic()
             self._thread.join(CANCEL_AFTER_S)
+            while self._thread.is_alive() and self._server is not None and \
+                    len(self._server.greeted) < self.np and \
+                    time.monotonic() - began < CANCEL_LATE_TASKS_AFTER_S:
+                self._thread.join(0.1)
         if self._group and not self.finished:
             if self.connect:
                 self._interrupt_connect()
             else:
                 self.sc.cancelJobGroup(self._group)
+        if self._server is not None and self.finished:
+            self._server.close()  # no task connects any more
 
     def _server_is_gone(self) -> bool:
         """Whether this Connect session's server is gone (asked once it is: it stays gone); its

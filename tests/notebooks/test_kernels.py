@@ -203,3 +203,32 @@ def test_a_fit_refused_for_nulls_leaves_only_its_error_in_the_cell():
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+def test_a_background_job_stopped_during_its_start_says_stopped_and_nothing_else():
+    """job.stop() while the tasks were still starting dumped Spark's ERROR Executor tracebacks
+    into the cell, with a TaskSetupError advising HVD_MAGICS_DRIVER_HOST (the stop had closed
+    the channel the tasks were connecting to)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    manager, client = start_new_kernel(kernel_name="python3", env=env)  # JVM stderr in cells
+    try:
+        _run(client, "%load_ext hvd_magics")
+        _run(client, "from pyspark.sql import SparkSession\n"
+                     "spark = SparkSession.builder.master('local[2]').getOrCreate()\n"
+                     "spark.range(1).count()")
+        shown = _run(client, "import time\nfrom hvd_magics import HorovodRunner\n"
+                             "def train():\n    import time\n    time.sleep(60)\n"
+                             "for delay in (0.0, 0.3, 1.0, 2.0):\n"
+                             "    job = HorovodRunner(np=2).start(train)\n"
+                             "    time.sleep(delay)  # stopped at another point of its start\n"
+                             "    job.stop()\n"
+                             "    try:\n        job.wait()\n"
+                             "    except KeyboardInterrupt as exc:\n"
+                             "        print('stopped:', str(exc)[:40])\n")
+        shown += _run(client, "spark.range(1).count()")  # what the JVM printed late
+        assert shown.count("stopped: stopped 2 rank processes") == 4, shown
+        for noise in ("ERROR", "Exception in task", "TaskSetupError", "Lost task", "WARN"):
+            assert noise not in shown, shown
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
