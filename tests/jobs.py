@@ -798,3 +798,10 @@ def keras_3_with_horovod_callbacks():
     model.compile(loss="mse")
     model.fit(np.zeros((8, 2)), np.zeros(8), epochs=1, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+
+
+def module_value(name: str):
+    """``VALUE`` of module ``name`` (imported, or as the rank already holds it)."""
+    import importlib
+
+    return importlib.import_module(name).VALUE

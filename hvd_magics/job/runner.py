@@ -469,10 +469,25 @@ def launch(request: LaunchRequest) -> RunRecord:
             + "; nothing is left running. " + where_they_were + "The log of every rank: "
             + str(log_path)) from None
     if failure is not None:
+        note = note or (_diverged_note(job) if backend.keeps_ranks else "")
         if note and isinstance(failure, HorovodJobError):
             failure.add_summary(note)
         raise failure
     return record
+
+
+def _diverged_note(job: JobState) -> str:
+    """On a warm pool, when some ranks finished the cell and others did not: their variables
+    now differ (each kept what its cell assigned before it ended)."""
+    finished = job.finished_ranks()
+    others = [r.rank for r in job.ranks if r.rank not in finished]
+    if not finished or not others:
+        return ""
+    def name(ranks: list[int]) -> str:
+        return f"{job.unit}{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+    return (f"{name(finished)} finished the cell and {name(others)} did not: the ranks' "
+            "variables now differ (each kept what its cell assigned before it ended). Fix: run "
+            "a cell that sets them again on every rank, or %hvd_pool restart.")
 
 
 def _wind_down(backend: Any, job: JobState, events: queue.Queue, clean: bool) -> None:

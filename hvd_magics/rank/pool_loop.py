@@ -17,8 +17,23 @@ import os
 import signal
 import sys
 
-from hvd_magics.protocol import CELL_END_LINE, RESULT, STARTED, decode_job
+from hvd_magics.protocol import CELL_END_LINE, ENV_RANK, RESULT, STARTED, decode_job
 from hvd_magics.rank import cell_timeline, rank_events
+from hvd_magics.rank.module_reload import ModuleWatch
+
+
+#: The user's modules this rank imported, reloaded when their files change.
+_MODULES = ModuleWatch()
+
+
+def _reload_user_modules() -> None:
+    """Reload the user's modules whose files changed since the rank imported them; rank 0 says
+    so (raises what a module's new code raised)."""
+    reloaded = _MODULES.reload_changed()
+    if reloaded and os.environ.get(ENV_RANK, "0") == "0":
+        print(f"hvd_magics: reloaded {', '.join(reloaded)} on the pool's ranks (changed since "
+              "they imported it; its module-level state starts again)", file=sys.stderr,
+              flush=True)
 
 
 def run_one(payload: bytes) -> None:
@@ -26,6 +41,11 @@ def run_one(payload: bytes) -> None:
     from hvd_magics.rank.rank_main import report_error, run_job
 
     rank_events.emit(STARTED, pid=os.getpid())
+    try:
+        _reload_user_modules()
+    except Exception as exc:  # noqa: BLE001 - the cell fails with it, as a cold import would
+        report_error(exc)
+        return
     with cell_timeline.recording():
         signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
@@ -50,6 +70,7 @@ def serve_cells() -> None:
         try:
             run_one(payload)
         finally:
+            _MODULES.remember()
             _restore_environ(before)
             sys.stdout.flush()
             sys.stderr.flush()

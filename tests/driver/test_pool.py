@@ -47,6 +47,8 @@ def test_a_failing_rank_fails_the_run_and_the_pool_keeps_every_namespace(pool):
         pool.run(jobs.raise_on_rank, bad_rank=1)
     assert info.value.failures[0].rank == 1 and "boom from rank 1" in str(info.value)
     assert "restarted" not in str(info.value)
+    assert "Rank 0 finished the cell and rank 1 did not: the ranks' variables now differ" in \
+        str(info.value)
     assert pool.run(jobs.pool_read, name="kept") == ("yes", pids)
 
 
@@ -185,3 +187,24 @@ def test_a_rank_killed_during_a_run_fails_it_and_the_pool_comes_back(pool):
         pool.run(jobs.fail_on_rank, bad_rank=1, how="kill")
     assert "The ranks were restarted: the pool lost rank 1" in str(info.value), str(info.value)
     assert pool.run(jobs.pool_read, name="kept")[0] is None
+
+
+def test_a_users_module_edited_between_cells_is_reloaded_on_the_ranks(tmp_path, capfd):
+    """The pool's ranks kept the old code of a module from the user's folder (cold ranks saw
+    the new)."""
+    module = tmp_path / "user_helpers_mod.py"
+    module.write_text("VALUE = 1\n")
+    with HorovodPool(np=-2, env={"PYTHONPATH": str(tmp_path)}) as pool:
+        assert pool.run(jobs.module_value, name="user_helpers_mod") == 1
+        module.write_text("VALUE = 2  # edited\n")
+        assert pool.run(jobs.module_value, name="user_helpers_mod") == 2
+        shown = "".join(capfd.readouterr())
+        assert "hvd_magics: reloaded user_helpers_mod on the pool's ranks" in shown, shown
+        assert shown.count("reloaded user_helpers_mod") == 1  # said by rank 0 only
+        assert pool.run(jobs.module_value, name="user_helpers_mod") == 2
+        assert "reloaded" not in "".join(capfd.readouterr())  # unchanged: not again
+        module.write_text("VALUE = = 3\n")  # a broken edit fails the cell, as a cold import
+        with pytest.raises(HorovodJobError, match="SyntaxError"):
+            pool.run(jobs.module_value, name="user_helpers_mod")
+        module.write_text("VALUE = 4\n")
+        assert pool.run(jobs.module_value, name="user_helpers_mod") == 4
