@@ -43,6 +43,45 @@ def pytest_collection_modifyitems(config, items) -> None:  # noqa: ARG001 - pyte
         item.add_marker(TIERS[folder])
 
 
+def _cpu_seconds() -> tuple[float, float]:
+    """``(busy, all)`` CPU seconds of the whole machine since boot, from /proc/stat."""
+    with open("/proc/stat") as stat:
+        fields = [float(v) for v in stat.readline().split()[1:]]
+    ticks = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return (sum(fields) - idle) / ticks, sum(fields) / ticks
+
+
+_TIMES: dict = {"tiers": {}, "began": None, "cpu": None}
+
+
+def pytest_sessionstart(session) -> None:  # noqa: ARG001 - pytest's hook
+    _TIMES["began"], _TIMES["cpu"] = time.monotonic(), _cpu_seconds()
+
+
+def pytest_runtest_logreport(report) -> None:
+    """Add each test's setup, call and teardown time to its tier (its folder)."""
+    parts = Path(report.fspath).parts
+    folder = parts[parts.index("tests") + 1] if "tests" in parts[:-1] else "?"
+    _TIMES["tiers"][folder] = _TIMES["tiers"].get(folder, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The time of each tier and how busy the machine's cores were over the run, so a slower
+    suite shows where it got slower."""
+    if _TIMES["began"] is None or not _TIMES["tiers"]:
+        return
+    wall = time.monotonic() - _TIMES["began"]
+    busy_before, all_before = _TIMES["cpu"]
+    busy, everything = _cpu_seconds()
+    share = (busy - busy_before) / max(everything - all_before, 1e-9)
+    terminalreporter.section("time per tier")
+    for folder, seconds in sorted(_TIMES["tiers"].items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{folder:<16} {seconds:8.1f} s")
+    terminalreporter.write_line(f"{'all':<16} {wall:8.1f} s wall; the {os.cpu_count()} cores "
+                                f"were {share:.0%} busy (the whole machine, from /proc/stat)")
+
+
 def _stop_active() -> None:
     from pyspark.sql import SparkSession
 
