@@ -1,13 +1,16 @@
 """hvd_magics: run a notebook cell as a distributed Horovod job on Spark.
 
-``%load_ext hvd_magics`` registers ``%%horovod``, ``%hvd_pool``, ``%hvd_timeline`` and
-``%hvd_mlflow``;
-:class:`HorovodRunner` is the Python API beneath them, compatible with Databricks' ``sparkdl.HorovodRunner``.
+``%load_ext hvd_magics`` registers ``%%horovod``, ``%hvd_pool``, ``%hvd_stacks``,
+``%hvd_timeline`` and ``%hvd_mlflow``; :class:`HorovodRunner` is the Python API beneath them,
+compatible with Databricks' ``sparkdl.HorovodRunner`` (with :class:`HorovodPool`,
+:class:`TorchDistributor` and :class:`HorovodEstimator` beside it).
 
-The package is split by where code runs: ``notebook/`` (the kernel's front end), ``job/`` (the
-driver while a job runs), ``launch/`` (starting ranks), ``task/`` (a Spark task supervising its
-rank), ``rank/`` (inside a rank process); ``protocol``, ``channel``, ``result_codec`` and
-``errors`` are shared. The public names below are loaded on first use, so that a rank importing
+The package is split by where code runs, each floor importing only its own and the ones below
+(``tests/unit/test_layout.py`` holds the table): ``notebook/`` (the kernel's magics),
+``estimator/`` (the MLlib estimator, on the driver), ``job/`` (the driver while a job runs),
+``launch/`` (starting ranks and bringing them data), ``task/`` (a Spark task supervising its
+rank), ``rank/`` (inside a rank process); ``protocol``, ``channel``, ``options``,
+``result_codec`` and ``errors`` are shared by all. The public names below are loaded on first use, so that a rank importing
 ``hvd_magics.rank`` never loads the driver side.
 """
 from __future__ import annotations

@@ -110,6 +110,31 @@ class HorovodJobError(HorovodMagicsError, RuntimeError):
             lines.append(f"  full logs: {self.log_path}")
         return "\n".join(lines)
 
+    def raise_exception(self, index: int = 0) -> None:
+        """Raise failed rank ``index``'s own exception (the first failure by default), as a
+        local one of its type, so that ``except ValueError`` around a job can work (as
+        ipyparallel's ``CompositeError.raise_exception``).
+
+        The exception is made anew from its type and message: a built-in type, or one whose
+        module the notebook has imported (``horovod``'s, your own). Its ``__cause__`` is this
+        error, whose traceback is the rank's.
+
+        Raises
+        ------
+        Exception
+            The rank's exception, or this error itself when its type cannot be made here (a
+            rank that died without one, a type the notebook has not imported).
+        """
+        failure = self.failures[index]
+        kind = _exception_type(failure)
+        try:
+            exc = kind(failure.message) if kind is not None else None
+        except Exception:  # noqa: BLE001 - a type that wants other arguments
+            exc = None
+        if exc is None:
+            raise self
+        raise exc from self
+
     def _render_traceback_(self) -> list[str]:
         """What IPython shows instead of a driver-side traceback: each failed rank's own."""
         out = [f"{type(self).__name__}: {self.summary}"]
@@ -133,6 +158,24 @@ class HorovodJobError(HorovodMagicsError, RuntimeError):
         if self.log_path:
             out.append(f"\nfull logs of every rank: {self.log_path}")
         return out
+
+
+def _exception_type(failure: RankFailure) -> type | None:
+    """The exception class a rank raised, when it can be found here without importing: a
+    built-in, or from a module already imported (its name from the traceback's last line)."""
+    import builtins
+    import sys
+
+    kind = getattr(builtins, failure.error, None)
+    if isinstance(kind, type) and issubclass(kind, Exception):
+        return kind
+    last = failure.traceback.rstrip().rsplit("\n", 1)[-1]
+    qualified = last.split(":", 1)[0].strip()
+    module, _, name = qualified.rpartition(".")
+    if name != failure.error or module not in sys.modules:
+        return None
+    kind = getattr(sys.modules[module], name, None)
+    return kind if isinstance(kind, type) and issubclass(kind, Exception) else None
 
 
 class JobInterrupted(KeyboardInterrupt):

@@ -1,4 +1,7 @@
-"""The IPython front end: ``%%horovod`` (and ``%hvd_timeline``, ``%hvd_mlflow``)."""
+"""The IPython front end: ``%%horovod`` (a cell as a job: cold, on the warm pool, or in the
+background), ``%hvd_pool``, ``%hvd_stacks``, ``%hvd_timeline`` and ``%hvd_mlflow``. Each parses
+its line (``np=4`` style tokens and a trailing ``# comment`` too) and turns a user's mistake into
+one ``UsageError`` line; the work is ``HorovodRunner``'s."""
 from __future__ import annotations
 
 import re

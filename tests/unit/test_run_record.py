@@ -52,3 +52,26 @@ def test_one_error_of_every_rank_is_said_once():
     assert "[rank 2] rank 2 on h: ValueError: other" in rendered
     assert "[rank 2] ValueError: other" in rendered  # another error keeps its traceback
     assert str(err).count(message) == 1 and "rank 1 on h: the same WrongEngineError" in str(err)
+
+
+def test_a_ranks_own_exception_can_be_raised_again_as_its_type():
+    """So that ``except ValueError`` around a job works (ipyparallel's raise_exception)."""
+    import pytest
+
+    failures = [RankFailure(1, "h", 1, "ValueError", "bad shape", "Traceback...\nValueError: "
+                            "bad shape"),
+                RankFailure(0, "h", 1, "ShardError", "no column",
+                            "Traceback...\nhvd_magics.errors.ShardError: no column"),
+                RankFailure(2, "h", 1, "Mystery", "?", "Traceback...\nnowhere.Mystery: ?"),
+                RankFailure(3, "h", -9)]
+    err = HorovodJobError("4 of 4 ranks failed", failures)
+    with pytest.raises(ValueError, match="bad shape") as info:
+        err.raise_exception()
+    assert info.value.__cause__ is err
+    from hvd_magics.errors import ShardError
+
+    with pytest.raises(ShardError, match="no column"):
+        err.raise_exception(1)
+    for index in (2, 3):  # a type not imported here, a rank killed without one
+        with pytest.raises(HorovodJobError):
+            err.raise_exception(index)
