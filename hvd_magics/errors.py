@@ -43,10 +43,14 @@ class RankFailure:
     #: What ``rank`` counts: ``"rank"``, or ``"task"`` in an elastic job (whose ranks change).
     unit: str = "rank"
 
+    def place(self) -> str:
+        """Which rank and where: ``rank 1 on host``."""
+        who = f"{self.unit} {self.rank}"
+        return f"{who} on {self.host}" if self.host else who
+
     def headline(self) -> str:
         """One line: which rank, where, and what happened."""
-        who = f"{self.unit} {self.rank}"
-        where = f"{who} on {self.host}" if self.host else who
+        where = self.place()
         if self.error:
             return f"{where}: {self.error}: {self.message}".rstrip(": ")
         if self.exit_code is not None and self.exit_code < 0:
@@ -135,9 +139,21 @@ class HorovodJobError(HorovodMagicsError, RuntimeError):
             raise self
         raise exc from self
 
+    def _header(self) -> str:
+        """The summary, less the first rank's message when its traceback, shown next, ends with
+        it (said once)."""
+        first = self.failures[0] if self.failures else None
+        if first is None or self._line(0) is not None:
+            return self.summary
+        trace = first.traceback.rstrip().splitlines()
+        if not trace or not trace[-1].endswith(f"{first.error}: {first.message}"):
+            return self.summary
+        return (f"{self.summary[:-len(first.headline())]}{first.place()}: {first.error} "
+                "(its traceback below)")
+
     def _render_traceback_(self) -> list[str]:
         """What IPython shows instead of a driver-side traceback: each failed rank's own."""
-        out = [f"{type(self).__name__}: {self.summary}"]
+        out = [f"{type(self).__name__}: {self._header()}"]
         for index, failure in enumerate(self.failures[:MAX_RANKS_SHOWN]):
             label = f"[rank {failure.rank}]"
             line = self._line(index)
@@ -145,9 +161,6 @@ class HorovodJobError(HorovodMagicsError, RuntimeError):
             # a repeated error's traceback is the first one's again
             trace = failure.traceback.rstrip().splitlines() if self._repeats(index) is None \
                 else []
-            if line is None and trace and trace[-1].endswith(f"{failure.error}: "
-                                                             f"{failure.message}"):
-                trace = trace[:-1]  # the summary said its last line
             out += [f"{label} {ln}" for ln in trace]
             if failure.output_tail:
                 out.append(f"{label} last {len(failure.output_tail)} lines of output:")

@@ -101,16 +101,21 @@ def _end_torch() -> None:
         if dist is None or not dist.is_available() or not dist.is_initialized():
             return
         store = dist.distributed_c10d._get_default_store()  # noqa: SLF001 - the group's own
-        store.set(f"{_LEFT_KEY}{dist.get_rank()}", "1")
-        store.wait([f"{_LEFT_KEY}{rank}" for rank in range(dist.get_world_size())],
-                   datetime.timedelta(days=7))
+        me, size = dist.get_rank(), dist.get_world_size()
+        store.set(f"{_LEFT_KEY}{me}", "1")
+        store.wait([f"{_LEFT_KEY}{rank}" for rank in range(size)], datetime.timedelta(days=7))
+        store.set(f"{_GONE_KEY}{me}", "1")
+        if me == 0:  # it holds the store: the others must be done with it first
+            store.wait([f"{_GONE_KEY}{rank}" for rank in range(size)],
+                       datetime.timedelta(seconds=60))
         dist.destroy_process_group()
     except Exception as exc:  # noqa: BLE001 - a peer that failed is reported by its own rank
         print(f"hvd_magics: leaving torch.distributed failed: {_safe_str(exc)}", file=sys.stderr)
 
 
-#: The store key a rank sets when it leaves its torch.distributed group (its rank appended).
-_LEFT_KEY = "hvd_magics/left/"
+#: The store keys a rank sets when it leaves its torch.distributed group (its rank appended), and
+#: once it no longer waits on the store (rank 0, which holds the store, waits for those).
+_LEFT_KEY, _GONE_KEY = "hvd_magics/left/", "hvd_magics/gone/"
 
 
 def end_engine() -> None:

@@ -121,7 +121,8 @@ def test_the_drop_in_runs_a_file_with_its_arguments(tmp_path, capsys):
     distributor = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False)
     assert distributor.run(str(script), "--learning-rate=1e-3") is None
     assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["0.001 2.0"] * 2
-    with pytest.raises(HorovodJobError, match="rank 0 on localhost: SystemExit: 2"):
+    with pytest.raises(HorovodJobError, match=r"the first was rank [01] on localhost: SystemExit: "
+                                              r"2\n  rank [01] on localhost: the same SystemExit"):
         distributor.run(str(script), "--nope")
     assert "[0] train.py: error: unrecognized arguments: --nope" in capsys.readouterr().out
 

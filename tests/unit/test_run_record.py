@@ -46,7 +46,10 @@ def test_one_error_of_every_rank_is_said_once():
                           failures, "/tmp/log")
     rendered = "\n".join(err._render_traceback_())
     assert rendered.count(message) == 1, rendered
+    assert rendered.startswith("HorovodJobError: 3 of 3 ranks failed; the first was rank 0 on h: "
+                               "WrongEngineError (its traceback below)\n"), rendered
     assert "[rank 0]     hvd.init()" in rendered  # where it was called, still shown
+    assert f"[rank 0] hvd_magics.rank.engine_guard.WrongEngineError: {message}" in rendered
     assert "[rank 1] rank 1 on h: the same WrongEngineError" in rendered
     assert "[rank 1]   out 1" in rendered  # each rank's own output stays
     assert "[rank 2] rank 2 on h: ValueError: other" in rendered
