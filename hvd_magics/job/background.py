@@ -13,15 +13,11 @@ import threading
 import time
 from typing import Any, Callable
 
-from hvd_magics.job.live_job import LiveJob
+from hvd_magics.job.live_job import HANDLE_STOP_WAIT_S, LiveJob
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.session import SESSION
-from hvd_magics.job.stacks import JobStacks
+from hvd_magics.job.stacks import STACKS_WAIT_S, JobStacks
 
-#: How long :meth:`BackgroundJob.stacks` waits for the ranks' answers.
-STACKS_WAIT_S = 2.0
-#: How long stopping a job waits for it to wind down (its ranks stopped, its Spark job ended).
-STOP_WAIT_S = 60.0
 
 
 class BackgroundJob:
@@ -104,12 +100,12 @@ class BackgroundJob:
         """Stop the job as an interrupt would (every rank stopped; a pool keeps its ranks);
         return once it wound down. ``wait()`` then raises ``JobInterrupted``."""
         self._live.stop.set()
-        self._thread.join(STOP_WAIT_S)
+        self._thread.join(HANDLE_STOP_WAIT_S)
 
     def stacks(self, wait: float = STACKS_WAIT_S) -> JobStacks:
         """Where each rank is now: its Python stacks, taken without stopping it."""
         job, backend = self._live.job, self._live.backend
-        if self.done() or job is None or not hasattr(backend, "request_stacks"):
+        if self.done() or job is None or backend is None:
             return JobStacks()
         began = time.monotonic()
         running, starting = set(job.running_ranks()), job.starting_ranks()
@@ -156,7 +152,7 @@ def _stop_jobs_at_exit() -> None:
     for job in jobs():
         job._live.stop.set()
     for job in jobs():
-        job._thread.join(STOP_WAIT_S)
+        job._thread.join(HANDLE_STOP_WAIT_S)
 
 
 atexit.register(_stop_jobs_at_exit)

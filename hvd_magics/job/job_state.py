@@ -19,6 +19,7 @@ from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, EPOCH_BEGIN, EPOCH_
                                  LEAVING, OUTPUT, OUTPUT_PARTIAL, PROGRESS, RESIZE, RESULT, SHARDING,
                                  SLOT_OFFER, STACKS, STARTED, TASK_ERROR, TASK_STARTED,
                                  TIMELINE_CHUNK, TIMELINE_LOCAL)
+from hvd_magics.launch.backend import Backend
 from hvd_magics.job.noise import is_noise
 
 #: Error texts of a rank that failed only because a peer went away (not the root cause).
@@ -316,7 +317,7 @@ class JobState:
                             f"hvd_magics: silent for {self.stall_after:.0f} s, in "
                             f"{state.stalled_at}\n")
 
-    def request_stacks(self, backend: Any, prefix: str = "") -> str:
+    def request_stacks(self, backend: Backend, prefix: str = "") -> str:
         """Ask the backend's ranks for their stacks; the request id, whose answers
         :attr:`stacks` gathers."""
         request = f"{prefix}{uuid.uuid4().hex[:8]}"

@@ -6,6 +6,14 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from hvd_magics.launch.backend import Backend
+
+#: How long to wait for the Spark job / rank processes to end after a stop...
+STOP_WAIT_S = 30.0
+#: ...and how long a handle's ``stop()`` waits for the whole wind-down (that wait, then the
+#: clean-up and the record).
+HANDLE_STOP_WAIT_S = 2 * STOP_WAIT_S
+
 
 @dataclass
 class LiveJob:
@@ -15,7 +23,7 @@ class LiveJob:
     ----------
     job : JobState or None
         The driver's picture of the job (its ranks, their stacks), once it started.
-    backend : object or None
+    backend : Backend or None
         Where the ranks run (what takes their stacks).
     record : RunRecord or None
         The job's record (its status is ``running`` until it ended).
@@ -26,7 +34,7 @@ class LiveJob:
     """
 
     job: Any = None
-    backend: Any = None
+    backend: Backend | None = None
     record: Any = None
     stop: threading.Event = field(default_factory=threading.Event)
     started: threading.Event = field(default_factory=threading.Event)

@@ -406,6 +406,8 @@ class PoolCell:
     drained = True
     reads_data = False
     live = True
+    #: A cell's rows were dealt (and checked) before it started: nothing is refused here.
+    refused: str | None = None
 
     def __init__(self, pool: HorovodPool, env: Mapping[str, str],
                  rank_envs: list[dict[str, str]]) -> None:

@@ -20,8 +20,8 @@ from hvd_magics.errors import (DataRefused, HorovodJobError, JobInterrupted, Job
 from hvd_magics.job.job_state import (LOST, STALL_AFTER_S, STALL_REQUEST, WAITING, JobState,
                                       JobView)
 from hvd_magics.job.background import BackgroundJob
-from hvd_magics.job.live_job import LiveJob
-from hvd_magics.job.stacks import UNEVEN_FIX, JobStacks, collective_of
+from hvd_magics.job.live_job import STOP_WAIT_S, LiveJob
+from hvd_magics.job.stacks import STACKS_WAIT_S, UNEVEN_FIX, JobStacks, collective_of
 from hvd_magics.job.stacks import where as stack_where
 from hvd_magics.job.mlflow_run import MlflowSettings, MlflowTracker, requested
 from hvd_magics.launch.dataframe_input import check_columns, common_session
@@ -33,6 +33,7 @@ from hvd_magics.result_codec import VALUE, ResultDecodeError, decode_strict
 from hvd_magics.job.run_logs import prune_old_runs, runs_dir
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.session import SESSION
+from hvd_magics.launch.backend import Backend
 from hvd_magics.launch.local_ranks import reap_local_ranks
 from hvd_magics.launch import interrupt_guard
 from hvd_magics.launch.spark_backend import (SparkBackend, active_session, is_connect,
@@ -47,10 +48,6 @@ from hvd_magics.job.widgets_view import WidgetView, widgets_available
 
 #: After the first rank fails, how long to gather the other ranks' errors before stopping them.
 FAILURE_GRACE_S = 1.0
-#: How long to wait for the Spark job / rank processes to end after a stop.
-STOP_WAIT_S = 30.0
-#: How long the driver waits for the ranks' stacks (a stall, ``--timeout``, ``%hvd_stacks``).
-STACKS_WAIT_S = 2.0
 #: The same at an interrupt, which should stop the job at once.
 INTERRUPT_STACKS_WAIT_S = 1.0
 #: After a rank finished the job's code, how long a peer may wait in a collective before its
@@ -343,7 +340,7 @@ class HorovodRunner:
             self.elastic_timeout, self.reset_limit, self.pool, self.timeout, self.stall_after)
 
 
-def _make_backend(request: LaunchRequest) -> Any:
+def _make_backend(request: LaunchRequest) -> Backend:
     np, env, sources = request.size, request.rank_env(), request.payload.sources
     if request.pool is not None:
         return request.pool.cell(request.env, sources)
@@ -490,7 +487,7 @@ def _diverged_note(job: JobState) -> str:
             "a cell that sets them again on every rank, or %hvd_pool restart.")
 
 
-def _wind_down(backend: Any, job: JobState, events: queue.Queue, clean: bool) -> None:
+def _wind_down(backend: Backend, job: JobState, events: queue.Queue, clean: bool) -> None:
     """Stop the job unless it ended by itself, wait for the Spark job, take what arrived, and
     make sure no rank process is left on this host."""
     if not clean:
@@ -522,7 +519,7 @@ def _follow(job: JobState, events: queue.Queue) -> float:
     return time.monotonic()
 
 
-def collect_stacks(job: JobState, backend: Any, events: queue.Queue,
+def collect_stacks(job: JobState, backend: Backend, events: queue.Queue,
                    wait: float = STACKS_WAIT_S) -> JobStacks:
     """Ask every running rank where it is; wait up to ``wait`` seconds for the answers (the
     job's other events are applied meanwhile)."""
@@ -530,7 +527,7 @@ def collect_stacks(job: JobState, backend: Any, events: queue.Queue,
     # every rank that has not exited is waited for: following the job's events meanwhile also
     # records the pids of ranks that just started (an interrupt's clean-up needs them)
     waiting = set(job.running_ranks()) | set(job.starting_ranks())
-    if not waiting or not hasattr(backend, "request_stacks"):
+    if not waiting:
         return JobStacks(starting=job.starting_ranks())
     request = job.request_stacks(backend)
     while time.monotonic() - began < wait and not waiting <= set(job.stacks[request]):
@@ -541,7 +538,7 @@ def collect_stacks(job: JobState, backend: Any, events: queue.Queue,
                      sorted(unanswered & starting))
 
 
-def _where_on_interrupt(job: JobState, backend: Any, events: queue.Queue) -> str:
+def _where_on_interrupt(job: JobState, backend: Backend, events: queue.Queue) -> str:
     """``" Where each rank was:"`` and a line per rank, or ``""`` when none answered (the ranks
     had gone already: on classic Spark, pyspark cancels the job at the interrupt)."""
     stacks = collect_stacks(job, backend, events, INTERRUPT_STACKS_WAIT_S)
@@ -550,7 +547,7 @@ def _where_on_interrupt(job: JobState, backend: Any, events: queue.Queue) -> str
     return f"Where each {job.unit} was:\n" + stacks.summary(job.unit) + "\n"
 
 
-def left_behind(job: JobState, backend: Any, events: queue.Queue, now: float,
+def left_behind(job: JobState, backend: Backend, events: queue.Queue, now: float,
                 seen: dict[str, Any]) -> str | None:
     """Why the job cannot end, when ranks finished its code while a peer waits, alone, in a
     collective they will never enter (found twice :data:`LEFT_BEHIND_S` apart); else ``None``.
@@ -583,7 +580,7 @@ def left_behind(job: JobState, backend: Any, events: queue.Queue, now: float,
             f"was stopped. {UNEVEN_FIX}")
 
 
-def mismatched(job: JobState, backend: Any, events: queue.Queue, now: float,
+def mismatched(job: JobState, backend: Backend, events: queue.Queue, now: float,
                seen: dict[str, Any]) -> str | None:
     """Why the job cannot end, when every rank has stalled (silent for the stall time) in a
     collective of another name than a peer's (``all_reduce`` against ``broadcast``), found
@@ -603,17 +600,17 @@ def mismatched(job: JobState, backend: Any, events: queue.Queue, now: float,
     return f"{mismatch[0].upper()}{mismatch[1:]}; the job was stopped. {UNEVEN_FIX}"
 
 
-def _ask_stalled(job: JobState, backend: Any, now: float, asked: set[int]) -> None:
+def _ask_stalled(job: JobState, backend: Backend, now: float, asked: set[int]) -> None:
     """Take the stacks of ranks that just went silent (their answer tells the views where they
     are); a rank that speaks again may be asked again when it next goes silent."""
     stalled = {r.rank for r in job.ranks if r.stalled_for(now, job.stall_after) is not None}
     asked &= stalled
-    if stalled - asked and hasattr(backend, "request_stacks"):
+    if stalled - asked:
         job.request_stacks(backend, STALL_REQUEST)
         asked |= stalled
 
 
-def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: float,
+def _watch(job: JobState, backend: Backend, events: queue.Queue, start_timeout: float,
            timeout: float | None = None, stop: threading.Event | None = None) -> None:
     """Follow the job until every rank exited; raise when it failed (``launch`` stops it)."""
     started = time.monotonic()
@@ -667,7 +664,7 @@ def _watch(job: JobState, backend: Any, events: queue.Queue, start_timeout: floa
     failures = job.failures()
     if not failures and job.all_exited:
         return
-    refused = backend.refused if isinstance(backend, SparkBackend) else None
+    refused = backend.refused
     if refused and not failures:
         job.refused = True
         raise DataRefused(refused, log_path=str(job.log_path))
@@ -703,7 +700,7 @@ def _uneven_note(job: JobState, first: RankFailure) -> str:
             f"which then failed. {UNEVEN_FIX} ")
 
 
-def _watch_elastic(job: JobState, backend: Any, events: queue.Queue,
+def _watch_elastic(job: JobState, backend: Backend, events: queue.Queue,
                    stop: threading.Event | None = None) -> None:
     """Follow an elastic job until Horovod's elastic driver and the stage ended; raise when
     the job failed as a whole (a rank lost on the way is a reset, not a failure)."""
@@ -752,7 +749,7 @@ def _finish(record: RunRecord, job: JobState) -> None:
     job.end()
 
 
-def _reap_local_ranks(job: JobState, backend: Any) -> None:
+def _reap_local_ranks(job: JobState, backend: Backend) -> None:
     """Make sure the job's rank processes on this host are gone before the driver says the job
     is over (unless the backend keeps its ranks: a warm pool's)."""
     if not backend.keeps_ranks:

@@ -14,6 +14,8 @@ from typing import Any
 
 #: ``.../site-packages/horovod/torch/mpi_ops.py`` is shown as ``horovod/torch/mpi_ops.py``.
 _PACKAGE_ROOT = re.compile(r".*[\\/](?:site|dist)-packages[\\/]")
+#: How long the driver waits for the ranks' stacks (a stall, ``--timeout``, ``%hvd_stacks``).
+STACKS_WAIT_S = 2.0
 #: Most frames printed per thread (the innermost).
 SHOWN_FRAMES = 12
 #: The files of each engine's collectives: a rank whose innermost frame is in one waits for its

@@ -79,6 +79,8 @@ class DriverBackend:
 
     #: Events go straight onto the queue: nothing is ever on its way once the ranks ended.
     drained = True
+    #: Ranks on the driver read no DataFrame rows: nothing is refused.
+    refused: str | None = None
     #: Ranks on the driver never read DataFrames, and their events always stream live.
     reads_data = False
     live = True

@@ -156,3 +156,24 @@ def test_the_architecture_page_lists_every_module_once():
     actual = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
                     if p.name != "__init__.py")
     assert sorted(listed) == actual
+
+
+def test_every_backend_has_what_the_runner_asks_of_a_backend():
+    """The runner types its backend as the Backend Protocol and asks no hasattr of it."""
+    from hvd_magics.job.pool import PoolCell
+    from hvd_magics.launch.backend import Backend
+    from hvd_magics.launch.driver_backend import DriverBackend
+    from hvd_magics.launch.elastic_backend import ElasticSparkBackend
+    from hvd_magics.launch.spark_backend import SparkBackend
+
+    members = {name for name in vars(Backend) if not name.startswith("_")} | set(
+        Backend.__annotations__)
+    assert {"start", "stop", "join", "refused", "request_stacks", "where"} <= members
+    for kind in (DriverBackend, SparkBackend, ElasticSparkBackend, PoolCell):
+        instance_attributes = {"where", "restart_note"}  # set in __init__
+        missing = {m for m in members - instance_attributes if not hasattr(kind, m)}
+        assert not missing, f"{kind.__name__} lacks {sorted(missing)}"
+    from pathlib import Path
+
+    runner = (Path(hvd_magics.__file__).parent / "job" / "runner.py").read_text()
+    assert "hasattr(backend" not in runner and "isinstance(backend" not in runner

@@ -1,0 +1,60 @@
+"""What the runner asks of every backend, written once: a Spark barrier stage
+(:class:`~hvd_magics.launch.spark_backend.SparkBackend`), an elastic stage
+(:class:`~hvd_magics.launch.elastic_backend.ElasticSparkBackend`), ranks as processes on the
+driver (:class:`~hvd_magics.launch.driver_backend.DriverBackend`) and one cell of a warm pool
+(:class:`hvd_magics.job.pool.PoolCell`). Each implements it; no caller asks ``hasattr`` or
+``isinstance`` of a backend (``tests/unit/test_layout.py`` checks every member is there).
+"""
+from __future__ import annotations
+
+import queue
+from typing import Protocol
+
+
+class Backend(Protocol):
+    """Starts a job's ranks, tells the runner how they are doing, and stops them."""
+
+    #: Where the ranks run, for people: ``spark local[2]``, ``driver (warm pool)``.
+    where: str
+    #: Whether the ranks outlive the job (a warm pool's cell).
+    keeps_ranks: bool
+    #: What a warm pool says after a cell's error when it restarted its ranks (else ``""``).
+    restart_note: str
+
+    def start(self, payload: bytes, job_id: str, events: queue.Queue) -> None:
+        """Start the ranks on ``payload``; their events go to ``events``."""
+
+    @property
+    def live(self) -> bool:
+        """Whether events arrive while the job runs (not only at its end)."""
+
+    @property
+    def reads_data(self) -> bool:
+        """Whether the ranks wait for DataFrame rows (the start clock begins when they arrive)."""
+
+    @property
+    def finished(self) -> bool:
+        """Whether the job has ended (the Spark stage, the rank processes, the cell)."""
+
+    @property
+    def drained(self) -> bool:
+        """Whether everything the ranks sent has arrived."""
+
+    @property
+    def refused(self) -> str | None:
+        """Why the tasks refused the job's rows before any rank got it, or ``None``."""
+
+    def request_stacks(self, request: str) -> None:
+        """Ask every running rank for its Python stacks (``stacks`` events with ``request``)."""
+
+    def stop(self) -> None:
+        """Stop every rank (a warm pool: interrupt the cell)."""
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the job to end; whether it did."""
+
+    def describe_failure(self) -> str | None:
+        """Why the job failed as a whole (Spark's reason, a lost server), or ``None``."""
+
+    def silence_note(self, ranks: list[int]) -> str:
+        """What to say of ``ranks`` that were never heard from (a start timeout)."""
