@@ -197,6 +197,30 @@ ENV_RANK, ENV_SIZE = "HVD_MAGICS_RANK", "HVD_MAGICS_SIZE"
 #: ``tf.distribute.MultiWorkerMirroredStrategy`` reads.
 ENV_MASTER_ADDR, ENV_MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"
 ENV_TF_CONFIG = "TF_CONFIG"
+#: torchrun's own names, which ``init_process_group()`` and the libraries on it read.
+ENV_TORCH_RANK, ENV_WORLD_SIZE = "RANK", "WORLD_SIZE"
+ENV_LOCAL_RANK, ENV_LOCAL_WORLD_SIZE, ENV_GROUP_RANK = (
+    "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+#: Gloo's interface under torch.distributed (its own choice may pick one other hosts cannot reach).
+ENV_GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
+#: Horovod's own names for a rank's place, its Gloo rendezvous and its controller.
+ENV_HOROVOD_HOSTNAME, ENV_HOROVOD_RANK, ENV_HOROVOD_SIZE = (
+    "HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE")
+ENV_HOROVOD_LOCAL_RANK, ENV_HOROVOD_LOCAL_SIZE = "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"
+ENV_HOROVOD_CROSS_RANK, ENV_HOROVOD_CROSS_SIZE = "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE"
+ENV_RENDEZVOUS_ADDR = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
+ENV_HOROVOD_CONTROLLER, ENV_HOROVOD_CPU_OPERATIONS = "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS"
+ENV_HOROVOD_GLOO_IFACE = "HOROVOD_GLOO_IFACE"
+#: Horovod's own: how long a Gloo operation waits for a peer (its default is 30 s).
+ENV_GLOO_TIMEOUT = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+#: Where shard files go, when set (else ``$TMPDIR/hvd_magics/shards``).
+ENV_SHARD_DIR = "HVD_MAGICS_SHARD_DIR"
+#: The driver's environment variable that sets how many run folders are kept.
+ENV_KEEP_RUNS = "HVD_MAGICS_KEEP_RUNS"
+#: TensorFlow's C++ log level (``3`` keeps its start-up lines off stderr).
+ENV_TF_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
+#: What Spark's Python workers run, and the driver's Python.
+ENV_PYSPARK_PYTHON, ENV_PYSPARK_DRIVER_PYTHON = "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"
 #: The module a rank process runs (``python -m``).
 RANK_MODULE = "hvd_magics.rank.rank_main"
 

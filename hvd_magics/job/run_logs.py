@@ -12,10 +12,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from hvd_magics.protocol import ENV_KEEP_RUNS
+
 #: How many run folders are kept when ``HVD_MAGICS_KEEP_RUNS`` is not set.
 DEFAULT_KEEP_RUNS = 100
-#: The driver's environment variable that sets how many run folders are kept.
-ENV_KEEP_RUNS = "HVD_MAGICS_KEEP_RUNS"
 
 log = logging.getLogger(__name__)
 

@@ -26,13 +26,12 @@ from typing import Any
 from hvd_magics.errors import HorovodMagicsError
 from hvd_magics.options import ElasticSize
 from hvd_magics.launch.spark_backend import STATUS_SCHEMA, SparkBackend, barrier_function
-from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, ENV_HOROVOD_ELASTIC, ENV_LIVE, EXIT,
+from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, ENV_GLOO_TIMEOUT,
+                                 ENV_HOROVOD_ELASTIC, ENV_HOROVOD_GLOO_IFACE, ENV_LIVE, EXIT,
                                  RESIZE, SLOT_OFFER, START_RANK)
 from hvd_magics.task.slots import quiet_request_errors, slot_env
 from hvd_magics.task.spark_task import TaskSpec
 
-#: Horovod's own: how long a Gloo operation waits for a peer (its default is 30 s).
-ENV_GLOO_TIMEOUT = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 #: The Gloo timeout of an elastic job's ranks unless the job sets its own. When a rank dies,
 #: a survivor that does not talk to it directly notices only when its own wait times out, so
 #: this bounds the time from a loss to the reset; it must still cover the time a new rank takes
@@ -330,7 +329,7 @@ class ElasticSparkBackend(SparkBackend):
         its end; return ``(exit code, time)``."""
         task = self.slots.task_of(slot_info.hostname)
         env = slot_env(slot_info, self._address, self._rendezvous_port)
-        env.pop("HOROVOD_GLOO_IFACE")  # the task knows its own interface
+        env.pop(ENV_HOROVOD_GLOO_IFACE)  # the task knows its own interface
         env[ENV_HOROVOD_ELASTIC] = "1"
         if task is None or not self._server.send_order(task, {"kind": START_RANK, "env": env}):
             return LOST_CODE, time.time()

@@ -25,8 +25,9 @@ from hvd_magics.channel import EventServer
 from hvd_magics.launch import console_bar, interrupt_guard
 from hvd_magics.launch.dataframe_input import DataFrameSources, sharded_input
 from hvd_magics.launch.meeting_point import MeetingPoint
-from hvd_magics.protocol import (DROP_SHARDS, ENV_DRIVER_HOST, ENV_LIVE, END_POOL,
-                                 INTERRUPT_CELL, RUN_CELL, TAKE_STACKS)
+from hvd_magics.protocol import (DROP_SHARDS, ENV_DRIVER_HOST, ENV_LIVE, ENV_PYSPARK_DRIVER_PYTHON,
+                                 ENV_PYSPARK_PYTHON, END_POOL, INTERRUPT_CELL, RUN_CELL,
+                                 TAKE_STACKS)
 from hvd_magics.task.event_buffer import replay
 from hvd_magics.task.slots import local_addresses
 from hvd_magics.task.spark_task import TaskSpec
@@ -171,8 +172,8 @@ def start_local_session(np: int) -> Any:
         raise ImportError("np > 0 runs ranks as Spark tasks and needs pyspark: "
                           "pip install 'pyspark>=4' (or use np < 0 to run on the driver only)") from exc
     # Spark's Python workers must use this interpreter, which has horovod and hvd_magics.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault(ENV_PYSPARK_PYTHON, sys.executable)
+    os.environ.setdefault(ENV_PYSPARK_DRIVER_PYTHON, sys.executable)
     # one slot beyond the ranks: a warm pool of all of them still has one to deal DataFrames
     cores = max(np, os.cpu_count() or 1) + 1
     settings = {"spark.master": f"local[{cores}]", "spark.app.name": "hvd_magics",

@@ -26,8 +26,8 @@ import time
 import traceback
 from typing import Any
 
-from hvd_magics.protocol import (ENV_CONTROL_FD, ENV_PREIMPORT, ENV_RANK, ENV_RANK_TMPDIR, ERROR,
-                                 LEAVING, RESULT, STARTED, decode_job)
+from hvd_magics.protocol import (ENV_CONTROL_FD, ENV_HOROVOD_RANK, ENV_PREIMPORT, ENV_RANK,
+                                 ENV_RANK_TMPDIR, ERROR, LEAVING, RESULT, STARTED, decode_job)
 from hvd_magics.rank import rank_events
 from hvd_magics.rank.process_group import die_with_parent, killpg
 from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, use_tmpdir
@@ -135,7 +135,7 @@ def final_rank() -> int:
                 return int(module.rank())
         except Exception:  # noqa: BLE001,S112 - fall back to the environment
             continue
-    return int(os.environ.get(ENV_RANK, os.environ.get("HOROVOD_RANK", "0")))
+    return int(os.environ.get(ENV_RANK, os.environ.get(ENV_HOROVOD_RANK, "0")))
 
 
 def report_error(exc: BaseException) -> None:

@@ -18,7 +18,8 @@ import traceback
 from typing import Any, Iterator
 
 from hvd_magics.channel import EventClient
-from hvd_magics.protocol import SLOT_OFFER, START_RANK
+from hvd_magics.protocol import (ENV_HOROVOD_GLOO_IFACE, ENV_HOROVOD_HOSTNAME, SLOT_OFFER,
+                                 START_RANK)
 from hvd_magics.task.slots import iface_for_address
 from hvd_magics.task.spark_task import DriverUnreachable, RankHolder, TaskSpec, supervise, task_rank_env
 
@@ -56,8 +57,8 @@ def elastic_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
                 "needs it to hand out ranks") from None
         slot_host = slot_host_name(client.local_address, partition, attempt)
         env = task_rank_env(spec, ctx)
-        env.update({"HOROVOD_HOSTNAME": slot_host,
-                    "HOROVOD_GLOO_IFACE": iface_for_address(client.local_address)})
+        env.update({ENV_HOROVOD_HOSTNAME: slot_host,
+                    ENV_HOROVOD_GLOO_IFACE: iface_for_address(client.local_address)})
         holder.start(env, client.send)
         client.send(SLOT_OFFER, partition=partition, attempt=attempt, slot_host=slot_host,
                     hostname=socket.gethostname())

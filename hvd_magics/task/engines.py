@@ -21,8 +21,10 @@ import socket
 from typing import Any, Mapping, Sequence
 
 from hvd_magics.protocol import (ENGINE_HOROVOD, ENGINE_TF, ENGINE_TORCH, ENGINES, ENV_ENGINE,
-                                 ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RANK,
-                                 ENV_RENDEZVOUS_PORT, ENV_SIZE, ENV_TF_CONFIG)
+                                 ENV_GLOO_SOCKET_IFNAME, ENV_GROUP_RANK, ENV_LOCAL_RANK,
+                                 ENV_LOCAL_WORLD_SIZE, ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RANK,
+                                 ENV_RENDEZVOUS_PORT, ENV_SIZE, ENV_TF_CONFIG, ENV_TORCH_RANK,
+                                 ENV_WORLD_SIZE)
 from hvd_magics.task.slots import slot_env
 
 
@@ -47,12 +49,12 @@ def start_env(engine: str, slot: Any, root_host: str, iface: str,
         env.update(slot_env(slot, root_host, 0, iface))
     elif engine == ENGINE_TORCH:
         local_rank, local_size = (0, 1) if node_per_task else (slot.local_rank, slot.local_size)
-        env.update({ENV_MASTER_ADDR: root_host, "RANK": str(slot.rank),
-                    "WORLD_SIZE": str(slot.size), "LOCAL_RANK": str(local_rank),
-                    "LOCAL_WORLD_SIZE": str(local_size),
-                    "GROUP_RANK": str(slot.rank if node_per_task else slot.cross_rank)})
+        env.update({ENV_MASTER_ADDR: root_host, ENV_TORCH_RANK: str(slot.rank),
+                    ENV_WORLD_SIZE: str(slot.size), ENV_LOCAL_RANK: str(local_rank),
+                    ENV_LOCAL_WORLD_SIZE: str(local_size),
+                    ENV_GROUP_RANK: str(slot.rank if node_per_task else slot.cross_rank)})
         if iface:  # Gloo's own interface choice can pick one the other hosts cannot reach
-            env["GLOO_SOCKET_IFNAME"] = iface
+            env[ENV_GLOO_SOCKET_IFNAME] = iface
     return env
 
 

@@ -17,8 +17,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from hvd_magics.protocol import (ENV_LEGACY_KERAS, KERAS, OUTPUT_EXP, OUTPUT_SIGMOID,
-                                 OUTPUT_SOFTMAX)
+from hvd_magics.protocol import (ENV_LEGACY_KERAS, ENV_TF_LOG_LEVEL, KERAS, OUTPUT_EXP,
+                                 OUTPUT_SIGMOID, OUTPUT_SOFTMAX)
 
 #: Output fields of the UDF's struct (the model adds them as columns under its param names).
 PREDICTION, PROBABILITY, RAW = "prediction", "probability", "raw"
@@ -70,7 +70,7 @@ def model_from_bytes(framework: str, blob: bytes, compile: bool = False) -> Any:
     start-up lines kept off stderr), or a torch module from ``torch.save`` bytes."""
     if framework == KERAS:
         os.environ.setdefault(ENV_LEGACY_KERAS, "1")
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        os.environ.setdefault(ENV_TF_LOG_LEVEL, "3")
         with _quiet_stderr(), tempfile.TemporaryDirectory() as folder:
             import tf_keras
 

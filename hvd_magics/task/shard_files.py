@@ -22,10 +22,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from hvd_magics.errors import ShardSpaceError
-from hvd_magics.protocol import ROW_COLUMN, SOURCE_COLUMN
+from hvd_magics.protocol import ENV_SHARD_DIR, ROW_COLUMN, SOURCE_COLUMN
 
-#: Where shard files go, when set (else ``$TMPDIR/hvd_magics/shards``).
-ENV_SHARD_DIR = "HVD_MAGICS_SHARD_DIR"
 #: Free space a shard write leaves on the disk at least.
 RESERVE_BYTES = 16 << 20
 

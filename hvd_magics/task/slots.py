@@ -12,6 +12,12 @@ from typing import Callable, Sequence
 
 import psutil
 
+from hvd_magics.protocol import (ENV_HOROVOD_CONTROLLER, ENV_HOROVOD_CPU_OPERATIONS,
+                                 ENV_HOROVOD_CROSS_RANK, ENV_HOROVOD_CROSS_SIZE,
+                                 ENV_HOROVOD_GLOO_IFACE, ENV_HOROVOD_HOSTNAME,
+                                 ENV_HOROVOD_LOCAL_RANK, ENV_HOROVOD_LOCAL_SIZE, ENV_HOROVOD_RANK,
+                                 ENV_HOROVOD_SIZE, ENV_RENDEZVOUS_ADDR, ENV_RENDEZVOUS_PORT)
+
 
 def plan_ranks(task_hosts: Sequence[str]) -> list:
     """Give every task a Horovod slot.
@@ -41,18 +47,18 @@ def plan_ranks(task_hosts: Sequence[str]) -> list:
 def slot_env(slot, rendezvous_host: str, rendezvous_port: int, iface: str = "") -> dict[str, str]:
     """The environment ``hvd.init()`` reads to join a Gloo job as ``slot``."""
     return {
-        "HOROVOD_HOSTNAME": slot.hostname,
-        "HOROVOD_RANK": str(slot.rank),
-        "HOROVOD_SIZE": str(slot.size),
-        "HOROVOD_LOCAL_RANK": str(slot.local_rank),
-        "HOROVOD_LOCAL_SIZE": str(slot.local_size),
-        "HOROVOD_CROSS_RANK": str(slot.cross_rank),
-        "HOROVOD_CROSS_SIZE": str(slot.cross_size),
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_host,
-        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
-        "HOROVOD_CONTROLLER": "gloo",
-        "HOROVOD_CPU_OPERATIONS": "gloo",
-        "HOROVOD_GLOO_IFACE": iface,
+        ENV_HOROVOD_HOSTNAME: slot.hostname,
+        ENV_HOROVOD_RANK: str(slot.rank),
+        ENV_HOROVOD_SIZE: str(slot.size),
+        ENV_HOROVOD_LOCAL_RANK: str(slot.local_rank),
+        ENV_HOROVOD_LOCAL_SIZE: str(slot.local_size),
+        ENV_HOROVOD_CROSS_RANK: str(slot.cross_rank),
+        ENV_HOROVOD_CROSS_SIZE: str(slot.cross_size),
+        ENV_RENDEZVOUS_ADDR: rendezvous_host,
+        ENV_RENDEZVOUS_PORT: str(rendezvous_port),
+        ENV_HOROVOD_CONTROLLER: "gloo",
+        ENV_HOROVOD_CPU_OPERATIONS: "gloo",
+        ENV_HOROVOD_GLOO_IFACE: iface,
     }
 
 

@@ -5,15 +5,24 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 
 
+def _messages(client, code: str) -> list[dict]:
+    """Execute ``code``; every iopub message it caused, until the kernel is idle again."""
+    msg_id = client.execute(code)
+    messages = []
+    while True:
+        msg = client.get_iopub_msg(timeout=120)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        messages.append(msg)
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return messages
+
+
 def _run(client, code: str, displays: bool = False) -> str:
     """Execute ``code``; return its text/plain result or its stream output (and what it
     displayed, with ``displays``)."""
-    msg_id = client.execute(code)
     text = []
-    while True:
-        msg = client.get_iopub_msg(timeout=60)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
+    for msg in _messages(client, code):
         kind, content = msg["msg_type"], msg["content"]
         if kind == "stream":
             text.append(content["text"])
@@ -21,8 +30,7 @@ def _run(client, code: str, displays: bool = False) -> str:
             text.append(content["data"].get("text/plain", ""))
         elif kind == "error":
             text.append(content["ename"] + ": " + content["evalue"])
-        elif kind == "status" and content["execution_state"] == "idle":
-            return "".join(text)
+    return "".join(text)
 
 
 @pytest.mark.parametrize("kernel, setup", [("python3", "%load_ext hvd_magics"),
@@ -162,19 +170,6 @@ def test_a_background_job_leaves_the_kernel_free_and_dies_with_it(tmp_path):
     assert rank_processes_alive(pids) == []
 
 
-def _messages(client, code: str) -> list[dict]:
-    """Execute ``code``; every iopub message it caused, until the kernel is idle again."""
-    msg_id = client.execute(code)
-    messages = []
-    while True:
-        msg = client.get_iopub_msg(timeout=120)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        messages.append(msg)
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            return messages
-
-
 def test_a_fit_refused_for_nulls_leaves_only_its_error_in_the_cell():
     """The ranks start early to import while the rows arrive; a fit refused for nulls drew
     their dashboard before its one-line error (and left it there)."""
@@ -183,7 +178,8 @@ def test_a_fit_refused_for_nulls_leaves_only_its_error_in_the_cell():
         _run(client, "%load_ext hvd_magics")
         _run(client, "from pyspark.sql import SparkSession\n"
                      "spark = SparkSession.builder.master('local[2]').getOrCreate()\n"
-                     "rows = [([float(i), 1.0], None if i % 3 == 0 else i % 2) for i in range(60)]\n"
+                     "rows = [([float(i), 1.0], None if i % 3 == 0 else i % 2)\n"
+                     "        for i in range(60)]\n"
                      "bad = spark.createDataFrame(rows, 'x array<float>, y int')\n"
                      "def build():\n    import torch\n    return torch.nn.Linear(2, 2)\n")
         messages = _messages(client, "from hvd_magics import HorovodEstimator\n"

@@ -177,3 +177,17 @@ def test_every_backend_has_what_the_runner_asks_of_a_backend():
 
     runner = (Path(hvd_magics.__file__).parent / "job" / "runner.py").read_text()
     assert "hasattr(backend" not in runner and "isinstance(backend" not in runner
+
+
+def test_every_environment_variable_name_is_spelled_once_in_protocol():
+    """The names the driver, tasks and ranks pass each other (ours, Horovod's, torchrun's, Spark's)
+    are constants of ``hvd_magics.protocol``, not strings in the modules that use them."""
+    import re
+    from pathlib import Path
+
+    name = re.compile(r"""["']((HVD_MAGICS|HOROVOD|TF|GLOO|MASTER|LOCAL|WORLD|GROUP|CUDA|NCCL|"""
+                      r"""PYSPARK)_[A-Z0-9_]+|RANK|WORLD_SIZE|TF_CONFIG)["']""")
+    root = Path(hvd_magics.__file__).parent
+    spelled = [f"{path.relative_to(root)}: {match.group(1)}" for path in root.rglob("*.py")
+               if path.name != "protocol.py" for match in name.finditer(path.read_text())]
+    assert spelled == []
