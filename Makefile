@@ -12,6 +12,6 @@ test:
 	@bash scripts/setup.sh --test
 	@$(PY) -m pytest -p no:cacheprovider -ra --durations=25
 
-# The quick tier (no Spark, no ranks, no kernels): about 45 s.
+# The quick tier (no Spark, no ranks, no kernels): about 20 s.
 test-fast: setup
 	@$(PY) -m pytest -p no:cacheprovider -ra -m fast
