@@ -97,10 +97,8 @@ class HorovodJobError(HorovodMagicsError, RuntimeError):
         failure = self.failures[index]
         if index == 0 and self.summary.endswith(failure.headline()):
             return None
-        same = self._repeats(index)
-        if same is not None:
-            where = f" on {failure.host}" if failure.host else ""
-            return f"{failure.unit} {failure.rank}{where}: the same {failure.error}"
+        if self._repeats(index) is not None:
+            return f"{failure.place()}: the same {failure.error}"
         return failure.headline()
 
     def _text(self) -> str:

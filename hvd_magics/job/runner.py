@@ -21,7 +21,8 @@ from hvd_magics.job.job_state import (LOST, STALL_AFTER_S, STALL_REQUEST, WAITIN
                                       JobView)
 from hvd_magics.job.background import BackgroundJob
 from hvd_magics.job.live_job import STOP_WAIT_S, LiveJob
-from hvd_magics.job.stacks import STACKS_WAIT_S, UNEVEN_FIX, JobStacks, collective_of
+from hvd_magics.job.stacks import (STACKS_WAIT_S, UNEVEN_FIX, JobStacks, collective_of,
+                                   ranks_named)
 from hvd_magics.job.stacks import where as stack_where
 from hvd_magics.job.mlflow_run import MlflowSettings, MlflowTracker, requested
 from hvd_magics.launch.dataframe_input import check_columns, common_session
@@ -480,9 +481,8 @@ def _diverged_note(job: JobState) -> str:
     others = [r.rank for r in job.ranks if r.rank not in finished]
     if not finished or not others:
         return ""
-    def name(ranks: list[int]) -> str:
-        return f"{job.unit}{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
-    return (f"{name(finished)} finished the cell and {name(others)} did not: the ranks' "
+    return (f"{ranks_named(job.unit, finished)} finished the cell and "
+            f"{ranks_named(job.unit, others)} did not: the ranks' "
             "variables now differ (each kept what its cell assigned before it ended). Fix: run "
             "a cell that sets them again on every rank, or %hvd_pool restart.")
 
@@ -571,11 +571,9 @@ def left_behind(job: JobState, backend: Backend, events: queue.Queue, now: float
     if not stuck:
         return None
     engine = collective_of(stacks.ranks[min(stuck)].get("threads", []))
-    def name(ranks: list[int]) -> str:
-        return f"{job.unit}{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
     at = "; ".join(f"{job.unit} {rank} in {where}" for rank, where in sorted(stuck.items()))
-    return (f"{name(sorted(stuck))} {'wait' if len(stuck) > 1 else 'waits'} in a {engine} "
-            f"collective that {name(finished)} will never enter: "
+    return (f"{ranks_named(job.unit, sorted(stuck))} {'wait' if len(stuck) > 1 else 'waits'} "
+            f"in a {engine} collective that {ranks_named(job.unit, finished)} will never enter: "
             f"{'they' if len(finished) > 1 else 'it'} finished the job's code ({at}); the job "
             f"was stopped. {UNEVEN_FIX}")
 
@@ -688,16 +686,14 @@ def _watch(job: JobState, backend: Backend, events: queue.Queue, start_timeout: 
         f"{first.headline()}", failures, str(job.log_path))
 
 
-
 def _uneven_note(job: JobState, first: RankFailure) -> str:
     """``"rank 1 finished ... "`` when ranks finished the job's code before ``first`` failed in
     a collective (tf.distribute aborts it, blaming the finished peer's 'crash')."""
     finished = [rank for rank in job.finished_ranks() if rank != first.rank]
     if not finished or "ollective" not in f"{first.error} {first.message}":
         return ""
-    who = f"{job.unit}{'s' if len(finished) > 1 else ''} {', '.join(map(str, finished))}"
-    return (f"{who} finished the job's code while {job.unit} {first.rank} was in a collective, "
-            f"which then failed. {UNEVEN_FIX} ")
+    return (f"{ranks_named(job.unit, finished)} finished the job's code while {job.unit} "
+            f"{first.rank} was in a collective, which then failed. {UNEVEN_FIX} ")
 
 
 def _watch_elastic(job: JobState, backend: Backend, events: queue.Queue,

@@ -7,6 +7,7 @@ words where a rank is: its innermost frame of the user's, and the library call i
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -39,6 +40,11 @@ _NAMED_CALLS = frozenset({"all_reduce", "broadcast", "all_gather", "all_gather_i
                           "broadcast_object_list", "all_gather_object", "gather_object",
                           "scatter_object_list", "allreduce", "allgather", "alltoall",
                           "broadcast_"})
+
+
+def ranks_named(unit: str, ranks: list[int]) -> str:
+    """``rank 1`` or ``ranks 0, 2`` (``task`` for an elastic job's)."""
+    return f"{unit}{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def short_path(path: str) -> str:
@@ -135,8 +141,7 @@ class JobStacks:
         elsewhere = sorted(set(self.ranks) - set(waiting)) + list(self.missing)
         if not waiting or not elsewhere:
             return ""
-        def names(ranks: list[int]) -> str:
-            return f"{unit}{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+        names = functools.partial(ranks_named, unit)
         verb = "wait" if len(waiting) > 1 else "waits"
         engine = engines[waiting[0]]
         return (f"{names(waiting)} {verb} in a {engine} collective for {names(elsewhere)}, "

@@ -177,7 +177,11 @@ def _plural(count: int, noun: str) -> str:
 
 
 def describe_change(old: DataIdentity, new: DataIdentity) -> str:
-    """What changed between two proven identities of the same plan, for the cell."""
+    """Why data dealt as ``old`` is dealt again as ``new`` (the same plan), for the cell: what
+    changed between two proven identities, or why one of them proves nothing."""
+    for identity in (new, old):
+        if not identity.proven:
+            return identity.why
     def files(identity: DataIdentity) -> dict[str, tuple[int, int]]:
         return {path: (size, mtime) for leaf in identity.key or () if leaf[0] == "files"
                 for path, size, mtime in leaf[1]}

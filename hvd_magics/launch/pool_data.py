@@ -169,10 +169,7 @@ class PoolShards:
                              f"{identity.why})")
                 continue
             if kept is not None:
-                again[source.index] = (describe_change(kept.identity, identity)
-                                       if identity.proven and kept.identity.proven else
-                                       identity.why if not identity.proven else
-                                       kept.identity.why)
+                again[source.index] = describe_change(kept.identity, identity)
             check_columns(source)
             identities[new.index_of(source.frame)] = identity
         if len(new):

@@ -43,9 +43,10 @@ class KerasVersionError(TypeError):
 
 #: What a Keras 3 ``fit`` with Horovod's callbacks or optimizer fails with.
 KERAS_3_MESSAGE = ("Horovod's Keras API (horovod.tensorflow.keras callbacks and "
-                   "DistributedOptimizer) trains Keras 2 models only. Fix: build the model inside the cell with tf.keras "
-                   "(Keras 2 on the ranks) or with tf_keras (import tf_keras as keras), or run "
-                   "the cell with --engine tf, whose MultiWorkerMirroredStrategy takes Keras 3.")
+                   "DistributedOptimizer) trains Keras 2 models only. Fix: build the model "
+                   "inside the cell with tf.keras (Keras 2 on the ranks) or with tf_keras "
+                   "(import tf_keras as keras), or run the cell with --engine tf, whose "
+                   "MultiWorkerMirroredStrategy takes Keras 3.")
 
 
 def _from_horovod(value: Any) -> bool:

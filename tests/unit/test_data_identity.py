@@ -26,3 +26,10 @@ def test_a_refreshed_cache_and_other_changes_are_named():
 def test_what_is_not_a_dataframe_is_unproven_not_an_error():
     identity = data_identity(object())
     assert not identity.proven and "could not be identified (AttributeError)" in identity.why
+
+
+def test_an_identity_that_proves_nothing_is_the_reason_given():
+    unproven = DataIdentity(None, "its plan is not deterministic (rand())")
+    proven = DataIdentity((("Range",),), "spark.range")
+    assert describe_change(proven, unproven) == unproven.why
+    assert describe_change(unproven, proven) == unproven.why
