@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hvd_magics.rank_names import rank_named
+
 #: How many failed ranks an error shows in full (the rest are only named).
 MAX_RANKS_SHOWN = 4
 #: How many of a failed rank's last output lines an error shows.
@@ -153,7 +155,7 @@ class HorovodJobError(HorovodMagicsError, RuntimeError):
         """What IPython shows instead of a driver-side traceback: each failed rank's own."""
         out = [f"{type(self).__name__}: {self._header()}"]
         for index, failure in enumerate(self.failures[:MAX_RANKS_SHOWN]):
-            label = f"[rank {failure.rank}]"
+            label = f"[{rank_named(failure.rank)}]"
             line = self._line(index)
             out.append(f"\n{label} {line}" if line is not None else "")
             # a repeated error's traceback is the first one's again

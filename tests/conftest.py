@@ -210,7 +210,7 @@ def standalone_cluster():
 @pytest.fixture()
 def cluster_spark(standalone_cluster):
     """A SparkSession on the standalone cluster, with both executors registered."""
-    from hvd_magics.launch.spark_backend import task_slots
+    from hvd_magics.launch.spark_slots import task_slots
 
     spark = _session(standalone_cluster.url, **{"spark.executor.cores": "1",
                                                 "spark.executor.memory": "1g",

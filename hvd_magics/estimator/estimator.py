@@ -225,7 +225,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
         return {"train": selected}
 
     def _ranks(self, dataset: Any) -> int:
-        from hvd_magics.launch.spark_backend import all_task_slots
+        from hvd_magics.launch.spark_slots import all_task_slots
 
         np = self.getOrDefault(self.np)
         if np is None and self.pool is not None:

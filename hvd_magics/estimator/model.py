@@ -12,7 +12,7 @@ from pyspark.ml.util import MLReadable, MLWritable
 from hvd_magics.estimator.input_checks import column_kinds
 from hvd_magics.estimator.params import ModelParams, add_accessors
 from hvd_magics.estimator.persistence import BlobReader, BlobWriter
-from hvd_magics.launch.spark_backend import is_connect, local_workers_use_this_python
+from hvd_magics.launch.spark_session import is_connect, local_workers_use_this_python
 from hvd_magics.protocol import KERAS
 from hvd_magics.task.predict import (PREDICTION, PROBABILITY, RAW, PredictConfig,
                                      model_from_bytes, predict_batches)

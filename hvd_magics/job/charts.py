@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from hvd_magics.protocol import EPOCH_END, PROGRESS
+from hvd_magics.rank_names import rank_named
 
 #: Colours of the lines, in order (rank 0, 1, ... or metric 1, 2, ...).
 PALETTE = ("#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#5d4037",
@@ -108,7 +109,7 @@ class MetricHistory:
             charts.append(svg_chart(_epoch_lines(self.epochs), "per epoch (rank 0)", "epoch",
                                     markers=True))
         if self.rates:
-            charts.append(svg_chart({f"rank {r}": p for r, p in sorted(self.rates.items())},
+            charts.append(svg_chart({rank_named(r): p for r, p in sorted(self.rates.items())},
                                     "samples/s per rank", "seconds"))
         if not charts:
             return ""

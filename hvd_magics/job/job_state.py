@@ -20,6 +20,7 @@ from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, EPOCH_BEGIN, EPOCH_
                                  SLOT_OFFER, STACKS, STARTED, TASK_ERROR, TASK_STARTED,
                                  TIMELINE_CHUNK, TIMELINE_LOCAL)
 from hvd_magics.launch.backend import Backend
+from hvd_magics.rank_names import unit_of
 from hvd_magics.job.noise import is_noise
 
 #: Error texts of a rank that failed only because a peer went away (not the root cause).
@@ -152,7 +153,7 @@ class JobState:
         self.size = size
         self.where = where
         self.elastic = elastic
-        self.unit = "task" if elastic else "rank"
+        self.unit = unit_of(elastic)
         self.ranks = [RankState(r, unit=self.unit) for r in range(size)]
         #: Every formation of an elastic job's ranks (the first is its start), as the driver
         #: sent them: ``reset``, ``size``, ``ranks`` (task -> rank), ``causes``, ``time``.

@@ -32,14 +32,16 @@ from hvd_magics.launch.local_ranks import reap_local_ranks
 from hvd_magics.launch.dataframe_input import DataFrameSources
 from hvd_magics.launch.payload import sent_value, serialize_job
 from hvd_magics.launch.pool_data import PoolShards
-from hvd_magics.launch.spark_backend import (SLOT_WAIT_S, SparkBackend, active_session,
-                                             start_local_session)
+from hvd_magics.launch.spark_backend import SparkBackend
+from hvd_magics.launch.spark_session import active_session, start_local_session
+from hvd_magics.launch.spark_slots import SLOT_WAIT_S
 from hvd_magics.options import (DEFAULT_START_TIMEOUT_S, ElasticSize, positive_seconds,
                                 validate_engine, validate_size, validate_start_timeout)
 from hvd_magics.protocol import (CELL_END, CHANNEL_CLOSED, ENGINE_HOROVOD, ENV_ENGINE, ENV_HOROVOD_TIMELINE, ENV_SHARDS, ERROR,
                                  EXIT, RESULT, STARTED, TASK_ERROR, TASK_STARTED, TIMELINE_DYNAMIC,
                                  encode_job)
 from hvd_magics.rank.kept_values import SentValue
+from hvd_magics.rank_names import ranks_named
 from hvd_magics.rank.pool_loop import serve_cells
 
 #: A pool with no cell for this long ends and gives its slots back (``--idle-timeout``).
@@ -236,8 +238,9 @@ class HorovodPool:
             elif event.get("kind") == TASK_ERROR:
                 errors.append(event.get("traceback", ""))
             if errors or self.events.exited or self.backend.finished:
+                exited = ranks_named(sorted(self.events.exited))
                 why = (errors[0] if errors else self.backend.describe_failure()
-                       or f"ranks {sorted(self.events.exited)} exited before the pool started")
+                       or f"{exited} exited before the pool started")
                 raise HorovodJobError(f"The warm pool could not start on {self.where}: {why}")
             if time.monotonic() - began > self.start_timeout:
                 raise StartTimeoutError(
@@ -370,7 +373,7 @@ class HorovodPool:
         """What the pool lost while no cell ran (a rank process, an executor), or ``""``."""
         exited = sorted(self.events.exited)
         if exited:
-            return f"rank{'s' if len(exited) > 1 else ''} {', '.join(map(str, exited))}"
+            return ranks_named(exited)
         if self.backend.finished:
             return f"its ranks ({self.backend.describe_failure() or 'the Spark job ended'})"
         return ""
@@ -448,7 +451,7 @@ class PoolCell:
             return
         stuck = sorted(set(range(abs(self.pool.np))) - self.pool.events.done)
         why = (f"the pool lost {lost}" if lost else
-               f"rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} did not come "
+               f"{ranks_named(stuck)} did not come "
                f"back within {CELL_STOP_WAIT_S:.0f} s of the interrupt (stuck in a collective "
                "a peer never entered?)")
         self.pool.events.end()

@@ -21,8 +21,7 @@ from hvd_magics.job.job_state import (LOST, STALL_AFTER_S, STALL_REQUEST, WAITIN
                                       JobView)
 from hvd_magics.job.background import BackgroundJob
 from hvd_magics.job.live_job import STOP_WAIT_S, LiveJob
-from hvd_magics.job.stacks import (STACKS_WAIT_S, UNEVEN_FIX, JobStacks, collective_of,
-                                   ranks_named)
+from hvd_magics.job.stacks import STACKS_WAIT_S, UNEVEN_FIX, JobStacks, collective_of
 from hvd_magics.job.stacks import where as stack_where
 from hvd_magics.job.mlflow_run import MlflowSettings, MlflowTracker, requested
 from hvd_magics.launch.dataframe_input import check_columns, common_session
@@ -30,6 +29,7 @@ from hvd_magics.task.engines import engine_of
 from hvd_magics.launch.payload import JobPayload, leading_imports, serialize_job
 from hvd_magics.protocol import (ENGINE_HOROVOD, ENV_ENGINE, ENV_PREIMPORT, ENV_STALL_CHECK, ENV_TIMELINE_MARK_CYCLES,
                                  ENV_WANT_TIMELINE)
+from hvd_magics.rank_names import rank_named, ranks_named
 from hvd_magics.result_codec import VALUE, ResultDecodeError, decode_strict
 from hvd_magics.job.run_logs import prune_old_runs, runs_dir
 from hvd_magics.job.run_record import RunRecord
@@ -37,8 +37,8 @@ from hvd_magics.job.session import SESSION
 from hvd_magics.launch.backend import Backend
 from hvd_magics.launch.local_ranks import reap_local_ranks
 from hvd_magics.launch import interrupt_guard
-from hvd_magics.launch.spark_backend import (SparkBackend, active_session, is_connect,
-                                             start_local_session)
+from hvd_magics.launch.spark_backend import SparkBackend
+from hvd_magics.launch.spark_session import active_session, is_connect, start_local_session
 from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S,
                                     VERBOSITY_ALL, ElasticSize, positive_seconds,
                                     horovod_only, validate_elastic_timeout, validate_engine,
@@ -481,8 +481,8 @@ def _diverged_note(job: JobState) -> str:
     others = [r.rank for r in job.ranks if r.rank not in finished]
     if not finished or not others:
         return ""
-    return (f"{ranks_named(job.unit, finished)} finished the cell and "
-            f"{ranks_named(job.unit, others)} did not: the ranks' "
+    return (f"{ranks_named(finished, job.unit)} finished the cell and "
+            f"{ranks_named(others, job.unit)} did not: the ranks' "
             "variables now differ (each kept what its cell assigned before it ended). Fix: run "
             "a cell that sets them again on every rank, or %hvd_pool restart.")
 
@@ -571,9 +571,10 @@ def left_behind(job: JobState, backend: Backend, events: queue.Queue, now: float
     if not stuck:
         return None
     engine = collective_of(stacks.ranks[min(stuck)].get("threads", []))
-    at = "; ".join(f"{job.unit} {rank} in {where}" for rank, where in sorted(stuck.items()))
-    return (f"{ranks_named(job.unit, sorted(stuck))} {'wait' if len(stuck) > 1 else 'waits'} "
-            f"in a {engine} collective that {ranks_named(job.unit, finished)} will never enter: "
+    at = "; ".join(f"{rank_named(rank, job.unit)} in {where}"
+                   for rank, where in sorted(stuck.items()))
+    return (f"{ranks_named(sorted(stuck), job.unit)} {'wait' if len(stuck) > 1 else 'waits'} "
+            f"in a {engine} collective that {ranks_named(finished, job.unit)} will never enter: "
             f"{'they' if len(finished) > 1 else 'it'} finished the job's code ({at}); the job "
             f"was stopped. {UNEVEN_FIX}")
 
@@ -692,7 +693,7 @@ def _uneven_note(job: JobState, first: RankFailure) -> str:
     finished = [rank for rank in job.finished_ranks() if rank != first.rank]
     if not finished or "ollective" not in f"{first.error} {first.message}":
         return ""
-    return (f"{ranks_named(job.unit, finished)} finished the job's code while {job.unit} "
+    return (f"{ranks_named(finished, job.unit)} finished the job's code while {job.unit} "
             f"{first.rank} was in a collective, which then failed. {UNEVEN_FIX} ")
 
 

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from hvd_magics.rank_names import rank_named, ranks_named
+
 #: ``.../site-packages/horovod/torch/mpi_ops.py`` is shown as ``horovod/torch/mpi_ops.py``.
 _PACKAGE_ROOT = re.compile(r".*[\\/](?:site|dist)-packages[\\/]")
 #: How long the driver waits for the ranks' stacks (a stall, ``--timeout``, ``%hvd_stacks``).
@@ -40,11 +42,6 @@ _NAMED_CALLS = frozenset({"all_reduce", "broadcast", "all_gather", "all_gather_i
                           "broadcast_object_list", "all_gather_object", "gather_object",
                           "scatter_object_list", "allreduce", "allgather", "alltoall",
                           "broadcast_"})
-
-
-def ranks_named(unit: str, ranks: list[int]) -> str:
-    """``rank 1`` or ``ranks 0, 2`` (``task`` for an elastic job's)."""
-    return f"{unit}{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def short_path(path: str) -> str:
@@ -141,7 +138,7 @@ class JobStacks:
         elsewhere = sorted(set(self.ranks) - set(waiting)) + list(self.missing)
         if not waiting or not elsewhere:
             return ""
-        names = functools.partial(ranks_named, unit)
+        names = functools.partial(ranks_named, unit=unit)
         verb = "wait" if len(waiting) > 1 else "waits"
         engine = engines[waiting[0]]
         return (f"{names(waiting)} {verb} in a {engine} collective for {names(elsewhere)}, "
@@ -156,20 +153,21 @@ class JobStacks:
             return ""
         places = self.where()
         first, *rest = sorted(calls.items())
-        return (f"{unit} {first[0]} waits in {first[1]} ({places[first[0]]}), "
-                + ", ".join(f"{unit} {rank} in {call} ({places[rank]})" for rank, call in rest)
+        return (f"{rank_named(first[0], unit)} waits in {first[1]} ({places[first[0]]}), "
+                + ", ".join(f"{rank_named(rank, unit)} in {call} ({places[rank]})"
+                            for rank, call in rest)
                 + ": these collectives never meet")
 
     def summary(self, unit: str = "rank") -> str:
         """One line per rank (where it is), and the diagnosis when there is one."""
-        lines = [f"  {unit} {rank}: {text}" for rank, text in self.where().items()]
+        lines = [f"  {rank_named(rank, unit)}: {text}" for rank, text in self.where().items()]
         diagnosis = self.diagnosis(unit)
         return "\n".join(lines + ([f"  So: {diagnosis}."] if diagnosis else []))
 
     def __str__(self) -> str:
         parts = []
         for rank, event in sorted(self.ranks.items()):
-            parts.append(f"rank {rank} ({event.get('host', '?')}):")
+            parts.append(f"{rank_named(rank)} ({event.get('host', '?')}):")
             for thread in event.get("threads", []):
                 frames = thread.get("frames", [])
                 parts.append(f"  thread {thread.get('name')}"
@@ -183,10 +181,10 @@ class JobStacks:
             if event.get("others"):
                 parts.append(f"  (and {event['others']} more thread(s) with no frame of yours)")
         for rank in self.missing:
-            parts.append(f"rank {rank}: did not answer within the wait (busy in native code "
+            parts.append(f"{rank_named(rank)}: did not answer within the wait (busy in native code "
                          "that holds Python's lock?)")
         for rank in self.starting:
-            parts.append(f"rank {rank}: starting (its process has not begun the job yet)")
+            parts.append(f"{rank_named(rank)}: starting (its process has not begun the job yet)")
         if not parts:
             return "No rank runs now."
         if self.diagnosis():

@@ -17,6 +17,7 @@ from hvd_magics.job.noise import is_noise
 from hvd_magics.options import (VERBOSITY_ALL, VERBOSITY_DEBUG, VERBOSITY_LOG_CALLBACK_ONLY,
                                     validate_verbosity)
 from hvd_magics.protocol import EPOCH_END, LOG, OUTPUT, OUTPUT_PARTIAL, RESIZE
+from hvd_magics.rank_names import TASK, line_tag, rank_named
 
 #: Lines are written at most this often...
 FLUSH_INTERVAL_S = 0.1
@@ -65,8 +66,7 @@ class TextView:
 
     def _prefix(self, job: JobState, rank: int) -> str:
         hosts = {r.host for r in job.ranks if r.host}
-        who = f"task{rank}" if job.elastic else str(rank)
-        return f"[{who}@{job.ranks[rank].host}]" if len(hosts) > 1 else f"[{who}]"
+        return line_tag(rank, job.unit, job.ranks[rank].host if len(hosts) > 1 else None)
 
     def _lines_of(self, job: JobState, event: dict[str, Any]) -> list[str]:
         kind = event["kind"]
@@ -198,8 +198,8 @@ class TextView:
 
 def resize_line(event: dict[str, Any]) -> str:
     """What an elastic job's ``resize`` event says, as one line."""
-    tasks = ", ".join(f"task {t} as rank {r}" for t, r in sorted(event["ranks"].items(),
-                                                                  key=lambda item: item[1]))
+    tasks = ", ".join(f"{rank_named(t, TASK)} as {rank_named(r)}"
+                      for t, r in sorted(event["ranks"].items(), key=lambda item: item[1]))
     if not event.get("reset"):
         return f"hvd_magics: elastic job started with {_ranks(event['size'])} ({tasks})"
     causes = "; ".join(event.get("causes") or []) or "the ranks re-formed"

@@ -17,6 +17,7 @@ from hvd_magics.job.job_state import (DONE, FAILED, INTERRUPTED, READY, RUNNING,
                                       display_line)
 from hvd_magics.job.noise import is_noise
 from hvd_magics.protocol import OUTPUT
+from hvd_magics.rank_names import TASK, rank_named
 
 #: Least seconds between two refreshes of the widgets.
 REFRESH_INTERVAL_S = 0.25
@@ -199,11 +200,12 @@ class WidgetView:
                 label += (f"</b> <span style='font-weight:normal'>in "
                           f"{html.escape(rank.stalled_at)}</span><b>")
         if elastic:
-            as_rank = f" = rank {rank.hvd_rank}" if rank.hvd_rank is not None and \
+            as_rank = f" = {rank_named(rank.hvd_rank)}" if rank.hvd_rank is not None and \
                 rank.state != FAILED else ""
-            row.name.value = f"<b>task {rank.rank}{as_rank}</b> {html.escape(rank.host)}"
+            row.name.value = (f"<b>{rank_named(rank.rank, TASK)}{as_rank}</b> "
+                              f"{html.escape(rank.host)}")
         else:
-            row.name.value = f"<b>rank {rank.rank}</b> {html.escape(rank.host)}"
+            row.name.value = f"<b>{rank_named(rank.rank)}</b> {html.escape(rank.host)}"
         row.state.value = f"<b style='color:{_COLOURS[state]}'>{label}</b>"
         row.epoch.value = (f"epoch {rank.epoch}/{rank.epochs or '?'}" if rank.epoch else "")
         total = rank.steps or 0

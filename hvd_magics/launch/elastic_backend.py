@@ -25,10 +25,15 @@ from typing import Any
 
 from hvd_magics.errors import HorovodMagicsError
 from hvd_magics.options import ElasticSize
-from hvd_magics.launch.spark_backend import STATUS_SCHEMA, SparkBackend, barrier_function
+from hvd_magics.launch.spark_backend import (CANCEL_AFTER_S, STATUS_SCHEMA, SparkBackend,
+                                             barrier_function)
+from hvd_magics.launch.spark_errors import spark_error_text
+from hvd_magics.launch.spark_session import is_local
+from hvd_magics.launch.spark_slots import SLOT_WAIT_S, not_enough_slots, task_slots
 from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, ENV_GLOO_TIMEOUT,
                                  ENV_HOROVOD_ELASTIC, ENV_HOROVOD_GLOO_IFACE, ENV_LIVE, EXIT,
                                  RESIZE, SLOT_OFFER, START_RANK)
+from hvd_magics.rank_names import TASK, rank_named, ranks_named
 from hvd_magics.task.slots import quiet_request_errors, slot_env
 from hvd_magics.task.spark_task import TaskSpec
 
@@ -254,9 +259,7 @@ class ElasticSparkBackend(SparkBackend):
         if self.sc is None:
             self._check_slots(self.size.min_np)
             return
-        from hvd_magics.launch.spark_backend import SLOT_WAIT_S, not_enough_slots, task_slots
-
-        deadline = time.monotonic() + (0.0 if str(self.sc.master).startswith("local")
+        deadline = time.monotonic() + (0.0 if is_local(self.sc)
                                        else SLOT_WAIT_S)
         while (total := task_slots(self.sc)[1]) < self.size.min_np:
             if time.monotonic() >= deadline:
@@ -285,11 +288,13 @@ class ElasticSparkBackend(SparkBackend):
             elif kind == EXIT:
                 code = event.get("code")
                 if self.slots.ended(task, code if code is not None else LOST_CODE) and code:
-                    self._causes.append(f"the rank of task {task} exited with code {code}")
+                    self._causes.append(
+                        f"the rank of {rank_named(task, TASK)} exited with code {code}")
             elif kind == CHANNEL_CLOSED:
                 clean = event.get("clean")
                 if self.slots.ended(task, 0 if clean else LOST_CODE) and not clean:
-                    self._causes.append(f"task {task} was lost (its executor went away)")
+                    self._causes.append(
+                        f"{rank_named(task, TASK)} was lost (its executor went away)")
             self._events.put(event)
 
     def on_ranks_assigned(self, ranks: dict[int, Any]) -> None:
@@ -303,8 +308,7 @@ class ElasticSparkBackend(SparkBackend):
         causes, self._causes = self._causes, []
         joined = sorted(set(by_task) - set(previous))
         if self.formations and joined:
-            causes.append(f"task{'s' if len(joined) > 1 else ''} "
-                          f"{', '.join(map(str, joined))} joined")
+            causes.append(f"{ranks_named(joined, TASK)} joined")
         formation = {"reset": len(self.formations), "size": len(ranks), "ranks": by_task,
                      "causes": causes, "time": time.time()}
         self.formations.append(formation)
@@ -384,8 +388,6 @@ class ElasticSparkBackend(SparkBackend):
         """Let the stage end by itself: its tasks saw the channel close, and tasks that get a
         slot only now find it closed and return at once. Cancel it only when tasks that Spark
         has no slot for keep it waiting."""
-        from hvd_magics.launch.spark_backend import CANCEL_AFTER_S
-
         if self._thread is not None:
             self._thread.join(CANCEL_AFTER_S)
         if self._group and self._thread is not None and self._thread.is_alive():
@@ -399,8 +401,6 @@ class ElasticSparkBackend(SparkBackend):
         """How many ranks to start with: the free task slots now, within ``MIN:MAX``."""
         free = self.np
         if self.sc is not None:
-            from hvd_magics.launch.spark_backend import task_slots
-
             free = task_slots(self.sc)[0]
         return max(self.size.min_np, min(self.size.max_np, free))
 
@@ -440,8 +440,6 @@ class ElasticSparkBackend(SparkBackend):
         if self.failure:
             return self.failure
         if self.error is not None and not self._cancelled:
-            from hvd_magics.launch.spark_backend import spark_error_text
-
             return spark_error_text(self.error)
         return None
 

@@ -28,8 +28,8 @@ from typing import Any
 from hvd_magics.errors import DataRefused, HorovodJobError, JobInterrupted, PayloadError
 from hvd_magics.launch.data_identity import DataIdentity, data_identity, describe_change
 from hvd_magics.launch.dataframe_input import DataFrameSources, check_columns, sharded_input
-from hvd_magics.launch.spark_backend import (STATUS_SCHEMA, SparkBackend, local_master_slots,
-                                             task_slots)
+from hvd_magics.launch.spark_backend import STATUS_SCHEMA, SparkBackend
+from hvd_magics.launch.spark_slots import local_master_slots, task_slots
 from hvd_magics.protocol import ENV_SHARDS
 from hvd_magics.task.deal_task import DealSpec, arrow_deal_task
 from hvd_magics.task.shard_files import empty_shards, null_values
@@ -193,7 +193,7 @@ class PoolShards:
         """What the cell says of a DataFrame it dealt: again and why, or what keeps it."""
         size = self.backend.np
         note = (f"dealt {dealt.name!r}{' again' if again else ''} to the pool's {size} "
-                f"rank{'s' if size != 1 else ''}: {sum(dealt.rows_per_rank):,} rows in "
+                f"{'rank' if size == 1 else 'ranks'}: {sum(dealt.rows_per_rank):,} rows in "
                 f"{dealt.deal_s:.1f} s")
         if again:
             return f"{note} ({again})"

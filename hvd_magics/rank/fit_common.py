@@ -1,15 +1,22 @@
 """What the Keras and PyTorch loops of a :class:`~hvd_magics.estimator.HorovodEstimator` fit
-share: how a classifier's output becomes probabilities, the shard's inputs and labels, the
-learning rate, the seed of each step, and the result rank 0 sends back (:class:`FitResult`)."""
+share: the fit's skeleton around the framework's steps (:class:`FitBook`: the start state from
+the latest checkpoint, the epochs still to run, timed and per-epoch checkpoints, the history and
+event files, rank 0's result), how a classifier's output becomes probabilities, the shard's
+inputs and labels, the learning rate, the seed of each step, and the result rank 0 sends back
+(:class:`FitResult`). Each framework supplies its steps and how its state is written and read."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
 from hvd_magics.protocol import (OUTPUT_EXP, OUTPUT_PROBABILITY, OUTPUT_SIGMOID,
                                  OUTPUT_SOFTMAX)
+from hvd_magics.rank.checkpoints import Position, epoch_plan, latest_checkpoint, write_checkpoint
+from hvd_magics.rank.event_files import EventFiles
 from hvd_magics.rank.fit_spec import FitSpec
 
 SOFTMAX, SIGMOID, EXP, PROBABILITY = OUTPUT_SOFTMAX, OUTPUT_SIGMOID, OUTPUT_EXP, OUTPUT_PROBABILITY
@@ -40,6 +47,93 @@ class FitResult:
     resumed_from: dict[str, int] | None
     steps_per_epoch: int
     optimizer_step: int
+
+
+#: ``write(path, position, history)``: a framework writes its whole training state to ``path``.
+StateWriter = Callable[[Path, Position, list], None]
+
+
+def start_state(spec: FitSpec, rank: int, fresh: Callable[[], dict[str, Any]],
+                load: Callable[[Path], dict[str, Any]], broadcast: Callable[[Any], Any]
+                ) -> tuple[dict[str, Any], tuple[Position, Path] | None]:
+    """The state every rank starts from (rank 0 reads the latest checkpoint of the model
+    directory with ``load``, or takes ``fresh()``; ``broadcast`` hands it to every rank), and
+    the checkpoint it came from (rank 0 only; ``None`` elsewhere or when none was found)."""
+    found = latest_checkpoint(spec.model_dir) if rank == 0 else None
+    state = (load(found[1]) if found else fresh()) if rank == 0 else None
+    return broadcast(state), found
+
+
+@dataclass
+class FitBook:
+    """The bookkeeping of one rank's fit, the same for every framework: where training stands,
+    the epochs still to run, the history of every fit so far, the event files and checkpoints
+    (written by rank 0 only, with the framework's ``write``), and rank 0's result."""
+
+    spec: FitSpec
+    rank: int
+    state: dict[str, Any]  # the start state (see :func:`start_state`)
+    found: tuple[Position, Path] | None
+    write: StateWriter
+    extension: str  # of the checkpoint files: "pkl", "pt"
+    history: list[dict[str, Any]] = field(init=False)
+    position: Position = field(init=False)
+    events: EventFiles | None = field(init=False)
+    saved_at: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.history = list(self.state.get("history") or [])  # of earlier fits too
+        self.position = Position(**self.state["position"])
+        self.events = EventFiles(self.spec.model_dir) if self.writes else None
+        self.saved_at = time.monotonic()
+
+    @property
+    def writes(self) -> bool:
+        """Whether this rank writes the fit's files (rank 0, with a model directory)."""
+        return bool(self.spec.model_dir) and self.rank == 0
+
+    def plan(self, steps: int) -> list[tuple[int, int, int]]:
+        """The ``(epoch, first step, steps)`` still to run (see
+        :func:`~hvd_magics.rank.checkpoints.epoch_plan`)."""
+        return epoch_plan(self.position, steps, self.spec.epochs, self.spec.max_steps)
+
+    def checkpoint_due(self, done: int, steps: int) -> bool:
+        """Whether rank 0 saves inside the epoch after step ``done`` of ``steps``
+        (``checkpoint_secs`` have passed since the last save, and the epoch is not over)."""
+        return self.writes and self.spec.checkpoint_secs is not None and done < steps and \
+            time.monotonic() - self.saved_at >= self.spec.checkpoint_secs
+
+    def save(self, at: Position) -> None:
+        write_checkpoint(self.spec.model_dir, at, self.extension,
+                         lambda path: self.write(path, at, self.history),
+                         self.spec.keep_checkpoints)
+        self.saved_at = time.monotonic()
+
+    def end_epoch(self, epoch: int, first: int, count: int, steps: int, global_step: int,
+                  logs: dict[str, float]) -> Position:
+        """Record an epoch (or the part of one) that ran ``count`` steps from ``first``: its
+        history line and event files, and rank 0's checkpoint; return where training stands."""
+        done = first + count == steps
+        self.position = Position(epoch + 1, 0, global_step) if done else \
+            Position(epoch, first + count, global_step)
+        self.history.append({"epoch": epoch + 1, "global_step": global_step, **logs})
+        if self.events is not None:
+            self.events.write(epoch + 1, logs)
+        if self.writes:
+            self.save(self.position)
+        return self.position
+
+    def close(self) -> bool:
+        """Close the event files; whether this rank sends the result (rank 0)."""
+        if self.events is not None:
+            self.events.close()
+        return self.rank == 0
+
+    def result(self, framework: str, model: bytes, output: str | None, output_size: int,
+               steps: int, optimizer_step: int) -> FitResult:
+        return FitResult(framework, model, output, output_size, self.history,
+                         asdict(self.position), asdict(self.found[0]) if self.found else None,
+                         steps, optimizer_step)
 
 
 def classifier_output(loss: Any, classifier: bool | None) -> str | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import pickle
 import tempfile
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,9 @@ from typing import Any
 import numpy as np
 
 from hvd_magics.protocol import KERAS
-from hvd_magics.rank.checkpoints import Position, epoch_plan, latest_checkpoint, write_checkpoint
-from hvd_magics.rank.fit_common import (FitResult, classifier_output, inputs_of, labels_of,
-                                        scaled_learning_rate, step_seed)
-from hvd_magics.rank.event_files import EventFiles
+from hvd_magics.rank.checkpoints import Position
+from hvd_magics.rank.fit_common import (FitBook, FitResult, classifier_output, inputs_of,
+                                        labels_of, scaled_learning_rate, start_state, step_seed)
 from hvd_magics.rank.fit_spec import DEFAULT_LEARNING_RATE, FitSpec
 from hvd_magics.rank.keras_progress import progress_callback
 
@@ -113,17 +111,20 @@ def fit_keras(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | No
     model.compile(hvd.DistributedOptimizer(optimizer), loss=spec.loss, metrics=list(spec.metrics))
     optimizer = model.optimizer
     _build(optimizer, model.trainable_variables)
-    found = latest_checkpoint(spec.model_dir) if hvd.rank() == 0 else None
-    state = None
-    if hvd.rank() == 0:
-        if found:
-            with open(found[1], "rb") as handle:
-                state = pickle.load(handle)
-        else:
-            state = _state(model, optimizer, Position(), [])
-    state = hvd_tf.broadcast_object(state, root_rank=0, name="hvd_magics_start_state")
+
+    def load(path: Path) -> dict[str, Any]:
+        with open(path, "rb") as handle:
+            return pickle.load(handle)
+
+    def write(path: Path, at: Position, history: list[dict[str, Any]]) -> None:
+        with open(path, "wb") as handle:
+            pickle.dump(_state(model, optimizer, at, history), handle, protocol=4)
+
+    state, found = start_state(
+        spec, hvd.rank(), lambda: _state(model, optimizer, Position(), []), load,
+        lambda value: hvd_tf.broadcast_object(value, root_rank=0, name="hvd_magics_start_state"))
     _restore(model, optimizer, state)
-    position = Position(**state["position"])
+    book = FitBook(spec, hvd.rank(), state, found, write, "pkl")
 
     classifier = output_kind is not None
     xs = [tf.constant(x) for x in inputs_of(train, spec)]
@@ -149,18 +150,6 @@ def fit_keras(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | No
         val_data = tf.data.Dataset.from_tensor_slices(
             (val_inputs, labels_of(val, spec, classifier))).batch(size)
 
-    events = EventFiles(spec.model_dir) if spec.model_dir and hvd.rank() == 0 else None
-    history: list[dict[str, Any]] = list(state.get("history") or [])  # of earlier fits too
-    saved = {"at": time.monotonic()}
-
-    def save(at: Position) -> None:
-        def write(path: Path) -> None:
-            with open(path, "wb") as handle:
-                pickle.dump(_state(model, optimizer, at, history), handle, protocol=4)
-
-        write_checkpoint(spec.model_dir, at, "pkl", write, spec.keep_checkpoints)
-        saved["at"] = time.monotonic()
-
     generators = step_generators(model)
 
     class _SeedEachStep(keras.callbacks.Callback):
@@ -184,13 +173,13 @@ def fit_keras(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | No
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             done = self.first + batch + 1
-            if time.monotonic() - saved["at"] >= spec.checkpoint_secs and done < steps:
-                save(Position(self.epoch, done, int(optimizer.iterations.numpy())))
+            if book.checkpoint_due(done, steps):
+                book.save(Position(self.epoch, done, int(optimizer.iterations.numpy())))
 
-    for epoch, first, count in epoch_plan(position, steps, spec.epochs, spec.max_steps):
+    for epoch, first, count in book.plan(steps):
         callbacks = [hvd.callbacks.MetricAverageCallback()]
         callbacks += [_SeedEachStep()] if generators else []
-        if spec.model_dir and hvd.rank() == 0 and spec.checkpoint_secs is not None:
+        if book.writes and spec.checkpoint_secs is not None:
             callbacks.append(_TimedCheckpoints(epoch, first))
         shown = progress_callback(keras, size, spec.epochs, steps)
         callbacks += [shown] if shown is not None else []
@@ -198,18 +187,8 @@ def fit_keras(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | No
                            initial_epoch=epoch, steps_per_epoch=count, validation_data=val_data,
                            callbacks=callbacks, verbose=0)
         logs = {name: float(values[-1]) for name, values in fitted.history.items()}
-        global_step = int(optimizer.iterations.numpy())
-        done = first + count == steps
-        position = Position(epoch + 1, 0, global_step) if done else \
-            Position(epoch, first + count, global_step)
-        history.append({"epoch": epoch + 1, "global_step": global_step, **logs})
-        if events is not None:
-            events.write(epoch + 1, logs)
-        if spec.model_dir and hvd.rank() == 0:
-            save(position)
-    if events is not None:
-        events.close()
-    if hvd.rank() != 0:
+        book.end_epoch(epoch, first, count, steps, int(optimizer.iterations.numpy()), logs)
+    if not book.close():
         return None
     optimizer_step = int(optimizer.iterations.numpy())
     # Saved with a plain optimizer of the same settings and state (not Horovod's wrapper), so
@@ -224,8 +203,7 @@ def fit_keras(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | No
     blob = _save_final(model, spec.model_dir)
     example = model(model_inputs([x[:2] for x in xs]), training=False)
     output_size = int(np.prod(example.shape[1:]))
-    return FitResult(KERAS, blob, output_kind, output_size, history, asdict(position),
-                     asdict(found[0]) if found else None, steps, optimizer_step)
+    return book.result(KERAS, blob, output_kind, output_size, steps, optimizer_step)
 
 
 def _save_final(model: Any, model_dir: str | None) -> bytes:

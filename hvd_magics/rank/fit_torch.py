@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import time
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -12,10 +11,10 @@ from typing import Any, Callable
 import numpy as np
 
 from hvd_magics.rank import progress
-from hvd_magics.rank.checkpoints import Position, epoch_plan, latest_checkpoint, write_checkpoint
 from hvd_magics.protocol import TORCH
-from hvd_magics.rank.fit_common import FitResult, classifier_output, labels_of, step_seed
-from hvd_magics.rank.event_files import EventFiles
+from hvd_magics.rank.checkpoints import Position
+from hvd_magics.rank.fit_common import (FitBook, FitResult, classifier_output, labels_of,
+                                        start_state, step_seed)
 from hvd_magics.rank.fit_spec import DEFAULT_LEARNING_RATE, FitSpec, OptimizerRecipe
 
 _LOSSES = {"cross_entropy": "CrossEntropyLoss", "nll": "NLLLoss", "nll_loss": "NLLLoss",
@@ -163,19 +162,20 @@ def fit_torch(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | No
     output_kind = classifier_output(spec.loss, spec.classifier)
     loss_fn = torch_loss(spec.loss)
     optimizer = torch_optimizer(spec, model, hvd.size())
-    found = latest_checkpoint(spec.model_dir) if hvd.rank() == 0 else None
-    state = None
-    if hvd.rank() == 0:
-        state = torch.load(found[1], weights_only=False) if found else {
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "position": asdict(Position()), "history": []}
-    state = hvd.broadcast_object(state, root_rank=0, name="hvd_magics_start_state")
+    state, found = start_state(
+        spec, hvd.rank(), lambda: {"model": model.state_dict(),
+                                   "optimizer": optimizer.state_dict(),
+                                   "position": asdict(Position()), "history": []},
+        lambda path: torch.load(path, weights_only=False),
+        lambda value: hvd.broadcast_object(value, root_rank=0, name="hvd_magics_start_state"))
     model.load_state_dict(state["model"])
     # Horovod's DistributedOptimizer is a new optimizer over the same parameter groups, with a
     # state of its own: that one steps, so that one is restored and saved.
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     optimizer.load_state_dict(state["optimizer"])
-    position = Position(**state["position"])
+    book = FitBook(spec, hvd.rank(), state, found, lambda path, at, history: torch.save(
+        {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+         "position": asdict(at), "history": history}, path), "pt")
 
     # the inputs stay in the mapped shard files (a batch is gathered from them); the labels,
     # small, become tensors once
@@ -192,20 +192,10 @@ def fit_torch(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | No
     unknown = [m for m in metrics if m not in TORCH_METRICS]
     if unknown:
         raise ValueError(f"unknown PyTorch metrics {unknown}; use {list(TORCH_METRICS)}")
-    events = EventFiles(spec.model_dir) if spec.model_dir and hvd.rank() == 0 else None
-    history: list[dict[str, Any]] = list(state.get("history") or [])  # of earlier fits too
-    last_save = time.monotonic()
-    global_step = position.global_step
+    global_step = book.position.global_step
     rank = hvd.rank()
 
-    def save(at: Position) -> None:
-        nonlocal last_save
-        write_checkpoint(spec.model_dir, at, "pt", lambda path: torch.save(
-            {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "position": asdict(at), "history": history}, path), spec.keep_checkpoints)
-        last_save = time.monotonic()
-
-    for epoch, first, count in epoch_plan(position, steps, spec.epochs, spec.max_steps):
+    for epoch, first, count in book.plan(steps):
         batches = train.batch_rows(size, spec.shuffle, spec.seed + epoch,
                                    spec.remainder)[first:first + count]
         progress.start_epoch(epoch + 1, spec.epochs, steps, size)
@@ -224,26 +214,14 @@ def fit_torch(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | No
             global_step += 1
             sums.add(output.detach(), target, loss.detach())
             progress.report(first + index + 1, loss=loss.detach())
-            if spec.model_dir and hvd.rank() == 0 and spec.checkpoint_secs is not None and \
-                    time.monotonic() - last_save >= spec.checkpoint_secs and \
-                    first + index + 1 < steps:
-                save(Position(epoch, first + index + 1, global_step))
+            if book.checkpoint_due(first + index + 1, steps):
+                book.save(Position(epoch, first + index + 1, global_step))
         logs = sums.averages(hvd)
         if val is not None:
             logs.update(_evaluate(model, loss_fn, val_xs, val_ys, spec, output_kind, hvd))
         progress.end_epoch(samples=count * size, **logs)
-        done = first + count == steps
-        at = Position(epoch + 1, 0, global_step) if done else Position(epoch, first + count,
-                                                                     global_step)
-        history.append({"epoch": epoch + 1, "global_step": global_step, **logs})
-        if events is not None:
-            events.write(epoch + 1, logs)
-        if spec.model_dir and hvd.rank() == 0:
-            save(at)
-        position = at
-    if events is not None:
-        events.close()
-    if hvd.rank() != 0:
+        book.end_epoch(epoch, first, count, steps, global_step, logs)
+    if not book.close():
         return None
     model.eval()
     example = _gather(xs, np.arange(min(2, len(ys))))
@@ -252,9 +230,8 @@ def fit_torch(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | No
         output_size = int(np.prod(_forward(model, example, spec.input_names).shape[1:]))
     steps_taken = [int(s["step"]) for s in optimizer.state_dict()["state"].values()
                    if "step" in s]
-    return FitResult(TORCH, blob, output_kind, output_size, history, asdict(position),
-                     asdict(found[0]) if found else None, steps,
-                     max(steps_taken) if steps_taken else global_step)
+    return book.result(TORCH, blob, output_kind, output_size, steps,
+                       max(steps_taken) if steps_taken else global_step)
 
 
 def _gather(xs: list[Any], rows: np.ndarray) -> list[Any]:

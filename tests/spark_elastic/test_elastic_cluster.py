@@ -33,7 +33,7 @@ def elastic_cluster():
 @pytest.fixture()
 def elastic_spark(elastic_cluster):
     """A session that takes every core of the cluster, with three workers and executors."""
-    from hvd_magics.launch.spark_backend import task_slots
+    from hvd_magics.launch.spark_slots import task_slots
 
     while elastic_cluster.alive_workers() < WORKERS:
         elastic_cluster.add_worker()

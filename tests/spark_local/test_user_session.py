@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from hvd_magics.launch.spark_backend import spark_error_text
+from hvd_magics.launch.spark_errors import spark_error_text
 from tests.conftest import ROOT
 
 USER_SCRIPT = textwrap.dedent('''

@@ -5,7 +5,8 @@ import socket
 import pytest
 
 from hvd_magics.channel import ChannelAddress
-from hvd_magics.launch.spark_backend import no_live_view_reason, replay_order
+from hvd_magics.launch.spark_backend import replay_order
+from hvd_magics.launch.spark_session import no_live_view_reason
 from hvd_magics.protocol import EXIT, OUTPUT, PROGRESS, RESULT
 from hvd_magics.task import event_buffer
 from hvd_magics.task.event_buffer import EventBuffer, replay

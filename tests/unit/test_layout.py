@@ -179,6 +179,26 @@ def test_every_backend_has_what_the_runner_asks_of_a_backend():
     assert "hasattr(backend" not in runner and "isinstance(backend" not in runner
 
 
+def test_a_rank_is_named_by_one_helper():
+    """``rank 1``, ``task 1``, ``ranks 0, 2`` and the ``[1]`` tags of output lines come from
+    ``hvd_magics.rank_names``, not from labels built in each module."""
+    import re
+    from pathlib import Path
+
+    from hvd_magics.rank_names import line_tag, ranks_named, unit_of
+
+    assert (ranks_named([1]), ranks_named([0, 2], unit_of(True))) == ("rank 1", "tasks 0, 2")
+    assert (line_tag(1), line_tag(1, unit_of(True)), line_tag(0, host="h")) == \
+        ("[1]", "[task1]", "[0@h]")
+    # a label, not a name such as the record's ``rank{r}_s`` column
+    label = re.compile(r"""f["'][\[ ]?(rank|task)s? ?\{[^}]*\}(?!_)""")
+    root = Path(hvd_magics.__file__).parent
+    built = [f"{path.relative_to(root)}: {line.strip()}" for path in root.rglob("*.py")
+             if path.name != "rank_names.py" for line in path.read_text().splitlines()
+             if label.search(line)]
+    assert built == []
+
+
 def test_every_environment_variable_name_is_spelled_once_in_protocol():
     """The names the driver, tasks and ranks pass each other (ours, Horovod's, torchrun's, Spark's)
     are constants of ``hvd_magics.protocol``, not strings in the modules that use them."""

@@ -26,7 +26,7 @@ def test_loopback_maps_to_lo_and_names_to_nothing():
 def test_a_local_master_tells_its_slots_and_others_do_not():
     import os
 
-    from hvd_magics.launch.spark_backend import local_master_slots
+    from hvd_magics.launch.spark_slots import local_master_slots
 
     assert local_master_slots("local") == 1 and local_master_slots("local[2]") == 2
     assert local_master_slots("local[*]") == os.cpu_count()
@@ -38,7 +38,7 @@ def test_a_local_master_tells_its_slots_and_others_do_not():
 
 
 def test_the_driver_fallback_is_offered_only_to_jobs_without_dataframes():
-    from hvd_magics.launch.spark_backend import not_enough_slots
+    from hvd_magics.launch.spark_slots import not_enough_slots
 
     plain = str(not_enough_slots(5, 2, 2, "local[2]", "1"))
     assert plain.endswith("Fix: use np<=2, add executors or cores, or use np=-5 to run all ranks "
@@ -70,7 +70,7 @@ def test_a_failed_rendezvous_request_is_a_log_line_not_a_traceback_in_the_cell(c
 
 
 def test_no_smaller_np_is_offered_when_no_slot_is_free():
-    from hvd_magics.launch.spark_backend import not_enough_slots
+    from hvd_magics.launch.spark_slots import not_enough_slots
 
     text = str(not_enough_slots(1, 0, 2, "local[2]", "1", held=2))
     assert "Fix: add executors or cores, or use np=-1" in text and "np<=0" not in text

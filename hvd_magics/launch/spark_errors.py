@@ -1,0 +1,62 @@
+"""Spark's failures as a user should read them: the executor's Python traceback out of a JVM
+exception's text, a lost executor's reason, and the fix when the executors lack our packages."""
+from __future__ import annotations
+
+import re
+
+#: What to do when the executors' Python lacks a package the job needs.
+MISSING_PACKAGES_FIX = (
+    "\nFix: install hvd_magics, horovod, pyarrow and the frameworks on every executor, or point "
+    "PYSPARK_PYTHON (spark.pyspark.python) at an interpreter that has them, then start the "
+    "SparkSession again.")
+
+
+_EXECUTOR_LOST = re.compile(r"ExecutorLostFailure \(([^)]*)\)(?:\s*Reason: ([^\n]*))?")
+
+
+#: Where the Python traceback inside a JVM exception's text ends (pyspark 4.0 and 4.3 forms).
+_TRACEBACK_ENDS = ("\n\tat ", "\nJVM stacktrace", "\n\n\n")
+
+
+#: Lines of a Python traceback from an executor that are shown.
+TRACEBACK_LINES = 15
+
+
+def executor_lost_reason(text: str) -> str | None:
+    """``"executor 1 exited ...: Command exited with code 137"`` from a Spark error, if any."""
+    match = _EXECUTOR_LOST.search(text)
+    if match is None:
+        return None
+    return f"{match.group(1)}" + (f": {match.group(2).strip()}" if match.group(2) else "")
+
+
+def python_traceback(text: str) -> str | None:
+    """The executor's Python traceback inside a Spark (JVM) error's text, or ``None`` (after
+    ``PythonException`` in the JVM's text, or pyspark's own ``An exception was thrown from the
+    Python worker`` that a retried task's failure becomes)."""
+    start = max(text.find("PythonException"), text.find("thrown from the Python worker"))
+    start = text.find("Traceback (most recent call last):", max(start, 0)) if start >= 0 else -1
+    if start < 0:
+        return None
+    ends = [i for i in (text.find(marker, start) for marker in _TRACEBACK_ENDS) if i >= 0]
+    return text[start:min(ends, default=len(text))].rstrip()
+
+
+def spark_error_text(exc: BaseException) -> str:
+    """A Spark-side failure as a user should see it: the executor's Python traceback when there
+    is one, else the Spark message's own lines without JVM frames."""
+    text = str(exc)
+    traceback_text = python_traceback(text)
+    if traceback_text:
+        lines = [ln for ln in traceback_text.splitlines() if ln.strip()]
+        shown = lines[-TRACEBACK_LINES:]
+        if len(lines) > len(shown):
+            shown = [lines[0], "  ..."] + shown
+        return "the executor's Python failed:\n" + "\n".join(shown)
+    lost = executor_lost_reason(text)
+    if lost:
+        return f"an executor was lost ({lost})"
+    lines = [ln for ln in text.strip().splitlines()
+             if ln.strip() and not ln.startswith(("\tat ", "\t... ")) and "py4j" not in ln]
+    return "\n".join(lines[:5])
+
