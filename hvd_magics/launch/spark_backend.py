@@ -9,6 +9,7 @@ import functools
 import heapq
 import json
 import queue
+import sys
 import threading
 import time
 from typing import Any, Sequence
@@ -27,9 +28,10 @@ from hvd_magics.launch.spark_session import (CONNECT_PROBE_S, check_connect_sess
                                              give_up_retries, is_connect,
                                              local_workers_use_this_python,
                                              no_live_view_reason)
-from hvd_magics.launch.spark_slots import SLOT_WAIT_S, check_slots
-from hvd_magics.protocol import (DROP_SHARDS, END_POOL, INTERRUPT_CELL, RUN_CELL,
-                                 TAKE_STACKS)
+from hvd_magics.launch.spark_slots import (SLOT_WAIT_S, check_slots, local_master_slots,
+                                           not_enough_slots)
+from hvd_magics.protocol import (DROP_SHARDS, END_POOL, ENV_DRIVER_HOST, ENV_LIVE,
+                                 INTERRUPT_CELL, RUN_CELL, TAKE_STACKS)
 from hvd_magics.task.event_buffer import replay
 from hvd_magics.task.spark_task import TaskSpec
 

@@ -7,7 +7,6 @@ as DataFrames of the session the first cell starts), the functions the README ca
 claim), and the checks at the end. ``modelDir`` points into the test's folder instead of /tmp.
 """
 import re
-from pathlib import Path
 
 import nbformat
 
