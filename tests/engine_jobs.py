@@ -193,3 +193,42 @@ def uneven_tf_reduces():
     for _ in range(3 if strategy.cluster_resolver.task_id == 0 else 2):
         value = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
         print("reduce gave", float(value), flush=True)
+
+
+def _where():
+    """This rank's Python and where its hvd_magics came from."""
+    import sys
+
+    import hvd_magics
+
+    return sys.executable, hvd_magics.__file__
+
+
+def ddp_where():
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    return (*_where(), float(total))
+
+
+def horovod_where():
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    return (*_where(), float(hvd.allreduce(torch.ones(1), op=hvd.Sum)))
+
+
+def tf_where():
+    import json
+    import os
+
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    total = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)),
+                            axis=None)
+    return (*_where(), float(total), len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]))

@@ -12,6 +12,7 @@ from pyspark.ml.util import MLReadable, MLWritable
 from hvd_magics.estimator.input_checks import column_kinds
 from hvd_magics.estimator.params import ModelParams, add_accessors
 from hvd_magics.estimator.persistence import BlobReader, BlobWriter
+from hvd_magics.launch.package_shipping import ship_package
 from hvd_magics.launch.spark_session import is_connect, local_workers_use_this_python
 from hvd_magics.protocol import KERAS
 from hvd_magics.task.predict import (PREDICTION, PROBABILITY, RAW, PredictConfig,
@@ -108,6 +109,7 @@ class HorovodModel(Model, ModelParams, MLReadable, MLWritable):
                   else F.col(c).cast("float") for c in columns]
         udf = arrow_udf(_udf_function(config, len(columns)), self._return_type(fields))
         spark = dataset.sparkSession
+        ship_package(spark)  # the UDF calls hvd_magics.task.predict on the executors
         with local_workers_use_this_python(None if is_connect(spark) else spark.sparkContext):
             out = dataset.withColumn(_OUT, udf(*inputs))
         columns_out = {self.getPredictionCol(): F.col(f"{_OUT}.{PREDICTION}")}

@@ -22,6 +22,7 @@ from hvd_magics.channel import EventServer
 from hvd_magics.launch import console_bar, interrupt_guard
 from hvd_magics.launch.dataframe_input import DataFrameSources, sharded_input
 from hvd_magics.launch.meeting_point import MeetingPoint
+from hvd_magics.launch.package_shipping import ship_package
 from hvd_magics.launch.spark_errors import MISSING_PACKAGES_FIX, spark_error_text
 from hvd_magics.launch.spark_session import (CONNECT_PROBE_S, check_connect_session,
                                              connect_server_gone, driver_address,
@@ -228,8 +229,10 @@ class SparkBackend:
                           "to run without a live view") from None
 
     def _submit(self, spec: TaskSpec) -> None:
-        """Run the stage of ``spec`` in a background thread, in the job's group (or tag)."""
+        """Run the stage of ``spec`` in a background thread, in the job's group (or tag), with
+        hvd_magics sent along to executors that may lack it."""
         self._group = f"hvd_magics-{spec.job_id}"
+        ship_package(self.spark)
         from pyspark import InheritableThread
 
         self._thread = InheritableThread(target=self._collect, args=(spec,), daemon=True,

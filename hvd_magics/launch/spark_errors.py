@@ -6,9 +6,9 @@ import re
 
 #: What to do when the executors' Python lacks a package the job needs.
 MISSING_PACKAGES_FIX = (
-    "\nFix: install hvd_magics, horovod, pyarrow and the frameworks on every executor, or point "
-    "PYSPARK_PYTHON (spark.pyspark.python) at an interpreter that has them, then start the "
-    "SparkSession again.")
+    "\nFix: install horovod, pyarrow and the frameworks on every executor (hvd_magics itself "
+    "travels with the job), or point PYSPARK_PYTHON (spark.pyspark.python) at an interpreter "
+    "that has them, then start the SparkSession again.")
 
 
 _EXECUTOR_LOST = re.compile(r"ExecutorLostFailure \(([^)]*)\)(?:\s*Reason: ([^\n]*))?")

@@ -10,7 +10,6 @@ import socket
 import threading
 from typing import Callable, Sequence
 
-import psutil
 
 from hvd_magics.protocol import (ENV_HOROVOD_CONTROLLER, ENV_HOROVOD_CPU_OPERATIONS,
                                  ENV_HOROVOD_CROSS_RANK, ENV_HOROVOD_CROSS_SIZE,
@@ -63,9 +62,31 @@ def slot_env(slot, rendezvous_host: str, rendezvous_port: int, iface: str = "") 
 
 
 def _interface_addresses() -> list[tuple[str, str]]:
-    """``(interface, address)`` for every address of this host."""
+    """``(interface, address)`` for every address of this host (IPv4 only on an executor
+    without psutil: hvd_magics travels to executors that lack it)."""
+    try:
+        import psutil
+    except ImportError:
+        return _ipv4_addresses()
     return [(name, addr.address.split("%")[0])
             for name, addrs in psutil.net_if_addrs().items() for addr in addrs]
+
+
+def _ipv4_addresses() -> list[tuple[str, str]]:
+    """``(interface, IPv4 address)`` of each interface, asked of the kernel (``SIOCGIFADDR``)."""
+    import fcntl
+    import struct
+
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            try:
+                answer = fcntl.ioctl(probe.fileno(), 0x8915,  # SIOCGIFADDR
+                                     struct.pack("256s", name.encode()[:15]))
+            except OSError:  # an interface without an IPv4 address
+                continue
+            found.append((name, socket.inet_ntoa(answer[20:24])))
+    return found
 
 
 def local_addresses() -> set[str]:

@@ -103,7 +103,9 @@ def _arrow_only_python(folder) -> str:
 @pytest.mark.parametrize("np", [2, "1:2"])  # a barrier stage, and an elastic job's tasks
 @pytest.mark.parametrize("python, cause", [
     ("bare", "No module named 'pyarrow'"),  # Spark's Arrow task itself cannot run
-    ("arrow_only", "cannot import hvd_magics: ModuleNotFoundError"),  # our guarded task reports
+    # hvd_magics travels with the job (issue 39); Horovod, which plans a barrier job's slots in
+    # the task, does not
+    ("arrow_only", "No module named 'horovod'"),
 ])
 def test_executors_without_our_packages_get_the_cause_and_the_fix(cluster_spark, tmp_path,
                                                                    python, cause, np):
@@ -115,6 +117,11 @@ def test_executors_without_our_packages_get_the_cause_and_the_fix(cluster_spark,
     sc.pythonExec = sys._base_executable if python == "bare" else _arrow_only_python(tmp_path)
     try:
         start = time.monotonic()
+        if python == "arrow_only" and np == "1:2":
+            # an elastic job's slots are planned on the driver: with hvd_magics sent along, a
+            # job that needs nothing more runs on these executors
+            assert HorovodRunner(np=np).run(jobs.print_lines, count=1) == 0
+            return
         with pytest.raises(HorovodJobError) as info:
             HorovodRunner(np=np).run(jobs.print_lines, count=1)
         assert time.monotonic() - start < 60  # not the start timeout
@@ -122,7 +129,7 @@ def test_executors_without_our_packages_get_the_cause_and_the_fix(cluster_spark,
         sc.pythonExec = saved
     text = str(info.value)
     assert cause in text, text
-    assert "Fix: install hvd_magics, horovod, pyarrow and the frameworks on every executor" in text
+    assert "Fix: install horovod, pyarrow and the frameworks on every executor" in text
     assert "\tat " not in text and "py4j" not in text
     assert HorovodRunner(np=2).run(jobs.print_lines, count=1) == 0
 

@@ -1,0 +1,59 @@
+"""Executors whose Python has the frameworks but not hvd_magics: the package travels with the job
+(issue 39). The cluster's executors run the Python the session names (pyspark sends the driver's
+``sc.pythonExec`` with every Python function), here a virtual environment made by the test whose
+site-packages reach this one's frameworks through a ``.pth`` line, which does not run the
+editable install's own ``.pth`` (so ``import hvd_magics`` fails there)."""
+import contextlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvd_magics import HorovodRunner
+from hvd_magics.launch import package_shipping
+from tests import engine_jobs
+
+
+@pytest.fixture(scope="module")
+def python_without_hvd_magics(tmp_path_factory):
+    import sysconfig
+
+    folder = tmp_path_factory.mktemp("frameworks-only")
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    python = folder / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                           "['purelib'])"], check=True, capture_output=True, text=True)
+    Path(site.stdout.strip(), "frameworks.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    probe = subprocess.run([str(python), "-c", "import torch, horovod, pyspark\nimport hvd_magics"],
+                           cwd=folder, capture_output=True, text=True)
+    assert "No module named 'hvd_magics'" in probe.stderr, probe.stderr  # what the test is about
+    return str(python)
+
+
+@contextlib.contextmanager
+def executors_run(sc, python: str):
+    saved = sc.pythonExec
+    sc.pythonExec = python
+    try:
+        yield
+    finally:
+        sc.pythonExec = saved
+
+
+def test_every_engine_runs_on_executors_without_hvd_magics(cluster_spark,
+                                                          python_without_hvd_magics):
+    sc = cluster_spark.sparkContext
+    package_shipping._SENT.clear()  # as a fresh kernel: nothing sent to this application yet
+    with executors_run(sc, python_without_hvd_magics):
+        ddp = HorovodRunner(np=2, engine="torch").run(engine_jobs.ddp_where)
+        sent = dict(package_shipping._SENT)
+        horovod = HorovodRunner(np=2).run(engine_jobs.horovod_where)
+        tf = HorovodRunner(np=2, engine="tf").run(engine_jobs.tf_where)
+    zip_name = package_shipping.package_zip().name
+    assert list(sent.values()) == [zip_name]  # sent once to this application, then not again
+    assert package_shipping._SENT == sent
+    for executable, package, total, *rest in (ddp, horovod, tf):
+        assert executable == python_without_hvd_magics  # the rank's own Python
+        assert f"{zip_name}/hvd_magics/__init__.py" in package  # the driver's, from the zip
+        assert total == 2.0 and rest in ([], [2])
