@@ -37,12 +37,18 @@ def reap_local_ranks(ranks: Iterable[tuple[int | None, str]]) -> None:
         except psutil.Error:
             return False
 
-    deadline = time.monotonic() + RANK_EXIT_WAIT_S
-    while procs and time.monotonic() < deadline:
-        procs = [proc for proc in procs if running(proc)]
-        time.sleep(0.05)
-    for proc in procs:
+    def still_running(procs: list[psutil.Process]) -> list[psutil.Process]:
+        deadline = time.monotonic() + RANK_EXIT_WAIT_S
+        while procs and time.monotonic() < deadline:
+            procs = [proc for proc in procs if running(proc)]
+            if procs:
+                time.sleep(0.05)
+        return procs
+
+    for proc in still_running(procs):
         try:
             proc.kill()
         except psutil.Error:
             pass
+    # a kill is delivered, not done: the caller says nothing is left, so see them go
+    still_running(procs)
