@@ -41,9 +41,11 @@ _PUBLIC = {
     "PoolError": "hvd_magics.errors",
     "MlflowMissing": "hvd_magics.errors",
     "StartTimeoutError": "hvd_magics.errors",
+    "EnvironmentNotShippable": "hvd_magics.errors",
     "JobTimeoutError": "hvd_magics.errors",
     "log_to_driver": "hvd_magics.rank.reporting",
     "progress": "hvd_magics.rank",  # the module hvd_magics.rank.progress
+    "ship_environment": "hvd_magics.job.environment",
 }
 
 __all__ = sorted([*_PUBLIC, "load_ipython_extension"])

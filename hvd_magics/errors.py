@@ -251,3 +251,8 @@ class DataRefused(PayloadError, HorovodJobError):
 class EstimatorInputError(HorovodMagicsError, ValueError):
     """A :class:`~hvd_magics.estimator.HorovodEstimator` cannot train on this DataFrame or with
     these params (the message names the column or param and the fix)."""
+
+
+class EnvironmentNotShippable(HorovodMagicsError, ValueError):
+    """The notebook's environment cannot be shipped to the executors: not a venv or conda
+    environment, an editable install that cannot travel, or larger than the limit."""

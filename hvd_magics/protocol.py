@@ -151,6 +151,12 @@ ENV_DRIVER_HOST = "HVD_MAGICS_DRIVER_HOST"
 ENV_LIVE = "HVD_MAGICS_LIVE"
 #: JSON list of the rank's DataFrame shards: ``index``, ``name``, ``path``, ``rows_per_rank``.
 ENV_SHARDS = "HVD_MAGICS_SHARDS"
+#: The folder Spark unpacked the notebook's shipped environment into (its archive's alias) and
+#: the Python version it was packed with (:mod:`hvd_magics.launch.environment_shipping`).
+ENV_SHIPPED_ENVIRONMENT = "HVD_MAGICS_SHIPPED_ENVIRONMENT"
+ENV_SHIPPED_PYTHON = "HVD_MAGICS_SHIPPED_PYTHON"
+#: The interpreter a task starts its rank with (the shipped environment's; else its own).
+ENV_RANK_PYTHON = "HVD_MAGICS_RANK_PYTHON"
 #: Asks a rank's supervisor to record a Horovod Timeline and send it back (rank 0).
 ENV_WANT_TIMELINE = "HVD_MAGICS_TIMELINE"
 #: ``0`` turns off the progress callback added to every Keras ``Model.fit``.

@@ -232,3 +232,13 @@ def tf_where():
     total = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)),
                             axis=None)
     return (*_where(), float(total), len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]))
+
+
+def shipped_marker_where():
+    """The rank's Python, its prefix and the version of the package only the shipped
+    environment holds."""
+    import sys
+
+    import shipped_marker
+
+    return sys.executable, sys.prefix, shipped_marker.VERSION

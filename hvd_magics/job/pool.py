@@ -197,7 +197,8 @@ class HorovodPool:
             self.backend: Any = DriverBackend(-self.np, env, pool=True)
         else:
             spark = active_session() or start_local_session(self.np)
-            self.backend = SparkBackend(spark, self.np, env, pool=True, slot_wait_s=slot_wait_s)
+            self.backend = SparkBackend(spark, self.np, env, pool=True, slot_wait_s=slot_wait_s,
+                                        environment=SESSION.environment)
         self.where = self.backend.where
         #: Each rank's process id and host, from its ``started`` event.
         self.pids: dict[int, int] = {}

@@ -356,7 +356,8 @@ def _make_backend(request: LaunchRequest) -> Backend:
 
         spark = active_session() or start_local_session(np.max_np)
         return ElasticSparkBackend(spark, np, env, request.start_timeout,
-                                   request.elastic_timeout, request.reset_limit)
+                                   request.elastic_timeout, request.reset_limit,
+                                   SESSION.environment)
     if sources:
         if np < 0:
             raise PayloadError(
@@ -366,12 +367,13 @@ def _make_backend(request: LaunchRequest) -> Backend:
         for source in sources:
             check_columns(source)
         return SparkBackend(common_session(sources), np, env, sources,
-                            held_slots=SESSION.held_slots(), background=request.live is not None)
+                            held_slots=SESSION.held_slots(), background=request.live is not None,
+                            environment=SESSION.environment)
     if np < 0:
         return DriverBackend(-np, env)
     spark = active_session() or start_local_session(np)
     return SparkBackend(spark, np, env, held_slots=SESSION.held_slots(),
-                        background=request.live is not None)
+                        background=request.live is not None, environment=SESSION.environment)
 
 
 def source_of(main: Callable) -> str | None:

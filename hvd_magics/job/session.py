@@ -13,6 +13,7 @@ from typing import Any
 from hvd_magics.job.mlflow_run import MlflowSettings
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.timeline import TimelineSettings
+from hvd_magics.launch.environment_shipping import EnvironmentChoice
 
 
 @dataclass
@@ -31,6 +32,9 @@ class Session:
     live_pools: weakref.WeakSet = field(default_factory=weakref.WeakSet)
     #: The background jobs that still run (:class:`hvd_magics.job.background.BackgroundJob`).
     background_jobs: set = field(default_factory=set)
+    #: The notebook's environment, shipped to the executors for the ranks
+    #: (``hvd_magics.ship_environment()``, ``%hvd_env``), or ``None``.
+    environment: EnvironmentChoice | None = None
 
     def held_slots(self) -> int:
         """The Spark task slots this process's warm pools and background jobs hold."""
@@ -42,6 +46,7 @@ class Session:
         self.last_run = None
         self.timeline = TimelineSettings()
         self.mlflow = None
+        self.environment = None
         if self.pool is not None:
             self.pool.close()
         self.pool = None

@@ -27,6 +27,7 @@ from hvd_magics.errors import HorovodMagicsError
 from hvd_magics.options import ElasticSize
 from hvd_magics.launch.spark_backend import (CANCEL_AFTER_S, STATUS_SCHEMA, SparkBackend,
                                              barrier_function)
+from hvd_magics.launch.environment_shipping import EnvironmentChoice
 from hvd_magics.launch.spark_errors import spark_error_text
 from hvd_magics.launch.spark_session import is_local
 from hvd_magics.launch.spark_slots import SLOT_WAIT_S, not_enough_slots, task_slots
@@ -188,9 +189,10 @@ class ElasticSparkBackend(SparkBackend):
     """
 
     def __init__(self, spark: Any, size: ElasticSize, env: dict[str, str], start_timeout: float,
-                 elastic_timeout: float, reset_limit: int | None) -> None:
+                 elastic_timeout: float, reset_limit: int | None,
+                 environment: EnvironmentChoice | None = None) -> None:
         super().__init__(spark, size.max_np, {ENV_GLOO_TIMEOUT: str(ELASTIC_GLOO_TIMEOUT_S),
-                                              **env})
+                                              **env}, environment=environment)
         self.size = size
         self.elastic_max = size.max_np
         self.start_timeout = start_timeout

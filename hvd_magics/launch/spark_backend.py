@@ -21,6 +21,7 @@ from hvd_magics.errors import HorovodMagicsError
 from hvd_magics.channel import EventServer
 from hvd_magics.launch import console_bar, interrupt_guard
 from hvd_magics.launch.dataframe_input import DataFrameSources, sharded_input
+from hvd_magics.launch.environment_shipping import EnvironmentChoice, say
 from hvd_magics.launch.meeting_point import MeetingPoint
 from hvd_magics.launch.package_shipping import ship_package
 from hvd_magics.launch.spark_errors import MISSING_PACKAGES_FIX, spark_error_text
@@ -100,6 +101,9 @@ class SparkBackend:
     background : bool
         A background job: while it runs, Spark's console bar is off and an interrupt of another
         cell does not cancel it (as for a pool).
+    environment : EnvironmentChoice, optional
+        The notebook's environment, packed and sent for the ranks to run in
+        (``hvd_magics.ship_environment()``).
     """
 
     #: A cold job's ranks end with it (a warm pool's backend keeps them).
@@ -110,8 +114,10 @@ class SparkBackend:
     def __init__(self, spark: Any, np: int, env: dict[str, str],
                  sources: DataFrameSources | None = None, pool: bool = False,
                  slot_wait_s: float = SLOT_WAIT_S, held_slots: int = 0,
-                 background: bool = False) -> None:
+                 background: bool = False, environment: EnvironmentChoice | None = None
+                 ) -> None:
         self.spark = spark
+        self.environment = environment
         self.pool = pool
         #: A background job: its stage, like a pool's, runs while other cells do.
         self.background = background
@@ -233,6 +239,8 @@ class SparkBackend:
         hvd_magics sent along to executors that may lack it."""
         self._group = f"hvd_magics-{spec.job_id}"
         ship_package(self.spark)
+        if self.environment is not None:
+            spec.env.update(self.environment.for_job(self.spark, say))
         from pyspark import InheritableThread
 
         self._thread = InheritableThread(target=self._collect, args=(spec,), daemon=True,

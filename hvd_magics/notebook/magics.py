@@ -17,6 +17,7 @@ from hvd_magics.errors import CellError, HorovodMagicsError, MlflowMissing, Payl
 from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S, VERBOSITIES,
                                 validate_engine)
 from hvd_magics.job.background import BackgroundJob, jobs
+from hvd_magics.job.environment import environment_status, ship_environment
 from hvd_magics.job.job_state import STALL_AFTER_S
 from hvd_magics.job.mlflow_run import requested
 from hvd_magics.job.pool import DEFAULT_IDLE_TIMEOUT_S, HorovodPool
@@ -404,6 +405,32 @@ class HorovodMagics(Magics):
                 raise UsageError(f"%hvd_timeline show: cannot read {path}: {exc.strerror}") from None
         print(settings)
         return None
+
+    @magic_arguments()
+    @argument("action", nargs="?", choices=["ship", "off"], default=None,
+              help="ship: run every later job's ranks in this notebook's Python environment, "
+                   "packed and sent to the executors; off: in the executors' own Python. "
+                   "Without an action, say what is shipped.")
+    @argument("prefix", nargs="?", default=None,
+              help="ship: the environment's folder (default: the kernel's own, sys.prefix).")
+    @argument("--limit-gb", type=float, default=None,
+              help="ship: refuse an environment larger than this, unpacked (default 10).")
+    @line_magic
+    def hvd_env(self, line: str) -> None:
+        """Ship this notebook's Python environment to the executors (or stop), or say what is."""
+        args = parse_argstring(self.hvd_env, without_comment(line))
+        if args.action is None and (args.prefix or args.limit_gb):
+            raise UsageError("%hvd_env: a folder and --limit-gb go with ship: "
+                             "%hvd_env ship [FOLDER] [--limit-gb N]")
+        try:
+            if args.action == "ship":
+                limit = {} if args.limit_gb is None else {"limit_gb": args.limit_gb}
+                ship_environment(args.prefix, **limit)
+            elif args.action == "off":
+                ship_environment(False)
+        except HorovodMagicsError as exc:
+            raise UsageError(f"%hvd_env: {exc}") from None
+        print(environment_status())
 
     @magic_arguments()
     @argument("action", nargs="?", choices=["on", "off"], default=None,

@@ -29,6 +29,7 @@ from hvd_magics.task.gpus import visible_devices
 from hvd_magics.task.shard_files import (ShardFile, ShardSpaceError, empty_shards, null_values,
                                          remove_shards, shard_folder, write_shards)
 from hvd_magics.task.shard_receiver import ShardReceiver
+from hvd_magics.task.shipped_environment import rank_python
 from hvd_magics.task.supervisor import RankProcess, rank_environment
 from hvd_magics.task.task_meeting import BY_DRIVER, TaskMeeting
 from hvd_magics.task.slots import (iface_for_address, plan_ranks, start_rendezvous,
@@ -268,6 +269,7 @@ def task_rank_env(spec: TaskSpec, ctx: Any) -> dict[str, str]:
     """The environment every rank of this task starts with: the job's, and the GPUs Spark gave
     the task (``ctx`` is its ``TaskContext``)."""
     env = rank_environment(dict(os.environ), spec.env)
+    env.update(rank_python(spec.env))  # the notebook's environment, when the job ships it
     gpus = ctx.resources().get("gpu")
     if gpus is not None and gpus.addresses:
         env[CUDA_VISIBLE_DEVICES] = visible_devices(gpus.addresses, os.environ)

@@ -23,8 +23,8 @@ from hvd_magics.rank.cell_timeline import timeline_chunks
 from hvd_magics.rank.process_group import die_with_parent, killpg
 from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, make_rank_tmpdir
 from hvd_magics.protocol import (CELL_END, CELL_END_LINE, ENV_CONTROL_FD, ENV_EVENT_FD,
-                                 ENV_HOROVOD_TIMELINE, ENV_LEGACY_KERAS, ENV_RANK_TMPDIR,
-                                 ENV_WANT_TIMELINE, EXIT, OUTPUT, OUTPUT_PARTIAL, RANK_MODULE,
+                                 ENV_HOROVOD_TIMELINE, ENV_LEGACY_KERAS, ENV_RANK_PYTHON,
+                                 ENV_RANK_TMPDIR, ENV_WANT_TIMELINE, EXIT, OUTPUT, OUTPUT_PARTIAL, RANK_MODULE,
                                  STARTED, TIMELINE_CHUNK, TIMELINE_LOCAL, encode_job)
 
 #: The line a pool's rank prints at the end of each cell, as its output pipe carries it.
@@ -118,7 +118,7 @@ class RankProcess:
         if self._tmpdir:
             env[ENV_RANK_TMPDIR] = self._tmpdir
         self._proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", RANK_MODULE],
+            [env.get(ENV_RANK_PYTHON) or sys.executable, "-u", "-m", RANK_MODULE],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             env=env, pass_fds=(write_fd, control_read), start_new_session=True,
             preexec_fn=_keeper_dies_with_supervisor if sys.platform.startswith("linux") else None,

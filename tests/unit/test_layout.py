@@ -40,7 +40,8 @@ def test_every_error_is_a_horovod_magics_error():
 
     for name in ("HorovodJobError", "StartTimeoutError", "NotEnoughSlotsError", "PayloadError",
                  "CellError", "ResultDecodeError", "ShardError", "ShardSpaceError",
-                 "MlflowMissing", "SparkSessionLost", "EstimatorInputError"):
+                 "MlflowMissing", "SparkSessionLost", "EstimatorInputError",
+                 "EnvironmentNotShippable"):
         assert issubclass(getattr(errors, name), errors.HorovodMagicsError), name
     assert issubclass(errors.JobInterrupted, KeyboardInterrupt)
     # a user mistake renders as its one line in IPython, not a traceback through hvd_magics

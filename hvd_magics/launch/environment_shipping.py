@@ -1,0 +1,271 @@
+"""The notebook's own Python environment, packed and sent to the executors, where the ranks run
+in it (``hvd_magics.ship_environment()``, ``%hvd_env``).
+
+The environment is packed with the tool made for its kind, venv-pack for a virtual environment
+and conda-pack for a conda one (the prefix's ``conda-meta`` says which), into
+``~/.cache/hvd_magics/envs/env-<key>.tar.gz``. The key is a hash of what is installed (each
+distribution's name and version and its ``RECORD``'s size and time, so a rebuilt wheel of the same
+version counts, as our Horovod build does), the Python version and the platform: a ``%pip
+install`` changes it, and the next job packs and sends the new environment. Spark carries the
+archive (``SparkContext.addArchive``; ``spark.addArtifacts(..., archive=True)`` on Spark Connect)
+and unpacks it on every executor, once per application and key. The task finds it there and
+starts its rank with the archive's interpreter (:mod:`hvd_magics.task.shipped_environment`);
+the task itself still runs in the executor's own Python, which needs only pyspark and pyarrow
+(hvd_magics travels by itself, :mod:`~hvd_magics.launch.package_shipping`).
+
+venv-pack does not carry the interpreter: the executors need the same Python at the same path
+(the task refuses otherwise, naming conda-pack, which carries it). Editable installs are left
+out (venv-pack refuses them); hvd_magics' own travels as its zip, any other is refused by name.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import platform
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from hvd_magics.errors import EnvironmentNotShippable
+from hvd_magics.launch.spark_session import is_connect, is_local
+from hvd_magics.protocol import ENV_SHIPPED_ENVIRONMENT, ENV_SHIPPED_PYTHON
+
+#: Environments larger than this (unpacked) are refused unless the limit is raised.
+DEFAULT_LIMIT_GB = 10.0
+#: gzip level of the archive: fast (level 1 packs about three times faster than venv-pack's
+#: default 4 for a few per cent more bytes).
+COMPRESS_LEVEL = 1
+#: How often the cell's progress line is drawn again while packing.
+PROGRESS_EVERY_S = 1.0
+
+
+@dataclass(frozen=True)
+class EnvironmentFacts:
+    """What an environment is, as the driver sees it."""
+
+    prefix: str
+    kind: str  # "venv" or "conda"
+    python: str  # "3.11"
+    platform: str  # "Linux-x86_64"
+    key: str  # the hash of what is installed (see the module's docstring)
+    size: int  # bytes on disk, unpacked
+    editable: tuple[str, ...]  # editable installs found (their .pth lines), other than ours
+
+    @property
+    def alias(self) -> str:
+        """The folder the executors unpack it into."""
+        return f"hvd_env_{self.key}"
+
+    def describe(self) -> str:
+        return (f"{self.kind} {self.prefix} (Python {self.python}, {_size(self.size)} unpacked, "
+                f"key {self.key})")
+
+
+def say(text: str, redraw: bool = False) -> None:
+    """Show ``text`` in the cell (stderr, as the other lines a job says before it starts);
+    ``redraw``: a progress line that the next one replaces."""
+    print(f"\rhvd_magics: {text}", end="" if redraw else "\n", file=sys.stderr, flush=True)
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if count < 1000 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} GB"
+
+
+def _site_packages(prefix: Path) -> list[Path]:
+    return sorted(p for p in prefix.glob("lib/python*/site-packages") if p.is_dir())
+
+
+def _editable_installs(prefix: Path) -> tuple[str, ...]:
+    """The ``.pth`` lines that point outside the prefix (what venv-pack calls editable), less
+    hvd_magics' own (it travels as its zip)."""
+    import hvd_magics
+
+    ours = str(Path(hvd_magics.__file__).resolve().parents[1])
+    found = []
+    for site in _site_packages(prefix):
+        for pth in site.glob("*.pth"):
+            for line in pth.read_text(errors="replace").splitlines():
+                line = line.strip()
+                if not line or line.startswith(("#", "import ")):
+                    continue
+                where = os.path.normpath(os.path.join(site, line))
+                if not where.startswith(str(prefix)) and where != ours:
+                    found.append(f"{pth.name}: {line}")
+    return tuple(found)
+
+
+def environment_facts(prefix: str | os.PathLike | None = None) -> EnvironmentFacts:
+    """The facts of the environment at ``prefix`` (the kernel's own, ``sys.prefix``, by default).
+
+    Raises
+    ------
+    EnvironmentNotShippable
+        When ``prefix`` is neither a virtual environment nor a conda environment.
+    """
+    root = Path(prefix or sys.prefix).resolve()
+    if (root / "conda-meta").is_dir():
+        kind = "conda"
+    elif (root / "pyvenv.cfg").is_file():
+        kind = "venv"
+    else:
+        raise EnvironmentNotShippable(
+            f"{root} is not a virtual environment or a conda environment, so it cannot be packed "
+            "for the executors. Fix: run the notebook in a venv (python -m venv) or a conda "
+            "environment, install what the job needs there, then ship_environment() again.")
+    digest = hashlib.sha256(f"{sys.version_info[:2]}|{platform.machine()}".encode())
+    size = 0
+    for site in _site_packages(root):
+        for entry in sorted(os.scandir(site), key=lambda e: e.name):
+            if entry.name.endswith((".dist-info", ".egg-info")):
+                record = Path(entry.path, "RECORD")
+                stamp = record.stat() if record.exists() else entry.stat()
+                digest.update(f"{entry.name}|{stamp.st_size}|{stamp.st_mtime_ns}\n".encode())
+    for folder, _, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                size += os.lstat(os.path.join(folder, name)).st_size
+    return EnvironmentFacts(str(root), kind, f"{sys.version_info[0]}.{sys.version_info[1]}",
+                            f"{platform.system()}-{platform.machine()}",
+                            digest.hexdigest()[:16], size, _editable_installs(root))
+
+
+def _cache_folder() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base / "hvd_magics" / "envs"
+
+
+@contextlib.contextmanager
+def _ours_not_editable() -> Iterator[None]:
+    """venv-pack refuses any ``.pth`` line outside the prefix; ours is left out of the archive
+    (hvd_magics travels as its zip) and others were refused before, so its check is skipped."""
+    from venv_pack import core
+
+    check = core.check_no_editable_packages
+    core.check_no_editable_packages = lambda context: None
+    try:
+        yield
+    finally:
+        core.check_no_editable_packages = check
+
+
+def _pack(facts: EnvironmentFacts, target: Path) -> None:
+    part = target.with_name(f".{target.name}.part-{os.getpid()}")
+    if facts.kind == "conda":
+        import conda_pack
+
+        conda_pack.pack(prefix=facts.prefix, output=str(part), format="tar.gz",
+                        compress_level=COMPRESS_LEVEL, force=True, ignore_editable_packages=True,
+                        ignore_missing_files=True)
+    else:
+        import venv_pack
+
+        ours = [f"lib/python*/site-packages/{name}" for name in
+                ("_editable_impl_hvd_magics.pth", "__editable__*hvd_magics*")]
+        with _ours_not_editable():
+            venv_pack.pack(prefix=facts.prefix, output=str(part), format="tar.gz",
+                           compress_level=COMPRESS_LEVEL, force=True,
+                           filters=[("exclude", pattern) for pattern in ours])
+    os.replace(part, target)
+
+
+def packed_environment(facts: EnvironmentFacts, say: Callable[..., None],
+                       limit_gb: float = DEFAULT_LIMIT_GB) -> Path:
+    """The archive of the environment, packed now unless one of its key is cached; ``say``
+    shows what is being done (a line redrawn every second while packing).
+
+    Raises
+    ------
+    EnvironmentNotShippable
+        Editable installs other than hvd_magics, or more than ``limit_gb`` unpacked.
+    """
+    if facts.editable:
+        raise EnvironmentNotShippable(
+            "the environment has editable installs that cannot travel to the executors: "
+            + "; ".join(facts.editable) + ". Fix: install them without -e (pip install .), or "
+            "add their folders with spark.sparkContext.addPyFile, then ship_environment() again.")
+    if facts.size > limit_gb * 1e9:
+        raise EnvironmentNotShippable(
+            f"the environment is {_size(facts.size)} unpacked, over the limit of {limit_gb:g} GB "
+            "that every executor would download and unpack. Fix: remove what the job does not "
+            f"need, or raise the limit: ship_environment(limit_gb={facts.size / 1e9 * 1.2:.0f}).")
+    target = _cache_folder() / f"env-{facts.key}.tar.gz"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tool = "conda-pack" if facts.kind == "conda" else "venv-pack"
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def pack() -> None:
+        try:
+            _pack(facts, target)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            failure.append(exc)
+        finally:
+            done.set()
+
+    started = time.monotonic()
+    threading.Thread(target=pack, daemon=True, name="hvd_magics-pack").start()
+    part = target.with_name(f".{target.name}.part-{os.getpid()}")
+    while not done.wait(PROGRESS_EVERY_S):
+        written = part.stat().st_size if part.exists() else 0
+        say(f"packing {facts.prefix} with {tool}: {_size(written)} written of about "
+            f"{_size(facts.size)} unpacked, {time.monotonic() - started:.0f} s", redraw=True)
+    if failure:
+        raise EnvironmentNotShippable(f"{tool} could not pack {facts.prefix}: "
+                                f"{type(failure[0]).__name__}: {failure[0]}") from failure[0]
+    say(f"packed {facts.prefix} with {tool}: {_size(target.stat().st_size)} in "
+        f"{time.monotonic() - started:.1f} s")
+    return target
+
+
+#: What was sent to which session: ``{session key: environment key}``.
+_SENT: dict[str, set[str]] = {}
+
+
+def _session_key(spark: Any) -> str:
+    if is_connect(spark):
+        return f"connect:{spark.session_id}"
+    return f"classic:{spark.sparkContext.applicationId}"
+
+
+@dataclass
+class EnvironmentChoice:
+    """The user's choice to ship an environment (``prefix``: the kernel's own by default)."""
+
+    prefix: str | None = None
+    limit_gb: float = DEFAULT_LIMIT_GB
+    #: The facts of the environment last shipped (for ``%hvd_env`` and to notice a change).
+    shipped: EnvironmentFacts | None = None
+
+    def for_job(self, spark: Any, say: Callable[..., None] = say) -> dict[str, str]:
+        """Pack (when what is installed changed) and send (once per application) the environment
+        for a job on ``spark``; the task's environment variables that name it. Nothing for a
+        local master: its executors are this machine, running this very Python."""
+        if not is_connect(spark) and is_local(spark.sparkContext):
+            return {}
+        facts = environment_facts(self.prefix)
+        if self.shipped is not None and self.shipped.key != facts.key:
+            say(f"the environment changed since it was last shipped (key {self.shipped.key} "
+                f"-> {facts.key}): packing and sending it again")
+        archive = packed_environment(facts, say, self.limit_gb)
+        sent = _SENT.setdefault(_session_key(spark), set())
+        if facts.key not in sent:
+            started = time.monotonic()
+            if is_connect(spark):
+                spark.addArtifacts(f"{archive}#{facts.alias}", archive=True)
+            else:
+                spark.sparkContext.addArchive(f"{archive}#{facts.alias}")
+            sent.add(facts.key)
+            say(f"sent the environment to the executors ({_size(archive.stat().st_size)}, "
+                f"{time.monotonic() - started:.1f} s; Spark unpacks it on each)")
+        self.shipped = facts
+        return {ENV_SHIPPED_ENVIRONMENT: facts.alias, ENV_SHIPPED_PYTHON: facts.python}
