@@ -39,3 +39,28 @@ def test_a_failing_cell_shows_the_rank_traceback_with_cell_lines(ip, local_spark
 def test_quiet_hides_output_and_driver_mode_works(ip, capsys):
     assert ip.run_cell_magic("horovod", "-np -2 --quiet", "print('hidden')\n41 + 1\n") == 42
     assert "hidden" not in capsys.readouterr().out
+
+
+def test_hvd_env_on_a_local_master_ships_nothing_and_says_so(ip, local_spark, capsys):
+    from IPython.core.error import UsageError
+
+    ip.run_line_magic("hvd_env", "")
+    assert "not shipped" in capsys.readouterr().out
+    ip.run_line_magic("hvd_env", "ship  # the kernel's own environment")
+    said = capsys.readouterr()
+    assert "master is local[2]: its executors run this very Python, so nothing is packed" \
+        in said.err
+    assert said.out.startswith("Shipped to the executors of a cluster: venv ")
+    assert SESSION.environment is not None
+    # a job on the local master runs as before, in this Python
+    value = ip.run_cell_magic("horovod", "np=2 -q", "import sys\nsys.executable")
+    import sys
+
+    assert value == sys.executable
+    ip.run_line_magic("hvd_env", "off")
+    assert SESSION.environment is None and "not shipped" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="invalid choice: 'shp'"):
+        ip.run_line_magic("hvd_env", "shp")
+    with pytest.raises(UsageError, match="is not a virtual environment or a conda environment"):
+        ip.run_line_magic("hvd_env", "ship /tmp")
+    assert SESSION.environment is None
