@@ -15,7 +15,8 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import ROOT, _free_port
+from tests.conftest import ROOT
+from tests.standalone import _free_port
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]

@@ -16,12 +16,7 @@ from hvd_magics import HorovodJobError, HorovodRunner, JobInterrupted, last_run
 from hvd_magics.job.session import SESSION
 from tests import jobs
 from tests.conftest import ROOT
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.standalone import _free_port
 
 
 def start_server(folder, port: int) -> subprocess.Popen:

@@ -255,7 +255,7 @@ LOST_SERVER_CLIENT = textwrap.dedent('''
 def test_a_connect_server_killed_mid_job_fails_it_in_seconds_naming_the_server(tmp_path):
     """The cell hung for about ten minutes (pyspark retried interruptTag against the dead
     server), then showed a raw SparkConnectGrpcException."""
-    from tests.conftest import _free_port
+    from tests.standalone import _free_port
 
     port = _free_port()
     marks = tmp_path / "marks"

@@ -11,7 +11,8 @@ import pytest
 
 from hvd_magics import HorovodRunner, last_run
 from tests import jobs
-from tests.conftest import StandaloneCluster, _session, _stop_active, rank_processes_alive
+from tests.conftest import _session, _stop_active, rank_processes_alive
+from tests.standalone import StandaloneCluster
 from tests.spark_local.test_elastic_local import wait_for
 
 WORKERS = 3
