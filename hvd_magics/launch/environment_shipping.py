@@ -156,24 +156,31 @@ def _ours_not_editable() -> Iterator[None]:
         core.check_no_editable_packages = check
 
 
-def _pack(facts: EnvironmentFacts, target: Path) -> None:
-    part = target.with_name(f".{target.name}.part-{os.getpid()}")
+#: Files of hvd_magics' own editable install, left out of a packed venv (it travels as its zip).
+_OURS = ("_editable_impl_hvd_magics.pth", "__editable__.hvd_magics")
+
+
+def _pack(facts: EnvironmentFacts, part: Path, done: list[int]) -> None:
+    """Pack the environment into ``part``; ``done[0]``: the bytes of its files packed so far."""
     if facts.kind == "conda":
         import conda_pack
 
         conda_pack.pack(prefix=facts.prefix, output=str(part), format="tar.gz",
                         compress_level=COMPRESS_LEVEL, force=True, ignore_editable_packages=True,
                         ignore_missing_files=True)
-    else:
-        import venv_pack
+        return
+    from venv_pack import core, formats
 
-        ours = [f"lib/python*/site-packages/{name}" for name in
-                ("_editable_impl_hvd_magics.pth", "__editable__*hvd_magics*")]
-        with _ours_not_editable():
-            venv_pack.pack(prefix=facts.prefix, output=str(part), format="tar.gz",
-                           compress_level=COMPRESS_LEVEL, force=True,
-                           filters=[("exclude", pattern) for pattern in ours])
-    os.replace(part, target)
+    with _ours_not_editable():
+        env = core.Env(facts.prefix)
+    files = [f for f in env.files if not os.path.basename(f.target).startswith(_OURS)]
+    with open(part, "wb") as out, formats.archive(out, "tar.gz", COMPRESS_LEVEL) as archive:
+        packer = core.Packer(env._context, archive, None)  # noqa: SLF001 - venv-pack's own pack
+        for file in files:  # venv-pack's pack(), with the bytes counted as they go
+            packer.add(file)
+            with contextlib.suppress(OSError):
+                done[0] += os.lstat(file.source).st_size
+        packer.finish()
 
 
 def packed_environment(facts: EnvironmentFacts, say: Callable[..., None],
@@ -201,24 +208,29 @@ def packed_environment(facts: EnvironmentFacts, say: Callable[..., None],
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tool = "conda-pack" if facts.kind == "conda" else "venv-pack"
-    done = threading.Event()
+    part = target.with_name(f".{target.name}.part-{os.getpid()}")
+    finished = threading.Event()
     failure: list[BaseException] = []
+    packed = [0]
 
     def pack() -> None:
         try:
-            _pack(facts, target)
+            _pack(facts, part, packed)
+            os.replace(part, target)  # whole or absent
         except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
             failure.append(exc)
+            part.unlink(missing_ok=True)
         finally:
-            done.set()
+            finished.set()
 
     started = time.monotonic()
     threading.Thread(target=pack, daemon=True, name="hvd_magics-pack").start()
-    part = target.with_name(f".{target.name}.part-{os.getpid()}")
-    while not done.wait(PROGRESS_EVERY_S):
-        written = part.stat().st_size if part.exists() else 0
-        say(f"packing {facts.prefix} with {tool}: {_size(written)} written of about "
-            f"{_size(facts.size)} unpacked, {time.monotonic() - started:.0f} s", redraw=True)
+    while not finished.wait(PROGRESS_EVERY_S):
+        what = (f"{_size(packed[0])} of {_size(facts.size)}" if facts.kind == "venv" else
+                f"{_size(part.stat().st_size if part.exists() else 0)} written, "
+                f"{_size(facts.size)} unpacked")
+        say(f"packing {facts.prefix} with {tool}: {what}, "
+            f"{time.monotonic() - started:.0f} s", redraw=True)
     if failure:
         raise EnvironmentNotShippable(f"{tool} could not pack {facts.prefix}: "
                                 f"{type(failure[0]).__name__}: {failure[0]}") from failure[0]
