@@ -14,6 +14,7 @@ import pytest
 from hvd_magics import HorovodRunner
 from hvd_magics.launch import package_shipping
 from tests import engine_jobs
+from tests.environments import small_environment
 
 
 @pytest.fixture(scope="module")
@@ -60,31 +61,12 @@ def test_every_engine_runs_on_executors_without_hvd_magics(cluster_spark,
         assert total == 2.0 and rest in ([], [2])
 
 
-def _small_environment(folder: Path, marker_version: str) -> Path:
-    """A virtual environment of its own (no pip: small to pack) holding one package, installed
-    as pip installs one (its files and a dist-info with its version and RECORD)."""
-    if not (folder / "pyvenv.cfg").exists():
-        subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(folder)],
-                       check=True)
-    site = next(folder.glob("lib/python*/site-packages"))
-    for old in site.glob("shipped_marker*"):
-        subprocess.run(["rm", "-rf", str(old)], check=True)
-    (site / "shipped_marker").mkdir()
-    (site / "shipped_marker" / "__init__.py").write_text(f"VERSION = {marker_version!r}\n")
-    info = site / f"shipped_marker-{marker_version}.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: shipped_marker\n"
-                                   f"Version: {marker_version}\n")
-    (info / "RECORD").write_text("shipped_marker/__init__.py,,\n")
-    return folder
-
-
 def test_the_notebooks_environment_travels_once_and_again_after_an_install(
         cluster_spark, tmp_path, capfd):
     from hvd_magics import ship_environment
     from hvd_magics.launch import environment_shipping
 
-    env = _small_environment(tmp_path / "notebook-env", "1.0")
+    env = small_environment(tmp_path / "notebook-env", "1.0")
     environment_shipping._SENT.clear()
     choice = ship_environment(env)
     assert "packed " in capfd.readouterr().err
@@ -93,7 +75,7 @@ def test_the_notebooks_environment_travels_once_and_again_after_an_install(
         said = capfd.readouterr().err
         second = HorovodRunner(np=2).run(engine_jobs.shipped_marker_where)
         again = capfd.readouterr().err
-        _small_environment(env, "2.0")  # as `%pip install shipped_marker==2.0` would
+        small_environment(env, "2.0")  # as `%pip install shipped_marker==2.0` would
         third = HorovodRunner(np=2).run(engine_jobs.shipped_marker_where)
         changed = capfd.readouterr().err
     finally:

@@ -214,6 +214,21 @@ def quiet_elastic(spark, out):
             print("quiet elastic", exc)
 
 
+def shipped_environment(spark, out):
+    from hvd_magics import ship_environment
+    from tests.environments import small_environment
+
+    env = small_environment(pathlib.Path(out) / "notebook-env", "1.0")
+    ship_environment(env)
+    try:
+        first = HorovodRunner(np=2).run(engine_jobs.shipped_marker_where)
+        second = HorovodRunner(np=2).run(engine_jobs.shipped_marker_where)
+    finally:
+        ship_environment(False)
+    print("shipped", first[2], second[2], first[0].startswith(str(env)),
+          "/hvd_env_" in first[0])
+
+
 def serve() -> None:
     from pyspark.sql import SparkSession
 

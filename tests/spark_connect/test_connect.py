@@ -125,6 +125,13 @@ def test_the_estimator_fits_transforms_saves_and_loads_on_connect(connect, tmp_p
     assert "estimator torch 2 True True" in _ran(connect.run("estimator", tmp_path))
 
 
+def test_the_notebooks_environment_travels_to_a_connect_servers_executors(connect, tmp_path):
+    result = connect.run("shipped_environment", tmp_path)
+    assert "shipped 1.0 1.0 False True" in _ran(result), result
+    # sent once to the session (addArtifacts), not again with the second job
+    assert result["err"].count("sent the environment to the executors") == 1, result["err"]
+
+
 def test_too_many_ranks_for_the_connect_cluster_are_refused_with_its_slots(connect, tmp_path):
     assert ("slots np=3 needs 3 free Spark task slots at once (barrier mode), but the cluster "
             "has 2 free of 2 (master local[2]") in _ran(connect.run("too_many_ranks", tmp_path))
