@@ -45,6 +45,8 @@ _PUBLIC = {
     "JobTimeoutError": "hvd_magics.errors",
     "log_to_driver": "hvd_magics.rank.reporting",
     "progress": "hvd_magics.rank",  # the module hvd_magics.rank.progress
+    "checkpoint": "hvd_magics.rank",  # the module hvd_magics.rank.checkpoint
+    "attempt": "hvd_magics.rank.checkpoint",
     "ship_environment": "hvd_magics.job.environment",
 }
 

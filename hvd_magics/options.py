@@ -115,6 +115,24 @@ def validate_reset_limit(limit: Any) -> int | None:
     return limit
 
 
+def validate_restarts(restarts: Any, elastic: bool = False, pool: bool = False) -> int:
+    """How many times a job may start again after a loss: a whole number ``>= 0``; refused with
+    an elastic ``np`` (elastic Horovod goes on without the lost ranks instead) and on a warm
+    pool (a lost rank is replaced at the pool's next cell)."""
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+        raise ValueError("restarts (--restarts) must be a whole number >= 0 (how many times a "
+                         f"job starts again after losing a rank), got {restarts!r}")
+    if restarts and elastic:
+        raise ValueError("restarts (--restarts) with an elastic np: an elastic job already goes "
+                         "on when ranks are lost, as long as MIN remain. Fix: a fixed np with "
+                         "restarts, or the elastic np without")
+    if restarts and pool:
+        raise ValueError("restarts (--restarts) on a warm pool: the pool replaces a lost rank "
+                         "at its next cell. Fix: run the cell again, or a cold job (--cold) "
+                         "with restarts")
+    return restarts
+
+
 def validate_engine(engine: Any) -> str:
     """One of :data:`hvd_magics.protocol.ENGINES` (a few other spellings are taken: ``ddp``,
     ``pytorch``, ``tensorflow``, ``hvd``)."""

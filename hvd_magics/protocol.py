@@ -155,6 +155,10 @@ ENV_SHARDS = "HVD_MAGICS_SHARDS"
 #: the Python version it was packed with (:mod:`hvd_magics.launch.environment_shipping`).
 ENV_SHIPPED_ENVIRONMENT = "HVD_MAGICS_SHIPPED_ENVIRONMENT"
 ENV_SHIPPED_PYTHON = "HVD_MAGICS_SHIPPED_PYTHON"
+#: Which attempt of a job with restarts this is (0 first) and where its checkpoints are
+#: (:mod:`hvd_magics.rank.checkpoint`, :mod:`hvd_magics.job.restarts`).
+ENV_ATTEMPT = "HVD_MAGICS_ATTEMPT"
+ENV_CHECKPOINT_DIR = "HVD_MAGICS_CHECKPOINT_DIR"
 #: The interpreter a task starts its rank with (the shipped environment's; else its own).
 ENV_RANK_PYTHON = "HVD_MAGICS_RANK_PYTHON"
 #: Asks a rank's supervisor to record a Horovod Timeline and send it back (rank 0).

@@ -242,3 +242,53 @@ def shipped_marker_where():
     import shipped_marker
 
     return sys.executable, sys.prefix, shipped_marker.VERSION
+
+
+def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engine="torch"):
+    """A regression trained ``steps`` steps from seeded data under DDP (``engine="torch"``) or
+    Horovod, saving a checkpoint every ``every`` steps and resuming from the latest one.
+    ``kill_on``: ``(step, attempts)``, rank 1 SIGKILLs itself after that step on those attempts;
+    ``bad_rank`` raises a ValueError."""
+    import os
+    import signal
+
+    import torch
+
+    from hvd_magics import checkpoint
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    if engine == "torch":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        rank, forward = dist.get_rank(), torch.nn.parallel.DistributedDataParallel(model)
+    else:
+        import horovod.torch as hvd
+
+        hvd.init()
+        rank, forward = hvd.rank(), model
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    if rank == bad_rank:
+        raise ValueError(f"bad shard on rank {rank}")
+    start = 0
+    found = checkpoint.latest()
+    if found is not None:
+        state, start = found
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+    for step in range(start, steps):
+        data = torch.Generator().manual_seed(step * 10 + rank)
+        x = torch.randn(8, 4, generator=data)
+        optimizer.zero_grad()
+        loss = ((forward(x) - x.sum(1, keepdim=True)) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+        if kill_on and rank == 1 and step == kill_on[0] and checkpoint.attempt() in kill_on[1]:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if (step + 1) % every == 0:
+            checkpoint.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+                            step + 1)
+    return {"weights": [p.detach().tolist() for p in model.parameters()],
+            "attempt": checkpoint.attempt(), "start": start}

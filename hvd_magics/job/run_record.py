@@ -57,6 +57,9 @@ class RunRecord:
         Each time an elastic job's ranks re-formed: ``reset`` (1, 2, ...), ``size`` (ranks
         after it), ``ranks`` (Spark task to Horovod rank), ``causes`` (what changed: a task
         lost, a rank that exited, tasks that joined) and ``time`` (epoch seconds).
+    attempts : list of str
+        A job with restarts: why each earlier attempt ended (a loss, in one line), then
+        ``"succeeded"``; empty for a job that ran once.
     shards : list of dict
         Per DataFrame the job read: ``name``, ``rows_per_rank`` (rank order), ``bytes`` (Arrow
         bytes of all shards), ``write_s`` (the longest time a task spent writing its shard to
@@ -88,6 +91,7 @@ class RunRecord:
     startup_s: float | None = None
     training_s: float | None = None
     engine: str = "horovod"
+    attempts: list[str] = field(default_factory=list)
     #: The job's charts (loss, metrics, samples/s) as inline SVG, for saved notebooks.
     charts_html: str = field(default="", repr=False)
 
@@ -121,6 +125,7 @@ class RunRecord:
                 ("wall time", wall), ("exit codes", codes)]
         for reset in self.resets:
             rows.append((f"reset {reset['reset']}", describe_reset(reset)))
+        rows.extend((f"attempt {i + 1}", why) for i, why in enumerate(self.attempts))
         if self.returned:
             rows.append(("returned", ", ".join(self.returned)))
         if self.value is not None:

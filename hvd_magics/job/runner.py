@@ -31,6 +31,7 @@ from hvd_magics.protocol import (ENGINE_HOROVOD, ENV_ENGINE, ENV_PREIMPORT, ENV_
                                  ENV_WANT_TIMELINE)
 from hvd_magics.rank_names import rank_named, ranks_named
 from hvd_magics.result_codec import VALUE, ResultDecodeError, decode_strict
+from hvd_magics.job.restarts import checkpoint_folder, launch_with_restarts
 from hvd_magics.job.run_logs import prune_old_runs, runs_dir
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.session import SESSION
@@ -42,8 +43,8 @@ from hvd_magics.launch.spark_session import active_session, is_connect, start_lo
 from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S,
                                     VERBOSITY_ALL, ElasticSize, positive_seconds,
                                     horovod_only, validate_elastic_timeout, validate_engine,
-                                    validate_reset_limit, validate_size, validate_start_timeout,
-                                    validate_verbosity)
+                                    validate_reset_limit, validate_restarts, validate_size,
+                                    validate_start_timeout, validate_verbosity)
 from hvd_magics.job.text_view import TextView
 from hvd_magics.job.widgets_view import WidgetView, widgets_available
 
@@ -197,6 +198,17 @@ class HorovodRunner:
         ``LOCAL_WORLD_SIZE``) or ``"tf"`` (``tf.distribute.MultiWorkerMirroredStrategy()`` reads
         ``TF_CONFIG``). Default: the pool's engine, else ``"horovod"``. Elastic jobs and
         ``timeline`` are Horovod's.
+    restarts : int
+        When a rank or its executor is lost (killed, or its peers' collective library reports
+        the loss), start the job again, up to this many times (``%%horovod --restarts``). A
+        rank's own exception is not retried. Each attempt resumes from the job's latest
+        checkpoint when the function uses :mod:`hvd_magics.checkpoint`.
+    checkpoint_dir : str or path, optional
+        The job's checkpoint folder (:func:`hvd_magics.checkpoint.directory`). Default: one per
+        function or cell, under the driver's temporary folder; on a cluster, give a folder
+        every executor shares.
+    fresh : bool
+        Remove the job's checkpoints first, so that it starts over (``%%horovod --fresh``).
 
     Raises
     ------
@@ -220,8 +232,13 @@ class HorovodRunner:
                  elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT_S,
                  reset_limit: int | None = None, pool: Any = None,
                  timeout: float | None = None, stall_after: float = STALL_AFTER_S,
-                 engine: str | None = None) -> None:
+                 engine: str | None = None, restarts: int = 0,
+                 checkpoint_dir: str | os.PathLike | None = None, fresh: bool = False) -> None:
         size = validate_size(np)
+        self.restarts = validate_restarts(restarts, elastic=isinstance(size, ElasticSize),
+                                          pool=pool is not None)
+        self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
+        self.fresh = bool(fresh)
         pool_engine = getattr(pool, "engine", ENGINE_HOROVOD)
         self.engine = pool_engine if engine is None else validate_engine(engine)
         if pool is not None and self.engine != pool_engine:
@@ -296,7 +313,16 @@ class HorovodRunner:
         ``source`` (the cell's or the function's) goes to MLflow when the run is tracked;
         ``preimport`` (default: the leading imports of ``source``) is what ranks import early.
         """
-        return launch(self._request(payload, views, decode, source, preimport))
+        return self._launch(self._request(payload, views, decode, source, preimport))
+
+    def _launch(self, request: LaunchRequest) -> RunRecord:
+        """One job, started again after a loss up to ``restarts`` times (not on a pool, whose
+        ranks keep their environment)."""
+        if request.pool is not None:
+            return launch(request)
+        return launch_with_restarts(request, launch, self.restarts,
+                                    checkpoint_folder(request.source, self.checkpoint_dir),
+                                    self.fresh)
 
     def start(self, main: Callable[..., Any], **kwargs: Any) -> BackgroundJob:
         """Start ``main(**kwargs)`` on every rank in the background; return its handle at once.
@@ -324,7 +350,7 @@ class HorovodRunner:
             interrupt_guard.install(session.sparkContext)
 
         def run(live: LiveJob) -> RunRecord:
-            return launch(dataclasses.replace(request, live=live))
+            return self._launch(dataclasses.replace(request, live=live))
 
         return BackgroundJob(run, self.num_processor, spark, on_success)
 

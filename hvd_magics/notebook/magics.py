@@ -40,7 +40,8 @@ _KEY_VALUE_OPTIONS = {"np": "--np", "start_timeout": "--start-timeout",
                       "elastic_timeout": "--elastic-timeout",
                       "elastic-timeout": "--elastic-timeout", "reset_limit": "--reset-limit",
                       "reset-limit": "--reset-limit", "idle_timeout": "--idle-timeout",
-                      "idle-timeout": "--idle-timeout", "engine": "--engine"}
+                      "idle-timeout": "--idle-timeout", "engine": "--engine",
+                      "restarts": "--restarts"}
 _KEY_VALUE = re.compile(r"^([A-Za-z_][\w-]*)=(.*)$")
 #: How to bring back an object that the cell's value could not bring.
 _RETURN_HINT = ("To bring an object into the notebook, assign it in the cell and name it with "
@@ -174,6 +175,15 @@ class HorovodMagics(Magics):
     @argument("--stall-after", type=float, default=STALL_AFTER_S, metavar="SECONDS",
               help=f"Show a rank silent this long as stalled, with the line it is in "
                    f"(default {STALL_AFTER_S:.0f}).")
+    @argument("--restarts", type=int, default=0, metavar="N",
+              help="Start the job again when a rank or its executor is lost, up to N times; "
+                   "it resumes from hvd_magics.checkpoint's latest (a rank's own error is not "
+                   "retried).")
+    @argument("--checkpoint-dir", default=None, metavar="DIR",
+              help="The job's checkpoint folder (default: one per cell, under the driver's "
+                   "temporary folder; on a cluster, a folder every executor shares).")
+    @argument("--fresh", action="store_true",
+              help="Remove the job's checkpoints first: start over.")
     @argument("-q", "--quiet", action="store_true",
               help="Do not print the ranks' output (widgets and the log file still have it).")
     @argument("--verbosity", choices=VERBOSITIES, default=VERBOSITIES[0],
@@ -208,7 +218,8 @@ class HorovodMagics(Magics):
                                    elastic_timeout=args.elastic_timeout,
                                    reset_limit=args.reset_limit, pool=pool,
                                    timeout=args.timeout, stall_after=args.stall_after,
-                                   engine=args.engine)
+                                   engine=args.engine, restarts=args.restarts,
+                                   checkpoint_dir=args.checkpoint_dir, fresh=args.fresh)
         except ValueError as exc:
             raise UsageError(f"%%horovod: {exc}") from None
         except MlflowMissing as exc:

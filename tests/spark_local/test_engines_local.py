@@ -81,3 +81,15 @@ def test_a_warm_torch_pool_on_spark_keeps_its_process_group(local_spark):
     assert first["sum"] == again["sum"] == 3.0
     assert first["pid"] == again["pid"] and again["initialised_before"]
     assert not pool.alive
+
+
+@pytest.mark.parametrize("engine", ["torch", "horovod"])
+def test_a_rank_lost_in_a_spark_job_restarts_it_on_a_new_stage_from_its_checkpoint(
+        local_spark, tmp_path, engine):
+    whole = HorovodRunner(np=2, engine=engine, checkpoint_dir=tmp_path / "whole").run(
+        engine_jobs.steps_with_checkpoints, engine=engine)
+    runner = HorovodRunner(np=2, engine=engine, restarts=1, checkpoint_dir=tmp_path / "lost")
+    resumed = runner.run(engine_jobs.steps_with_checkpoints, kill_on=(12, [0]), engine=engine)
+    assert resumed["weights"] == whole["weights"]
+    assert (resumed["attempt"], resumed["start"]) == (1, 10)
+    assert len(last_run().attempts) == 2 and last_run().where == "spark local[2]"

@@ -1,0 +1,99 @@
+"""A job that survives a lost rank or executor: started again on a new stage, up to ``restarts``
+times, each attempt told its number and the job's checkpoint folder
+(:mod:`hvd_magics.rank.checkpoint`), so that it resumes from the last checkpoint.
+
+Only a loss is retried: a rank that died without a Python exception (killed, its executor lost)
+or that failed in the collective library because a peer went away (Gloo or NCCL connection
+errors, Horovod's "has been shut down"). A rank's own exception (a ``ValueError``, a shape
+error) fails the job at once, as without restarts: running it again gives the same error.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from hvd_magics.errors import HorovodJobError, JobInterrupted
+from hvd_magics.job.run_record import RunRecord
+from hvd_magics.protocol import ENV_ATTEMPT, ENV_CHECKPOINT_DIR
+from hvd_magics.rank.checkpoints import latest_checkpoint
+
+#: What a rank's error says when a peer of it went away (the loss is elsewhere).
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+             "has been shut down", "DistBackendError", "NCCL", "Gloo", "gloo",
+             "HorovodInternalError", "Socket Timeout", "connection refused")
+#: Errors a job's Spark stage ends with when an executor went away.
+EXECUTOR_LOST = ("an executor was lost", "ExecutorLostFailure", "was lost")
+
+
+def checkpoint_folder(source: str | None, given: str | None) -> Path:
+    """The job's checkpoint folder: ``given``, else one per cell or function (a hash of its
+    source) under the system's temporary folder, so that the same cell finds it again after the
+    notebook restarted."""
+    if given:
+        return Path(given)
+    key = hashlib.sha256((source or "").encode()).hexdigest()[:12] if source else "unnamed"
+    return Path(tempfile.gettempdir()) / "hvd_magics" / "checkpoints" / key
+
+
+def loss(exc: HorovodJobError) -> str | None:
+    """The cause, in one line, when ``exc`` is a loss that a restart can get past; else ``None``.
+
+    A loss: every failed rank died without a Python exception or failed in the collective
+    library (at least one died), or the stage lost an executor before any rank reported."""
+    failures = exc.failures
+    if not failures:
+        return exc.summary.splitlines()[0] if any(m in exc.summary for m in EXECUTOR_LOST) \
+            else None
+    died = [f for f in failures if not f.error]
+    peers = [f for f in failures if f.error and any(
+        m in f"{f.error}: {f.message}\n{f.traceback}" for m in PEER_LOST)]
+    if not died or len(died) + len(peers) < len(failures):
+        return None
+    return died[0].headline()
+
+
+def say(text: str) -> None:
+    print(f"hvd_magics: {text}", file=sys.stderr, flush=True)
+
+
+def launch_with_restarts(request: object, launch: Callable[[object], RunRecord],
+                         restarts: int, folder: Path, fresh: bool) -> RunRecord:
+    """Run ``launch(request)`` and, after a loss, again (``restarts`` times at most), each
+    attempt with its number and the checkpoint folder in the ranks' environment."""
+    if fresh:
+        shutil.rmtree(folder, ignore_errors=True)
+    found = latest_checkpoint(folder)
+    if found is not None:
+        written = time.strftime("%H:%M:%S", time.localtime(found[1].stat().st_mtime))
+        say(f"the job's checkpoints in {folder} hold step {found[0].global_step:,} (written "
+            f"at {written}): checkpoint.latest() gives it to the ranks (--fresh starts over)")
+    causes: list[str] = []
+    attempt = 0
+    while True:
+        env = {**request.env, ENV_ATTEMPT: str(attempt), ENV_CHECKPOINT_DIR: str(folder)}
+        try:
+            record = launch(dataclasses.replace(request, env=env))
+        except JobInterrupted:
+            raise
+        except HorovodJobError as exc:
+            cause = loss(exc)
+            if cause is None:
+                raise
+            causes.append(cause)
+            if attempt >= restarts:
+                exc.add_summary(f"the job was started {attempt + 1} times, and each ended with "
+                                "a loss: " + "; ".join(f"attempt {i + 1}: {c}"
+                                                      for i, c in enumerate(causes)))
+                raise
+            attempt += 1
+            say(f"attempt {attempt} of {restarts + 1} ended: {cause}; starting attempt "
+                f"{attempt + 1} (the ranks resume from {folder}'s latest checkpoint)")
+            continue
+        record.attempts = [*causes, "succeeded"]
+        return record

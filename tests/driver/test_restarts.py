@@ -1,0 +1,55 @@
+"""A job that loses a rank starts again and resumes from its last checkpoint (issue 40), on
+ranks on the driver: rank 1 SIGKILLs itself mid-training, as a lost executor would take it."""
+import pytest
+
+from hvd_magics import HorovodJobError, HorovodRunner, last_run
+from tests import engine_jobs
+
+
+def test_a_lost_rank_restarts_the_job_which_resumes_to_the_same_weights(tmp_path, capfd):
+    whole = HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path / "whole").run(
+        engine_jobs.steps_with_checkpoints)
+    runner = HorovodRunner(np=-2, engine="torch", restarts=2, checkpoint_dir=tmp_path / "lost")
+    resumed = runner.run(engine_jobs.steps_with_checkpoints, kill_on=(12, [0]))
+    said = capfd.readouterr().err
+    assert resumed["weights"] == whole["weights"]  # bit for bit
+    assert (resumed["attempt"], resumed["start"]) == (1, 10)  # from the checkpoint of step 10
+    record = last_run()
+    assert record.status == "succeeded" and len(record.attempts) == 2
+    assert "rank 1" in record.attempts[0] and "signal 9" in record.attempts[0]
+    assert "attempt 1 of 3 ended: rank 1" in said and "starting attempt 2" in said
+
+
+def test_a_ranks_own_error_is_not_retried(tmp_path, capfd):
+    runner = HorovodRunner(np=-2, engine="torch", restarts=2, checkpoint_dir=tmp_path)
+    with pytest.raises(HorovodJobError) as info:
+        runner.run(engine_jobs.steps_with_checkpoints, bad_rank=1)
+    assert "ValueError: bad shard on rank 1" in str(info.value)
+    assert "starting attempt" not in capfd.readouterr().err
+
+
+def test_restarts_used_up_end_the_job_with_every_attempts_cause(tmp_path):
+    runner = HorovodRunner(np=-2, engine="torch", restarts=1, checkpoint_dir=tmp_path)
+    with pytest.raises(HorovodJobError) as info:
+        runner.run(engine_jobs.steps_with_checkpoints, kill_on=(3, [0, 1]))
+    text = str(info.value)
+    assert "The job was started 2 times, and each ended with a loss" in text
+    assert "attempt 1: rank 1" in text and "attempt 2: rank 1" in text
+
+
+def test_the_same_job_run_again_finds_its_checkpoint_and_fresh_starts_over(tmp_path, capfd):
+    runner = HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path)
+    assert runner.run(engine_jobs.steps_with_checkpoints, steps=10)["start"] == 0
+    capfd.readouterr()
+    again = runner.run(engine_jobs.steps_with_checkpoints, steps=15)  # as after a restart
+    assert again["start"] == 10
+    assert f"the job's checkpoints in {tmp_path} hold step 10" in capfd.readouterr().err
+    fresh = HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path, fresh=True)
+    assert fresh.run(engine_jobs.steps_with_checkpoints, steps=5)["start"] == 0
+
+
+def test_restarts_with_an_elastic_np_or_a_bad_count_are_refused():
+    with pytest.raises(ValueError, match="an elastic job already goes on when ranks are lost"):
+        HorovodRunner(np="1:2", restarts=1)
+    with pytest.raises(ValueError, match="must be a whole number >= 0"):
+        HorovodRunner(np=2, restarts=-1)
