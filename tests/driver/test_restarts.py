@@ -53,3 +53,18 @@ def test_restarts_with_an_elastic_np_or_a_bad_count_are_refused():
         HorovodRunner(np="1:2", restarts=1)
     with pytest.raises(ValueError, match="must be a whole number >= 0"):
         HorovodRunner(np=2, restarts=-1)
+
+
+def test_the_magic_restarts_a_cell_that_lost_a_rank(ip, tmp_path, capfd):
+    cell = ("import os, signal\nfrom hvd_magics import checkpoint\n"
+            "import torch.distributed as dist\ndist.init_process_group('gloo')\n"
+            "found = checkpoint.latest()\nstart = found[1] if found else 0\n"
+            "checkpoint.save({'done': 3}, 3)\n"
+            "if dist.get_rank() == 1 and checkpoint.attempt() == 0:\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n"
+            "dist.barrier()\n(checkpoint.attempt(), start)\n")
+    line = f"np=-2 --engine torch --restarts 1 --checkpoint-dir {tmp_path} -q"
+    assert ip.run_cell_magic("horovod", line, cell) == (1, 3)
+    said = capfd.readouterr().err
+    assert "attempt 1 of 2 ended: rank 1" in said and "killed by signal 9" in said
+    assert "attempt 1" in str(last_run()) and "attempt 2" in str(last_run())
