@@ -244,10 +244,13 @@ def shipped_marker_where():
     return sys.executable, sys.prefix, shipped_marker.VERSION
 
 
-def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engine="torch"):
+def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engine="torch",
+                           pause_on=None):
     """A regression trained ``steps`` steps from seeded data under DDP (``engine="torch"``) or
     Horovod, saving a checkpoint every ``every`` steps and resuming from the latest one.
     ``kill_on``: ``(step, attempts)``, rank 1 SIGKILLs itself after that step on those attempts;
+    ``pause_on``: ``(step, folder)``, on the first attempt rank 1 writes its pid to
+    ``folder/rank1`` after that step and waits (for the test to kill its executor);
     ``bad_rank`` raises a ValueError."""
     import os
     import signal
@@ -287,6 +290,12 @@ def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engin
         optimizer.step()
         if kill_on and rank == 1 and step == kill_on[0] and checkpoint.attempt() in kill_on[1]:
             os.kill(os.getpid(), signal.SIGKILL)
+        if pause_on and rank == 1 and step == pause_on[0] and checkpoint.attempt() == 0:
+            import time
+
+            with open(os.path.join(pause_on[1], "rank1"), "w") as out:
+                out.write(str(os.getpid()))
+            time.sleep(600)
         if (step + 1) % every == 0:
             checkpoint.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
                             step + 1)

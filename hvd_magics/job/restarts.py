@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from hvd_magics.errors import HorovodJobError, JobInterrupted
+from hvd_magics.job.job_state import LOST
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.protocol import ENV_ATTEMPT, ENV_CHECKPOINT_DIR
 from hvd_magics.rank.checkpoints import latest_checkpoint
@@ -50,7 +51,7 @@ def loss(exc: HorovodJobError) -> str | None:
     if not failures:
         return exc.summary.splitlines()[0] if any(m in exc.summary for m in EXECUTOR_LOST) \
             else None
-    died = [f for f in failures if not f.error]
+    died = [f for f in failures if not f.error or f.error == LOST]  # killed, executor lost
     peers = [f for f in failures if f.error and any(
         m in f"{f.error}: {f.message}\n{f.traceback}" for m in PEER_LOST)]
     if not died or len(died) + len(peers) < len(failures):
@@ -77,8 +78,10 @@ def launch_with_restarts(request: object, launch: Callable[[object], RunRecord],
     attempt = 0
     while True:
         env = {**request.env, ENV_ATTEMPT: str(attempt), ENV_CHECKPOINT_DIR: str(folder)}
+        # a restart waits for the cluster to replace the executor it lost, up to start_timeout
+        wait = {"slot_wait_s": request.start_timeout} if attempt else {}
         try:
-            record = launch(dataclasses.replace(request, env=env))
+            record = launch(dataclasses.replace(request, env=env, **wait))
         except JobInterrupted:
             raise
         except HorovodJobError as exc:

@@ -39,6 +39,7 @@ from hvd_magics.launch.backend import Backend
 from hvd_magics.launch.local_ranks import reap_local_ranks
 from hvd_magics.launch import interrupt_guard
 from hvd_magics.launch.spark_backend import SparkBackend
+from hvd_magics.launch.spark_slots import SLOT_WAIT_S
 from hvd_magics.launch.spark_session import active_session, is_connect, start_local_session
 from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S,
                                     VERBOSITY_ALL, ElasticSize, positive_seconds,
@@ -106,6 +107,9 @@ class LaunchRequest:
     stall_after: float = STALL_AFTER_S
     #: Filled in as the job starts, for another thread (a background job's handle).
     live: LiveJob | None = None
+    #: On a cluster, how long to wait for executors to register (longer for a restart, while
+    #: the cluster replaces the executor it lost).
+    slot_wait_s: float = SLOT_WAIT_S
 
     @property
     def elastic(self) -> ElasticSize | None:
@@ -393,13 +397,15 @@ def _make_backend(request: LaunchRequest) -> Backend:
         for source in sources:
             check_columns(source)
         return SparkBackend(common_session(sources), np, env, sources,
-                            held_slots=SESSION.held_slots(), background=request.live is not None,
+                            slot_wait_s=request.slot_wait_s, held_slots=SESSION.held_slots(),
+                            background=request.live is not None,
                             environment=SESSION.environment)
     if np < 0:
         return DriverBackend(-np, env)
     spark = active_session() or start_local_session(np)
-    return SparkBackend(spark, np, env, held_slots=SESSION.held_slots(),
-                        background=request.live is not None, environment=SESSION.environment)
+    return SparkBackend(spark, np, env, slot_wait_s=request.slot_wait_s,
+                        held_slots=SESSION.held_slots(), background=request.live is not None,
+                        environment=SESSION.environment)
 
 
 def source_of(main: Callable) -> str | None:

@@ -201,3 +201,30 @@ def test_a_warm_pool_on_the_cluster_deals_again_data_changed_under_the_same_plan
 
     with HorovodPool(np=1) as pool:  # the other executor deals (and lists nothing: the driver)
         changed_data_cases(cluster_spark, pool, tmp_path, capfd)
+
+
+def test_a_killed_executor_restarts_the_job_which_resumes_to_the_same_weights(cluster_spark,
+                                                                              tmp_path):
+    """Issue 40: SIGKILL the executor JVM of rank 1 mid-training (DDP, checkpoints every 5
+    steps); the job starts again on the executor the cluster puts in its place."""
+    import threading
+
+    from tests import engine_jobs
+
+    whole = HorovodRunner(np=2, engine="torch", checkpoint_dir=tmp_path / "whole").run(
+        engine_jobs.steps_with_checkpoints)
+
+    def kill_rank_1s_executor():
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "rank1").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _executor_jvm(int((tmp_path / "rank1").read_text())).kill()
+
+    threading.Thread(target=kill_rank_1s_executor, daemon=True).start()
+    runner = HorovodRunner(np=2, engine="torch", restarts=1, checkpoint_dir=tmp_path / "lost")
+    resumed = runner.run(engine_jobs.steps_with_checkpoints, pause_on=(12, str(tmp_path)))
+    assert resumed["weights"] == whole["weights"]  # bit for bit
+    assert (resumed["attempt"], resumed["start"]) == (1, 10)
+    record = last_run()
+    assert record.attempts[-1] == "succeeded" and "rank 1" in record.attempts[0], record.attempts
+    assert "executor was lost or killed" in record.attempts[0]
