@@ -1,0 +1,144 @@
+"""A job that loses an executor and restarts from its last checkpoint (issue 40), on a standalone
+cluster of two one-core workers on loopback.
+
+A DDP job (an MNIST-shaped MLP, 40 steps of 64 rows per rank, a checkpoint every 5 steps) with
+``restarts=1``; after step 22 of its first attempt, rank 1's executor JVM is SIGKILLed (the
+standalone worker starts a new executor). Measured, ``--runs`` times:
+  recovery  seconds from the kill to the first training step of the second attempt
+  redone    steps done twice (the kill's step minus the checkpoint it resumed from)
+  cold      a cold launch of a trivial DDP job on the same cluster (the goal's yardstick)
+Usage: .venv/bin/python benchmarks/restart_recovery.py [--runs 3]
+Last line: restart_recovery recovery_s=<s> cold_s=<s> over_cold_s=<s> redone=<steps>
+(medians; goals: over_cold_s <= 2, redone <= 5)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+KILL_AFTER, EVERY, STEPS = 22, 5, 40
+
+
+def train(folder: str):
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from hvd_magics import checkpoint
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 10))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    start = 0
+    found = checkpoint.latest()
+    if found is not None:
+        state, start = found
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+    for step in range(start, STEPS):
+        data = torch.Generator().manual_seed(step * 10 + rank)
+        x, y = torch.randn(64, 784, generator=data), torch.randint(0, 10, (64,), generator=data)
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        optimizer.step()
+        if step == start and checkpoint.attempt() == 1 and rank == 0:
+            with open(os.path.join(folder, "first_step"), "w") as out:
+                out.write(f"{time.time()} {start}")
+        if rank == 1 and step == KILL_AFTER and checkpoint.attempt() == 0:
+            with open(os.path.join(folder, "rank1"), "w") as out:
+                out.write(str(os.getpid()))
+            time.sleep(600)  # the benchmark kills this rank's executor now
+        if (step + 1) % EVERY == 0:
+            checkpoint.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+                            step + 1)
+    return checkpoint.attempt()
+
+
+def trivial():
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    value = torch.ones(1)
+    dist.all_reduce(value)
+    return value.item()
+
+
+def executor_jvm(pid: int):
+    import psutil
+
+    for parent in psutil.Process(pid).parents():
+        if "CoarseGrainedExecutorBackend" in " ".join(parent.cmdline()):
+            return parent
+    raise RuntimeError(f"no executor JVM above process {pid}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    from pyspark.sql import SparkSession
+
+    from hvd_magics import HorovodRunner, last_run
+    from tests.standalone import StandaloneCluster
+
+    cluster = StandaloneCluster(workers=2)
+    try:
+        spark = (SparkSession.builder.master(cluster.url).appName("restart_recovery")
+                 .config("spark.executor.cores", "1").config("spark.cores.max", "2")
+                 .config("spark.ui.showConsoleProgress", "false")
+                 .config("spark.driver.host", "127.0.0.1").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        assert HorovodRunner(np=2, engine="torch").run(trivial) == 2.0  # warm
+        recovery, cold, redone = [], [], []
+        for _ in range(args.runs):
+            began = time.monotonic()
+            HorovodRunner(np=2, engine="torch").run(trivial)
+            cold.append(time.monotonic() - began)
+            folder = tempfile.mkdtemp(prefix="hvd-restart-bench-")
+            killed: list[float] = []
+
+            def kill(folder: str = folder, killed: list = killed) -> None:
+                marker = Path(folder, "rank1")
+                while not marker.exists():
+                    time.sleep(0.05)
+                time.sleep(0.1)  # its pid is written whole
+                jvm = executor_jvm(int(marker.read_text()))
+                killed.append(time.time())
+                jvm.kill()
+
+            threading.Thread(target=kill, daemon=True).start()
+            runner = HorovodRunner(np=2, engine="torch", restarts=1,
+                                   checkpoint_dir=os.path.join(folder, "checkpoints"))
+            assert runner.run(train, folder=folder) == 1
+            first, start = Path(folder, "first_step").read_text().split()
+            recovery.append(float(first) - killed[0])
+            redone.append(KILL_AFTER + 1 - int(start))
+            print(f"run: recovery {recovery[-1]:.2f} s, cold {cold[-1]:.2f} s, redone "
+                  f"{redone[-1]} steps; attempts {last_run().attempts}", flush=True)
+        over = [r - c for r, c in zip(recovery, cold)]
+        print(f"restart_recovery recovery_s={statistics.median(recovery):.2f} "
+              f"cold_s={statistics.median(cold):.2f} over_cold_s={statistics.median(over):.2f} "
+              f"over_cold_s_min={min(over):.2f} over_cold_s_max={max(over):.2f} "
+              f"redone={statistics.median(redone):.0f}")
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
