@@ -53,3 +53,29 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path):
 ])
 def test_the_plan_of_a_fit(position, epochs, max_steps, plan):
     assert epoch_plan(position, 10, epochs, max_steps) == plan
+
+
+def test_a_rank_killed_while_it_saves_leaves_the_last_checkpoint_whole(tmp_path, monkeypatch):
+    """hvd_magics.checkpoint.save in a process SIGKILLed in the middle of writing a large
+    state: latest() still gives the step before, whole."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, signal, threading, sys\n"
+        "from hvd_magics import checkpoint\n"
+        "checkpoint.save({'step': 5, 'data': b'x' * 1000}, 5)\n"
+        "class Slow:\n"
+        "    def __reduce__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)  # halfway through pickling the state\n"
+        "checkpoint.save({'step': 10, 'data': b'y' * 10_000_000, 'slow': Slow()}, 10)\n")
+    from hvd_magics.protocol import ENV_CHECKPOINT_DIR, ENV_RANK
+    from hvd_magics.rank import checkpoint
+
+    monkeypatch.setenv(ENV_CHECKPOINT_DIR, str(tmp_path))
+    monkeypatch.setenv(ENV_RANK, "0")
+    assert subprocess.run([sys.executable, "-c", script]).returncode == -9
+    state, step = checkpoint.latest()
+    assert (step, state["step"], state["data"]) == (5, 5, b"x" * 1000)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()
+            if p.name.startswith("ckpt-")] == ["ckpt-5-e0-s0.pkl"]
