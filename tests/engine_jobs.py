@@ -301,3 +301,41 @@ def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engin
                             step + 1)
     return {"weights": [p.detach().tolist() for p in model.parameters()],
             "attempt": checkpoint.attempt(), "start": start}
+
+
+def tf_fit_with_backup(epochs=6, kill_after_epoch=None):
+    """A Keras fit under MultiWorkerMirroredStrategy with Keras' own BackupAndRestore in the
+    job's checkpoint folder; worker 1 SIGKILLs itself after epoch ``kill_after_epoch`` (1-based)
+    on the first attempt. Returns the epochs this attempt ran and the final weights' sum."""
+    import os
+    import signal
+
+    import numpy as np
+    import tensorflow as tf
+
+    from hvd_magics import checkpoint
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    index = strategy.cluster_resolver.task_id
+    with strategy.scope():
+        tf.keras.utils.set_random_seed(0)
+        model = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="relu"),
+                                     tf.keras.layers.Dense(1)])
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.05), loss="mse")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 4)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, x.sum(axis=1, keepdims=True))).batch(32)
+    ran = []
+
+    class Track(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            ran.append(epoch + 1)
+
+        def on_epoch_end(self, epoch, logs=None):
+            if index == 1 and epoch + 1 == kill_after_epoch and checkpoint.attempt() == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    backup = tf.keras.callbacks.BackupAndRestore(str(checkpoint.directory() / "keras"))
+    model.fit(data, epochs=epochs, verbose=0, callbacks=[backup, Track()])
+    return {"ran": ran, "attempt": checkpoint.attempt(),
+            "weights": float(sum(float(np.sum(w)) for w in model.get_weights()))}

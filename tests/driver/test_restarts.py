@@ -68,3 +68,13 @@ def test_the_magic_restarts_a_cell_that_lost_a_rank(ip, tmp_path, capfd):
     said = capfd.readouterr().err
     assert "attempt 1 of 2 ended: rank 1" in said and "killed by signal 9" in said
     assert "attempt 1" in str(last_run()) and "attempt 2" in str(last_run())
+
+
+def test_a_keras_fit_under_tf_distribute_resumes_with_backup_and_restore(tmp_path):
+    runner = HorovodRunner(np=-2, engine="tf", restarts=1, checkpoint_dir=tmp_path)
+    resumed = runner.run(engine_jobs.tf_fit_with_backup, kill_after_epoch=3)
+    assert resumed["attempt"] == 1 and resumed["ran"] == [4, 5, 6], resumed
+    whole = HorovodRunner(np=-2, engine="tf", checkpoint_dir=tmp_path / "whole").run(
+        engine_jobs.tf_fit_with_backup)
+    assert whole["ran"] == [1, 2, 3, 4, 5, 6]
+    assert abs(resumed["weights"] - whole["weights"]) < 1e-4, (resumed, whole)
