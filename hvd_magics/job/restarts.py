@@ -15,6 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Callable
 
@@ -32,13 +33,23 @@ PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pi
 EXECUTOR_LOST = ("an executor was lost", "ExecutorLostFailure", "was lost")
 
 
-def checkpoint_folder(source: str | None, given: str | None) -> Path:
-    """The job's checkpoint folder: ``given``, else one per cell or function (a hash of its
-    source) under the system's temporary folder, so that the same cell finds it again after the
-    notebook restarted."""
+def job_name(source: str | None, kwargs: dict) -> str | None:
+    """What names a function's job: its source and its arguments (the same function with other
+    arguments is another job, with checkpoints of its own)."""
+    if source is None:
+        return None
+    return source + "\n" + repr(sorted(kwargs.items()))
+
+
+def checkpoint_folder(name: str | None, given: str | None) -> Path:
+    """The job's checkpoint folder: ``given``, else one per job ``name`` (a cell's text, a
+    function's source and arguments) under the system's temporary folder, so that the same job
+    finds it again after the notebook restarted; a job without a name gets a folder of its own
+    (it resumes only across its own restarts)."""
     if given:
         return Path(given)
-    key = hashlib.sha256((source or "").encode()).hexdigest()[:12] if source else "unnamed"
+    key = hashlib.sha256(name.encode()).hexdigest()[:12] if name else \
+        f"job-{uuid.uuid4().hex[:12]}"
     return Path(tempfile.gettempdir()) / "hvd_magics" / "checkpoints" / key
 
 

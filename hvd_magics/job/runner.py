@@ -31,7 +31,7 @@ from hvd_magics.protocol import (ENGINE_HOROVOD, ENV_ENGINE, ENV_PREIMPORT, ENV_
                                  ENV_WANT_TIMELINE)
 from hvd_magics.rank_names import rank_named, ranks_named
 from hvd_magics.result_codec import VALUE, ResultDecodeError, decode_strict
-from hvd_magics.job.restarts import checkpoint_folder, launch_with_restarts
+from hvd_magics.job.restarts import checkpoint_folder, job_name, launch_with_restarts
 from hvd_magics.job.run_logs import prune_old_runs, runs_dir
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.session import SESSION
@@ -306,27 +306,31 @@ class HorovodRunner:
             When ranks did not start within ``start_timeout``.
         """
         payload = serialize_job(main, kwargs)
-        return self.run_payload(payload, source=source_of(main)).value
+        return self.run_payload(payload, source=source_of(main),
+                                job_name=job_name(source_of(main), kwargs)).value
 
     def run_payload(self, payload: JobPayload | bytes, views: list[JobView] | None = None,
                     decode: Decoder = decode_value, source: str | None = None,
-                    preimport: tuple[str, ...] | None = None) -> RunRecord:
+                    preimport: tuple[str, ...] | None = None,
+                    job_name: str | None = None) -> RunRecord:
         """Run an already serialised job; return its :class:`RunRecord` (used by the magics).
 
         ``decode`` turns what rank 0 sent back into the record's ``value`` and ``returned``;
         ``source`` (the cell's or the function's) goes to MLflow when the run is tracked;
-        ``preimport`` (default: the leading imports of ``source``) is what ranks import early.
+        ``preimport`` (default: the leading imports of ``source``) is what ranks import early;
+        ``job_name`` (default: ``source``) names the job's checkpoint folder.
         """
-        return self._launch(self._request(payload, views, decode, source, preimport))
+        return self._launch(self._request(payload, views, decode, source, preimport),
+                            job_name)
 
-    def _launch(self, request: LaunchRequest) -> RunRecord:
+    def _launch(self, request: LaunchRequest, name: str | None = None) -> RunRecord:
         """One job, started again after a loss up to ``restarts`` times (not on a pool, whose
         ranks keep their environment)."""
         if request.pool is not None:
             return launch(request)
         return launch_with_restarts(request, launch, self.restarts,
-                                    checkpoint_folder(request.source, self.checkpoint_dir),
-                                    self.fresh)
+                                    checkpoint_folder(name or request.source,
+                                                      self.checkpoint_dir), self.fresh)
 
     def start(self, main: Callable[..., Any], **kwargs: Any) -> BackgroundJob:
         """Start ``main(**kwargs)`` on every rank in the background; return its handle at once.
@@ -337,12 +341,14 @@ class HorovodRunner:
         ``NotEnoughSlotsError`` when this notebook's pools and background jobs hold the slots).
         """
         payload = serialize_job(main, kwargs)
-        return self.start_payload(payload, source=source_of(main))
+        return self.start_payload(payload, source=source_of(main),
+                                  job_name=job_name(source_of(main), kwargs))
 
     def start_payload(self, payload: JobPayload | bytes, views: list[JobView] | None = None,
                       decode: Decoder = decode_value, source: str | None = None,
                       preimport: tuple[str, ...] | None = None,
-                      on_success: Callable[[RunRecord], None] | None = None) -> BackgroundJob:
+                      on_success: Callable[[RunRecord], None] | None = None,
+                      job_name: str | None = None) -> BackgroundJob:
         """:meth:`run_payload` in the background (used by ``%%horovod --background``);
         ``on_success`` is called with the record when the job succeeded."""
         if views is None:
@@ -354,7 +360,7 @@ class HorovodRunner:
             interrupt_guard.install(session.sparkContext)
 
         def run(live: LiveJob) -> RunRecord:
-            return self._launch(dataclasses.replace(request, live=live))
+            return self._launch(dataclasses.replace(request, live=live), job_name)
 
         return BackgroundJob(run, self.num_processor, spark, on_success)
 

@@ -1,0 +1,36 @@
+"""Which failures a restart can get past, and how a job's checkpoint folder is named."""
+from hvd_magics.errors import HorovodJobError, RankFailure
+from hvd_magics.job.restarts import checkpoint_folder, job_name, loss
+
+
+def _error(*failures: RankFailure, summary: str = "2 of 2 ranks failed") -> HorovodJobError:
+    return HorovodJobError(summary, list(failures))
+
+
+def test_a_killed_rank_and_its_peers_collective_error_are_a_loss():
+    killed = RankFailure(1, "h", -9)
+    peer = RankFailure(0, "h", 1, "RuntimeError", "[../gloo/transport/tcp/pair.cc:534] "
+                       "Connection closed by peer [127.0.0.1]:5000")
+    assert loss(_error(killed, peer)) == \
+        "rank 1 on h: killed by signal 9 without a Python exception"
+    lost = RankFailure(1, "h", None, "RankLost", "its executor was lost or killed")
+    assert loss(_error(lost)).startswith("rank 1 on h: RankLost")
+    assert loss(_error(summary="The Spark job failed: an executor was lost (exit 137)")) \
+        == "The Spark job failed: an executor was lost (exit 137)"
+
+
+def test_a_ranks_own_error_is_not_a_loss_even_beside_a_dead_rank():
+    own = RankFailure(0, "h", 1, "ValueError", "bad shard")
+    assert loss(_error(own)) is None
+    assert loss(_error(RankFailure(1, "h", -9), own)) is None  # its own error would come back
+    peer_only = RankFailure(0, "h", 1, "RuntimeError", "Connection reset by peer")
+    assert loss(_error(peer_only)) is None  # nobody died: not a loss seen here
+
+
+def test_a_jobs_folder_is_its_names_and_other_arguments_make_another_job(tmp_path):
+    source = "def train(lr):\n    ...\n"
+    one, other = job_name(source, {"lr": 0.1}), job_name(source, {"lr": 0.2})
+    assert checkpoint_folder(one, None) == checkpoint_folder(job_name(source, {"lr": 0.1}), None)
+    assert checkpoint_folder(one, None) != checkpoint_folder(other, None)
+    assert checkpoint_folder(None, None) != checkpoint_folder(None, None)  # unnamed: its own
+    assert checkpoint_folder(one, str(tmp_path)) == tmp_path
