@@ -1,5 +1,6 @@
-"""A small virtual environment for the tests of ship_environment(): its own, made with venv (no
-pip, so it packs in a second), holding one package only it has."""
+"""Virtual environments for the tests of issue 39: a small one of its own for ship_environment()
+(made with venv, no pip, so it packs in a second, holding one package only it has), and one
+whose Python has the frameworks but not hvd_magics (executors that lack our package)."""
 from __future__ import annotations
 
 import shutil
@@ -25,3 +26,19 @@ def small_environment(folder: Path, marker_version: str) -> Path:
                                    f"Version: {marker_version}\n")
     (info / "RECORD").write_text("shipped_marker/__init__.py,,\n")
     return folder
+
+
+def frameworks_only_python(folder: Path) -> str:
+    """A venv whose site-packages reach this one's frameworks through a ``.pth`` line, which does
+    not run the editable install's own ``.pth``: ``import hvd_magics`` fails there."""
+    import sysconfig
+
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    python = folder / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                           "['purelib'])"], check=True, capture_output=True, text=True)
+    Path(site.stdout.strip(), "frameworks.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    probe = subprocess.run([str(python), "-c", "import torch, horovod, pyspark\nimport hvd_magics"],
+                           cwd=folder, capture_output=True, text=True)
+    assert "No module named 'hvd_magics'" in probe.stderr, probe.stderr  # what the tests need
+    return str(python)

@@ -5,32 +5,18 @@ site-packages reach this one's frameworks through a ``.pth`` line, which does no
 editable install's own ``.pth`` (so ``import hvd_magics`` fails there)."""
 import contextlib
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from hvd_magics import HorovodRunner
 from hvd_magics.launch import package_shipping
 from tests import engine_jobs
-from tests.environments import small_environment
+from tests.environments import frameworks_only_python, small_environment
 
 
 @pytest.fixture(scope="module")
 def python_without_hvd_magics(tmp_path_factory):
-    import sysconfig
-
-    folder = tmp_path_factory.mktemp("frameworks-only")
-    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(folder)], check=True)
-    python = folder / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
-                           "['purelib'])"], check=True, capture_output=True, text=True)
-    Path(site.stdout.strip(), "frameworks.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    probe = subprocess.run([str(python), "-c", "import torch, horovod, pyspark\nimport hvd_magics"],
-                           cwd=folder, capture_output=True, text=True)
-    assert "No module named 'hvd_magics'" in probe.stderr, probe.stderr  # what the test is about
-    return str(python)
+    return frameworks_only_python(tmp_path_factory.mktemp("frameworks-only"))
 
 
 @contextlib.contextmanager

@@ -229,6 +229,11 @@ def shipped_environment(spark, out):
           "/hvd_env_" in first[0])
 
 
+def package_travels(spark, out):
+    executable, package, total = HorovodRunner(np=2, engine="torch").run(engine_jobs.ddp_where)
+    print("ranks run", executable, "with hvd_magics from", package, "sum", total)
+
+
 def serve() -> None:
     from pyspark.sql import SparkSession
 

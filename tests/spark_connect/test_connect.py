@@ -23,15 +23,16 @@ class ConnectWorker:
     """The client process of :mod:`tests.spark_connect.connect_worker`: one Connect session for
     the module, one scenario per test (started again when a scenario took it down)."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, python: str = sys.executable) -> None:
         self.log_dir = log_dir
+        self.python = python  # what the server's Python workers run
         self.proc: subprocess.Popen | None = None
         self.lines: queue.Queue = queue.Queue()
 
     def _start(self) -> None:
         # A Connect server's Python workers use PYSPARK_PYTHON as the server saw it at start
         # (spark.pyspark.python cannot be changed on a running Connect session).
-        env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+        env = {**os.environ, "PYSPARK_PYTHON": self.python}
         log = open(self.log_dir / "connect-worker.err", "a")  # noqa: SIM115 - the JVM's chatter
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.spark_connect.connect_worker"], cwd=ROOT, env=env,
