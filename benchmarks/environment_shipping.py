@@ -7,7 +7,8 @@ cluster of two one-core workers on loopback.
   first     the first job after it (Spark sends the archive and each executor unpacks it)
   shipped   later jobs of the same application (nothing sent or unpacked again)
   installed the same job with nothing shipped: the executors' own Python has everything
-The jobs: a trivial DDP job (init_process_group, one all_reduce), ``--runs`` pairs of shipped
+The jobs: a trivial DDP job (init_process_group, one all_reduce; its rank 0 checked to run the
+archive's Python and PyTorch exactly when shipped), ``--runs`` pairs of shipped
 and installed in alternating order.
 Usage: .venv/bin/python benchmarks/environment_shipping.py [--runs 4] [--prefix PATH]
 Last line: environment_shipping pack_s=<s> archive_mb=<MB> unpacked_mb=<MB> first_job_s=<s>
@@ -32,13 +33,24 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
 def trivial():
+    """One all_reduce; where rank 0's Python and PyTorch came from."""
+    import sys
+
     import torch
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
     value = torch.tensor([1.0])
     dist.all_reduce(value)
-    return value.item()
+    return value.item(), sys.executable, torch.__file__
+
+
+def checked(result, shipped: bool) -> None:
+    """The job summed right, and its rank ran in the shipped archive exactly when shipped."""
+    total, executable, torch_file = result
+    assert total == 2.0, result
+    inside = "/hvd_env_" in executable and "/hvd_env_" in torch_file
+    assert inside == shipped, result
 
 
 def main() -> None:
@@ -63,20 +75,22 @@ def main() -> None:
                  .config("spark.driver.host", "127.0.0.1").getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
         run = HorovodRunner(np=2, engine="torch")
-        assert run.run(trivial) == 2.0  # warm: the executors' Python workers and imports
+        checked(run.run(trivial), False)  # warm: the executors' Python workers and imports
         began = time.monotonic()
         choice = ship_environment(args.prefix)
         pack_s = time.monotonic() - began
         archive = next(Path(cache).rglob("env-*.tar.gz"))
         began = time.monotonic()
-        assert run.run(trivial) == 2.0
+        first = run.run(trivial)
         first_s = time.monotonic() - began
+        checked(first, True)
+        print(f"the ranks ran {first[1]} with torch from {first[2]}")
         shipped, installed = [], []
         for index in range(args.runs):
             for kind in in_turn(index, ["shipped", "installed"]):
                 SESSION.environment = choice if kind == "shipped" else None
                 began = time.monotonic()
-                assert run.run(trivial) == 2.0
+                checked(run.run(trivial), kind == "shipped")
                 (shipped if kind == "shipped" else installed).append(time.monotonic() - began)
         facts = environment_facts(args.prefix)
         print(f"pack: {pack_s:.1f} s, {archive.stat().st_size / 1e6:.0f} MB archive of "
