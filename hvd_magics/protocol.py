@@ -159,6 +159,9 @@ ENV_SHIPPED_PYTHON = "HVD_MAGICS_SHIPPED_PYTHON"
 #: (:mod:`hvd_magics.rank.checkpoint`, :mod:`hvd_magics.job.restarts`).
 ENV_ATTEMPT = "HVD_MAGICS_ATTEMPT"
 ENV_CHECKPOINT_DIR = "HVD_MAGICS_CHECKPOINT_DIR"
+#: How often MLflow writes a lost tracking server missed are tried again, in seconds (a setting,
+#: read when the retrying starts; :data:`hvd_magics.job.mlflow_run.RETRY_S` by default).
+ENV_MLFLOW_RETRY_S = "HVD_MAGICS_MLFLOW_RETRY_S"
 #: The interpreter a task starts its rank with (the shipped environment's; else its own).
 ENV_RANK_PYTHON = "HVD_MAGICS_RANK_PYTHON"
 #: Asks a rank's supervisor to record a Horovod Timeline and send it back (rank 0).

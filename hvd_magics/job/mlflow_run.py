@@ -29,7 +29,7 @@ from importlib import metadata
 from typing import Any, Callable, Iterator
 
 from hvd_magics.errors import MlflowMissing
-from hvd_magics.protocol import EPOCH_BEGIN, EPOCH_END
+from hvd_magics.protocol import ENV_MLFLOW_RETRY_S, EPOCH_BEGIN, EPOCH_END
 
 #: How to get MLflow when a job asks for tracking without it.
 INSTALL_HINT = ("MLflow tracking needs the mlflow package in the notebook's Python: "
@@ -38,7 +38,8 @@ INSTALL_HINT = ("MLflow tracking needs the mlflow package in the notebook's Pyth
 FINISH_WAIT_S = 20.0
 #: How long a tracking server has to answer its health check.
 HEALTH_TIMEOUT_S = 3.0
-#: How often the writes a job left pending are tried again while the server does not answer...
+#: How often the writes a job left pending are tried again while the server does not answer
+#: (``HVD_MAGICS_MLFLOW_RETRY_S`` sets it)...
 RETRY_S = 10.0
 #: ...and for how long after the job.
 RETRY_FOR_S = 24 * 3600.0
@@ -48,6 +49,16 @@ VERSIONED = ("horovod", "tensorflow", "tensorflow-cpu", "tf-keras", "keras", "to
 _SUPPRESS_URL = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 #: Run status for each way a job ends.
 STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
+
+
+def retry_s() -> float:
+    """How often pending writes are tried again: ``HVD_MAGICS_MLFLOW_RETRY_S``, else
+    :data:`RETRY_S`."""
+    try:
+        return max(float(os.environ.get(ENV_MLFLOW_RETRY_S, RETRY_S)), 0.1)
+    except ValueError:
+        return RETRY_S
+
 
 
 @dataclass
@@ -169,8 +180,9 @@ class PendingWrites:
 
     def _retry(self) -> None:
         deadline = time.monotonic() + RETRY_FOR_S
+        every = retry_s()
         while time.monotonic() < deadline:
-            self._wake.wait(RETRY_S)
+            self._wake.wait(every)
             self._wake.clear()
             self.flush()
             with self._lock:
@@ -349,7 +361,7 @@ class MlflowTracker:
             return f"; incomplete: {self.failed}"
         return (f"; incomplete: {self.failed}; {len(self._pending)} writes (metrics, artifacts, "
                 f"the run's end) are kept and written when the server answers again (tried "
-                f"every {RETRY_S:.0f} s in the background, and at the next tracked job)")
+                f"every {retry_s():.0f} s in the background, and at the next tracked job)")
 
     def _end(self, record: Any) -> None:
         client, run_id = self._client, self.run_id

@@ -267,9 +267,9 @@ def test_a_server_killed_mid_job_gets_the_rest_of_the_run_when_it_is_back(tmp_pa
     """The run stayed RUNNING forever with epoch-1 metrics and no artifacts."""
     import mlflow
 
-    from hvd_magics.job import mlflow_run
+    from hvd_magics.protocol import ENV_MLFLOW_RETRY_S
 
-    monkeypatch.setattr(mlflow_run, "RETRY_S", 0.5)
+    monkeypatch.setenv(ENV_MLFLOW_RETRY_S, "0.5")  # the setting, not a patched constant
     folder, marks = tmp_path / "server", tmp_path / "marks"
     folder.mkdir()
     marks.mkdir()
