@@ -92,7 +92,7 @@ def main() -> None:
                 began = time.monotonic()
                 checked(run.run(trivial), kind == "shipped")
                 (shipped if kind == "shipped" else installed).append(time.monotonic() - began)
-        facts = environment_facts(args.prefix)
+        facts = environment_facts(args.prefix, measure=True)
         print(f"pack: {pack_s:.1f} s, {archive.stat().st_size / 1e6:.0f} MB archive of "
               f"{facts.size / 1e6:.0f} MB; first job {first_s:.1f} s; shipped {shipped}; "
               f"installed {installed}")

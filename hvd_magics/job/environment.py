@@ -65,7 +65,7 @@ def environment_status() -> str:
     if choice is None:
         return ("The notebook's environment is not shipped: the ranks run in the executors' own "
                 "Python. %hvd_env ship (hvd_magics.ship_environment()) ships it.")
-    facts = environment_facts(choice.prefix)
+    facts = environment_facts(choice.prefix, measure=True)
     changed = (f"; changed since the last job shipped {choice.shipped.key}: the next job ships "
                "it again" if choice.shipped is not None and choice.shipped.key != facts.key else "")
     return f"Shipped to the executors of a cluster: {facts.describe()}{changed}."

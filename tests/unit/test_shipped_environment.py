@@ -60,7 +60,7 @@ def test_what_is_not_an_environment_or_too_large_is_refused_with_the_fix(tmp_pat
     assert "is not a virtual environment or a conda environment" in str(info.value)
     (tmp_path / "pyvenv.cfg").write_text("home = /usr/bin\n")
     (tmp_path / "big").write_bytes(b"x" * 3000)
-    facts = environment_shipping.environment_facts(tmp_path)
+    facts = environment_shipping.environment_facts(tmp_path, measure=True)
     assert facts.kind == "venv" and facts.size >= 3000
     with pytest.raises(EnvironmentNotShippable) as info:
         environment_shipping.packed_environment(facts, print, limit_gb=1e-6)
