@@ -60,8 +60,6 @@ def main() -> None:
     args = parser.parse_args()
     cache = tempfile.mkdtemp(prefix="hvd-env-bench-")
     os.environ["XDG_CACHE_HOME"] = cache  # an empty cache: the pack is measured, not found
-    from pyspark.sql import SparkSession
-
     from hvd_magics import HorovodRunner, ship_environment
     from hvd_magics.job.session import SESSION
     from hvd_magics.launch.environment_shipping import environment_facts
@@ -69,11 +67,7 @@ def main() -> None:
 
     cluster = StandaloneCluster(workers=2)
     try:
-        spark = (SparkSession.builder.master(cluster.url).appName("environment_shipping")
-                 .config("spark.executor.cores", "1").config("spark.cores.max", "2")
-                 .config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.driver.host", "127.0.0.1").getOrCreate())
-        spark.sparkContext.setLogLevel("ERROR")
+        cluster.session("environment_shipping")
         run = HorovodRunner(np=2, engine="torch")
         checked(run.run(trivial), False)  # warm: the executors' Python workers and imports
         began = time.monotonic()

@@ -92,18 +92,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    from pyspark.sql import SparkSession
-
     from hvd_magics import HorovodRunner, last_run
     from tests.standalone import StandaloneCluster
 
     cluster = StandaloneCluster(workers=2)
     try:
-        spark = (SparkSession.builder.master(cluster.url).appName("restart_recovery")
-                 .config("spark.executor.cores", "1").config("spark.cores.max", "2")
-                 .config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.driver.host", "127.0.0.1").getOrCreate())
-        spark.sparkContext.setLogLevel("ERROR")
+        cluster.session("restart_recovery")
         assert HorovodRunner(np=2, engine="torch").run(trivial) == 2.0  # warm
         recovery, cold, redone = [], [], []
         for _ in range(args.runs):

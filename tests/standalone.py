@@ -46,6 +46,19 @@ class StandaloneCluster:
             self.add_worker(wait=False)
         self.wait_for_workers(workers)
 
+    def session(self, app: str):
+        """A quiet SparkSession on this cluster with one one-core executor per worker (for the
+        benchmarks; the tests' fixture also waits for the executors)."""
+        from pyspark.sql import SparkSession
+
+        spark = (SparkSession.builder.master(self.url).appName(app)
+                 .config("spark.executor.cores", "1")
+                 .config("spark.cores.max", str(len(self.procs) - 1))
+                 .config("spark.ui.showConsoleProgress", "false")
+                 .config("spark.driver.host", "127.0.0.1").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        return spark
+
     def add_worker(self, wait: bool = True) -> subprocess.Popen:
         """Start one more one-core worker (and wait until the master has it)."""
         alive = self.alive_workers()

@@ -59,17 +59,22 @@ def _executor_jvm(pid: int):
     raise AssertionError(f"no executor JVM above process {pid}")
 
 
-def test_a_lost_executor_is_named_first_with_its_rank(cluster_spark, tmp_path):
-    """Regression: only the surviving rank's 'Horovod has been shut down' was shown."""
+def kill_rank_1s_executor_once_marked(folder) -> None:
+    """In a thread: SIGKILL the executor JVM of rank 1 once it wrote its pid to ``folder/rank1``."""
     import threading
 
-    def kill_rank_1s_executor():
+    def kill() -> None:
         deadline = time.monotonic() + 120
-        while not (tmp_path / "rank1").exists() and time.monotonic() < deadline:
+        while not (folder / "rank1").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        _executor_jvm(int((tmp_path / "rank1").read_text())).kill()
+        _executor_jvm(int((folder / "rank1").read_text())).kill()
 
-    threading.Thread(target=kill_rank_1s_executor, daemon=True).start()
+    threading.Thread(target=kill, daemon=True).start()
+
+
+def test_a_lost_executor_is_named_first_with_its_rank(cluster_spark, tmp_path):
+    """Regression: only the surviving rank's 'Horovod has been shut down' was shown."""
+    kill_rank_1s_executor_once_marked(tmp_path)
     with pytest.raises(HorovodJobError) as info:
         HorovodRunner(np=2).run(jobs.sleep_in_allreduce, pid_dir=str(tmp_path))
     first = info.value.failures[0]
@@ -207,20 +212,11 @@ def test_a_killed_executor_restarts_the_job_which_resumes_to_the_same_weights(cl
                                                                               tmp_path):
     """Issue 40: SIGKILL the executor JVM of rank 1 mid-training (DDP, checkpoints every 5
     steps); the job starts again on the executor the cluster puts in its place."""
-    import threading
-
     from tests import engine_jobs
 
     whole = HorovodRunner(np=2, engine="torch", checkpoint_dir=tmp_path / "whole").run(
         engine_jobs.steps_with_checkpoints)
-
-    def kill_rank_1s_executor():
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "rank1").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        _executor_jvm(int((tmp_path / "rank1").read_text())).kill()
-
-    threading.Thread(target=kill_rank_1s_executor, daemon=True).start()
+    kill_rank_1s_executor_once_marked(tmp_path)
     runner = HorovodRunner(np=2, engine="torch", restarts=1, checkpoint_dir=tmp_path / "lost")
     resumed = runner.run(engine_jobs.steps_with_checkpoints, pause_on=(12, str(tmp_path)))
     assert resumed["weights"] == whole["weights"]  # bit for bit
