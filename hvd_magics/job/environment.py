@@ -7,8 +7,9 @@ import os
 
 from hvd_magics.job.session import SESSION
 from hvd_magics.launch.environment_shipping import (DEFAULT_LIMIT_GB, EnvironmentChoice,
-                                                    environment_facts, packed_environment, say)
-from hvd_magics.launch.spark_session import active_session, is_connect, is_local
+                                                    environment_facts, packed_environment)
+from hvd_magics.launch.spark_session import active_session, executors_run_this_python
+from hvd_magics.notices import say
 
 
 def ship_environment(prefix: str | os.PathLike | bool | None = None, *,
@@ -48,7 +49,7 @@ def ship_environment(prefix: str | os.PathLike | bool | None = None, *,
     facts = environment_facts(where)
     choice = EnvironmentChoice(where, limit_gb)
     spark = active_session()
-    if spark is not None and not is_connect(spark) and is_local(spark.sparkContext):
+    if spark is not None and executors_run_this_python(spark):
         say(f"the session's master is {spark.sparkContext.master}: its executors run this very "
             "Python, so nothing is packed or sent to them; a job on a cluster session will ship "
             f"{facts.describe()}")

@@ -12,16 +12,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import shutil
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from hvd_magics.errors import HorovodJobError, JobInterrupted
 from hvd_magics.job.job_state import LOST
 from hvd_magics.job.run_record import RunRecord
+from hvd_magics.notices import say
 from hvd_magics.protocol import ENV_ATTEMPT, ENV_CHECKPOINT_DIR
 from hvd_magics.rank.checkpoints import latest_checkpoint
 
@@ -70,11 +70,7 @@ def loss(exc: HorovodJobError) -> str | None:
     return died[0].headline()
 
 
-def say(text: str) -> None:
-    print(f"hvd_magics: {text}", file=sys.stderr, flush=True)
-
-
-def launch_with_restarts(request: object, launch: Callable[[object], RunRecord],
+def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
                          restarts: int, folder: Path, fresh: bool) -> RunRecord:
     """Run ``launch(request)`` and, after a loss, again (``restarts`` times at most), each
     attempt with its number and the checkpoint folder in the ranks' environment."""

@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from hvd_magics.errors import EnvironmentNotShippable
-from hvd_magics.launch.spark_session import is_connect, is_local
+from hvd_magics.launch.package_shipping import cache_folder
+from hvd_magics.launch.spark_session import executors_run_this_python, send_once
+from hvd_magics.notices import say
 from hvd_magics.protocol import ENV_SHIPPED_ENVIRONMENT, ENV_SHIPPED_PYTHON
 
 #: Environments larger than this (unpacked) are refused unless the limit is raised.
@@ -75,12 +77,6 @@ class EnvironmentFacts:
                 with contextlib.suppress(OSError):
                     size += os.lstat(os.path.join(folder, name)).st_size
         return dataclasses.replace(self, size=size)
-
-
-def say(text: str, redraw: bool = False) -> None:
-    """Show ``text`` in the cell (stderr, as the other lines a job says before it starts);
-    ``redraw``: a progress line that the next one replaces."""
-    print(f"\rhvd_magics: {text}", end="" if redraw else "\n", file=sys.stderr, flush=True)
 
 
 def _size(count: float) -> str:
@@ -147,11 +143,6 @@ def environment_facts(prefix: str | os.PathLike | None = None,
     return facts.measured() if measure else facts
 
 
-def _cache_folder() -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return base / "hvd_magics" / "envs"
-
-
 @contextlib.contextmanager
 def _ours_not_editable() -> Iterator[None]:
     """venv-pack refuses any ``.pth`` line outside the prefix; ours is left out of the archive
@@ -203,7 +194,7 @@ def packed_environment(facts: EnvironmentFacts, say: Callable[..., None],
     EnvironmentNotShippable
         Editable installs other than hvd_magics, or more than ``limit_gb`` unpacked.
     """
-    target = _cache_folder() / f"env-{facts.key}.tar.gz"
+    target = cache_folder("envs") / f"env-{facts.key}.tar.gz"
     if target.exists():
         return target
     facts = facts.measured()
@@ -250,16 +241,6 @@ def packed_environment(facts: EnvironmentFacts, say: Callable[..., None],
     return target
 
 
-#: What was sent to which session: ``{session key: environment key}``.
-_SENT: dict[str, set[str]] = {}
-
-
-def _session_key(spark: Any) -> str:
-    if is_connect(spark):
-        return f"connect:{spark.session_id}"
-    return f"classic:{spark.sparkContext.applicationId}"
-
-
 @dataclass
 class EnvironmentChoice:
     """The user's choice to ship an environment (``prefix``: the kernel's own by default)."""
@@ -273,21 +254,15 @@ class EnvironmentChoice:
         """Pack (when what is installed changed) and send (once per application) the environment
         for a job on ``spark``; the task's environment variables that name it. Nothing for a
         local master: its executors are this machine, running this very Python."""
-        if not is_connect(spark) and is_local(spark.sparkContext):
+        if executors_run_this_python(spark):
             return {}
         facts = environment_facts(self.prefix)
         if self.shipped is not None and self.shipped.key != facts.key:
             say(f"the environment changed since it was last shipped (key {self.shipped.key} "
                 f"-> {facts.key}): packing and sending it again")
         archive = packed_environment(facts, say, self.limit_gb)
-        sent = _SENT.setdefault(_session_key(spark), set())
-        if facts.key not in sent:
-            started = time.monotonic()
-            if is_connect(spark):
-                spark.addArtifacts(f"{archive}#{facts.alias}", archive=True)
-            else:
-                spark.sparkContext.addArchive(f"{archive}#{facts.alias}")
-            sent.add(facts.key)
+        started = time.monotonic()
+        if send_once(spark, f"{archive}#{facts.alias}", "archive"):
             say(f"sent the environment to the executors ({_size(archive.stat().st_size)}, "
                 f"{time.monotonic() - started:.1f} s; Spark unpacks it on each)")
         self.shipped = facts

@@ -28,10 +28,11 @@ from typing import Any
 import cloudpickle
 
 import hvd_magics
-from hvd_magics.launch.spark_session import is_connect, is_local
+from hvd_magics.launch.spark_session import executors_run_this_python, send_once
 
-#: What was sent to which session: ``{session key: zip name}``.
-_SENT: dict[str, str] = {}
+def cache_folder(name: str) -> Path:
+    """``$XDG_CACHE_HOME/hvd_magics/<name>`` (``~/.cache/...`` by default)."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hvd_magics" / name
 
 
 def shipped_packages() -> list[Path]:
@@ -56,8 +57,7 @@ def package_zip(cache: Path | None = None) -> Path:
     for path, name in sources:
         digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     name = f"hvd_magics-{hvd_magics.__version__}-{digest.hexdigest()[:16]}.zip"
-    folder = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / \
-        "hvd_magics" / "ship"
+    folder = cache or cache_folder("ship")
     target = folder / name
     if target.exists():
         return target
@@ -70,24 +70,10 @@ def package_zip(cache: Path | None = None) -> Path:
     return target
 
 
-def _session_key(spark: Any) -> str:
-    if is_connect(spark):
-        return f"connect:{spark.session_id}"
-    return f"classic:{spark.sparkContext.applicationId}"
-
-
 def ship_package(spark: Any) -> Path | None:
     """Send the package's zip to ``spark``'s executors unless they already have it (sent before
     to this application, or a local master's); return the zip when it was sent now."""
-    if not is_connect(spark) and is_local(spark.sparkContext):
+    if executors_run_this_python(spark):
         return None
-    key = _session_key(spark)
     archive = package_zip()
-    if _SENT.get(key) == archive.name:
-        return None
-    if is_connect(spark):
-        spark.addArtifacts(str(archive), pyfile=True)
-    else:
-        spark.sparkContext.addPyFile(str(archive))
-    _SENT[key] = archive.name
-    return archive
+    return archive if send_once(spark, str(archive), "pyfile") else None

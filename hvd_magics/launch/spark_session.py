@@ -197,6 +197,40 @@ def local_workers_use_this_python(sc: Any) -> Iterator[None]:
         sc.pythonExec = saved
 
 
+def executors_run_this_python(spark: Any) -> bool:
+    """Whether ``spark``'s executors run this very Python (a classic session's local master):
+    nothing needs sending to them."""
+    return not is_connect(spark) and is_local(spark.sparkContext)
+
+
+#: The files this process added to each session: ``(session, what was sent)``.
+_SENT: set[tuple[str, str]] = set()
+
+
+def session_key(spark: Any) -> str:
+    """``spark``'s Spark application (a Connect session's own id)."""
+    if is_connect(spark):
+        return f"connect:{spark.session_id}"
+    return f"classic:{spark.sparkContext.applicationId}"
+
+
+def send_once(spark: Any, path: str, kind: str) -> bool:
+    """Add ``path`` to the files of ``spark``'s executors (``kind``: ``"pyfile"``, put on their
+    Python path, or ``"archive"``, unpacked, its ``#alias`` fragment naming the folder) unless
+    this process did before for this application; whether it was sent now."""
+    sent = (session_key(spark), path)
+    if sent in _SENT:
+        return False
+    if is_connect(spark):
+        spark.addArtifacts(path, **{kind: True})
+    elif kind == "pyfile":
+        spark.sparkContext.addPyFile(path)
+    else:
+        spark.sparkContext.addArchive(path)
+    _SENT.add(sent)
+    return True
+
+
 def is_connect(spark: Any) -> bool:
     """Whether ``spark`` is a Spark Connect session (no SparkContext, no RDDs)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")

@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 from hvd_magics.protocol import (ENV_HOROVOD_TIMELINE, ENV_RANK_TMPDIR, ENV_TIMELINE_MARK_CYCLES,
                                  ENV_WANT_TIMELINE, TIMELINE_CHUNK)
+from hvd_magics.notices import say
 from hvd_magics.rank import rank_events
 
 #: Bytes of the trace per ``timeline_chunk`` event (before base64).
@@ -55,10 +56,6 @@ def _initialised_horovod() -> list[Any]:
     return found
 
 
-def _say(text: str) -> None:
-    print(f"hvd_magics: {text}", file=sys.stderr, flush=True)
-
-
 @contextlib.contextmanager
 def recording() -> Iterator[None]:
     """Record a Horovod Timeline around the block when the cell's environment asks for one."""
@@ -73,7 +70,7 @@ def recording() -> Iterator[None]:
         try:
             module.start_timeline(path, mark_cycles=mark_cycles)
         except ValueError as exc:  # HOROVOD_TIMELINE was not DYNAMIC (or a path) at hvd.init()
-            _say(f"no timeline for this cell: {exc}")
+            say(f"no timeline for this cell: {exc}")
     if not started:  # the cell's own hvd.init() opens it
         os.environ[ENV_HOROVOD_TIMELINE] = path
         if mark_cycles:
@@ -95,7 +92,7 @@ def _send(path: str) -> None:
         for data in timeline_chunks(path):
             rank_events.emit(TIMELINE_CHUNK, data=data)
     except OSError as exc:
-        _say(f"could not send the timeline: {exc}")
+        say(f"could not send the timeline: {exc}")
     finally:
         with contextlib.suppress(OSError):
             os.remove(path)

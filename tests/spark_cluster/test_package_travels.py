@@ -5,11 +5,12 @@ site-packages reach this one's frameworks through a ``.pth`` line, which does no
 editable install's own ``.pth`` (so ``import hvd_magics`` fails there)."""
 import contextlib
 import re
+from pathlib import Path
 
 import pytest
 
 from hvd_magics import HorovodRunner
-from hvd_magics.launch import package_shipping
+from hvd_magics.launch import package_shipping, spark_session
 from tests import engine_jobs
 from tests.environments import frameworks_only_python, small_environment
 
@@ -32,15 +33,15 @@ def executors_run(sc, python: str):
 def test_every_engine_runs_on_executors_without_hvd_magics(cluster_spark,
                                                           python_without_hvd_magics):
     sc = cluster_spark.sparkContext
-    package_shipping._SENT.clear()  # as a fresh kernel: nothing sent to this application yet
+    spark_session._SENT.clear()  # as a fresh kernel: nothing sent to this application yet
     with executors_run(sc, python_without_hvd_magics):
         ddp = HorovodRunner(np=2, engine="torch").run(engine_jobs.ddp_where)
-        sent = dict(package_shipping._SENT)
+        sent = set(spark_session._SENT)
         horovod = HorovodRunner(np=2).run(engine_jobs.horovod_where)
         tf = HorovodRunner(np=2, engine="tf").run(engine_jobs.tf_where)
     zip_name = package_shipping.package_zip().name
-    assert list(sent.values()) == [zip_name]  # sent once to this application, then not again
-    assert package_shipping._SENT == sent
+    assert [Path(path).name for _, path in sent] == [zip_name]  # sent once to this application,
+    assert spark_session._SENT == sent  # then not again
     for executable, package, total, *rest in (ddp, horovod, tf):
         assert executable == python_without_hvd_magics  # the rank's own Python
         assert f"{zip_name}/hvd_magics/__init__.py" in package  # the driver's, from the zip
@@ -50,10 +51,9 @@ def test_every_engine_runs_on_executors_without_hvd_magics(cluster_spark,
 def test_the_notebooks_environment_travels_once_and_again_after_an_install(
         cluster_spark, tmp_path, capfd):
     from hvd_magics import ship_environment
-    from hvd_magics.launch import environment_shipping
-
     env = small_environment(tmp_path / "notebook-env", "1.0")
-    environment_shipping._SENT.clear()
+    spark_session._SENT.difference_update(  # no environment sent to this application yet
+        [sent for sent in spark_session._SENT if "#hvd_env_" in sent[1]])
     choice = ship_environment(env)
     assert "packed " in capfd.readouterr().err
     try:

@@ -21,9 +21,9 @@ def test_torch_and_tensorflow_allreduce_in_a_barrier_stage(local_spark):
     assert last_run().where == "spark local[2]"
     assert rank_processes_alive([r["pid"] for r in result]) == []
     # a local master's executors run this very Python: hvd_magics is not sent to them
-    from hvd_magics.launch.package_shipping import _SENT
+    from hvd_magics.launch.spark_session import _SENT
 
-    assert not any(key.endswith(local_spark.sparkContext.applicationId) for key in _SENT)
+    assert not any(key.endswith(local_spark.sparkContext.applicationId) for key, _ in _SENT)
     tf_result = HorovodRunner(np=2).run(jobs.tf_allreduce)
     assert [r["sum"] for r in tf_result] == [[1.0, 2.0], [1.0, 2.0]]
 
