@@ -14,6 +14,7 @@ import hashlib
 import shutil
 import tempfile
 import time
+from datetime import datetime
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -83,6 +84,7 @@ def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
             f"at {written}): checkpoint.latest() gives it to the ranks (--fresh starts over)")
     causes: list[str] = []
     attempt = 0
+    began = datetime.now()
     while True:
         env = {**request.env, ENV_ATTEMPT: str(attempt), ENV_CHECKPOINT_DIR: str(folder)}
         # a restart waits for the cluster to replace the executor it lost, up to start_timeout
@@ -105,5 +107,6 @@ def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
             say(f"attempt {attempt} of {restarts + 1} ended: {cause}; starting attempt "
                 f"{attempt + 1} (the ranks resume from {folder}'s latest checkpoint)")
             continue
-        record.attempts = [*causes, "succeeded"]
+        if causes:  # the record tells the attempts, and the wall time is all of theirs
+            record.attempts, record.started_at = [*causes, "succeeded"], began
         return record

@@ -1,5 +1,7 @@
 """A job that loses a rank starts again and resumes from its last checkpoint (issue 40), on
 ranks on the driver: rank 1 SIGKILLs itself mid-training, as a lost executor would take it."""
+from datetime import datetime
+
 import pytest
 
 from hvd_magics import HorovodJobError, HorovodRunner, last_run
@@ -10,12 +12,14 @@ def test_a_lost_rank_restarts_the_job_which_resumes_to_the_same_weights(tmp_path
     whole = HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path / "whole").run(
         engine_jobs.steps_with_checkpoints)
     runner = HorovodRunner(np=-2, engine="torch", restarts=2, checkpoint_dir=tmp_path / "lost")
+    began = datetime.now()
     resumed = runner.run(engine_jobs.steps_with_checkpoints, kill_on=(12, [0]))
     said = capfd.readouterr().err
     assert resumed["weights"] == whole["weights"]  # bit for bit
     assert (resumed["attempt"], resumed["start"]) == (1, 10)  # from the checkpoint of step 10
     record = last_run()
     assert record.status == "succeeded" and len(record.attempts) == 2
+    assert (record.started_at - began).total_seconds() < 1  # the record times both attempts
     assert "rank 1" in record.attempts[0] and "signal 9" in record.attempts[0]
     assert "attempt 1 of 3 ended: rank 1" in said and "starting attempt 2" in said
 
@@ -40,6 +44,7 @@ def test_restarts_used_up_end_the_job_with_every_attempts_cause(tmp_path):
 def test_the_same_job_run_again_finds_its_checkpoint_and_fresh_starts_over(tmp_path, capfd):
     runner = HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path)
     assert runner.run(engine_jobs.steps_with_checkpoints, steps=10)["start"] == 0
+    assert last_run().attempts == [] and "attempt" not in str(last_run())  # it ran once
     capfd.readouterr()
     again = runner.run(engine_jobs.steps_with_checkpoints, steps=15)  # as after a restart
     assert again["start"] == 10
