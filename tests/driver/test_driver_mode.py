@@ -4,6 +4,7 @@ import time
 import pytest
 
 from hvd_magics import HorovodJobError, HorovodRunner, last_run
+from hvd_magics.protocol import ENV_PREIMPORT
 from tests import jobs
 from tests.conftest import rank_processes_alive
 
@@ -71,8 +72,11 @@ def test_np_zero_and_bad_verbosity_are_refused():
 def test_start_timeout_names_what_it_waited_for_and_the_knob():
     from hvd_magics import StartTimeoutError
 
+    # the ranks block in an early import, so they never start (a rank that started in time
+    # would sleep forever: the watch found both started on a loaded machine and waited 600 s)
+    never = {ENV_PREIMPORT: "tests.never_starts"}
     with pytest.raises(StartTimeoutError, match=r"waiting for ranks .* to start.*raise start_timeout"):
-        HorovodRunner(np=-2, start_timeout=0.001).run(jobs.sleep_forever)
+        HorovodRunner(np=-2, start_timeout=0.5, env=never).run(jobs.sleep_forever)
     record = last_run()
     assert record.status == "failed"
     assert rank_processes_alive(record.pids.values()) == []  # reaped before run() returned
