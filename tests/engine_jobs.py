@@ -245,13 +245,14 @@ def shipped_marker_where():
 
 
 def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engine="torch",
-                           pause_on=None):
+                           pause_on=None, hold_on=None):
     """A regression trained ``steps`` steps from seeded data under DDP (``engine="torch"``) or
     Horovod, saving a checkpoint every ``every`` steps and resuming from the latest one.
     ``kill_on``: ``(step, attempts)``, rank 1 SIGKILLs itself after that step on those attempts;
     ``pause_on``: ``(step, folder)``, on the first attempt rank 1 writes its pid to
     ``folder/rank1`` after that step and waits (for the test to kill its executor);
-    ``bad_rank`` raises a ValueError."""
+    ``bad_rank`` raises a ValueError; ``hold_on``: ``(attempt, folder)``, on that attempt every
+    rank writes ``folder/<rank>`` once it resumed and waits (for the test's interrupt)."""
     import os
     import signal
 
@@ -281,6 +282,11 @@ def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engin
         state, start = found
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+    if hold_on and checkpoint.attempt() == hold_on[0]:
+        import time
+
+        open(os.path.join(hold_on[1], str(rank)), "w").close()
+        time.sleep(600)
     for step in range(start, steps):
         data = torch.Generator().manual_seed(step * 10 + rank)
         x = torch.randn(8, 4, generator=data)

@@ -16,6 +16,33 @@ def torch_mlp(inputs: int = 64, classes: int = 10, dropout: float = 0.0):
     return build
 
 
+def torch_mlp_lost_once(kill_at_call: int, **kwargs):
+    """As :func:`torch_mlp`, but on the job's first attempt rank 1 SIGKILLs itself at its
+    ``kill_at_call``-th forward pass (as a lost executor takes it); later attempts train it
+    untouched."""
+    build_mlp = torch_mlp(**kwargs)
+
+    def build():
+        import os
+        import signal
+
+        from hvd_magics import checkpoint
+
+        model = build_mlp()
+        if checkpoint.attempt() == 0 and os.environ.get("HVD_MAGICS_RANK") == "1":
+            calls = []
+
+            def lose_the_rank(_module, _inputs):
+                calls.append(1)
+                if len(calls) == kill_at_call:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            model.register_forward_pre_hook(lose_the_rank)
+        return model
+
+    return build
+
+
 def keras_mlp(inputs: int = 64, classes: int = 10, dropout: float = 0.0):
     """A function that builds a small tf_keras classifier (softmax out), with dropout when
     ``dropout`` is above 0."""

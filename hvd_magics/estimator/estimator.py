@@ -104,6 +104,10 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
     seed : int
     startTimeout : float, default 600
         Seconds for every rank to start after the data reached the tasks.
+    restarts : int, default 0
+        As ``HorovodRunner(restarts=...)``: after a lost rank or executor the fit starts again
+        (up to this many times) and resumes from ``modelDir``'s last checkpoint (with
+        ``saveCheckpointsSecs``, from inside the epoch). Not with ``pool``.
     mlflow : bool or str, optional
         As ``HorovodRunner(mlflow=...)``; the fitted model is logged with its MLflow flavour.
     pool : HorovodPool, optional
@@ -160,7 +164,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
         spec = self._spec(columns, names, model_dir)
         frames = self._split(dataset, columns + [label])
         runner = HorovodRunner(np=self._ranks(dataset), start_timeout=get(self.startTimeout),
-                               mlflow=get(self.mlflow), pool=self.pool)
+                               mlflow=get(self.mlflow), pool=self.pool,
+                               restarts=get(self.restarts),
+                               checkpoint_dir=model_dir if get(self.restarts) else None)
         payload = serialize_job(fit_on_rank, {"spec": spec, **frames}, names=frames)
         for source in payload.sources:  # counted as the rows reach the tasks: no query of ours
             source.no_nulls = role

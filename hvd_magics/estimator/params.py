@@ -122,6 +122,10 @@ class EstimatorParams(HasOutputCols, HasLabelCol, HasSeed):
     startTimeout: Param[float] = Param(Params._dummy(), "startTimeout",
                                        "seconds for every rank to start",
                                        typeConverter=TypeConverters.toFloat)
+    restarts: Param[int] = Param(Params._dummy(), "restarts",
+                                 "after a lost rank or executor, start the fit again this many "
+                                 "times at most; it resumes from modelDir's last checkpoint",
+                                 typeConverter=TypeConverters.toInt)
     mlflow: Param[Any] = Param(Params._dummy(), "mlflow",
                                "record the fit in MLflow: True, an experiment name, False "
                                "(default: as HorovodRunner decides)")
@@ -132,7 +136,7 @@ class EstimatorParams(HasOutputCols, HasLabelCol, HasSeed):
                          metrics=[], classifier=None, batchSize=32, epochs=1, maxSteps=None,
                          validationFraction=0.0, isValidationCol=None, np=None, modelDir=None,
                          saveCheckpointsSecs=None, keepCheckpoints=3, shuffle=True,
-                         startTimeout=600.0, mlflow=None, featureMapping=None, model=None,
+                         startTimeout=600.0, restarts=0, mlflow=None, featureMapping=None, model=None,
                          loss=None, seed=DEFAULT_SEED)
 
 

@@ -184,6 +184,8 @@ class JobState:
         self.stacks: dict[str, dict[int, dict[str, Any]]] = {}
         #: Seconds of silence after which a running rank is stalled (its stacks are taken).
         self.stall_after = stall_after
+        #: A job with restarts, on a later attempt: why each earlier attempt ended.
+        self.earlier_attempts: tuple[str, ...] = ()
 
     def handle(self, event: dict[str, Any]) -> None:
         """Apply one event (dispatched on its kind through :attr:`_HANDLERS`)."""

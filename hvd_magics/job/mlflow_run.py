@@ -205,11 +205,25 @@ class MlflowTracker:
         What runs where (logged as params, the run is named after the job).
     source : str, optional
         The cell's or the function's source, logged as an artifact.
+    engine : str
+        The job's engine (a param).
+    attempt : int
+        A job with restarts: which attempt this is (0 first). A later attempt goes on in the
+        run of the first (``continue_run``), tagged with its number and why each earlier one
+        ended; its log and epoch timing go under ``attempt_<n>/``.
+    continue_run : str, optional
+        The run id the earlier attempts recorded.
+    earlier_attempts : tuple of str
+        Why each earlier attempt ended.
     """
 
     def __init__(self, settings: MlflowSettings, job_id: str, np: int, where: str,
-                 source: str | None = None, engine: str = "horovod") -> None:
+                 source: str | None = None, engine: str = "horovod", attempt: int = 0,
+                 continue_run: str | None = None,
+                 earlier_attempts: tuple[str, ...] = ()) -> None:
         self.engine = engine
+        self.attempt, self._continue_run = attempt, continue_run
+        self._earlier_attempts = earlier_attempts
         mlflow = _require_mlflow()
         from mlflow.tracking._tracking_service.utils import is_tracking_uri_set
 
@@ -268,6 +282,9 @@ class MlflowTracker:
 
         PENDING.flush(self.tracking_uri)  # what earlier jobs left, now that it answers
         client = MlflowClient(self.tracking_uri)
+        if self._continue_run:
+            self._continue(client, self._continue_run)
+            return
         if self.settings.experiment:
             found = client.get_experiment_by_name(self.settings.experiment)
             experiment = (found.experiment_id if found is not None
@@ -284,6 +301,19 @@ class MlflowTracker:
         params = {"np": str(self.np), "ranks": str(self._size), "where": self.where,
                   "engine": self.engine, **_versions()}
         client.log_batch(self.run_id, params=[Param(k, v) for k, v in params.items()])
+
+    def _continue(self, client: Any, run_id: str) -> None:
+        """A later attempt of a job with restarts: the same run, running again, tagged."""
+        run = client.get_run(run_id)
+        self._client, self.run_id, self.experiment_id = client, run_id, run.info.experiment_id
+        client.update_run(run_id, status="RUNNING")
+        from mlflow.entities import RunTag
+
+        tags = {"hvd_magics.attempt": str(self.attempt + 1),
+                f"hvd_magics.attempt_{self.attempt + 1}.job_id": self.job_id}
+        tags.update({f"hvd_magics.attempt_{i}.ended": cause[:5000]
+                     for i, cause in enumerate(self._earlier_attempts, 1)})
+        client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
 
     # -- the job's events (from the driver's main loop: only bookkeeping here) ----------------
     def on_event(self, job: Any, event: dict[str, Any]) -> None:
@@ -365,18 +395,24 @@ class MlflowTracker:
 
     def _end(self, record: Any) -> None:
         client, run_id = self._client, self.run_id
-        if self._batch_size is not None:
+        logged = client.get_run(run_id).data.params if self.attempt else {}
+        if self._batch_size is not None and "batch_size" not in logged:
             client.log_param(run_id, "batch_size", str(self._batch_size))
+        # a later attempt's files go beside the first's, under its own folder
+        folder = f"attempt_{self.attempt + 1}" if self.attempt else None
         if record.log_path:
-            client.log_artifact(run_id, record.log_path)
+            client.log_artifact(run_id, record.log_path, folder)
         if record.epochs:
-            client.log_text(run_id, epochs_csv(record.epochs), "epoch_timing.csv")
-        if self.source:
+            client.log_text(run_id, epochs_csv(record.epochs),
+                            f"{folder}/epoch_timing.csv" if folder else "epoch_timing.csv")
+        if self.source and not self.attempt:
             client.log_text(run_id, self.source, "source.py")
         if record.timeline_path:
-            client.log_artifact(run_id, record.timeline_path)
+            client.log_artifact(run_id, record.timeline_path, folder)
         if record.error:
             client.set_tag(run_id, "hvd_magics.error", record.error[:5000])
+        elif self.attempt:  # an earlier attempt's loss is in its own tag now
+            client.delete_tag(run_id, "hvd_magics.error")
         with url_not_printed():  # the summary links the run; no line from this thread
             client.set_terminated(run_id, STATUS.get(record.status, "FAILED"))
 

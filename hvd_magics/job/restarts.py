@@ -22,6 +22,7 @@ from typing import Any, Callable
 from hvd_magics.errors import HorovodJobError, JobInterrupted
 from hvd_magics.job.job_state import LOST
 from hvd_magics.job.run_record import RunRecord
+from hvd_magics.job.session import SESSION
 from hvd_magics.notices import say
 from hvd_magics.protocol import ENV_ATTEMPT, ENV_CHECKPOINT_DIR
 from hvd_magics.rank.checkpoints import latest_checkpoint
@@ -84,13 +85,16 @@ def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
             f"at {written}): checkpoint.latest() gives it to the ranks (--fresh starts over)")
     causes: list[str] = []
     attempt = 0
+    run_id: str | None = None  # the attempts' one MLflow run, once the first created it
     began = datetime.now()
     while True:
         env = {**request.env, ENV_ATTEMPT: str(attempt), ENV_CHECKPOINT_DIR: str(folder)}
         # a restart waits for the cluster to replace the executor it lost, up to start_timeout
         wait = {"slot_wait_s": request.start_timeout} if attempt else {}
         try:
-            record = launch(dataclasses.replace(request, env=env, **wait))
+            record = launch(dataclasses.replace(request, env=env, attempt=attempt,
+                                                earlier_attempts=tuple(causes),
+                                                mlflow_run_id=run_id, **wait))
         except JobInterrupted:
             raise
         except HorovodJobError as exc:
@@ -98,6 +102,7 @@ def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
             if cause is None:
                 raise
             causes.append(cause)
+            run_id = run_id or getattr(SESSION.last_run, "mlflow_run_id", None)
             if attempt >= restarts:
                 exc.add_summary(f"the job was started {attempt + 1} times, and each ended with "
                                 "a loss: " + "; ".join(f"attempt {i + 1}: {c}"

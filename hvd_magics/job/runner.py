@@ -110,6 +110,11 @@ class LaunchRequest:
     #: On a cluster, how long to wait for executors to register (longer for a restart, while
     #: the cluster replaces the executor it lost).
     slot_wait_s: float = SLOT_WAIT_S
+    #: A job with restarts: which attempt this is (0 first), why each earlier one ended, and
+    #: the MLflow run they recorded (every attempt goes on in the same run).
+    attempt: int = 0
+    earlier_attempts: tuple[str, ...] = ()
+    mlflow_run_id: str | None = None
 
     @property
     def elastic(self) -> ElasticSize | None:
@@ -421,12 +426,14 @@ def source_of(main: Callable) -> str | None:
         return None
 
 
-def _tracker(settings: MlflowSettings | None, job_id: str, np: int, where: str,
-             source: str | None, engine: str) -> MlflowTracker | None:
-    if settings is None:
+def _tracker(request: LaunchRequest, job_id: str, where: str,
+             engine: str) -> MlflowTracker | None:
+    if request.tracking is None:
         return None
     try:
-        return MlflowTracker(settings, job_id, np, where, source, engine)
+        return MlflowTracker(request.tracking, job_id, request.np, where, request.source, engine,
+                             attempt=request.attempt, continue_run=request.mlflow_run_id,
+                             earlier_attempts=request.earlier_attempts)
     except Exception as exc:  # noqa: BLE001 - tracking never stops a job
         warnings.warn(f"hvd_magics: MLflow tracking could not start ({type(exc).__name__}: "
                       f"{exc}); the job goes on without it.", stacklevel=3)
@@ -444,10 +451,11 @@ def launch(request: LaunchRequest) -> RunRecord:
     prune_old_runs()
     log_path = runs_dir() / job_id / "ranks.log"
     engine = engine_of(request.env)
-    tracker = _tracker(request.tracking, job_id, size, backend.where, request.source, engine)
+    tracker = _tracker(request, job_id, backend.where, engine)
     job = JobState(abs(size), log_path, request.views + ([tracker] if tracker else []),
                    backend.where, elastic, timeline_dest=request.timeline,
                    stall_after=request.stall_after)
+    job.earlier_attempts = request.earlier_attempts
     record = RunRecord(job_id=job_id, np=size, where=backend.where, log_path=str(log_path),
                        elastic=str(elastic) if elastic else None, engine=engine)
     SESSION.last_run = record

@@ -40,7 +40,8 @@ class TorchDistributor:
     **options
         What :class:`hvd_magics.HorovodRunner` takes besides ``np`` and ``engine``
         (``start_timeout``, ``env``, ``mlflow``, ``timeout``, ``stall_after``,
-        ``driver_log_verbosity``).
+        ``driver_log_verbosity``, and ``restarts``, ``checkpoint_dir``, ``fresh``: start again
+        after a lost rank or executor, resuming from ``hvd_magics.checkpoint``).
 
     Examples
     --------

@@ -174,7 +174,7 @@ class WidgetView:
                   else _COLOURS[DONE] if final else _COLOURS[RUNNING])
         self.header.value = (f"<b>Horovod job</b>, {_size_text(job)} on "
                              f"{html.escape(job.where)}: <b style='color:{colour}'>{overall}</b>, "
-                             f"{elapsed:.1f} s{_resets_html(job)}")
+                             f"{elapsed:.1f} s{_attempts_html(job)}{_resets_html(job)}")
         for rank, row in zip(job.ranks, self._rows):
             self._refresh_row(rank, row, now, final, job.elastic is not None, job.stall_after)
         if job.history.changed_at > self._charts_drawn and (
@@ -229,6 +229,15 @@ def _size_text(job: JobState) -> str:
     size = job.current_size if job.formations or job.elastic is None else 0
     text = f"{size} rank" + ("" if size == 1 else "s")
     return text if job.elastic is None else f"{text} (elastic {job.elastic})"
+
+
+def _attempts_html(job: JobState) -> str:
+    """A restarted job: which attempt this is, and why each earlier one ended."""
+    if not job.earlier_attempts:
+        return ""
+    return f", attempt {len(job.earlier_attempts) + 1}" + "".join(
+        f"<br>attempt {i} ended: {html.escape(cause)}"
+        for i, cause in enumerate(job.earlier_attempts, 1))
 
 
 def _resets_html(job: JobState) -> str:

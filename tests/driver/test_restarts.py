@@ -4,8 +4,9 @@ from datetime import datetime
 
 import pytest
 
-from hvd_magics import HorovodJobError, HorovodRunner, last_run
+from hvd_magics import HorovodJobError, HorovodRunner, JobInterrupted, last_run
 from tests import engine_jobs
+from tests.conftest import interrupt_once_marked, rank_processes_alive
 
 
 def test_a_lost_rank_restarts_the_job_which_resumes_to_the_same_weights(tmp_path, capfd):
@@ -22,6 +23,20 @@ def test_a_lost_rank_restarts_the_job_which_resumes_to_the_same_weights(tmp_path
     assert (record.started_at - began).total_seconds() < 1  # the record times both attempts
     assert "rank 1" in record.attempts[0] and "signal 9" in record.attempts[0]
     assert "attempt 1 of 3 ended: rank 1" in said and "starting attempt 2" in said
+
+
+def test_an_interrupt_during_a_later_attempt_stops_the_job_at_once(tmp_path, capfd):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    interrupt_once_marked(marks)  # both ranks of attempt 2 resumed and wait
+    runner = HorovodRunner(np=-2, engine="torch", restarts=3, checkpoint_dir=tmp_path / "c")
+    with pytest.raises(JobInterrupted, match="nothing is left running"):
+        runner.run(engine_jobs.steps_with_checkpoints, kill_on=(12, [0]), hold_on=(1, str(marks)))
+    record = last_run()
+    assert record.status == "interrupted"
+    assert rank_processes_alive(record.pids.values()) == []
+    said = capfd.readouterr().err
+    assert "starting attempt 2" in said and "starting attempt 3" not in said  # not retried
 
 
 def test_a_ranks_own_error_is_not_retried(tmp_path, capfd):

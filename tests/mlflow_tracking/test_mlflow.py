@@ -103,6 +103,28 @@ def test_a_ddp_run_is_tracked_with_its_engine_and_epoch_metrics(tracking):
     assert [step for step, _ in _history(tracking, run.info.run_id, "loss")] == [1, 2]
 
 
+def test_a_restarted_job_is_one_run_tagged_with_each_attempt(tracking, tmp_path):
+    from tests import engine_jobs
+
+    runner = HorovodRunner(np=-2, engine="torch", restarts=1, checkpoint_dir=tmp_path,
+                           mlflow="hvd-tests")
+    assert runner.run(engine_jobs.steps_with_checkpoints, kill_on=(12, [0]))["attempt"] == 1
+    record = last_run()
+    run = tracking.get_run(record.mlflow_run_id)
+    tags = run.data.tags
+    assert run.info.status == "FINISHED" and "hvd_magics.error" not in tags
+    assert tags["hvd_magics.attempt"] == "2" and tags["hvd_magics.attempt_2.job_id"] == \
+        record.job_id
+    assert "rank 1" in tags["hvd_magics.attempt_1.ended"], tags
+    # the second attempt went on in the first's run: no run of its own
+    found = tracking.search_runs([run.info.experiment_id],
+                                 f"tags.`hvd_magics.job_id` = '{record.job_id}'")
+    assert found == []
+    files = {f.path for f in tracking.list_artifacts(run.info.run_id)}
+    files |= {f.path for f in tracking.list_artifacts(run.info.run_id, "attempt_2")}
+    assert {"ranks.log", "source.py", "attempt_2/ranks.log"} <= files, files
+
+
 def test_failures_and_interrupts_end_the_run_as_such(tracking, tmp_path):
     with pytest.raises(HorovodJobError):
         HorovodRunner(np=-2, mlflow=True).run(jobs.fail_on_rank, bad_rank=1, how="raise")

@@ -254,6 +254,15 @@ def test_a_fit_stopped_mid_epoch_and_resumed_is_the_same_fit(local_spark, tmp_pa
     assert resumed.optimizer_step == whole.optimizer_step == 3 * steps
     for a, b in zip(model_weights(whole), model_weights(resumed), strict=True):
         assert np.array_equal(a, b), float(np.abs(a - b).max())
+    if framework == "torch":  # a rank lost in the second epoch: restarted, the same fit
+        from tests.estimator_models import torch_mlp_lost_once
+
+        lost = estimator.copy().setModelDir(str(tmp_path / "lost")).setRestarts(1).setModel(
+            torch_mlp_lost_once(steps + steps // 2, dropout=0.3)).fit(train)
+        assert len(lost.run_record.attempts) == 2 and "rank 1" in lost.run_record.attempts[0]
+        assert lost.resumed_from["global_step"] == steps  # the first epoch's checkpoint
+        for a, b in zip(model_weights(whole), model_weights(lost), strict=True):
+            assert np.array_equal(a, b), float(np.abs(a - b).max())
 
 
 def test_an_estimator_fits_on_a_warm_pool_and_a_second_fit_reuses_its_shards(local_spark,

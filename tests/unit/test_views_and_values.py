@@ -352,3 +352,20 @@ def test_a_stalled_rank_that_never_says_where_is_still_shown(tmp_path):
     job.tick()
     view._flush(job)
     assert "[0] no output or progress for 6" in out.getvalue() and ", in " not in out.getvalue()
+
+
+def test_a_restarted_jobs_dashboard_says_its_attempt_and_why_each_earlier_one_ended(tmp_path):
+    from hvd_magics.job.widgets_view import WidgetView
+
+    view = WidgetView()
+    job = _job(tmp_path, 2, [view])
+    job.earlier_attempts = ("rank 1 on h: killed by signal 9 <SIGKILL>",)
+    job.tick()
+    job.end()
+    assert ", attempt 2<br>attempt 1 ended: rank 1 on h: killed by signal 9 &lt;SIGKILL&gt;" \
+        in view.header.value
+    first = WidgetView()
+    once = _job(tmp_path, 2, [first])
+    once.tick()
+    once.end()
+    assert "attempt" not in first.header.value
