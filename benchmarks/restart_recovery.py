@@ -1,5 +1,6 @@
 """A job that loses an executor and restarts from its last checkpoint (issue 40), on a standalone
-cluster of two one-core workers on loopback.
+cluster of one-core workers on loopback (``--workers``: 3 leaves a spare executor for the second
+attempt, as a cluster with room has; 2 makes it wait for the worker to start a new executor).
 
 A DDP job (an MNIST-shaped MLP, 40 steps of 64 rows per rank, a checkpoint every 5 steps) with
 ``restarts=1``; after step 22 of its first attempt, rank 1's executor JVM is SIGKILLed (the
@@ -7,8 +8,8 @@ standalone worker starts a new executor). Measured, ``--runs`` times:
   recovery  seconds from the kill to the first training step of the second attempt
   redone    steps done twice (the kill's step minus the checkpoint it resumed from)
   cold      a cold launch of a trivial DDP job on the same cluster (the goal's yardstick)
-Usage: .venv/bin/python benchmarks/restart_recovery.py [--runs 3]
-Last line: restart_recovery recovery_s=<s> cold_s=<s> over_cold_s=<s> redone=<steps>
+Usage: .venv/bin/python benchmarks/restart_recovery.py [--runs 3] [--workers 3]
+Last line: restart_recovery workers=<n> recovery_s=<s> cold_s=<s> over_cold_s=<s> redone=<steps>
 (medians; goals: over_cold_s <= 2, redone <= 5)
 """
 from __future__ import annotations
@@ -91,11 +92,12 @@ def executor_jvm(pid: int):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=3)
     args = parser.parse_args()
     from hvd_magics import HorovodRunner, last_run
     from tests.standalone import StandaloneCluster
 
-    cluster = StandaloneCluster(workers=2)
+    cluster = StandaloneCluster(workers=args.workers)
     try:
         cluster.session("restart_recovery")
         assert HorovodRunner(np=2, engine="torch").run(trivial) == 2.0  # warm
@@ -126,7 +128,7 @@ def main() -> None:
             print(f"run: recovery {recovery[-1]:.2f} s, cold {cold[-1]:.2f} s, redone "
                   f"{redone[-1]} steps; attempts {last_run().attempts}", flush=True)
         over = [r - c for r, c in zip(recovery, cold)]
-        print(f"restart_recovery recovery_s={statistics.median(recovery):.2f} "
+        print(f"restart_recovery workers={args.workers} recovery_s={statistics.median(recovery):.2f} "
               f"cold_s={statistics.median(cold):.2f} over_cold_s={statistics.median(over):.2f} "
               f"over_cold_s_min={min(over):.2f} over_cold_s_max={max(over):.2f} "
               f"redone={statistics.median(redone):.0f}")

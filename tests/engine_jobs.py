@@ -309,10 +309,12 @@ def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engin
             "attempt": checkpoint.attempt(), "start": start}
 
 
-def tf_fit_with_backup(epochs=6, kill_after_epoch=None):
+def tf_fit_with_backup(epochs=6, kill_after_epoch=None, pause_after_epoch=None):
     """A Keras fit under MultiWorkerMirroredStrategy with Keras' own BackupAndRestore in the
     job's checkpoint folder; worker 1 SIGKILLs itself after epoch ``kill_after_epoch`` (1-based)
-    on the first attempt. Returns the epochs this attempt ran and the final weights' sum."""
+    on the first attempt; ``pause_after_epoch``: ``(epoch, folder)``, there it writes its pid to
+    ``folder/rank1`` and waits instead (for the test to kill its executor). Returns the epochs
+    this attempt ran and the final weights' sum."""
     import os
     import signal
 
@@ -340,6 +342,13 @@ def tf_fit_with_backup(epochs=6, kill_after_epoch=None):
         def on_epoch_end(self, epoch, logs=None):
             if index == 1 and epoch + 1 == kill_after_epoch and checkpoint.attempt() == 0:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if index == 1 and pause_after_epoch and epoch + 1 == pause_after_epoch[0] and \
+                    checkpoint.attempt() == 0:
+                import time
+
+                with open(os.path.join(pause_after_epoch[1], "rank1"), "w") as out:
+                    out.write(str(os.getpid()))
+                time.sleep(600)
 
     backup = tf.keras.callbacks.BackupAndRestore(str(checkpoint.directory() / "keras"))
     model.fit(data, epochs=epochs, verbose=0, callbacks=[backup, Track()])

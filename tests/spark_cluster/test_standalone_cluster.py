@@ -208,19 +208,32 @@ def test_a_warm_pool_on_the_cluster_deals_again_data_changed_under_the_same_plan
         changed_data_cases(cluster_spark, pool, tmp_path, capfd)
 
 
+@pytest.mark.parametrize("engine", ["torch", "horovod", "tf"])
 def test_a_killed_executor_restarts_the_job_which_resumes_to_the_same_weights(cluster_spark,
-                                                                              tmp_path):
-    """Issue 40: SIGKILL the executor JVM of rank 1 mid-training (DDP, checkpoints every 5
-    steps); the job starts again on the executor the cluster puts in its place."""
+                                                                              tmp_path, engine):
+    """Issue 40: SIGKILL the executor JVM of rank 1 mid-training (DDP and Horovod with
+    checkpoints every 5 steps; Keras under tf.distribute with its BackupAndRestore); the job
+    starts again on the executor the cluster puts in its place and ends as an uninterrupted
+    run."""
     from tests import engine_jobs
 
-    whole = HorovodRunner(np=2, engine="torch", checkpoint_dir=tmp_path / "whole").run(
-        engine_jobs.steps_with_checkpoints)
     kill_rank_1s_executor_once_marked(tmp_path)
-    runner = HorovodRunner(np=2, engine="torch", restarts=1, checkpoint_dir=tmp_path / "lost")
-    resumed = runner.run(engine_jobs.steps_with_checkpoints, pause_on=(12, str(tmp_path)))
-    assert resumed["weights"] == whole["weights"]  # bit for bit
-    assert (resumed["attempt"], resumed["start"]) == (1, 10)
+    runner = HorovodRunner(np=2, engine=engine, restarts=1, checkpoint_dir=tmp_path / "lost")
+    if engine == "tf":
+        resumed = runner.run(engine_jobs.tf_fit_with_backup, epochs=4,
+                             pause_after_epoch=(2, str(tmp_path)))
+        assert resumed["attempt"] == 1 and resumed["ran"] == [3, 4], resumed
+    else:
+        resumed = runner.run(engine_jobs.steps_with_checkpoints, engine=engine,
+                             pause_on=(12, str(tmp_path)))
+        assert (resumed["attempt"], resumed["start"]) == (1, 10)
     record = last_run()
     assert record.attempts[-1] == "succeeded" and "rank 1" in record.attempts[0], record.attempts
     assert "executor was lost or killed" in record.attempts[0]
+    whole_runner = HorovodRunner(np=2, engine=engine, checkpoint_dir=tmp_path / "whole")
+    if engine == "tf":
+        whole = whole_runner.run(engine_jobs.tf_fit_with_backup, epochs=4)
+        assert abs(resumed["weights"] - whole["weights"]) < 1e-4, (resumed, whole)
+    else:
+        whole = whole_runner.run(engine_jobs.steps_with_checkpoints, engine=engine)
+        assert resumed["weights"] == whole["weights"]  # bit for bit
