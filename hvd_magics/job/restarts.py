@@ -86,6 +86,7 @@ def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
     causes: list[str] = []
     attempt = 0
     run_id: str | None = None  # the attempts' one MLflow run, once the first created it
+    epochs: list[dict[str, Any]] = []  # the epochs the earlier attempts timed
     began = datetime.now()
     while True:
         env = {**request.env, ENV_ATTEMPT: str(attempt), ENV_CHECKPOINT_DIR: str(folder)}
@@ -103,6 +104,7 @@ def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
                 raise
             causes.append(cause)
             run_id = run_id or getattr(SESSION.last_run, "mlflow_run_id", None)
+            epochs = one_timing(epochs, getattr(SESSION.last_run, "epochs", []))
             if attempt >= restarts:
                 exc.add_summary(f"the job was started {attempt + 1} times, and each ended with "
                                 "a loss: " + "; ".join(f"attempt {i + 1}: {c}"
@@ -112,6 +114,15 @@ def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
             say(f"attempt {attempt} of {restarts + 1} ended: {cause}; starting attempt "
                 f"{attempt + 1} (the ranks resume from {folder}'s latest checkpoint)")
             continue
-        if causes:  # the record tells the attempts, and the wall time is all of theirs
+        if causes:  # the record tells the attempts; the wall time and epochs are all theirs
             record.attempts, record.started_at = [*causes, "succeeded"], began
+            record.epochs = one_timing(epochs, record.epochs)
         return record
+
+
+def one_timing(earlier: list[dict[str, Any]], later: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The epoch timing of two attempts as one run: the earlier attempt's epochs up to where
+    the later one began (an epoch both ran is the later one's row)."""
+    began = min((row["epoch"] for row in later), default=None)
+    kept = [row for row in earlier if began is None or row["epoch"] < began]
+    return kept + list(later)

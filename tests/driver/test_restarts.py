@@ -94,6 +94,8 @@ def test_a_keras_fit_under_tf_distribute_resumes_with_backup_and_restore(tmp_pat
     runner = HorovodRunner(np=-2, engine="tf", restarts=1, checkpoint_dir=tmp_path)
     resumed = runner.run(engine_jobs.tf_fit_with_backup, kill_after_epoch=3)
     assert resumed["attempt"] == 1 and resumed["ran"] == [4, 5, 6], resumed
+    # the epoch timing reads as one run: epochs 1-3 of the first attempt, 4-6 of the second
+    assert [row["epoch"] for row in last_run().epochs] == [1, 2, 3, 4, 5, 6]
     whole = HorovodRunner(np=-2, engine="tf", checkpoint_dir=tmp_path / "whole").run(
         engine_jobs.tf_fit_with_backup)
     assert whole["ran"] == [1, 2, 3, 4, 5, 6]

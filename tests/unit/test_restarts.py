@@ -34,3 +34,14 @@ def test_a_jobs_folder_is_its_names_and_other_arguments_make_another_job(tmp_pat
     assert checkpoint_folder(one, None) != checkpoint_folder(other, None)
     assert checkpoint_folder(None, None) != checkpoint_folder(None, None)  # unnamed: its own
     assert checkpoint_folder(one, str(tmp_path)) == tmp_path
+
+
+def test_the_attempts_epoch_timing_reads_as_one_run():
+    from hvd_magics.job.restarts import one_timing
+
+    first = [{"epoch": 1, "wall_s": 1.0}, {"epoch": 2, "wall_s": 1.1}, {"epoch": 3, "wall_s": 9.0}]
+    second = [{"epoch": 3, "wall_s": 1.2}, {"epoch": 4, "wall_s": 1.3}]
+    assert [(r["epoch"], r["wall_s"]) for r in one_timing(first, second)] == \
+        [(1, 1.0), (2, 1.1), (3, 1.2), (4, 1.3)]
+    assert one_timing(first, []) == first  # an attempt lost before its first epoch's end
+    assert one_timing([], second) == second
