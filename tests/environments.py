@@ -42,3 +42,39 @@ def frameworks_only_python(folder: Path) -> str:
                            cwd=folder, capture_output=True, text=True)
     assert "No module named 'hvd_magics'" in probe.stderr, probe.stderr  # what the tests need
     return str(python)
+
+
+def arrow_only_python(folder: Path) -> str:
+    """An interpreter with pyarrow and numpy but none of hvd_magics' packages (no frameworks, no
+    Horovod): an executor that has what Spark's Arrow tasks need and nothing more (Spark puts
+    pyspark on its workers' path)."""
+    import os
+
+    import numpy
+    import pyarrow
+
+    lib = folder / "lib"
+    lib.mkdir(parents=True)
+    for module in (pyarrow, numpy):
+        root = os.path.dirname(module.__file__)
+        (lib / os.path.basename(root)).symlink_to(root)
+        libs = root + ".libs"
+        if os.path.isdir(libs):
+            (lib / os.path.basename(libs)).symlink_to(libs)
+    script = folder / "python3"
+    script.write_text(f'#!/bin/sh\nPYTHONPATH="{lib}:$PYTHONPATH" exec {sys._base_executable} -S "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+def reach_frameworks(env: Path) -> Path:
+    """Let the virtual environment ``env`` import this one's frameworks (its ``sitecustomize``
+    appends this one's site-packages; a ``.pth`` line would be refused as an editable install,
+    and the editable install of hvd_magics does not run there, so hvd_magics only comes with the
+    job): a notebook's environment, small to pack."""
+    import sysconfig
+
+    site = next(env.glob("lib/python*/site-packages"))
+    (site / "sitecustomize.py").write_text(
+        f"import sys\nsys.path.append({sysconfig.get_paths()['purelib']!r})\n")
+    return env

@@ -1,13 +1,15 @@
 """Which rank each task gets, and the Horovod Gloo environment of each rank.
 
-Ranks on the same host get contiguous local ranks (Horovod's ``get_host_assignments``), hosts in
-the order in which they first appear among the tasks.
+Ranks on the same host get contiguous local ranks, hosts in the order in which they first appear
+among the tasks (as Horovod's ``get_host_assignments`` plans them; written here so that a Spark
+task whose Python has no Horovod, given the notebook's shipped environment, plans them too).
 """
 from __future__ import annotations
 
 import ipaddress
 import socket
 import threading
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 
@@ -16,10 +18,30 @@ from hvd_magics.protocol import (ENV_HOROVOD_CONTROLLER, ENV_HOROVOD_CPU_OPERATI
                                  ENV_HOROVOD_GLOO_IFACE, ENV_HOROVOD_HOSTNAME,
                                  ENV_HOROVOD_LOCAL_RANK, ENV_HOROVOD_LOCAL_SIZE, ENV_HOROVOD_RANK,
                                  ENV_HOROVOD_SIZE, ENV_RENDEZVOUS_ADDR, ENV_RENDEZVOUS_PORT)
+from hvd_magics.task.rendezvous import RendezvousServer
 
 
-def plan_ranks(task_hosts: Sequence[str]) -> list:
-    """Give every task a Horovod slot.
+@dataclass(frozen=True)
+class RankSlot:
+    """Where one rank is in the job: Horovod's ``SlotInfo``, field for field (its rendezvous
+    and elastic driver take it as one)."""
+
+    hostname: str
+    rank: int
+    local_rank: int
+    cross_rank: int
+    size: int
+    local_size: int
+    cross_size: int
+
+    def to_response_string(self) -> str:
+        """As Horovod's elastic rendezvous answers a rank's ``rank_and_size`` question."""
+        return ",".join(str(v) for v in (self.rank, self.size, self.local_rank, self.local_size,
+                                         self.cross_rank, self.cross_size))
+
+
+def plan_ranks(task_hosts: Sequence[str]) -> list[RankSlot]:
+    """Give every task a rank.
 
     Parameters
     ----------
@@ -28,18 +50,24 @@ def plan_ranks(task_hosts: Sequence[str]) -> list:
 
     Returns
     -------
-    list of horovod.runner.common.util.hosts.SlotInfo
-        ``result[task]`` is that task's slot; ranks are contiguous within a host.
+    list of RankSlot
+        ``result[task]`` is that task's slot; ranks are contiguous within a host, and a rank's
+        cross rank counts the hosts before its own that have a rank of its local rank.
     """
-    from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
-
     order: list[str] = []
     for host in task_hosts:
         if host not in order:
             order.append(host)
     counts = {host: task_hosts.count(host) for host in order}
-    slots = get_host_assignments([HostInfo(h, counts[h]) for h in order], len(task_hosts))
-    by_host = {host: [s for s in slots if s.hostname == host] for host in order}
+    by_host: dict[str, list[RankSlot]] = {}
+    rank = 0
+    for host in order:
+        by_host[host] = []
+        for local_rank in range(counts[host]):
+            crossing = [h for h in order if counts[h] > local_rank]
+            by_host[host].append(RankSlot(host, rank, local_rank, crossing.index(host),
+                                          len(task_hosts), counts[host], len(crossing)))
+            rank += 1
     return [by_host[host].pop(0) for host in task_hosts]
 
 
@@ -117,15 +145,10 @@ def stop_rendezvous(server: object) -> None:
     threading.Thread(target=server.stop, name="hvd-rendezvous-stop", daemon=True).start()
 
 
-def start_rendezvous(slots: Sequence) -> tuple[object, int]:
-    """Start a fresh Horovod rendezvous server for one job; return ``(server, port)``."""
-    from horovod.runner.http.http_server import RendezvousServer
-
-    server = RendezvousServer(verbose=0)
-    port = server.start()
-    quiet_request_errors(server)
-    server.init(sorted(slots, key=lambda s: s.rank))
-    return server, port
+def start_rendezvous(slots: Sequence[RankSlot]) -> tuple[RendezvousServer, int]:
+    """Start a fresh Gloo rendezvous for one fixed-size Horovod job; return ``(server, port)``."""
+    server = RendezvousServer(slots)
+    return server, server.port
 
 
 def quiet_request_errors(server: object, log: Callable[[str], None] | None = None) -> None:

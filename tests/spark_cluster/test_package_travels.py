@@ -76,3 +76,28 @@ def test_the_notebooks_environment_travels_once_and_again_after_an_install(
     assert second[2] == "1.0" and "sent the environment" not in again  # sent once
     assert third[2] == "2.0" and "the environment changed since it was last shipped" in changed
     assert "sent the environment to the executors" in changed
+
+
+def test_executors_with_only_arrow_run_every_engine_in_the_shipped_environment(
+        cluster_spark, tmp_path, capfd):
+    """What issue 39 is for: executors whose Python has what Spark's Arrow tasks need and no
+    framework, no Horovod, no hvd_magics; the notebook ships its environment and every engine
+    runs there (the task plans its ranks and serves Horovod's rendezvous without Horovod)."""
+    from hvd_magics import ship_environment
+    from tests.environments import arrow_only_python, reach_frameworks
+
+    bare = arrow_only_python(tmp_path / "executors")
+    env = reach_frameworks(small_environment(tmp_path / "notebook-env", "1.0"))
+    spark_session._SENT.difference_update(
+        [sent for sent in spark_session._SENT if "#hvd_env_" in sent[1]])
+    with executors_run(cluster_spark.sparkContext, bare):
+        ship_environment(env)
+        try:
+            results = [HorovodRunner(np=2, engine=engine).run(job) for engine, job in (
+                ("torch", engine_jobs.ddp_where), ("horovod", engine_jobs.horovod_where),
+                ("tf", engine_jobs.tf_where))]
+        finally:
+            ship_environment(False)
+    for executable, package, total, *rest in results:
+        assert re.search(r"/hvd_env_[0-9a-f]{16}/bin/python$", executable), executable
+        assert total == 2.0 and rest in ([], [2])

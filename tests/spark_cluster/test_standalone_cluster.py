@@ -7,6 +7,7 @@ import pytest
 from hvd_magics import HorovodJobError, HorovodRunner, last_run
 from tests import jobs
 from tests.conftest import rank_processes_alive
+from tests.environments import arrow_only_python
 from tests.frames import MIXED_IDS, check_cover, mixed_frame, read_reports
 
 
@@ -83,28 +84,6 @@ def test_a_lost_executor_is_named_first_with_its_rank(cluster_spark, tmp_path):
     assert rank_processes_alive(last_run().pids.values()) == []
 
 
-def _arrow_only_python(folder) -> str:
-    """An interpreter with pyarrow and numpy but none of hvd_magics' packages."""
-    import os
-    import sys
-
-    import numpy
-    import pyarrow
-
-    lib = folder / "lib"
-    lib.mkdir()
-    for module in (pyarrow, numpy):
-        root = os.path.dirname(module.__file__)
-        (lib / os.path.basename(root)).symlink_to(root)
-        libs = root + ".libs"
-        if os.path.isdir(libs):
-            (lib / os.path.basename(libs)).symlink_to(libs)
-    script = folder / "python3"
-    script.write_text(f'#!/bin/sh\nPYTHONPATH="{lib}:$PYTHONPATH" exec {sys._base_executable} -S "$@"\n')
-    script.chmod(0o755)
-    return str(script)
-
-
 @pytest.mark.parametrize("np", [2, "1:2"])  # a barrier stage, and an elastic job's tasks
 @pytest.mark.parametrize("python, cause", [
     ("bare", "No module named 'pyarrow'"),  # Spark's Arrow task itself cannot run
@@ -119,7 +98,7 @@ def test_executors_without_our_packages_get_the_cause_and_the_fix(cluster_spark,
 
     sc = cluster_spark.sparkContext
     saved = sc.pythonExec
-    sc.pythonExec = sys._base_executable if python == "bare" else _arrow_only_python(tmp_path)
+    sc.pythonExec = sys._base_executable if python == "bare" else arrow_only_python(tmp_path)
     try:
         start = time.monotonic()
         if python == "arrow_only" and np == "1:2":

@@ -50,23 +50,33 @@ def test_the_driver_fallback_is_offered_only_to_jobs_without_dataframes():
 
 def test_a_failed_rendezvous_request_is_a_log_line_not_a_traceback_in_the_cell(capsys):
     """Seen in the elastic notebook: socketserver printed a rank's reset connection's traceback
-    into the cell."""
-    from hvd_magics.task.slots import quiet_request_errors, start_rendezvous, stop_rendezvous
+    into the cell. Our fixed-size rendezvous and Horovod's elastic one (quieted) alike."""
+    from horovod.runner.http.http_server import RendezvousServer as HorovodRendezvous
 
-    server, _ = start_rendezvous(plan_ranks(["localhost", "localhost"]))
+    from hvd_magics.task.rendezvous import RendezvousServer
+    from hvd_magics.task.slots import quiet_request_errors
+
+    plan = plan_ranks(["localhost", "localhost"])
+    lines: list[str] = []
+    ours = [RendezvousServer(plan), RendezvousServer(plan, lines.append)]
+    horovods = HorovodRendezvous(verbose=0)
+    horovods.start()
     try:
-        lines: list[str] = []
-        for log in (None, lines.append):
-            quiet_request_errors(server, log)
+        for server, log in ((ours[0], None), (ours[1], None), (horovods, lines.append)):
+            if server is horovods:
+                quiet_request_errors(server, log)
+            httpd = server._httpd if server is horovods else server._server
             try:
                 raise ConnectionResetError("reset by peer")
             except ConnectionResetError:
-                server._httpd.handle_error(None, ("10.0.0.7", 4242))
+                httpd.handle_error(None, ("10.0.0.7", 4242))
         assert lines == ["rendezvous request from ('10.0.0.7', 4242) failed: "
-                         "ConnectionResetError: reset by peer"]
+                         "ConnectionResetError: reset by peer"] * 2
         assert capsys.readouterr().err == ""
     finally:
-        stop_rendezvous(server)
+        for server in ours:
+            server.stop()
+        horovods.stop()
 
 
 def test_no_smaller_np_is_offered_when_no_slot_is_free():
@@ -75,3 +85,56 @@ def test_no_smaller_np_is_offered_when_no_slot_is_free():
     text = str(not_enough_slots(1, 0, 2, "local[2]", "1", held=2))
     assert "Fix: add executors or cores, or use np=-1" in text and "np<=0" not in text
     assert "warm pools and background jobs hold 2 of the slots" in text
+
+
+def test_the_plan_is_horovods_own_for_any_layout_of_tasks_on_hosts():
+    """The task plans ranks without Horovod (an executor given the shipped environment may
+    have none); the plan must stay Horovod's, which its rendezvous and elastic driver expect."""
+    import random
+
+    from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
+
+    def horovods(task_hosts):
+        order = list(dict.fromkeys(task_hosts))
+        slots = get_host_assignments([HostInfo(h, task_hosts.count(h)) for h in order],
+                                     len(task_hosts))
+        by_host = {h: [s for s in slots if s.hostname == h] for h in order}
+        return [by_host[h].pop(0) for h in task_hosts]
+
+    chance = random.Random(7)
+    for _ in range(500):
+        hosts = [chance.choice("abcd") for _ in range(chance.randint(1, 9))]
+        ours, theirs = plan_ranks(hosts), horovods(hosts)
+        assert [vars(s) for s in theirs] == [vars(s) for s in ours], hosts
+        assert [s.to_response_string() for s in theirs] == [s.to_response_string() for s in ours]
+
+
+def test_the_rendezvous_stores_answers_and_clears_a_scope_once_every_rank_left_it():
+    import urllib.error
+    import urllib.request
+
+    from hvd_magics.task.slots import start_rendezvous, stop_rendezvous
+
+    server, port = start_rendezvous(plan_ranks(["a", "a"]))
+
+    def ask(method, path, data=None):
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=5) as answer:
+                return answer.status, answer.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, b""
+
+    try:
+        assert ask("GET", "/global/rank0") == (404, b"")  # not there yet: the ranks poll
+        assert ask("PUT", "/global/rank0", b"addr0")[0] == 200
+        assert ask("GET", "/global/rank0") == (200, b"addr0")
+        assert ask("DELETE", "/global/0")[0] == 200
+        assert ask("GET", "/global/rank0") == (200, b"addr0")  # one of two left the scope
+        assert ask("DELETE", "/global/1")[0] == 200
+        assert ask("GET", "/global/rank0") == (404, b"")  # both: cleared
+        assert ask("PUT", "/adhoc/k", b"v")[0] == 200 and ask("DELETE", "/adhoc/k")[0] == 200
+        assert ask("GET", "/adhoc/k")[0] == 404
+        assert ask("GET", "/too/many/parts")[0] == 400
+    finally:
+        stop_rendezvous(server)
