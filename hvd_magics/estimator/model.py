@@ -110,7 +110,12 @@ class HorovodModel(Model, ModelParams, MLReadable, MLWritable):
         udf = arrow_udf(_udf_function(config, len(columns)), self._return_type(fields))
         spark = dataset.sparkSession
         ship_package(spark)  # the UDF calls hvd_magics.task.predict on the executors
-        with local_workers_use_this_python(None if is_connect(spark) else spark.sparkContext):
+        from hvd_magics.job.session import SESSION
+
+        # with the notebook's environment shipped, the UDF runs in it, as the ranks do
+        shipped = SESSION.environment.udf_python(spark) if SESSION.environment else None
+        with local_workers_use_this_python(None if is_connect(spark) else spark.sparkContext,
+                                           shipped):
             out = dataset.withColumn(_OUT, udf(*inputs))
         columns_out = {self.getPredictionCol(): F.col(f"{_OUT}.{PREDICTION}")}
         if PROBABILITY in fields:

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator
 
 from hvd_magics.errors import EnvironmentNotShippable
 from hvd_magics.launch.package_shipping import cache_folder
-from hvd_magics.launch.spark_session import executors_run_this_python, send_once
+from hvd_magics.launch.spark_session import executors_run_this_python, is_connect, send_once
 from hvd_magics.notices import say
 from hvd_magics.protocol import ENV_SHIPPED_ENVIRONMENT, ENV_SHIPPED_PYTHON
 
@@ -249,6 +249,15 @@ class EnvironmentChoice:
     limit_gb: float = DEFAULT_LIMIT_GB
     #: The facts of the environment last shipped (for ``%hvd_env`` and to notice a change).
     shipped: EnvironmentFacts | None = None
+
+    def udf_python(self, spark: Any, say: Callable[..., None] = say) -> str | None:
+        """The interpreter a classic session's Python functions (the estimator's transform)
+        run in on a cluster when the environment is shipped: the archive's, in the executor's
+        working folder where Spark unpacks it (sent now if it was not). ``None`` on a local
+        master and on Spark Connect, whose server chooses its workers' Python."""
+        if is_connect(spark) or executors_run_this_python(spark):
+            return None
+        return f"./{self.for_job(spark, say)[ENV_SHIPPED_ENVIRONMENT]}/bin/python"
 
     def for_job(self, spark: Any, say: Callable[..., None] = say) -> dict[str, str]:
         """Pack (when what is installed changed) and send (once per application) the environment

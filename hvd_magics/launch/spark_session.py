@@ -178,19 +178,20 @@ def is_local(sc: Any) -> bool:
 
 
 @contextlib.contextmanager
-def local_workers_use_this_python(sc: Any) -> Iterator[None]:
+def local_workers_use_this_python(sc: Any, python: str | None = None) -> Iterator[None]:
     """Python functions wrapped inside this block run in this very interpreter (which has
-    hvd_magics) when the executors run on this machine.
+    hvd_magics) when the executors run on this machine, or in ``python`` when given (the
+    shipped environment's interpreter on a cluster's executors).
 
     A local master's session started without ``PYSPARK_PYTHON`` would otherwise give them the
-    system's ``python3``. On a cluster the session's own choice stands; a Connect session
-    (``sc`` is ``None``) chooses on its server.
+    system's ``python3``. On a cluster the session's own choice stands unless ``python`` says
+    otherwise; a Connect session (``sc`` is ``None``) chooses on its server.
     """
-    if sc is None or not is_local(sc):
+    if sc is None or not (python or is_local(sc)):
         yield
         return
     saved = sc.pythonExec
-    sc.pythonExec = sys.executable
+    sc.pythonExec = python or sys.executable
     try:
         yield
     finally:

@@ -96,8 +96,23 @@ def test_executors_with_only_arrow_run_every_engine_in_the_shipped_environment(
             results = [HorovodRunner(np=2, engine=engine).run(job) for engine, job in (
                 ("torch", engine_jobs.ddp_where), ("horovod", engine_jobs.horovod_where),
                 ("tf", engine_jobs.tf_where))]
+            # the estimator: its fit's ranks and its transform's UDF run in the shipped Python
+            predicted = _fit_and_transform(cluster_spark)
         finally:
             ship_environment(False)
     for executable, package, total, *rest in results:
         assert re.search(r"/hvd_env_[0-9a-f]{16}/bin/python$", executable), executable
         assert total == 2.0 and rest in ([], [2])
+    assert len(predicted) == 64 and set(predicted) <= {0.0, 1.0}
+
+
+def _fit_and_transform(spark) -> list[float]:
+    """A small torch classifier fitted on 64 rows by 2 ranks; its predictions of those rows."""
+    from hvd_magics import HorovodEstimator
+    from tests.estimator_models import torch_mlp
+
+    rows = [([float(i % 2), float(i % 3), 1.0, float(i) / 64], i % 2) for i in range(64)]
+    frame = spark.createDataFrame(rows, "features array<float>, label int").repartition(2)
+    model = HorovodEstimator(model=torch_mlp(inputs=4, classes=2), loss="cross_entropy",
+                             featuresCol="features", np=2, epochs=1, batchSize=8).fit(frame)
+    return [row.prediction for row in model.transform(frame).select("prediction").collect()]
