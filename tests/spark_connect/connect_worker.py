@@ -229,6 +229,25 @@ def shipped_environment(spark, out):
           "/hvd_env_" in first[0])
 
 
+def shipped_to_bare_workers(spark, out):
+    """Workers whose Python has pyarrow and numpy only: every engine runs in the shipped
+    environment (a small venv that reaches this one's frameworks)."""
+    from hvd_magics import ship_environment
+    from tests.environments import reach_frameworks, small_environment
+
+    env = reach_frameworks(small_environment(pathlib.Path(out) / "notebook-env", "1.0"))
+    ship_environment(env)
+    try:
+        for engine, job in (("torch", engine_jobs.ddp_where),
+                            ("horovod", engine_jobs.horovod_where),
+                            ("tf", engine_jobs.tf_where)):
+            executable, package, total, *_ = HorovodRunner(np=2, engine=engine).run(job)
+            print("shipped", engine, "/hvd_env_" in executable, ".zip/hvd_magics/" in package,
+                  total)
+    finally:
+        ship_environment(False)
+
+
 def package_travels(spark, out):
     executable, package, total = HorovodRunner(np=2, engine="torch").run(engine_jobs.ddp_where)
     print("ranks run", executable, "with hvd_magics from", package, "sum", total)
