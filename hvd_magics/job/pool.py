@@ -476,3 +476,6 @@ class PoolCell:
 
     def silence_note(self, ranks: list[int]) -> str:  # noqa: ARG002
         return ""
+
+    def missing_module_fix(self) -> str:
+        return self.pool.backend.missing_module_fix()

@@ -102,22 +102,32 @@ def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
             cause = loss(exc)
             if cause is None:
                 raise
-            causes.append(cause)
             run_id = run_id or getattr(SESSION.last_run, "mlflow_run_id", None)
             epochs = one_timing(epochs, getattr(SESSION.last_run, "epochs", []))
+            ended = time.strftime("%H:%M:%S")
             if attempt >= restarts:
+                causes.append(f"{cause} (ended {ended})")
                 exc.add_summary(f"the job was started {attempt + 1} times, and each ended with "
                                 "a loss: " + "; ".join(f"attempt {i + 1}: {c}"
                                                       for i, c in enumerate(causes)))
                 raise
             attempt += 1
+            resume = resumes_from(folder)
+            causes.append(f"{cause} (ended {ended}; attempt {attempt + 1} {resume})")
             say(f"attempt {attempt} of {restarts + 1} ended: {cause}; starting attempt "
-                f"{attempt + 1} (the ranks resume from {folder}'s latest checkpoint)")
+                f"{attempt + 1}, which {resume} in {folder}")
             continue
         if causes:  # the record tells the attempts; the wall time and epochs are all theirs
             record.attempts, record.started_at = [*causes, "succeeded"], began
             record.epochs = one_timing(epochs, record.epochs)
         return record
+
+
+def resumes_from(folder: Path) -> str:
+    """Where the next attempt starts: the step of the folder's latest checkpoint."""
+    found = latest_checkpoint(folder)
+    return (f"resumes from the checkpoint of step {found[0].global_step:,}" if found is not None
+            else "starts over (no checkpoint was written)")
 
 
 def one_timing(earlier: list[dict[str, Any]], later: list[dict[str, Any]]) -> list[dict[str, Any]]:

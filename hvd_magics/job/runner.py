@@ -51,6 +51,8 @@ from hvd_magics.job.widgets_view import WidgetView, widgets_available
 
 #: After the first rank fails, how long to gather the other ranks' errors before stopping them.
 FAILURE_GRACE_S = 1.0
+#: A rank's errors that mean the executors' Python lacks a module.
+IMPORT_ERRORS = ("ModuleNotFoundError", "ImportError")
 #: The same at an interrupt, which should stop the job at once.
 INTERRUPT_STACKS_WAIT_S = 1.0
 #: After a rank finished the job's code, how long a peer may wait in a collective before its
@@ -518,6 +520,11 @@ def launch(request: LaunchRequest) -> RunRecord:
         note = note or (_diverged_note(job) if backend.keeps_ranks else "")
         if note and isinstance(failure, HorovodJobError):
             failure.add_summary(note)
+        if isinstance(failure, HorovodJobError) and any(
+                f.error in IMPORT_ERRORS for f in failure.failures):
+            fix = backend.missing_module_fix().strip()
+            if fix:
+                failure.add_summary(fix)
         raise failure
     return record
 

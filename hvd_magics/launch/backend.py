@@ -58,3 +58,7 @@ class Backend(Protocol):
 
     def silence_note(self, ranks: list[int]) -> str:
         """What to say of ``ranks`` that were never heard from (a start timeout)."""
+
+    def missing_module_fix(self) -> str:
+        """What to do when a rank could not import a module (the executors lack it), or
+        ``""`` where the ranks run the notebook's own Python."""

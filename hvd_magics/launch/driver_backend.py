@@ -126,6 +126,10 @@ class DriverBackend:
         """Ranks on the driver have no event channel to name in a start timeout."""
         return ""
 
+    def missing_module_fix(self) -> str:
+        """Ranks on the driver run the notebook's own Python: its import error says it all."""
+        return ""
+
 
 class _QueueSink:
     """Stamp a rank's events the way the channel does and put them on the driver's queue."""

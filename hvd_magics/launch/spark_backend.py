@@ -24,10 +24,12 @@ from hvd_magics.launch.dataframe_input import DataFrameSources, sharded_input
 from hvd_magics.launch.environment_shipping import EnvironmentChoice, say
 from hvd_magics.launch.meeting_point import MeetingPoint
 from hvd_magics.launch.package_shipping import ship_package
-from hvd_magics.launch.spark_errors import MISSING_PACKAGES_FIX, spark_error_text
+from hvd_magics.launch.spark_errors import (MISSING_PACKAGES_FIX, SHIPPED_MISSING_FIX,
+                                            spark_error_text)
 from hvd_magics.launch.spark_session import (CONNECT_PROBE_S, check_connect_session,
                                              connect_server_gone, driver_address,
-                                             give_up_retries, is_connect,
+                                             executors_run_this_python, give_up_retries,
+                                             is_connect,
                                              local_workers_use_this_python,
                                              no_live_view_reason)
 from hvd_magics.launch.spark_slots import (SLOT_WAIT_S, check_slots, local_master_slots,
@@ -406,6 +408,13 @@ class SparkBackend:
         else:
             return None
         if "cannot import hvd_magics" in text or "No module named" in text:
-            text += MISSING_PACKAGES_FIX
+            text += self.missing_module_fix()
         return text
+
+    def missing_module_fix(self) -> str:
+        """The executors lack a module: ship the environment (or install it in the notebook,
+        when it is shipped); nothing on a local master, whose ranks run this very Python."""
+        if executors_run_this_python(self.spark):
+            return ""
+        return SHIPPED_MISSING_FIX if self.environment is not None else MISSING_PACKAGES_FIX
 

@@ -6,9 +6,14 @@ import re
 
 #: What to do when the executors' Python lacks a package the job needs.
 MISSING_PACKAGES_FIX = (
-    "\nFix: install horovod, pyarrow and the frameworks on every executor (hvd_magics itself "
-    "travels with the job), or point PYSPARK_PYTHON (spark.pyspark.python) at an interpreter "
-    "that has them, then start the SparkSession again.")
+    "\nFix: ship the notebook's environment with every job: hvd_magics.ship_environment() "
+    "(%hvd_env ship); or install the frameworks and pyarrow on every executor, or point "
+    "PYSPARK_PYTHON (spark.pyspark.python) at an interpreter that has them, then start the "
+    "SparkSession again (hvd_magics itself travels with the job).")
+#: The same when the notebook's environment is shipped: it lacks the package.
+SHIPPED_MISSING_FIX = (
+    "\nFix: install it in the notebook (%pip install ...); the next job ships the environment "
+    "again, with it.")
 
 
 _EXECUTOR_LOST = re.compile(r"ExecutorLostFailure \(([^)]*)\)(?:\s*Reason: ([^\n]*))?")

@@ -23,6 +23,9 @@ def test_a_lost_rank_restarts_the_job_which_resumes_to_the_same_weights(tmp_path
     assert (record.started_at - began).total_seconds() < 1  # the record times both attempts
     assert "rank 1" in record.attempts[0] and "signal 9" in record.attempts[0]
     assert "attempt 1 of 3 ended: rank 1" in said and "starting attempt 2" in said
+    # when it ended and where the next attempt resumed: the steps done twice are the rest
+    assert "attempt 2 resumes from the checkpoint of step 10)" in record.attempts[0]
+    assert "starting attempt 2, which resumes from the checkpoint of step 10 in" in said
 
 
 def test_an_interrupt_during_a_later_attempt_stops_the_job_at_once(tmp_path, capfd):

@@ -87,8 +87,8 @@ def test_a_lost_executor_is_named_first_with_its_rank(cluster_spark, tmp_path):
 @pytest.mark.parametrize("np", [2, "1:2"])  # a barrier stage, and an elastic job's tasks
 @pytest.mark.parametrize("python, cause", [
     ("bare", "No module named 'pyarrow'"),  # Spark's Arrow task itself cannot run
-    # hvd_magics travels with the job (issue 39); Horovod, which plans a barrier job's slots in
-    # the task, does not
+    # hvd_magics travels with the job (issue 39) and the task plans the ranks without Horovod:
+    # a job that needs nothing more runs; one that imports Horovod fails on the rank
     ("arrow_only", "No module named 'horovod'"),
 ])
 def test_executors_without_our_packages_get_the_cause_and_the_fix(cluster_spark, tmp_path,
@@ -96,24 +96,28 @@ def test_executors_without_our_packages_get_the_cause_and_the_fix(cluster_spark,
     """Regression: 15 lines of JVM stack, the cause (No module named ...) only in the log."""
     import sys
 
+    from tests import engine_jobs
+
     sc = cluster_spark.sparkContext
     saved = sc.pythonExec
     sc.pythonExec = sys._base_executable if python == "bare" else arrow_only_python(tmp_path)
     try:
         start = time.monotonic()
-        if python == "arrow_only" and np == "1:2":
-            # an elastic job's slots are planned on the driver: with hvd_magics sent along, a
-            # job that needs nothing more runs on these executors
+        if python == "arrow_only":
             assert HorovodRunner(np=np).run(jobs.print_lines, count=1) == 0
-            return
+            if np != 2:
+                return
         with pytest.raises(HorovodJobError) as info:
-            HorovodRunner(np=np).run(jobs.print_lines, count=1)
+            HorovodRunner(np=np).run(jobs.print_lines if python == "bare" else
+                                     engine_jobs.horovod_where, **(
+                                         {"count": 1} if python == "bare" else {}))
         assert time.monotonic() - start < 60  # not the start timeout
     finally:
         sc.pythonExec = saved
     text = str(info.value)
     assert cause in text, text
-    assert "Fix: install horovod, pyarrow and the frameworks on every executor" in text
+    assert ("Fix: ship the notebook's environment with every job: "
+            "hvd_magics.ship_environment() (%hvd_env ship)") in text, text
     assert "\tat " not in text and "py4j" not in text
     assert HorovodRunner(np=2).run(jobs.print_lines, count=1) == 0
 
