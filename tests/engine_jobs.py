@@ -244,6 +244,13 @@ def shipped_marker_where():
     return sys.executable, sys.prefix, shipped_marker.VERSION
 
 
+def shipped_marker_where_with(**frames):
+    """As :func:`shipped_marker_where`, on ranks that read a shard of each DataFrame (its rows
+    must be there)."""
+    assert all(len(shard) > 0 for shard in frames.values()), frames
+    return shipped_marker_where()
+
+
 def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engine="torch",
                            pause_on=None, hold_on=None):
     """A regression trained ``steps`` steps from seeded data under DDP (``engine="torch"``) or

@@ -20,14 +20,20 @@ def reap_local_ranks(ranks: Iterable[tuple[int | None, str]]) -> None:
     import psutil
 
     local = local_addresses()
-    procs = []
+    procs, exiting = [], []
     for pid, host in ranks:
         if pid is None or host not in local:
             continue
         try:
             proc = psutil.Process(pid)
-            if RANK_MODULE in " ".join(proc.cmdline()):
+            command = proc.cmdline()
+            if RANK_MODULE in " ".join(command):
                 procs.append(proc)
+            elif not command and proc.status() != psutil.STATUS_ZOMBIE:
+                # killed and still exiting: its memory (and command line) is gone, its exit is
+                # not done yet; waited for like the others (seen in CI: such a rank was
+                # skipped, and was still there when the job said nothing is left running)
+                exiting.append(proc)
         except psutil.Error:
             continue
 
@@ -45,10 +51,11 @@ def reap_local_ranks(ranks: Iterable[tuple[int | None, str]]) -> None:
                 time.sleep(0.05)
         return procs
 
-    for proc in still_running(procs):
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
+    for proc in still_running(procs + exiting):
+        if proc in procs:  # only a process seen running a rank is killed
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
     # a kill is delivered, not done: the caller says nothing is left, so see them go
-    still_running(procs)
+    still_running(procs + exiting)

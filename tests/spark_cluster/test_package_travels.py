@@ -98,12 +98,35 @@ def test_executors_with_only_arrow_run_every_engine_in_the_shipped_environment(
                 ("tf", engine_jobs.tf_where))]
             # the estimator: its fit's ranks and its transform's UDF run in the shipped Python
             predicted = _fit_and_transform(cluster_spark)
+            kinds = _every_kind_of_job(cluster_spark)
         finally:
             ship_environment(False)
     for executable, package, total, *rest in results:
         assert re.search(r"/hvd_env_[0-9a-f]{16}/bin/python$", executable), executable
         assert total == 2.0 and rest in ([], [2])
     assert len(predicted) == 64 and set(predicted) <= {0.0, 1.0}
+    for kind, (executable, version) in kinds.items():
+        assert re.search(r"/hvd_env_[0-9a-f]{16}/bin/python$", executable), (kind, executable)
+        assert version == "1.0", kind
+
+
+def _every_kind_of_job(spark) -> dict:
+    """A warm pool's cell, a background job, an elastic job and a job reading DataFrame shards:
+    each rank's Python and the shipped package's version."""
+    from hvd_magics import HorovodPool
+
+    def where(result):
+        return result[0], result[2]
+
+    found = {}
+    with HorovodPool(np=2) as pool:
+        found["pool"] = where(pool.run(engine_jobs.shipped_marker_where))
+    found["background"] = where(HorovodRunner(np=2).start(engine_jobs.shipped_marker_where).wait())
+    found["elastic"] = where(HorovodRunner(np="1:2").run(engine_jobs.shipped_marker_where))
+    frame = spark.range(100).selectExpr("cast(id as double) as x").repartition(2)
+    found["shards"] = where(HorovodRunner(np=2).run(engine_jobs.shipped_marker_where_with,
+                                                    numbers=frame))
+    return found
 
 
 def _fit_and_transform(spark) -> list[float]:
