@@ -250,6 +250,8 @@ class MlflowTracker:
         self._tasks: queue.Queue[Callable[[], None] | None] = queue.Queue()
         #: Writes the server did not take once the run existed (kept for :data:`PENDING`).
         self._pending: list[Callable[[], None]] = []
+        #: Params already in the run (a later attempt's, logged by the earlier ones).
+        self._logged_params: set[str] = set()
         self._worker = threading.Thread(target=self._work, name="hvd-mlflow", daemon=True)
         self._worker.start()
         self._tasks.put(self._start)
@@ -306,6 +308,7 @@ class MlflowTracker:
         """A later attempt of a job with restarts: the same run, running again, tagged."""
         run = client.get_run(run_id)
         self._client, self.run_id, self.experiment_id = client, run_id, run.info.experiment_id
+        self._logged_params = set(run.data.params)  # what the earlier attempts logged
         client.update_run(run_id, status="RUNNING")
         from mlflow.entities import RunTag
 
@@ -395,8 +398,7 @@ class MlflowTracker:
 
     def _end(self, record: Any) -> None:
         client, run_id = self._client, self.run_id
-        logged = client.get_run(run_id).data.params if self.attempt else {}
-        if self._batch_size is not None and "batch_size" not in logged:
+        if self._batch_size is not None and "batch_size" not in self._logged_params:
             client.log_param(run_id, "batch_size", str(self._batch_size))
         # a later attempt's files go beside the first's, under its own folder
         folder = f"attempt_{self.attempt + 1}" if self.attempt else None

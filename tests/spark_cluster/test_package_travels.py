@@ -3,7 +3,6 @@
 ``sc.pythonExec`` with every Python function), here a virtual environment made by the test whose
 site-packages reach this one's frameworks through a ``.pth`` line, which does not run the
 editable install's own ``.pth`` (so ``import hvd_magics`` fails there)."""
-import contextlib
 import re
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 from hvd_magics import HorovodRunner
 from hvd_magics.launch import package_shipping, spark_session
+from hvd_magics.launch.spark_session import local_workers_use_this_python
 from tests import engine_jobs
 from tests.environments import frameworks_only_python, small_environment
 
@@ -20,21 +20,11 @@ def python_without_hvd_magics(tmp_path_factory):
     return frameworks_only_python(tmp_path_factory.mktemp("frameworks-only"))
 
 
-@contextlib.contextmanager
-def executors_run(sc, python: str):
-    saved = sc.pythonExec
-    sc.pythonExec = python
-    try:
-        yield
-    finally:
-        sc.pythonExec = saved
-
-
 def test_every_engine_runs_on_executors_without_hvd_magics(cluster_spark,
                                                           python_without_hvd_magics):
     sc = cluster_spark.sparkContext
     spark_session._SENT.clear()  # as a fresh kernel: nothing sent to this application yet
-    with executors_run(sc, python_without_hvd_magics):
+    with local_workers_use_this_python(sc, python_without_hvd_magics):
         ddp = HorovodRunner(np=2, engine="torch").run(engine_jobs.ddp_where)
         sent = set(spark_session._SENT)
         horovod = HorovodRunner(np=2).run(engine_jobs.horovod_where)
@@ -90,7 +80,7 @@ def test_executors_with_only_arrow_run_every_engine_in_the_shipped_environment(
     env = reach_frameworks(small_environment(tmp_path / "notebook-env", "1.0"))
     spark_session._SENT.difference_update(
         [sent for sent in spark_session._SENT if "#hvd_env_" in sent[1]])
-    with executors_run(cluster_spark.sparkContext, bare):
+    with local_workers_use_this_python(cluster_spark.sparkContext, bare):
         ship_environment(env)
         try:
             results = [HorovodRunner(np=2, engine=engine).run(job) for engine, job in (
