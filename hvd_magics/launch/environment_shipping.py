@@ -250,6 +250,13 @@ class EnvironmentChoice:
     #: The facts of the environment last shipped (for ``%hvd_env`` and to notice a change).
     shipped: EnvironmentFacts | None = None
 
+    def __repr__(self) -> str:
+        """One line (a notebook shows what ``ship_environment()`` returns, after what it
+        said): what is shipped, by its folder and key once a job sent it."""
+        folder = self.prefix or sys.prefix
+        sent = f"sent as key {self.shipped.key}" if self.shipped else "not sent to a cluster yet"
+        return f"<shipped environment {folder}: {sent}>"
+
     def udf_python(self, spark: Any, say: Callable[..., None] = say) -> str | None:
         """The interpreter a classic session's Python functions (the estimator's transform)
         run in on a cluster when the environment is shipped: the archive's, in the executor's

@@ -66,3 +66,14 @@ def test_what_is_not_an_environment_or_too_large_is_refused_with_the_fix(tmp_pat
         environment_shipping.packed_environment(facts, print, limit_gb=1e-6)
     assert "over the limit of 1e-06 GB" in str(info.value)
     assert "ship_environment(limit_gb=" in str(info.value)
+
+
+def test_what_ship_environment_returns_shows_as_one_line_in_a_notebook():
+    """A notebook cell ending in ship_environment() showed the dataclass's whole repr after
+    the line it had said."""
+    import sys
+
+    from hvd_magics.launch.environment_shipping import EnvironmentChoice
+
+    assert repr(EnvironmentChoice()) == \
+        f"<shipped environment {sys.prefix}: not sent to a cluster yet>"
