@@ -10,7 +10,7 @@ main: setup
 
 test:
 	@bash scripts/setup.sh --test
-	@$(PY) -m pytest -p no:cacheprovider -ra --durations=25
+	@$(PY) -m pytest -p no:cacheprovider -ra --durations=25 -n 2
 
 # The quick tier (no Spark, no ranks, no kernels): about 20 s.
 test-fast: setup

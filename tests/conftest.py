@@ -15,6 +15,9 @@ from tests.standalone import StandaloneCluster
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+# Every JVM of the suite (sessions here, in kernels and in subprocesses; executors; standalone
+# daemons; Connect servers) gets the JVM flags of tests/spark-conf: see spark-defaults.conf there.
+os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "tests" / "spark-conf"))
 
 _state: dict = {"master": None, "cluster": None}
 
@@ -29,6 +32,38 @@ TIERS = {"unit": "fast", "driver": "driver", "spark_local": "spark_local",
          "spark_connect": "spark_connect", "spark_cluster": "spark_cluster",
          "spark_elastic": "spark_elastic", "notebooks": "notebook", "browser": "browser",
          "mlflow_tracking": "mlflow"}
+
+
+#: The tiers whose tests share a server or a SparkSession of this process (one JVM per
+#: topology, a Connect server on Spark's default port): under ``make test``'s two lanes
+#: (``pytest -n 2``) each of them runs whole in one lane, while the other tiers' tests (ranks on
+#: the driver, kernels, pure Python) are spread test by test.
+ONE_LANE = ("spark_local", "spark_cluster", "spark_connect", "spark_elastic", "mlflow_tracking",
+            "browser")
+
+# A lane of ``pytest -n 2`` keeps its own temporary folder (its ranks' and kernels' too), so a
+# test that counts what its jobs leave in the temporary folder sees only its own lane's.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import tempfile
+
+    _lane_tmp = Path(tempfile.gettempdir()) / f"hvd-tests-{os.environ['PYTEST_XDIST_WORKER']}"
+    _lane_tmp.mkdir(exist_ok=True)
+    os.environ["TMPDIR"] = str(_lane_tmp)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """The lanes of ``pytest -n``: a tier of :data:`ONE_LANE` is one unit of work, every other
+    test a unit of its own, the largest units first. (xdist's own ``loadgroup`` renames node
+    ids to group them, which pytest 9.2 no longer lets it do: its groups were silently split.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TierLanes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            parts = nodeid.split("::")[0].split("/")
+            return parts[1] if len(parts) > 2 and parts[1] in ONE_LANE else nodeid
+
+    return TierLanes(config, log)
 
 
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ARG001 - pytest's hook
@@ -50,17 +85,34 @@ def _cpu_seconds() -> tuple[float, float]:
     return (sum(fields) - idle) / ticks, sum(fields) / ticks
 
 
-_TIMES: dict = {"tiers": {}, "began": None, "cpu": None}
+_TIMES: dict = {"tiers": {}, "tier_cpu": {}, "test_cpu": {}, "began": None, "cpu": None}
+
+
+def _tier_of(path: str) -> str:
+    parts = Path(path).parts
+    return parts[parts.index("tests") + 1] if "tests" in parts[:-1] else "?"
 
 
 def pytest_sessionstart(session) -> None:  # noqa: ARG001 - pytest's hook
     _TIMES["began"], _TIMES["cpu"] = time.monotonic(), _cpu_seconds()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):  # noqa: ARG001 - pytest's hook
+    """Add the machine's busy CPU seconds over each test (setup to teardown: its ranks, JVMs and
+    kernels included) to its tier, so the report says where the suite's work is, not only its
+    waits."""
+    before = _cpu_seconds()[0]
+    yield
+    used = _cpu_seconds()[0] - before
+    tier = _tier_of(str(item.fspath))
+    _TIMES["tier_cpu"][tier] = _TIMES["tier_cpu"].get(tier, 0.0) + used
+    _TIMES["test_cpu"][item.nodeid] = used
+
+
 def pytest_runtest_logreport(report) -> None:
     """Add each test's setup, call and teardown time to its tier (its folder)."""
-    parts = Path(report.fspath).parts
-    folder = parts[parts.index("tests") + 1] if "tests" in parts[:-1] else "?"
+    folder = _tier_of(str(report.fspath))
     _TIMES["tiers"][folder] = _TIMES["tiers"].get(folder, 0.0) + report.duration
 
 
@@ -74,8 +126,19 @@ def pytest_terminal_summary(terminalreporter) -> None:
     busy, everything = _cpu_seconds()
     share = (busy - busy_before) / max(everything - all_before, 1e-9)
     terminalreporter.section("time per tier")
+    # in lanes (pytest -n) the tests run in the workers: their CPU is not this process's to
+    # measure, and the machine's CPU over one test is shared with the other lane's
+    measured = bool(_TIMES["tier_cpu"])
+    terminalreporter.write_line(f"{'tier':<16} {'time':>10}" + (f" {'busy CPU':>10}" if measured
+                                                                else " (summed over the lanes)"))
     for folder, seconds in sorted(_TIMES["tiers"].items(), key=lambda kv: -kv[1]):
-        terminalreporter.write_line(f"{folder:<16} {seconds:8.1f} s")
+        cpu = f" {_TIMES['tier_cpu'].get(folder, 0.0):8.1f} s" if measured else ""
+        terminalreporter.write_line(f"{folder:<16} {seconds:8.1f} s{cpu}")
+    costly = sorted(_TIMES["test_cpu"].items(), key=lambda kv: -kv[1])[:15]
+    if costly:
+        terminalreporter.write_line("the 15 tests that kept the cores busiest (CPU seconds):")
+        for nodeid, cpu in costly:
+            terminalreporter.write_line(f"{cpu:8.1f} s  {nodeid}")
     terminalreporter.write_line(f"{'all':<16} {wall:8.1f} s wall; the {os.cpu_count()} cores "
                                 f"were {share:.0%} busy (the whole machine, from /proc/stat)")
 

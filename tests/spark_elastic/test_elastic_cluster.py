@@ -38,8 +38,11 @@ def elastic_spark(elastic_cluster):
 
     while elastic_cluster.alive_workers() < WORKERS:
         elastic_cluster.add_worker()
+    # spark.cores.max said here: a session's options outlive it as the JVM's system properties,
+    # so the standalone tier's earlier session (2 cores) would otherwise cap this one
     spark = _session(elastic_cluster.url, **{"spark.executor.cores": "1",
-                                             "spark.executor.memory": "1g"})
+                                             "spark.executor.memory": "1g",
+                                             "spark.cores.max": str(WORKERS)})
     deadline = time.monotonic() + 90
     while task_slots(spark.sparkContext)[0] < WORKERS:
         assert time.monotonic() < deadline, "the cluster's executors did not all come up"
