@@ -8,6 +8,7 @@ setup:
 main: setup
 	@$(PY) scripts/run_notebook.py example_notebooks/mnist-tensorflow-keras.ipynb
 
+# The whole suite in two lanes (pytest-xdist; tests/conftest.py keeps each server tier in one).
 test:
 	@bash scripts/setup.sh --test
 	@$(PY) -m pytest -p no:cacheprovider -ra --durations=25 -n 2

@@ -220,6 +220,17 @@ def interrupt_once_marked(folder, ranks=(0, 1), limit: float = 60) -> None:
     threading.Thread(target=interrupt, daemon=True).start()
 
 
+def active_spark_jobs(spark, limit: float = 10) -> list[int]:
+    """The Spark jobs still active, once the status store has heard of the ones that ended:
+    it hears through Spark's listener bus, a moment after ``collect()`` returned or a job group
+    was cancelled (seconds on a loaded machine), so wait for that (bounded), not for a job."""
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + limit
+    while tracker.getActiveJobsIds() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return list(tracker.getActiveJobsIds())
+
+
 def rank_processes_alive(pids) -> list[int]:
     """The pids (of ranks) that still run."""
     return [pid for pid in pids if psutil.pid_exists(pid)

@@ -7,6 +7,7 @@ import pytest
 
 from hvd_magics import HorovodRunner, JobInterrupted, NotEnoughSlotsError
 from tests import jobs
+from tests.conftest import active_spark_jobs
 
 
 def test_a_background_job_holds_its_slots_and_another_is_refused_at_once(local_spark):
@@ -31,5 +32,5 @@ def test_a_background_job_holds_its_slots_and_another_is_refused_at_once(local_s
         job.stop()
     with pytest.raises(JobInterrupted, match="cancelled Spark job group"):
         job.wait(timeout=5)
-    assert local_spark.sparkContext.statusTracker().getActiveJobsIds() == []
+    assert active_spark_jobs(local_spark) == []  # the cancelled job, once Spark's status heard
     assert HorovodRunner(np=2).run(jobs.print_lines, count=1) == 0  # the slots are free again

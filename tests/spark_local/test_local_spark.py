@@ -11,7 +11,7 @@ import pytest
 from hvd_magics import HorovodJobError, HorovodRunner, NotEnoughSlotsError, last_run
 from hvd_magics.errors import JobInterrupted
 from tests import jobs
-from tests.conftest import ROOT, rank_processes_alive
+from tests.conftest import ROOT, active_spark_jobs, rank_processes_alive
 
 
 def test_torch_and_tensorflow_allreduce_in_a_barrier_stage(local_spark):
@@ -45,13 +45,8 @@ def test_a_failing_rank_ends_the_spark_job(local_spark, how):
     assert info.value.failures[0].rank == 1
     record = last_run()
     assert rank_processes_alive(record.pids.values()) == []
+    assert active_spark_jobs(local_spark) == []
     tracker = local_spark.sparkContext.statusTracker()
-    # Spark's status store hears of the job's end through its listener bus, a moment after
-    # collect() returned: wait for that (bounded), not for the job
-    deadline = time.monotonic() + 10
-    while tracker.getActiveJobsIds() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert tracker.getActiveJobsIds() == []
     # the stage ended by itself once its ranks were stopped: no cancelled job, so Spark does not
     # warn of killed tasks in the user's next cells
     spark_jobs = tracker.getJobIdsForGroup(f"hvd_magics-{record.job_id}")
