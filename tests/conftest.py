@@ -34,6 +34,12 @@ TIERS = {"unit": "fast", "driver": "driver", "spark_local": "spark_local",
          "mlflow_tracking": "mlflow"}
 
 
+def _tier_of(path: str) -> str:
+    """The tier (the folder under tests/) of a test file's path or node id, or ``"?"``."""
+    parts = Path(path).parts
+    return parts[parts.index("tests") + 1] if "tests" in parts[:-1] else "?"
+
+
 #: The tiers whose tests share a server or a SparkSession of this process (one JVM per
 #: topology, a Connect server on Spark's default port): under ``make test``'s two lanes
 #: (``pytest -n 2``) each of them runs whole in one lane, while the other tiers' tests (ranks on
@@ -60,8 +66,8 @@ def pytest_xdist_make_scheduler(config, log):
 
     class TierLanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            parts = nodeid.split("::")[0].split("/")
-            return parts[1] if len(parts) > 2 and parts[1] in ONE_LANE else nodeid
+            tier = _tier_of(nodeid.split("::")[0])
+            return tier if tier in ONE_LANE else nodeid
 
     return TierLanes(config, log)
 
@@ -69,7 +75,7 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ARG001 - pytest's hook
     """Mark each test by the folder it is in (a test folder without a tier is an error)."""
     for item in items:
-        folder = Path(str(item.fspath)).relative_to(ROOT / "tests").parts[0]
+        folder = _tier_of(str(item.fspath))
         if folder not in TIERS:
             raise pytest.UsageError(f"tests/{folder} has no tier: add it to TIERS in "
                                     "tests/conftest.py and to the markers in pyproject.toml")
@@ -86,11 +92,6 @@ def _cpu_seconds() -> tuple[float, float]:
 
 
 _TIMES: dict = {"tiers": {}, "tier_cpu": {}, "test_cpu": {}, "began": None, "cpu": None}
-
-
-def _tier_of(path: str) -> str:
-    parts = Path(path).parts
-    return parts[parts.index("tests") + 1] if "tests" in parts[:-1] else "?"
 
 
 def pytest_sessionstart(session) -> None:  # noqa: ARG001 - pytest's hook
