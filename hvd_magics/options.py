@@ -151,3 +151,33 @@ def horovod_only(feature: str, engine: str, instead: str) -> None:
     if engine != ENGINE_HOROVOD:
         raise ValueError(f"{feature} is Horovod's and this job runs on the {engine} engine. "
                          f"{instead}")
+
+
+def validate_ranks_per_task(ranks_per_task: Any, np: Any) -> int | None:
+    """Rank processes per Spark task: ``None`` (one per GPU the session gives a task, else one)
+    or a whole number ``>= 1`` that divides a fixed ``np > 0`` (``np`` as checked by
+    :func:`validate_size`)."""
+    if ranks_per_task is None:
+        return None
+    if isinstance(ranks_per_task, str) and ranks_per_task.strip().isdigit():
+        ranks_per_task = int(ranks_per_task)
+    if isinstance(ranks_per_task, bool) or not isinstance(ranks_per_task, int) or \
+            ranks_per_task < 1:
+        raise ValueError("ranks_per_task (--ranks-per-task) must be a whole number >= 1 (rank "
+                         f"processes in each Spark task), got {ranks_per_task!r}")
+    if ranks_per_task == 1:
+        return 1
+    if isinstance(np, ElasticSize):
+        raise ValueError(f"ranks_per_task={ranks_per_task} with an elastic np={np}: an elastic "
+                         "job gains and loses ranks one Spark task at a time. Fix: a fixed np, "
+                         "or leave ranks_per_task out")
+    if np < 0:
+        raise ValueError(f"ranks_per_task={ranks_per_task} with np={np}: ranks on the driver "
+                         "are a process each already (one per GPU). Fix: leave ranks_per_task "
+                         f"out, or np={-np} for Spark tasks")
+    if np % ranks_per_task:
+        low = np - np % ranks_per_task
+        fix = f"np={low} or np={low + ranks_per_task}" if low else f"np={ranks_per_task}"
+        raise ValueError(f"np={np} is not a multiple of ranks_per_task={ranks_per_task}: every "
+                         f"Spark task runs {ranks_per_task} ranks. Fix: {fix}")
+    return ranks_per_task

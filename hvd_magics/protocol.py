@@ -214,6 +214,8 @@ ENV_TF_CONFIG = "TF_CONFIG"
 ENV_TORCH_RANK, ENV_WORLD_SIZE = "RANK", "WORLD_SIZE"
 ENV_LOCAL_RANK, ENV_LOCAL_WORLD_SIZE, ENV_GROUP_RANK = (
     "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+#: torchrun's number of nodes, and the node's rank as Lightning and Accelerate read it.
+ENV_GROUP_WORLD_SIZE, ENV_NODE_RANK = "GROUP_WORLD_SIZE", "NODE_RANK"
 #: Gloo's interface under torch.distributed (its own choice may pick one other hosts cannot reach).
 ENV_GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
 #: Horovod's own names for a rank's place, its Gloo rendezvous and its controller.

@@ -361,3 +361,51 @@ def tf_fit_with_backup(epochs=6, kill_after_epoch=None, pause_after_epoch=None):
     model.fit(data, epochs=epochs, verbose=0, callbacks=[backup, Track()])
     return {"ran": ran, "attempt": checkpoint.attempt(),
             "weights": float(sum(float(np.sum(w)) for w in model.get_weights()))}
+
+
+def topology_views(engine: str = "horovod"):
+    """Every rank's place as its engine tells it, after an allreduce over all ranks (rank + 1
+    summed): rank 0 returns each rank's view."""
+    import json
+    import os
+    import socket
+
+    view = {"pid": os.getpid(), "host": socket.gethostname(),
+            "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "torchrun": {k: os.environ.get(k) for k in (
+                "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE")}}
+    if engine == "horovod":
+        import horovod.torch as hvd
+        import torch
+
+        hvd.init()
+        view.update(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
+                    local_size=hvd.local_size(), cross_rank=hvd.cross_rank(),
+                    cross_size=hvd.cross_size(),
+                    sum=hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item())
+        return hvd.allgather_object(view)
+    if engine == "torch":
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        total = torch.tensor([dist.get_rank() + 1.0])
+        dist.all_reduce(total)
+        view.update(rank=dist.get_rank(), size=dist.get_world_size(), sum=total.item())
+        views = [None] * dist.get_world_size()
+        dist.all_gather_object(views, view)
+        return views
+    import tensorflow as tf
+
+    config = json.loads(os.environ["TF_CONFIG"])
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    rank = config["task"]["index"]
+    total = strategy.reduce(tf.distribute.ReduceOp.SUM,
+                            strategy.run(lambda: tf.constant(rank + 1.0)), axis=None)
+    view.update(rank=rank, size=len(config["cluster"]["worker"]), sum=float(total),
+                workers=config["cluster"]["worker"])
+    size = len(config["cluster"]["worker"])
+    pids = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(
+        lambda: tf.one_hot(rank, size, dtype=tf.float64) * os.getpid()), axis=None)
+    return [{**view, "rank": r, "pid": int(pid)} if r != rank else view
+            for r, pid in enumerate(pids.numpy())]

@@ -21,9 +21,11 @@ def _free_port() -> int:
 
 
 class StandaloneCluster:
-    """A real Spark standalone master and ``workers`` one-core workers on loopback."""
+    """A real Spark standalone master and ``workers`` workers of ``cores`` cores each on
+    loopback."""
 
-    def __init__(self, workers: int = 2) -> None:
+    def __init__(self, workers: int = 2, cores: int = 1) -> None:
+        self.cores = cores
         import pyspark
 
         spark_home = os.path.dirname(pyspark.__file__)
@@ -60,10 +62,10 @@ class StandaloneCluster:
         return spark
 
     def add_worker(self, wait: bool = True) -> subprocess.Popen:
-        """Start one more one-core worker (and wait until the master has it)."""
+        """Start one more worker (and wait until the master has it)."""
         alive = self.alive_workers()
         proc = self._start(self._spark_class, f"worker{len(self.procs) - 1}",
-                           "org.apache.spark.deploy.worker.Worker", self.url, "--cores", "1",
+                           "org.apache.spark.deploy.worker.Worker", self.url, "--cores", str(self.cores),
                            "--memory", "2g", "--host", "127.0.0.1",
                            "--webui-port", str(_free_port()))
         self.procs.append(proc)

@@ -36,7 +36,8 @@ from hvd_magics.launch.spark_backend import SparkBackend
 from hvd_magics.launch.spark_session import active_session, start_local_session
 from hvd_magics.launch.spark_slots import SLOT_WAIT_S
 from hvd_magics.options import (DEFAULT_START_TIMEOUT_S, ElasticSize, positive_seconds,
-                                validate_engine, validate_size, validate_start_timeout)
+                                validate_engine, validate_ranks_per_task, validate_size,
+                                validate_start_timeout)
 from hvd_magics.protocol import (CELL_END, CHANNEL_CLOSED, ENGINE_HOROVOD, ENV_ENGINE, ENV_HOROVOD_TIMELINE, ENV_SHARDS, ERROR,
                                  EXIT, RESULT, STARTED, TASK_ERROR, TASK_STARTED, TIMELINE_DYNAMIC,
                                  encode_job)
@@ -159,6 +160,9 @@ class HorovodPool:
         What the ranks run on (see :class:`hvd_magics.HorovodRunner`); the first cell starts it
         (``hvd.init()``, ``init_process_group()``, ``MultiWorkerMirroredStrategy()``) and later
         cells use it as it is.
+    ranks_per_task : int, optional
+        Rank processes in each of the pool's Spark tasks (as
+        :class:`hvd_magics.HorovodRunner`'s).
 
     Examples
     --------
@@ -169,10 +173,12 @@ class HorovodPool:
 
     def __init__(self, np: int, env: Mapping[str, str] | None = None,
                  start_timeout: float = DEFAULT_START_TIMEOUT_S,
-                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S, engine: str = ENGINE_HOROVOD
-                 ) -> None:
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S, engine: str = ENGINE_HOROVOD,
+                 ranks_per_task: int | None = None) -> None:
         self.np, self.start_timeout, self.idle_timeout = pool_options(np, start_timeout,
                                                                       idle_timeout)
+        #: Rank processes per Spark task (settled by the first start: 1 on the driver).
+        self.ranks_per_task = validate_ranks_per_task(ranks_per_task, self.np)
         self.engine = validate_engine(engine)
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
         self.env[ENV_ENGINE] = self.engine
@@ -195,10 +201,13 @@ class HorovodPool:
                if self.engine == ENGINE_HOROVOD else dict(self.env))
         if self.np < 0:
             self.backend: Any = DriverBackend(-self.np, env, pool=True)
+            self.ranks_per_task = 1
         else:
             spark = active_session() or start_local_session(self.np)
             self.backend = SparkBackend(spark, self.np, env, pool=True, slot_wait_s=slot_wait_s,
-                                        environment=SESSION.environment)
+                                        environment=SESSION.environment,
+                                        ranks_per_task=self.ranks_per_task)
+            self.ranks_per_task = self.backend.layout.ranks_per_task
         self.where = self.backend.where
         #: Each rank's process id and host, from its ``started`` event.
         self.pids: dict[int, int] = {}

@@ -44,7 +44,8 @@ from hvd_magics.launch.spark_session import active_session, is_connect, start_lo
 from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S,
                                     VERBOSITY_ALL, ElasticSize, positive_seconds,
                                     horovod_only, validate_elastic_timeout, validate_engine,
-                                    validate_reset_limit, validate_restarts, validate_size,
+                                    validate_ranks_per_task, validate_reset_limit,
+                                    validate_restarts, validate_size,
                                     validate_start_timeout, validate_verbosity)
 from hvd_magics.job.text_view import TextView
 from hvd_magics.job.widgets_view import WidgetView, widgets_available
@@ -117,6 +118,8 @@ class LaunchRequest:
     attempt: int = 0
     earlier_attempts: tuple[str, ...] = ()
     mlflow_run_id: str | None = None
+    #: Rank processes per Spark task (``None``: one per GPU the session gives a task, else one).
+    ranks_per_task: int | None = None
 
     @property
     def elastic(self) -> ElasticSize | None:
@@ -220,6 +223,12 @@ class HorovodRunner:
         every executor shares.
     fresh : bool
         Remove the job's checkpoints first, so that it starts over (``%%horovod --fresh``).
+    ranks_per_task : int, optional
+        Rank processes in each Spark task (``%%horovod --ranks-per-task``): ``np=16,
+        ranks_per_task=8`` runs 2 tasks of 8 ranks, numbered node by node, each task holding
+        8 times ``spark.task.cpus`` (and its GPUs, a rank each). Default: as many as the
+        session gives each task GPUs (``spark.task.resource.gpu.amount`` above 1), else one.
+        Every engine is told the ranks' true local rank and size.
 
     Raises
     ------
@@ -244,8 +253,13 @@ class HorovodRunner:
                  reset_limit: int | None = None, pool: Any = None,
                  timeout: float | None = None, stall_after: float = STALL_AFTER_S,
                  engine: str | None = None, restarts: int = 0,
-                 checkpoint_dir: str | os.PathLike | None = None, fresh: bool = False) -> None:
+                 checkpoint_dir: str | os.PathLike | None = None, fresh: bool = False,
+                 ranks_per_task: int | None = None) -> None:
         size = validate_size(np)
+        self.ranks_per_task = validate_ranks_per_task(ranks_per_task, size)
+        if pool is not None and self.ranks_per_task not in (None, pool.ranks_per_task):
+            raise ValueError(f"ranks_per_task={ranks_per_task} is not the warm pool's "
+                             f"({pool.ranks_per_task}). Fix: leave it out to run on the pool.")
         self.restarts = validate_restarts(restarts, elastic=isinstance(size, ElasticSize),
                                           pool=pool is not None)
         self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
@@ -381,7 +395,8 @@ class HorovodRunner:
             self.elastic or self.num_processor, self.env, self.start_timeout,
             default_views(self.driver_log_verbosity) if views is None else views,
             self.timeline, decode, requested(self.mlflow, SESSION.mlflow), source, preimport,
-            self.elastic_timeout, self.reset_limit, self.pool, self.timeout, self.stall_after)
+            self.elastic_timeout, self.reset_limit, self.pool, self.timeout, self.stall_after,
+            ranks_per_task=self.ranks_per_task)
 
 
 def _make_backend(request: LaunchRequest) -> Backend:
@@ -412,13 +427,14 @@ def _make_backend(request: LaunchRequest) -> Backend:
         return SparkBackend(common_session(sources), np, env, sources,
                             slot_wait_s=request.slot_wait_s, held_slots=SESSION.held_slots(),
                             background=request.live is not None,
-                            environment=SESSION.environment)
+                            environment=SESSION.environment,
+                            ranks_per_task=request.ranks_per_task)
     if np < 0:
         return DriverBackend(-np, env)
     spark = active_session() or start_local_session(np)
     return SparkBackend(spark, np, env, slot_wait_s=request.slot_wait_s,
                         held_slots=SESSION.held_slots(), background=request.live is not None,
-                        environment=SESSION.environment)
+                        environment=SESSION.environment, ranks_per_task=request.ranks_per_task)
 
 
 def source_of(main: Callable) -> str | None:

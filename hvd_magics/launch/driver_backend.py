@@ -7,9 +7,9 @@ import threading
 import time
 from typing import Any, Sequence
 
-from hvd_magics.protocol import CUDA_VISIBLE_DEVICES, ENGINE_HOROVOD, ENGINE_TORCH, TASK_STARTED
+from hvd_magics.protocol import CUDA_VISIBLE_DEVICES, ENGINE_HOROVOD, TASK_STARTED
 from hvd_magics.task.engines import PortOffer, engine_of, meet_env, offers_port, start_env
-from hvd_magics.task.gpus import local_gpu_count, visible_devices
+from hvd_magics.task.gpus import local_gpu_count, rank_devices, visible_devices
 from hvd_magics.task.supervisor import RankProcess, rank_environment
 from hvd_magics.task.slots import plan_ranks, start_rendezvous, stop_rendezvous
 
@@ -57,14 +57,16 @@ class DriverBackend:
         for offer in offers.values():
             offer.release()
         gpus = local_gpu_count()
+        # a GPU each (shared round-robin when there are more ranks than GPUs)
+        host_gpus = [visible_devices([s.local_rank % gpus], os.environ).split(",")
+                     for s in slots] if gpus else []
         for slot in slots:
             env = {**rank_environment(dict(os.environ), self.env),
-                   **start_env(engine, slot, "127.0.0.1", "lo", node_per_task=False),
+                   **start_env(engine, slot, "127.0.0.1", "lo"),
                    **meet_env(engine, slot.rank, addresses)}
-            # Horovod and tf.distribute ranks get a GPU each; torch ranks share the driver's
-            # GPUs and pick theirs with LOCAL_RANK, as under torchrun.
-            if gpus and CUDA_VISIBLE_DEVICES not in self.env and engine != ENGINE_TORCH:
-                env[CUDA_VISIBLE_DEVICES] = visible_devices([slot.local_rank % gpus], os.environ)
+            devices = rank_devices(engine, host_gpus, slot.local_rank) if gpus else None
+            if devices is not None and CUDA_VISIBLE_DEVICES not in self.env:
+                env[CUDA_VISIBLE_DEVICES] = devices
             sink = _QueueSink(events, slot.rank)
             sink(TASK_STARTED, partition=slot.rank, local_rank=slot.local_rank, pid=os.getpid())
             proc = RankProcess(env, payload, sink, pool=self.pool)

@@ -191,8 +191,9 @@ class ElasticSparkBackend(SparkBackend):
     def __init__(self, spark: Any, size: ElasticSize, env: dict[str, str], start_timeout: float,
                  elastic_timeout: float, reset_limit: int | None,
                  environment: EnvironmentChoice | None = None) -> None:
+        # one rank per task: an elastic job gains and loses ranks one task at a time
         super().__init__(spark, size.max_np, {ENV_GLOO_TIMEOUT: str(ELASTIC_GLOO_TIMEOUT_S),
-                                              **env}, environment=environment)
+                                              **env}, environment=environment, ranks_per_task=1)
         self.size = size
         self.elastic_max = size.max_np
         self.start_timeout = start_timeout

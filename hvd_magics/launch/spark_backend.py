@@ -33,7 +33,7 @@ from hvd_magics.launch.spark_session import (CONNECT_PROBE_S, check_connect_sess
                                              local_workers_use_this_python,
                                              no_live_view_reason)
 from hvd_magics.launch.spark_slots import (SLOT_WAIT_S, check_slots, local_master_slots,
-                                           not_enough_slots)
+                                           not_enough_slots, task_layout)
 from hvd_magics.protocol import (DROP_SHARDS, END_POOL, ENV_DRIVER_HOST, ENV_LIVE,
                                  INTERRUPT_CELL, RUN_CELL, TAKE_STACKS)
 from hvd_magics.task.event_buffer import replay
@@ -106,6 +106,9 @@ class SparkBackend:
     environment : EnvironmentChoice, optional
         The notebook's environment, packed and sent for the ranks to run in
         (``hvd_magics.ship_environment()``).
+    ranks_per_task : int, optional
+        Rank processes per Spark task (``None``: one per GPU the session gives a task, else
+        one); see :func:`~hvd_magics.launch.spark_slots.task_layout`.
     """
 
     #: A cold job's ranks end with it (a warm pool's backend keeps them).
@@ -116,8 +119,8 @@ class SparkBackend:
     def __init__(self, spark: Any, np: int, env: dict[str, str],
                  sources: DataFrameSources | None = None, pool: bool = False,
                  slot_wait_s: float = SLOT_WAIT_S, held_slots: int = 0,
-                 background: bool = False, environment: EnvironmentChoice | None = None
-                 ) -> None:
+                 background: bool = False, environment: EnvironmentChoice | None = None,
+                 ranks_per_task: int | None = None) -> None:
         self.spark = spark
         self.environment = environment
         self.pool = pool
@@ -131,7 +134,10 @@ class SparkBackend:
         self.np = np
         self.env = env
         master = check_connect_session(spark) if self.connect else self.sc.master
-        self.where = f"spark {master}" + (" (Connect)" if self.connect else "")
+        #: How the ranks sit in the stage's tasks.
+        self.layout = task_layout(self._conf, master, np, ranks_per_task)
+        self.where = (f"spark {master}" + (" (Connect)" if self.connect else "") +
+                      self.layout.describe())
         #: Why the job's events come back only at its end (``None``: they stream live).
         self.no_live_view = no_live_view_reason(spark)
         self.error: BaseException | None = None
@@ -148,12 +154,18 @@ class SparkBackend:
         self._pool_guarded = False
         self._bar_paused = False
 
+    def _conf(self, key: str) -> str | None:
+        """The session's setting ``key`` (``None`` when unset)."""
+        if self.sc is not None:
+            return self.sc.getConf().get(key, None)
+        return self.spark.conf.get(key, None)
+
     def start(self, payload: bytes, job_id: str, events: queue.Queue) -> None:
         """Check the slots, open the event channel and submit the stage.
 
         (A Connect session can count only a local master's slots, and not the busy ones:
         elsewhere the start timeout says when the cluster is too small.)"""
-        self._check_slots(self.np)
+        self._check_slots(self.layout.slots)
         self._events = events
         if self.live:
             self._open_channel(job_id, events)
@@ -174,7 +186,8 @@ class SparkBackend:
         self._submit(TaskSpec(payload, self._server.address if self._server else None, self.env,
                               job_id, {source.index: source.name for source in self.sources},
                               pool=self.pool, no_nulls={s.index: s.no_nulls for s in self.sources
-                                                        if s.no_nulls}))
+                                                        if s.no_nulls},
+                              ranks_per_task=self.layout.ranks_per_task))
 
     def _order_all(self, order: dict[str, Any]) -> None:
         if self._server is not None:
@@ -216,7 +229,8 @@ class SparkBackend:
     def _check_slots(self, np: int) -> None:
         """Raise at once when the cluster cannot run ``np`` tasks at the same time."""
         if self.sc is not None:
-            check_slots(self.sc, np, self.slot_wait_s, self.reads_data, self.held_slots)
+            check_slots(self.sc, np, self.slot_wait_s, self.reads_data, self.held_slots,
+                        self.layout)
         else:  # Spark Connect: only a local master tells its size
             master = self.spark.conf.get("spark.master", "")
             cpus = self.spark.conf.get("spark.task.cpus", "1")
@@ -250,11 +264,14 @@ class SparkBackend:
         self._thread.start()
 
     def _stage(self, spec: TaskSpec) -> Any:
-        """One barrier stage through the DataFrame API: np partitions, one task each, over the
-        rows of the job's DataFrames (or over nothing)."""
-        ranks = (sharded_input(self.sources, self.np) if self.reads_data
-                 else self.spark.range(0, self.np, 1, self.np))
-        return ranks.mapInArrow(barrier_function(spec), STATUS_SCHEMA, barrier=True)
+        """One barrier stage through the DataFrame API: a partition per task, over the rows of
+        the job's DataFrames (or over nothing), under the layout's resource profile."""
+        tasks = self.layout.tasks
+        ranks = (sharded_input(self.sources, tasks) if self.reads_data
+                 else self.spark.range(0, tasks, 1, tasks))
+        profile = self.layout.resource_profile
+        return ranks.mapInArrow(barrier_function(spec), STATUS_SCHEMA, barrier=True,
+                                **({"profile": profile} if profile is not None else {}))
 
     def _collect(self, spec: TaskSpec) -> None:
         try:

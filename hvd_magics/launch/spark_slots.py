@@ -3,10 +3,12 @@ after Spark's retries) when a barrier stage of ``np`` tasks cannot run, and the 
 master read from its URL."""
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from hvd_magics.errors import NotEnoughSlotsError
 from hvd_magics.launch.spark_session import is_connect, is_local
@@ -32,26 +34,56 @@ def task_slots(sc: Any) -> tuple[int, int]:
 
 
 def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool = False,
-                held: int = 0) -> None:
+                held: int = 0, layout: "TaskLayout | None" = None) -> None:
     """Raise at once (not after Spark's ten minutes of retries) when ``np`` tasks cannot run.
 
     On a cluster, executors may still be registering: wait up to ``wait_s`` for them.
     ``reads_data``: the job reads DataFrames (so the error offers no driver-only fallback).
     ``held``: slots that warm pools of this process hold, busy whatever Spark's status says.
+    ``layout``: a job of several ranks per task (``np`` is then its :attr:`TaskLayout.slots`);
+    its tasks must also fit the executors under its resource profile.
     """
     if is_local(sc):
         wait_s = 0.0
+    several = layout is not None and layout.ranks_per_task > 1
     deadline = time.monotonic() + wait_s
     while True:
         free, total = task_slots(sc)
         free = min(free, max(total - held, 0))
-        if free >= np:
+        fitting = profile_slots(sc, layout) if several else None
+        if free >= np and (fitting is None or fitting >= layout.tasks):
             return
         if time.monotonic() >= deadline:
             break
         time.sleep(0.25)
-    raise not_enough_slots(np, free, total, sc.master, sc.getConf().get("spark.task.cpus", "1"),
-                           reads_data, held=held)
+    cpus = sc.getConf().get("spark.task.cpus", "1")
+    if not several:
+        raise not_enough_slots(np, free, total, sc.master, cpus, reads_data, held=held)
+    where = f"(master {sc.master}, spark.task.cpus={cpus})"
+    if free < np:
+        raise NotEnoughSlotsError(
+            f"np={layout.np} as {layout.tasks} tasks of {layout.ranks_per_task} ranks needs "
+            f"{np} free Spark task slots at once (barrier mode), but the cluster has {free} "
+            f"free of {total} {where}. Fix: fewer ranks, or add executors or cores.")
+    raise NotEnoughSlotsError(
+        f"np={layout.np} as {layout.tasks} tasks of {layout.ranks_per_task} ranks: each task "
+        f"asks for {layout.task_cpus} CPUs, and the executors can hold {fitting} such tasks at "
+        f"once {where}. Fix: executors of at least {layout.task_cpus} cores "
+        "(spark.executor.cores), or fewer ranks per task (ranks_per_task).")
+
+
+def profile_slots(sc: Any, layout: "TaskLayout") -> int | None:
+    """How many of ``layout``'s tasks the executors can run at once under its resource profile
+    (``None``: it has none, or Spark does not say)."""
+    profile = layout.resource_profile
+    if profile is None:
+        return None
+    jsc = sc._jsc.sc()
+    try:
+        return int(jsc.maxNumConcurrentTasks(
+            jsc.resourceProfileManager().resourceProfileFromId(profile.id)))
+    except Exception:  # noqa: BLE001 - internal API: leave it to the start timeout
+        return None
 
 
 def not_enough_slots(np: int, free: int, total: int, master: str, cpus: str,
@@ -109,3 +141,89 @@ def all_task_slots(spark: Any) -> int | None:
     cpus = int(spark.conf.get("spark.task.cpus", "1") or 1)
     return local_master_slots(spark.conf.get("spark.master", "") or "", cpus)
 
+
+
+#: The session's GPUs per task (Spark's own name for it).
+TASK_GPU_AMOUNT = "spark.task.resource.gpu.amount"
+
+
+@dataclass(frozen=True)
+class TaskLayout:
+    """How a job's ``np`` ranks sit in Spark tasks: ``ranks_per_task`` rank processes in each
+    of ``tasks`` barrier tasks. ``task_cpus`` (``0``: the session's own ``spark.task.cpus``
+    suffices) is what each task asks of Spark through a stage-level ``ResourceProfile``, with
+    ``task_gpus`` GPUs beside them."""
+
+    np: int
+    ranks_per_task: int = 1
+    task_cpus: int = 0
+    task_gpus: float = 0.0
+    #: The session's default task slots the job takes: one per task whose
+    #: ``spark.task.cpus`` covers its ranks, else one per rank.
+    slots: int = 0
+
+    @property
+    def tasks(self) -> int:
+        return self.np // self.ranks_per_task
+
+    def describe(self) -> str:
+        """``""`` for one rank per task, else ``" (2 tasks x 4 ranks)"``."""
+        if self.ranks_per_task == 1:
+            return ""
+        return (f" ({self.tasks} task{'s' if self.tasks != 1 else ''} x "
+                f"{self.ranks_per_task} ranks)")
+
+    @functools.cached_property
+    def resource_profile(self) -> Any:
+        """The ``ResourceProfile`` the stage runs under (``None``: the session's default)."""
+        if not self.task_cpus:
+            return None
+        from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+
+        requests = TaskResourceRequests().cpus(self.task_cpus)
+        if self.task_gpus:
+            requests = requests.resource("gpu", self.task_gpus)
+        return ResourceProfileBuilder().require(requests).build
+
+
+def task_layout(conf: Callable[[str], str | None], master: str, np: int,
+                ranks_per_task: int | None) -> TaskLayout:
+    """Plan ``np`` ranks into Spark tasks on a session whose configuration ``conf`` reads.
+
+    ``ranks_per_task`` ``None``: as many as the session gives each task GPUs
+    (``spark.task.resource.gpu.amount`` above 1), else one. A task of k ranks holds k times
+    ``spark.task.cpus``: asked through a stage-level ``ResourceProfile`` when the session's
+    tasks hold fewer, which Spark grants on standalone, YARN and Kubernetes clusters with
+    dynamic allocation off; on a local master the ranks share the machine's cores (the slot
+    check counts a CPU per rank).
+
+    Raises
+    ------
+    NotEnoughSlotsError
+        When ``np`` is not a multiple of the ranks per task, or the cluster manager cannot give
+        a task the CPUs of its ranks.
+    """
+    gpus = float(conf(TASK_GPU_AMOUNT) or 0)
+    chosen = ranks_per_task if ranks_per_task is not None else (
+        int(gpus) if gpus > 1 and gpus.is_integer() else 1)
+    if np % chosen:
+        why = ("" if ranks_per_task is not None else
+               f" (the default: {TASK_GPU_AMOUNT}={conf(TASK_GPU_AMOUNT)}, a rank per GPU)")
+        low = np - np % chosen
+        fix = f"np={low} or np={low + chosen}" if low else f"np={chosen}"
+        raise NotEnoughSlotsError(
+            f"np={np} ranks do not fill tasks of {chosen} ranks each{why}. Fix: {fix}, or "
+            f"ranks_per_task=1 (--ranks-per-task 1) for one rank per task.")
+    cpus = int(conf("spark.task.cpus") or 1)
+    if cpus >= chosen:
+        return TaskLayout(np, chosen, slots=np // chosen)
+    if local_master_slots(master) is not None and not master.startswith("local-cluster"):
+        return TaskLayout(np, chosen, slots=np)  # one machine: a core per rank
+    if (conf("spark.dynamicAllocation.enabled") or "false").lower() == "true":
+        raise NotEnoughSlotsError(
+            f"ranks_per_task={chosen} needs each Spark task to hold {chosen * cpus} CPUs, and "
+            f"spark.task.cpus is {cpus}; with dynamic allocation on, Spark cannot give one "
+            f"stage's tasks more (stage-level scheduling needs it off). Fix: start the session "
+            f"with spark.task.cpus={chosen * cpus}, or with spark.dynamicAllocation.enabled="
+            "false.")
+    return TaskLayout(np, chosen, chosen * cpus, gpus, slots=np)

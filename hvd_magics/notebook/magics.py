@@ -41,7 +41,8 @@ _KEY_VALUE_OPTIONS = {"np": "--np", "start_timeout": "--start-timeout",
                       "elastic-timeout": "--elastic-timeout", "reset_limit": "--reset-limit",
                       "reset-limit": "--reset-limit", "idle_timeout": "--idle-timeout",
                       "idle-timeout": "--idle-timeout", "engine": "--engine",
-                      "restarts": "--restarts"}
+                      "restarts": "--restarts", "ranks_per_task": "--ranks-per-task",
+                      "ranks-per-task": "--ranks-per-task"}
 _KEY_VALUE = re.compile(r"^([A-Za-z_][\w-]*)=(.*)$")
 #: How to bring back an object that the cell's value could not bring.
 _RETURN_HINT = ("To bring an object into the notebook, assign it in the cell and name it with "
@@ -175,6 +176,10 @@ class HorovodMagics(Magics):
     @argument("--stall-after", type=float, default=STALL_AFTER_S, metavar="SECONDS",
               help=f"Show a rank silent this long as stalled, with the line it is in "
                    f"(default {STALL_AFTER_S:.0f}).")
+    @argument("--ranks-per-task", default=None, metavar="K",
+              help="Run K ranks in each Spark task (np/K tasks, ranks numbered node by node; "
+                   "each task holds K CPUs). Default: one per GPU the session gives a task "
+                   "(spark.task.resource.gpu.amount), else 1.")
     @argument("--restarts", type=int, default=0, metavar="N",
               help="Start the job again when a rank or its executor is lost, up to N times; "
                    "it resumes from hvd_magics.checkpoint's latest (a rank's own error is not "
@@ -219,7 +224,8 @@ class HorovodMagics(Magics):
                                    reset_limit=args.reset_limit, pool=pool,
                                    timeout=args.timeout, stall_after=args.stall_after,
                                    engine=args.engine, restarts=args.restarts,
-                                   checkpoint_dir=args.checkpoint_dir, fresh=args.fresh)
+                                   checkpoint_dir=args.checkpoint_dir, fresh=args.fresh,
+                                   ranks_per_task=args.ranks_per_task)
         except ValueError as exc:
             raise UsageError(f"%%horovod: {exc}") from None
         except MlflowMissing as exc:
@@ -329,6 +335,8 @@ class HorovodMagics(Magics):
     @argument("--engine", default="horovod", metavar="ENGINE",
               help="start: what the ranks run on: horovod (default), torch or tf (as for "
                    "%%horovod --engine).")
+    @argument("--ranks-per-task", default=None, metavar="K",
+              help="start: K ranks in each Spark task (as for %%horovod --ranks-per-task).")
     @line_magic
     def hvd_pool(self, line: str) -> Any:
         """Warm ranks that live across cells: ``%hvd_pool start np=2``, then ``%%horovod``."""
@@ -343,7 +351,8 @@ class HorovodMagics(Magics):
                                  "%hvd_pool start np=2")
             try:
                 SESSION.pool = HorovodPool(args.np, parse_env(args.env), args.start_timeout,
-                                           args.idle_timeout, engine=args.engine)
+                                           args.idle_timeout, engine=args.engine,
+                                           ranks_per_task=args.ranks_per_task)
             except ValueError as exc:
                 raise UsageError(f"%hvd_pool start: {exc}") from None
             print(SESSION.pool)

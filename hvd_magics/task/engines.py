@@ -21,7 +21,8 @@ import socket
 from typing import Any, Mapping, Sequence
 
 from hvd_magics.protocol import (ENGINE_HOROVOD, ENGINE_TF, ENGINE_TORCH, ENGINES, ENV_ENGINE,
-                                 ENV_GLOO_SOCKET_IFNAME, ENV_GROUP_RANK, ENV_LOCAL_RANK,
+                                 ENV_GLOO_SOCKET_IFNAME, ENV_GROUP_RANK, ENV_GROUP_WORLD_SIZE,
+                                 ENV_LOCAL_RANK, ENV_NODE_RANK,
                                  ENV_LOCAL_WORLD_SIZE, ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RANK,
                                  ENV_RENDEZVOUS_PORT, ENV_SIZE, ENV_TF_CONFIG, ENV_TORCH_RANK,
                                  ENV_WORLD_SIZE)
@@ -36,23 +37,26 @@ def engine_of(env: Mapping[str, str]) -> str:
     return engine
 
 
-def start_env(engine: str, slot: Any, root_host: str, iface: str,
-              node_per_task: bool) -> dict[str, str]:
-    """The environment a rank of ``engine`` starts with, as ``slot`` (a Horovod ``SlotInfo``).
+def start_env(engine: str, slot: Any, root_host: str, iface: str, node_rank: int = 0,
+              nodes: int = 1) -> dict[str, str]:
+    """The environment a rank of ``engine`` starts with, as ``slot`` (a Horovod ``SlotInfo``)
+    on node ``node_rank`` of ``nodes`` (hosts, numbered as :func:`~hvd_magics.task.slots.
+    node_ranks` does).
 
-    ``node_per_task``: each rank is a node of its own (a Spark task with the GPUs Spark gave it,
-    as TorchDistributor runs torchrun with one process per node); otherwise the ranks on one
-    host share it and its GPUs (ranks on the driver), and ``LOCAL_RANK`` picks a device.
+    Every engine is told the truth about the rank's host: the ranks that share it, whether they
+    are one Spark task's or several tasks' (Horovod's local and cross ranks, torchrun's
+    ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``), so that NCCL's paths within a node,
+    hierarchical allreduce and hybrid sharding plan with the real topology.
     """
     env = {ENV_ENGINE: engine, ENV_RANK: str(slot.rank), ENV_SIZE: str(slot.size)}
     if engine == ENGINE_HOROVOD:
         env.update(slot_env(slot, root_host, 0, iface))
     elif engine == ENGINE_TORCH:
-        local_rank, local_size = (0, 1) if node_per_task else (slot.local_rank, slot.local_size)
         env.update({ENV_MASTER_ADDR: root_host, ENV_TORCH_RANK: str(slot.rank),
-                    ENV_WORLD_SIZE: str(slot.size), ENV_LOCAL_RANK: str(local_rank),
-                    ENV_LOCAL_WORLD_SIZE: str(local_size),
-                    ENV_GROUP_RANK: str(slot.rank if node_per_task else slot.cross_rank)})
+                    ENV_WORLD_SIZE: str(slot.size), ENV_LOCAL_RANK: str(slot.local_rank),
+                    ENV_LOCAL_WORLD_SIZE: str(slot.local_size),
+                    ENV_GROUP_RANK: str(node_rank), ENV_NODE_RANK: str(node_rank),
+                    ENV_GROUP_WORLD_SIZE: str(nodes)})
         if iface:  # Gloo's own interface choice can pick one the other hosts cannot reach
             env[ENV_GLOO_SOCKET_IFNAME] = iface
     return env

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Sequence
 
-from hvd_magics.protocol import CUDA_VISIBLE_DEVICES
+from hvd_magics.protocol import CUDA_VISIBLE_DEVICES, ENGINE_TF
 
 #: Where Linux lists NVIDIA GPUs without CUDA being initialised.
 NVIDIA_GPUS_DIR = "/proc/driver/nvidia/gpus"
@@ -54,3 +54,34 @@ def local_gpu_count(environ: Mapping[str, str] | None = None) -> int:
         return len(os.listdir(NVIDIA_GPUS_DIR))
     except OSError:
         return 0
+
+
+def task_share(addresses: Sequence[str], ranks: int, lane: int) -> list[str]:
+    """The GPUs of a task's rank ``lane`` of ``ranks``: one each when the task holds one per rank,
+    an equal part when it holds a multiple, else all of them (the ranks share them)."""
+    if not addresses:
+        return []
+    if len(addresses) % ranks == 0:
+        part = len(addresses) // ranks
+        return list(addresses[lane * part:(lane + 1) * part])
+    return list(addresses)
+
+
+def rank_devices(engine: str, host_gpus: Sequence[Sequence[str]], local_rank: int) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` of the rank ``local_rank`` of a host whose ranks hold
+    ``host_gpus`` (by local rank), or ``None`` when it holds none.
+
+    When each rank of the host holds one GPU of its own, a Horovod or torch rank sees the host's
+    GPUs in local-rank order, as under horovodrun and torchrun: ``torch.cuda.set_device(
+    LOCAL_RANK)`` and ``hvd.local_rank()``'s pinning pick its own. A tf.distribute rank sees only
+    its own (a ``MultiWorkerMirroredStrategy`` worker would take every GPU it sees). Otherwise
+    (GPUs shared, or several per rank) a rank sees what it holds.
+    """
+    own = list(host_gpus[local_rank]) if local_rank < len(host_gpus) else []
+    if not own:
+        return None
+    every = [gpu for gpus in host_gpus for gpu in gpus]
+    one_each = all(len(gpus) == 1 for gpus in host_gpus) and len(set(every)) == len(every)
+    if engine == ENGINE_TF or not one_each:
+        return ",".join(own)
+    return ",".join(every)

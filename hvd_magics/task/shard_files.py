@@ -114,6 +114,40 @@ def write_shards(batches: Iterable[Any], folder: Path, names: dict[int, str]
     return [files[index] for index in sorted(files)]
 
 
+def split_shards(shards: list[ShardFile], parts: int) -> list[list[ShardFile]]:
+    """Split a task's shards among its ``parts`` ranks: each source's rows in ``parts``
+    contiguous runs as even as they can be, one file each (``<source>.<part>.arrow`` beside the
+    task's file, which is removed). ``result[part]`` is that rank's shards, in source order."""
+    if parts == 1:
+        return [shards]
+    import pyarrow as pa
+
+    split: list[list[ShardFile]] = [[] for _ in range(parts)]
+    for shard in shards:
+        if shard.rows == 0:
+            for mine in split:
+                mine.append(ShardFile(shard.source, shard.path, wait_s=shard.wait_s))
+            continue
+        folder = Path(shard.path).parent
+        with pa.memory_map(shard.path) as source:
+            table = pa.ipc.open_file(source).read_all()
+        bounds = [shard.rows * part // parts for part in range(parts + 1)]
+        for part, mine in enumerate(split):
+            began = time.perf_counter()
+            rows = table.slice(bounds[part], bounds[part + 1] - bounds[part])
+            piece = ShardFile(shard.source, str(folder / f"{shard.source}.{part}.arrow"),
+                              rows=rows.num_rows, bytes=rows.nbytes, wait_s=shard.wait_s)
+            _check_space(folder, rows.nbytes, 0, f"source {shard.source}")
+            with pa.ipc.new_file(piece.path, table.schema) as writer:
+                writer.write_table(rows)
+            piece.nulls = {name: column.null_count for name, column in
+                           zip(rows.column_names, rows.columns) if column.null_count}
+            piece.write_s = shard.write_s + time.perf_counter() - began
+            mine.append(piece)
+        os.remove(shard.path)
+    return split
+
+
 def remove_shards(folder: Path) -> None:
     """Delete a task's shard files (when its rank has ended)."""
     shutil.rmtree(folder, ignore_errors=True)

@@ -71,6 +71,15 @@ def plan_ranks(task_hosts: Sequence[str]) -> list[RankSlot]:
     return [by_host[host].pop(0) for host in task_hosts]
 
 
+def node_ranks(slots: Sequence[RankSlot]) -> dict[str, int]:
+    """Each host's node rank: the hosts in the order of their first rank (rank 0's host is
+    node 0), as torchrun numbers its nodes (``GROUP_RANK``)."""
+    order: dict[str, int] = {}
+    for slot in sorted(slots, key=lambda s: s.rank):
+        order.setdefault(slot.hostname, len(order))
+    return order
+
+
 def slot_env(slot, rendezvous_host: str, rendezvous_port: int, iface: str = "") -> dict[str, str]:
     """The environment ``hvd.init()`` reads to join a Gloo job as ``slot``."""
     return {

@@ -17,6 +17,7 @@ import socket
 import threading
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator
 
 from hvd_magics.channel import ChannelAddress, EventClient
@@ -25,14 +26,14 @@ from hvd_magics.protocol import (CUDA_VISIBLE_DEVICES, DROP_SHARDS, END_POOL, EN
                                  RUN_CELL, SHARDING, TAKE_STACKS, TASK_ERROR, TASK_STARTED)
 from hvd_magics.task.engines import PortOffer, engine_of, meet_env, offers_port, start_env
 from hvd_magics.task.event_buffer import EventBuffer
-from hvd_magics.task.gpus import visible_devices
+from hvd_magics.task.gpus import rank_devices, task_share, visible_devices
 from hvd_magics.task.shard_files import (ShardFile, ShardSpaceError, empty_shards, null_values,
-                                         remove_shards, shard_folder, write_shards)
+                                         remove_shards, shard_folder, split_shards, write_shards)
 from hvd_magics.task.shard_receiver import ShardReceiver
 from hvd_magics.task.shipped_environment import rank_python
 from hvd_magics.task.supervisor import RankProcess, rank_environment
-from hvd_magics.task.task_meeting import BY_DRIVER, TaskMeeting
-from hvd_magics.task.slots import (iface_for_address, plan_ranks, start_rendezvous,
+from hvd_magics.task.task_meeting import BY_DRIVER, TaskMeeting, meet
+from hvd_magics.task.slots import (iface_for_address, node_ranks, plan_ranks, start_rendezvous,
                                    stop_rendezvous)
 
 
@@ -59,6 +60,9 @@ class TaskSpec:
     #: Per source index, the columns that must hold no nulls and what an error calls each
     #: (:attr:`hvd_magics.launch.dataframe_input.DataFrameSource.no_nulls`).
     no_nulls: dict[int, dict[str, str]] = field(default_factory=dict)
+    #: The ranks each task runs (its own process, event connection and shards each): the stage
+    #: has ``np / ranks_per_task`` tasks, and a task's ranks are numbered together.
+    ranks_per_task: int = 1
 
 
 class RankHolder:
@@ -165,66 +169,125 @@ def _setup_error(exc: BaseException) -> str:
 
 def _shard_env(spec: TaskSpec, slots: list, gathered: list[dict[str, Any]],
                mine: list[ShardFile]) -> dict[str, str]:
-    """``HVD_MAGICS_SHARDS``: each source's name, this task's file and every rank's rows."""
+    """``HVD_MAGICS_SHARDS``: each source's name, this rank's file and every rank's rows."""
     described = []
     for position, shard in enumerate(mine):
         rows_per_rank = [0] * len(slots)
-        for task, message in enumerate(gathered):
-            rows_per_rank[slots[task].rank] = message["shards"][position]["rows"]
+        for lane, message in enumerate(gathered):
+            rows_per_rank[slots[lane].rank] = message["shards"][position]["rows"]
         described.append({"index": shard.source, "name": spec.sources[shard.source],
                           "path": shard.path, "rows_per_rank": rows_per_rank})
     return {ENV_SHARDS: json.dumps(described)} if described else {}
 
 
+@dataclass
+class RankLane:
+    """One rank of a barrier task (a task runs ``ranks_per_task`` of them): where it is in the
+    job, its process, its own way to the driver and what it offers when the tasks meet.
+
+    ``position`` numbers the job's ranks task by task (``task * ranks_per_task + lane``); the
+    meeting's messages, the planned slots and the ranks' hosts are indexed by it.
+    """
+
+    position: int
+    slot: Any
+    holder: RankHolder
+    client: EventClient | EventBuffer | None = None
+    port: int = 0
+    offer: PortOffer | None = None
+    server: Any = None
+    shards: list[ShardFile] = field(default_factory=list)
+    gpus: list[str] = field(default_factory=list)
+    #: A warm pool's rank: the folder its receiver keeps later shards in.
+    folder: Path | None = None
+
+    def message(self, error: str) -> dict[str, Any]:
+        """What this rank offers the others when the tasks meet."""
+        return {"port": self.port, "error": error, "gpus": self.gpus,
+                "shards": [s.as_dict() for s in self.shards]}
+
+    def close(self) -> None:
+        """Free what the rank's task side held (its rank was killed or ended before)."""
+        self.holder.discard()  # a no-op for a rank that got its job
+        if self.offer is not None:
+            self.offer.release()
+        if self.server is not None:
+            stop_rendezvous(self.server)
+        if self.client is not None:
+            self.client.close()
+        if self.holder.receiver is not None:
+            self.holder.receiver.close()
+        if self.folder is not None:
+            remove_shards(self.folder)
+
+
 def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
-    """The body of one barrier task; yields its status as one JSON line (after its rank's kept
-    events, in chunks, when there is no live view)."""
+    """The body of one barrier task; yields each of its ranks' status as one JSON line (after
+    that rank's kept events, in chunks, when there is no live view)."""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
     partition = ctx.partitionId()
-    hosts = [info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()]
-    host = hosts[partition]
-    holder = RankHolder(pool=spec.pool)
-    server = client = folder = offer = None
-    port = 0
-    engine = ENGINE_HOROVOD
+    per_task = max(spec.ranks_per_task, 1)
+    task_hosts = [info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()]
+    host = task_hosts[partition]
+    hosts = [h for h in task_hosts for _ in range(per_task)]  # each rank's, by position
+    lanes = [RankLane(partition * per_task + i, None, RankHolder(pool=spec.pool))
+             for i in range(per_task)]
+    folder: Path | None = None
     error = ""
     slots: list = []
-    shards: list[ShardFile] = []
     try:
         engine = engine_of(spec.env)
         slots = plan_ranks(hosts)
-        slot = slots[partition]
-        client = _connect(spec, slot.rank, host, holder)
-        root_task = next(i for i, s in enumerate(slots) if s.rank == 0)
-        # The rank starts now and imports what the job needs while the data arrives and the
-        # tasks meet; its rendezvous port and shards follow with the job.
-        holder.start(_rank_env(spec, ctx, slot, hosts[root_task], host), client.send)
+        task_env = task_rank_env(spec, ctx)
+        addresses = _task_gpus(ctx)
+        shares = [task_share(addresses, per_task, i) for i in range(per_task)]
+        root = next(p for p, s in enumerate(slots) if s.rank == 0)
+        nodes = node_ranks(slots)
+        for i, lane in enumerate(lanes):
+            lane.slot, lane.gpus = slots[lane.position], shares[i]
+            lane.client = _connect(spec, lane.slot.rank, host, lane.holder)
+            # The rank starts now and imports what the job needs while the data arrives and
+            # the tasks meet; its rendezvous port, shards and its host's GPUs (when other
+            # tasks share the host) follow with the job.
+            env = {**task_env, **start_env(engine, lane.slot, hosts[root],
+                                           iface_for_address(host), nodes[host], len(nodes))}
+            devices = rank_devices(engine, shares, i)
+            if devices is not None:
+                env[CUDA_VISIBLE_DEVICES] = devices
+            lane.holder.start(env, lane.client.send)
         if spec.sources:
-            client.send(SHARDING, partition=partition, hostname=socket.gethostname())
+            lanes[0].client.send(SHARDING, partition=partition, hostname=socket.gethostname())
             folder = shard_folder(spec.job_id, partition, spec.env)
-            shards = write_shards(rows, folder, spec.sources)
+            for lane, shards in zip(lanes, split_shards(write_shards(rows, folder, spec.sources),
+                                                        per_task)):
+                lane.shards = shards
         elif spec.pool and spec.channel is not None:
-            folder = shard_folder(spec.job_id, partition, spec.env)
-            holder.receiver = ShardReceiver(folder, spec.channel.secret)
-        if engine == ENGINE_HOROVOD and slot.rank == 0:
-            server, port = start_rendezvous(slots)
-        elif offers_port(engine, slot.rank):
-            offer = PortOffer()
-            port = offer.port
-    except BaseException as exc:  # noqa: BLE001 - reported through allGather, never raised
+            for lane in lanes:
+                lane.folder = shard_folder(spec.job_id, lane.position, spec.env)
+                lane.holder.receiver = ShardReceiver(lane.folder, spec.channel.secret)
+        for lane in lanes:
+            if engine == ENGINE_HOROVOD and lane.slot.rank == 0:
+                lane.server, lane.port = start_rendezvous(slots)
+            elif offers_port(engine, lane.slot.rank):
+                lane.offer = PortOffer()
+                lane.port = lane.offer.port
+    except BaseException as exc:  # noqa: BLE001 - reported through the meeting, never raised
         error = _setup_error(exc)
-    message = {"port": port, "error": error, "shards": [s.as_dict() for s in shards]}
     try:
-        if spec.channel is not None and not isinstance(client, EventClient):
+        if spec.channel is not None and not all(isinstance(lane.client, EventClient)
+                                                for lane in lanes):
             # the others offer to the driver and wait for it: fail the stage, Spark stops them
             raise TaskSetupError(error)
-        gathered = holder.meeting.meet(ctx, partition, message, client.send if isinstance(
-            client, EventClient) else None)
+        meet(ctx, [(lane.holder.meeting, lane.position, lane.message(error)) for lane in lanes],
+             [lane.client.send for lane in lanes] if spec.channel is not None else None)
+        gathered = lanes[0].holder.meeting.wait()
         if gathered is None:  # the driver went away before the tasks met
-            holder.discard()
-            yield json.dumps({"rank": slot.rank, "code": None, "stopped": True})
+            for lane in lanes:
+                lane.holder.discard()
+                yield json.dumps({"rank": lane.slot.rank if lane.slot else lane.position,
+                                  "code": None, "stopped": True})
             return
         errors = [g["error"] for g in gathered if g["error"]]
         refused = None
@@ -233,36 +296,73 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
                                    spec.sources) or null_values(
                 [s for g in gathered for s in g["shards"]], spec.no_nulls)
         if errors or refused:
-            holder.discard()
+            for lane in lanes:
+                lane.holder.discard()
             yield json.dumps({"partition": partition, "error": errors[0] if errors else refused,
                               "setup": True, **({"refused": True} if refused else {})})
             return
-        addresses = [("", 0)] * len(slots)
-        for task, message in enumerate(gathered):
-            addresses[slots[task].rank] = (hosts[task], message["port"])
-        late_env = {**meet_env(engine, slot.rank, addresses),
-                    **_shard_env(spec, slots, gathered, shards)}
-        if offer is not None:
-            offer.release()  # the rank listens on it
-        data = [host, holder.receiver.port] if holder.receiver is not None else None
-        status = supervise(spec, ctx, slot.rank, slot.local_rank, client, holder, late_env,
-                           shards, data)
-        if isinstance(client, EventBuffer):  # no channel: the events travel with the result
-            for number, chunk in enumerate(client.chunks()):
-                yield json.dumps({"partition": partition, "events": chunk, "chunk": number})
-        yield json.dumps(status)
+        yield from _run_lanes(spec, ctx, lanes, hosts, slots, gathered)
     finally:
-        holder.discard()  # a no-op for a rank that got its job
-        if offer is not None:
-            offer.release()
-        if server is not None:
-            stop_rendezvous(server)
-        if client is not None:
-            client.close()
-        if holder.receiver is not None:
-            holder.receiver.close()
+        for lane in lanes:
+            lane.close()
         if folder is not None:
             remove_shards(folder)
+
+
+def _task_gpus(ctx: Any) -> list[str]:
+    """The GPUs Spark gave the task, as this executor's CUDA names them."""
+    gpus = ctx.resources().get("gpu")
+    if gpus is None or not gpus.addresses:
+        return []
+    return visible_devices(gpus.addresses, os.environ).split(",")
+
+
+def _late_env(spec: TaskSpec, engine: str, lane: RankLane, hosts: list[str], slots: list,
+              gathered: list[dict[str, Any]]) -> dict[str, str]:
+    """What a rank learns once the tasks met: its peers' ports, its shards, the GPUs of its
+    host's ranks in local-rank order."""
+    addresses = [("", 0)] * len(slots)
+    host_gpus: list[list[str]] = [[] for _ in range(lane.slot.local_size)]
+    for position, message in enumerate(gathered):
+        addresses[slots[position].rank] = (hosts[position], message["port"])
+        if hosts[position] == hosts[lane.position]:
+            host_gpus[slots[position].local_rank] = list(message.get("gpus", []))
+    env = {**meet_env(engine, lane.slot.rank, addresses),
+           **_shard_env(spec, slots, gathered, lane.shards)}
+    devices = rank_devices(engine, host_gpus, lane.slot.local_rank)
+    if devices is not None:
+        env[CUDA_VISIBLE_DEVICES] = devices
+    return env
+
+
+def _run_lanes(spec: TaskSpec, ctx: Any, lanes: list[RankLane], hosts: list[str], slots: list,
+               gathered: list[dict[str, Any]]) -> Iterator[str]:
+    """Give each rank its job and wait for all of them; yield their status lines (each rank's
+    kept events before its status, when there is no live view)."""
+    engine = engine_of(spec.env)
+    statuses: list[dict | None] = [None] * len(lanes)
+
+    def run(i: int, lane: RankLane) -> None:
+        if lane.offer is not None:
+            lane.offer.release()  # the rank listens on it
+        data = ([hosts[lane.position], lane.holder.receiver.port]
+                if lane.holder.receiver is not None else None)
+        statuses[i] = supervise(spec, ctx, lane.slot.rank, lane.slot.local_rank, lane.client,
+                                lane.holder, _late_env(spec, engine, lane, hosts, slots, gathered),
+                                lane.shards, data)
+
+    threads = [threading.Thread(target=run, args=(i, lane), name=f"hvd-rank-{lane.slot.rank}",
+                                daemon=True) for i, lane in enumerate(lanes[1:], 1)]
+    for thread in threads:
+        thread.start()
+    run(0, lanes[0])
+    for thread in threads:
+        thread.join()
+    for lane, status in zip(lanes, statuses):
+        if isinstance(lane.client, EventBuffer):  # no channel: the events travel with the result
+            for number, chunk in enumerate(lane.client.chunks()):
+                yield json.dumps({"partition": lane.position, "events": chunk, "chunk": number})
+        yield json.dumps(status)
 
 
 def task_rank_env(spec: TaskSpec, ctx: Any) -> dict[str, str]:
@@ -270,17 +370,9 @@ def task_rank_env(spec: TaskSpec, ctx: Any) -> dict[str, str]:
     the task (``ctx`` is its ``TaskContext``)."""
     env = rank_environment(dict(os.environ), spec.env)
     env.update(rank_python(spec.env))  # the notebook's environment, when the job ships it
-    gpus = ctx.resources().get("gpu")
-    if gpus is not None and gpus.addresses:
-        env[CUDA_VISIBLE_DEVICES] = visible_devices(gpus.addresses, os.environ)
-    return env
-
-
-def _rank_env(spec: TaskSpec, ctx: Any, slot: Any, root_host: str, host: str) -> dict[str, str]:
-    """The rank's environment as far as it is known before the tasks meet."""
-    env = task_rank_env(spec, ctx)
-    env.update(start_env(engine_of(spec.env), slot, root_host, iface_for_address(host),
-                         node_per_task=True))
+    gpus = _task_gpus(ctx)
+    if gpus:
+        env[CUDA_VISIBLE_DEVICES] = ",".join(gpus)
     return env
 
 

@@ -6,8 +6,8 @@ Spark's ``allGather`` answers a second after the last task called it at the earl
 side polls once a second (``BarrierTaskContext.runBarrier``). That was half of a small job's
 launch, and it is paid again at the end, since a task must not end before its barrier call
 returns. So when the job has an event channel each task offers its message to the driver
-(``meet_offer``); once every task has offered, the driver sends each the list in partition order
-(``meet``): a round trip of milliseconds. Only a job without a channel (``HVD_MAGICS_LIVE=0``)
+(``meet_offer``), one offer per rank when a task runs several; once every rank has offered, the
+driver sends each the list in position order (``meet``): a round trip of milliseconds. Only a job without a channel (``HVD_MAGICS_LIVE=0``)
 meets through ``allGather``.
 
 Either way every task must take part, or the others wait for it forever: a task of a job with a
@@ -27,8 +27,8 @@ BY_DRIVER, BY_SPARK = "driver", "spark"
 
 
 class TaskMeeting:
-    """One barrier task's meeting: :meth:`meet` once; :meth:`answer` with the driver's order,
-    :meth:`cancel` when the driver went away."""
+    """One rank's side of its barrier task's meeting (:func:`meet`): :meth:`answer` with
+    the driver's order, :meth:`cancel` when the driver went away."""
 
     def __init__(self) -> None:
         self._answered = threading.Event()
@@ -50,18 +50,30 @@ class TaskMeeting:
         """The driver went away: a task waiting for its answer stops waiting."""
         self.answer(None, "")
 
-    def meet(self, ctx: Any, partition: int, message: dict[str, Any],
-             offer: Callable[..., None] | None) -> list[dict[str, Any]] | None:
-        """Every task's message in partition order: offered to the driver with ``offer`` (the
-        event channel's ``send``), or without it through ``allGather`` (``ctx``: the task's
-        ``BarrierTaskContext``). ``None`` when the driver went away first."""
-        if offer is None:
-            gathered = [json.loads(m) for m in ctx.allGather(json.dumps(message))]
-            self.answer(gathered, BY_SPARK)
-            return gathered
-        try:
-            offer(MEET_OFFER, partition=partition, message=message)
-        except OSError:
-            self.cancel()
+    def wait(self) -> list[dict[str, Any]] | None:
+        """The answer, once there is one (``None``: the driver went away)."""
         self._answered.wait()
         return self._gathered
+
+
+def meet(ctx: Any, lanes: list[tuple[TaskMeeting, int, dict[str, Any]]],
+         offer: list[Callable[..., None]] | None) -> None:
+    """The meeting of a task's ranks (one, or several per task): each rank's ``(meeting,
+    position, message)``, answered with every rank's message in position order (task by task,
+    a task's ranks in turn). Each rank offers its own to the driver (``offer[i]``: its event
+    channel's ``send``), all before any waits; without a channel the task gathers its ranks'
+    messages in one ``allGather`` (``ctx``: its ``BarrierTaskContext``). Returns when every
+    rank has its answer (``None`` for a rank whose driver went away)."""
+    if offer is None:
+        mine = json.dumps([message for _, _, message in lanes])
+        gathered = [m for task in ctx.allGather(mine) for m in json.loads(task)]
+        for meeting, _, _ in lanes:
+            meeting.answer(gathered, BY_SPARK)
+        return
+    for (meeting, position, message), send in zip(lanes, offer):
+        try:
+            send(MEET_OFFER, partition=position, message=message)
+        except OSError:
+            meeting.cancel()
+    for meeting, _, _ in lanes:
+        meeting.wait()

@@ -183,9 +183,11 @@ def test_a_large_value_is_an_error_that_says_its_size_and_the_fix():
 
 
 def test_gpu_indices_are_mapped_through_the_inherited_cuda_visible_devices(monkeypatch):
-    """Simulated: no GPU here. With 2,3 inherited, the ranks must get 2 and 3, not 0 and 1."""
+    """Simulated: no GPU here. With 2,3 inherited, the ranks hold 2 and 3, not 0 and 1: each
+    Horovod rank sees both in local-rank order (as under horovodrun, so that pinning
+    ``hvd.local_rank()`` picks its own); sharing one GPU, each sees that one."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
-    assert HorovodRunner(np=-2).run(jobs.cuda_visible_devices) == ["2", "3"]
+    assert HorovodRunner(np=-2).run(jobs.cuda_visible_devices) == ["2,3", "2,3"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
     assert HorovodRunner(np=-2).run(jobs.cuda_visible_devices) == ["5", "5"]
 

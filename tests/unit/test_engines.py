@@ -9,22 +9,30 @@ import pytest
 from hvd_magics.options import horovod_only, validate_engine
 from hvd_magics.rank.engine_guard import wrong_engine_message
 from hvd_magics.task.engines import PortOffer, engine_of, meet_env, offers_port, start_env
-from hvd_magics.task.slots import plan_ranks
+from hvd_magics.task.slots import node_ranks, plan_ranks
 
 
 def test_torch_ranks_get_what_torchrun_sets():
     slots = plan_ranks(["10.0.0.1", "10.0.0.2"])
-    on_spark = start_env("torch", slots[1], "10.0.0.1", "eth0", node_per_task=True)
+    on_spark = start_env("torch", slots[1], "10.0.0.1", "eth0", 1, 2)
     assert on_spark["MASTER_ADDR"] == "10.0.0.1" and on_spark["RANK"] == "1"
     assert on_spark["WORLD_SIZE"] == "2" and on_spark["GROUP_RANK"] == "1"
-    # one Spark task is one node with its own GPUs, as TorchDistributor runs torchrun
+    assert (on_spark["NODE_RANK"], on_spark["GROUP_WORLD_SIZE"]) == ("1", "2")
+    # alone on its host
     assert (on_spark["LOCAL_RANK"], on_spark["LOCAL_WORLD_SIZE"]) == ("0", "1")
     assert on_spark["GLOO_SOCKET_IFNAME"] == "eth0"
     assert on_spark["HVD_MAGICS_RANK"] == "1" and on_spark["HVD_MAGICS_ENGINE"] == "torch"
     assert not any(k.startswith("HOROVOD_") for k in on_spark)
-    on_driver = start_env("torch", plan_ranks(["h"] * 3)[2], "127.0.0.1", "lo",
-                          node_per_task=False)
+    on_driver = start_env("torch", plan_ranks(["h"] * 3)[2], "127.0.0.1", "lo")
     assert (on_driver["LOCAL_RANK"], on_driver["LOCAL_WORLD_SIZE"]) == ("2", "3")
+    assert on_driver["GROUP_RANK"] == "0"
+    # two hosts of two ranks each, the tasks in any order: ranks node by node, the truth told
+    shared = plan_ranks(["b", "a", "b", "a"])
+    nodes = node_ranks(shared)
+    views = [start_env("torch", s, "b", "", nodes[s.hostname], len(nodes)) for s in shared]
+    assert [(v["RANK"], v["LOCAL_RANK"], v["LOCAL_WORLD_SIZE"], v["GROUP_RANK"])
+            for v in views] == [("0", "0", "2", "0"), ("2", "0", "2", "1"),
+                                ("1", "1", "2", "0"), ("3", "1", "2", "1")]
     assert meet_env("torch", 1, [("10.0.0.1", 29500), ("10.0.0.2", 0)]) == {
         "MASTER_PORT": "29500"}
 
@@ -35,12 +43,12 @@ def test_tf_ranks_get_a_tf_config_naming_every_worker_in_rank_order():
                       "task": {"type": "worker", "index": 1}}
     assert json.loads(meet_env("tf", 0, [("::1", 7)])["TF_CONFIG"])["cluster"]["worker"] == [
         "[::1]:7"]
-    env = start_env("tf", plan_ranks(["h"])[0], "h", "", node_per_task=True)
+    env = start_env("tf", plan_ranks(["h"])[0], "h", "")
     assert env == {"HVD_MAGICS_ENGINE": "tf", "HVD_MAGICS_RANK": "0", "HVD_MAGICS_SIZE": "1"}
 
 
 def test_horovod_ranks_keep_their_gloo_environment():
-    env = start_env("horovod", plan_ranks(["h", "h"])[1], "127.0.0.1", "lo", node_per_task=True)
+    env = start_env("horovod", plan_ranks(["h", "h"])[1], "127.0.0.1", "lo")
     assert env["HOROVOD_RANK"] == "1" and env["HOROVOD_GLOO_IFACE"] == "lo"
     assert meet_env("horovod", 1, [("h", 1234), ("h", 0)]) == {
         "HOROVOD_GLOO_RENDEZVOUS_PORT": "1234"}
