@@ -24,8 +24,13 @@ class StandaloneCluster:
     """A real Spark standalone master and ``workers`` workers of ``cores`` cores each on
     loopback."""
 
-    def __init__(self, workers: int = 2, cores: int = 1) -> None:
+    def __init__(self, workers: int = 2, cores: int = 1, hosts: list[str] | None = None,
+                 worker_opts: str = "") -> None:
         self.cores = cores
+        #: Each worker's address (all 127.0.0.1 unless given: other loopback addresses make
+        #: workers that Spark and the ranks see as hosts of their own).
+        self.hosts = hosts or ["127.0.0.1"] * workers
+        self.worker_opts = worker_opts
         import pyspark
 
         spark_home = os.path.dirname(pyspark.__file__)
@@ -64,10 +69,14 @@ class StandaloneCluster:
     def add_worker(self, wait: bool = True) -> subprocess.Popen:
         """Start one more worker (and wait until the master has it)."""
         alive = self.alive_workers()
-        proc = self._start(self._spark_class, f"worker{len(self.procs) - 1}",
-                           "org.apache.spark.deploy.worker.Worker", self.url, "--cores", str(self.cores),
-                           "--memory", "2g", "--host", "127.0.0.1",
-                           "--webui-port", str(_free_port()))
+        index = len(self.procs) - 1
+        host = self.hosts[index % len(self.hosts)]
+        env = {**self.env, "SPARK_LOCAL_IP": host,
+               **({"SPARK_WORKER_OPTS": self.worker_opts} if self.worker_opts else {})}
+        proc = self._start(self._spark_class, f"worker{index}",
+                           "org.apache.spark.deploy.worker.Worker", self.url, "--cores",
+                           str(self.cores), "--memory", "2g", "--host", host,
+                           "--webui-port", str(_free_port()), env=env)
         self.procs.append(proc)
         if wait:
             self.wait_for_workers(alive + 1)
@@ -84,9 +93,10 @@ class StandaloneCluster:
         self._wait(lambda s: sum(w["state"] == "ALIVE" for w in s["workers"]) >= count,
                    f"{count} workers to register")
 
-    def _start(self, spark_class: str, name: str, *args: str) -> subprocess.Popen:
+    def _start(self, spark_class: str, name: str, *args: str,
+               env: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115
-        return subprocess.Popen([spark_class, *args], env=self.env, stdout=log,
+        return subprocess.Popen([spark_class, *args], env=env or self.env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
     def _wait(self, ready, what: str, timeout: float = 90) -> None:

@@ -158,8 +158,9 @@ class TaskLayout:
     ranks_per_task: int = 1
     task_cpus: int = 0
     task_gpus: float = 0.0
-    #: The session's default task slots the job takes: one per task whose
-    #: ``spark.task.cpus`` covers its ranks, else one per rank.
+    #: The session's default task slots the job needs free: one per task (whose
+    #: ``spark.task.cpus`` covers its ranks, or whose profile asks for their CPUs; the profile's
+    #: own fit is checked apart), or one per rank where the ranks share a local master's cores.
     slots: int = 0
 
     @property
@@ -226,4 +227,4 @@ def task_layout(conf: Callable[[str], str | None], master: str, np: int,
             f"stage's tasks more (stage-level scheduling needs it off). Fix: start the session "
             f"with spark.task.cpus={chosen * cpus}, or with spark.dynamicAllocation.enabled="
             "false.")
-    return TaskLayout(np, chosen, chosen * cpus, gpus, slots=np)
+    return TaskLayout(np, chosen, chosen * cpus, gpus, slots=np // chosen)

@@ -7,12 +7,12 @@ from hvd_magics import HorovodJobError, HorovodRunner, TorchDistributor, last_ru
 from tests import engine_jobs
 
 
-def test_ddp_on_two_spark_tasks_each_one_node(local_spark):
+def test_ddp_on_two_spark_tasks_of_one_host(local_spark):
     views = HorovodRunner(np=2, engine="torch").run(engine_jobs.ddp_allreduce)
     assert [v["sum"] for v in views] == [3.0, 3.0]
-    # one rank per task, as TorchDistributor's torchrun with one process per node
+    # one rank per task, the two tasks on one host: each rank is told it shares it
     assert [(v["rank"], v["local_rank"], v["local_world_size"]) for v in views] == [
-        (0, 0, 1), (1, 0, 1)]
+        (0, 0, 2), (1, 1, 2)]
     assert views[0]["horovod_vars"] == []
     assert last_run().where.startswith("spark") and last_run().engine == "torch"
 
