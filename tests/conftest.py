@@ -153,21 +153,37 @@ def _stop_active() -> None:
     _state["master"] = None
 
 
+def _forget_settings(keys) -> None:
+    """Clear the ``spark.*`` settings an earlier session of this process was built with: the
+    builder makes them JVM system properties, which outlive the session and would otherwise be
+    the next session's defaults (a GPU amount per task, a core limit)."""
+    from pyspark import SparkContext
+
+    jvm = SparkContext._jvm
+    if jvm is not None:
+        for key in keys:
+            jvm.java.lang.System.clearProperty(key)
+
+
 def _session(master: str, **conf: str):
+    """The one SparkSession of the tests on ``master`` with ``conf``: the running one when it
+    is that, else a new one (the other stopped first)."""
     from pyspark.sql import SparkSession
 
-    if _state["master"] != master:
+    wanted = (master, tuple(sorted(conf.items())))
+    if _state["master"] != wanted:
         _stop_active()
-        builder = (SparkSession.builder.master(master).appName("hvd_magics-tests")
-                   .config("spark.ui.enabled", "false")
-                   .config("spark.ui.showConsoleProgress", "false")
-                   .config("spark.driver.host", "127.0.0.1")
-                   .config("spark.driver.bindAddress", "127.0.0.1"))
-        for key, value in conf.items():
+        _forget_settings(_state.get("keys", ()))
+        settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+                    "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+                    **conf}
+        builder = SparkSession.builder.master(master).appName("hvd_magics-tests")
+        for key, value in settings.items():
             builder = builder.config(key, value)
+        _state["keys"] = ("spark.master", "spark.app.name", *settings)
         spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
-        _state["master"] = master
+        _state["master"] = wanted
     from pyspark.sql import SparkSession
 
     return SparkSession.getActiveSession()
@@ -182,11 +198,36 @@ def local_spark():
 @pytest.fixture(scope="session")
 def standalone_cluster():
     """Start the cluster once for the session; stop it (and its JVMs) at the end."""
-    cluster = StandaloneCluster()
+    # two workers of two cores and two simulated GPUs each (tests/fake_gpus.sh): the tier's
+    # sessions take a core of each, the several-ranks-per-task tests both, with the GPUs
+    cluster = StandaloneCluster(workers=2, cores=2, worker_opts=(
+        f"-Dspark.worker.resource.gpu.amount=2 "
+        f"-Dspark.worker.resource.gpu.discoveryScript={FAKE_GPUS}"))
     _state["cluster"] = cluster
     yield cluster
     _stop_active()
     cluster.stop()
+
+
+#: A GPU discovery script that finds two GPUs (there are none here), as pyspark's tests use.
+FAKE_GPUS = Path(__file__).parent / "fake_gpus.sh"
+
+
+@pytest.fixture()
+def gpu_cluster_spark(standalone_cluster):
+    """A SparkSession on the standalone cluster with two 2-core executors that hold two
+    (simulated) GPUs each, and two GPUs per task."""
+    spark = _session(standalone_cluster.url, **{
+        "spark.executor.cores": "2", "spark.executor.memory": "1g", "spark.cores.max": "4",
+        "spark.executor.resource.gpu.amount": "2",
+        "spark.executor.resource.gpu.discoveryScript": str(FAKE_GPUS),
+        "spark.task.resource.gpu.amount": "2"})
+    deadline = time.monotonic() + 60
+    while spark.sparkContext._jsc.sc().getExecutorIds().size() < 2:
+        if time.monotonic() > deadline:
+            raise RuntimeError("standalone cluster: executors did not register within 60 s")
+        time.sleep(0.25)
+    return spark
 
 
 @pytest.fixture()

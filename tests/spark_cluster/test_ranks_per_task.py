@@ -1,6 +1,6 @@
-"""Several ranks per Spark task (issue 41) on a real standalone cluster of two 2-core workers on
-loopback, each with two simulated GPUs (a discovery script, as pyspark's own tests do: no GPU
-here). The session gives each task 2 GPUs, so jobs run 2 ranks per task by default, each task
+"""Several ranks per Spark task (issue 41) on the tier's standalone cluster of two 2-core workers
+on loopback, each with two simulated GPUs (``tests/fake_gpus.sh``, a discovery script as
+pyspark's own tests use: no GPU here). The session gives each task 2 GPUs, so jobs run 2 ranks per task by default, each task
 holding 2 CPUs through a stage-level resource profile.
 
 A rank's host is its executor's address as Spark's barrier tasks report it. On loopback both
@@ -17,41 +17,14 @@ import pytest
 from hvd_magics import HorovodJobError, HorovodRunner, last_run
 from hvd_magics.errors import NotEnoughSlotsError
 from tests import engine_jobs, jobs
-from tests.conftest import _session, _stop_active, rank_processes_alive
+from tests.conftest import rank_processes_alive
 from tests.spark_cluster.test_standalone_cluster import kill_rank_1s_executor_once_marked
-from tests.standalone import StandaloneCluster
-
-@pytest.fixture(scope="module")
-def two_hosts(tmp_path_factory):
-    """The cluster and a session on it with both executors registered (2 cores, 2 GPUs each)."""
-    script = tmp_path_factory.mktemp("gpus") / "discover.sh"
-    script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n')
-    script.chmod(0o755)
-    cluster = StandaloneCluster(workers=2, cores=2, worker_opts=(
-        f"-Dspark.worker.resource.gpu.amount=2 "
-        f"-Dspark.worker.resource.gpu.discoveryScript={script}"))
-    try:
-        spark = _session(cluster.url, **{
-            "spark.executor.cores": "2", "spark.executor.memory": "1g", "spark.cores.max": "4",
-            "spark.executor.resource.gpu.amount": "2",
-            "spark.executor.resource.gpu.discoveryScript": str(script),
-            "spark.task.resource.gpu.amount": "2"})
-        deadline = time.monotonic() + 90
-        while spark.sparkContext._jsc.sc().getExecutorIds().size() < 2:
-            if time.monotonic() > deadline:
-                raise RuntimeError("two-host cluster: executors did not register within 90 s")
-            time.sleep(0.25)
-        yield spark
-    finally:
-        _stop_active()
-        cluster.stop()
-
 
 def _by_rank(views):
     return sorted(views, key=lambda v: v["rank"])
 
 
-def test_horovod_ranks_two_per_task_know_their_host(two_hosts):
+def test_horovod_ranks_two_per_task_know_their_host(gpu_cluster_spark):
     views = _by_rank(HorovodRunner(np=4).run(engine_jobs.topology_views, engine="horovod"))
     record = last_run()
     assert record.where.endswith("(2 tasks x 2 ranks)"), record.where
@@ -65,7 +38,7 @@ def test_horovod_ranks_two_per_task_know_their_host(two_hosts):
     assert [v["cuda"] for v in views] == ["0", "1", "0", "1"]
 
 
-def test_torch_ranks_get_torchruns_node_variables(two_hosts):
+def test_torch_ranks_get_torchruns_node_variables(gpu_cluster_spark):
     views = _by_rank(HorovodRunner(np=4, engine="torch").run(engine_jobs.topology_views,
                                                              engine="torch"))
     assert [v["sum"] for v in views] == [10.0] * 4
@@ -77,7 +50,7 @@ def test_torch_ranks_get_torchruns_node_variables(two_hosts):
     assert [v["sum"] for v in views] == [10.0] * 4
 
 
-def test_tf_workers_one_per_rank_each_with_its_own_gpu(two_hosts):
+def test_tf_workers_one_per_rank_each_with_its_own_gpu(gpu_cluster_spark):
     views = _by_rank(HorovodRunner(np=4, engine="tf").run(engine_jobs.topology_views,
                                                           engine="tf"))
     assert [v["sum"] for v in views] == [10.0] * 4
@@ -85,10 +58,10 @@ def test_tf_workers_one_per_rank_each_with_its_own_gpu(two_hosts):
     assert [v["cuda"] for v in views][:1] == ["0"]  # a worker would take every GPU it sees
 
 
-def test_each_rank_gets_its_own_shard_of_its_tasks_rows(two_hosts, tmp_path):
+def test_each_rank_gets_its_own_shard_of_its_tasks_rows(gpu_cluster_spark, tmp_path):
     import json
 
-    frame = two_hosts.range(0, 1000).selectExpr("id", "cast(id % 7 as double) as x")
+    frame = gpu_cluster_spark.range(0, 1000).selectExpr("id", "cast(id % 7 as double) as x")
     HorovodRunner(np=4).run(jobs.shard_report, out=str(tmp_path), train=frame)
     shards = last_run().shards[0]
     assert len(shards["rows_per_rank"]) == 4 and sum(shards["rows_per_rank"]) == 1000
@@ -98,7 +71,7 @@ def test_each_rank_gets_its_own_shard_of_its_tasks_rows(two_hosts, tmp_path):
     assert sorted(i for mine in ids for i in mine) == list(range(1000))  # disjoint, whole
 
 
-def test_a_failing_rank_ends_every_tasks_ranks(two_hosts):
+def test_a_failing_rank_ends_every_tasks_ranks(gpu_cluster_spark):
     with pytest.raises(HorovodJobError) as info:
         HorovodRunner(np=4).run(jobs.fail_on_rank, bad_rank=3)
     assert [f.rank for f in info.value.failures][:1] == [3], info.value
@@ -106,7 +79,7 @@ def test_a_failing_rank_ends_every_tasks_ranks(two_hosts):
     assert HorovodRunner(np=4).run(jobs.print_lines, count=1) == 0  # the cluster serves again
 
 
-def test_a_lost_executor_names_both_of_its_ranks(two_hosts, tmp_path):
+def test_a_lost_executor_names_both_of_its_ranks(gpu_cluster_spark, tmp_path):
     kill_rank_1s_executor_once_marked(tmp_path)
     with pytest.raises(HorovodJobError) as info:
         HorovodRunner(np=4).run(jobs.sleep_in_allreduce, pid_dir=str(tmp_path))
@@ -115,7 +88,7 @@ def test_a_lost_executor_names_both_of_its_ranks(two_hosts, tmp_path):
     assert rank_processes_alive(last_run().pids.values()) == []
 
 
-def test_np_that_does_not_fill_the_tasks_is_refused_at_once(two_hosts):
+def test_np_that_does_not_fill_the_tasks_is_refused_at_once(gpu_cluster_spark):
     began = time.monotonic()
     with pytest.raises(NotEnoughSlotsError, match=r"np=3 ranks do not fill tasks of 2 ranks "
                        r"each \(the default: spark.task.resource.gpu.amount=2"):
