@@ -63,6 +63,26 @@ class _RankRow:
                                  self.rate, self.seen])
 
 
+def dashboard_box(children: list[Any], what: str) -> Any:
+    """An ``ipywidgets.VBox`` of ``children`` whose plain-text form (what a saved notebook
+    shows where widgets are not rendered, and what a terminal or nbconvert's text export shows)
+    says ``what`` it was, instead of the widget's ``VBox(children=(...))`` repr."""
+    import ipywidgets as widgets
+
+    class Dashboard(widgets.VBox):
+        def __repr__(self) -> str:
+            return what
+
+    return Dashboard(children)
+
+
+def _what(job: JobState | None) -> str:
+    if job is None:
+        return "<hvd_magics: the live dashboard of a job (widgets); the run's summary follows>"
+    return (f"<hvd_magics: the live dashboard of a job of {job.size} {job.unit}s on {job.where} "
+            "(widgets: each rank's progress, epoch timing, charts); the run's summary follows>")
+
+
 class WidgetView:
     """Show a job as widgets; created and displayed on the first tick after submission.
 
@@ -88,7 +108,7 @@ class WidgetView:
             import ipywidgets as widgets
             from IPython.display import display
 
-            self.box = widgets.VBox([widgets.HTML("starting the job ...")])
+            self.box = dashboard_box([widgets.HTML("starting the job ...")], _what(None))
             self._handle = display(self.box, display_id=True)
 
     def _build(self, job: JobState) -> None:
@@ -111,7 +131,7 @@ class WidgetView:
         if self.box is not None:  # its place was taken when the job started
             self.box.children = children
         else:
-            self.box = widgets.VBox(children)
+            self.box = dashboard_box(children, _what(job))
             self._handle = display(self.box, display_id=True)
         self._shown = True
 

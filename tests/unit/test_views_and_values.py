@@ -194,6 +194,22 @@ def test_finished_dashboards_keep_little(tmp_path):
     assert kept < 2 * LOG_LINES_KEPT_AFTER * 3000
 
 
+def test_a_saved_dashboard_says_in_plain_text_what_it_was(tmp_path):
+    """A notebook opened where widgets do not render showed VBox(children=(HTML(value=''), ..."""
+    from hvd_magics.job.widgets_view import WidgetView
+
+    view = WidgetView()
+    job = _job(tmp_path, 2, [view])
+    job.tick()
+    bundle = view.box._repr_mimebundle_()
+    text = bundle["text/plain"] if isinstance(bundle, dict) else bundle[0]["text/plain"]
+    assert text.startswith("<hvd_magics: the live dashboard of a job of 2 ranks on ")
+    assert "VBox" not in text
+    assert "application/vnd.jupyter.widget-view+json" in (
+        bundle if isinstance(bundle, dict) else bundle[0])
+    job.end()
+
+
 def test_values_decode_strictly_or_stay_on_the_rank_with_their_repr():
     parts = encode_parts(Parts(value=[1, 2], **{"return:x": {"a": 1}}))
     assert decode_strict("value", parts["value"]) == [1, 2]
