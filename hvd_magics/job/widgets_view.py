@@ -17,7 +17,7 @@ from hvd_magics.job.job_state import (DONE, FAILED, INTERRUPTED, READY, RUNNING,
                                       display_line)
 from hvd_magics.job.noise import is_noise
 from hvd_magics.protocol import OUTPUT
-from hvd_magics.rank_names import TASK, rank_named
+from hvd_magics.rank_names import RANK, TASK, rank_named
 
 #: Least seconds between two refreshes of the widgets.
 REFRESH_INTERVAL_S = 0.25
@@ -194,7 +194,8 @@ class WidgetView:
                   else _COLOURS[DONE] if final else _COLOURS[RUNNING])
         self.header.value = (f"<b>Horovod job</b>, {_size_text(job)} on "
                              f"{html.escape(job.where)}: <b style='color:{colour}'>{overall}</b>, "
-                             f"{elapsed:.1f} s{_attempts_html(job)}{_resets_html(job)}")
+                             f"{elapsed:.1f} s{_attempts_html(job)}{_resets_html(job)}" +
+                             (f"<br>{html.escape(nodes)}" if (nodes := nodes_text(job)) else ""))
         for rank, row in zip(job.ranks, self._rows):
             self._refresh_row(rank, row, now, final, job.elastic is not None, job.stall_after)
         if job.history.changed_at > self._charts_drawn and (
@@ -249,6 +250,36 @@ def _size_text(job: JobState) -> str:
     size = job.current_size if job.formations or job.elastic is None else 0
     text = f"{size} rank" + ("" if size == 1 else "s")
     return text if job.elastic is None else f"{text} (elastic {job.elastic})"
+
+
+#: Above this many ranks the dashboard's header also lists the nodes and their ranks.
+NODES_LISTED_ABOVE = 4
+
+
+def nodes_text(job: JobState) -> str:
+    """``"2 nodes: 10.0.0.1 ranks 0-7, 10.0.0.2 ranks 8-15"`` once the ranks' hosts are known
+    (``""`` for a few ranks, or before any host is): the ranks grouped by node."""
+    if job.size <= NODES_LISTED_ABOVE or job.elastic is not None:
+        return ""
+    nodes: dict[str, list[int]] = {}
+    for rank in job.ranks:
+        if rank.host:
+            nodes.setdefault(rank.host, []).append(rank.rank)
+    if not nodes:
+        return ""
+
+    def spans(ranks: list[int]) -> str:
+        runs: list[list[int]] = []
+        for rank in ranks:
+            if runs and rank == runs[-1][-1] + 1:
+                runs[-1].append(rank)
+            else:
+                runs.append([rank])
+        return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+    listed = ", ".join(f"{host} {RANK}{'s' if len(ranks) > 1 else ''} {spans(ranks)}"
+                       for host, ranks in nodes.items())
+    return f"{len(nodes)} node{'s' if len(nodes) > 1 else ''}: {listed}"
 
 
 def _attempts_html(job: JobState) -> str:

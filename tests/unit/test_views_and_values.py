@@ -210,6 +210,23 @@ def test_a_saved_dashboard_says_in_plain_text_what_it_was(tmp_path):
     job.end()
 
 
+def test_the_dashboard_groups_many_ranks_by_node(tmp_path):
+    from hvd_magics.job.widgets_view import WidgetView, nodes_text
+
+    view = WidgetView()
+    job = _job(tmp_path, 6, [view])
+    assert nodes_text(job) == ""  # no host known yet
+    for rank, host in enumerate(["a", "a", "a", "b", "b", "a"]):
+        job.ranks[rank].host = host
+    assert nodes_text(job) == "2 nodes: a ranks 0-2, 5, b ranks 3-4"
+    job.tick()
+    job.end()
+    assert "2 nodes: a ranks 0-2, 5, b ranks 3-4" in view.header.value
+    few = _job(tmp_path, 2, [])
+    few.ranks[0].host = few.ranks[1].host = "a"
+    assert nodes_text(few) == ""  # two rows say it already
+
+
 def test_values_decode_strictly_or_stay_on_the_rank_with_their_repr():
     parts = encode_parts(Parts(value=[1, 2], **{"return:x": {"a": 1}}))
     assert decode_strict("value", parts["value"]) == [1, 2]
