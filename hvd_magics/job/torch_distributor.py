@@ -35,8 +35,9 @@ class TorchDistributor:
         ``True``: the ranks are processes on the driver; ``False``: one Spark barrier task each.
     use_gpu : bool
         Train on GPUs: on the driver, each rank sees every GPU and picks its own with
-        ``LOCAL_RANK``; on Spark, each task gets the GPUs of ``spark.task.resource.gpu.amount``
-        (which must be 1: one rank per task). ``False`` trains on CPU (the ``gloo`` backend).
+        ``LOCAL_RANK``; on Spark, each task holds the GPUs of ``spark.task.resource.gpu.amount``
+        and runs a rank per GPU (``num_processes`` a multiple of it), as pyspark does. ``False``
+        trains on CPU (the ``gloo`` backend), a rank per Spark task.
     **options
         What :class:`hvd_magics.HorovodRunner` takes besides ``np`` and ``engine``
         (``start_timeout``, ``env``, ``mlflow``, ``timeout``, ``stall_after``,
@@ -72,7 +73,10 @@ class TorchDistributor:
 
     def _runner(self) -> HorovodRunner:
         np = -self.num_processes if self.local_mode else self.num_processes
-        return HorovodRunner(np, engine=ENGINE_TORCH, **self.options)
+        # as pyspark: with GPUs, a task holds spark.task.resource.gpu.amount of them and runs a
+        # process per GPU (the default layout); without, a process per task
+        layout = {} if self.use_gpu or self.local_mode else {"ranks_per_task": 1}
+        return HorovodRunner(np, engine=ENGINE_TORCH, **{**layout, **self.options})
 
     def _check_gpus(self) -> None:
         """``use_gpu=True`` needs GPUs where the ranks run; say how to get them or train on
@@ -91,11 +95,17 @@ class TorchDistributor:
             gpus = float(amount)
         except ValueError:
             gpus = 0.0
-        if gpus != 1:
+        if gpus < 1 or not gpus.is_integer():
             what = "unset" if gpus == 0 else f"{amount}"
-            raise RuntimeError(f"use_gpu=True, but {TASK_GPU_AMOUNT} is {what}: each rank is one "
-                               f"Spark task with its own GPU. Fix: set {TASK_GPU_AMOUNT}=1 "
-                               f"(with the executors' GPU resources), {cpu_fix}.")
+            raise RuntimeError(f"use_gpu=True, but {TASK_GPU_AMOUNT} is {what}: each Spark task "
+                               f"runs a rank per GPU it holds. Fix: set {TASK_GPU_AMOUNT}=1 (or "
+                               f"more, with the executors' GPU resources), {cpu_fix}.")
+        if self.num_processes % int(gpus):
+            raise RuntimeError(f"use_gpu=True with {TASK_GPU_AMOUNT}={amount}: each Spark task "
+                               f"runs {int(gpus)} processes, and num_processes="
+                               f"{self.num_processes} is not a multiple of that. Fix: "
+                               f"num_processes={max(self.num_processes // int(gpus), 1) * int(gpus)}"
+                               ".")
 
     def run(self, train_object: Callable[..., Any] | str | os.PathLike, *args: Any,
             **kwargs: Any) -> Any:

@@ -97,3 +97,29 @@ def test_np_that_does_not_fill_the_tasks_is_refused_at_once(gpu_cluster_spark):
                        r"Spark task slots at once \(barrier mode\), but the cluster has 2 free"):
         HorovodRunner(np=6).run(jobs.print_lines, count=1)
     assert time.monotonic() - began < 30
+
+
+def test_the_torch_distributor_drop_in_runs_a_rank_per_gpu_of_each_task(gpu_cluster_spark):
+    """As pyspark's TorchDistributor with spark.task.resource.gpu.amount=2: num_processes / 2
+    tasks, two processes each (the ranks train with Gloo here: the GPUs are simulated)."""
+    from hvd_magics import TorchDistributor
+
+    def train():
+        import os
+
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        return dist.get_world_size(), os.environ["LOCAL_WORLD_SIZE"]
+
+    assert TorchDistributor(num_processes=4, local_mode=False, use_gpu=True).run(train) == (
+        4, "4")
+    assert last_run().where.endswith("(2 tasks x 2 ranks)")
+    # without GPUs a rank per task, as pyspark's (each task still holds the session's 2 GPUs,
+    # so the cluster runs 2 of them)
+    assert TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(train) == (
+        2, "2")
+    assert not last_run().where.endswith("ranks)")
+    with pytest.raises(RuntimeError, match=r"num_processes=3 is not a multiple of that\. "
+                                           r"Fix: num_processes=2"):
+        TorchDistributor(num_processes=3, local_mode=False, use_gpu=True).run(train)
