@@ -208,6 +208,11 @@ def test_a_saved_dashboard_says_in_plain_text_what_it_was(tmp_path):
     assert "application/vnd.jupyter.widget-view+json" in (
         bundle if isinstance(bundle, dict) else bundle[0])
     job.end()
+    one = WidgetView()
+    alone = _job(tmp_path, 1, [one])
+    alone.tick()
+    assert "a job of 1 rank on " in repr(one.box)
+    alone.end()
 
 
 def test_the_dashboard_groups_many_ranks_by_node(tmp_path):
