@@ -24,12 +24,9 @@ class StandaloneCluster:
     """A real Spark standalone master and ``workers`` workers of ``cores`` cores each on
     loopback."""
 
-    def __init__(self, workers: int = 2, cores: int = 1, hosts: list[str] | None = None,
-                 worker_opts: str = "") -> None:
+    def __init__(self, workers: int = 2, cores: int = 1, worker_opts: str = "") -> None:
         self.cores = cores
-        #: Each worker's address (all 127.0.0.1 unless given: other loopback addresses make
-        #: workers that Spark and the ranks see as hosts of their own).
-        self.hosts = hosts or ["127.0.0.1"] * workers
+        #: The workers' ``SPARK_WORKER_OPTS`` (their GPU resources, say).
         self.worker_opts = worker_opts
         import pyspark
 
@@ -69,13 +66,11 @@ class StandaloneCluster:
     def add_worker(self, wait: bool = True) -> subprocess.Popen:
         """Start one more worker (and wait until the master has it)."""
         alive = self.alive_workers()
-        index = len(self.procs) - 1
-        host = self.hosts[index % len(self.hosts)]
-        env = {**self.env, "SPARK_LOCAL_IP": host,
-               **({"SPARK_WORKER_OPTS": self.worker_opts} if self.worker_opts else {})}
-        proc = self._start(self._spark_class, f"worker{index}",
+        env = {**self.env, **({"SPARK_WORKER_OPTS": self.worker_opts} if self.worker_opts
+                              else {})}
+        proc = self._start(self._spark_class, f"worker{len(self.procs) - 1}",
                            "org.apache.spark.deploy.worker.Worker", self.url, "--cores",
-                           str(self.cores), "--memory", "2g", "--host", host,
+                           str(self.cores), "--memory", "2g", "--host", "127.0.0.1",
                            "--webui-port", str(_free_port()), env=env)
         self.procs.append(proc)
         if wait:

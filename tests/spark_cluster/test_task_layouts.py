@@ -1,7 +1,8 @@
-"""Several ranks per Spark task (issue 41) on the tier's standalone cluster of two 2-core workers
-on loopback, each with two simulated GPUs (``tests/fake_gpus.sh``, a discovery script as
-pyspark's own tests use: no GPU here). The session gives each task 2 GPUs, so jobs run 2 ranks per task by default, each task
-holding 2 CPUs through a stage-level resource profile.
+"""Several ranks per Spark task (issue 41) on the tier's standalone cluster of two 2-core
+workers on loopback, each with two simulated GPUs (``tests/fake_gpus.sh``, a discovery script
+as pyspark's own tests use: no GPU here). The session gives each task 2 GPUs, so jobs run 2
+ranks per task by default, each task holding 2 CPUs through a stage-level resource profile.
+(This module's name sorts after the tier's others: the tier switches its session once.)
 
 A rank's host is its executor's address as Spark's barrier tasks report it. On loopback both
 executors report 127.0.0.1 (even a worker started on 127.0.0.2: an executor without an RPC server
