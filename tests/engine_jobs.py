@@ -409,3 +409,38 @@ def topology_views(engine: str = "horovod"):
         lambda: tf.one_hot(rank, size, dtype=tf.float64) * os.getpid()), axis=None)
     return [{**view, "rank": r, "pid": int(pid)} if r != rank else view
             for r, pid in enumerate(pids.numpy())]
+
+
+def lightning_fit(devices, num_nodes, strategy: str = "ddp"):
+    """Two epochs of a Lightning ``Trainer`` on a linear model (CPU, quiet); returns this rank's
+    global rank and world size as Lightning saw them, and the job's rank."""
+    import os
+
+    import pytorch_lightning as pl
+    import torch
+
+    class Linear(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, _index):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    trainer = pl.Trainer(devices=devices, num_nodes=num_nodes, strategy=strategy,
+                         accelerator="cpu", max_epochs=2, enable_progress_bar=False,
+                         enable_model_summary=False, logger=False, enable_checkpointing=False)
+    trainer.fit(Linear(), torch.utils.data.DataLoader(data, batch_size=8))
+    return trainer.global_rank, trainer.world_size, int(os.environ["RANK"])
+
+
+def accelerate_notebook_launcher():
+    """What a notebook written for accelerate does: launch the training function itself."""
+    from accelerate import notebook_launcher
+
+    notebook_launcher(print, num_processes=2)
