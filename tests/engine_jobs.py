@@ -426,7 +426,9 @@ def lightning_fit(devices, num_nodes, strategy: str = "ddp"):
 
         def training_step(self, batch, _index):
             x, y = batch
-            return torch.nn.functional.mse_loss(self.layer(x), y)
+            loss = torch.nn.functional.mse_loss(self.layer(x), y)
+            self.log("train_mse", loss, on_step=False, on_epoch=True)
+            return loss
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)

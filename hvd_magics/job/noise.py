@@ -1,5 +1,8 @@
 """Start-up chatter of the frameworks that a cell does not show (the log file keeps every line).
 
+Lightning's ``Trainer`` says which accelerators it found, offers a tip, and frames the process
+group it joined in rules of 100 dashes, on every rank.
+
 TensorFlow writes absl/glog lines (``I0000 00:00:... port.cc:153] oneDNN custom operations are
 on``, ``cpu_feature_guard``, ``failed call to cuInit`` on a machine without a GPU) from every rank
 before the user's code runs, whatever ``TF_CPP_MIN_LOG_LEVEL`` says. ``--verbosity debug`` shows
@@ -26,6 +29,15 @@ NOISE = re.compile("|".join([
     r"^Attempting to register factory for plugin cu\w+ when one has already been registered",
     # the second line of tf.distribute's "Example stragglers:" while its workers connect
     r"^/job:worker/replica:\d+/task:\d+$",
+    # Lightning's start-up: the accelerators it found, its tip, the process group it joined
+    # (its ranks are the job's: the dashboard says that), the rule around it
+    r"^(?:GPU|TPU|HPU) available: ",
+    r"^\N{ELECTRIC LIGHT BULB} Tip: ",
+    r"^Initializing distributed: GLOBAL_RANK: \d+, MEMBER: \d+/\d+$",
+    r"^distributed_backend=\w+$",
+    r"^All distributed processes registered\. Starting with \d+ processes$",
+    r"^-{100}$",
+    r"^LOCAL_RANK: \d+ - CUDA_VISIBLE_DEVICES: ",
 ]))
 
 

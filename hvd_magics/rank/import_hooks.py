@@ -1,7 +1,9 @@
 """Patch a module right after it is imported, whenever the user's code imports it.
 
-Used by the Keras progress callback (:mod:`hvd_magics.rank.keras_progress`) and the engine
-guard (:mod:`hvd_magics.rank.engine_guard`).
+Used by the progress hooks (:mod:`hvd_magics.rank.keras_progress`,
+:mod:`hvd_magics.rank.lightning_progress`) and the guards (:mod:`hvd_magics.rank.engine_guard`,
+:mod:`hvd_magics.rank.launcher_guard`). Several may patch one module: each patch runs, in the
+order they were asked for.
 """
 from __future__ import annotations
 
@@ -9,20 +11,19 @@ import importlib.abc
 import sys
 from typing import Any, Callable, Iterable
 
+#: Per module name, the patches to run once it has loaded.
+_PATCHES: dict[str, list[Callable[[Any], None]]] = {}
+
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Find ``names`` with the other finders and run ``patch(module)`` once each has loaded."""
-
-    def __init__(self, names: Iterable[str], patch: Callable[[Any], None]) -> None:
-        self.names = frozenset(names)
-        self.patch = patch
+    """Find the modules of :data:`_PATCHES` with the other finders and run their patches once
+    each has loaded."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in self.names:
+        if fullname not in _PATCHES:
             return None
         for finder in sys.meta_path:
-            if finder is self or isinstance(finder, _AfterImport) and fullname in finder.names \
-                    or not hasattr(finder, "find_spec"):
+            if isinstance(finder, _AfterImport) or not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(fullname, path, target)
             if spec is not None and spec.loader is not None:
@@ -30,18 +31,23 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
                 def exec_module(module: Any, _exec: Any = original_exec) -> None:
                     _exec(module)
-                    self.patch(module)
+                    for patch in list(_PATCHES.get(fullname, ())):
+                        patch(module)
 
                 spec.loader.exec_module = exec_module
                 return spec
         return None
 
 
+_FINDER = _AfterImport()
+
+
 def after_import(names: Iterable[str], patch: Callable[[Any], None]) -> None:
     """Call ``patch(module)`` for each of ``names`` already imported, and for the others as
     soon as they are imported."""
-    names = tuple(names)
     for name in names:
+        _PATCHES.setdefault(name, []).append(patch)
         if name in sys.modules:
             patch(sys.modules[name])
-    sys.meta_path.insert(0, _AfterImport(names, patch))
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)

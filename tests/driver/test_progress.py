@@ -84,3 +84,30 @@ def test_job_state_counts_epoch_lines_only_without_structured_progress(tmp_path)
     job.handle({"kind": "output", "rank": 0, "lines": ["Epoch 3/5"]})
     assert (job.ranks[0].epoch, job.ranks[0].epochs) == (1, 4)
     job.end()
+
+
+def test_a_lightning_fit_reports_epochs_and_its_logged_metrics_and_its_chatter_stays_out(
+        capsys):
+    """Lightning's Trainer with no line added: two epochs of 4 steps of 8 rows on each rank,
+    the loss and what the module logged in the epochs' records; its start-up lines
+    (accelerators found, a tip, the process group) only in the log file."""
+    from hvd_magics.job.runner import default_views
+    from hvd_magics.launch.payload import serialize_job
+    from tests import engine_jobs
+
+    view = Collect()
+    record = HorovodRunner(np=-2, engine="torch").run_payload(
+        serialize_job(engine_jobs.lightning_fit, {"devices": 2, "num_nodes": 1}),
+        views=[view, *default_views()])
+    assert [row["epoch"] for row in record.epochs] == [1, 2]
+    # each rank: a DistributedSampler's half of 64 rows, in batches of 8
+    assert all(row["samples"] == 64 for row in record.epochs), record.epochs
+    begin = next(e for e in view.events if e["kind"] == "epoch_begin")
+    assert (begin["epochs"], begin["steps"]) == (2, 4)
+    end = next(e for e in view.events if e["kind"] == "epoch_end")
+    assert {"loss", "train_mse"} <= set(end["metrics"]), end
+    shown = capsys.readouterr().out
+    for chatter in ("Tip:", "GPU available", "Initializing distributed", "distributed_backend"):
+        assert chatter not in shown, shown
+    log = open(record.log_path, encoding="utf-8").read()
+    assert "GPU available" in log  # kept where the rest of the ranks' output is
