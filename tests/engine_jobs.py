@@ -446,3 +446,24 @@ def accelerate_notebook_launcher():
     from accelerate import notebook_launcher
 
     notebook_launcher(print, num_processes=2)
+
+
+def hf_trainer_fit(out: str):
+    """Hugging Face's Trainer, two epochs of a one-layer BERT built from its config (nothing
+    downloaded) on 64 generated sequences; returns the world size and steps it saw."""
+    import torch
+    from transformers import (BertConfig, BertForSequenceClassification, Trainer,
+                              TrainingArguments)
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=32, num_labels=2))
+    ids = torch.randint(0, 64, (64, 8), generator=torch.Generator().manual_seed(1))
+    data = [{"input_ids": ids[i], "labels": ids[i, 0] % 2} for i in range(64)]
+    args = TrainingArguments(output_dir=out, num_train_epochs=2, per_device_train_batch_size=8,
+                             logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
+                             disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+    return trainer.args.world_size, trainer.state.global_step

@@ -189,13 +189,14 @@ def run_job(payload: bytes) -> tuple[Any, BaseException | None, int]:
 
 def run_rank() -> None:
     """Run the shipped function and report its result or its exception (never returns)."""
-    from hvd_magics.rank import (engine_guard, keras_progress, launcher_guard,
+    from hvd_magics.rank import (engine_guard, hf_progress, keras_progress, launcher_guard,
                                  lightning_progress, stack_report)
 
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     stack_report.serve()
     keras_progress.install()
     lightning_progress.install()
+    hf_progress.install()
     engine_guard.install()
     launcher_guard.install()
     _preimport(os.environ.get(ENV_PREIMPORT, ""))

@@ -111,3 +111,20 @@ def test_a_lightning_fit_reports_epochs_and_its_logged_metrics_and_its_chatter_s
         assert chatter not in shown, shown
     log = open(record.log_path, encoding="utf-8").read()
     assert "GPU available" in log  # kept where the rest of the ranks' output is
+
+
+def test_a_hugging_face_trainer_reports_epochs_and_what_it_logs(tmp_path):
+    """transformers' Trainer with no line added, on two torch ranks: its epochs (4 optimizer
+    steps of 8 rows each per rank) and the values it logs reach the epochs' records."""
+    from hvd_magics.launch.payload import serialize_job
+    from tests import engine_jobs
+
+    view = Collect()
+    record = HorovodRunner(np=-2, engine="torch").run_payload(
+        serialize_job(engine_jobs.hf_trainer_fit, {"out": str(tmp_path)}), views=[view])
+    assert record.value == (2, 8)  # a world of two, 2 epochs of 4 steps
+    assert [(row["epoch"], row["samples"]) for row in record.epochs] == [(1, 64), (2, 64)]
+    begin = next(e for e in view.events if e["kind"] == "epoch_begin")
+    assert (begin["epochs"], begin["steps"]) == (2, 4)
+    end = [e for e in view.events if e["kind"] == "epoch_end"][-1]
+    assert {"loss", "learning_rate", "grad_norm"} <= set(end["metrics"]), end
