@@ -10,12 +10,11 @@ computed for it.
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
 from hvd_magics.rank import progress
-from hvd_magics.rank.import_hooks import after_import
+from hvd_magics.rank.import_hooks import after_call, after_import
 
 _TRAINER_MODULE = "transformers.trainer"
 _PATCHED = "_hvd_magics_progress"
@@ -66,24 +65,19 @@ def _callback_class(base: type) -> type:
     return HorovodMagicsProgress
 
 
+def _add_callback(trainer: Any) -> None:
+    if not _CALLBACK:
+        from transformers.trainer_callback import TrainerCallback
+
+        _CALLBACK.append(_callback_class(TrainerCallback))
+    trainer.add_callback(_CALLBACK[0]())
+
+
 def patch_trainer(module: Any) -> None:
     """Give every ``transformers.Trainer`` the progress callback, once."""
     trainer = getattr(module, "Trainer", None)
-    if trainer is None or getattr(trainer.__init__, _PATCHED, False):
-        return
-    original = trainer.__init__
-
-    @functools.wraps(original)
-    def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        if not _CALLBACK:
-            from transformers.trainer_callback import TrainerCallback
-
-            _CALLBACK.append(_callback_class(TrainerCallback))
-        self.add_callback(_CALLBACK[0]())
-
-    setattr(init, _PATCHED, True)
-    trainer.__init__ = init
+    if trainer is not None:
+        after_call(trainer, "__init__", _add_callback, _PATCHED)
 
 
 def install() -> None:

@@ -7,6 +7,7 @@ order they were asked for.
 """
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import sys
 from typing import Any, Callable, Iterable
@@ -51,3 +52,20 @@ def after_import(names: Iterable[str], patch: Callable[[Any], None]) -> None:
             patch(sys.modules[name])
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
+
+
+def after_call(owner: Any, name: str, then: Callable[[Any], None], mark: str) -> None:
+    """Make the method ``owner.name`` call ``then(self)`` once it has run, unless a patch marked
+    ``mark`` already did (an ``__init__`` that adds a callback, or checks what was made)."""
+    original = getattr(owner, name)
+    if getattr(original, mark, False):
+        return
+
+    @functools.wraps(original)
+    def patched(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        then(self)
+        return result
+
+    setattr(patched, mark, True)
+    setattr(owner, name, patched)

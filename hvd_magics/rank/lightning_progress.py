@@ -10,12 +10,11 @@ step waits for the device.
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
 from hvd_magics.rank import progress
-from hvd_magics.rank.import_hooks import after_import
+from hvd_magics.rank.import_hooks import after_call, after_import
 
 _TRAINER_MODULES = ("pytorch_lightning.trainer.trainer", "lightning.pytorch.trainer.trainer")
 _PATCHED = "_hvd_magics_progress"
@@ -78,25 +77,21 @@ def _callback_class(base: type) -> type:
 def patch_trainer(module: Any) -> None:
     """Give every ``module.Trainer`` (Lightning's) the progress callback, once."""
     trainer = getattr(module, "Trainer", None)
-    if trainer is None or getattr(trainer.__init__, _PATCHED, False):
+    if trainer is None:
         return
     package = module.__name__.rsplit(".trainer.trainer", 1)[0]
-    original = trainer.__init__
 
-    @functools.wraps(original)
-    def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
+    def add_callback(made: Any) -> None:
         if package not in _CALLBACKS:
             import importlib
 
             callbacks = importlib.import_module(f"{package}.callbacks")
             _CALLBACKS[package] = _callback_class(callbacks.Callback)
         kind = _CALLBACKS[package]
-        if not any(isinstance(c, kind) for c in self.callbacks):
-            self.callbacks.append(kind())
+        if not any(isinstance(c, kind) for c in made.callbacks):
+            made.callbacks.append(kind())
 
-    setattr(init, _PATCHED, True)
-    trainer.__init__ = init
+    after_call(trainer, "__init__", add_callback, _PATCHED)
 
 
 def install() -> None:
