@@ -59,8 +59,9 @@ def lightning_message(trainer: Any) -> str | None:
     if (devices, planned) == (local, nodes):
         return None
     size = os.environ.get(ENV_SIZE, "?")
-    return (f"Lightning's Trainer(devices={devices}, num_nodes={planned}) plans "
-            f"{devices * planned} processes, {devices} per node, and the job runs {size} ranks "
+    total = devices * planned
+    return (f"Lightning's Trainer(devices={devices}, num_nodes={planned}) plans {total} "
+            f"process{'es' if total != 1 else ''}, {devices} per node, and the job runs {size} ranks "
             f"as {nodes} node{'s' if nodes != 1 else ''} of {local}. Fix: {spelling}.")
 
 

@@ -171,3 +171,22 @@ def test_the_stall_diagnosis_names_the_engine_whose_collective_a_rank_waits_in()
     hvd_wait = stacks("/x/site-packages/horovod/torch/mpi_ops.py")
     assert "in a Horovod collective" in JobStacks({0: hvd_wait, 1: elsewhere}).diagnosis()
 
+
+
+def test_a_lightning_trainer_of_another_shape_than_the_jobs_is_named_with_the_fix(monkeypatch):
+    from types import SimpleNamespace
+
+    from hvd_magics.rank.launcher_guard import lightning_message
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    monkeypatch.setenv("HVD_MAGICS_SIZE", "8")
+    fits = SimpleNamespace(strategy=SimpleNamespace(num_processes=4, num_nodes=2))
+    assert lightning_message(fits) is None
+    alone = SimpleNamespace(strategy=SimpleNamespace())  # Trainer() on a CPU: one device
+    assert lightning_message(alone).startswith(
+        "Lightning's Trainer(devices=1, num_nodes=1) plans 1 process, 1 per node, and the job "
+        "runs 8 ranks as 2 nodes of 4. Fix: Trainer(devices=4, num_nodes=2, strategy='ddp')")
+    spawned = SimpleNamespace(strategy=SimpleNamespace(_start_method="fork", num_processes=4,
+                                                       num_nodes=2))
+    assert "starts its processes itself (fork)" in lightning_message(spawned)
