@@ -153,6 +153,12 @@ def horovod_only(feature: str, engine: str, instead: str) -> None:
                          f"{instead}")
 
 
+def multiple_fix(np: int, per_task: int) -> str:
+    """The np values next to ``np`` that fill tasks of ``per_task`` ranks: ``"np=4 or np=6"``."""
+    low = np - np % per_task
+    return f"np={low} or np={low + per_task}" if low else f"np={per_task}"
+
+
 def validate_ranks_per_task(ranks_per_task: Any, np: Any) -> int | None:
     """Rank processes per Spark task: ``None`` (one per GPU the session gives a task, else one)
     or a whole number ``>= 1`` that divides a fixed ``np > 0`` (``np`` as checked by
@@ -176,8 +182,7 @@ def validate_ranks_per_task(ranks_per_task: Any, np: Any) -> int | None:
                          "are a process each already (one per GPU). Fix: leave ranks_per_task "
                          f"out, or np={-np} for Spark tasks")
     if np % ranks_per_task:
-        low = np - np % ranks_per_task
-        fix = f"np={low} or np={low + ranks_per_task}" if low else f"np={ranks_per_task}"
         raise ValueError(f"np={np} is not a multiple of ranks_per_task={ranks_per_task}: every "
-                         f"Spark task runs {ranks_per_task} ranks. Fix: {fix}")
+                         f"Spark task runs {ranks_per_task} ranks. Fix: "
+                         f"{multiple_fix(np, ranks_per_task)}")
     return ranks_per_task

@@ -14,12 +14,12 @@ from typing import Any, Callable
 from hvd_magics.job.runner import HorovodRunner, source_of
 from hvd_magics.launch.payload import function_references, serialize_job
 from hvd_magics.launch.spark_session import active_session
+from hvd_magics.launch.spark_slots import TASK_GPU_AMOUNT
 from hvd_magics.protocol import CUDA_VISIBLE_DEVICES, ENGINE_TORCH
 from hvd_magics.rank.torch_entry import call_with, run_script
 from hvd_magics.task.gpus import local_gpu_count
 
 #: The Spark setting that gives each task its GPUs.
-TASK_GPU_AMOUNT = "spark.task.resource.gpu.amount"
 
 
 class TorchDistributor:

@@ -79,8 +79,7 @@ def dashboard_box(children: list[Any], what: str) -> Any:
 def _what(job: JobState | None) -> str:
     if job is None:
         return "<hvd_magics: the live dashboard of a job (widgets); the run's summary follows>"
-    return (f"<hvd_magics: the live dashboard of a job of {job.size} {job.unit}"
-            f"{'s' if job.size != 1 else ''} on {job.where} "
+    return (f"<hvd_magics: the live dashboard of a job of {_size_text(job)} on {job.where} "
             "(widgets: each rank's progress, epoch timing, charts); the run's summary follows>")
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from hvd_magics.errors import NotEnoughSlotsError
+from hvd_magics.options import multiple_fix
 from hvd_magics.launch.spark_session import is_connect, is_local
 
 #: How long to wait for executors to register before saying the cluster is too small.
@@ -210,10 +211,9 @@ def task_layout(conf: Callable[[str], str | None], master: str, np: int,
     if np % chosen:
         why = ("" if ranks_per_task is not None else
                f" (the default: {TASK_GPU_AMOUNT}={conf(TASK_GPU_AMOUNT)}, a rank per GPU)")
-        low = np - np % chosen
-        fix = f"np={low} or np={low + chosen}" if low else f"np={chosen}"
         raise NotEnoughSlotsError(
-            f"np={np} ranks do not fill tasks of {chosen} ranks each{why}. Fix: {fix}, or "
+            f"np={np} ranks do not fill tasks of {chosen} ranks each{why}. Fix: "
+            f"{multiple_fix(np, chosen)}, or "
             f"ranks_per_task=1 (--ranks-per-task 1) for one rank per task.")
     cpus = int(conf("spark.task.cpus") or 1)
     if cpus >= chosen:

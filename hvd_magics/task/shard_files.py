@@ -114,10 +114,12 @@ def write_shards(batches: Iterable[Any], folder: Path, names: dict[int, str]
     return [files[index] for index in sorted(files)]
 
 
-def split_shards(shards: list[ShardFile], parts: int) -> list[list[ShardFile]]:
+def split_shards(shards: list[ShardFile], parts: int, names: dict[int, str]
+                 ) -> list[list[ShardFile]]:
     """Split a task's shards among its ``parts`` ranks: each source's rows in ``parts``
     contiguous runs as even as they can be, one file each (``<source>.<part>.arrow`` beside the
-    task's file, which is removed). ``result[part]`` is that rank's shards, in source order."""
+    task's file, which is removed). ``result[part]`` is that rank's shards, in source order;
+    ``names`` (as :func:`write_shards`'s) name a DataFrame that does not fit."""
     if parts == 1:
         return [shards]
     import pyarrow as pa
@@ -137,7 +139,7 @@ def split_shards(shards: list[ShardFile], parts: int) -> list[list[ShardFile]]:
             rows = table.slice(bounds[part], bounds[part + 1] - bounds[part])
             piece = ShardFile(shard.source, str(folder / f"{shard.source}.{part}.arrow"),
                               rows=rows.num_rows, bytes=rows.nbytes, wait_s=shard.wait_s)
-            _check_space(folder, rows.nbytes, 0, f"source {shard.source}")
+            _check_space(folder, rows.nbytes, 0, names[shard.source])
             with pa.ipc.new_file(piece.path, table.schema) as writer:
                 writer.write_table(rows)
             piece.nulls = {name: column.null_count for name, column in

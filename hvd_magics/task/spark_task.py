@@ -237,6 +237,7 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
     folder: Path | None = None
     error = ""
     slots: list = []
+    engine = ENGINE_HOROVOD
     try:
         engine = engine_of(spec.env)
         slots = plan_ranks(hosts)
@@ -245,14 +246,15 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
         shares = [task_share(addresses, per_task, i) for i in range(per_task)]
         root = next(p for p, s in enumerate(slots) if s.rank == 0)
         nodes = node_ranks(slots)
+        iface = iface_for_address(host)
         for i, lane in enumerate(lanes):
             lane.slot, lane.gpus = slots[lane.position], shares[i]
             lane.client = _connect(spec, lane.slot.rank, host, lane.holder)
             # The rank starts now and imports what the job needs while the data arrives and
             # the tasks meet; its rendezvous port, shards and its host's GPUs (when other
             # tasks share the host) follow with the job.
-            env = {**task_env, **start_env(engine, lane.slot, hosts[root],
-                                           iface_for_address(host), nodes[host], len(nodes))}
+            env = {**task_env, **start_env(engine, lane.slot, hosts[root], iface, nodes[host],
+                                           len(nodes))}
             devices = rank_devices(engine, shares, i)
             if devices is not None:
                 env[CUDA_VISIBLE_DEVICES] = devices
@@ -260,8 +262,8 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
         if spec.sources:
             lanes[0].client.send(SHARDING, partition=partition, hostname=socket.gethostname())
             folder = shard_folder(spec.job_id, partition, spec.env)
-            for lane, shards in zip(lanes, split_shards(write_shards(rows, folder, spec.sources),
-                                                        per_task)):
+            written = write_shards(rows, folder, spec.sources)
+            for lane, shards in zip(lanes, split_shards(written, per_task, spec.sources)):
                 lane.shards = shards
         elif spec.pool and spec.channel is not None:
             for lane in lanes:
@@ -301,7 +303,7 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
             yield json.dumps({"partition": partition, "error": errors[0] if errors else refused,
                               "setup": True, **({"refused": True} if refused else {})})
             return
-        yield from _run_lanes(spec, ctx, lanes, hosts, slots, gathered)
+        yield from _run_lanes(spec, ctx, engine, lanes, hosts, slots, gathered)
     finally:
         for lane in lanes:
             lane.close()
@@ -335,11 +337,10 @@ def _late_env(spec: TaskSpec, engine: str, lane: RankLane, hosts: list[str], slo
     return env
 
 
-def _run_lanes(spec: TaskSpec, ctx: Any, lanes: list[RankLane], hosts: list[str], slots: list,
-               gathered: list[dict[str, Any]]) -> Iterator[str]:
-    """Give each rank its job and wait for all of them; yield their status lines (each rank's
-    kept events before its status, when there is no live view)."""
-    engine = engine_of(spec.env)
+def _run_lanes(spec: TaskSpec, ctx: Any, engine: str, lanes: list[RankLane], hosts: list[str],
+               slots: list, gathered: list[dict[str, Any]]) -> Iterator[str]:
+    """Give each rank of ``engine`` its job and wait for all of them; yield their status lines
+    (each rank's kept events before its status, when there is no live view)."""
     statuses: list[dict | None] = [None] * len(lanes)
 
     def run(i: int, lane: RankLane) -> None:

@@ -89,13 +89,13 @@ def test_a_tasks_shard_splits_into_even_contiguous_runs_one_file_per_rank(tmp_pa
     batch = pa.RecordBatch.from_arrays([pa.array([0] * 7), pa.array(range(7)), rows, other],
                                        names=["__source", "__key", "__s0", "__s1"])
     shards = write_shards([batch], tmp_path, {0: "train", 1: "empty"})
-    split = split_shards(shards, 3)
+    split = split_shards(shards, 3, {0: "train", 1: "empty"})
     assert [[s.rows for s in mine] for mine in split] == [[2, 0], [2, 0], [3, 0]]
     ids = [pa.ipc.open_file(mine[0].path).read_all().column("id").to_pylist() for mine in split]
     assert ids == [[0, 1], [2, 3], [4, 5, 6]]
     assert [mine[0].nulls for mine in split] == [{"x": 1}, {"x": 1}, {"x": 1}]
     assert not (tmp_path / "0.arrow").exists()  # the task's own file is gone
-    assert split_shards(shards, 1) == [shards]
+    assert split_shards(shards, 1, {}) == [shards]
 
 
 class _Gather:
