@@ -274,9 +274,15 @@ def active_spark_jobs(spark, limit: float = 10) -> list[int]:
 
 
 def rank_processes_alive(pids) -> list[int]:
-    """The pids (of ranks) that still run."""
-    return [pid for pid in pids if psutil.pid_exists(pid)
-            and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    """The pids (of ranks) that still run (one that ends while it is looked at does not)."""
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
 
 
 import cloudpickle  # noqa: E402
