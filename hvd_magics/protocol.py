@@ -31,6 +31,7 @@ ERROR = "error"
 RESULT = "result"
 LEAVING = "leaving"
 LOG = "log"
+RUN_LOG = "run_log"
 EPOCH_BEGIN = "epoch_begin"
 PROGRESS = "progress"
 EPOCH_END = "epoch_end"
@@ -73,6 +74,9 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
               "the job's function returned; the rank now leaves its engine with the others (a "
               "peer still in a collective then waits for one this rank will never enter)"),
     EventKind(LOG, "rank", ("text",), "hvd_magics.log_to_driver(text)"),
+    EventKind(RUN_LOG, "rank", ("lines",),
+              "lines for the run's log file only: what a library would have printed that the "
+              "dashboard shows otherwise (a Trainer's logged values)"),
     EventKind(EPOCH_BEGIN, "rank", ("epoch", "epochs", "steps"), "an epoch begins"),
     EventKind(PROGRESS, "rank", ("epoch", "step", "steps", "samples_per_s", "metrics"),
               "progress within an epoch (at most 4 a second)"),

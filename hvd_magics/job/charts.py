@@ -76,7 +76,7 @@ class MetricHistory:
                 step = (epoch - 1) * steps + int(event.get("step") or 0) if steps else \
                     self._next_step()
                 for name, value in metrics.items():
-                    if name.startswith("val_"):
+                    if is_validation(name):
                         continue
                     smooth = self._smoothed.get(name, value)
                     smooth = SMOOTHING * value + (1 - SMOOTHING) * smooth
@@ -117,14 +117,23 @@ class MetricHistory:
                 + "".join(charts) + "</div>")
 
 
+#: Prefixes of validation metrics: Keras' and Lightning's habit, and Hugging Face's.
+VALIDATION_PREFIXES = ("val_", "eval_")
+
+
+def is_validation(name: str) -> bool:
+    """Whether metric ``name`` is measured on validation data (drawn dashed, beside its twin)."""
+    return name.startswith(VALIDATION_PREFIXES)
+
+
 def _epoch_lines(epochs: dict[str, list[tuple[float, float]]]) -> dict[str, list]:
     """Training metrics with their validation twin beside them, at most four lines."""
-    names = [n for n in epochs if not n.startswith("val_")]
+    names = [n for n in epochs if not is_validation(n)]
     ordered = []
     for name in names:
         ordered.append(name)
-        if f"val_{name}" in epochs:
-            ordered.append(f"val_{name}")
+        ordered += [f"{prefix}{name}" for prefix in VALIDATION_PREFIXES
+                    if f"{prefix}{name}" in epochs]
     ordered += [n for n in epochs if n not in ordered]
     return {name: epochs[name] for name in ordered[:4]}
 
@@ -187,7 +196,7 @@ def svg_chart(series: dict[str, list[tuple[float, float]]], title: str, x_label:
                  f"fill='#666'>{html.escape(x_label)}</text>")
     for i, (name, line) in enumerate(series.items()):
         colour = PALETTE[i % len(PALETTE)]
-        dash = " stroke-dasharray='4 3'" if name.startswith("val_") else ""
+        dash = " stroke-dasharray='4 3'" if is_validation(name) else ""
         coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in line)
         parts.append(f"<polyline points='{coords}' fill='none' stroke='{colour}' "
                      f"stroke-width='1.5'{dash}/>")

@@ -16,12 +16,12 @@ from hvd_magics.errors import OUTPUT_TAIL_LINES, RankFailure
 from hvd_magics.options import ElasticSize
 from hvd_magics.job.stacks import where as stack_where
 from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, EPOCH_BEGIN, EPOCH_END, ERROR, EXIT,
-                                 LEAVING, OUTPUT, OUTPUT_PARTIAL, PROGRESS, RESIZE, RESULT, SHARDING,
-                                 SLOT_OFFER, STACKS, STARTED, TASK_ERROR, TASK_STARTED,
+                                 LEAVING, OUTPUT, OUTPUT_PARTIAL, PROGRESS, RESIZE, RESULT, RUN_LOG,
+                                 SHARDING, SLOT_OFFER, STACKS, STARTED, TASK_ERROR, TASK_STARTED,
                                  TIMELINE_CHUNK, TIMELINE_LOCAL)
 from hvd_magics.launch.backend import Backend
 from hvd_magics.rank_names import unit_of
-from hvd_magics.job.noise import is_noise
+from hvd_magics.job.output_lines import BAR, NOISE, SHOW, WARNING, OutputSorter, plain
 
 #: Error texts of a rank that failed only because a peer went away (not the root cause).
 _PEER_LOST = ("HorovodInternalError", "Horovod has been shut down", "Connection reset by peer",
@@ -40,6 +40,10 @@ STALL_AFTER_S = 60.0
 STALL_REQUEST = "stall-"
 #: Characters of one output line kept in memory for display (the log file has every line whole).
 DISPLAY_LINE_CHARS = 2000
+#: Keys an ``output`` event gains once applied: its lines the cell shows (start-up chatter, bars,
+#: copies of warnings and of other ranks' lines left out; a warning as one short line), and its
+#: lines that are the rank's own output (chatter and bars left out).
+SHOWN, KEPT = "shown", "kept"
 #: Error name of a rank whose supervisor vanished (its Spark executor was lost or killed).
 LOST = "RankLost"
 
@@ -121,6 +125,16 @@ class RankState:
         silent = now - self.last_seen
         return silent if self.state == RUNNING and silent > after else None
 
+    def progress_line(self) -> str:
+        """Where this running rank is in its epoch, as a live line (``""`` when it reports no
+        steps): ``epoch 2/5 step 40/100 loss 0.4312``."""
+        if self.state != RUNNING or not self.reports_epochs or not self.step:
+            return ""
+        epoch = f"epoch {self.epoch}" + (f"/{self.epochs}" if self.epochs else "")
+        step = f"step {self.step}" + (f"/{self.steps}" if self.steps else "")
+        metrics = " ".join(f"{name} {value:.4g}" for name, value in list(self.metrics.items())[:3])
+        return " ".join(part for part in (epoch, step, metrics) if part)
+
     def failure(self) -> RankFailure:
         err = self.error or ({"error": LOST, "message": self.lost} if self.lost else {})
         return RankFailure(self.rank, self.host, self.exit_code, err.get("error", ""),
@@ -159,6 +173,8 @@ class JobState:
         #: sent them: ``reset``, ``size``, ``ranks`` (task -> rank), ``causes``, ``time``.
         self.formations: list[dict[str, Any]] = []
         self.views = list(views or [])
+        #: Sorts the ranks' output lines for the cell (see :mod:`hvd_magics.job.output_lines`).
+        self.output = OutputSorter()
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in end()
@@ -223,16 +239,30 @@ class JobState:
     def _on_output(self, state: RankState, event: dict[str, Any]) -> None:
         stamp = time.strftime("%H:%M:%S", time.localtime(event.get("time", time.time())))
         state.partial = ""
+        shown, kept = [], []
         for line in event.get("lines", []):
-            if not is_noise(line, self.peer_lost):  # the tail is what an error shows
-                state.tail.append(display_line(line))
             self._log.write(f"{stamp} [{state.rank}@{state.host}] {line}\n")
+            sort, text = self.output.sort(state.rank, line, self.peer_lost)
+            if sort == BAR:
+                state.partial = display_line(text)
+                continue
+            if sort != NOISE:  # the tail is what an error shows; kept: the rank's own lines
+                state.tail.append(display_line(line))
+                kept.append(display_line(line))
+            if sort in (SHOW, WARNING):
+                shown.append(text)
             match = EPOCH_LINE.match(line)
             if match and not state.reports_epochs:
                 state.epoch, state.epochs = int(match.group(1)), int(match.group(2))
+        event[SHOWN], event[KEPT] = shown, kept
+
+    def _on_run_log(self, state: RankState, event: dict[str, Any]) -> None:
+        stamp = time.strftime("%H:%M:%S", time.localtime(event.get("time", time.time())))
+        for line in event.get("lines", []):
+            self._log.write(f"{stamp} [{state.rank}@{state.host}] {line}\n")
 
     def _on_output_partial(self, state: RankState, event: dict[str, Any]) -> None:
-        state.partial = display_line(event.get("text", ""))
+        state.partial = display_line(plain(event.get("text", "")))
 
     def _on_channel_closed(self, state: RankState, event: dict[str, Any]) -> None:
         if not event.get("clean") and not state.exited:
@@ -350,7 +380,7 @@ class JobState:
 
     #: Event kind -> how it changes the job (``log`` changes nothing here: views show it).
     _HANDLERS = {
-        OUTPUT: _on_output, OUTPUT_PARTIAL: _on_output_partial,
+        OUTPUT: _on_output, OUTPUT_PARTIAL: _on_output_partial, RUN_LOG: _on_run_log,
         CHANNEL_CLOSED: _on_channel_closed, SHARDING: _on_sharding,
         TASK_STARTED: _on_task_started, SLOT_OFFER: _on_slot_offer,
         STARTED: _on_started, ERROR: _on_error, TASK_ERROR: _on_task_error, RESULT: _on_result,

@@ -1,7 +1,7 @@
 """Start-up chatter of the frameworks that a cell does not show (the log file keeps every line).
 
-Lightning's ``Trainer`` says which accelerators it found, offers a tip, and frames the process
-group it joined in rules of 100 dashes, on every rank.
+Lightning's ``Trainer`` says which accelerators it found, offers a tip, frames the process
+group it joined in rules of 100 dashes, and says why ``fit`` stopped, on every rank.
 
 TensorFlow writes absl/glog lines (``I0000 00:00:... port.cc:153] oneDNN custom operations are
 on``, ``cpu_feature_guard``, ``failed call to cuInit`` on a machine without a GPU) from every rank
@@ -38,6 +38,7 @@ NOISE = re.compile("|".join([
     r"^All distributed processes registered\. Starting with \d+ processes$",
     r"^-{100}$",
     r"^LOCAL_RANK: \d+ - CUDA_VISIBLE_DEVICES: ",
+    r"^`Trainer\.fit` stopped: ",
 ]))
 
 

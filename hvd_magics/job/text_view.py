@@ -1,7 +1,8 @@
 """Show a running job as plain text: each rank's lines with a rank prefix.
 
-What it shows: the ranks' output (without framework start-up chatter, see :mod:`hvd_magics.job.noise`),
-progress bars drawn with carriage returns redrawn in place, a line when a rank stalls, and, when
+What it shows: the ranks' output as :mod:`hvd_magics.job.output_lines` sorts it (without
+framework start-up chatter, each kind of warning once, a line other ranks repeat once), progress
+bars (drawn with carriage returns or cursor codes) redrawn in place as one live line, a line when a rank stalls, and, when
 ranks print faster than a person reads, the first and the last lines of each burst with a count of
 what was left out. Every line is always in the job's log file.
 """
@@ -12,11 +13,10 @@ import sys
 import time
 from typing import IO, Any
 
-from hvd_magics.job.job_state import JobState, display_line
-from hvd_magics.job.noise import is_noise
+from hvd_magics.job.job_state import SHOWN, JobState, display_line
 from hvd_magics.options import (VERBOSITY_ALL, VERBOSITY_DEBUG, VERBOSITY_LOG_CALLBACK_ONLY,
                                     validate_verbosity)
-from hvd_magics.protocol import EPOCH_END, LOG, OUTPUT, OUTPUT_PARTIAL, RESIZE
+from hvd_magics.protocol import EPOCH_END, LOG, OUTPUT, OUTPUT_PARTIAL, PROGRESS, RESIZE
 from hvd_magics.rank_names import TASK, line_tag, rank_named
 
 #: Lines are written at most this often...
@@ -72,8 +72,7 @@ class TextView:
         kind = event["kind"]
         if kind == OUTPUT and self.verbosity != VERBOSITY_LOG_CALLBACK_ONLY:
             lines = event.get("lines", [])
-            return lines if self.verbosity == VERBOSITY_DEBUG else [
-                ln for ln in lines if not is_noise(ln, job.peer_lost)]
+            return lines if self.verbosity == VERBOSITY_DEBUG else event.get(SHOWN, lines)
         if kind == LOG:
             return [event.get("text", "")]
         if kind == EPOCH_END and self.epoch_lines:
@@ -88,6 +87,8 @@ class TextView:
         if kind == OUTPUT_PARTIAL and self.verbosity != VERBOSITY_LOG_CALLBACK_ONLY:
             self._partials_changed = True
             return
+        if kind == PROGRESS and self.epoch_lines:  # no dashboard: its live line says it
+            self._partials_changed = True
         for line in self._lines_of(job, event):
             self._add(rank, display_line(line))
 
@@ -155,7 +156,9 @@ class TextView:
             out.append(self._complete(job, rank, line))
         self._head = []
         self._dropped.clear()
-        live = [r for r in job.ranks if r.partial]
+        live = [(r.rank, r.partial or (self.epoch_lines and r.progress_line()))
+                for r in job.ranks]
+        live = [(rank, text) for rank, text in live if text]
         if (self._partials_changed or self._erased) and live:
             out.append(self._status_line(job, live))
         self._partials_changed = self._erased = False
@@ -164,15 +167,15 @@ class TextView:
             stream.write("".join(out))
             stream.flush()
 
-    def _status_line(self, job: JobState, live: list) -> str:
-        """Every rank's unfinished line (a progress bar drawn with ``\\r``) on one line, drawn
-        over the previous one."""
+    def _status_line(self, job: JobState, live: list[tuple[int, str]]) -> str:
+        """Every rank's live line (a progress bar it draws, or where its steps are when no
+        dashboard shows them) on one line, drawn over the previous one."""
         if len(live) == 1:
-            text = f"{self._prefix(job, live[0].rank)} {display_line(live[0].partial, 300)}"
+            text = f"{self._prefix(job, live[0][0])} {display_line(live[0][1], 300)}"
         else:
             width = max(40, 300 // len(live))
-            text = "  ".join(f"{self._prefix(job, r.rank)} {r.partial[:width].strip()}"
-                             for r in live)
+            text = "  ".join(f"{self._prefix(job, rank)} {line[:width].strip()}"
+                             for rank, line in live)
         line = "\r" + text.ljust(self._open_len)
         self._open_len = len(text)
         return line
@@ -189,6 +192,9 @@ class TextView:
 
     def on_end(self, job: JobState) -> None:
         self._partials_changed = False  # a bar left unfinished is not redrawn at the end
+        left_out = job.output.left_out(job.log_path)
+        if left_out and self.verbosity == VERBOSITY_ALL:
+            self._add(None, left_out)
         self._flush(job)
         self._erased = False
         if self._open_len:

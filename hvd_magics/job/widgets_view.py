@@ -14,8 +14,7 @@ from typing import Any
 
 from hvd_magics.job.job_state import (DONE, FAILED, INTERRUPTED, READY, RUNNING, SHARDING_DATA,
                                       STALL_AFTER_S, STARTING, STOPPED, WAITING, JobState,
-                                      display_line)
-from hvd_magics.job.noise import is_noise
+                                      KEPT)
 from hvd_magics.protocol import OUTPUT
 from hvd_magics.rank_names import RANK, TASK, rank_named
 
@@ -138,8 +137,7 @@ class WidgetView:
     def on_event(self, job: JobState, event: dict[str, Any]) -> None:
         self._dirty = True
         if event["kind"] == OUTPUT and self._logs:
-            self._logs[event["rank"]].extend(
-                display_line(ln) for ln in event.get("lines", []) if not is_noise(ln, job.peer_lost))
+            self._logs[event["rank"]].extend(event.get(KEPT, []))
 
     def on_tick(self, job: JobState) -> None:
         if not self._shown:

@@ -7,7 +7,8 @@ Horovod's ``init`` (``horovod.torch``, ``horovod.tensorflow``, ``horovod.tensorf
 ``horovod.keras``), ``torch.distributed.init_process_group`` and
 ``tf.distribute.MultiWorkerMirroredStrategy``, except those of the rank's own engine. On the
 Horovod engine it also refuses a Keras 3 ``fit`` with Horovod's Keras callbacks or optimizer at
-once (:func:`guard_keras_3`), which Horovod 0.28 cannot train.
+once (:func:`guard_keras_3`), which Horovod 0.28 cannot train; on the tf engine, a Keras 3 ``fit``
+under a MultiWorkerMirroredStrategy of several workers, which Keras 3 cannot train.
 """
 from __future__ import annotations
 
@@ -38,36 +39,64 @@ class WrongEngineError(RuntimeError):
 
 
 class KerasVersionError(TypeError):
-    """A Keras 3 model is trained with Horovod's Keras API, which needs Keras 2 (tf_keras)."""
+    """A Keras 3 model is trained where Keras 3 cannot train: with Horovod's Keras API (which
+    needs Keras 2, tf_keras) or with ``fit`` under a multi-worker strategy."""
 
 
 #: What a Keras 3 ``fit`` with Horovod's callbacks or optimizer fails with.
 KERAS_3_MESSAGE = ("Horovod's Keras API (horovod.tensorflow.keras callbacks and "
                    "DistributedOptimizer) trains Keras 2 models only. Fix: build the model "
                    "inside the cell with tf.keras (Keras 2 on the ranks) or with tf_keras "
-                   "(import tf_keras as keras), or run the cell with --engine tf, whose "
-                   "MultiWorkerMirroredStrategy takes Keras 3.")
+                   "(import tf_keras as keras), or keep Keras 3 in a custom loop with "
+                   "hvd.DistributedGradientTape (docs/magic.md, 'Keras').")
+#: What a Keras 3 ``fit`` under a MultiWorkerMirroredStrategy of several workers fails with.
+KERAS_3_MULTI_WORKER_MESSAGE = (
+    "Keras 3's Model.fit does not train under a MultiWorkerMirroredStrategy of more than one "
+    "worker (it fails with 'Attempt to convert a value (PerReplica...)': "
+    "keras-team/keras#20585). Fix: build the model in the strategy's scope with tf.keras "
+    "(Keras 2 on the ranks) or tf_keras (import tf_keras as keras), or keep Keras 3 in a "
+    "custom loop of strategy.run steps.")
 
 
 def _from_horovod(value: Any) -> bool:
     return type(value).__module__.startswith("horovod.")
 
 
+def _keras_3_refusal(engine: str, model: Any, args: tuple, kwargs: dict) -> str | None:
+    """Why Keras 3's ``model.fit(*args, **kwargs)`` cannot train on a rank of ``engine``
+    (``None`` when it can)."""
+    if engine == ENGINE_HOROVOD:
+        callbacks = kwargs.get("callbacks") or (args[5] if len(args) > 5 else None) or []
+        if any(_from_horovod(c) for c in callbacks) or \
+                _from_horovod(getattr(model, "optimizer", None)):
+            return f"the model is a Keras 3 model (the keras package), and {KERAS_3_MESSAGE}"
+    elif engine == ENGINE_TF:
+        strategy = getattr(model, "distribute_strategy", None)
+        resolver = getattr(strategy, "cluster_resolver", None)
+        if type(strategy).__name__ in ("MultiWorkerMirroredStrategy",
+                                       "CollectiveAllReduceStrategy") and resolver is not None:
+            spec = resolver.cluster_spec()
+            if "worker" in spec.jobs and spec.num_tasks("worker") > 1:
+                return f"the model is a Keras 3 model (the keras package). " \
+                       f"{KERAS_3_MULTI_WORKER_MESSAGE}"
+    return None
+
+
 def guard_keras_3(module: Any) -> None:
-    """Make Keras 3's ``Model.fit`` fail at once, before any step, when given Horovod's Keras
-    callbacks or optimizer (which fail on Keras 3 variables after the first batch)."""
+    """Make Keras 3's ``Model.fit`` fail at once, before any step, where it cannot train: with
+    Horovod's Keras callbacks or optimizer (which fail on Keras 3 variables after the first
+    batch), and under a MultiWorkerMirroredStrategy of several workers."""
     model = getattr(module, "Model", None)
     if model is None or getattr(model.fit, _GUARDED, False):
         return
     original = model.fit
+    engine = os.environ.get(ENV_ENGINE, "")
 
     @functools.wraps(original)
     def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
-        callbacks = kwargs.get("callbacks") or (args[5] if len(args) > 5 else None) or []
-        if any(_from_horovod(c) for c in callbacks) or \
-                _from_horovod(getattr(self, "optimizer", None)):
-            raise KerasVersionError(f"the model is a Keras 3 model (the keras package), and "
-                                    f"{KERAS_3_MESSAGE}")
+        refusal = _keras_3_refusal(engine, self, args, kwargs)
+        if refusal:
+            raise KerasVersionError(refusal)
         return original(self, *args, **kwargs)
 
     setattr(fit, _GUARDED, True)
@@ -98,7 +127,7 @@ def install() -> None:
     engine = os.environ.get(ENV_ENGINE)
     if engine not in _STARTS:
         return
-    if engine == ENGINE_HOROVOD:
+    if engine in (ENGINE_HOROVOD, ENGINE_TF):
         after_import(("keras",), guard_keras_3)
     if engine != ENGINE_HOROVOD:
         def guard_horovod(module: Any) -> None:

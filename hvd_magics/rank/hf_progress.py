@@ -5,27 +5,33 @@ every ``Trainer`` made gains a ``TrainerCallback`` that reports each training ep
 of ``num_train_epochs``, and its optimizer steps), the steps with the latest logged values
 (loss, learning rate, gradient norm), and at the epoch's end those values and the last
 evaluation's (``eval_*``) through :mod:`hvd_magics.rank.progress`: the dashboard's rows, epoch
-timing and charts. It reads only what the ``Trainer`` logs (its ``logging_steps``): nothing is
-computed for it.
+timing and charts. An evaluation due at an epoch's end belongs to that epoch (its ``eval_*``
+values are drawn beside their training twins). It reads only what the ``Trainer`` logs (its ``logging_steps``): nothing is
+computed for it. The ``Trainer``'s own bar and printed logs give way to the dashboard: its logs
+go to the run's log file.
 """
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from hvd_magics.rank import progress
+from hvd_magics.protocol import RUN_LOG
+from hvd_magics.rank import progress, rank_events
 from hvd_magics.rank.import_hooks import after_call, after_import
 
 _TRAINER_MODULE = "transformers.trainer"
 _PATCHED = "_hvd_magics_progress"
 _CALLBACK: list[type] = []
+#: The Trainer's own timings of an evaluation (the dashboard measures speed itself).
+_SPEED_SUFFIXES = ("_runtime", "_per_second")
 
 
 def _numbers(logs: dict[str, Any] | None) -> dict[str, float]:
     """The numeric values of a ``Trainer`` log (its ``epoch`` and run totals left out)."""
     out: dict[str, float] = {}
     for name, value in (logs or {}).items():
-        if name == "epoch" or name.startswith("train_") or isinstance(value, bool):
+        if (name in ("epoch", "total_flos") or name.startswith("train_")
+                or name.endswith(_SPEED_SUFFIXES) or isinstance(value, bool)):
             continue
         try:
             out[name] = float(value)
@@ -40,8 +46,11 @@ def _callback_class(base: type) -> type:
             self.steps_done = 0
             self.logged: dict[str, float] = {}
             self.samples_per_step = 0
+            #: Its training steps are done and the epoch waits for its evaluation, if one is due.
+            self.open_epoch = False
 
         def on_epoch_begin(self, args: Any, state: Any, control: Any, **_kwargs: Any) -> None:
+            self._end_epoch()
             self.steps_done = 0
             epochs = math.ceil(args.num_train_epochs) if args.max_steps <= 0 else None
             steps = (math.ceil(state.max_steps / epochs) if epochs and state.max_steps else None)
@@ -57,20 +66,44 @@ def _callback_class(base: type) -> type:
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None,
                    **_kwargs: Any) -> None:
             self.logged.update(_numbers(logs))
+            if logs and state.is_local_process_zero:  # what its printer would have printed
+                rank_events.emit(RUN_LOG, lines=[str({k: f"{v:.4g}" if isinstance(v, float)
+                                                      else v for k, v in logs.items()})])
 
         def on_epoch_end(self, args: Any, state: Any, control: Any, **_kwargs: Any) -> None:
-            progress.end_epoch(samples=self.steps_done * self.samples_per_step or None,
-                               **self.logged)
+            # an evaluation due at the epoch's end (set by the Trainer's flow callback, which
+            # runs first) is part of the epoch, as Keras' validation is: it ends the epoch
+            self.open_epoch = True
+            if not control.should_evaluate:
+                self._end_epoch()
+
+        def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None,
+                        **_kwargs: Any) -> None:
+            self.logged.update(_numbers(metrics))
+            self._end_epoch()
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **_kwargs: Any) -> None:
+            self._end_epoch()
+
+        def _end_epoch(self) -> None:
+            if self.open_epoch:
+                self.open_epoch = False
+                progress.end_epoch(samples=self.steps_done * self.samples_per_step or None,
+                                   **self.logged)
 
     return HorovodMagicsProgress
 
 
 def _add_callback(trainer: Any) -> None:
-    if not _CALLBACK:
-        from transformers.trainer_callback import TrainerCallback
+    from transformers import trainer_callback
 
-        _CALLBACK.append(_callback_class(TrainerCallback))
+    if not _CALLBACK:
+        _CALLBACK.append(_callback_class(trainer_callback.TrainerCallback))
     trainer.add_callback(_CALLBACK[0]())
+    # its bar and printed logs: the dashboard's rows and charts show them (the logs reach the
+    # run's log file through the callback above)
+    for printer in (trainer_callback.ProgressCallback, trainer_callback.PrinterCallback):
+        trainer.remove_callback(printer)
 
 
 def patch_trainer(module: Any) -> None:

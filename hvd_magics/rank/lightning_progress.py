@@ -5,7 +5,7 @@ A rank installs an import hook (:func:`install`); when Lightning's ``Trainer`` i
 reports each training epoch (its number, of ``max_epochs``, and its batches), the steps with the
 latest loss, and at the epoch's end every metric the module logged (``self.log``: training and
 validation) through :mod:`hvd_magics.rank.progress`: the dashboard's rows, epoch timing and
-charts. The loss stays a tensor until a report leaves the rank (a few times a second), so no
+charts; Lightning's own progress bar gives way to them. The loss stays a tensor until a report leaves the rank (a few times a second), so no
 step waits for the device.
 """
 from __future__ import annotations
@@ -90,6 +90,9 @@ def patch_trainer(module: Any) -> None:
         kind = _CALLBACKS[package]
         if not any(isinstance(c, kind) for c in made.callbacks):
             made.callbacks.append(kind())
+        bar = getattr(made, "progress_bar_callback", None)
+        if bar is not None:  # the dashboard's rows show it (in a terminal: the live lines)
+            bar.disable()
 
     after_call(trainer, "__init__", add_callback, _PATCHED)
 

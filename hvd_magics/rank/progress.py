@@ -35,6 +35,7 @@ class _Epoch:
     started = 0.0
     last_emit = 0.0
     metrics: dict[str, Any] = {}
+    inferred = False
 
 
 _current = _Epoch()
@@ -57,11 +58,28 @@ def start_epoch(epoch: int, epochs: int | None = None, steps: int | None = None,
     ``steps`` (batches in the epoch) and ``batch_size`` (samples per batch) are optional; with the
     batch size the notebook shows samples per second.
     """
+    begin_epoch(epoch, epochs, steps, batch_size)
+
+
+def begin_epoch(epoch: int, epochs: int | None, steps: int | None, batch_size: int | None,
+                inferred: bool = False) -> None:
+    """:func:`start_epoch`, saying whether the epoch was inferred from what a loop does
+    (:mod:`hvd_magics.rank.loop_progress`) rather than told."""
     _current.epoch, _current.epochs, _current.steps = epoch, epochs, steps
-    _current.batch_size = batch_size
+    _current.batch_size, _current.inferred = batch_size, inferred
     _current.metrics = {}
     _current.started = _current.last_emit = time.monotonic()
     rank_events.emit(EPOCH_BEGIN, epoch=epoch, epochs=epochs, steps=steps)
+
+
+def current_epoch() -> int:
+    """The epoch under way (1-based; 0 before the first)."""
+    return _current.epoch
+
+
+def is_inferred() -> bool:
+    """Whether the epoch under way was inferred (see :func:`begin_epoch`)."""
+    return _current.inferred
 
 
 def report(step: int, total: int | None = None, **metrics: Any) -> None:

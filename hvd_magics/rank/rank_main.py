@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from typing import Any
 
 from hvd_magics.protocol import (ENV_CONTROL_FD, ENV_HOROVOD_RANK, ENV_PREIMPORT, ENV_RANK,
@@ -170,11 +171,15 @@ def run_job(payload: bytes) -> tuple[Any, BaseException | None, int]:
     ``sys.exit(0)`` is a successful end."""
     import cloudpickle
 
+    from hvd_magics.rank import loop_progress
     from hvd_magics.result_codec import encode_parts
 
     try:
         main_fn, kwargs = cloudpickle.loads(payload)
-        value = main_fn(**kwargs)
+        try:
+            value = main_fn(**kwargs)
+        finally:
+            loop_progress.reset()  # the inferred last epoch ends with the function
     except SystemExit as exc:
         if exc.code not in (0, None):
             return None, exc, exc.code if isinstance(exc.code, int) else 1
@@ -187,16 +192,29 @@ def run_job(payload: bytes) -> tuple[Any, BaseException | None, int]:
         return None, exc, 1
 
 
+def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+    """Write a warning as one line, ``path:line: Category: message`` (its message's lines
+    joined), which the driver knows as a warning (:mod:`hvd_magics.job.output_lines`)."""
+    text = " ".join(str(message).split("\n"))
+    try:
+        (file or sys.stderr).write(f"{filename}:{lineno}: {category.__name__}: {text}\n")
+    except (OSError, ValueError):
+        pass
+
+
 def run_rank() -> None:
     """Run the shipped function and report its result or its exception (never returns)."""
     from hvd_magics.rank import (engine_guard, hf_progress, keras_progress, launcher_guard,
-                                 lightning_progress, stack_report)
+                                 lightning_progress, loop_progress, stack_report)
 
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     stack_report.serve()
+    warnings.showwarning = show_warning
     keras_progress.install()
     lightning_progress.install()
     hf_progress.install()
+    loop_progress.install()
     engine_guard.install()
     launcher_guard.install()
     _preimport(os.environ.get(ENV_PREIMPORT, ""))

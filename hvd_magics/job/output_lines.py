@@ -1,0 +1,149 @@
+"""Sort the ranks' output lines: what the cell shows, what is a rank's live line, what only the
+run log keeps.
+
+Every line reaches the run log whatever its sort. The cell is spared:
+
+- framework start-up chatter (:mod:`hvd_magics.job.noise`);
+- progress bars: tqdm's (``45%|####   | 9/20 [00:01<00:01, 8.1it/s]``) and any bar redrawn with
+  cursor codes (rich's, Lightning's ``RichProgressBar``) become the rank's live line, as a bar
+  drawn with carriage returns already is; the codes that move the cursor never reach the cell
+  (colour codes stay: notebooks and terminals render them);
+- warnings, Python's (``/path/mod.py:12: UserWarning: ...`` and the source line after it) and
+  PyTorch's C++ ones (``[rank0]:[W1126 07:05:11.16 reducer.cpp:1529] Warning: ...``): the first
+  of each kind is shown as one short line, its copies (from the other ranks, or later) are not;
+- a line that another rank already showed (every rank prints the same banner): shown once.
+
+:meth:`OutputSorter.left_out` says in one line what was kept from the cell, where it is.
+"""
+from __future__ import annotations
+
+import collections
+import re
+from typing import NamedTuple
+
+from hvd_magics.job.noise import is_noise
+
+#: The sorts of a line.
+SHOW, BAR, NOISE, WARNING, REPEAT = "show", "bar", "noise", "warning", "repeat"
+
+#: A control sequence that moves the cursor or erases (``ESC[2K``, ``ESC[1A``, ``ESC[?25h``): a
+#: redraw in place. Colour codes (``ESC[...m``) are not among them.
+_CURSOR = re.compile(r"\x1b\[\??[0-9;]*[A-HJKSTfhlsu]")
+#: tqdm's bar with a total (``desc: 45%|####  | 9/20 [00:01<00:01, 8.10it/s]``) or without
+#: one (``desc: 120it [00:03, 39.9it/s]``).
+_TQDM = re.compile(r"^(?:.*: ?)?\s*\d{1,3}%\|.*\|\s*\S+/\S+ \[[\d:?]+<[\d:?-]+"
+                   r"|^(?:.*: )?\d+(?:\.\d+)?[kMGT]?(?:it|B) \[\d+:\d\d(?::\d\d)?, ")
+#: Python's warning line (``warnings.formatwarning``; Lightning drops the category).
+_PY_WARNING = re.compile(r"^(?P<path>(?:[A-Za-z]:)?[/\\][^:]*\.py):(?P<line>\d+): "
+                         r"(?:(?P<category>[A-Z]\w*(?:Warning|Deprecation\w*)): )?(?P<message>.+)$")
+#: The source line Python prints under a warning.
+_PY_WARNING_SOURCE = re.compile(r"^  \S")
+#: A C++ warning of PyTorch's (``TORCH_WARN``), perhaps after a progress bar's unfinished line.
+_CPP_WARNING = re.compile(r"(?:\[rank\d+\]:)?\[W(?:\d{4} [\d:.]+(?: \d+)? )?"
+                          r"(?P<path>[\w.-]+):(?P<line>\d+)\] (?:Warning: )?(?P<message>.+)$")
+#: Characters of a warning's message the cell shows (the run log has it whole).
+WARNING_CHARS = 240
+#: Characters of the longest line sorted (longer ones are shown, cut, as any line).
+LONGEST_SORTED = 4000
+#: Lines of the ranks remembered to fold another rank's copy.
+REMEMBERED_LINES = 2000
+
+
+class Sorted(NamedTuple):
+    """One output line, sorted: its sort, and the text the cell (or the live line) shows."""
+
+    sort: str
+    text: str
+
+
+def plain(text: str) -> str:
+    """``text`` without its cursor codes (what remains is what the line shows)."""
+    return _CURSOR.sub("", text)
+
+
+def _short_path(path: str) -> str:
+    """A library file's path from its package (``accelerate/state.py``), else its last two
+    parts."""
+    for root in ("site-packages", "dist-packages"):
+        if f"{root}/" in path or f"{root}\\" in path:
+            return re.split(rf"{root}[/\\]", path)[-1]
+    return "/".join(re.split(r"[/\\]", path)[-2:])
+
+
+class OutputSorter:
+    """Sort one job's output lines, remembering what it already showed."""
+
+    def __init__(self) -> None:
+        #: Kinds of warning shown, and how many copies of them were kept from the cell.
+        self._warnings: set[tuple[str, str]] = set()
+        self.warning_copies = 0
+        #: Lines shown lately and the rank that showed each.
+        self._shown: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self.repeats = 0
+        #: Ranks whose last line was a Python warning (its source line comes next).
+        self._after_warning: set[int] = set()
+
+    def sort(self, rank: int, line: str, peer_lost: bool = False) -> Sorted:
+        """The sort of ``rank``'s complete output ``line`` (a line longer than
+        :data:`LONGEST_SORTED` is shown: a bar or a warning is never that long)."""
+        after_warning = rank in self._after_warning
+        self._after_warning.discard(rank)
+        if len(line) > LONGEST_SORTED:
+            return Sorted(SHOW, line)
+        if is_noise(line, peer_lost):
+            return Sorted(NOISE, line)
+        if after_warning and _PY_WARNING_SOURCE.match(line):
+            return Sorted(NOISE, line)
+        warning = _PY_WARNING.match(line)
+        if warning:
+            if warning.group("category"):
+                self._after_warning.add(rank)
+            return self._warning(warning.group("category") or "warning", warning)
+        warning = _CPP_WARNING.search(line)
+        if warning:  # perhaps after a bar's unfinished line: the warning is what stays
+            return self._warning("warning", warning)
+        if _CURSOR.search(line):
+            text = plain(line)
+            return Sorted(BAR, text) if text.strip() else Sorted(NOISE, line)
+        if _TQDM.match(line):
+            return Sorted(BAR, line)
+        first = self._shown.get(line)
+        if first is not None and first != rank:
+            self.repeats += 1
+            return Sorted(REPEAT, line)
+        self._shown[line] = rank
+        self._shown.move_to_end(line)
+        if len(self._shown) > REMEMBERED_LINES:
+            self._shown.popitem(last=False)
+        return Sorted(SHOW, line)
+
+    def _warning(self, category: str, match: re.Match[str]) -> Sorted:
+        where = f"{_short_path(match.group('path'))}:{match.group('line')}"
+        message = re.sub(r" \(function [^)]*\)$", "", match.group("message").strip())
+        if (where, message) in self._warnings:
+            self.warning_copies += 1
+            return Sorted(REPEAT, message)
+        self._warnings.add((where, message))
+        if len(message) > WARNING_CHARS:
+            message = message[:WARNING_CHARS].rstrip() + " ..."
+        return Sorted(WARNING, f"{category} ({where}): {message}")
+
+    def left_out(self, log_path: object) -> str | None:
+        """One line saying which copies the cell did not show, and where they are; ``None``
+        when it showed every line it was meant to."""
+        parts = []
+        if self.warning_copies:
+            parts.append(f"{self.warning_copies} more {_plural(self.warning_copies, 'copy')} "
+                         "of the warnings above")
+        if self.repeats:
+            parts.append(f"{self.repeats} {_plural(self.repeats, 'line')} another rank had "
+                         "already shown")
+        if not parts:
+            return None
+        return f"hvd_magics: not shown here, in {log_path}: {' and '.join(parts)}"
+
+
+def _plural(count: int, word: str) -> str:
+    if count == 1:
+        return word
+    return word[:-1] + "ies" if word.endswith("y") else word + "s"

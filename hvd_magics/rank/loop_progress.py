@@ -1,0 +1,184 @@
+"""A plain PyTorch DDP loop reports its progress with no line added to it.
+
+What a hand-written loop does already says where it is: each training step calls the
+``DistributedDataParallel`` module (in training mode, with gradients), each epoch begins with
+``DistributedSampler.set_epoch`` or a new pass over the training ``DataLoader``, and the loss is
+the scalar tensor ``backward()`` is called on. A rank installs hooks on those (:func:`install`,
+when ``torch`` is imported) and reports through :mod:`hvd_magics.rank.progress`: steps and
+samples per step from the module's calls, epochs (an epoch ends when the next one begins, or
+with the job), the latest loss. The loss stays a tensor until a report leaves the rank (at most
+a few times a second): no step waits for the device.
+
+It stays out of the way of anything that reports epochs itself (the Lightning and Hugging Face
+callbacks, ``hvd_magics.progress``): once an epoch was begun by another, it infers nothing.
+"""
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Any
+
+from hvd_magics.rank import progress
+from hvd_magics.rank.import_hooks import after_import
+
+_DDP_MODULE = "torch.nn.parallel.distributed"
+_PATCHED = "_hvd_magics_loop_progress"
+
+
+class _Loop:
+    """What the hooks have seen of the loop."""
+
+    def __init__(self) -> None:
+        #: The epoch under way (1-based; 0: none yet) and its steps and samples so far.
+        self.epoch = 0
+        self.step = 0
+        self.samples = 0
+        #: The epoch the loop announced next (``set_epoch``, a new pass), begun by its first step.
+        self.next_epoch = 0
+        #: Whether ``DistributedSampler.set_epoch`` numbers the epochs.
+        self.sampler_epochs = False
+        #: The training loader (the one iterated last when the first step came), and the last
+        #: loader a pass began over, with its length and batch size.
+        self.loader: Any = None
+        self.iterated: Any = None
+        self.steps: int | None = None
+        self.batch_size: int | None = None
+        #: The latest loss ``backward()`` was called on, detached.
+        self.loss: Any = None
+
+
+_loop = _Loop()
+
+
+def _others_report() -> bool:
+    """Whether an epoch under way was begun by someone else (a callback, the user)."""
+    return bool(progress.current_epoch() and not progress.is_inferred())
+
+
+def _rows(value: Any) -> int:
+    """Samples in a step's first argument (a tensor, or a structure holding one)."""
+    while isinstance(value, (list, tuple)) and value:
+        value = value[0]
+    if isinstance(value, dict) and value:
+        value = next(iter(value.values()))
+    shape = getattr(value, "shape", None)
+    return int(shape[0]) if shape else 0
+
+
+def _ref(loader: Any) -> Any:
+    try:
+        return weakref.ref(loader)
+    except TypeError:
+        return None
+
+
+def on_new_pass(loader: Any) -> None:
+    """A pass over ``loader`` begins: over the training loader, the next epoch."""
+    ref = _ref(loader)
+    _loop.iterated = (ref, _length(loader), getattr(loader, "batch_size", None))
+    if (_loop.loader is not None and ref is not None and ref == _loop.loader
+            and not _loop.sampler_epochs):
+        _loop.next_epoch = _loop.epoch + 1
+
+
+def on_set_epoch(epoch: int) -> None:
+    """``DistributedSampler.set_epoch(epoch)``: epoch ``epoch + 1`` begins with its first step."""
+    _loop.sampler_epochs = True
+    if isinstance(epoch, int) and epoch + 1 != _loop.epoch:
+        _loop.next_epoch = epoch + 1
+
+
+def on_step(args: tuple[Any, ...]) -> None:
+    """A training step: the DDP module was called with ``args``."""
+    if _others_report():
+        return
+    if _loop.loader is None and _loop.iterated is not None:
+        _loop.loader, _loop.steps, _loop.batch_size = _loop.iterated
+    elif _loop.iterated is not None and _loop.iterated[0] == _loop.loader:
+        _loop.steps = _loop.iterated[1]
+    if not _loop.epoch or (_loop.next_epoch and _loop.next_epoch != _loop.epoch):
+        _begin(_loop.next_epoch or _loop.epoch + 1)
+    _loop.step += 1
+    _loop.samples += _rows(args)
+    loss = _loop.loss
+    progress.report(_loop.step, _loop.steps, **({"loss": loss} if loss is not None else {}))
+
+
+def on_backward(tensor: Any) -> None:
+    """``backward()`` was called on ``tensor``: a scalar is the loss."""
+    if _loop.epoch and tensor.numel() == 1:
+        _loop.loss = tensor.detach()
+
+
+def _begin(epoch: int) -> None:
+    finish()
+    _loop.epoch, _loop.next_epoch, _loop.step, _loop.samples = epoch, 0, 0, 0
+    progress.begin_epoch(epoch, None, _loop.steps, _loop.batch_size, inferred=True)
+
+
+def finish() -> None:
+    """End the epoch under way (at the next epoch, and when the job's function returns)."""
+    if _loop.epoch and progress.is_inferred():
+        loss = _loop.loss
+        progress.end_epoch(samples=_loop.samples or None,
+                           **({"loss": loss} if loss is not None else {}))
+    _loop.epoch = 0
+
+
+def reset() -> None:
+    """Forget the loop (a warm pool's next cell is another loop)."""
+    global _loop
+    finish()
+    _loop = _Loop()
+
+
+def _length(loader: Any) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def _patch_ddp(module: Any) -> None:
+    ddp = getattr(module, "DistributedDataParallel", None)
+    if ddp is None or getattr(ddp.forward, _PATCHED, False):
+        return
+    import torch
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    forward, set_epoch, iterate = ddp.forward, DistributedSampler.set_epoch, DataLoader.__iter__
+    backward = torch.Tensor.backward
+
+    @functools.wraps(forward)
+    def ddp_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.training and torch.is_grad_enabled():
+            on_step(args)
+        return forward(self, *args, **kwargs)
+
+    @functools.wraps(set_epoch)
+    def sampler_set_epoch(self: Any, epoch: int) -> None:
+        on_set_epoch(epoch)
+        set_epoch(self, epoch)
+
+    @functools.wraps(iterate)
+    def loader_iter(self: Any) -> Any:
+        on_new_pass(self)
+        return iterate(self)
+
+    @functools.wraps(backward)
+    def tensor_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        on_backward(self)
+        return backward(self, *args, **kwargs)
+
+    for owner, name, patched in ((ddp, "forward", ddp_forward),
+                                 (DistributedSampler, "set_epoch", sampler_set_epoch),
+                                 (DataLoader, "__iter__", loader_iter),
+                                 (torch.Tensor, "backward", tensor_backward)):
+        setattr(patched, _PATCHED, True)
+        setattr(owner, name, patched)
+
+
+def install() -> None:
+    """Hook DDP, its sampler, the DataLoader and ``backward`` once ``torch`` has loaded DDP."""
+    after_import((_DDP_MODULE,), _patch_ddp)

@@ -1,0 +1,109 @@
+"""What the cell shows of the ranks' output: bars, warnings and repeats, from lines the libraries
+really printed (Lightning 2.6 with rich, transformers 5 with tqdm, PyTorch's DDP, accelerate)."""
+import io
+from pathlib import Path
+
+from hvd_magics.job.job_state import JobState
+from hvd_magics.job.output_lines import (BAR, NOISE, REPEAT, SHOW, WARNING, WARNING_CHARS,
+                                         OutputSorter)
+from hvd_magics.job.text_view import TextView
+from hvd_magics.options import VERBOSITY_DEBUG
+
+SITE = "/work/main/.venv/lib/python3.11/site-packages"
+#: Lightning's rich bar redrawn, as the rank's pipe carries it.
+RICH_BAR = ["\x1b[2KEpoch 0/1  \x1b[35m━━━━\x1b[0m\x1b[35m╸\x1b[0m\x1b[90m━━━━━━━━━━━━━\x1b[0m 1/4 "
+            "\x1b[2m0:00:00 • -:--:--\x1b[0m \x1b[2;4m0.00it/s\x1b[0m \x1b[3mv_num: 0.000 \x1b[0m",
+            "\x1b[2K\x1b[1A\x1b[2KEpoch 0/1  \x1b[35m━━━━━━━━━━━━━━━━━\x1b[0m 4/4 \x1b[2m0:00:00 • "
+            "0:00:00\x1b[0m \x1b[2;4m122.86it/s\x1b[0m \x1b[3mv_num: 0.000      \x1b[0m",
+            "\x1b[?25h"]
+DDP_WARNING = ("[rank{r}]:[W1126 07:05:11.166458255 reducer.cpp:1529] Warning: "
+               "find_unused_parameters=True was specified in DDP constructor, but did not find any "
+               "unused parameters in the forward pass. This flag results in an extra traversal of "
+               "the autograd graph every iteration, which can adversely affect performance. "
+               "(function operator())")
+ACCELERATE_WARNING = [f"{SITE}/accelerate/state.py:279: UserWarning: OMP_NUM_THREADS/"
+                      "MKL_NUM_THREADS unset, we set it at 1 to improve oob performance.",
+                      "  warnings.warn("]
+LIGHTNING_WARNING = (f"{SITE}/pytorch_lightning/utilities/_pytree.py:21: `isinstance(treespec, "
+                     "LeafSpec)` is deprecated, use `isinstance(treespec, TreeSpec) and "
+                     "treespec.is_leaf()` instead.")
+
+
+def _sorts(sorter: OutputSorter, rank: int, lines: list[str]) -> list[str]:
+    return [sorter.sort(rank, line).sort for line in lines]
+
+
+def test_bars_drawn_with_cursor_codes_or_by_tqdm_are_live_lines_without_the_codes():
+    sorter = OutputSorter()
+    assert _sorts(sorter, 0, RICH_BAR) == [BAR, BAR, NOISE]
+    assert "\x1b[2K" not in sorter.sort(0, RICH_BAR[1]).text
+    assert "4/4" in sorter.sort(0, RICH_BAR[1]).text
+    assert "\x1b[35m" in sorter.sort(0, RICH_BAR[1]).text  # its colours stay
+    for tqdm in ("100%|██████████| 8/8 [00:00<00:00, 51.69it/s]",
+                 "  0%|          | 0/8 [00:00<?, ?it/s]",
+                 "Map: 45%|████▌     | 9/20 [00:01<00:01,  8.10 examples/s]",
+                 "batches: 120it [00:03, 39.90it/s]"):
+        assert sorter.sort(0, tqdm).sort == BAR, tqdm
+    for line in ("epoch 3: loss 0.5 | acc 90%", "50% done", "x | 8/8 [a]"):
+        assert sorter.sort(0, line).sort == SHOW, line
+
+
+def test_each_kind_of_warning_is_shown_once_in_one_short_line():
+    sorter = OutputSorter()
+    first = sorter.sort(0, ACCELERATE_WARNING[0])
+    assert first == (WARNING, "UserWarning (accelerate/state.py:279): OMP_NUM_THREADS/"
+                              "MKL_NUM_THREADS unset, we set it at 1 to improve oob performance.")
+    assert sorter.sort(0, ACCELERATE_WARNING[1]).sort == NOISE  # the source line under it
+    assert _sorts(sorter, 1, ACCELERATE_WARNING) == [REPEAT, NOISE]
+    # PyTorch's C++ warning, rank 0's after its tqdm bar's unfinished line
+    ddp = sorter.sort(0, "  0%|          | 0/8 [00:00<?, ?it/s]" + DDP_WARNING.format(r=0))
+    assert ddp.sort == WARNING and ddp.text.startswith("warning (reducer.cpp:1529): find_unused")
+    assert len(ddp.text) < WARNING_CHARS + 40 and ddp.text.endswith(" ...")
+    assert sorter.sort(1, DDP_WARNING.format(r=1)).sort == REPEAT
+    # Lightning's own format has no category (and no source line: the next line is shown)
+    assert sorter.sort(0, LIGHTNING_WARNING).text.startswith(
+        "warning (pytorch_lightning/utilities/_pytree.py:21): `isinstance")
+    assert sorter.sort(0, "  indented output of the user's").sort == SHOW
+    assert sorter.warning_copies == 2
+    # a path that is not a file's, or a line number that is not one, is not a warning
+    for line in ("see notes.py:12: it says so", "/data/x.py:abc: UserWarning: no"):
+        assert sorter.sort(0, line).sort == SHOW, line
+
+
+def test_a_line_another_rank_already_showed_is_folded_and_the_end_says_so(tmp_path: Path):
+    out = io.StringIO()
+    job = JobState(2, tmp_path / "ranks.log", [TextView(stream=out)], "test")
+    for rank in (0, 1):
+        job.handle({"kind": "output", "rank": rank, "host": "h",
+                    "lines": ["Loading data...", f"rank {rank} ready", "Loading data...",
+                              *ACCELERATE_WARNING]})
+    job.end()
+    shown = out.getvalue().splitlines()
+    assert shown[:4] == ["[0] Loading data...", "[0] rank 0 ready", "[0] Loading data...",
+                         "[0] UserWarning (accelerate/state.py:279): OMP_NUM_THREADS/"
+                         "MKL_NUM_THREADS unset, we set it at 1 to improve oob performance."]
+    assert shown[4] == "[1] rank 1 ready"  # its own line; its copies of rank 0's are folded
+    assert shown[5] == (f"hvd_magics: not shown here, in {tmp_path / 'ranks.log'}: 1 more copy of "
+                        "the warnings above and 2 lines another rank had already shown")
+    assert len(shown) == 6
+    log = (tmp_path / "ranks.log").read_text()
+    assert log.count("Loading data...") == 4 and log.count("OMP_NUM_THREADS") == 2
+    # an error shows its rank's own lines, those folded here too
+    assert list(job.ranks[1].tail)[-2:] == ["Loading data...", ACCELERATE_WARNING[0]]
+
+
+def test_debug_verbosity_shows_every_line_and_a_bar_becomes_the_rank_s_live_line(tmp_path):
+    out, debug = io.StringIO(), io.StringIO()
+    job = JobState(1, tmp_path / "ranks.log", [TextView(stream=out),
+                                              TextView(VERBOSITY_DEBUG, stream=debug)], "test")
+    job.handle({"kind": "output", "rank": 0, "host": "h", "lines": RICH_BAR[:2]})
+    assert "4/4" in job.ranks[0].partial and "\x1b[1A" not in job.ranks[0].partial
+    job.end()
+    assert "Epoch 0/1" not in out.getvalue()
+    assert debug.getvalue().count("Epoch 0/1") == 2
+
+
+def test_a_line_longer_than_any_bar_or_warning_is_shown_without_being_searched():
+    sorter = OutputSorter()
+    line = "/x.py:1: UserWarning: " + "w" * 1_000_000
+    assert sorter.sort(0, line).sort == SHOW and sorter.sort(1, line).sort == SHOW
