@@ -467,3 +467,128 @@ def hf_trainer_fit(out: str):
     trainer = Trainer(model=model, args=args, train_dataset=data)
     trainer.train()
     return trainer.args.world_size, trainer.state.global_step
+
+
+def hf_trainer_as_written(out: str):
+    """Hugging Face's Trainer as a user writes it: its tqdm bar and printed logs on, an
+    evaluation each epoch; returns the last evaluation's loss and the steps."""
+    import torch
+    from transformers import (BertConfig, BertForSequenceClassification, Trainer,
+                              TrainingArguments)
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=32, num_labels=2))
+    ids = torch.randint(0, 64, (64, 8), generator=torch.Generator().manual_seed(1))
+    data = [{"input_ids": ids[i], "labels": ids[i, 0] % 2} for i in range(64)]
+    args = TrainingArguments(output_dir=out, num_train_epochs=2, per_device_train_batch_size=8,
+                             logging_steps=2, report_to=[], use_cpu=True, save_strategy="no",
+                             eval_strategy="epoch")
+    trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data[:16])
+    trainer.train()
+    return trainer.state.log_history[-2]["eval_loss"], trainer.state.global_step
+
+
+def lightning_as_written(out: str):
+    """Lightning's Trainer as a user writes it: its rich progress bar, model summary and
+    default logger on (rich is installed), on as many devices as the job has ranks."""
+    import os
+
+    import pytorch_lightning as pl
+    import torch
+
+    class Linear(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, _index):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.layer(x), y)
+            self.log("train_mse", loss, prog_bar=True)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    trainer = pl.Trainer(devices=int(os.environ["LOCAL_WORLD_SIZE"]), max_epochs=2,
+                         accelerator="cpu", default_root_dir=out)
+    trainer.fit(Linear(), torch.utils.data.DataLoader(data, batch_size=8))
+    return trainer.global_step
+
+
+def plain_ddp_loop(epochs: int = 3, rows: int = 256, batch: int = 8, set_epoch: bool = True):
+    """A DDP loop with no line of hvd_magics: a DistributedSampler (its ``set_epoch`` called
+    each epoch, or not), a validation pass under ``no_grad`` each epoch, the loss printed.
+    Returns each epoch's last training loss."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(rows, 4), torch.randn(rows, 1))
+    sampler = torch.utils.data.distributed.DistributedSampler(data)
+    loader = torch.utils.data.DataLoader(data, batch_size=batch, sampler=sampler)
+    check = torch.utils.data.DataLoader(data, batch_size=64)
+    losses = []
+    for epoch in range(epochs):
+        if set_epoch:
+            sampler.set_epoch(epoch)
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            for x, _y in check:
+                model(x)
+        model.train()
+        losses.append(loss.item())
+        print(f"epoch {epoch}: loss {loss.item():.3f}")
+    return losses
+
+
+def keras_3_on_tf_engine():
+    """Keras 3 under MultiWorkerMirroredStrategy: its ``fit`` (refused), then a custom loop of
+    ``strategy.run`` steps; returns the refusal and the first layer's weight sum per worker."""
+    import numpy as np
+    import tensorflow as tf
+
+    import keras
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    x = np.random.default_rng(strategy.cluster_resolver.task_id).random((64, 4)).astype("f4")
+    y = x.sum(1, keepdims=True)
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        optimizer = keras.optimizers.SGD(0.05)
+        optimizer.build(model.trainable_variables)
+    try:
+        model.fit(x, y, epochs=1, verbose=0)
+        refusal = None
+    except TypeError as exc:
+        refusal = f"{type(exc).__name__}: {exc}"
+    batches = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(16))
+
+    @tf.function
+    def step(xb, yb):
+        def replica(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(xb, training=True) - yb) ** 2) / 2
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        strategy.run(replica, (xb, yb))
+
+    for xb, yb in batches:
+        step(xb, yb)
+    weight = float(np.sum(model.layers[0].kernel.numpy()))
+    weights = strategy.gather(strategy.run(lambda: tf.constant([weight])), axis=0)
+    return refusal, [float(w) for w in weights.numpy()]

@@ -2,6 +2,7 @@
 a real MultiWorkerMirroredStrategy fit, failures, interrupts, pools and the drop-in."""
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -147,8 +148,13 @@ def test_uneven_collectives_under_torch_end_the_job_in_seconds_naming_both_ranks
     assert "uneven_all_reduces" in text and "same collective calls in the same order" in text
     assert took < 45, took
     out = capfd.readouterr()
-    assert (out.out + out.err).count("all_reduce gave 2.0") == 4  # two calls, two ranks
-    assert "all_reduce gave" not in (out.out + out.err).replace("all_reduce gave 2.0", "")
+    # two calls, two ranks: the log has every line; the cell shows each once (rank 1's copy of
+    # a line rank 0 showed is folded) and says it folded two
+    log = Path(last_run().log_path).read_text()
+    assert log.count("all_reduce gave 2.0") == 4
+    assert (out.out + out.err).count("all_reduce gave 2.0") == 2
+    assert "2 lines another rank had already shown" in out.out
+    assert "all_reduce gave" not in (out.out + out.err + log).replace("all_reduce gave 2.0", "")
     assert rank_processes_alive(list(last_run().pids.values())) == []
 
 
@@ -186,3 +192,14 @@ def test_uneven_collectives_under_tf_end_the_job_in_seconds_naming_both_ranks(ca
     assert "same collective calls in the same order" in text
     out = capfd.readouterr()
     assert set(re.findall(r"reduce gave (\S+)", out.out + out.err)) == {"2.0"}
+
+
+def test_keras_3_fit_under_two_tf_workers_is_refused_and_its_custom_loop_trains():
+    """Keras 3.15's fit under a MultiWorkerMirroredStrategy of two workers failed at its first
+    batch with "Attempt to convert a value (PerReplica...)" (keras-team/keras#20585): it is
+    refused before it starts, with the fix; the custom loop the fix names trains both workers
+    to the same weights."""
+    refusal, weights = HorovodRunner(np=-2, engine="tf").run(engine_jobs.keras_3_on_tf_engine)
+    assert refusal.startswith("KerasVersionError: the model is a Keras 3 model"), refusal
+    assert "keras-team/keras#20585" in refusal and "Fix: build the model" in refusal
+    assert len(weights) == 2 and weights[0] == weights[1], weights

@@ -128,3 +128,82 @@ def test_a_hugging_face_trainer_reports_epochs_and_what_it_logs(tmp_path):
     assert (begin["epochs"], begin["steps"]) == (2, 4)
     end = [e for e in view.events if e["kind"] == "epoch_end"][-1]
     assert {"loss", "learning_rate", "grad_norm"} <= set(end["metrics"]), end
+
+
+def _cell_text(capsys) -> str:
+    return capsys.readouterr().out
+
+
+def test_a_hugging_face_trainer_as_written_shows_its_epochs_and_evaluations_not_its_chatter(
+        tmp_path, capsys):
+    """The Trainer with its tqdm bar, printed logs and an evaluation each epoch: the epochs
+    carry the evaluation's loss (an epoch ends with its evaluation, as Keras' does); the cell
+    shows each kind of warning once and no bar, log dict or repeated line; the run log keeps
+    the Trainer's logs."""
+    from hvd_magics.job.runner import default_views
+    from hvd_magics.launch.payload import serialize_job
+    from tests import engine_jobs
+
+    view = Collect()
+    record = HorovodRunner(np=-2, engine="torch").run_payload(
+        serialize_job(engine_jobs.hf_trainer_as_written, {"out": str(tmp_path)}),
+        views=[view, *default_views()])
+    eval_loss, steps = record.value
+    assert steps == 8 and [row["epoch"] for row in record.epochs] == [1, 2]
+    ends = [e for e in view.events if e["kind"] == "epoch_end" and e["rank"] == 0]
+    assert [e["epoch"] for e in ends] == [1, 2]
+    assert abs(ends[-1]["metrics"]["eval_loss"] - eval_loss) < 1e-6, ends[-1]
+    assert {"loss", "learning_rate"} <= set(ends[-1]["metrics"])
+    assert not any(name.endswith("_per_second") for name in ends[-1]["metrics"])
+    shown = _cell_text(capsys)
+    for chatter in ("{'loss'", "{'eval_loss'", "it/s]", "%|", "  warnings.warn("):
+        assert chatter not in shown, shown
+    assert shown.count("find_unused_parameters") <= 1, shown  # PyTorch's warning, once
+    log = open(record.log_path, encoding="utf-8").read()
+    assert "{'loss'" in log and "'eval_loss'" in log
+
+
+def test_lightning_as_written_shows_its_summary_once_and_its_bar_only_in_the_dashboard(
+        tmp_path, capsys):
+    from hvd_magics.job.runner import default_views
+    from hvd_magics.launch.payload import serialize_job
+    from tests import engine_jobs
+
+    view = Collect()
+    record = HorovodRunner(np=-2, engine="torch").run_payload(
+        serialize_job(engine_jobs.lightning_as_written, {"out": str(tmp_path)}),
+        views=[view, *default_views()])
+    assert record.value == 8 and [row["epoch"] for row in record.epochs] == [1, 2]
+    shown = _cell_text(capsys)
+    assert shown.count("Total params") == 1, shown
+    for chatter in ("\x1b[2K", "\x1b[1A", "\x1b[?25h", "Epoch 0/1", "Tip:", "fit` stopped"):
+        assert chatter not in shown, shown
+    assert shown.count("is deprecated") <= 1, shown  # a warning of every rank's, once
+
+
+def test_a_plain_ddp_loop_is_seen_without_a_line_added(capsys):
+    """Steps from the DDP module's training calls (not its validation ones), epochs from
+    DistributedSampler.set_epoch, the loss backward() was called on: each epoch's end carries
+    the loop's own last loss; 256 rows over 2 ranks in batches of 8."""
+    from hvd_magics.launch.payload import serialize_job
+    from tests import engine_jobs
+
+    view = Collect()
+    record = HorovodRunner(np=-2, engine="torch").run_payload(
+        serialize_job(engine_jobs.plain_ddp_loop, {}), views=[view])
+    assert [row["epoch"] for row in record.epochs] == [1, 2, 3]
+    assert all(row["samples"] == 256 for row in record.epochs), record.epochs
+    ends = [e for e in view.events if e["kind"] == "epoch_end" and e["rank"] == 0]
+    assert [round(e["metrics"]["loss"], 6) for e in ends] == [round(v, 6) for v in record.value]
+    begin = next(e for e in view.events if e["kind"] == "epoch_begin")
+    assert begin["steps"] == 16
+
+
+def test_a_plain_ddp_loop_without_set_epoch_counts_passes_over_its_training_loader():
+    from hvd_magics.launch.payload import serialize_job
+    from tests import engine_jobs
+
+    record = HorovodRunner(np=-2, engine="torch").run_payload(
+        serialize_job(engine_jobs.plain_ddp_loop, {"epochs": 2, "set_epoch": False}),
+        views=[Collect()])
+    assert [(row["epoch"], row["samples"]) for row in record.epochs] == [(1, 256), (2, 256)]
