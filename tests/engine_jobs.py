@@ -592,3 +592,28 @@ def keras_3_on_tf_engine():
     weight = float(np.sum(model.layers[0].kernel.numpy()))
     weights = strategy.gather(strategy.run(lambda: tf.constant([weight])), axis=0)
     return refusal, [float(w) for w in weights.numpy()]
+
+
+def accelerate_loop(epochs: int = 3):
+    """An Accelerate loop as its docs write it (prepare, accelerator.backward, accelerator.log);
+    returns its processes, the prepared model's type and each epoch's logged loss."""
+    import torch
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(256, 4), torch.randn(256, 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    logged = []
+    for epoch in range(epochs):
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+        accelerator.log({"train_loss": loss.item(), "epoch": epoch}, step=epoch)
+        logged.append(loss.item())
+    return accelerator.num_processes, type(model).__name__, logged

@@ -9,6 +9,9 @@ samples per step from the module's calls, epochs (an epoch ends when the next on
 with the job), the latest loss. The loss stays a tensor until a report leaves the rank (at most
 a few times a second): no step waits for the device.
 
+Accelerate's loops are such loops (``prepare`` wraps the model in DDP, ``backward`` calls the
+loss's); what they give ``Accelerator.log`` (its tracker API) goes with the epoch's end too.
+
 It stays out of the way of anything that reports epochs itself (the Lightning and Hugging Face
 callbacks, ``hvd_magics.progress``): once an epoch was begun by another, it infers nothing.
 """
@@ -22,6 +25,7 @@ from hvd_magics.rank import progress
 from hvd_magics.rank.import_hooks import after_import
 
 _DDP_MODULE = "torch.nn.parallel.distributed"
+_ACCELERATE_MODULE = "accelerate.accelerator"
 _PATCHED = "_hvd_magics_loop_progress"
 
 
@@ -179,6 +183,38 @@ def _patch_ddp(module: Any) -> None:
         setattr(owner, name, patched)
 
 
+#: What Accelerate's ``log`` is given that is not a metric of the training.
+_NOT_METRICS = ("epoch", "step", "global_step")
+
+
+def on_accelerate_log(values: Any) -> None:
+    """``Accelerator.log(values)`` (its tracker API): the numbers go with the epoch's end."""
+    if not isinstance(values, dict):
+        return
+    numbers = {name: value for name, value in values.items()
+               if name not in _NOT_METRICS and not isinstance(value, bool)
+               and (isinstance(value, (int, float)) or getattr(value, "numel", lambda: 0)() == 1)}
+    if numbers:
+        progress.record(**numbers)
+
+
+def _patch_accelerate(module: Any) -> None:
+    accelerator = getattr(module, "Accelerator", None)
+    if accelerator is None or getattr(accelerator.log, _PATCHED, False):
+        return
+    log = accelerator.log
+
+    @functools.wraps(log)
+    def accelerate_log(self: Any, values: Any, *args: Any, **kwargs: Any) -> Any:
+        on_accelerate_log(values)
+        return log(self, values, *args, **kwargs)
+
+    setattr(accelerate_log, _PATCHED, True)
+    accelerator.log = accelerate_log
+
+
 def install() -> None:
-    """Hook DDP, its sampler, the DataLoader and ``backward`` once ``torch`` has loaded DDP."""
+    """Hook DDP, its sampler, the DataLoader and ``backward`` once ``torch`` has loaded DDP,
+    and Accelerate's ``log`` once it is imported."""
     after_import((_DDP_MODULE,), _patch_ddp)
+    after_import((_ACCELERATE_MODULE,), _patch_accelerate)

@@ -98,6 +98,12 @@ def report(step: int, total: int | None = None, **metrics: Any) -> None:
                      samples_per_s=rate, metrics=_floats(metrics))
 
 
+def record(**metrics: Any) -> None:
+    """Keep the latest values of ``metrics`` for the next report and the epoch's end, sending
+    nothing now (what a loop logs between its steps)."""
+    _current.metrics.update(metrics)
+
+
 def end_epoch(samples: int | None = None, **metrics: Any) -> None:
     """Say that the current epoch ended, having seen ``samples`` samples on this rank; its
     metrics are ``metrics`` over the latest ones :func:`report` was given."""

@@ -207,3 +207,19 @@ def test_a_plain_ddp_loop_without_set_epoch_counts_passes_over_its_training_load
         serialize_job(engine_jobs.plain_ddp_loop, {"epochs": 2, "set_epoch": False}),
         views=[Collect()])
     assert [(row["epoch"], row["samples"]) for row in record.epochs] == [(1, 256), (2, 256)]
+
+
+def test_an_accelerate_loop_is_seen_with_what_it_logs():
+    from hvd_magics.launch.payload import serialize_job
+    from tests import engine_jobs
+
+    view = Collect()
+    record = HorovodRunner(np=-2, engine="torch").run_payload(
+        serialize_job(engine_jobs.accelerate_loop, {}), views=[view])
+    processes, wrapped, logged = record.value
+    assert (processes, wrapped) == (2, "DistributedDataParallel")
+    assert [(row["epoch"], row["samples"]) for row in record.epochs] == [(1, 256), (2, 256),
+                                                                         (3, 256)]
+    ends = [e for e in view.events if e["kind"] == "epoch_end" and e["rank"] == 0]
+    assert [round(e["metrics"]["train_loss"], 6) for e in ends] == [round(v, 6) for v in logged]
+    assert all("epoch" not in e["metrics"] for e in ends)
