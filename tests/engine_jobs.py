@@ -617,3 +617,15 @@ def accelerate_loop(epochs: int = 3):
         accelerator.log({"train_loss": loss.item(), "epoch": epoch}, step=epoch)
         logged.append(loss.item())
     return accelerator.num_processes, type(model).__name__, logged
+
+
+def keras_3_fit():
+    """A Keras 3 ``fit`` on whichever backend ``KERAS_BACKEND`` names."""
+    import numpy as np
+
+    import keras
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(np.zeros((8, 4)), np.zeros((8, 1)), verbose=0)
+    return keras.backend.backend()

@@ -8,7 +8,9 @@ Horovod's ``init`` (``horovod.torch``, ``horovod.tensorflow``, ``horovod.tensorf
 ``tf.distribute.MultiWorkerMirroredStrategy``, except those of the rank's own engine. On the
 Horovod engine it also refuses a Keras 3 ``fit`` with Horovod's Keras callbacks or optimizer at
 once (:func:`guard_keras_3`), which Horovod 0.28 cannot train; on the tf engine, a Keras 3 ``fit``
-under a MultiWorkerMirroredStrategy of several workers, which Keras 3 cannot train.
+under a MultiWorkerMirroredStrategy of several workers, which Keras 3 cannot train; on any engine,
+a Keras 3 ``fit`` on the torch or JAX backend in a job of several ranks, which would train each
+rank alone.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import functools
 import os
 from typing import Any, Callable
 
-from hvd_magics.protocol import ENGINE_HOROVOD, ENGINE_TF, ENGINE_TORCH, ENV_ENGINE
+from hvd_magics.protocol import ENGINE_HOROVOD, ENGINE_TF, ENGINE_TORCH, ENV_ENGINE, ENV_SIZE
 from hvd_magics.rank.import_hooks import after_import
 
 #: How a user picks each engine: the magic's option and the Python keyword.
@@ -58,6 +60,16 @@ KERAS_3_MULTI_WORKER_MESSAGE = (
     "custom loop of strategy.run steps.")
 
 
+#: What a Keras 3 ``fit`` on a backend that no engine distributes fails with.
+KERAS_3_BACKEND_MESSAGE = (
+    "Keras 3's Model.fit on the {backend} backend would train each of the job's {size} ranks "
+    "alone: Keras 3 distributes fit only on TensorFlow (tf.distribute) or with "
+    "jax.distributed, which no engine of hvd_magics starts. Fix: on the torch backend wrap the "
+    "model in torch.nn.parallel.DistributedDataParallel and train it in a loop (--engine "
+    "torch), or build it with tf.keras (Keras 2 on the ranks) and fit it under Horovod or "
+    "--engine tf.")
+
+
 def _from_horovod(value: Any) -> bool:
     return type(value).__module__.startswith("horovod.")
 
@@ -65,6 +77,10 @@ def _from_horovod(value: Any) -> bool:
 def _keras_3_refusal(engine: str, model: Any, args: tuple, kwargs: dict) -> str | None:
     """Why Keras 3's ``model.fit(*args, **kwargs)`` cannot train on a rank of ``engine``
     (``None`` when it can)."""
+    backend = _keras_backend()
+    size = int(os.environ.get(ENV_SIZE, "1") or 1)
+    if backend in ("torch", "jax") and size > 1 and not _jax_distributed(backend):
+        return KERAS_3_BACKEND_MESSAGE.format(backend=backend, size=size)
     if engine == ENGINE_HOROVOD:
         callbacks = kwargs.get("callbacks") or (args[5] if len(args) > 5 else None) or []
         if any(_from_horovod(c) for c in callbacks) or \
@@ -82,10 +98,30 @@ def _keras_3_refusal(engine: str, model: Any, args: tuple, kwargs: dict) -> str 
     return None
 
 
+def _keras_backend() -> str:
+    import sys
+
+    keras = sys.modules.get("keras")
+    try:
+        return str(keras.backend.backend()) if keras is not None else ""
+    except AttributeError:
+        return ""
+
+
+def _jax_distributed(backend: str) -> bool:
+    """Whether JAX runs as several processes (``jax.distributed.initialize`` was called)."""
+    if backend != "jax":
+        return False
+    import jax
+
+    return int(jax.process_count()) > 1
+
+
 def guard_keras_3(module: Any) -> None:
     """Make Keras 3's ``Model.fit`` fail at once, before any step, where it cannot train: with
     Horovod's Keras callbacks or optimizer (which fail on Keras 3 variables after the first
-    batch), and under a MultiWorkerMirroredStrategy of several workers."""
+    batch), under a MultiWorkerMirroredStrategy of several workers, and on a backend no engine
+    distributes (torch, JAX) in a job of several ranks."""
     model = getattr(module, "Model", None)
     if model is None or getattr(model.fit, _GUARDED, False):
         return
@@ -127,8 +163,7 @@ def install() -> None:
     engine = os.environ.get(ENV_ENGINE)
     if engine not in _STARTS:
         return
-    if engine in (ENGINE_HOROVOD, ENGINE_TF):
-        after_import(("keras",), guard_keras_3)
+    after_import(("keras",), guard_keras_3)
     if engine != ENGINE_HOROVOD:
         def guard_horovod(module: Any) -> None:
             if hasattr(module, "init"):

@@ -203,3 +203,13 @@ def test_keras_3_fit_under_two_tf_workers_is_refused_and_its_custom_loop_trains(
     assert refusal.startswith("KerasVersionError: the model is a Keras 3 model"), refusal
     assert "keras-team/keras#20585" in refusal and "Fix: build the model" in refusal
     assert len(weights) == 2 and weights[0] == weights[1], weights
+
+
+def test_keras_3_fit_on_the_torch_backend_is_refused_where_it_would_train_each_rank_alone():
+    with pytest.raises(HorovodJobError, match=r"KerasVersionError: Keras 3's Model.fit on the "
+                                              r"torch backend would train each of the job's 2 "
+                                              r"ranks alone.*Fix: on the torch backend wrap"):
+        HorovodRunner(np=-2, engine="torch", env={"KERAS_BACKEND": "torch"}).run(
+            engine_jobs.keras_3_fit)
+    assert HorovodRunner(np=-1, engine="torch", env={"KERAS_BACKEND": "torch"}).run(
+        engine_jobs.keras_3_fit) == "torch"
