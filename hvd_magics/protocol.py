@@ -32,6 +32,7 @@ RESULT = "result"
 LEAVING = "leaving"
 LOG = "log"
 RUN_LOG = "run_log"
+TRACKER = "tracker"
 EPOCH_BEGIN = "epoch_begin"
 PROGRESS = "progress"
 EPOCH_END = "epoch_end"
@@ -77,6 +78,9 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
     EventKind(RUN_LOG, "rank", ("lines",),
               "lines for the run's log file only: what a library would have printed that the "
               "dashboard shows otherwise (a Trainer's logged values)"),
+    EventKind(TRACKER, "rank", ("by", "uri"),
+              "the rank records the job in MLflow itself: who asked for the run (a library with "
+              "an MLflow integration, or the cell) and its tracking URI; once per recorder"),
     EventKind(EPOCH_BEGIN, "rank", ("epoch", "epochs", "steps"), "an epoch begins"),
     EventKind(PROGRESS, "rank", ("epoch", "step", "steps", "samples_per_s", "metrics"),
               "progress within an epoch (at most 4 a second)"),

@@ -448,7 +448,7 @@ def accelerate_notebook_launcher():
     notebook_launcher(print, num_processes=2)
 
 
-def hf_trainer_fit(out: str):
+def hf_trainer_fit(out: str, report_to: tuple = ()):
     """Hugging Face's Trainer, two epochs of a one-layer BERT built from its config (nothing
     downloaded) on 64 generated sequences; returns the world size and steps it saw."""
     import torch
@@ -462,8 +462,8 @@ def hf_trainer_fit(out: str):
     ids = torch.randint(0, 64, (64, 8), generator=torch.Generator().manual_seed(1))
     data = [{"input_ids": ids[i], "labels": ids[i, 0] % 2} for i in range(64)]
     args = TrainingArguments(output_dir=out, num_train_epochs=2, per_device_train_batch_size=8,
-                             logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
-                             disable_tqdm=True)
+                             logging_steps=1, report_to=list(report_to), use_cpu=True,
+                             save_strategy="no", disable_tqdm=True)
     trainer = Trainer(model=model, args=args, train_dataset=data)
     trainer.train()
     return trainer.args.world_size, trainer.state.global_step

@@ -29,7 +29,7 @@ from importlib import metadata
 from typing import Any, Callable, Iterator
 
 from hvd_magics.errors import MlflowMissing
-from hvd_magics.protocol import ENV_MLFLOW_RETRY_S, EPOCH_BEGIN, EPOCH_END
+from hvd_magics.protocol import ENV_MLFLOW_RETRY_S, EPOCH_BEGIN, EPOCH_END, TRACKER
 
 #: How to get MLflow when a job asks for tracking without it.
 INSTALL_HINT = ("MLflow tracking needs the mlflow package in the notebook's Python: "
@@ -245,6 +245,8 @@ class MlflowTracker:
         self._size = abs(np)
         self._epoch_metrics: dict[int, dict[int, dict[str, float]]] = {}
         self._logged_epochs: set[int] = set()
+        #: Who else recorded the job in MLflow from a rank (tracker events): rank and URI.
+        self._also_recorded: dict[str, tuple[int, str]] = {}
         self._batch_size: int | None = None
         self._steps: int | None = None
         self._tasks: queue.Queue[Callable[[], None] | None] = queue.Queue()
@@ -321,6 +323,10 @@ class MlflowTracker:
     # -- the job's events (from the driver's main loop: only bookkeeping here) ----------------
     def on_event(self, job: Any, event: dict[str, Any]) -> None:
         kind = event["kind"]
+        if kind == TRACKER:
+            self._also_recorded.setdefault(str(event.get("by")), (event["rank"],
+                                                                  str(event.get("uri") or "")))
+            return
         if kind == EPOCH_BEGIN and event.get("rank") == 0 and self._steps is None:
             self._steps = event.get("steps")
         if kind != EPOCH_END or event.get("epoch") is None:
@@ -381,7 +387,8 @@ class MlflowTracker:
                 if self.default_store else ""
             url = ui_url(self.tracking_uri, self.experiment_id or "0", self.run_id)
             record.mlflow = (f"run {self.run_id} in {self.tracking_uri}{store}"
-                             + (f", {url}" if url else "") + self._incomplete())
+                             + (f", {url}" if url else "") + self._incomplete()
+                             + also_recorded(self._also_recorded))
             if self._pending and not self._worker.is_alive():
                 PENDING.add(self.tracking_uri, self.run_id, self._pending, record)
         elif self.failed:
@@ -417,6 +424,28 @@ class MlflowTracker:
             client.delete_tag(run_id, "hvd_magics.error")
         with url_not_printed():  # the summary links the run; no line from this thread
             client.set_terminated(run_id, STATUS.get(record.status, "FAILED"))
+
+
+#: How to stop each library that records the job in MLflow on its own.
+STOP_RECORDING = {
+    "transformers": "TrainingArguments(report_to=[])",
+    "pytorch_lightning": "a Trainer without MLFlowLogger",
+    "lightning": "a Trainer without MLFlowLogger",
+    "accelerate": "Accelerator() without log_with='mlflow'",
+    "the cell": "no mlflow.start_run() or autolog() in the cell",
+}
+
+
+def also_recorded(recorders: dict[str, tuple[int, str]]) -> str:
+    """What the summary adds when ranks recorded the job in MLflow themselves: who, where, and
+    how to keep one run (``""`` when none did)."""
+    if not recorders:
+        return ""
+    said = "; ".join(f"{by} on rank {rank}" + (f" in {uri}" if uri else "")
+                     for by, (rank, uri) in recorders.items())
+    stops = " or ".join(STOP_RECORDING.get(by, f"{by} without MLflow") for by in recorders)
+    return (f"; also recorded in a run of its own by {said}: one job, two runs. Keep this one "
+            f"with {stops}, or the other with --no-mlflow")
 
 
 @contextlib.contextmanager

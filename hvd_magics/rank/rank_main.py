@@ -206,7 +206,8 @@ def show_warning(message: Warning | str, category: type[Warning], filename: str,
 def run_rank() -> None:
     """Run the shipped function and report its result or its exception (never returns)."""
     from hvd_magics.rank import (engine_guard, hf_progress, keras_progress, launcher_guard,
-                                 lightning_progress, loop_progress, stack_report)
+                                 lightning_progress, loop_progress, stack_report,
+                                 tracker_watch)
 
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     stack_report.serve()
@@ -215,6 +216,7 @@ def run_rank() -> None:
     lightning_progress.install()
     hf_progress.install()
     loop_progress.install()
+    tracker_watch.install()
     engine_guard.install()
     launcher_guard.install()
     _preimport(os.environ.get(ENV_PREIMPORT, ""))

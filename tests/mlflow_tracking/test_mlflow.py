@@ -335,3 +335,23 @@ def test_a_server_killed_mid_job_gets_the_rest_of_the_run_when_it_is_back(tmp_pa
             again.wait(30)
     finally:
         mlflow.set_tracking_uri(None)
+
+
+def test_a_trainer_that_records_itself_in_mlflow_is_named_beside_the_job_s_run(tracking,
+                                                                              tmp_path):
+    """transformers' MLflowCallback (report_to=["mlflow"]) makes a run of its own from rank 0:
+    the summary says who, where, and how to keep one run."""
+    from tests import engine_jobs
+
+    uri = tracking.tracking_uri
+    HorovodRunner(np=-2, engine="torch", mlflow="hvd-tests",
+                  env={"MLFLOW_TRACKING_URI": uri}).run(
+        engine_jobs.hf_trainer_fit, out=str(tmp_path), report_to=("mlflow",))
+    record = last_run()
+    assert f"also recorded in a run of its own by transformers on rank 0 in {uri}: one job, " \
+           "two runs. Keep this one with TrainingArguments(report_to=[])" in record.mlflow, \
+        record.mlflow
+    ours = tracking.get_run(record.mlflow_run_id)
+    theirs = [run for run in tracking.search_runs([ours.info.experiment_id, "0"])
+              if run.info.run_id != ours.info.run_id and "train_loss" in run.data.metrics]
+    assert theirs, "the Trainer's own run is on the server"
