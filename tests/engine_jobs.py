@@ -629,3 +629,54 @@ def keras_3_fit():
     model.compile("sgd", "mse")
     model.fit(np.zeros((8, 4)), np.zeros((8, 1)), verbose=0)
     return keras.backend.backend()
+
+
+def trainers_given_a_shard(train):
+    """What Hugging Face's and Lightning's Trainers do with a rank's shard of ``train`` (columns
+    ``x``, a 4-float array, and ``y``): the refusals of the two that would deal it out again,
+    then Lightning with ``use_distributed_sampler=False``: the rows it trained per epoch."""
+    import os
+
+    import pytorch_lightning as pl
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+
+    refusals = []
+    rows = [{"input_ids": torch.zeros(4, dtype=torch.long), "labels": 0}] * len(train)
+    try:
+        Trainer(model=BertForSequenceClassification(BertConfig(
+                    vocab_size=8, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
+                    intermediate_size=8, max_position_embeddings=8)),
+                args=TrainingArguments(output_dir=os.getcwd(), report_to=[], use_cpu=True),
+                train_dataset=rows)
+    except ValueError as exc:
+        refusals.append(f"{type(exc).__name__}: {exc}")
+
+    class Linear(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+            self.rows = 0
+
+        def training_step(self, batch, _index):
+            x, y = batch
+            self.rows += len(x)
+            return torch.nn.functional.mse_loss(self.layer(x).squeeze(1), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def trainer(**kwargs):
+        return pl.Trainer(devices=int(os.environ["LOCAL_WORLD_SIZE"]),
+                          num_nodes=int(os.environ["GROUP_WORLD_SIZE"]), accelerator="cpu",
+                          max_epochs=1, enable_progress_bar=False, logger=False,
+                          enable_checkpointing=False, enable_model_summary=False, **kwargs)
+
+    loader = train.to_torch("x", "y", batch_size=8, shuffle=True, seed=0)
+    try:
+        trainer().fit(Linear(), loader)
+    except ValueError as exc:
+        refusals.append(f"{type(exc).__name__}: {exc}")
+    module = Linear()
+    trainer(use_distributed_sampler=False).fit(module, loader)
+    return refusals, module.rows, len(train)

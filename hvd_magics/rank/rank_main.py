@@ -206,8 +206,8 @@ def show_warning(message: Warning | str, category: type[Warning], filename: str,
 def run_rank() -> None:
     """Run the shipped function and report its result or its exception (never returns)."""
     from hvd_magics.rank import (engine_guard, hf_progress, keras_progress, launcher_guard,
-                                 lightning_progress, loop_progress, stack_report,
-                                 tracker_watch)
+                                 lightning_progress, loop_progress, shard_guard,
+                                 stack_report, tracker_watch)
 
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     stack_report.serve()
@@ -219,6 +219,7 @@ def run_rank() -> None:
     tracker_watch.install()
     engine_guard.install()
     launcher_guard.install()
+    shard_guard.install()
     _preimport(os.environ.get(ENV_PREIMPORT, ""))
     late_env, payload = decode_job(sys.stdin.buffer) or ({}, b"")
     os.environ.update(late_env)

@@ -342,7 +342,7 @@ class Shard:
                 labels = labels.astype(np.int64)
             arrays.append(labels)
         batches = _EpochBatches(self, batch_size, shuffle, seed, remainder)
-        return DataLoader(_RowGather(arrays), batch_size=None, sampler=batches)
+        return DataLoader(_RowGather(arrays, self), batch_size=None, sampler=batches)
 
 
 def _dense_lists(chunks: Sequence[Any]) -> list[Any] | None:
@@ -418,8 +418,10 @@ class _RowGather:
     against 1.2 M for indexing a torch tensor made from it), then made tensors by the loader
     without a copy."""
 
-    def __init__(self, arrays: list[np.ndarray]) -> None:
+    def __init__(self, arrays: list[np.ndarray], shard: Shard | None = None) -> None:
         self._arrays = arrays
+        #: The shard whose rows these are (a library that would deal them out again is told).
+        self.shard = shard
 
     def __len__(self) -> int:
         return len(self._arrays[0])
@@ -449,6 +451,16 @@ class _EpochBatches:
 
 
 _OPENED: dict[str, Shard] = {}
+
+
+def opened() -> list[Shard]:
+    """The shards of this job (a warm pool's cell) that this rank has opened."""
+    import json
+
+    from hvd_magics.protocol import ENV_SHARDS
+
+    paths = {d["path"] for d in json.loads(os.environ.get(ENV_SHARDS, "[]"))}
+    return [shard for path, shard in _OPENED.items() if path in paths]
 
 
 def open_shard(index: int) -> Shard:

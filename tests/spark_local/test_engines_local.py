@@ -93,3 +93,25 @@ def test_a_rank_lost_in_a_spark_job_restarts_it_on_a_new_stage_from_its_checkpoi
     assert resumed["weights"] == whole["weights"]
     assert (resumed["attempt"], resumed["start"]) == (1, 10)
     assert len(last_run().attempts) == 2 and last_run().where == "spark local[2]"
+
+
+def test_a_shard_given_to_a_trainer_that_deals_it_out_again_is_refused_with_the_fix(
+        local_spark):
+    """Hugging Face's Trainer and Lightning's (its DistributedSampler) would each train every
+    rank on half of its shard; with use_distributed_sampler=False Lightning trains every row."""
+    frame = local_spark.range(0, 100).selectExpr(
+        "array(cast(id % 7 as float), 1.0f, 0.5f, cast(id % 3 as float)) as x",
+        "cast(id % 7 as float) as y")
+    refusals, trained, rows = HorovodRunner(np=2, engine="torch").run(
+        engine_jobs.trainers_given_a_shard, train=frame)
+    assert len(refusals) == 2, refusals
+    assert refusals[0].startswith(f"ShardDealtAgainError: the Trainer's train_dataset holds this "
+                                  f"rank's shard of train ({rows} of its 100 rows), and the "
+                                  f"Trainer deals its dataset out over the 2 ranks again"), refusals
+    assert "Fix: give every rank all the rows (in the notebook, rows = train.toPandas()" \
+        in refusals[0]
+    assert refusals[1].startswith("ShardDealtAgainError: the DataLoader given to Trainer.fit "
+                                  "holds this rank's shard of train"), refusals
+    assert "Fix: Trainer(use_distributed_sampler=False, ...)" in refusals[1]
+    assert rows == 50 and trained == 50  # its shard, every row once
+    assert [row["samples"] for row in last_run().epochs] == [100]  # the DataFrame
