@@ -40,22 +40,38 @@ def _numbers(logs: dict[str, Any] | None) -> dict[str, float]:
     return out
 
 
+def _rows_per_rank(loader: Any, args: Any) -> int | None:
+    """This rank's share of the rows of an epoch: the dataset's rows over the ranks (``None``
+    without a dataset length, or when the last short batch is dropped and every step is
+    whole)."""
+    try:
+        rows = len(loader.dataset)
+    except (AttributeError, TypeError):
+        return None
+    if getattr(args, "dataloader_drop_last", False):
+        return None
+    return math.ceil(rows / max(int(getattr(args, "world_size", 1) or 1), 1))
+
+
 def _callback_class(base: type) -> type:
     class HorovodMagicsProgress(base):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
             self.steps_done = 0
             self.logged: dict[str, float] = {}
             self.samples_per_step = 0
+            #: This rank's share of the dataset's rows in an epoch (None: not known).
+            self.rows_per_rank: int | None = None
             #: Its training steps are done and the epoch waits for its evaluation, if one is due.
             self.open_epoch = False
 
-        def on_epoch_begin(self, args: Any, state: Any, control: Any, **_kwargs: Any) -> None:
+        def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self._end_epoch()
             self.steps_done = 0
             epochs = math.ceil(args.num_train_epochs) if args.max_steps <= 0 else None
             steps = (math.ceil(state.max_steps / epochs) if epochs and state.max_steps else None)
             self.samples_per_step = (args.per_device_train_batch_size *
                                      args.gradient_accumulation_steps)
+            self.rows_per_rank = _rows_per_rank(kwargs.get("train_dataloader"), args)
             progress.start_epoch(int(state.epoch or 0) + 1, epochs, steps,
                                  self.samples_per_step)
 
@@ -88,8 +104,10 @@ def _callback_class(base: type) -> type:
         def _end_epoch(self) -> None:
             if self.open_epoch:
                 self.open_epoch = False
-                progress.end_epoch(samples=self.steps_done * self.samples_per_step or None,
-                                   **self.logged)
+                samples = self.steps_done * self.samples_per_step
+                if self.rows_per_rank is not None:  # the last batch may be short
+                    samples = min(samples, self.rows_per_rank)
+                progress.end_epoch(samples=samples or None, **self.logged)
 
     return HorovodMagicsProgress
 

@@ -230,3 +230,30 @@ def test_the_tf_distribute_notebook(tmp_path):
     assert len(bars) == 2 and all(b["bar_style"] == "success" and b["value"] == b["max"] > 0
                                   for b in bars)
     assert re.search(r"\n\s+6\s+\d+\.\d+", everything)  # six epochs timed
+
+
+def test_the_hugging_face_and_lightning_notebook(tmp_path):
+    """A Hugging Face Trainer (a BERT from its config) and a Lightning Trainer on a DataFrame's
+    shards, on 2 ranks of local Spark: both learn, their epochs are in the timing, the cell
+    shows no bar, log dictionary, tip or repeated warning, and a shard handed to the Trainer is
+    refused with the fix."""
+    nb, texts, everything = _run("hugging-face-and-lightning.ipynb", tmp_path)
+    hf = float(re.search(r"Hugging Face Trainer on 2 ranks: test accuracy (\d\.\d+)",
+                         everything).group(1))
+    lightning = float(re.search(r"Lightning on 2 ranks, on the DataFrame's shards: test "
+                                r"accuracy (\d\.\d+)", everything).group(1))
+    assert hf >= 0.9 and lightning >= 0.9, (hf, lightning)
+    rows = int(re.search(r"(\d+) training rows", everything).group(1))
+    # four epochs each, every training row once per epoch (the Trainer pads none in)
+    for run in ("hf", "lightning"):
+        table = next(t for t in texts if f"on 2 ranks" in t and "epoch  wall_s  samples" in t
+                     and (run == "hf") == ("Hugging Face" in t))
+        assert [int(line.split()[-1]) for line in table.splitlines()[-4:]] == [rows] * 4, table
+    assert "ShardDealtAgainError: the Trainer's train_dataset holds this rank's shard of " \
+           "train_df" in everything
+    for chatter in ("{'loss'", "{'eval_loss'", "it/s]", "\x1b[2K", "\x1b[?25h", "Tip:",
+                    "GPU available", "fit` stopped"):
+        assert chatter not in everything, chatter
+    assert everything.count("find_unused_parameters") <= 1
+    assert everything.count("Total params") == 1  # Lightning's summary, rank 0's alone
+    assert "Traceback" not in everything and "Py4J" not in everything
