@@ -10,10 +10,17 @@ Jobs:
   trivial   init_process_group, one all_reduce, return: the launch cost (wall time of the call)
   mlp       an MNIST-shaped MLP (784-256-10) on generated data, DDP, 3 epochs of 128 steps of
             64 rows per rank; rank 0 times epochs 2 and 3 itself: steps per second
-Usage: .venv/bin/python benchmarks/engines.py [--runs 3]
+and, last (its worker nodes hold both task slots while it lives), Ray on Spark when ray is
+installed (``pip install 'ray[train]==2.60.0'``; ``--no-ray`` skips it):
+  ray       ray.util.spark.setup_ray_cluster(max_worker_nodes=2) once, then each job as Ray
+            Train's TorchTrainer(fn, ScalingConfig(num_workers=2)).fit(): the cluster stays up
+            between jobs, as our warm pool's ranks do
+Usage: .venv/bin/python benchmarks/engines.py [--runs 3] [--no-ray]
 Last line: engines ours_trivial_s=<s> pyspark_trivial_s=<s> pool_trivial_s=<s> launch_ratio=<x>
 dropin_launch_ratio=<x> steps_ratio=<x> (ratios: ours over pyspark, medians of per-run ratios
-with their min and max)
+with their min and max); with Ray: ray_setup_s=<s> ray_first_s=<s> ray_trivial_s=<s>
+cold_vs_ray=<x> (our cold job over Ray's set-up plus its first job) warm_vs_ray=<x> (our pool's
+trivial job over Ray's on its standing cluster) steps_vs_ray=<x> (our steps/s over Ray's)
 """
 from __future__ import annotations
 
@@ -71,10 +78,117 @@ def mlp(epochs: int = 3, steps: int = 128, batch: int = 64):
             "loss": loss.item()}
 
 
+def ray_job(job, result_file: str):
+    """``job`` as Ray Train's training function: rank 0 leaves its result in ``result_file``
+    (Ray Train 2.60's ``Result`` carries no metrics without a checkpoint)."""
+    def train_loop():
+        import json
+
+        import ray.train
+
+        result = job()
+        if ray.train.get_context().get_world_rank() == 0:
+            with open(result_file, "w") as out:
+                json.dump(result, out)
+
+    return train_loop
+
+
+def ray_in_its_own_process(runs: int, wall: dict, speed: dict) -> dict[str, float]:
+    """:func:`ray_candidate` in a child process with its own local session, which it needs:
+    pyspark 4.3's Python workers take the ``google`` package from Spark's jar (Ray's resource
+    probe then fails to import protobuf) unless ``site-packages`` is on ``PYTHONPATH``, and
+    with that, pyspark's TorchDistributor ranks abort. Wall times and steps/s into ``wall`` and
+    ``speed``; the set-up and first times."""
+    import json
+    import subprocess
+    import sysconfig
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (sysconfig.get_paths()["purelib"],
+                                                    env.get("PYTHONPATH")) if p)
+    child = subprocess.run([sys.executable, __file__, "--ray-only", "--runs", str(runs)],
+                           env=env, stdout=subprocess.PIPE, text=True, check=True)
+    *lines, last = child.stdout.strip().splitlines()
+    print("\n".join(lines), flush=True)
+    got = json.loads(last)
+    for job, times in got["wall"].items():
+        wall[("ray", job)] = times
+    speed["ray"] = got["speed"]
+    return got["times"]
+
+
+def ray_candidate(runs: int, wall: dict, speed: dict) -> dict[str, float]:
+    """Ray on Spark: its set-up, its first job, then ``runs`` of each job on the standing
+    cluster (wall times into ``wall``, steps/s into ``speed``); the set-up and first times."""
+    import json
+    import tempfile
+
+    import ray
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from ray.util.spark import setup_ray_cluster, shutdown_ray_cluster
+
+    result_file = os.path.join(tempfile.mkdtemp(), "result.json")
+    # `ray start` is run from PATH: the one beside this Python when the venv is not activated
+    os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable),
+                                          os.environ.get("PATH", "")])
+
+    def fit(job) -> dict:
+        TorchTrainer(ray_job(job, result_file),
+                     scaling_config=ScalingConfig(num_workers=2, use_gpu=False)).fit()
+        with open(result_file) as got:
+            return json.load(got)
+
+    began = time.perf_counter()
+    setup_ray_cluster(max_worker_nodes=2, collect_log_to_path=tempfile.mkdtemp())
+    ray.init(log_to_driver=False)
+    times = {"setup": time.perf_counter() - began}
+    began = time.perf_counter()
+    fit(trivial)
+    times["first"] = time.perf_counter() - began
+    print(f"ray      set-up {times['setup']:6.2f} s, first job {times['first']:6.2f} s",
+          flush=True)
+    try:
+        for run in range(runs):
+            for job in (trivial, mlp):
+                began = time.perf_counter()
+                result = fit(job)
+                took = time.perf_counter() - began
+                wall.setdefault(("ray", job.__name__), []).append(took)
+                if job is mlp:
+                    speed.setdefault("ray", []).append(result["steps_per_s"])
+                print(f"run {run} {job.__name__:7s} ray      {took:6.2f} s"
+                      + (f", {result['steps_per_s']:6.1f} steps/s on rank 0" if job is mlp
+                         else ""), flush=True)
+    finally:
+        ray.shutdown()
+        shutdown_ray_cluster()
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--no-ray", action="store_true", help="leave Ray on Spark out")
+    parser.add_argument("--ray-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.ray_only:  # the child of ray_in_its_own_process: its figures as JSON, last
+        import json
+
+        local_session("engines-ray")
+        wall: dict = {}
+        speed: dict = {}
+        times = ray_candidate(args.runs, wall, speed)
+        print(json.dumps({"times": times, "speed": speed["ray"],
+                          "wall": {job: t for (_, job), t in wall.items()}}))
+        return
+    try:
+        import ray  # noqa: F401
+        with_ray = not args.no_ray
+    except ImportError:
+        print("ray: not installed, left out (pip install 'ray[train]==2.60.0')")
+        with_ray = False
 
     from pyspark.ml.torch.distributor import TorchDistributor as PysparkDistributor
 
@@ -117,7 +231,8 @@ def main() -> None:
                 print(f"run {run} {job.__name__:7s} pool     {took:6.2f} s"
                       + (f", {result['steps_per_s']:6.1f} steps/s on rank 0" if job is mlp
                          else ""), flush=True)
-    for name in [*candidates, "pool"]:
+    ray_times = ray_in_its_own_process(args.runs, wall, speed) if with_ray else None
+    for name in [*candidates, "pool", *(["ray"] if ray_times else [])]:
         print(f"{name:8s} trivial median {statistics.median(wall[name, 'trivial']):5.2f} s, mlp "
               f"median {statistics.median(wall[name, 'mlp']):5.2f} s at "
               f"{statistics.median(speed[name]):6.1f} steps/s")
@@ -131,6 +246,13 @@ def main() -> None:
                        wall["pyspark", "trivial"]) + " "
           + ratio_text("mlp_wall_ratio", wall["ours", "mlp"], wall["pyspark", "mlp"]) + " "
           + ratio_text("steps_ratio", speed["ours"], speed["pyspark"]))
+    if ray_times:
+        cold = [t / (ray_times["setup"] + ray_times["first"]) for t in wall["ours", "trivial"]]
+        print(f"ray ray_setup_s={ray_times['setup']:.2f} ray_first_s={ray_times['first']:.2f} "
+              f"ray_trivial_s={statistics.median(wall['ray', 'trivial']):.2f} "
+              f"cold_vs_ray={statistics.median(cold):.3f} "
+              + ratio_text("warm_vs_ray", wall["pool", "trivial"], wall["ray", "trivial"]) + " "
+              + ratio_text("steps_vs_ray", speed["ours"], speed["ray"]))
 
 
 if __name__ == "__main__":

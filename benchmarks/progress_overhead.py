@@ -7,9 +7,15 @@
    each for ``--seconds`` s; then how long the kernel takes to answer a new cell, its memory
    before and after, and whether every line reached the log file.
 
+3. torch: np=2 ``--engine torch`` ranks run a plain DDP loop of many tiny steps (a
+   DistributedSampler, ``set_epoch``, ``backward``) with the loop's progress inferred and without
+   (HVD_MAGICS_LOOP_PROGRESS=0), interleaved; then the direct cost of one step's hooks (DDP
+   forward and ``backward``) and of one step of the Hugging Face and Lightning callbacks.
+
 Usage: .venv/bin/python benchmarks/progress_overhead.py [--runs 5] [--lines 5000] [--seconds 10]
 Last line: progress_overhead ratio=<with/without> ratio_min=<x> ratio_max=<x>
-(the median of per-run ratios, with/without in alternating order)
+torch_ratio=<with/without> torch_ratio_min=<x> torch_ratio_max=<x>
+(the medians of per-run ratios, with/without in alternating order)
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ import time
 
 from pairs import in_turn, ratio_text, local_session  # benchmarks/pairs.py
 
-from hvd_magics.protocol import ENV_KERAS_PROGRESS
+from hvd_magics.protocol import ENV_KERAS_PROGRESS, ENV_LOOP_PROGRESS
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -51,6 +57,94 @@ def keras_many_steps(steps: int = 2000):
     model.fit(x, y, batch_size=4, epochs=2, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
     return time.perf_counter() - start
+
+
+def ddp_many_steps(rows: int = 8000, batch: int = 4):
+    """A plain DDP loop (no line of ours): 2 epochs of ``rows / 2 / batch`` steps per rank; rank
+    0's own time of the two epochs after a warm-up pass."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(
+        torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.utils.data.TensorDataset(torch.randn(rows, 16), torch.randint(0, 2, (rows,)))
+    sampler = torch.utils.data.distributed.DistributedSampler(data)
+    loader = torch.utils.data.DataLoader(data, batch_size=batch, sampler=sampler)
+    start = 0.0
+    for epoch in range(3):  # the first: warm-up
+        if epoch == 1:
+            start = time.perf_counter()
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+    return time.perf_counter() - start
+
+
+def torch_per_step_costs(calls: int = 100_000) -> dict[str, float]:
+    """Seconds of one step's work in each torch hook, called directly: the DDP loop's (forward
+    and backward), Hugging Face's callback (on_step_end) and Lightning's (on_train_batch_end)."""
+    import torch
+    import pytorch_lightning as pl
+    from transformers import TrainerCallback
+
+    from hvd_magics.rank import hf_progress, lightning_progress, loop_progress, progress
+
+    loss, batch = torch.tensor(0.5, requires_grad=True), (torch.zeros(4, 16),)
+    costs = {}
+    progress.begin_epoch(1, 1, calls, 4, inferred=True)
+    loop_progress._loop.epoch = 1
+    start = time.perf_counter()
+    for _ in range(calls):
+        loop_progress.on_step(batch)
+        loop_progress.on_backward(loss)
+    costs["ddp loop hooks"] = (time.perf_counter() - start) / calls
+    loop_progress.reset()
+    hf = hf_progress._callback_class(TrainerCallback)()
+    start = time.perf_counter()
+    for _ in range(calls):
+        hf.on_step_end(None, None, None)
+    costs["Hugging Face callback"] = (time.perf_counter() - start) / calls
+
+    class Trainer:
+        num_training_batches, max_epochs, current_epoch, train_dataloader = calls, 1, 0, None
+
+    lightning = lightning_progress._callback_class(pl.Callback)()
+    lightning.on_train_epoch_start(Trainer(), None)
+    start = time.perf_counter()
+    for index in range(calls):
+        lightning.on_train_batch_end(Trainer(), None, {"loss": loss}, batch, index)
+    costs["Lightning callback"] = (time.perf_counter() - start) / calls
+    return costs
+
+
+def torch_overhead(runs: int) -> str:
+    from hvd_magics import HorovodRunner
+    from hvd_magics.launch.payload import serialize_job
+
+    spark = local_session("progress_overhead_torch")
+    on, off = [], []
+    for run in range(runs):
+        for label, times, env in in_turn(run, (("with", on, {}),
+                                               ("without", off, {ENV_LOOP_PROGRESS: "0"}))):
+            record = HorovodRunner(np=2, engine="torch", env=env).run_payload(
+                serialize_job(ddp_many_steps, {}), views=[])
+            times.append(record.value)
+            print(f"run {run + 1} torch {label:<8} loop {record.value:.3f} s", flush=True)
+    spark.stop()
+    step_s = statistics.median(off) / 2000  # 2 epochs of 1,000 steps
+    for name, cost in torch_per_step_costs().items():
+        print(f"direct: {name}: {cost * 1e6:.2f} us a step; a step of this loop takes "
+              f"{step_s * 1e3:.2f} ms -> estimated ratio {1 + cost / step_s:.4f}")
+    return ratio_text("torch_ratio", on, off)
 
 
 FLOOD_CELL = """%%horovod np=-4 -q
@@ -170,7 +264,8 @@ def main() -> None:
     args = parser.parse_args()
     flood(args.lines, args.seconds)
     ratio = overhead(args.runs)
-    print(f"progress_overhead {ratio}")
+    torch_ratio = torch_overhead(args.runs)
+    print(f"progress_overhead {ratio} {torch_ratio}")
 
 
 if __name__ == "__main__":

@@ -176,6 +176,8 @@ ENV_RANK_PYTHON = "HVD_MAGICS_RANK_PYTHON"
 ENV_WANT_TIMELINE = "HVD_MAGICS_TIMELINE"
 #: ``0`` turns off the progress callback added to every Keras ``Model.fit``.
 ENV_KERAS_PROGRESS = "HVD_MAGICS_KERAS_PROGRESS"
+#: ``0``: a plain DDP or Accelerate loop's progress is not inferred (rank/loop_progress.py).
+ENV_LOOP_PROGRESS = "HVD_MAGICS_LOOP_PROGRESS"
 #: Raises the size limit (MB) of the values a job sends back to the notebook.
 ENV_MAX_RESULT_MB = "HVD_MAGICS_MAX_RESULT_MB"
 #: Set to ``1`` by default: ``tf.keras`` is Keras 2 (tf_keras), which Horovod's Keras API needs.

@@ -21,7 +21,8 @@ from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, EPOCH_BEGIN, EPOCH_
                                  TIMELINE_CHUNK, TIMELINE_LOCAL)
 from hvd_magics.launch.backend import Backend
 from hvd_magics.rank_names import unit_of
-from hvd_magics.job.output_lines import BAR, NOISE, SHOW, WARNING, OutputSorter, plain
+from hvd_magics.job.output_lines import (BAR, NOISE, SHOW, WARNING, OutputSorter, bar_count,
+                                         plain)
 
 #: Error texts of a rank that failed only because a peer went away (not the root cause).
 _PEER_LOST = ("HorovodInternalError", "Horovod has been shut down", "Connection reset by peer",
@@ -244,7 +245,7 @@ class JobState:
             self._log.write(f"{stamp} [{state.rank}@{state.host}] {line}\n")
             sort, text = self.output.sort(state.rank, line, self.peer_lost)
             if sort == BAR:
-                state.partial = display_line(text)
+                self._bar(state, text)
                 continue
             if sort != NOISE:  # the tail is what an error shows; kept: the rank's own lines
                 state.tail.append(display_line(line))
@@ -262,7 +263,16 @@ class JobState:
             self._log.write(f"{stamp} [{state.rank}@{state.host}] {line}\n")
 
     def _on_output_partial(self, state: RankState, event: dict[str, Any]) -> None:
-        state.partial = display_line(plain(event.get("text", "")))
+        self._bar(state, plain(event.get("text", "")))
+
+    @staticmethod
+    def _bar(state: RankState, text: str) -> None:
+        """A rank's live line (a bar); its count moves the rank's steps when the rank reports
+        none itself."""
+        state.partial = display_line(text)
+        count = bar_count(text)
+        if count is not None and not state.reports_epochs:
+            state.step, state.steps = count
 
     def _on_channel_closed(self, state: RankState, event: dict[str, Any]) -> None:
         if not event.get("clean") and not state.exited:

@@ -56,6 +56,20 @@ class Sorted(NamedTuple):
     text: str
 
 
+#: Any control sequence, colours too.
+_ANY_CODE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+#: A bar's count: ``9/20 [`` (tqdm) or `` 9/20 `` with a rate or time after it (rich).
+_BAR_COUNT = re.compile(r"(?:^|[\s|])(\d+)/(\d+)(?: \[| \d+:\d\d| [\d.]+it/s)")
+
+
+def bar_count(text: str) -> tuple[int, int] | None:
+    """``(done, total)`` of a progress bar's line (``None`` when it shows no count)."""
+    match = _BAR_COUNT.search(_ANY_CODE.sub("", text))
+    if not match or int(match.group(2)) <= 0:
+        return None
+    return int(match.group(1)), int(match.group(2))
+
+
 def plain(text: str) -> str:
     """``text`` without its cursor codes (what remains is what the line shows)."""
     return _CURSOR.sub("", text)

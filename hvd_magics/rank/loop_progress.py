@@ -18,9 +18,11 @@ callbacks, ``hvd_magics.progress``): once an epoch was begun by another, it infe
 from __future__ import annotations
 
 import functools
+import os
 import weakref
 from typing import Any
 
+from hvd_magics.protocol import ENV_LOOP_PROGRESS
 from hvd_magics.rank import progress
 from hvd_magics.rank.import_hooks import after_import
 
@@ -215,6 +217,8 @@ def _patch_accelerate(module: Any) -> None:
 
 def install() -> None:
     """Hook DDP, its sampler, the DataLoader and ``backward`` once ``torch`` has loaded DDP,
-    and Accelerate's ``log`` once it is imported."""
+    and Accelerate's ``log`` once it is imported (not with ``HVD_MAGICS_LOOP_PROGRESS=0``)."""
+    if os.environ.get(ENV_LOOP_PROGRESS, "1") == "0":
+        return
     after_import((_DDP_MODULE,), _patch_ddp)
     after_import((_ACCELERATE_MODULE,), _patch_accelerate)

@@ -107,3 +107,17 @@ def test_a_line_longer_than_any_bar_or_warning_is_shown_without_being_searched()
     sorter = OutputSorter()
     line = "/x.py:1: UserWarning: " + "w" * 1_000_000
     assert sorter.sort(0, line).sort == SHOW and sorter.sort(1, line).sort == SHOW
+
+
+def test_a_bar_s_count_moves_the_rank_s_steps_unless_it_reports_its_own(tmp_path):
+    job = JobState(2, tmp_path / "ranks.log", [], "test")
+    job.handle({"kind": "output", "rank": 0, "host": "h", "lines": [RICH_BAR[0]]})
+    job.handle({"kind": "output_partial", "rank": 1, "host": "h",
+                "text": "\r 45%|####      | 9/20 [00:01<00:01,  8.10it/s]"})
+    assert (job.ranks[0].step, job.ranks[0].steps) == (1, 4)
+    assert (job.ranks[1].step, job.ranks[1].steps) == (9, 20)
+    job.handle({"kind": "epoch_begin", "rank": 1, "host": "h", "epoch": 1, "epochs": 2,
+                "steps": 50})
+    job.handle({"kind": "output_partial", "rank": 1, "host": "h", "text": "\r 10/20 [00:01"})
+    assert (job.ranks[1].step, job.ranks[1].steps) == (0, 50)  # its own report wins
+    job.end()
