@@ -87,10 +87,19 @@ class TextView:
         if kind == OUTPUT_PARTIAL and self.verbosity != VERBOSITY_LOG_CALLBACK_ONLY:
             self._partials_changed = True
             return
-        if kind == PROGRESS and self.epoch_lines:  # no dashboard: its live line says it
+        if kind == PROGRESS and self._progress_lines():  # no dashboard: its live line says it
             self._partials_changed = True
         for line in self._lines_of(job, event):
             self._add(rank, display_line(line))
+
+    def _progress_lines(self) -> bool:
+        """Whether the ranks' steps are drawn as a live line: where no dashboard shows them,
+        and the line is redrawn in place (a terminal, a notebook), not piled up in a file."""
+        if not self.epoch_lines:
+            return False
+        stream = self._stream or sys.stdout
+        isatty = getattr(stream, "isatty", lambda: False)
+        return bool(isatty()) or "ipykernel" in sys.modules
 
     def _add(self, rank: int | None, line: str) -> None:
         if len(self._head) < MAX_LINES_PER_FLUSH // 2:
@@ -156,8 +165,8 @@ class TextView:
             out.append(self._complete(job, rank, line))
         self._head = []
         self._dropped.clear()
-        live = [(r.rank, r.partial or (self.epoch_lines and r.progress_line()))
-                for r in job.ranks]
+        steps = self._progress_lines()
+        live = [(r.rank, r.partial or (steps and r.progress_line())) for r in job.ranks]
         live = [(rank, text) for rank, text in live if text]
         if (self._partials_changed or self._erased) and live:
             out.append(self._status_line(job, live))

@@ -1,6 +1,7 @@
 """What the cell shows of the ranks' output: bars, warnings and repeats, from lines the libraries
 really printed (Lightning 2.6 with rich, transformers 5 with tqdm, PyTorch's DDP, accelerate)."""
 import io
+import sys
 from pathlib import Path
 
 from hvd_magics.job.job_state import JobState
@@ -121,3 +122,27 @@ def test_a_bar_s_count_moves_the_rank_s_steps_unless_it_reports_its_own(tmp_path
     job.handle({"kind": "output_partial", "rank": 1, "host": "h", "text": "\r 10/20 [00:01"})
     assert (job.ranks[1].step, job.ranks[1].steps) == (0, 50)  # its own report wins
     job.end()
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_without_a_dashboard_a_terminal_shows_each_rank_s_steps_as_its_live_line(
+        tmp_path, monkeypatch):
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)  # not in a kernel
+    shown, piped = _Terminal(), io.StringIO()
+    job = JobState(2, tmp_path / "ranks.log", [TextView(stream=shown, epoch_lines=True),
+                                              TextView(stream=piped, epoch_lines=True)], "test")
+    for rank in (0, 1):
+        job.handle({"kind": "started", "rank": rank, "host": "h", "pid": 1})
+        job.handle({"kind": "epoch_begin", "rank": rank, "host": "h", "epoch": 1, "epochs": 2,
+                    "steps": 10})
+        job.handle({"kind": "progress", "rank": rank, "host": "h", "epoch": 1, "step": 3 + rank,
+                    "metrics": {"loss": 0.5}})
+    job.tick()
+    assert "\r[0] epoch 1/2 step 3/10 loss 0.5  [1] epoch 1/2 step 4/10 loss 0.5" in \
+        shown.getvalue(), shown.getvalue()
+    job.end()
+    assert "step 3/10" not in piped.getvalue()  # a file would pile the redraws up
