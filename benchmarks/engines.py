@@ -94,6 +94,10 @@ def ray_job(job, result_file: str):
     return train_loop
 
 
+#: What starts the line of figures the Ray child prints (Ray prints lines of its own, later too).
+_RAY_FIGURES = "ray-figures "
+
+
 def ray_in_its_own_process(runs: int, wall: dict, speed: dict) -> dict[str, float]:
     """:func:`ray_candidate` in a child process with its own local session, which it needs:
     pyspark 4.3's Python workers take the ``google`` package from Spark's jar (Ray's resource
@@ -109,9 +113,10 @@ def ray_in_its_own_process(runs: int, wall: dict, speed: dict) -> dict[str, floa
                                                     env.get("PYTHONPATH")) if p)
     child = subprocess.run([sys.executable, __file__, "--ray-only", "--runs", str(runs)],
                            env=env, stdout=subprocess.PIPE, text=True, check=True)
-    *lines, last = child.stdout.strip().splitlines()
-    print("\n".join(lines), flush=True)
-    got = json.loads(last)
+    lines = child.stdout.strip().splitlines()
+    found = [line for line in lines if line.startswith(_RAY_FIGURES)]
+    print("\n".join(line for line in lines if not line.startswith(_RAY_FIGURES)), flush=True)
+    got = json.loads(found[-1][len(_RAY_FIGURES):])
     for job, times in got["wall"].items():
         wall[("ray", job)] = times
     speed["ray"] = got["speed"]
@@ -180,8 +185,9 @@ def main() -> None:
         wall: dict = {}
         speed: dict = {}
         times = ray_candidate(args.runs, wall, speed)
-        print(json.dumps({"times": times, "speed": speed["ray"],
-                          "wall": {job: t for (_, job), t in wall.items()}}))
+        print(_RAY_FIGURES + json.dumps({"times": times, "speed": speed["ray"],
+                                         "wall": {job: t for (_, job), t in wall.items()}}),
+              flush=True)
         return
     try:
         import ray  # noqa: F401
