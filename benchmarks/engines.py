@@ -94,6 +94,22 @@ def ray_job(job, result_file: str):
     return train_loop
 
 
+def standing_runs(name: str, run_job, runs: int, wall: dict, speed: dict) -> None:
+    """``runs`` of each job through ``run_job`` (a warm pool's or a standing cluster's), timed:
+    wall times into ``wall[name, job]``, the MLP's steps/s into ``speed[name]``."""
+    for run in range(runs):
+        for job in (trivial, mlp):
+            began = time.perf_counter()
+            result = run_job(job)
+            took = time.perf_counter() - began
+            wall.setdefault((name, job.__name__), []).append(took)
+            if job is mlp:
+                speed.setdefault(name, []).append(result["steps_per_s"])
+            print(f"run {run} {job.__name__:7s} {name:8s} {took:6.2f} s"
+                  + (f", {result['steps_per_s']:6.1f} steps/s on rank 0" if job is mlp
+                     else ""), flush=True)
+
+
 #: What starts the line of figures the Ray child prints (Ray prints lines of its own, later too).
 _RAY_FIGURES = "ray-figures "
 
@@ -155,17 +171,7 @@ def ray_candidate(runs: int, wall: dict, speed: dict) -> dict[str, float]:
     print(f"ray      set-up {times['setup']:6.2f} s, first job {times['first']:6.2f} s",
           flush=True)
     try:
-        for run in range(runs):
-            for job in (trivial, mlp):
-                began = time.perf_counter()
-                result = fit(job)
-                took = time.perf_counter() - began
-                wall.setdefault(("ray", job.__name__), []).append(took)
-                if job is mlp:
-                    speed.setdefault("ray", []).append(result["steps_per_s"])
-                print(f"run {run} {job.__name__:7s} ray      {took:6.2f} s"
-                      + (f", {result['steps_per_s']:6.1f} steps/s on rank 0" if job is mlp
-                         else ""), flush=True)
+        standing_runs("ray", fit, runs, wall, speed)
     finally:
         ray.shutdown()
         shutdown_ray_cluster()
@@ -226,17 +232,7 @@ def main() -> None:
                          else ""), flush=True)
     with HorovodPool(np=2, engine="torch") as pool:
         pool.run(trivial)  # the first run joins the process group
-        for run in range(args.runs):
-            for job in (trivial, mlp):
-                began = time.perf_counter()
-                result = pool.run(job)
-                took = time.perf_counter() - began
-                wall.setdefault(("pool", job.__name__), []).append(took)
-                if job is mlp:
-                    speed.setdefault("pool", []).append(result["steps_per_s"])
-                print(f"run {run} {job.__name__:7s} pool     {took:6.2f} s"
-                      + (f", {result['steps_per_s']:6.1f} steps/s on rank 0" if job is mlp
-                         else ""), flush=True)
+        standing_runs("pool", pool.run, args.runs, wall, speed)
     ray_times = ray_in_its_own_process(args.runs, wall, speed) if with_ray else None
     for name in [*candidates, "pool", *(["ray"] if ray_times else [])]:
         print(f"{name:8s} trivial median {statistics.median(wall[name, 'trivial']):5.2f} s, mlp "

@@ -411,11 +411,9 @@ def topology_views(engine: str = "horovod"):
             for r, pid in enumerate(pids.numpy())]
 
 
-def lightning_fit(devices, num_nodes, strategy: str = "ddp"):
-    """Two epochs of a Lightning ``Trainer`` on a linear model (CPU, quiet); returns this rank's
-    global rank and world size as Lightning saw them, and the job's rank."""
-    import os
-
+def _lightning_linear(**log):
+    """A Lightning module of one linear layer (4 to 1), SGD, its MSE logged as ``train_mse``
+    with ``self.log(..., **log)``."""
     import pytorch_lightning as pl
     import torch
 
@@ -427,17 +425,29 @@ def lightning_fit(devices, num_nodes, strategy: str = "ddp"):
         def training_step(self, batch, _index):
             x, y = batch
             loss = torch.nn.functional.mse_loss(self.layer(x), y)
-            self.log("train_mse", loss, on_step=False, on_epoch=True)
+            self.log("train_mse", loss, **log)
             return loss
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
+    return Linear()
+
+
+def lightning_fit(devices, num_nodes, strategy: str = "ddp"):
+    """Two epochs of a Lightning ``Trainer`` on a linear model (CPU, quiet); returns this rank's
+    global rank and world size as Lightning saw them, and the job's rank."""
+    import os
+
+    import pytorch_lightning as pl
+    import torch
+
     data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
     trainer = pl.Trainer(devices=devices, num_nodes=num_nodes, strategy=strategy,
                          accelerator="cpu", max_epochs=2, enable_progress_bar=False,
                          enable_model_summary=False, logger=False, enable_checkpointing=False)
-    trainer.fit(Linear(), torch.utils.data.DataLoader(data, batch_size=8))
+    trainer.fit(_lightning_linear(on_step=False, on_epoch=True),
+                torch.utils.data.DataLoader(data, batch_size=8))
     return trainer.global_rank, trainer.world_size, int(os.environ["RANK"])
 
 
@@ -448,19 +458,26 @@ def accelerate_notebook_launcher():
     notebook_launcher(print, num_processes=2)
 
 
-def hf_trainer_fit(out: str, report_to: tuple = ()):
-    """Hugging Face's Trainer, two epochs of a one-layer BERT built from its config (nothing
-    downloaded) on 64 generated sequences; returns the world size and steps it saw."""
+def _tiny_bert_and_sequences():
+    """A one-layer BERT classifier built from its config (nothing downloaded) and 64 generated
+    sequences of 8 token ids, labelled by their first token's parity."""
     import torch
-    from transformers import (BertConfig, BertForSequenceClassification, Trainer,
-                              TrainingArguments)
+    from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
     model = BertForSequenceClassification(BertConfig(
         vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
         intermediate_size=32, max_position_embeddings=32, num_labels=2))
     ids = torch.randint(0, 64, (64, 8), generator=torch.Generator().manual_seed(1))
-    data = [{"input_ids": ids[i], "labels": ids[i, 0] % 2} for i in range(64)]
+    return model, [{"input_ids": ids[i], "labels": ids[i, 0] % 2} for i in range(64)]
+
+
+def hf_trainer_fit(out: str, report_to: tuple = ()):
+    """Hugging Face's Trainer, two epochs of a one-layer BERT built from its config (nothing
+    downloaded) on 64 generated sequences; returns the world size and steps it saw."""
+    from transformers import Trainer, TrainingArguments
+
+    model, data = _tiny_bert_and_sequences()
     args = TrainingArguments(output_dir=out, num_train_epochs=2, per_device_train_batch_size=8,
                              logging_steps=1, report_to=list(report_to), use_cpu=True,
                              save_strategy="no", disable_tqdm=True)
@@ -472,16 +489,9 @@ def hf_trainer_fit(out: str, report_to: tuple = ()):
 def hf_trainer_as_written(out: str):
     """Hugging Face's Trainer as a user writes it: its tqdm bar and printed logs on, an
     evaluation each epoch; returns the last evaluation's loss and the steps."""
-    import torch
-    from transformers import (BertConfig, BertForSequenceClassification, Trainer,
-                              TrainingArguments)
+    from transformers import Trainer, TrainingArguments
 
-    torch.manual_seed(0)
-    model = BertForSequenceClassification(BertConfig(
-        vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=32, max_position_embeddings=32, num_labels=2))
-    ids = torch.randint(0, 64, (64, 8), generator=torch.Generator().manual_seed(1))
-    data = [{"input_ids": ids[i], "labels": ids[i, 0] % 2} for i in range(64)]
+    model, data = _tiny_bert_and_sequences()
     args = TrainingArguments(output_dir=out, num_train_epochs=2, per_device_train_batch_size=8,
                              logging_steps=2, report_to=[], use_cpu=True, save_strategy="no",
                              eval_strategy="epoch")
@@ -498,24 +508,10 @@ def lightning_as_written(out: str):
     import pytorch_lightning as pl
     import torch
 
-    class Linear(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 1)
-
-        def training_step(self, batch, _index):
-            x, y = batch
-            loss = torch.nn.functional.mse_loss(self.layer(x), y)
-            self.log("train_mse", loss, prog_bar=True)
-            return loss
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
     data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
     trainer = pl.Trainer(devices=int(os.environ["LOCAL_WORLD_SIZE"]), max_epochs=2,
                          accelerator="cpu", default_root_dir=out)
-    trainer.fit(Linear(), torch.utils.data.DataLoader(data, batch_size=8))
+    trainer.fit(_lightning_linear(prog_bar=True), torch.utils.data.DataLoader(data, batch_size=8))
     return trainer.global_step
 
 

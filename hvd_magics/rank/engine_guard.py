@@ -19,7 +19,7 @@ import os
 from typing import Any, Callable
 
 from hvd_magics.protocol import ENGINE_HOROVOD, ENGINE_TF, ENGINE_TORCH, ENV_ENGINE, ENV_SIZE
-from hvd_magics.rank.import_hooks import after_import
+from hvd_magics.rank.import_hooks import after_import, before_call, refusing
 
 #: How a user picks each engine: the magic's option and the Python keyword.
 _HOW = {ENGINE_HOROVOD: "%%horovod without --engine (engine='horovod')",
@@ -123,20 +123,14 @@ def guard_keras_3(module: Any) -> None:
     batch), under a MultiWorkerMirroredStrategy of several workers, and on a backend no engine
     distributes (torch, JAX) in a job of several ranks."""
     model = getattr(module, "Model", None)
-    if model is None or getattr(model.fit, _GUARDED, False):
+    if model is None:
         return
-    original = model.fit
     engine = os.environ.get(ENV_ENGINE, "")
 
-    @functools.wraps(original)
-    def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
-        refusal = _keras_3_refusal(engine, self, args, kwargs)
-        if refusal:
-            raise KerasVersionError(refusal)
-        return original(self, *args, **kwargs)
+    def refusal(self: Any, *args: Any, **kwargs: Any) -> str | None:
+        return _keras_3_refusal(engine, self, args, kwargs)
 
-    setattr(fit, _GUARDED, True)
-    model.fit = fit
+    before_call(model, "fit", refusing(refusal, KerasVersionError), _GUARDED)
 
 
 def wrong_engine_message(called: str, engine: str) -> str:

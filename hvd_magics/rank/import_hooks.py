@@ -1,9 +1,10 @@
 """Patch a module right after it is imported, whenever the user's code imports it.
 
 Used by the progress hooks (:mod:`hvd_magics.rank.keras_progress`,
-:mod:`hvd_magics.rank.lightning_progress`) and the guards (:mod:`hvd_magics.rank.engine_guard`,
-:mod:`hvd_magics.rank.launcher_guard`). Several may patch one module: each patch runs, in the
-order they were asked for.
+:mod:`hvd_magics.rank.lightning_progress`, ...) and the guards (:mod:`hvd_magics.rank.engine_guard`,
+:mod:`hvd_magics.rank.launcher_guard`, ...). Several may patch one module: each patch runs, in
+the order they were asked for. :func:`after_call` and :func:`before_call` hook one method;
+:func:`refusing` makes a guard's check of a message function.
 """
 from __future__ import annotations
 
@@ -69,3 +70,30 @@ def after_call(owner: Any, name: str, then: Callable[[Any], None], mark: str) ->
 
     setattr(patched, mark, True)
     setattr(owner, name, patched)
+
+
+def before_call(owner: Any, name: str, first: Callable[..., None], mark: str) -> None:
+    """Make the method ``owner.name`` call ``first(self, *args, **kwargs)`` before it runs
+    (``first`` may raise to refuse the call), unless a patch marked ``mark`` already did."""
+    original = getattr(owner, name)
+    if getattr(original, mark, False):
+        return
+
+    @functools.wraps(original)
+    def patched(self: Any, *args: Any, **kwargs: Any) -> Any:
+        first(self, *args, **kwargs)
+        return original(self, *args, **kwargs)
+
+    setattr(patched, mark, True)
+    setattr(owner, name, patched)
+
+
+def refusing(message: Callable[..., str | None], error: type[Exception]) -> Callable[..., None]:
+    """A check that raises ``error(text)`` when ``message(...)`` gives a text (a refusal), and
+    lets the call go on when it gives ``None``."""
+    def check(*args: Any, **kwargs: Any) -> None:
+        text = message(*args, **kwargs)
+        if text is not None:
+            raise error(text)
+
+    return check

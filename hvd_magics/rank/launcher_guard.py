@@ -20,7 +20,7 @@ from typing import Any
 
 from hvd_magics.protocol import (ENGINE_TORCH, ENV_ENGINE, ENV_GROUP_WORLD_SIZE,
                                  ENV_LOCAL_WORLD_SIZE, ENV_SIZE)
-from hvd_magics.rank.import_hooks import after_call, after_import
+from hvd_magics.rank.import_hooks import after_call, after_import, refusing
 
 _LIGHTNING_TRAINERS = ("pytorch_lightning.trainer.trainer", "lightning.pytorch.trainer.trainer")
 _ACCELERATE = ("accelerate", "accelerate.launchers")
@@ -65,16 +65,11 @@ def lightning_message(trainer: Any) -> str | None:
             f"as {nodes} node{'s' if nodes != 1 else ''} of {local}. Fix: {spelling}.")
 
 
-def _check_trainer(trainer: Any) -> None:
-    message = lightning_message(trainer)
-    if message is not None:
-        raise LaunchMismatchError(message)
-
-
 def _guard_lightning(module: Any) -> None:
     trainer = getattr(module, "Trainer", None)
     if trainer is not None:
-        after_call(trainer, "__init__", _check_trainer, _GUARDED)
+        after_call(trainer, "__init__", refusing(lightning_message, LaunchMismatchError),
+                   _GUARDED)
 
 
 def _guard_accelerate(module: Any) -> None:

@@ -17,14 +17,13 @@ callbacks, ``hvd_magics.progress``): once an epoch was begun by another, it infe
 """
 from __future__ import annotations
 
-import functools
 import os
 import weakref
 from typing import Any
 
 from hvd_magics.protocol import ENV_LOOP_PROGRESS
 from hvd_magics.rank import progress
-from hvd_magics.rank.import_hooks import after_import
+from hvd_magics.rank.import_hooks import after_import, before_call
 
 _DDP_MODULE = "torch.nn.parallel.distributed"
 _ACCELERATE_MODULE = "accelerate.accelerator"
@@ -147,42 +146,22 @@ def _length(loader: Any) -> int | None:
 
 def _patch_ddp(module: Any) -> None:
     ddp = getattr(module, "DistributedDataParallel", None)
-    if ddp is None or getattr(ddp.forward, _PATCHED, False):
+    if ddp is None:
         return
     import torch
     from torch.utils.data import DataLoader
     from torch.utils.data.distributed import DistributedSampler
 
-    forward, set_epoch, iterate = ddp.forward, DistributedSampler.set_epoch, DataLoader.__iter__
-    backward = torch.Tensor.backward
-
-    @functools.wraps(forward)
-    def ddp_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.training and torch.is_grad_enabled():
+    def step(model: Any, *args: Any, **_kwargs: Any) -> None:
+        if model.training and torch.is_grad_enabled():
             on_step(args)
-        return forward(self, *args, **kwargs)
 
-    @functools.wraps(set_epoch)
-    def sampler_set_epoch(self: Any, epoch: int) -> None:
-        on_set_epoch(epoch)
-        set_epoch(self, epoch)
-
-    @functools.wraps(iterate)
-    def loader_iter(self: Any) -> Any:
-        on_new_pass(self)
-        return iterate(self)
-
-    @functools.wraps(backward)
-    def tensor_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        on_backward(self)
-        return backward(self, *args, **kwargs)
-
-    for owner, name, patched in ((ddp, "forward", ddp_forward),
-                                 (DistributedSampler, "set_epoch", sampler_set_epoch),
-                                 (DataLoader, "__iter__", loader_iter),
-                                 (torch.Tensor, "backward", tensor_backward)):
-        setattr(patched, _PATCHED, True)
-        setattr(owner, name, patched)
+    before_call(ddp, "forward", step, _PATCHED)
+    before_call(DistributedSampler, "set_epoch", lambda _sampler, epoch: on_set_epoch(epoch),
+                _PATCHED)
+    before_call(DataLoader, "__iter__", on_new_pass, _PATCHED)
+    before_call(torch.Tensor, "backward", lambda tensor, *_args, **_kwargs: on_backward(tensor),
+                _PATCHED)
 
 
 #: What Accelerate's ``log`` is given that is not a metric of the training.
@@ -202,17 +181,9 @@ def on_accelerate_log(values: Any) -> None:
 
 def _patch_accelerate(module: Any) -> None:
     accelerator = getattr(module, "Accelerator", None)
-    if accelerator is None or getattr(accelerator.log, _PATCHED, False):
-        return
-    log = accelerator.log
-
-    @functools.wraps(log)
-    def accelerate_log(self: Any, values: Any, *args: Any, **kwargs: Any) -> Any:
-        on_accelerate_log(values)
-        return log(self, values, *args, **kwargs)
-
-    setattr(accelerate_log, _PATCHED, True)
-    accelerator.log = accelerate_log
+    if accelerator is not None:
+        before_call(accelerator, "log",
+                    lambda _self, values, *_args, **_kwargs: on_accelerate_log(values), _PATCHED)
 
 
 def install() -> None:

@@ -13,11 +13,10 @@ job on ``1/size`` of the DataFrame. :func:`install` checks, on the torch engine:
 """
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from hvd_magics.rank import shard as shards
-from hvd_magics.rank.import_hooks import after_call, after_import
+from hvd_magics.rank.import_hooks import after_call, after_import, before_call, refusing
 
 _HF_TRAINER = "transformers.trainer"
 _LIGHTNING_TRAINERS = ("pytorch_lightning.trainer.trainer", "lightning.pytorch.trainer.trainer")
@@ -78,34 +77,21 @@ def lightning_message(trainer: Any, loaders: Any) -> str | None:
     return None
 
 
-def _check_hf(trainer: Any) -> None:
-    message = hf_message(trainer)
-    if message is not None:
-        raise ShardDealtAgainError(message)
-
-
 def _guard_hf(module: Any) -> None:
     trainer = getattr(module, "Trainer", None)
     if trainer is not None:
-        after_call(trainer, "__init__", _check_hf, _GUARDED)
+        after_call(trainer, "__init__", refusing(hf_message, ShardDealtAgainError), _GUARDED)
+
+
+def _fit_message(trainer: Any, _model: Any = None, train_dataloaders: Any = None, *_args: Any,
+                 **kwargs: Any) -> str | None:
+    return lightning_message(trainer, kwargs.get("train_dataloaders", train_dataloaders))
 
 
 def _guard_lightning(module: Any) -> None:
     trainer = getattr(module, "Trainer", None)
-    if trainer is None or getattr(trainer.fit, _GUARDED, False):
-        return
-    fit = trainer.fit
-
-    @functools.wraps(fit)
-    def guarded_fit(self: Any, model: Any, train_dataloaders: Any = None, *args: Any,
-                    **kwargs: Any) -> Any:
-        message = lightning_message(self, train_dataloaders)
-        if message is not None:
-            raise ShardDealtAgainError(message)
-        return fit(self, model, train_dataloaders, *args, **kwargs)
-
-    setattr(guarded_fit, _GUARDED, True)
-    trainer.fit = guarded_fit
+    if trainer is not None:
+        before_call(trainer, "fit", refusing(_fit_message, ShardDealtAgainError), _GUARDED)
 
 
 def install() -> None:

@@ -9,13 +9,12 @@ too, says so in the run's summary: one job, two runs, and how to keep one.
 """
 from __future__ import annotations
 
-import functools
 import sys
 from typing import Any
 
 from hvd_magics.protocol import TRACKER
 from hvd_magics.rank import rank_events
-from hvd_magics.rank.import_hooks import after_import
+from hvd_magics.rank.import_hooks import after_import, before_call
 
 _CLIENT_MODULE = "mlflow.tracking.client"
 _PATCHED = "_hvd_magics_tracker_watch"
@@ -37,22 +36,17 @@ def recorder() -> str:
     return "the cell"
 
 
+def _said_who(client: Any, *_args: Any, **_kwargs: Any) -> None:
+    by = recorder()
+    if by not in _said:
+        _said.add(by)
+        rank_events.emit(TRACKER, by=by, uri=str(getattr(client, "tracking_uri", "") or ""))
+
+
 def _patch_client(module: Any) -> None:
     client = getattr(module, "MlflowClient", None)
-    if client is None or getattr(client.create_run, _PATCHED, False):
-        return
-    create_run = client.create_run
-
-    @functools.wraps(create_run)
-    def watched_create_run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        by = recorder()
-        if by not in _said:
-            _said.add(by)
-            rank_events.emit(TRACKER, by=by, uri=str(getattr(self, "tracking_uri", "") or ""))
-        return create_run(self, *args, **kwargs)
-
-    setattr(watched_create_run, _PATCHED, True)
-    client.create_run = watched_create_run
+    if client is not None:
+        before_call(client, "create_run", _said_who, _PATCHED)
 
 
 def install() -> None:
