@@ -115,11 +115,12 @@ _RAY_FIGURES = "ray-figures "
 
 
 def ray_in_its_own_process(runs: int, wall: dict, speed: dict) -> dict[str, float]:
-    """:func:`ray_candidate` in a child process with its own local session, which it needs:
-    pyspark 4.3's Python workers take the ``google`` package from Spark's jar (Ray's resource
-    probe then fails to import protobuf) unless ``site-packages`` is on ``PYTHONPATH``, and
-    with that, pyspark's TorchDistributor ranks abort. Wall times and steps/s into ``wall`` and
-    ``speed``; the set-up and first times."""
+    """:func:`ray_candidate` in a child process with its own local session: pyspark 4.3's
+    Python workers take the ``google`` package from Spark's jar (Ray's resource probe then fails
+    to import protobuf) unless ``site-packages`` is on ``PYTHONPATH``, and the runs made with
+    that setting for the whole benchmark hung in pyspark's TorchDistributor (a rank aborted at
+    exit), so only Ray gets it. Wall times and steps/s into ``wall`` and ``speed``; the set-up
+    and first times."""
     import json
     import subprocess
     import sysconfig
