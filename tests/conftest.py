@@ -285,6 +285,15 @@ def rank_processes_alive(pids) -> list[int]:
     return alive
 
 
+def processes_left(pids, within: float = 10.0) -> list[int]:
+    """The pids still running once ``within`` seconds have passed or none is left (a process
+    sent SIGKILL ends a moment later, not at once)."""
+    deadline = time.monotonic() + within
+    while rank_processes_alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return rank_processes_alive(pids)
+
+
 import cloudpickle  # noqa: E402
 
 from tests import engine_jobs, estimator_models, jobs  # noqa: E402

@@ -15,7 +15,7 @@ from hvd_magics.launch.payload import serialize_job
 from hvd_magics.result_codec import ENV_MAX_RESULT_MB
 from hvd_magics.job.text_view import TextView
 from tests import jobs
-from tests.conftest import ROOT, rank_processes_alive
+from tests.conftest import ROOT, processes_left, rank_processes_alive
 
 
 class Recorder:
@@ -80,9 +80,11 @@ def test_a_clean_run_prints_no_horovod_error():
 
 
 def test_a_ranks_children_die_with_the_job():
+    """The ranks' children are killed with their process group when the ranks end (SIGKILL:
+    they end a moment later, so this waits for that, at most 10 s)."""
     pids = HorovodRunner(np=-2).run(jobs.start_children)
     assert len(pids) == 2
-    assert rank_processes_alive(pids) == []
+    assert processes_left(pids) == []
 
 
 def test_frameworks_leave_nothing_in_the_temporary_folder_but_the_users_files_stay():

@@ -1,5 +1,6 @@
 """The package layout is real: the rank side loads nothing of the notebook, job or launch side."""
 import json
+import os
 import subprocess
 import sys
 
@@ -22,6 +23,23 @@ def test_the_rank_entry_point_loads_only_the_rank_side():
     allowed = {"hvd_magics", "hvd_magics.protocol", "hvd_magics.result_codec", "hvd_magics.errors"}
     outside = {m for m in loaded if not m.startswith("hvd_magics.rank") and m not in allowed}
     assert outside == set(), outside
+
+
+def test_a_rank_starts_without_importing_a_package_the_executor_may_lack():
+    """A rank's start-up (its hooks installed) imported numpy through the shard guard: on an
+    executor whose Python lacks numpy every rank failed before the job's code ran."""
+    out = subprocess.run(
+        [sys.executable, "-c",
+         "from hvd_magics.rank import (engine_guard, hf_progress, keras_progress, launcher_guard,"
+         " lightning_progress, loop_progress, shard_guard, tracker_watch, rank_main)\n"
+         "for hook in (keras_progress, lightning_progress, hf_progress, loop_progress,"
+         " tracker_watch, engine_guard, launcher_guard, shard_guard):\n"
+         "    hook.install()\n"
+         "import sys; print(sorted(m for m in ('numpy', 'torch', 'tensorflow', 'cloudpickle',"
+         " 'pyarrow', 'mlflow') if m in sys.modules))"],
+        capture_output=True, text=True, check=True, timeout=60,
+        env={**os.environ, "HVD_MAGICS_ENGINE": "torch"})
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
 
 
 def test_a_spark_task_loads_no_notebook_or_job_code():
