@@ -522,7 +522,8 @@ def plain_ddp_loop(epochs: int = 3, rows: int = 256, batch: int = 8, set_epoch: 
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo")
+    if not dist.is_initialized():  # a warm pool's rank keeps its group
+        dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

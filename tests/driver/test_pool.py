@@ -208,3 +208,14 @@ def test_a_users_module_edited_between_cells_is_reloaded_on_the_ranks(tmp_path, 
             pool.run(jobs.module_value, name="user_helpers_mod")
         module.write_text("VALUE = 4\n")
         assert pool.run(jobs.module_value, name="user_helpers_mod") == 4
+
+
+def test_a_plain_ddp_loop_is_seen_cell_after_cell_on_a_torch_pool():
+    """The inferred epochs of one cell end with it: the next cell's loop starts at epoch 1."""
+    from tests import engine_jobs
+
+    with HorovodPool(np=-2, engine="torch") as torch_pool:
+        torch_pool.run(engine_jobs.plain_ddp_loop, epochs=2)
+        assert [(r["epoch"], r["samples"]) for r in last_run().epochs] == [(1, 256), (2, 256)]
+        torch_pool.run(engine_jobs.plain_ddp_loop, epochs=3, set_epoch=False)
+        assert [r["epoch"] for r in last_run().epochs] == [1, 2, 3]
