@@ -16,6 +16,10 @@ from hvd_magics.launch.spark_session import is_connect, is_local
 
 #: How long to wait for executors to register before saying the cluster is too small.
 SLOT_WAIT_S = 5.0
+#: On a local master, how long busy slots may take to be free before a job is refused: Spark's
+#: status tracker counts the tasks of a job that just ended (its listener bus is asynchronous)
+#: for a moment after the job's action returned.
+LOCAL_SETTLE_S = 2.0
 
 
 def task_slots(sc: Any) -> tuple[int, int]:
@@ -38,14 +42,16 @@ def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool 
                 held: int = 0, layout: "TaskLayout | None" = None) -> None:
     """Raise at once (not after Spark's ten minutes of retries) when ``np`` tasks cannot run.
 
-    On a cluster, executors may still be registering: wait up to ``wait_s`` for them.
+    On a cluster, executors may still be registering: wait up to ``wait_s`` for them. On a
+    local master, slots still busy are waited for up to :data:`LOCAL_SETTLE_S`.
     ``reads_data``: the job reads DataFrames (so the error offers no driver-only fallback).
     ``held``: slots that warm pools of this process hold, busy whatever Spark's status says.
     ``layout``: a job of several ranks per task (``np`` is then its :attr:`TaskLayout.slots`);
     its tasks must also fit the executors under its resource profile.
     """
-    if is_local(sc):
-        wait_s = 0.0
+    local = is_local(sc)
+    if local:  # no executor will register; a job that just ended may still hold its slots
+        wait_s = LOCAL_SETTLE_S
     several = layout is not None and layout.ranks_per_task > 1
     deadline = time.monotonic() + wait_s
     while True:
@@ -54,9 +60,9 @@ def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool 
         fitting = profile_slots(sc, layout) if several else None
         if free >= np and (fitting is None or fitting >= layout.tasks):
             return
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(0.25)
+        if time.monotonic() >= deadline or (local and total - held < np):
+            break  # (a local master never grows)
+        time.sleep(0.05 if local else 0.25)
     cpus = sc.getConf().get("spark.task.cpus", "1")
     if not several:
         raise not_enough_slots(np, free, total, sc.master, cpus, reads_data, held=held)

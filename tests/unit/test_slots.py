@@ -1,4 +1,6 @@
-"""Rank planning: contiguous local ranks per host, one rendezvous per job."""
+"""Rank planning: contiguous local ranks per host, one rendezvous per job; slots checked."""
+import pytest
+
 from hvd_magics.task.slots import iface_for_address, plan_ranks, slot_env
 
 
@@ -138,3 +140,53 @@ def test_the_rendezvous_stores_answers_and_clears_a_scope_once_every_rank_left_i
         assert ask("GET", "/too/many/parts")[0] == 400
     finally:
         stop_rendezvous(server)
+
+
+class _EndingJobContext:
+    """A local[2] SparkContext whose status tracker counts one task of a job that just ended
+    for its first ``busy_reads`` reads (Spark's listener bus is asynchronous)."""
+
+    master = "local[2]"
+
+    def __init__(self, busy_reads: int) -> None:
+        self.busy_reads, self.reads = busy_reads, 0
+        context = self
+
+        class _Scala:
+            def maxNumConcurrentTasks(self, _profile):  # noqa: N802 - Spark's name
+                return 2
+
+            def resourceProfileManager(self):  # noqa: N802
+                return type("Manager", (), {"defaultResourceProfile": lambda _self: None})()
+
+        class _Tracker:
+            def getActiveStageIds(self):  # noqa: N802
+                context.reads += 1
+                return [7] if context.reads <= context.busy_reads else []
+
+            def getStageInfo(self, _stage):  # noqa: N802
+                return type("Info", (), {"numActiveTasks": 1})()
+
+        self._jsc = type("Jsc", (), {"sc": lambda _self: _Scala()})()
+        self._tracker = _Tracker()
+
+    def statusTracker(self):  # noqa: N802
+        return self._tracker
+
+    def getConf(self):  # noqa: N802
+        return {"spark.task.cpus": "1"}
+
+
+def test_on_a_local_master_a_job_just_ended_is_waited_for_and_a_job_too_large_is_not():
+    """A cell right after another was refused ('np=2 needs 2 free Spark task slots ... 1 free
+    of 2'): Spark still counted the ended job's task for a moment."""
+    from hvd_magics.errors import NotEnoughSlotsError
+    from hvd_magics.launch.spark_slots import check_slots
+
+    ending = _EndingJobContext(busy_reads=3)
+    check_slots(ending, 2)
+    assert ending.reads == 4
+    too_large = _EndingJobContext(busy_reads=0)
+    with pytest.raises(NotEnoughSlotsError, match="np=3 needs 3 free Spark task slots"):
+        check_slots(too_large, 3)
+    assert too_large.reads == 1  # refused at once: a local master never grows
