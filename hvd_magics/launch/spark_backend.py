@@ -332,10 +332,20 @@ class SparkBackend:
         if self._group and not self.finished:
             if self.connect:
                 self._interrupt_connect()
-            else:
+            elif self._group_running():  # else Spark warns in the cell that it found none
                 self.sc.cancelJobGroup(self._group)
         if self._server is not None and self.finished:
             self._server.close()  # no task connects any more
+
+    def _group_running(self) -> bool:
+        """Whether a Spark job of this job's group runs now (a stop in the job's start comes
+        before Spark has one, and one that ended by itself has none left)."""
+        tracker = self.sc.statusTracker()
+        for spark_job in tracker.getJobIdsForGroup(self._group):
+            info = tracker.getJobInfo(spark_job)
+            if info is not None and info.status == "RUNNING":
+                return True
+        return False
 
     def _server_is_gone(self) -> bool:
         """Whether this Connect session's server is gone (asked once it is: it stays gone); its
