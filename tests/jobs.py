@@ -622,17 +622,28 @@ def uneven_sums(framework: str = "torch", user_join: bool = False, exit_early: b
 
 
 def rank_zero_works_alone_after_training(work_s: float = 8.0):
-    """Both ranks train; then rank 0 alone works a while with no collective (legitimate)."""
+    """Both ranks train; then rank 0 alone works a while with no collective (legitimate). Rank 0
+    also returns the CPU seconds rank 1's main thread used meanwhile (it waits to leave
+    Horovod)."""
+    import os
     import time
 
     import horovod.torch as hvd
     import torch
 
+    def main_thread_cpu_s(pid: int) -> float:
+        with open(f"/proc/{pid}/task/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
     hvd.init()
     total = float(hvd.allreduce(torch.ones(1), op=hvd.Sum).item())
+    pids = hvd.allgather_object(os.getpid())
     if hvd.rank() == 0:
-        time.sleep(work_s)
-        return total, hvd.rank(), hvd.size()
+        time.sleep(1.0)  # rank 1 is in its wait to leave by now
+        before = main_thread_cpu_s(pids[1])
+        time.sleep(work_s - 1.0)
+        return total, hvd.rank(), hvd.size(), main_thread_cpu_s(pids[1]) - before
     return total
 
 
