@@ -19,6 +19,11 @@ from tests.conftest import ROOT
 from tests.standalone import _free_port
 
 
+#: MLflow 3's server also starts a job runner and seven huey consumers (server-side jobs for its
+#: GenAI features, which no test uses): 10 processes and 20 CPU seconds a start, 2 and 6 without.
+SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
 def start_server(folder, port: int) -> subprocess.Popen:
     """A real MLflow tracking server on loopback at ``port``, keeping its runs in ``folder``;
     returns once it answers."""
@@ -28,7 +33,7 @@ def start_server(folder, port: int) -> subprocess.Popen:
          "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
          "--artifacts-destination", str(folder / "artifacts"), "--workers", "1"],
         stdout=open(folder / "server.log", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-        start_new_session=True)
+        start_new_session=True, env={**os.environ, **SERVER_ENV})
     deadline = time.monotonic() + 120
     while True:
         try:
