@@ -40,6 +40,13 @@ def guarded_barrier_task(spec_blob: bytes, rows):  # noqa: ANN001, ANN201 - runs
                           "traceback": traceback.format_exc()})
         return
     yield from (elastic_task if spec.elastic else barrier_task)(spec, rows)
+    if not spec.sources:
+        # the stage runs over spark.range (a row or two a task): read the rest, so that Spark
+        # keeps this Python worker for the next job. A worker that leaves input unread is not
+        # reused: every job forked new ones, which imported pyarrow and pandas again (0.4 CPU s
+        # a task here). A job that reads a DataFrame has read all its rows into its shards.
+        for _ in rows:
+            pass
 
 
 def arrow_barrier_task(spec_blob: bytes, batches):  # noqa: ANN001, ANN201 - runs on executors
