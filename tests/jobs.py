@@ -816,3 +816,15 @@ def module_value(name: str):
     import importlib
 
     return importlib.import_module(name).VALUE
+
+
+def task_process(out: str):
+    """Write the process id of the Spark task (a Python worker) that started this rank to
+    ``out/<rank>``: rank -> its keeper -> the task."""
+    import os
+
+    import psutil
+
+    task = psutil.Process().parent().parent()
+    with open(os.path.join(out, os.environ["HOROVOD_RANK"]), "w") as file:
+        file.write(str(task.pid))

@@ -26,7 +26,8 @@ from hvd_magics.launch.meeting_point import MeetingPoint
 from hvd_magics.launch.package_shipping import ship_package
 from hvd_magics.launch.spark_errors import (MISSING_PACKAGES_FIX, SHIPPED_MISSING_FIX,
                                             spark_error_text)
-from hvd_magics.launch.spark_session import (CONNECT_PROBE_S, check_connect_session,
+from hvd_magics.launch.spark_session import (CONNECT_PROBE_S, cancel_running_jobs,
+                                             check_connect_session,
                                              connect_server_gone, driver_address,
                                              executors_run_this_python, give_up_retries,
                                              is_connect,
@@ -332,20 +333,10 @@ class SparkBackend:
         if self._group and not self.finished:
             if self.connect:
                 self._interrupt_connect()
-            elif self._group_running():  # else Spark warns in the cell that it found none
-                self.sc.cancelJobGroup(self._group)
+            else:  # a stop in the job's start comes before Spark has a job to cancel
+                cancel_running_jobs(self.sc, self._group)
         if self._server is not None and self.finished:
             self._server.close()  # no task connects any more
-
-    def _group_running(self) -> bool:
-        """Whether a Spark job of this job's group runs now (a stop in the job's start comes
-        before Spark has one, and one that ended by itself has none left)."""
-        tracker = self.sc.statusTracker()
-        for spark_job in tracker.getJobIdsForGroup(self._group):
-            info = tracker.getJobInfo(spark_job)
-            if info is not None and info.status == "RUNNING":
-                return True
-        return False
 
     def _server_is_gone(self) -> bool:
         """Whether this Connect session's server is gone (asked once it is: it stays gone); its
