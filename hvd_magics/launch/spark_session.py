@@ -129,8 +129,8 @@ def check_connect_session(spark: Any) -> str:
                            ) from None
 
 
-def cancel_running_jobs(sc: Any, group: str) -> int:
-    """Cancel the Spark jobs of job group ``group`` that run now, one by one; how many.
+def cancel_running_jobs(sc: Any, group: str) -> None:
+    """Cancel the Spark jobs of job group ``group`` that run now, one by one.
 
     Not ``cancelJobGroup``: Spark writes ``WARN DAGScheduler: Failed to cancel job group ...
     Cannot find active jobs for it`` into the cell when the group's job ended in the meantime
@@ -138,13 +138,10 @@ def cancel_running_jobs(sc: Any, group: str) -> int:
     its id after it ended is passed over quietly.
     """
     tracker = sc.statusTracker()
-    cancelled = 0
     for spark_job in tracker.getJobIdsForGroup(group):
         info = tracker.getJobInfo(spark_job)
         if info is not None and info.status == "RUNNING":
             sc._jsc.sc().cancelJob(spark_job)  # noqa: SLF001 - pyspark has no cancelJob
-            cancelled += 1
-    return cancelled
 
 
 def embedded_spark_log() -> Path:

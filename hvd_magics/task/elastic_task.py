@@ -39,9 +39,7 @@ def elastic_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
 
     from pyspark import TaskContext
 
-    for _ in rows:  # the stage runs over spark.range(MAX): nothing to read
-        pass
-    ctx = TaskContext.get()
+    ctx = TaskContext.get()  # rows: spark.range's, read by task_entry once the task ends
     partition, attempt = ctx.partitionId(), ctx.attemptNumber()
     holder = RankHolder()
     orders: queue.Queue[dict[str, Any]] = queue.Queue()
