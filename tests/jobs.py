@@ -828,3 +828,45 @@ def task_process(out: str):
     task = psutil.Process().parent().parent()
     with open(os.path.join(out, os.environ["HOROVOD_RANK"]), "w") as file:
         file.write(str(task.pid))
+
+
+def keras_callback_timing_warnings(slow_s: float = 0.05):
+    """Two tf.keras fits: one with Horovod's broadcast callback, then one with a user's callback
+    that sleeps ``slow_s`` at each batch's end; Keras's warnings of slow callbacks in each."""
+    import logging
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+    import horovod.tensorflow.keras as hvd
+
+    hvd.init()
+
+    class Keep(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    class Slow(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            time.sleep(slow_s)  # the slowness under test, not a wait
+
+    keep = Keep()
+    logging.getLogger("tensorflow").addHandler(keep)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 20)).astype("float32")
+    y = (x[:, 0] > 0).astype("int64")
+    model = tf.keras.Sequential([tf.keras.Input((20,)), tf.keras.layers.Dense(64, activation="relu"),
+                                 tf.keras.layers.Dense(10)])
+    model.compile(hvd.DistributedOptimizer(tf.keras.optimizers.Adam(0.001)),
+                  tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    warned = {}
+    for name, callback in (("broadcast", hvd.callbacks.BroadcastGlobalVariablesCallback(0)),
+                           ("slow", Slow())):
+        keep.lines = []
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[callback])
+        warned[name] = [line for line in keep.lines if "is slow compared" in line]
+    return warned

@@ -5,11 +5,20 @@ A rank installs an import hook (:func:`install`); when ``tf_keras`` or ``keras``
 :mod:`hvd_magics.rank.progress`. The callback keeps Keras from converting batch logs to numpy
 (``_supports_tf_logs``) and converts only the few it sends. Set ``HVD_MAGICS_KERAS_PROGRESS=0``
 in the ranks' environment to turn it off.
+
+The same patch keeps Horovod's first broadcast out of Keras's check of slow callbacks:
+``BroadcastGlobalVariablesCallback`` broadcasts the weights at the end of the first batch (waiting
+for every peer's first batch), and tf_keras averages the batch-end hooks over the first batches,
+so every Keras job that used it, the README's included, printed ``Callback method
+`on_train_batch_end` is slow compared to the batch time ... Check your callbacks.`` on each rank.
+The broadcast's time is taken off the hook time Keras measured; a user's own slow callback is
+still reported.
 """
 from __future__ import annotations
 
 import functools
 import os
+import time
 from typing import Any
 
 from hvd_magics.protocol import ENV_KERAS_PROGRESS
@@ -19,6 +28,9 @@ from hvd_magics.rank.import_hooks import after_import
 _KERAS_MODULES = ("tf_keras", "keras")
 _PATCHED = "_hvd_magics_progress"
 _CALLBACK = "_hvd_magics_progress_callback"
+_TIMED = "_hvd_magics_broadcast_timed"
+#: Seconds Horovod's broadcast callbacks spent in the batch hook Keras is calling now.
+_broadcast_s = [0.0]
 
 
 def _batch_size(args: tuple, kwargs: dict[str, Any]) -> int | None:
@@ -73,6 +85,44 @@ def _elastic_epochs_done(callbacks: list[Any]) -> int:
     return 0
 
 
+def _time_broadcast(callback: Any) -> None:
+    """Count the time ``callback`` (Horovod's ``BroadcastGlobalVariablesCallback``) spends in its
+    one broadcast, for :func:`_patch_timing_check` to take off."""
+    if not hasattr(callback, "broadcast_done") or getattr(callback, _TIMED, False):
+        return
+    hook = callback.on_batch_end
+
+    def on_batch_end(batch: int, logs: Any = None) -> None:
+        start = time.time()
+        try:
+            hook(batch, logs)
+        finally:
+            _broadcast_s[0] += time.time() - start
+
+    callback.on_batch_end = on_batch_end
+    setattr(callback, _TIMED, True)
+
+
+def _patch_timing_check(callbacks: Any) -> None:
+    """Take the broadcast's time off the batch hook time tf_keras's ``CallbackList`` measured
+    (its ``_hook_times``; Keras 3 has no such check and nothing is patched there)."""
+    callback_list = getattr(callbacks, "CallbackList", None)
+    helper = getattr(callback_list, "_call_batch_hook_helper", None)
+    if helper is None or getattr(helper, _PATCHED, False):
+        return
+
+    @functools.wraps(helper)
+    def call_batch_hooks(self: Any, hook_name: str, batch: int, logs: Any) -> None:
+        _broadcast_s[0] = 0.0
+        helper(self, hook_name, batch, logs)
+        times = getattr(self, "_hook_times", {}).get(hook_name) if _broadcast_s[0] else None
+        if times:
+            times[-1] = max(0.0, times[-1] - _broadcast_s[0])
+
+    setattr(call_batch_hooks, _PATCHED, True)
+    callback_list._call_batch_hook_helper = call_batch_hooks  # noqa: SLF001
+
+
 def patch_keras(module: Any) -> None:
     """Give ``module.Model.fit`` (tf_keras or keras) the progress callback, once."""
     model = getattr(module, "Model", None)
@@ -81,11 +131,14 @@ def patch_keras(module: Any) -> None:
         return
     callback_class = _callback_class(callbacks.Callback)
     setattr(module, _CALLBACK, callback_class)
+    _patch_timing_check(callbacks)
     original = model.fit
 
     @functools.wraps(original)
     def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
         given = list(kwargs.get("callbacks") or (args[5] if len(args) > 5 else None) or [])
+        for callback in given:
+            _time_broadcast(callback)
         if not any(isinstance(c, callback_class) for c in given):
             offset = 0 if kwargs.get("initial_epoch") else _elastic_epochs_done(given)
             given.append(callback_class(_batch_size(args, kwargs), offset=offset))

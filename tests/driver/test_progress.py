@@ -223,3 +223,12 @@ def test_an_accelerate_loop_is_seen_with_what_it_logs():
     ends = [e for e in view.events if e["kind"] == "epoch_end" and e["rank"] == 0]
     assert [round(e["metrics"]["train_loss"], 6) for e in ends] == [round(v, 6) for v in logged]
     assert all("epoch" not in e["metrics"] for e in ends)
+
+
+def test_horovods_first_broadcast_is_not_called_a_slow_callback_but_a_users_slow_one_is():
+    """Every Keras job with BroadcastGlobalVariablesCallback (the README's) printed tf_keras's
+    'Callback method `on_train_batch_end` is slow compared to the batch time' on each rank: the
+    broadcast at the first batch's end waits for every peer, and Keras averages it in."""
+    warned = HorovodRunner(np=-2).run(jobs.keras_callback_timing_warnings, slow_s=0.05)
+    assert warned["broadcast"] == [], warned
+    assert len(warned["slow"]) == 1 and "`on_train_batch_end` is slow" in warned["slow"][0], warned
