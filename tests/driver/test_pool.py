@@ -26,6 +26,17 @@ def test_runs_share_the_same_processes_and_what_they_kept(pool):
     assert "2 warm ranks on driver" in repr(pool) and "2 cells run" in repr(pool)
 
 
+def test_an_idle_pool_leaves_the_cores_alone(pool):
+    """Horovod's timeline writer (rank 0, whenever HOROVOD_TIMELINE is set; a pool's ranks start
+    with DYNAMIC so that a cell can ask for a timeline) waited for records in a loop of
+    sched_yield: an idle pool of 2 ranks used 1.5 CPU s a second, rank 0 most of it."""
+    pool.run(jobs.pool_cpu_mark)
+    idle_s = 3.0
+    time.sleep(idle_s)  # the idle time being measured, not a wait for a condition
+    used = pool.run(jobs.pool_cpu_since_mark)
+    assert used < 0.25 * idle_s, f"rank 0 used {used:.2f} CPU s in {idle_s} s between cells"
+
+
 def test_a_runs_environment_is_its_own(pool):
     assert HorovodRunner(np=-2, env={"HVD_TEST_X": "1"}, pool=pool).run(
         jobs.environment_value, name="HVD_TEST_X") == "1"
