@@ -29,7 +29,7 @@ from hvd_magics.launch.spark_backend import (CANCEL_AFTER_S, STATUS_SCHEMA, Spar
                                              barrier_function)
 from hvd_magics.launch.environment_shipping import EnvironmentChoice
 from hvd_magics.launch.spark_errors import spark_error_text
-from hvd_magics.launch.spark_session import cancel_running_jobs, is_local
+from hvd_magics.launch.spark_session import is_local
 from hvd_magics.launch.spark_slots import SLOT_WAIT_S, not_enough_slots, task_slots
 from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, ENV_GLOO_TIMEOUT,
                                  ENV_HOROVOD_ELASTIC, ENV_HOROVOD_GLOO_IFACE, ENV_LIVE, EXIT,
@@ -395,10 +395,7 @@ class ElasticSparkBackend(SparkBackend):
             self._thread.join(CANCEL_AFTER_S)
         if self._group and self._thread is not None and self._thread.is_alive():
             self._cancelled = True
-            if self.connect:
-                self.spark.interruptTag(self._group)
-            else:
-                cancel_running_jobs(self.sc, self._group)
+            self._cancel_stage()
 
     def _initial_size(self) -> int:
         """How many ranks to start with: the free task slots now, within ``MIN:MAX``."""

@@ -331,12 +331,17 @@ class SparkBackend:
                     time.monotonic() - began < CANCEL_LATE_TASKS_AFTER_S:
                 self._thread.join(0.1)
         if self._group and not self.finished:
-            if self.connect:
-                self._interrupt_connect()
-            else:  # a stop in the job's start comes before Spark has a job to cancel
-                cancel_running_jobs(self.sc, self._group)
+            self._cancel_stage()
         if self._server is not None and self.finished:
             self._server.close()  # no task connects any more
+
+    def _cancel_stage(self) -> None:
+        """Cancel this job's Spark stage: by its tag on Connect, else the group's jobs that run
+        now, by id (a stop in the job's start comes before Spark has one to cancel)."""
+        if self.connect:
+            self._interrupt_connect()
+        else:
+            cancel_running_jobs(self.sc, self._group)
 
     def _server_is_gone(self) -> bool:
         """Whether this Connect session's server is gone (asked once it is: it stays gone); its
