@@ -37,6 +37,7 @@ EPOCH_BEGIN = "epoch_begin"
 PROGRESS = "progress"
 EPOCH_END = "epoch_end"
 STACKS = "stacks"
+IMPORTED = "imported"
 # -- sent by the supervisor -------------------------------------------------------------------
 SHARDING = "sharding"
 TASK_STARTED = "task_started"
@@ -91,6 +92,10 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
               "(hvd_magics.rank.stack_report): per thread its name and frames, outermost first, "
               "each [file, line, function, code, kind] with kind 'user' or 'library' (hvd_magics' "
               "own frames left out); others: how many threads showed no frame of the user's"),
+    EventKind(IMPORTED, "rank", ("modules",),
+              "the frameworks of ZYGOTE_MODULES the job imported, at its end; its supervisor "
+              "keeps this to itself (the next rank of its environment starts from a zygote that "
+              "has imported them: hvd_magics.task.zygotes)"),
     EventKind(SHARDING, "supervisor", ("partition", "hostname"),
               "the Spark task receives its rows of the job's DataFrames (its data arrives)"),
     EventKind(TASK_STARTED, "supervisor",
@@ -248,6 +253,35 @@ ENV_TF_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
 ENV_PYSPARK_PYTHON, ENV_PYSPARK_DRIVER_PYTHON = "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"
 #: The module a rank process runs (``python -m``).
 RANK_MODULE = "hvd_magics.rank.rank_main"
+
+# -- a zygote: a process that imported a job's frameworks once and forks ranks ----------------
+#: The module a zygote runs (``python -m``; hvd_magics.rank.zygote).
+ZYGOTE_MODULE = "hvd_magics.rank.zygote"
+#: ``0`` starts every rank as a fresh interpreter (no zygote), on the driver or in a task.
+ENV_ZYGOTE = "HVD_MAGICS_ZYGOTE"
+#: Seconds a zygote without a rank to start waits before it ends (default 600).
+ENV_ZYGOTE_IDLE_S = "HVD_MAGICS_ZYGOTE_IDLE_S"
+#: Set for the zygote process only: the file descriptor of its socket to its owner, and the
+#: comma-separated modules it imports before it starts ranks.
+ENV_ZYGOTE_FD, ENV_ZYGOTE_IMPORTS = "HVD_MAGICS_ZYGOTE_FD", "HVD_MAGICS_ZYGOTE_IMPORTS"
+#: What a zygote says to its owner once it has imported its modules (then the frameworks of
+#: ZYGOTE_MODULES it holds, comma-separated); what its owner says when it will send no more ranks
+#: (the zygote ends once the ranks it started have); and what asks it for a zygote that imports
+#: more (then the modules; a socket to the owner comes with it, which the new zygote serves).
+ZYGOTE_READY, ZYGOTE_RETIRE, ZYGOTE_GROW = b"ready", b"retire", b"grow "
+#: The only modules a zygote imports, in this order: installed frameworks that take a second or
+#: more to import. Never the user's own modules, which may change between jobs.
+ZYGOTE_MODULES = ("numpy", "pandas", "pyarrow", "scipy", "sklearn", "torch", "torchvision",
+                  "horovod.torch", "tensorflow", "tf_keras", "keras", "horovod.tensorflow",
+                  "horovod.tensorflow.keras", "horovod.keras", "transformers", "accelerate",
+                  "lightning", "pytorch_lightning", "mlflow")
+#: The environment variables a rank's framework reads only once the job runs, so ranks that
+#: differ only in these start from one zygote (any other difference: a zygote of their own).
+#: ``PYTEST_CURRENT_TEST`` names the test that runs (pytest's): read by nothing on import.
+ZYGOTE_LATE_ENV_PREFIXES = ("HOROVOD_", "HVD_MAGICS_")
+ZYGOTE_LATE_ENV = (ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_TF_CONFIG, ENV_TORCH_RANK, ENV_WORLD_SIZE,
+                   ENV_LOCAL_RANK, ENV_LOCAL_WORLD_SIZE, ENV_GROUP_RANK, ENV_GROUP_WORLD_SIZE,
+                   ENV_NODE_RANK, ENV_GLOO_SOCKET_IFNAME, CUDA_VISIBLE_DEVICES, "PYTEST_CURRENT_TEST")
 
 # -- the columns that carry a job's DataFrames to its barrier stage -----------------------------
 #: ``__source`` is the DataFrame's index, ``__key`` sends the row to its task, ``__s<index>``

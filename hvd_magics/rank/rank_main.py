@@ -20,6 +20,7 @@ import contextlib
 import datetime
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -28,7 +29,8 @@ import warnings
 from typing import Any
 
 from hvd_magics.protocol import (ENV_CONTROL_FD, ENV_HOROVOD_RANK, ENV_PREIMPORT, ENV_RANK,
-                                 ENV_RANK_TMPDIR, ERROR, LEAVING, RESULT, STARTED, decode_job)
+                                 ENV_RANK_TMPDIR, ERROR, IMPORTED, LEAVING, RESULT, STARTED,
+                                 ZYGOTE_MODULES, decode_job)
 from hvd_magics.rank import rank_events
 from hvd_magics.rank.process_group import die_with_parent, killpg
 from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, use_tmpdir
@@ -176,7 +178,14 @@ def report_error(exc: BaseException) -> None:
                      traceback=_format_exception(exc))
 
 
+def report_imports() -> None:
+    """Tell the supervisor which frameworks of :data:`ZYGOTE_MODULES` the job imported (the
+    next rank of this environment may then start from a zygote that has them)."""
+    rank_events.emit(IMPORTED, modules=[name for name in ZYGOTE_MODULES if name in sys.modules])
+
+
 def _fail(exc: BaseException, code: int = 1) -> None:
+    report_imports()
     report_error(exc)
     rank_events.close()
     os._exit(code)
@@ -256,6 +265,7 @@ def run_rank() -> None:
     parts, failure, code = run_job(payload)
     if failure is not None:
         _fail(failure, code)
+    report_imports()
     rank_events.emit(LEAVING)
     end_engine()
     sys.stdout.flush()
@@ -276,9 +286,13 @@ def _exit_like(status: int) -> None:
     os._exit(os.waitstatus_to_exitcode(status) if not os.WIFSIGNALED(status) else 1)
 
 
-def keep(child: int, tmpdir: str | None = None) -> None:
+def keep(child: int, tmpdir: str | None = None, report: socket.socket | None = None) -> None:
     """The keeper: wait for the rank ``child``, kill its process group, exit as it did; stopped
-    (its supervisor is gone), it also tidies the rank's temporary folder ``tmpdir``."""
+    (its supervisor is gone), it also tidies the rank's temporary folder ``tmpdir``.
+
+    A keeper a zygote forked (:mod:`hvd_magics.rank.zygote`) is not its supervisor's child:
+    it writes ``exit CODE`` to ``report`` for the supervisor, and stops when the supervisor
+    closes its end."""
     def stop(_sig: int, _frame: object) -> None:
         killpg(child)
         clean_rank_tmpdir(tmpdir)
@@ -288,9 +302,23 @@ def keep(child: int, tmpdir: str | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if os.getppid() == 1:  # the supervisor died before PR_SET_PDEATHSIG was set
         stop(signal.SIGTERM, None)
+    if report is not None:
+        threading.Thread(target=_stop_when_closed, args=(report,), daemon=True).start()
     _, status = os.waitpid(child, 0)
     killpg(child)
+    if report is not None:
+        with contextlib.suppress(OSError):
+            report.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
     _exit_like(status)
+
+
+def _stop_when_closed(report: socket.socket) -> None:
+    """The keeper's watch on its supervisor's socket: closed, the keeper stops (as
+    ``PR_SET_PDEATHSIG`` stops a keeper the supervisor started itself)."""
+    with contextlib.suppress(OSError):
+        while report.recv(64):
+            pass
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _close_control_fd() -> None:
@@ -300,18 +328,33 @@ def _close_control_fd() -> None:
             os.close(int(fd))
 
 
-def main() -> None:
-    """Fork the rank into its own process group and keep it."""
+def _fresh_random_state() -> None:
+    """Seed the global generators a fork would share with its siblings again (numpy's and
+    torch's, when a zygote imported them; Python's ``random`` does it itself after a fork), so
+    that a rank draws what a fresh process would."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()
+
+
+def main(report: socket.socket | None = None) -> None:
+    """Fork the rank into its own process group and keep it (``report``: see :func:`keep`)."""
     keeper = os.getpid()
     tmpdir = os.environ.get(ENV_RANK_TMPDIR)
     child = os.fork()
     if child == 0:
+        if report is not None:
+            report.close()
         if tmpdir:
             use_tmpdir(tmpdir)
         os.setpgid(0, 0)
         die_with_parent()
         if os.getppid() != keeper:
             os._exit(ORPHANED_EXIT)
+        _fresh_random_state()
         run_rank()
     else:
         try:
@@ -320,7 +363,7 @@ def main() -> None:
             pass
         os.close(0)  # the payload is the rank's to read
         _close_control_fd()  # and so are the stack requests
-        keep(child, tmpdir)
+        keep(child, tmpdir, report)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,10 @@ from typing import Any, Callable
 from hvd_magics.rank.cell_timeline import timeline_chunks
 from hvd_magics.rank.process_group import die_with_parent, killpg
 from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, make_rank_tmpdir
+from hvd_magics.task.zygotes import ZYGOTES, ZygoteRank
 from hvd_magics.protocol import (CELL_END, CELL_END_LINE, ENV_CONTROL_FD, ENV_EVENT_FD,
-                                 ENV_HOROVOD_TIMELINE, ENV_LEGACY_KERAS, ENV_RANK_PYTHON,
+                                 ENV_HOROVOD_TIMELINE, ENV_LEGACY_KERAS, ENV_PREIMPORT,
+                                 ENV_RANK_PYTHON, IMPORTED,
                                  ENV_RANK_TMPDIR, ENV_WANT_TIMELINE, EXIT, OUTPUT, OUTPUT_PARTIAL, RANK_MODULE,
                                  STARTED, TIMELINE_CHUNK, TIMELINE_LOCAL, encode_job)
 
@@ -117,8 +119,12 @@ class RankProcess:
         self._tmpdir = make_rank_tmpdir()
         if self._tmpdir:
             env[ENV_RANK_TMPDIR] = self._tmpdir
-        self._proc = subprocess.Popen(
-            [env.get(ENV_RANK_PYTHON) or sys.executable, "-u", "-m", RANK_MODULE],
+        self._python = env.get(ENV_RANK_PYTHON) or sys.executable
+        self._env = env
+        self._proc: subprocess.Popen | ZygoteRank = ZYGOTES.start_rank(
+            self._python, env, env.get(ENV_PREIMPORT, "").split(","), write_fd, control_read,
+        ) or subprocess.Popen(
+            [self._python, "-u", "-m", RANK_MODULE],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             env=env, pass_fds=(write_fd, control_read), start_new_session=True,
             preexec_fn=_keeper_dies_with_supervisor if sys.platform.startswith("linux") else None,
@@ -249,6 +255,9 @@ class RankProcess:
                     continue
                 if kind == STARTED:
                     self.rank_pid = event.get("pid")
+                if kind == IMPORTED:  # for this process's zygotes, not for the driver
+                    ZYGOTES.learn(self._python, self._env, list(event.get("modules") or ()))
+                    continue
                 self._sink(kind, **event)
 
     def wait(self) -> int:
