@@ -893,3 +893,40 @@ def keras_callback_timing_warnings(slow_s: float = 0.05):
         model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[callback])
         warned[name] = [line for line in keep.lines if "is slow compared" in line]
     return warned
+
+
+def zygote_draws():
+    """Every rank's draws from Python's, numpy's and torch's global generators, whether its
+    process was forked from a zygote (rank -> keeper -> zygote), and that zygote's pid."""
+    import os
+    import random
+
+    import horovod.torch as hvd
+    import numpy as np
+    import psutil
+    import torch
+
+    from hvd_magics.protocol import ZYGOTE_MODULE
+
+    hvd.init()
+    above = psutil.Process().parent().parent()
+    zygote = above.pid if ZYGOTE_MODULE in " ".join(above.cmdline()) else None
+    mine = {"draws": (random.random(), float(np.random.rand()), float(torch.rand(1))),
+            "zygote": zygote, "pid": os.getpid()}
+    return hvd.allgather_object(mine)
+
+
+def zygote_setting(name: str):
+    """The variable ``name`` as this rank sees it and as its zygote saw it when it started
+    (``None`` for a rank started fresh)."""
+    import os
+
+    import psutil
+    import torch  # noqa: F401 - a framework, so that the next rank of this environment is forked
+
+    from hvd_magics.protocol import ZYGOTE_MODULE
+
+    above = psutil.Process().parent().parent()
+    if ZYGOTE_MODULE not in " ".join(above.cmdline()):
+        return os.environ.get(name), None, None
+    return os.environ.get(name), above.environ().get(name), above.pid

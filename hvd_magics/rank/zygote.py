@@ -52,6 +52,9 @@ MAX_REQUEST = 1 << 20
 def import_frameworks(names: list[str]) -> None:
     """Import ``names`` that are frameworks of ZYGOTE_MODULES (in that order); one that fails
     is left for the rank to import and fail on."""
+    horovod = [name for name in names if name.startswith("horovod.")]
+    if "horovod.torch" in horovod and len(horovod) > 1:  # never two of Horovod's bindings
+        names = [name for name in names if name not in horovod]
     for name in ZYGOTE_MODULES:
         if name in names:
             with contextlib.suppress(Exception):
@@ -189,7 +192,9 @@ def serve(owner: socket.socket, idle_s: float, first_path: str) -> None:
         if message == ZYGOTE_RETIRE:
             retired = True
         elif message.startswith(ZYGOTE_GROW) and len(fds) == 1 and not retired:
-            if os.fork() == 0:
+            if changed(marks):  # what it holds is stale: so would be a zygote it forks
+                retired = True
+            elif os.fork() == 0:
                 in_child()
                 begin(socket.socket(fileno=fds[0]), message[len(ZYGOTE_GROW):].decode().split(","),
                       idle_s, first_path)

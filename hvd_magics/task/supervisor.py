@@ -121,8 +121,9 @@ class RankProcess:
             env[ENV_RANK_TMPDIR] = self._tmpdir
         self._python = env.get(ENV_RANK_PYTHON) or sys.executable
         self._env = env
+        self._preimport = env.get(ENV_PREIMPORT, "").split(",")
         self._proc: subprocess.Popen | ZygoteRank = ZYGOTES.start_rank(
-            self._python, env, env.get(ENV_PREIMPORT, "").split(","), write_fd, control_read,
+            self._python, env, self._preimport, write_fd, control_read,
         ) or subprocess.Popen(
             [self._python, "-u", "-m", RANK_MODULE],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -256,7 +257,8 @@ class RankProcess:
                 if kind == STARTED:
                     self.rank_pid = event.get("pid")
                 if kind == IMPORTED:  # for this process's zygotes, not for the driver
-                    ZYGOTES.learn(self._python, self._env, list(event.get("modules") or ()))
+                    ZYGOTES.learn(self._python, self._env, self._preimport,
+                                  list(event.get("modules") or ()))
                     continue
                 self._sink(kind, **event)
 

@@ -20,6 +20,7 @@ import os
 import select
 import socket
 import subprocess
+import sys
 import threading
 from typing import IO
 
@@ -34,15 +35,23 @@ FORK_WAIT_S = 30.0
 
 #: Most zygotes one process keeps (each holds its frameworks' memory: about 0.5 GB with
 #: TensorFlow); the least used one is retired past it.
-MOST_ZYGOTES = 2
+MOST_ZYGOTES = 3
 
-#: An environment's zygote key: the interpreter and the variables frameworks read on import.
-Key = tuple[str, tuple[tuple[str, str], ...]]
+#: A zygote's key: the interpreter, the variables frameworks read on import, and the Horovod
+#: binding its ranks use (see :func:`binding_of`).
+Key = tuple[str, tuple[tuple[str, str], ...], str]
+
+#: Horovod's bindings by framework: one process must never hold two (the second one's calls go
+#: to the first one's copy of Horovod: a rank forked from a zygote holding both made collectives
+#: its fresh peers did not, and the job hung).
+HOROVOD_BINDINGS = {"torch": ("horovod.torch",),
+                    "tensorflow": ("horovod.tensorflow", "horovod.tensorflow.keras",
+                                   "horovod.keras")}
 
 
 def enabled() -> bool:
-    """Whether ranks may start from zygotes (``HVD_MAGICS_ZYGOTE=0`` says no)."""
-    return os.environ.get(ENV_ZYGOTE, "1") != "0"
+    """Whether ranks may start from zygotes: on Linux (fork), unless ``HVD_MAGICS_ZYGOTE=0``."""
+    return sys.platform.startswith("linux") and os.environ.get(ENV_ZYGOTE, "1") != "0"
 
 
 def is_late(name: str) -> bool:
@@ -50,14 +59,27 @@ def is_late(name: str) -> bool:
     return name in ZYGOTE_LATE_ENV or name.startswith(ZYGOTE_LATE_ENV_PREFIXES)
 
 
-def key_of(python: str, env: dict[str, str]) -> Key:
-    """The zygote key of a rank started with ``python`` in ``env``."""
-    return python, tuple(sorted((k, v) for k, v in env.items() if not is_late(k)))
+def binding_of(preimport: list[str] | tuple[str, ...]) -> str:
+    """The Horovod binding a job's leading imports name (``torch``, ``tensorflow``), or ``""``
+    when they name none or both: its zygote then holds no Horovod module."""
+    named = [name for name, modules in HOROVOD_BINDINGS.items()
+             if any(module in preimport for module in modules)]
+    return named[0] if len(named) == 1 else ""
 
 
-def frameworks(names: list[str] | tuple[str, ...]) -> frozenset[str]:
-    """The modules of ``names`` a zygote may import (:data:`ZYGOTE_MODULES`)."""
-    return frozenset(name for name in names if name in ZYGOTE_MODULES)
+def key_of(python: str, env: dict[str, str], preimport: list[str] | tuple[str, ...] = ()) -> Key:
+    """The zygote key of a rank started with ``python`` in ``env`` whose job leads with the
+    imports ``preimport``."""
+    return (python, tuple(sorted((k, v) for k, v in env.items() if not is_late(k))),
+            binding_of(preimport))
+
+
+def frameworks(names: list[str] | tuple[str, ...], binding: str = "") -> frozenset[str]:
+    """The modules of ``names`` a zygote for ``binding`` may import: frameworks of
+    :data:`ZYGOTE_MODULES`, and of Horovod's modules only that binding's."""
+    others = {module for name, modules in HOROVOD_BINDINGS.items() if name != binding
+              for module in modules}
+    return frozenset(name for name in names if name in ZYGOTE_MODULES and name not in others)
 
 
 class ZygoteRank:
@@ -237,7 +259,9 @@ class Zygotes:
         ``events`` and ``control`` are the rank's ends of its event and control pipes."""
         if not enabled():
             return None
-        zygote = self._zygote(key_of(python, env), python, env, frameworks(preimport))
+        key = key_of(python, env, preimport)
+        zygote = self._zygote(key, python, env, frameworks(preimport, key[2]))
+        _trace("cold" if zygote is None or not zygote.is_ready() else "warm", zygote and sorted(zygote.modules))
         if zygote is None or not zygote.is_ready():
             return None
         stdin_read, stdin_write = os.pipe()
@@ -255,14 +279,22 @@ class Zygotes:
         return ZygoteRank(pid, os.fdopen(stdin_write, "wb"), os.fdopen(stdout_read, "rb"),
                           report, said)
 
-    def learn(self, python: str, env: dict[str, str], modules: list[str]) -> None:
-        """Note the frameworks a rank of this environment imported (its ``imported`` event):
-        the key's next zygote imports them."""
+    def ready(self) -> list[frozenset[str]]:
+        """The frameworks each of this process's ready zygotes holds."""
+        with self._lock:
+            zygotes = list(self._zygotes.values())
+        return [zygote.modules for zygote in zygotes if zygote.is_ready()]
+
+    def learn(self, python: str, env: dict[str, str], preimport: list[str] | tuple[str, ...],
+              modules: list[str]) -> None:
+        """Note the frameworks a rank of this environment and leading imports imported (its
+        ``imported`` event): the key's next zygote imports them."""
         if not enabled():
             return
-        key = key_of(python, env)
+        key = key_of(python, env, preimport)
         with self._lock:
-            self._imported[key] = self._imported.get(key, frozenset()) | frameworks(modules)
+            self._imported[key] = self._imported.get(key, frozenset()) | frameworks(modules,
+                                                                                    key[2])
         self._zygote(key, python, env, frozenset())
 
     def _zygote(self, key: Key, python: str, env: dict[str, str],
@@ -290,6 +322,7 @@ class Zygotes:
                 least = next(iter(self._zygotes))
                 self._zygotes[least].retire()
                 self._retired.append(self._zygotes.pop(least))
+            _trace("new zygote", "grown" if grown else "started", sorted(wanted), hash(key) % 10000)
             zygote = grown or Zygote.start(python, {k: v for k, v in env.items() if not is_late(k)},
                                            wanted)
             self._zygotes[key] = zygote
@@ -299,3 +332,9 @@ class Zygotes:
 #: The zygotes of this process.
 ZYGOTES = Zygotes()
 
+
+def _trace(*what):  # TEMPORARY
+    path = os.environ.get("ZTRACE")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()} {os.environ.get('PYTEST_CURRENT_TEST', '')[:80]} {what}\n")

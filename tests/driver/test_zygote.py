@@ -1,0 +1,112 @@
+"""Ranks forked from a zygote (hvd_magics.task.zygotes): they start as a fresh rank process would,
+from a zygote of their own environment, and never from one whose modules changed on disk."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from hvd_magics import HorovodRunner
+from hvd_magics.task.zygotes import ZYGOTES
+from tests import jobs
+from tests.conftest import ROOT, processes_left
+
+
+def _zygote_ready(module: str, within: float = 120.0) -> None:
+    """Wait until one of this process's zygotes holds ``module`` (it imports in the background)."""
+    deadline = time.monotonic() + within
+    while not any(module in held for held in ZYGOTES.ready()):
+        assert time.monotonic() < deadline, f"no zygote holding {module} within {within} s"
+        time.sleep(0.05)
+
+
+def test_ranks_forked_from_a_zygote_draw_what_fresh_processes_would():
+    """numpy's and torch's global generators are seeded once per process: forked ranks shared
+    the zygote's, so both ranks of every job drew the same numbers, job after job."""
+    HorovodRunner(np=-2).run(jobs.zygote_draws)
+    _zygote_ready("torch")
+    ranks = HorovodRunner(np=-2).run(jobs.zygote_draws) + HorovodRunner(np=-2).run(jobs.zygote_draws)
+    assert all(rank["zygote"] for rank in ranks), ranks  # all four forked from a zygote
+    for source in range(3):  # Python's random, numpy, torch
+        draws = [rank["draws"][source] for rank in ranks]
+        assert len(set(draws)) == len(draws), (source, draws)
+
+
+def test_an_environment_gets_its_own_zygote_and_none_is_used_when_turned_off(monkeypatch):
+    """A variable a framework may read on import (anything but a rank's own) gets a zygote
+    started with it; ``HVD_MAGICS_ZYGOTE=0`` starts every rank fresh."""
+    seen = {}
+    for value in ("a", "b"):
+        runner = HorovodRunner(np=-1, env={"HVD_TEST_IMPORT_SETTING": value})
+        deadline = time.monotonic() + 120
+        while True:  # fresh ranks until this setting's zygote is ready (it imports meanwhile)
+            rank_sees, zygote_saw, zygote = runner.run(jobs.zygote_setting,
+                                                       name="HVD_TEST_IMPORT_SETTING")
+            assert rank_sees == value
+            if zygote is not None or time.monotonic() > deadline:
+                break
+        assert zygote_saw == value
+        seen[value] = zygote
+    assert seen["a"] != seen["b"]
+    monkeypatch.setenv("HVD_MAGICS_ZYGOTE", "0")
+    assert HorovodRunner(np=-1, env={"HVD_TEST_IMPORT_SETTING": "a"}).run(
+        jobs.zygote_setting, name="HVD_TEST_IMPORT_SETTING") == ("a", None, None)
+
+
+def test_a_zygote_whose_modules_changed_on_disk_starts_no_rank():
+    """A module file changed since the zygote imported it (a new version installed between
+    jobs): the next rank starts fresh, and the one after from a new zygote."""
+    HorovodRunner(np=-1).run(jobs.zygote_setting, name="HOME")
+    _zygote_ready("torch")
+    old = HorovodRunner(np=-1).run(jobs.zygote_setting, name="HOME")[2]
+    assert old is not None
+    import hvd_magics.rank.rank_events as changed
+
+    stat = os.stat(changed.__file__)
+    os.utime(changed.__file__, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    try:
+        assert HorovodRunner(np=-1).run(jobs.zygote_setting, name="HOME")[2] is None
+        _zygote_ready("torch")
+        new = HorovodRunner(np=-1).run(jobs.zygote_setting, name="HOME")[2]
+    finally:
+        os.utime(changed.__file__, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert new not in (None, old)
+
+
+def test_a_killed_kernel_takes_its_zygote_and_the_ranks_forked_from_it_along(tmp_path):
+    """The zygote is its owner's child: when the owner dies (a kernel killed), the zygote ends
+    and the keepers of its ranks kill their ranks."""
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        import cloudpickle
+        from hvd_magics import HorovodRunner
+        from tests import jobs
+        from tests.driver.test_zygote import _zygote_ready
+        cloudpickle.register_pickle_by_value(jobs)
+        HorovodRunner(np=-2).run(jobs.zygote_draws)
+        _zygote_ready("horovod.torch")
+        HorovodRunner(np=-2).run(jobs.sleep_in_allreduce, pid_dir={str(tmp_path)!r})
+    """)
+    owner = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 180
+    while len(list(tmp_path.iterdir())) < 2:
+        assert owner.poll() is None and time.monotonic() < deadline, "the ranks never started"
+        time.sleep(0.05)
+    ranks = [int(path.read_text()) for path in tmp_path.iterdir()]
+    zygotes = {subprocess_grandparent(pid) for pid in ranks}
+    assert len(zygotes) == 1 and None not in zygotes
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    assert processes_left([*ranks, *zygotes]) == []
+
+
+def subprocess_grandparent(pid: int) -> int | None:
+    """The pid of the zygote ``pid`` was forked from (rank -> keeper -> zygote), if it was."""
+    import psutil
+
+    from hvd_magics.protocol import ZYGOTE_MODULE
+
+    above = psutil.Process(pid).parent().parent()
+    return above.pid if ZYGOTE_MODULE in " ".join(above.cmdline()) else None
