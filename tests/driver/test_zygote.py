@@ -21,12 +21,22 @@ def _zygote_ready(module: str, within: float = 120.0) -> None:
         time.sleep(0.05)
 
 
+def _forked(runner: HorovodRunner, job=jobs.zygote_setting, within: float = 120.0, **kwargs):
+    """What ``job`` returns on the first run whose ranks were all forked from a zygote (the runs
+    before it start fresh while the zygote of their environment imports)."""
+    deadline = time.monotonic() + within
+    while True:
+        seen = runner.run(job, **kwargs)
+        if all(rank["zygote"] for rank in seen) if job is jobs.zygote_draws else seen[2]:
+            return seen
+        assert time.monotonic() < deadline, f"no rank forked from a zygote within {within} s"
+
+
 def test_ranks_forked_from_a_zygote_draw_what_fresh_processes_would():
     """numpy's and torch's global generators are seeded once per process: forked ranks shared
     the zygote's, so both ranks of every job drew the same numbers, job after job."""
-    HorovodRunner(np=-2).run(jobs.zygote_draws)
-    _zygote_ready("torch")
-    ranks = HorovodRunner(np=-2).run(jobs.zygote_draws) + HorovodRunner(np=-2).run(jobs.zygote_draws)
+    ranks = _forked(HorovodRunner(np=-2), jobs.zygote_draws)
+    ranks += HorovodRunner(np=-2).run(jobs.zygote_draws)
     assert all(rank["zygote"] for rank in ranks), ranks  # all four forked from a zygote
     for source in range(3):  # Python's random, numpy, torch
         draws = [rank["draws"][source] for rank in ranks]
@@ -39,15 +49,8 @@ def test_an_environment_gets_its_own_zygote_and_none_is_used_when_turned_off(mon
     seen = {}
     for value in ("a", "b"):
         runner = HorovodRunner(np=-1, env={"HVD_TEST_IMPORT_SETTING": value})
-        deadline = time.monotonic() + 120
-        while True:  # fresh ranks until this setting's zygote is ready (it imports meanwhile)
-            rank_sees, zygote_saw, zygote = runner.run(jobs.zygote_setting,
-                                                       name="HVD_TEST_IMPORT_SETTING")
-            assert rank_sees == value
-            if zygote is not None or time.monotonic() > deadline:
-                break
-        assert zygote_saw == value
-        seen[value] = zygote
+        rank_sees, zygote_saw, seen[value] = _forked(runner, name="HVD_TEST_IMPORT_SETTING")
+        assert (rank_sees, zygote_saw) == (value, value)
     assert seen["a"] != seen["b"]
     monkeypatch.setenv("HVD_MAGICS_ZYGOTE", "0")
     assert HorovodRunner(np=-1, env={"HVD_TEST_IMPORT_SETTING": "a"}).run(
@@ -57,18 +60,14 @@ def test_an_environment_gets_its_own_zygote_and_none_is_used_when_turned_off(mon
 def test_a_zygote_whose_modules_changed_on_disk_starts_no_rank():
     """A module file changed since the zygote imported it (a new version installed between
     jobs): the next rank starts fresh, and the one after from a new zygote."""
-    HorovodRunner(np=-1).run(jobs.zygote_setting, name="HOME")
-    _zygote_ready("torch")
-    old = HorovodRunner(np=-1).run(jobs.zygote_setting, name="HOME")[2]
-    assert old is not None
+    old = _forked(HorovodRunner(np=-1), name="HOME")[2]
     import hvd_magics.rank.rank_events as changed
 
     stat = os.stat(changed.__file__)
     os.utime(changed.__file__, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
     try:
         assert HorovodRunner(np=-1).run(jobs.zygote_setting, name="HOME")[2] is None
-        _zygote_ready("torch")
-        new = HorovodRunner(np=-1).run(jobs.zygote_setting, name="HOME")[2]
+        new = _forked(HorovodRunner(np=-1), name="HOME")[2]
     finally:
         os.utime(changed.__file__, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert new not in (None, old)
