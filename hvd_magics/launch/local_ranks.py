@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import Iterable
 
-from hvd_magics.protocol import RANK_MODULE
+from hvd_magics.protocol import RANK_MODULE, ZYGOTE_MODULE
 from hvd_magics.task.slots import local_addresses
 
 #: After a stop, how long rank processes on this host get to exit before we kill them ourselves.
@@ -15,7 +15,8 @@ def reap_local_ranks(ranks: Iterable[tuple[int | None, str]]) -> None:
     """Wait for the rank processes ``(pid, host)`` that run on this host to exit; kill the rest.
 
     The stop order (closed channel, cancelled Spark stage) kills ranks asynchronously; wait for
-    them, and kill what is left. Only processes that run ``hvd_magics.rank.rank_main`` are touched.
+    them, and kill what is left. Only processes that run ``hvd_magics.rank.rank_main`` (or were
+    forked from a zygote, ``hvd_magics.rank.zygote``) are touched.
     """
     import psutil
 
@@ -27,7 +28,7 @@ def reap_local_ranks(ranks: Iterable[tuple[int | None, str]]) -> None:
         try:
             proc = psutil.Process(pid)
             command = proc.cmdline()
-            if RANK_MODULE in " ".join(command):
+            if any(module in " ".join(command) for module in (RANK_MODULE, ZYGOTE_MODULE)):
                 procs.append(proc)
             elif not command and proc.status() != psutil.STATUS_ZOMBIE:
                 # killed and still exiting: its memory (and command line) is gone, its exit is

@@ -18,9 +18,10 @@ What a fork would otherwise share: the global random generators (seeded again in
 environment, ``sys.argv`` and ``sys.path[0]`` (the rank's own). It ends when its owner's end of
 the socket closes (the owner process ended; its keepers then get ``SIGTERM`` and kill their
 ranks), after ``HVD_MAGICS_ZYGOTE_IDLE_S`` seconds without a rank, or once retired and its ranks
-ended: its owner retires it for a zygote that imports more (which it forks on request, ``grow``)
-or for another environment's; it retires itself when a file of a module it imported changed (a
-``pip install -U`` between jobs), refusing the rank, which its supervisor then starts fresh. A
+ended: its owner retires it for a zygote that imports more (which it forks on request, ``grow``,
+and outlives, so that a rank's ancestors stay its supervisor's) or for another environment's; it
+retires itself when a file of a module it imported changed (a ``pip install -U`` between jobs),
+refusing the rank, which its supervisor then starts fresh. A
 zygote that finds a CUDA driver loaded in itself never says ``ready`` (a forked child cannot use
 a CUDA context made before the fork).
 """
@@ -194,10 +195,12 @@ def serve(owner: socket.socket, idle_s: float, first_path: str) -> None:
         elif message.startswith(ZYGOTE_GROW) and len(fds) == 1 and not retired:
             if changed(marks):  # what it holds is stale: so would be a zygote it forks
                 retired = True
-            elif os.fork() == 0:
+            elif (pid := os.fork()) == 0:
                 in_child()
                 begin(socket.socket(fileno=fds[0]), message[len(ZYGOTE_GROW):].decode().split(","),
                       idle_s, first_path)
+            else:  # waited for like a keeper: a rank's ancestors stay its task's process tree
+                keepers.add(pid)
         elif len(fds) == 5 and not retired and changed(marks):
             retired = True  # stale: refused (the owner starts this rank and the next ones fresh)
         elif len(fds) == 5 and not retired:

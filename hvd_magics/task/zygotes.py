@@ -49,9 +49,11 @@ HOROVOD_BINDINGS = {"torch": ("horovod.torch",),
                                    "horovod.keras")}
 
 
-def enabled() -> bool:
-    """Whether ranks may start from zygotes: on Linux (fork), unless ``HVD_MAGICS_ZYGOTE=0``."""
-    return sys.platform.startswith("linux") and os.environ.get(ENV_ZYGOTE, "1") != "0"
+def enabled(env: dict[str, str]) -> bool:
+    """Whether a rank with ``env`` may start from a zygote: on Linux (fork), unless
+    ``HVD_MAGICS_ZYGOTE=0`` (in the job's environment, ``--env``, or this process's)."""
+    return sys.platform.startswith("linux") and env.get(
+        ENV_ZYGOTE, os.environ.get(ENV_ZYGOTE, "1")) != "0"
 
 
 def is_late(name: str) -> bool:
@@ -257,7 +259,7 @@ class Zygotes:
         """Start a rank from this key's zygote when it is ready (``None``: start it fresh);
         start a zygote for the key's next ranks when it has none with the frameworks wanted.
         ``events`` and ``control`` are the rank's ends of its event and control pipes."""
-        if not enabled():
+        if not enabled(env):
             return None
         key = key_of(python, env, preimport)
         zygote = self._zygote(key, python, env, frameworks(preimport, key[2]))
@@ -289,7 +291,7 @@ class Zygotes:
               modules: list[str]) -> None:
         """Note the frameworks a rank of this environment and leading imports imported (its
         ``imported`` event): the key's next zygote imports them."""
-        if not enabled():
+        if not enabled(env):
             return
         key = key_of(python, env, preimport)
         with self._lock:
