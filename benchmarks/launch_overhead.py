@@ -1,14 +1,18 @@
 """Launch overhead of a trivial 2-rank job (init, one allreduce, return a value), side by side.
 
 Spark peers run on one warm local[2] SparkSession, interleaved, ``--runs`` times each (medians):
-  ours              hvd_magics.HorovodRunner(np=2)
+  ours              hvd_magics.HorovodRunner(np=2): after the warm-up, its ranks are forked from
+                    the zygote of each Python worker (what every job after a session's first gets)
+  ours_fresh        the same with HVD_MAGICS_ZYGOTE=0: every rank a fresh interpreter (a session's
+                    first job)
   horovod_spark     horovod.spark.run(fn, num_proc=2, use_gloo=True)
   torchdistributor  pyspark TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
 Driver-only: HorovodRunner(np=-2) against ``horovodrun --gloo -np 2``.
 Also prints where our time goes (submit -> tasks started -> ranks started -> ranks done -> returned).
 
 Usage: .venv/bin/python benchmarks/launch_overhead.py [--runs 5]
-Last line: launch_overhead ours=<s> horovod_spark=<s> torchdistributor=<s> ratio_vs_best_peer=<x>
+Last line: launch_overhead ours=<s> ours_fresh=<s> horovod_spark=<s> torchdistributor=<s>
+ratio_vs_best_peer=<x> fresh_ratio_vs_best_peer=<x>
 (each ratio: the median of per-run ratios, candidates in alternating order, with its min and max)
 """
 from __future__ import annotations
@@ -89,8 +93,13 @@ def main() -> None:
         phases.append(timer.marks)
         return record.value
 
+    def ours_fresh():
+        return HorovodRunner(np=2, env={"HVD_MAGICS_ZYGOTE": "0"}).run_payload(
+            serialize_job(hvd_torch_job, {}), views=[], source=source).value
+
     candidates = {
         "ours": ours,
+        "ours_fresh": ours_fresh,
         "horovod_spark": lambda: horovod.spark.run(hvd_torch_job, num_proc=2, use_gloo=True,
                                                    verbose=0)[0],
         "torchdistributor": lambda: TorchDistributor(num_processes=2, local_mode=False,
@@ -121,10 +130,11 @@ def main() -> None:
             print(f"  all ranks {mark:<13} {statistics.median(values):6.2f}")
     print(f"\ndriver-only: ours np=-2 {med['ours_driver']:.2f} s, horovodrun --gloo -np 2 "
           f"{med['horovodrun']:.2f} s, ratio {med['ours_driver'] / med['horovodrun']:.2f}")
-    print(f"launch_overhead ours={med['ours']:.2f} horovod_spark={med['horovod_spark']:.2f} "
-          f"torchdistributor={med['torchdistributor']:.2f} "
-          + ratio_text("ratio_vs_best_peer", times["ours"],
-                       [min(h, t) for h, t in zip(times["horovod_spark"], times["torchdistributor"])]))
+    best_peer = [min(h, t) for h, t in zip(times["horovod_spark"], times["torchdistributor"])]
+    print(f"launch_overhead ours={med['ours']:.2f} ours_fresh={med['ours_fresh']:.2f} "
+          f"horovod_spark={med['horovod_spark']:.2f} torchdistributor={med['torchdistributor']:.2f} "
+          + ratio_text("ratio_vs_best_peer", times["ours"], best_peer) + " "
+          + ratio_text("fresh_ratio_vs_best_peer", times["ours_fresh"], best_peer))
     spark.stop()
 
 

@@ -5,7 +5,8 @@ task) keeps, per rank environment, one zygote (:mod:`hvd_magics.rank.zygote`): i
 ends with it. A rank whose environment has a ready zygote is forked from it in milliseconds; a
 rank without one starts as a fresh interpreter, as it always did, and its job's frameworks (the
 leading imports the job named, and those its ranks said they imported at their end) become the
-imports of the zygote started for the next job of that environment, in the background.
+imports of the zygote started for the next job of that environment once the ranks end, so that
+it imports between jobs rather than beside a job's own fresh ranks.
 
 Ranks whose environments differ only in :data:`~hvd_magics.protocol.ZYGOTE_LATE_ENV` (their
 rank, their rendezvous, their GPU) share a zygote; any other difference (another Python,
@@ -256,14 +257,17 @@ class Zygotes:
 
     def start_rank(self, python: str, env: dict[str, str], preimport: list[str] | tuple[str, ...],
                    events: int, control: int) -> ZygoteRank | None:
-        """Start a rank from this key's zygote when it is ready (``None``: start it fresh);
-        start a zygote for the key's next ranks when it has none with the frameworks wanted.
-        ``events`` and ``control`` are the rank's ends of its event and control pipes."""
+        """Start a rank from this key's zygote when it is ready (``None``: start it fresh).
+        ``events`` and ``control`` are the rank's ends of its event and control pipes. A zygote
+        is started (or grown) only once a job's ranks say what they imported (:meth:`learn`):
+        its imports then run between jobs, not beside a job's own fresh ranks."""
         if not enabled(env):
             return None
         key = key_of(python, env, preimport)
-        zygote = self._zygote(key, python, env, frameworks(preimport, key[2]))
-        _trace("cold" if zygote is None or not zygote.is_ready() else "warm", zygote and sorted(zygote.modules))
+        with self._lock:
+            zygote = self._zygotes.pop(key, None)
+            if zygote is not None:
+                self._zygotes[key] = zygote  # the latest used last
         if zygote is None or not zygote.is_ready():
             return None
         stdin_read, stdin_write = os.pipe()
@@ -297,7 +301,7 @@ class Zygotes:
         with self._lock:
             self._imported[key] = self._imported.get(key, frozenset()) | frameworks(modules,
                                                                                     key[2])
-        self._zygote(key, python, env, frozenset())
+        self._zygote(key, python, env, frameworks(preimport, key[2]))
 
     def _zygote(self, key: Key, python: str, env: dict[str, str],
                 wanted: frozenset[str]) -> Zygote | None:
@@ -324,7 +328,6 @@ class Zygotes:
                 least = next(iter(self._zygotes))
                 self._zygotes[least].retire()
                 self._retired.append(self._zygotes.pop(least))
-            _trace("new zygote", "grown" if grown else "started", sorted(wanted), hash(key) % 10000)
             zygote = grown or Zygote.start(python, {k: v for k, v in env.items() if not is_late(k)},
                                            wanted)
             self._zygotes[key] = zygote
@@ -334,9 +337,3 @@ class Zygotes:
 #: The zygotes of this process.
 ZYGOTES = Zygotes()
 
-
-def _trace(*what):  # TEMPORARY
-    path = os.environ.get("ZTRACE")
-    if path:
-        with open(path, "a") as f:
-            f.write(f"{os.getpid()} {os.environ.get('PYTEST_CURRENT_TEST', '')[:80]} {what}\n")
