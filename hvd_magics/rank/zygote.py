@@ -41,6 +41,7 @@ from hvd_magics.protocol import (ENV_CONTROL_FD, ENV_EVENT_FD, ENV_ZYGOTE_FD, EN
                                  ENV_ZYGOTE_IMPORTS, ZYGOTE_MODULES, ZYGOTE_GROW,
                                  ZYGOTE_READY, ZYGOTE_RETIRE)
 from hvd_magics.rank import rank_main
+from hvd_magics.rank.process_group import die_with_parent
 
 #: Seconds a zygote without ranks waits for a request before it ends, unless set.
 IDLE_S = 600.0
@@ -67,7 +68,7 @@ def module_marks() -> dict[str, tuple[int, int]]:
     imported, to see a module changed on disk since (a new version installed)."""
     marks = {}
     for name, module in list(sys.modules.items()):
-        if name.split(".")[0] not in ("hvd_magics",) and name not in ZYGOTE_MODULES:
+        if name.split(".")[0] != "hvd_magics" and name not in ZYGOTE_MODULES:
             continue
         path = getattr(module, "__file__", None)
         if path:
@@ -103,8 +104,6 @@ def become_keeper(request: dict, fds: list[int], first_path: str) -> None:
     as :func:`hvd_magics.rank.rank_main.main` does (never returns)."""
     try:
         os.setsid()
-        from hvd_magics.rank.process_group import die_with_parent
-
         die_with_parent(signal.SIGTERM)  # the zygote ends with its owner: the keeper stops then
         report = socket.socket(fileno=fds[REPORT])
         report.sendall(f"pid {os.getpid()}\n".encode())
