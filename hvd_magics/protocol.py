@@ -261,13 +261,20 @@ ZYGOTE_MODULE = "hvd_magics.rank.zygote"
 ENV_ZYGOTE = "HVD_MAGICS_ZYGOTE"
 #: Seconds a zygote without a rank to start waits before it ends (default 600).
 ENV_ZYGOTE_IDLE_S = "HVD_MAGICS_ZYGOTE_IDLE_S"
-#: Set for the zygote process only: the file descriptor of its socket to its owner, and the
-#: comma-separated modules it imports before it starts ranks.
-ENV_ZYGOTE_FD, ENV_ZYGOTE_IMPORTS = "HVD_MAGICS_ZYGOTE_FD", "HVD_MAGICS_ZYGOTE_IMPORTS"
-#: What a zygote says to its owner once it has imported its modules (then the frameworks of
-#: ZYGOTE_MODULES it holds, comma-separated); what its owner says when it will send no more ranks
-#: (the zygote ends once the ranks it started have); and what asks it for a zygote that imports
-#: more (then the modules; a socket to the owner comes with it, which the new zygote serves).
+#: The folder of this host's zygote sockets (default: ``hvd-magics-zygotes-<uid>`` in the
+#: temporary folder; it must be the user's own and closed to others, or no zygote is used).
+ENV_ZYGOTE_DIR = "HVD_MAGICS_ZYGOTE_DIR"
+#: Set for the zygote process only: the socket path it serves, the file descriptor of the lock
+#: it holds until it serves there, and the comma-separated modules it imports first.
+ENV_ZYGOTE_SOCKET, ENV_ZYGOTE_LOCK_FD = "HVD_MAGICS_ZYGOTE_SOCKET", "HVD_MAGICS_ZYGOTE_LOCK_FD"
+ENV_ZYGOTE_IMPORTS = "HVD_MAGICS_ZYGOTE_IMPORTS"
+#: The process id of the supervisor that started a rank (a rank forked from a zygote is not a
+#: descendant of it).
+ENV_SUPERVISOR_PID = "HVD_MAGICS_SUPERVISOR_PID"
+#: What a zygote says to each process that connects (then the frameworks of ZYGOTE_MODULES it
+#: holds, comma-separated); what it says to them when it takes no more ranks (it was replaced
+#: by a zygote that imports more, or a module it imported changed on disk); and what asks it
+#: for a zygote that imports more (then the modules), which then serves at its path.
 ZYGOTE_READY, ZYGOTE_RETIRE, ZYGOTE_GROW = b"ready", b"retire", b"grow "
 #: The only modules a zygote imports, in this order: installed frameworks that take a second or
 #: more to import. Never the user's own modules, which may change between jobs.
@@ -277,11 +284,17 @@ ZYGOTE_MODULES = ("numpy", "pandas", "pyarrow", "scipy", "sklearn", "torch", "to
                   "lightning", "pytorch_lightning", "mlflow")
 #: The environment variables a rank's framework reads only once the job runs, so ranks that
 #: differ only in these start from one zygote (any other difference: a zygote of their own).
-#: ``PYTEST_CURRENT_TEST`` names the test that runs (pytest's): read by nothing on import.
-ZYGOTE_LATE_ENV_PREFIXES = ("HOROVOD_", "HVD_MAGICS_")
+#: ``PYTEST_CURRENT_TEST`` names the test that runs (pytest's): read by nothing on import;
+#: ``TMPDIR`` is read again in a forked rank (and a rank gets a temporary folder of its own).
+#: Spark's variables for its Python workers (an application's folders and secret) and a
+#: kernel's (``JPY_``) are read by nothing on import either: a host's ranks share zygotes across
+#: Spark applications and kernels.
+ZYGOTE_LATE_ENV_PREFIXES = ("HOROVOD_", "HVD_MAGICS_", "SPARK_", "PYSPARK_", "_PYSPARK_",
+                            "PYTHON_WORKER_", "PYTHON_DAEMON_", "PYTHON_UDF_", "JPY_")
 ZYGOTE_LATE_ENV = (ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_TF_CONFIG, ENV_TORCH_RANK, ENV_WORLD_SIZE,
                    ENV_LOCAL_RANK, ENV_LOCAL_WORLD_SIZE, ENV_GROUP_RANK, ENV_GROUP_WORLD_SIZE,
-                   ENV_NODE_RANK, ENV_GLOO_SOCKET_IFNAME, CUDA_VISIBLE_DEVICES, "PYTEST_CURRENT_TEST")
+                   ENV_NODE_RANK, ENV_GLOO_SOCKET_IFNAME, CUDA_VISIBLE_DEVICES, "PYTEST_CURRENT_TEST",
+                   "PWD", "OLDPWD", "SHLVL", "_", "TMPDIR", "COLUMNS", "LINES")
 
 # -- the columns that carry a job's DataFrames to its barrier stage -----------------------------
 #: ``__source`` is the DataFrame's index, ``__key`` sends the row to its task, ``__s<index>``

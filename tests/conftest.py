@@ -47,6 +47,35 @@ def _tier_of(path: str) -> str:
 ONE_LANE = ("spark_local", "spark_cluster", "spark_connect", "spark_elastic", "mlflow_tracking",
             "browser")
 
+# The suite's ranks fork from zygotes of its own (both lanes, every kernel, Spark worker and
+# Connect server it starts share them), ended when the suite ends (see pytest_sessionfinish).
+os.environ.setdefault("HVD_MAGICS_ZYGOTE_DIR", str(
+    Path(os.environ.get("TMPDIR", "/tmp")) / f"hvd-tests-zygotes-{os.getuid()}"))
+
+
+def end_zygotes(folder: str) -> None:
+    """End the zygotes serving in ``folder`` (and the ranks they forked, which none should
+    still run), and wait for them."""
+    import socket
+    import struct
+
+    ended = []
+    for path in Path(folder).glob("*.sock"):
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            connection.connect(str(path))
+            creds = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                          struct.calcsize("3i"))
+            pid = struct.unpack("3i", creds)[0]
+            os.kill(pid, signal.SIGTERM)
+            ended.append(pid)
+        except OSError:
+            continue
+        finally:
+            connection.close()
+    processes_left(ended)
+
+
 # A lane of ``pytest -n 2`` keeps its own temporary folder (its ranks' and kernels' too), so a
 # test that counts what its jobs leave in the temporary folder sees only its own lane's.
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -96,6 +125,14 @@ _TIMES: dict = {"tiers": {}, "tier_cpu": {}, "test_cpu": {}, "began": None, "cpu
 
 def pytest_sessionstart(session) -> None:  # noqa: ARG001 - pytest's hook
     _TIMES["began"], _TIMES["cpu"] = time.monotonic(), _cpu_seconds()
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the suite's own process: none left before
+        end_zygotes(os.environ["HVD_MAGICS_ZYGOTE_DIR"])
+
+
+def pytest_sessionfinish(session) -> None:  # noqa: ARG001 - pytest's hook
+    """End the suite's zygotes once every lane is done (in the process that started the lanes)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        end_zygotes(os.environ["HVD_MAGICS_ZYGOTE_DIR"])
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -292,6 +329,41 @@ def processes_left(pids, within: float = 10.0) -> list[int]:
     while rank_processes_alive(pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     return rank_processes_alive(pids)
+
+
+def supervisor_of(pid: int):
+    """The process that started rank process ``pid`` (a psutil.Process): its keeper's parent
+    for a rank started fresh; for one forked from a zygote (not a descendant of it), the process
+    holding the other ends of the rank's pipes."""
+    import psutil
+
+    from hvd_magics.protocol import ZYGOTE_MODULE
+
+    rank = psutil.Process(pid)
+    above = rank.parents()
+    if len(above) < 2 or ZYGOTE_MODULE not in " ".join(above[1].cmdline()):
+        return above[1]
+
+    def pipes(of: int) -> set[str]:
+        found = set()
+        for fd in os.listdir(f"/proc/{of}/fd"):
+            try:
+                target = os.readlink(f"/proc/{of}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("pipe:"):
+                found.add(target)
+        return found
+
+    mine = pipes(pid)
+    family = {pid, *(process.pid for process in [*above, *rank.children(recursive=True)])}
+    for process in psutil.process_iter():
+        try:
+            if process.pid not in family and pipes(process.pid) & mine:
+                return process
+        except (OSError, psutil.Error):
+            continue
+    raise AssertionError(f"no process holds the pipes of rank process {pid}")
 
 
 import cloudpickle  # noqa: E402

@@ -841,14 +841,12 @@ def module_value(name: str):
 
 def task_process(out: str):
     """Write the process id of the Spark task (a Python worker) that started this rank to
-    ``out/<rank>``: rank -> its keeper (-> the zygote it was forked from) -> the task."""
+    ``out/<rank>``: its supervisor (a rank forked from a zygote is not its descendant)."""
     import os
 
     import psutil
 
-    task = psutil.Process().parent().parent()
-    while "pyspark" not in " ".join(task.cmdline()):  # a zygote between them
-        task = task.parent()
+    task = psutil.Process(int(os.environ["HVD_MAGICS_SUPERVISOR_PID"]))
     with open(os.path.join(out, os.environ["HOROVOD_RANK"]), "w") as file:
         file.write(str(task.pid))
 

@@ -1,29 +1,31 @@
 """A zygote: a process that imports a job's frameworks once and forks each new rank from itself.
 
-``python -m hvd_magics.rank.zygote``, started by a supervisor's process (a notebook's kernel for
-``np < 0``, a Spark Python worker for a task: :mod:`hvd_magics.task.zygotes`). A fresh rank
-process spends about 5 CPU seconds importing TensorFlow and 2 importing PyTorch before it runs a
-line of the job; a rank forked from a zygote that has imported them starts at once.
+``python -m hvd_magics.rank.zygote``, started by a process that starts ranks (a notebook's kernel
+for ``np < 0``, a Spark Python worker for a task: :mod:`hvd_magics.task.zygotes`) and then shared
+by every such process of its user on the host whose rank environment is the same: the kernels,
+the Spark applications' workers, a Connect server's. A fresh rank process spends about 5 CPU
+seconds importing TensorFlow and 2 importing PyTorch before it runs a line of the job; a rank
+forked from a zygote that has imported them starts at once.
 
 The zygote imports the modules named by ``HVD_MAGICS_ZYGOTE_IMPORTS`` (only frameworks of
-:data:`~hvd_magics.protocol.ZYGOTE_MODULES`), says ``ready`` on its socket to its owner, then
-serves requests on it: each is the rank's environment and working folder with five file
-descriptors (the rank's stdin, its stdout, its event pipe, its control pipe and a socket to its
-supervisor). For each, the zygote forks a keeper that takes those on and then does what the
-keeper of a fresh rank process does (:func:`hvd_magics.rank.rank_main.main`): it forks the rank
-into its own process group, waits for it and writes ``exit CODE`` to the supervisor's socket.
-The zygote reaps its keepers.
+:data:`~hvd_magics.protocol.ZYGOTE_MODULES`), then serves at the socket path
+``HVD_MAGICS_ZYGOTE_SOCKET`` (bound under another name and renamed there, so that it appears
+ready; only processes of its own user are served). To each process that connects it says
+``ready`` and what it holds, then serves its requests: each is the rank's environment and
+working folder with five file descriptors (the rank's stdin, its stdout, its event pipe, its
+control pipe and a socket to its supervisor). For each, the zygote forks a keeper that takes
+those on and then does what the keeper of a fresh rank process does
+(:func:`hvd_magics.rank.rank_main.main`): it forks the rank into its own process group, waits for
+it and writes ``exit CODE`` to the supervisor's socket; it stops the rank when the supervisor's
+end closes (the supervisor's process died). The zygote reaps its keepers.
 
 What a fork would otherwise share: the global random generators (seeded again in the rank), the
-environment, ``sys.argv`` and ``sys.path[0]`` (the rank's own). It ends when its owner's end of
-the socket closes (the owner process ended; its keepers then get ``SIGTERM`` and kill their
-ranks), after ``HVD_MAGICS_ZYGOTE_IDLE_S`` seconds without a rank, or once retired and its ranks
-ended: its owner retires it for a zygote that imports more (which it forks on request, ``grow``,
-and outlives, so that a rank's ancestors stay its supervisor's) or for another environment's; it
-retires itself when a file of a module it imported changed (a ``pip install -U`` between jobs),
-refusing the rank, which its supervisor then starts fresh. A
-zygote that finds a CUDA driver loaded in itself never says ``ready`` (a forked child cannot use
-a CUDA context made before the fork).
+environment, ``sys.argv`` and ``sys.path[0]`` (the rank's own). It ends after
+``HVD_MAGICS_ZYGOTE_IDLE_S`` seconds without a rank, or once retired and its ranks ended: asked
+to ``grow``, it forks a zygote that imports more, which takes its path over; it retires itself
+when a file of a module it imported changed (a ``pip install -U`` between jobs), refusing the
+rank, which its supervisor then starts fresh. A zygote that finds a CUDA driver loaded in itself
+never serves (a forked child cannot use a CUDA context made before the fork).
 """
 from __future__ import annotations
 
@@ -34,14 +36,17 @@ import os
 import select
 import signal
 import socket
+import struct
 import sys
+import tempfile
 import time
 
-from hvd_magics.protocol import (ENV_CONTROL_FD, ENV_EVENT_FD, ENV_ZYGOTE_FD, ENV_ZYGOTE_IDLE_S,
-                                 ENV_ZYGOTE_IMPORTS, ZYGOTE_MODULES, ZYGOTE_GROW,
-                                 ZYGOTE_READY, ZYGOTE_RETIRE)
+from hvd_magics.protocol import (ENV_CONTROL_FD, ENV_EVENT_FD, ENV_ZYGOTE_IDLE_S,
+                                 ENV_ZYGOTE_IMPORTS, ENV_ZYGOTE_LOCK_FD, ENV_ZYGOTE_SOCKET,
+                                 ZYGOTE_GROW, ZYGOTE_MODULES, ZYGOTE_READY, ZYGOTE_RETIRE)
 from hvd_magics.rank import rank_main
 from hvd_magics.rank.process_group import die_with_parent
+from hvd_magics.rank.zygote_place import take_lock
 
 #: Seconds a zygote without ranks waits for a request before it ends, unless set.
 IDLE_S = 600.0
@@ -49,6 +54,8 @@ IDLE_S = 600.0
 STDIN, STDOUT, EVENTS, CONTROL, REPORT = range(5)
 #: The largest request (the rank's environment as JSON).
 MAX_REQUEST = 1 << 20
+#: How often a zygote looks whether another took its path over (then it retires), seconds.
+TAKEN_OVER_POLL_S = 5.0
 
 
 def import_frameworks(names: list[str]) -> None:
@@ -104,7 +111,7 @@ def become_keeper(request: dict, fds: list[int], first_path: str) -> None:
     as :func:`hvd_magics.rank.rank_main.main` does (never returns)."""
     try:
         os.setsid()
-        die_with_parent(signal.SIGTERM)  # the zygote ends with its owner: the keeper stops then
+        die_with_parent(signal.SIGTERM)  # a zygote killed takes its ranks along
         report = socket.socket(fileno=fds[REPORT])
         report.sendall(f"pid {os.getpid()}\n".encode())
         os.dup2(fds[STDIN], 0)
@@ -118,6 +125,7 @@ def become_keeper(request: dict, fds: list[int], first_path: str) -> None:
         env[ENV_EVENT_FD], env[ENV_CONTROL_FD] = str(fds[EVENTS]), str(fds[CONTROL])
         os.environ.clear()
         os.environ.update(env)
+        tempfile.tempdir = None  # read from the rank's TMPDIR again (a late variable)
         os.chdir(request["cwd"])
         if sys.path and sys.path[0] == first_path:  # python -m put the folder it started in first
             sys.path[0] = request["cwd"]
@@ -128,15 +136,41 @@ def become_keeper(request: dict, fds: list[int], first_path: str) -> None:
     os._exit(1)
 
 
-def begin(owner: socket.socket, names: list[str], idle_s: float, first_path: str) -> None:
-    """Import ``names``, tell ``owner`` ready with the frameworks now imported, serve it (never
-    returns)."""
+def listen_at(path: str) -> socket.socket:
+    """A socket listening at ``path`` for this user only: bound under a name of its own, then
+    renamed to ``path`` (replacing a zygote's there), so that whoever connects finds it ready."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    own = f"{path}.{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(own)
+    listener.bind(own)
+    os.chmod(own, 0o600)
+    listener.listen(64)
+    os.rename(own, path)
+    return listener
+
+
+def same_user(connection: socket.socket) -> bool:
+    """Whether the process at the other end of ``connection`` runs as this user."""
+    creds = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1] == os.getuid()
+
+
+def begin(path: str, names: list[str], idle_s: float, first_path: str,
+          lock_fd: int | None) -> None:
+    """Import ``names``, serve at ``path`` (releasing the lock ``lock_fd`` once there), never
+    returns."""
     import_frameworks(names)
     if cuda_loaded():
         os._exit(0)
+    try:
+        listener = listen_at(path)
+    except OSError:
+        os._exit(0)
+    if lock_fd is not None:
+        os.close(lock_fd)
     present = ",".join(name for name in ZYGOTE_MODULES if name in sys.modules)
-    owner.sendall(ZYGOTE_READY + b" " + present.encode())
-    serve(owner, idle_s, first_path)
+    Zygote(listener, path, ZYGOTE_READY + b" " + present.encode(), idle_s, first_path).serve()
     os._exit(0)
 
 
@@ -154,71 +188,149 @@ def _reap(keepers: set[int]) -> bool:
         keepers.discard(pid)
 
 
-def serve(owner: socket.socket, idle_s: float, first_path: str) -> None:
-    """Fork a keeper for each request from ``owner`` until it closes, the zygote is idle for
-    ``idle_s``, a module it imported changed on disk, or it was retired and its keepers ended.
-    Asked to grow, fork a zygote that imports more and serves a new owner socket."""
-    marks = module_marks()
-    wake_read, wake_write = os.pipe()
-    os.set_blocking(wake_write, False)
-    signal.set_wakeup_fd(wake_write)
-    signal.signal(signal.SIGCHLD, lambda _sig, _frame: None)
-    keepers: set[int] = set()
-    last_used = time.monotonic()
-    retired = False
+class Zygote:
+    """The serving zygote: its listening socket, the processes connected to it, its keepers."""
 
-    def in_child() -> None:
-        owner.close()
-        os.close(wake_read)
-        os.close(wake_write)
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    def __init__(self, listener: socket.socket, path: str, greeting: bytes, idle_s: float,
+                 first_path: str) -> None:
+        self.listener: socket.socket | None = listener
+        self.inode = os.stat(path).st_ino
+        self.path, self.greeting, self.idle_s, self.first_path = path, greeting, idle_s, first_path
+        self.owners: list[socket.socket] = []
+        self.keepers: set[int] = set()
+        self.retired = False
+        self.marks = module_marks()
 
-    while not (retired and not keepers):
-        wait = max(idle_s - (time.monotonic() - last_used), 0.0) if not keepers else None
-        readable = select.select([owner, wake_read], [], [], wait)[0]
-        if wake_read in readable:
-            with contextlib.suppress(BlockingIOError):
-                os.read(wake_read, 4096)
-        if _reap(keepers):
-            last_used = time.monotonic()
-        if owner not in readable:
-            if not readable and not keepers:
-                return  # idle
-            continue
-        message, fds, _flags, _address = socket.recv_fds(owner, MAX_REQUEST, 5)
-        if not message:  # the owner is gone: its keepers stop with this process
+    def taken_over(self) -> bool:
+        """Whether its path is gone or another zygote serves there (two started at once)."""
+        if self.listener is None:
+            return False
+        try:
+            return os.stat(self.path).st_ino != self.inode
+        except OSError:
+            return True
+
+    def retire(self) -> None:
+        """Take no more ranks: leave the path (unless another zygote took it over), tell the
+        connected processes, end once the keepers have."""
+        if self.retired:
             return
-        if message == ZYGOTE_RETIRE:
-            retired = True
-        elif message.startswith(ZYGOTE_GROW) and len(fds) == 1 and not retired:
-            if changed(marks):  # what it holds is stale: so would be a zygote it forks
-                retired = True
-            elif (pid := os.fork()) == 0:
-                in_child()
-                begin(socket.socket(fileno=fds[0]), message[len(ZYGOTE_GROW):].decode().split(","),
-                      idle_s, first_path)
-            else:  # waited for like a keeper: a rank's ancestors stay its task's process tree
-                keepers.add(pid)
-        elif len(fds) == 5 and not retired and changed(marks):
-            retired = True  # stale: refused (the owner starts this rank and the next ones fresh)
-        elif len(fds) == 5 and not retired:
-            pid = os.fork()
-            if pid == 0:
-                in_child()
-                become_keeper(json.loads(message), fds, first_path)
-            keepers.add(pid)
-            last_used = time.monotonic()
-        for fd in fds:
-            os.close(fd)
+        self.retired = True
+        if self.listener is not None:
+            with contextlib.suppress(OSError):
+                if os.stat(self.path).st_ino == self.inode:
+                    os.unlink(self.path)
+            self.listener.close()
+            self.listener = None
+        for owner in self.owners:
+            with contextlib.suppress(OSError):
+                owner.send(ZYGOTE_RETIRE)
+            owner.close()
+        self.owners = []
+
+    def serve(self) -> None:
+        """Fork a keeper for each request until the zygote is idle for ``idle_s``, or retired
+        and its keepers ended."""
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_write, False)
+        signal.set_wakeup_fd(wake_write)
+        signal.signal(signal.SIGCHLD, lambda _sig, _frame: None)
+        last_used = time.monotonic()
+
+        def in_child() -> None:
+            if self.listener is not None:
+                self.listener.close()
+            for owner in self.owners:
+                owner.close()
+            os.close(wake_read)
+            os.close(wake_write)
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+        while not (self.retired and not self.keepers):
+            wait = TAKEN_OVER_POLL_S
+            if not self.keepers:
+                wait = min(wait, max(self.idle_s - (time.monotonic() - last_used), 0.0))
+            listening = [self.listener] if self.listener is not None else []
+            readable = select.select([*listening, wake_read, *self.owners], [], [], wait)[0]
+            if wake_read in readable:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_read, 4096)
+            if _reap(self.keepers):
+                last_used = time.monotonic()
+            if self.taken_over() or (not self.keepers and
+                                     time.monotonic() - last_used >= self.idle_s):
+                self.retire()  # another serves at its path, or idle
+                continue
+            if self.listener is not None and self.listener in readable:
+                self._accept()
+            for owner in [owner for owner in self.owners if owner in readable]:
+                if owner not in self.owners:  # retired meanwhile (closed)
+                    continue
+                pid = self._answer(owner, in_child)
+                if pid:
+                    self.keepers.add(pid)
+                    last_used = time.monotonic()
+        os.close(wake_read)
+
+    def _accept(self) -> None:
+        try:
+            owner, _ = self.listener.accept()
+        except OSError:
+            return
+        if not same_user(owner):
+            owner.close()
+            return
+        try:
+            owner.send(self.greeting)
+        except OSError:
+            owner.close()
+            return
+        self.owners.append(owner)
+
+    def _answer(self, owner: socket.socket, in_child) -> int | None:
+        """Serve one message of ``owner``: the pid of a keeper or grown zygote it forked."""
+        try:
+            message, fds, _flags, _address = socket.recv_fds(owner, MAX_REQUEST, 5)
+        except OSError:
+            message, fds = b"", []
+        try:
+            if not message:  # that process is gone (its keepers watch their own sockets)
+                self.owners.remove(owner)
+                owner.close()
+                return None
+            if self.retired or changed(self.marks):
+                self.retire()  # stale: refused (the owner starts this rank and the next fresh)
+                return None
+            if message.startswith(ZYGOTE_GROW):
+                lock = take_lock(self.path)
+                if lock is None:  # another process starts a zygote here
+                    return None
+                names = message[len(ZYGOTE_GROW):].decode().split(",")
+                if (pid := os.fork()) == 0:
+                    in_child()
+                    begin(self.path, names, self.idle_s, self.first_path, lock)
+                os.close(lock)
+                self.retire()  # the grown one takes the path over (and is reaped like a keeper)
+                return pid
+            if len(fds) == 5:
+                if (pid := os.fork()) == 0:
+                    in_child()
+                    become_keeper(json.loads(message), fds, self.first_path)
+                return pid
+            return None
+        finally:
+            for fd in fds:
+                os.close(fd)
 
 
 def main() -> None:
-    """Import, say ready, serve."""
-    owner = socket.socket(fileno=int(os.environ.pop(ENV_ZYGOTE_FD)))
+    """Import, serve."""
+    path = os.environ.pop(ENV_ZYGOTE_SOCKET)
+    lock = os.environ.pop(ENV_ZYGOTE_LOCK_FD, "")
     names = os.environ.pop(ENV_ZYGOTE_IMPORTS, "").split(",")
     idle_s = float(os.environ.pop(ENV_ZYGOTE_IDLE_S, "") or IDLE_S)
-    begin(owner, names, idle_s, sys.path[0] if sys.path else "")
+    begin(path, names, idle_s, sys.path[0] if sys.path else "", int(lock) if lock else None)
 
 
 if __name__ == "__main__":

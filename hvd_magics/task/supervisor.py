@@ -25,9 +25,9 @@ from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, make_rank_tmpdir
 from hvd_magics.task.zygotes import ZYGOTES, ZygoteRank
 from hvd_magics.protocol import (CELL_END, CELL_END_LINE, ENV_CONTROL_FD, ENV_EVENT_FD,
                                  ENV_HOROVOD_TIMELINE, ENV_LEGACY_KERAS, ENV_PREIMPORT,
-                                 ENV_RANK_PYTHON, IMPORTED,
-                                 ENV_RANK_TMPDIR, ENV_WANT_TIMELINE, EXIT, OUTPUT, OUTPUT_PARTIAL, RANK_MODULE,
-                                 STARTED, TIMELINE_CHUNK, TIMELINE_LOCAL, encode_job)
+                                 ENV_RANK_PYTHON, ENV_RANK_TMPDIR, ENV_SUPERVISOR_PID,
+                                 ENV_WANT_TIMELINE, EXIT, IMPORTED, OUTPUT, OUTPUT_PARTIAL,
+                                 RANK_MODULE, STARTED, TIMELINE_CHUNK, TIMELINE_LOCAL, encode_job)
 
 #: The line a pool's rank prints at the end of each cell, as its output pipe carries it.
 _CELL_END = CELL_END_LINE.encode()
@@ -115,6 +115,7 @@ class RankProcess:
         env = dict(env)
         env[ENV_EVENT_FD] = str(write_fd)
         env[ENV_CONTROL_FD] = str(control_read)
+        env[ENV_SUPERVISOR_PID] = str(os.getpid())  # a forked rank is not its descendant
         #: The rank's private temporary folder, tidied when it ends (also when it is killed).
         self._tmpdir = make_rank_tmpdir()
         if self._tmpdir:

@@ -1,21 +1,25 @@
 """Start ranks from zygotes: processes that imported the job's frameworks once (the owner side).
 
 A process that starts ranks (a notebook's kernel for ``np < 0``, a Spark Python worker for a
-task) keeps, per rank environment, one zygote (:mod:`hvd_magics.rank.zygote`): its child, which
-ends with it. A rank whose environment has a ready zygote is forked from it in milliseconds; a
-rank without one starts as a fresh interpreter, as it always did, and its job's frameworks (the
-leading imports the job named, and those its ranks said they imported at their end) become the
-imports of the zygote started for the next job of that environment once the ranks end, so that
-it imports between jobs rather than beside a job's own fresh ranks.
+task) asks this host's zygote of the rank's environment (:mod:`hvd_magics.rank.zygote`) for each
+rank; one that is ready forks it in milliseconds. A zygote serves every process of its user on
+the host (every kernel, every Spark application's workers, a Connect server's), at a socket in
+the user's own folder (:mod:`hvd_magics.rank.zygote_place`), and outlives the process that
+started it until it has been idle ``HVD_MAGICS_ZYGOTE_IDLE_S`` (600 s). A rank without a ready
+zygote starts as a fresh interpreter, as it always did, and its job's frameworks (the leading
+imports the job named, and those its ranks said they imported at their end) become the imports
+of the zygote started (or grown) for that environment once the ranks end, so that it imports
+between jobs rather than beside a job's own fresh ranks.
 
 Ranks whose environments differ only in :data:`~hvd_magics.protocol.ZYGOTE_LATE_ENV` (their
-rank, their rendezvous, their GPU) share a zygote; any other difference (another Python,
-``PYTHONPATH``, ``TF_USE_LEGACY_KERAS``, ``OMP_NUM_THREADS``) gets a zygote of its own. A zygote
-that ended (idle, or a module it imported changed on disk) is started again when needed.
-``HVD_MAGICS_ZYGOTE=0`` starts every rank fresh.
+rank, their rendezvous, their GPU, Spark's per-application variables) share a zygote; any other
+difference (another Python, ``PYTHONPATH``, ``TF_USE_LEGACY_KERAS``, ``OMP_NUM_THREADS``, another
+control group: another container) gets a zygote of its own. ``HVD_MAGICS_ZYGOTE=0`` starts every
+rank fresh.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -25,18 +29,15 @@ import sys
 import threading
 from typing import IO
 
-from hvd_magics.protocol import (ENV_ZYGOTE, ENV_ZYGOTE_FD, ENV_ZYGOTE_IDLE_S, ENV_ZYGOTE_IMPORTS,
+from hvd_magics.protocol import (ENV_ZYGOTE, ENV_ZYGOTE_IDLE_S, ENV_ZYGOTE_IMPORTS,
+                                 ENV_ZYGOTE_LOCK_FD, ENV_ZYGOTE_SOCKET, ZYGOTE_GROW,
                                  ZYGOTE_LATE_ENV, ZYGOTE_LATE_ENV_PREFIXES, ZYGOTE_MODULE,
-                                 ZYGOTE_GROW, ZYGOTE_MODULES, ZYGOTE_READY,
-                                 ZYGOTE_RETIRE)
+                                 ZYGOTE_MODULES, ZYGOTE_READY)
+from hvd_magics.rank.zygote_place import socket_path, take_lock, zygote_dir
 
-#: Seconds a supervisor waits for a zygote to fork a keeper (a zygote alive and ready answers
-#: in milliseconds); past it, the rank starts fresh and the zygote is stopped.
+#: Seconds a supervisor waits for a zygote to greet it or to fork a keeper (a zygote alive
+#: answers in milliseconds); past it, the rank starts fresh.
 FORK_WAIT_S = 30.0
-
-#: Most zygotes one process keeps (each holds its frameworks' memory: about 0.5 GB with
-#: TensorFlow); the least used one is retired past it.
-MOST_ZYGOTES = 3
 
 #: A zygote's key: the interpreter, the variables frameworks read on import, and the Horovod
 #: binding its ranks use (see :func:`binding_of`).
@@ -122,81 +123,37 @@ class ZygoteRank:
 
 
 class Zygote:
-    """One zygote process of this owner: what it was asked to import and, once ready, what it
-    holds."""
+    """This process's connection to one of the host's zygotes, and what that zygote holds."""
 
-    def __init__(self, owner_end: socket.socket, modules: frozenset[str],
-                 proc: subprocess.Popen | None = None) -> None:
+    def __init__(self, connection: socket.socket, modules: frozenset[str]) -> None:
         self.modules = modules
-        self.proc = proc
-        self._socket = owner_end
-        self._ready = False
-        self._ended = False  # the process is gone
-        self._retired = False  # it gets no more ranks
+        self._socket = connection
+        self._retired = False  # it takes no more ranks from this process
         self._lock = threading.Lock()
 
     @classmethod
-    def start(cls, python: str, env: dict[str, str], modules: frozenset[str]) -> Zygote:
-        """Start a zygote process importing ``modules`` in ``env``."""
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        setup = {ENV_ZYGOTE_FD: str(theirs.fileno()),
-                 ENV_ZYGOTE_IMPORTS: ",".join(sorted(modules))}
-        idle = os.environ.get(ENV_ZYGOTE_IDLE_S)
-        if idle:
-            setup[ENV_ZYGOTE_IDLE_S] = idle
+    def connect(cls, path: str) -> Zygote | None:
+        """The zygote serving at ``path``, or ``None`` when none does."""
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        connection.settimeout(FORK_WAIT_S)
         try:
-            proc = subprocess.Popen(
-                [python, "-u", "-m", ZYGOTE_MODULE], env={**env, **setup},
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), start_new_session=True)
-        finally:
-            theirs.close()
-        return cls(mine, modules, proc)
-
-    def grow(self, modules: frozenset[str]) -> Zygote | None:
-        """A zygote forked from this one that also imports ``modules`` (this one retired)."""
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            with self._lock:
-                socket.send_fds(self._socket, [ZYGOTE_GROW + ",".join(sorted(modules)).encode()],
-                                [theirs.fileno()])
+            connection.connect(path)
+            said = connection.recv(65536)
         except OSError:
-            mine.close()
+            said = b""
+        if not said.startswith(ZYGOTE_READY):
+            connection.close()
             return None
-        finally:
-            theirs.close()
-        self.retire()
-        return Zygote(mine, self.modules | modules)
-
-    def _listen(self) -> None:
-        """Read what it said, without waiting: ready (with what it holds), or gone."""
-        while not self._ended and select.select([self._socket], [], [], 0)[0]:
-            try:
-                said = self._socket.recv(65536)
-            except OSError:
-                said = b""
-            if said.startswith(ZYGOTE_READY):
-                self._ready = True
-                held = said[len(ZYGOTE_READY):].decode().strip()
-                self.modules = self.modules | frozenset(filter(None, held.split(",")))
-            else:
-                self._ended = True  # it ended (idle, stale, a CUDA driver loaded) or hangs up
-        if self.proc is not None and self.proc.poll() is not None:
-            self._ended = True
-
-    def alive(self) -> bool:
-        """Whether its process runs (a retired one too, until its ranks have ended)."""
-        with self._lock:
-            self._listen()
-            return not self._ended
+        connection.settimeout(None)
+        held = said[len(ZYGOTE_READY):].decode().strip()
+        return cls(connection, frozenset(filter(None, held.split(","))))
 
     def usable(self) -> bool:
-        """Whether it imports or waits for ranks."""
-        return self.alive() and not self._retired
-
-    def is_ready(self) -> bool:
-        """Whether it has imported its modules and waits for ranks."""
-        return self.usable() and self._ready
+        """Whether it takes ranks (it did not retire, nor end)."""
+        with self._lock:
+            while not self._retired and select.select([self._socket], [], [], 0)[0]:
+                self._retired = True  # it retires (``retire``) or hung up: both end its use
+            return not self._retired
 
     def fork(self, env: dict[str, str], fds: list[int]) -> tuple[int, socket.socket, bytes] | None:
         """Ask for a keeper of a rank with ``env`` and the rank's ends of its pipes (stdin,
@@ -208,7 +165,7 @@ class Zygote:
             with self._lock:
                 socket.send_fds(self._socket, [request], [*fds, there.fileno()])
         except OSError:
-            self._ended = True
+            self._retired = True
             here.close()
             return None
         finally:
@@ -219,7 +176,7 @@ class Zygote:
             while b"\n" not in said and (chunk := here.recv(256)):
                 said += chunk
         except OSError:  # no answer in time: a zygote that hangs serves no one
-            self.stop()
+            self.close()
         here.settimeout(None)
         line, _, rest = said.partition(b"\n")
         if not line.startswith(b"pid "):
@@ -228,47 +185,104 @@ class Zygote:
             return None
         return int(line.split()[1]), here, rest
 
-    def retire(self) -> None:
-        """Let it end once the ranks it started have (it starts no more)."""
-        with self._lock:
-            self._retired = True
-            try:
-                self._socket.send(ZYGOTE_RETIRE)
-            except OSError:
-                pass
+    def grow(self, modules: frozenset[str]) -> None:
+        """Ask it for a zygote that also imports ``modules``, which takes its place."""
+        with self._lock, contextlib.suppress(OSError):
+            self._socket.send(ZYGOTE_GROW + ",".join(sorted(modules)).encode())
+        self.close()
 
-    def stop(self) -> None:
-        """End it now (its keepers stop their ranks)."""
-        self._ended = True
-        self._socket.close()  # it ends when its owner's end closes
-        if self.proc is not None:
-            self.proc.wait()
+    def close(self) -> None:
+        """Use it no more."""
+        self._retired = True
+        self._socket.close()
+
+
+def start_zygote(path: str, python: str, env: dict[str, str],
+                 modules: frozenset[str]) -> subprocess.Popen | None:
+    """Start the zygote serving at ``path``, importing ``modules`` in ``env`` (``None``: another
+    process is starting it)."""
+    lock = take_lock(path)
+    if lock is None:
+        return None
+    setup = {ENV_ZYGOTE_SOCKET: path, ENV_ZYGOTE_LOCK_FD: str(lock),
+             ENV_ZYGOTE_IMPORTS: ",".join(sorted(modules))}
+    idle = os.environ.get(ENV_ZYGOTE_IDLE_S)
+    if idle:
+        setup[ENV_ZYGOTE_IDLE_S] = idle
+    try:
+        return subprocess.Popen(
+            [python, "-u", "-m", ZYGOTE_MODULE],
+            env={**{k: v for k, v in env.items() if not is_late(k)}, **setup},
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            pass_fds=(lock,), start_new_session=True)
+    except OSError:
+        return None
+    finally:
+        os.close(lock)  # the zygote holds it until it serves
+
+
+def control_group() -> str:
+    """This process's control groups (a container's): a zygote serves only its own, so that a
+    rank runs, and is accounted, where its task does."""
+    try:
+        with open("/proc/self/cgroup") as groups:
+            return groups.read()
+    except OSError:
+        return ""
 
 
 class Zygotes:
-    """This process's zygotes, by key, and what each key's jobs imported."""
+    """This process's connections to the host's zygotes, by key, and what each key's jobs
+    imported."""
 
-    def __init__(self, most: int = MOST_ZYGOTES) -> None:
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._most = most
-        self._zygotes: dict[Key, Zygote] = {}  # the latest used last
-        self._retired: list[Zygote] = []
+        self._zygotes: dict[Key, Zygote] = {}
+        self._paths: dict[Key, str] = {}
         self._imported: dict[Key, frozenset[str]] = {}
+        self._started: list[subprocess.Popen] = []  # reaped once they end
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        """In a forked child: its parent's connections are not its own."""
+        self._lock = threading.Lock()
+        self._zygotes, self._started = {}, []
+
+    def _path(self, key: Key, env: dict[str, str]) -> str | None:
+        path = self._paths.get(key)
+        if path is None:
+            folder = zygote_dir(env)
+            path = socket_path(folder, (key, control_group())) if folder else None
+            if path is not None:
+                self._paths[key] = path
+        return path
+
+    def _connected(self, key: Key, env: dict[str, str]) -> Zygote | None:
+        """The key's zygote, connected to when this process has no usable connection to it."""
+        with self._lock:
+            zygote = self._zygotes.get(key)
+            if zygote is not None and zygote.usable():
+                return zygote
+            if zygote is not None:
+                zygote.close()
+            path = self._path(key, env)
+            zygote = Zygote.connect(path) if path else None
+            if zygote is None:
+                self._zygotes.pop(key, None)
+            else:
+                self._zygotes[key] = zygote
+            return zygote
 
     def start_rank(self, python: str, env: dict[str, str], preimport: list[str] | tuple[str, ...],
                    events: int, control: int) -> ZygoteRank | None:
-        """Start a rank from this key's zygote when it is ready (``None``: start it fresh).
+        """Start a rank from this key's zygote when one serves (``None``: start it fresh).
         ``events`` and ``control`` are the rank's ends of its event and control pipes. A zygote
         is started (or grown) only once a job's ranks say what they imported (:meth:`learn`):
         its imports then run between jobs, not beside a job's own fresh ranks."""
         if not enabled(env):
             return None
-        key = key_of(python, env, preimport)
-        with self._lock:
-            zygote = self._zygotes.pop(key, None)
-            if zygote is not None:
-                self._zygotes[key] = zygote  # the latest used last
-        if zygote is None or not zygote.is_ready():
+        zygote = self._connected(key_of(python, env, preimport), env)
+        if zygote is None:
             return None
         stdin_read, stdin_write = os.pipe()
         stdout_read, stdout_write = os.pipe()
@@ -286,54 +300,42 @@ class Zygotes:
                           report, said)
 
     def ready(self) -> list[frozenset[str]]:
-        """The frameworks each of this process's ready zygotes holds."""
+        """The frameworks each zygote serving this process's keys holds."""
         with self._lock:
-            zygotes = list(self._zygotes.values())
-        return [zygote.modules for zygote in zygotes if zygote.is_ready()]
+            keys = list(self._paths)
+        held = []
+        for key in keys:
+            zygote = self._connected(key, {})
+            if zygote is not None:
+                held.append(zygote.modules)
+        return held
 
     def learn(self, python: str, env: dict[str, str], preimport: list[str] | tuple[str, ...],
               modules: list[str]) -> None:
         """Note the frameworks a rank of this environment and leading imports imported (its
-        ``imported`` event): the key's next zygote imports them."""
+        ``imported`` event): the key's zygote is started, or grown, to hold them."""
         if not enabled(env):
             return
         key = key_of(python, env, preimport)
         with self._lock:
-            self._imported[key] = self._imported.get(key, frozenset()) | frameworks(modules,
-                                                                                    key[2])
-        self._zygote(key, python, env, frameworks(preimport, key[2]))
-
-    def _zygote(self, key: Key, python: str, env: dict[str, str],
-                wanted: frozenset[str]) -> Zygote | None:
-        """The key's zygote, started (or grown from the one it has) when it has none alive
-        holding every module ``wanted`` or learnt; past :data:`MOST_ZYGOTES`, the least used
-        one is retired."""
-        with self._lock:
-            self._retired = [old for old in self._retired if old.alive()]
-            wanted = wanted | self._imported.get(key, frozenset())
-            zygote = self._zygotes.pop(key, None)
-            if zygote is not None and not zygote.usable():
-                if zygote.alive():
-                    self._retired.append(zygote)
-                zygote = None
-            if zygote is not None and zygote.modules >= wanted:
-                self._zygotes[key] = zygote
-                return zygote
-            if not wanted:
-                return None
-            grown = zygote.grow(wanted) if zygote is not None else None
-            if zygote is not None:
-                self._retired.append(zygote)
-            while len(self._zygotes) >= self._most:
-                least = next(iter(self._zygotes))
-                self._zygotes[least].retire()
-                self._retired.append(self._zygotes.pop(least))
-            zygote = grown or Zygote.start(python, {k: v for k, v in env.items() if not is_late(k)},
-                                           wanted)
-            self._zygotes[key] = zygote
-            return zygote
+            self._started = [proc for proc in self._started if proc.poll() is None]
+            wanted = self._imported.get(key, frozenset()) | frameworks(modules, key[2])
+            self._imported[key] = wanted
+        wanted |= frameworks(preimport, key[2])
+        if not wanted:
+            return
+        zygote = self._connected(key, env)
+        if zygote is not None:
+            if not zygote.modules >= wanted:
+                zygote.grow(wanted)
+            return
+        path = self._path(key, env)
+        if path is not None:
+            started = start_zygote(path, python, env, wanted)
+            if started is not None:
+                with self._lock:
+                    self._started.append(started)
 
 
 #: The zygotes of this process.
 ZYGOTES = Zygotes()
-

@@ -6,7 +6,7 @@ import pytest
 
 from hvd_magics import HorovodJobError, HorovodRunner, last_run
 from tests import jobs
-from tests.conftest import rank_processes_alive
+from tests.conftest import rank_processes_alive, supervisor_of
 from tests.environments import arrow_only_python
 from tests.frames import MIXED_IDS, check_cover, mixed_frame, read_reports
 
@@ -51,10 +51,8 @@ def test_the_timeline_comes_back_from_the_executor(cluster_spark, tmp_path):
 
 
 def _executor_jvm(pid: int):
-    """The executor JVM that (through the Python worker and the keeper) started process ``pid``."""
-    import psutil
-
-    for parent in psutil.Process(pid).parents():
+    """The executor JVM that (through the Python worker and the keeper) started rank ``pid``."""
+    for parent in supervisor_of(pid).parents():
         if "CoarseGrainedExecutorBackend" in " ".join(parent.cmdline()):
             return parent
     raise AssertionError(f"no executor JVM above process {pid}")

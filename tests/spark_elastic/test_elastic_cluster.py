@@ -11,7 +11,7 @@ import pytest
 
 from hvd_magics import HorovodRunner, last_run
 from tests import jobs
-from tests.conftest import _session, _stop_active, rank_processes_alive
+from tests.conftest import _session, _stop_active, rank_processes_alive, supervisor_of
 from tests.standalone import StandaloneCluster
 from tests.spark_local.test_elastic_local import wait_for
 
@@ -52,7 +52,7 @@ def elastic_spark(elastic_cluster):
 
 def _executor_and_worker(pid: int) -> tuple[psutil.Process, psutil.Process]:
     """The executor JVM above rank process ``pid`` and the worker JVM that started it."""
-    for parent in psutil.Process(pid).parents():
+    for parent in supervisor_of(pid).parents():
         if "CoarseGrainedExecutorBackend" in " ".join(parent.cmdline()):
             return parent, parent.parent()
     raise AssertionError(f"no executor JVM above process {pid}")

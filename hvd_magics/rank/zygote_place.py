@@ -1,0 +1,60 @@
+"""Where a host's zygotes serve: a folder of the user's own, a socket path per key, a lock.
+
+The folder (``HVD_MAGICS_ZYGOTE_DIR``, by default ``hvd-magics-zygotes-<uid>`` in the temporary
+folder) must be a real folder owned by the user and closed to everyone else: a zygote forks
+processes for whoever may connect to it. A folder that is not (another user made it first, or
+its mode was opened) is not used, and ranks start fresh. The lock beside a socket path is held
+by the process that starts or grows the zygote serving there until it serves, so that two
+processes needing one at once start one.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import stat
+import tempfile
+
+from hvd_magics.protocol import ENV_ZYGOTE_DIR
+
+#: The longest path of a Unix socket (108 bytes with the final NUL on Linux).
+MOST_SOCKET_PATH = 100
+
+
+def zygote_dir(env: dict[str, str]) -> str | None:
+    """The folder of this user's zygote sockets (made when missing), or ``None`` when it is not
+    safe to use."""
+    folder = env.get(ENV_ZYGOTE_DIR) or os.environ.get(ENV_ZYGOTE_DIR) or os.path.join(
+        tempfile.gettempdir(), f"hvd-magics-zygotes-{os.getuid()}")
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        found = os.lstat(folder)
+    except OSError:
+        return None
+    if (not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid()
+            or found.st_mode & 0o077):
+        return None
+    return folder
+
+
+def socket_path(folder: str, key: object) -> str | None:
+    """The socket of the zygote for ``key`` (any value with a stable ``repr``) in ``folder``, or
+    ``None`` when the folder's path is too long for a socket."""
+    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:24]
+    path = os.path.join(folder, f"{digest}.sock")
+    return path if len(path.encode()) + 8 <= MOST_SOCKET_PATH else None  # + ".<pid>" while bound
+
+
+def take_lock(path: str) -> int | None:
+    """The file descriptor of the lock of the zygote at ``path``, taken (``None``: another
+    process holds it, starting or growing that zygote). Closing every copy releases it."""
+    try:
+        fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
