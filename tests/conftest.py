@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -47,10 +48,12 @@ def _tier_of(path: str) -> str:
 ONE_LANE = ("spark_local", "spark_cluster", "spark_connect", "spark_elastic", "mlflow_tracking",
             "browser")
 
-# The suite's ranks fork from zygotes of its own (both lanes, every kernel, Spark worker and
-# Connect server it starts share them), ended when the suite ends (see pytest_sessionfinish).
+# The suite's ranks fork from zygotes of its own run (both lanes, which inherit this variable
+# from the process that starts them, and every kernel, Spark worker and Connect server it
+# starts share them; another suite running beside it has its own), ended when the suite ends
+# (see pytest_sessionfinish).
 os.environ.setdefault("HVD_MAGICS_ZYGOTE_DIR", str(
-    Path(os.environ.get("TMPDIR", "/tmp")) / f"hvd-tests-zygotes-{os.getuid()}"))
+    Path(os.environ.get("TMPDIR", "/tmp")) / f"hvd-tests-zygotes-{os.getpid()}"))
 
 
 def end_zygotes(folder: str) -> None:
@@ -125,14 +128,13 @@ _TIMES: dict = {"tiers": {}, "tier_cpu": {}, "test_cpu": {}, "began": None, "cpu
 
 def pytest_sessionstart(session) -> None:  # noqa: ARG001 - pytest's hook
     _TIMES["began"], _TIMES["cpu"] = time.monotonic(), _cpu_seconds()
-    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the suite's own process: none left before
-        end_zygotes(os.environ["HVD_MAGICS_ZYGOTE_DIR"])
 
 
 def pytest_sessionfinish(session) -> None:  # noqa: ARG001 - pytest's hook
     """End the suite's zygotes once every lane is done (in the process that started the lanes)."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         end_zygotes(os.environ["HVD_MAGICS_ZYGOTE_DIR"])
+        shutil.rmtree(os.environ["HVD_MAGICS_ZYGOTE_DIR"], ignore_errors=True)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,7 +1,7 @@
 """Where a host's zygotes serve: a folder of the user's own, a socket path per key, a lock.
 
 The folder (``HVD_MAGICS_ZYGOTE_DIR``, by default ``hvd-magics-zygotes-<uid>`` in the temporary
-folder) must be a real folder owned by the user and closed to everyone else: a zygote forks
+folder, or in ``/tmp`` when that one's path is too long for a socket's) must be a real folder owned by the user and closed to everyone else: a zygote forks
 processes for whoever may connect to it. A folder that is not (another user made it first, or
 its mode was opened) is not used, and ranks start fresh. The lock beside a socket path is held
 by the process that starts or grows the zygote serving there until it serves, so that two
@@ -24,8 +24,12 @@ MOST_SOCKET_PATH = 100
 def zygote_dir(env: dict[str, str]) -> str | None:
     """The folder of this user's zygote sockets (made when missing), or ``None`` when it is not
     safe to use."""
-    folder = env.get(ENV_ZYGOTE_DIR) or os.environ.get(ENV_ZYGOTE_DIR) or os.path.join(
-        tempfile.gettempdir(), f"hvd-magics-zygotes-{os.getuid()}")
+    folder = env.get(ENV_ZYGOTE_DIR) or os.environ.get(ENV_ZYGOTE_DIR)
+    if not folder:
+        name = f"hvd-magics-zygotes-{os.getuid()}"
+        folder = os.path.join(tempfile.gettempdir(), name)
+        if len(folder) > MOST_SOCKET_PATH // 2 and os.path.isdir("/tmp"):
+            folder = os.path.join("/tmp", name)  # a container's long temporary folder (YARN)
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
         found = os.lstat(folder)

@@ -112,3 +112,63 @@ def subprocess_grandparent(pid: int) -> int | None:
 
     above = psutil.Process(pid).parent().parent()
     return above.pid if ZYGOTE_MODULE in " ".join(above.cmdline()) else None
+
+
+def test_a_zygote_forks_nothing_for_another_user():
+    """Its folder is closed to others; should its socket be reached anyway, a zygote hangs up
+    on a process of another user without a word."""
+    import pytest
+
+    from hvd_magics.protocol import ENV_ZYGOTE_IMPORTS, ENV_ZYGOTE_SOCKET, ZYGOTE_MODULE
+
+    if os.getuid() != 0:
+        pytest.skip("needs root to connect as another user")
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    folder = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's folders are closed to other users
+    folder.chmod(0o777)
+    path = folder / "z.sock"
+    zygote = subprocess.Popen([sys.executable, "-m", ZYGOTE_MODULE], cwd=ROOT,
+                              env={**os.environ, ENV_ZYGOTE_SOCKET: str(path),
+                                   ENV_ZYGOTE_IMPORTS: ""})
+    try:
+        deadline = time.monotonic() + 60
+        while not path.exists():
+            assert zygote.poll() is None and time.monotonic() < deadline, "it never served"
+            time.sleep(0.05)
+        path.chmod(0o777)
+        assert _greeting(str(path)).startswith(b"ready")
+        assert _greeting(str(path), as_user=65534) == b""
+    finally:
+        zygote.kill()
+        zygote.wait()
+        shutil.rmtree(folder)
+
+
+def _greeting(path: str, as_user: int | None = None) -> bytes:
+    """What the zygote at ``path`` says to a process that connects (of user ``as_user``: a child
+    forked here that takes that user on; it cannot run this Python, which lives in /root)."""
+    import socket
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            if as_user is not None:
+                os.setgid(as_user)
+                os.setuid(as_user)
+            connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            connection.settimeout(30)
+            connection.connect(path)
+            os.write(write, b"said " + connection.recv(100))
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as said:
+        answer = said.read()
+    os.waitpid(pid, 0)
+    assert answer.startswith(b"said "), "the connection failed"
+    return answer[len(b"said "):]

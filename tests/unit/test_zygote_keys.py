@@ -1,5 +1,8 @@
 """Which ranks may share a zygote (hvd_magics.task.zygotes): only ranks whose environments
 differ in what a framework reads once the job runs."""
+import os
+
+from hvd_magics.rank.zygote_place import socket_path, take_lock, zygote_dir
 from hvd_magics.task.zygotes import frameworks, key_of
 
 
@@ -19,6 +22,44 @@ def test_anything_a_framework_may_read_on_import_gets_a_zygote_of_its_own():
     assert key_of("/venv/bin/python", {**base, "OMP_NUM_THREADS": "1"}) != key
     assert key_of("/venv/bin/python", {**base, "KERAS_BACKEND": "torch"}) != key
     assert key_of("/shipped/bin/python", base) != key
+
+
+def test_ranks_of_two_spark_applications_and_kernels_share_a_zygote():
+    """Spark's per-application variables (its folders, its worker secret), a kernel's and the
+    temporary folder are read by nothing on import: one zygote serves them all."""
+    base = {"PATH": "/usr/bin", "PYTHONPATH": "/pkg"}
+    first = {**base, "SPARK_LOCAL_DIRS": "/tmp/blockmgr-1", "PYTHON_WORKER_FACTORY_SECRET": "a",
+             "JPY_PARENT_PID": "10", "TMPDIR": "/tmp/lane0", "COLUMNS": "80"}
+    second = {**base, "SPARK_LOCAL_DIRS": "/tmp/blockmgr-2", "PYTHON_WORKER_FACTORY_SECRET": "b",
+              "JPY_PARENT_PID": "11", "TMPDIR": "/tmp/lane1"}
+    assert key_of("/venv/bin/python", first) == key_of("/venv/bin/python", second)
+
+
+def test_zygote_sockets_live_only_in_a_folder_closed_to_other_users(tmp_path):
+    """A zygote forks processes for whoever reaches its socket: a folder others may open (or a
+    link to one) is not used, and ranks start fresh."""
+    mine = tmp_path / "mine"
+    assert zygote_dir({"HVD_MAGICS_ZYGOTE_DIR": str(mine)}) == str(mine)
+    assert mine.stat().st_mode & 0o777 == 0o700
+    opened = tmp_path / "opened"
+    opened.mkdir(mode=0o755)
+    opened.chmod(0o755)
+    assert zygote_dir({"HVD_MAGICS_ZYGOTE_DIR": str(opened)}) is None
+    (tmp_path / "link").symlink_to(mine)
+    assert zygote_dir({"HVD_MAGICS_ZYGOTE_DIR": str(tmp_path / "link")}) is None
+    path = socket_path("/tmp/z", ("key",))
+    assert path is not None and path.startswith("/tmp/z/") and path != socket_path("/tmp/z", 1)
+    assert socket_path("/" + "d" * 90, ("key",)) is None  # too long for a Unix socket
+
+
+def test_one_process_at_a_time_starts_a_zygote_at_a_path(tmp_path):
+    path = str(tmp_path / "z.sock")
+    first = take_lock(path)
+    assert first is not None and take_lock(path) is None
+    os.close(first)
+    again = take_lock(path)
+    assert again is not None
+    os.close(again)
 
 
 def test_a_zygote_imports_only_frameworks_never_the_users_modules():
