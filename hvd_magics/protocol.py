@@ -284,17 +284,24 @@ ZYGOTE_MODULES = ("numpy", "pandas", "pyarrow", "scipy", "sklearn", "torch", "to
                   "lightning", "pytorch_lightning", "mlflow")
 #: The environment variables a rank's framework reads only once the job runs, so ranks that
 #: differ only in these start from one zygote (any other difference: a zygote of their own).
-#: ``PYTEST_CURRENT_TEST`` names the test that runs (pytest's): read by nothing on import;
+#: pytest's variables (``PYTEST_CURRENT_TEST``, its lanes') are read by nothing on import;
 #: ``TMPDIR`` is read again in a forked rank (and a rank gets a temporary folder of its own).
 #: Spark's variables for its Python workers (an application's folders and secret) and a
 #: kernel's (``JPY_``) are read by nothing on import either: a host's ranks share zygotes across
 #: Spark applications and kernels.
+#: What importing TensorFlow sets in the process that imports it (a supervisor that imported it
+#: passes them on; a zygote that imports it sets them itself), and what torch reads only when
+#: called, are late too.
 ZYGOTE_LATE_ENV_PREFIXES = ("HOROVOD_", "HVD_MAGICS_", "SPARK_", "PYSPARK_", "_PYSPARK_",
-                            "PYTHON_WORKER_", "PYTHON_DAEMON_", "PYTHON_UDF_", "JPY_")
+                            "PYTHON_WORKER_", "PYTHON_DAEMON_", "PYTHON_UDF_", "JPY_", "PYTEST_",
+                            "TPU_ML_PLATFORM")
 ZYGOTE_LATE_ENV = (ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_TF_CONFIG, ENV_TORCH_RANK, ENV_WORLD_SIZE,
                    ENV_LOCAL_RANK, ENV_LOCAL_WORLD_SIZE, ENV_GROUP_RANK, ENV_GROUP_WORLD_SIZE,
-                   ENV_NODE_RANK, ENV_GLOO_SOCKET_IFNAME, CUDA_VISIBLE_DEVICES, "PYTEST_CURRENT_TEST",
-                   "PWD", "OLDPWD", "SHLVL", "_", "TMPDIR", "COLUMNS", "LINES")
+                   ENV_NODE_RANK, ENV_GLOO_SOCKET_IFNAME, CUDA_VISIBLE_DEVICES,
+                   "PWD", "OLDPWD", "SHLVL", "_", "TMPDIR", "COLUMNS", "LINES",
+                   "TF2_BEHAVIOR", "ENABLE_RUNTIME_UPTIME_TELEMETRY", "HDF5_PLUGIN_PATH",
+                   "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "TORCHINDUCTOR_CACHE_DIR",
+                   "PYTORCH_NVML_BASED_CUDA_CHECK")
 
 # -- the columns that carry a job's DataFrames to its barrier stage -----------------------------
 #: ``__source`` is the DataFrame's index, ``__key`` sends the row to its task, ``__s<index>``

@@ -358,10 +358,11 @@ def supervisor_of(pid: int):
         return found
 
     mine = pipes(pid)
-    family = {pid, *(process.pid for process in [*above, *rank.children(recursive=True)])}
+    family = {pid, *(process.pid for process in rank.children(recursive=True))}
     for process in psutil.process_iter():
         try:
-            if process.pid not in family and pipes(process.pid) & mine:
+            if (process.pid not in family and pipes(process.pid) & mine
+                    and ZYGOTE_MODULE not in " ".join(process.cmdline())):  # nor its keeper
                 return process
         except (OSError, psutil.Error):
             continue

@@ -914,6 +914,23 @@ def zygote_draws():
     return hvd.allgather_object(mine)
 
 
+def zygote_imports(modules: list[str]):
+    """Which of ``modules`` this rank held before the job imported them, and the pid of the zygote
+    it was forked from (``None`` for a rank started fresh)."""
+    import importlib
+    import sys
+
+    import psutil
+
+    from hvd_magics.protocol import ZYGOTE_MODULE
+
+    held = [name for name in modules if name in sys.modules]
+    for name in modules:
+        importlib.import_module(name)
+    above = psutil.Process().parent().parent()
+    return held, above.pid if ZYGOTE_MODULE in " ".join(above.cmdline()) else None
+
+
 def zygote_setting(name: str):
     """The variable ``name`` as this rank sees it and as its zygote saw it when it started
     (``None`` for a rank started fresh)."""

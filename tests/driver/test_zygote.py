@@ -57,6 +57,32 @@ def test_an_environment_gets_its_own_zygote_and_none_is_used_when_turned_off(mon
         jobs.zygote_setting, name="HVD_TEST_IMPORT_SETTING") == ("a", None, None)
 
 
+def test_a_zygote_grows_to_hold_what_the_next_jobs_import():
+    """A job that imports more than its zygote holds: the zygote forks one that also imports it,
+    which takes its place for the next jobs (of any process)."""
+    import uuid
+
+    import psutil
+
+    runner = HorovodRunner(np=-1, env={"HVD_TEST_GROW": uuid.uuid4().hex})
+    deadline = time.monotonic() + 120
+    while True:  # the first runs start fresh while the zygote imports scipy
+        held, first = runner.run(jobs.zygote_imports, modules=["scipy"])
+        if first is not None:
+            break
+        assert time.monotonic() < deadline, "no rank forked within 120 s"
+    assert held == ["scipy"]
+    runner.run(jobs.zygote_imports, modules=["sklearn"])  # forked from it; it grows after
+    while True:
+        held, grown = runner.run(jobs.zygote_imports, modules=["scipy", "sklearn"])
+        if grown not in (first, None):
+            break
+        assert time.monotonic() < deadline, "the zygote did not grow within 120 s"
+    assert held == ["scipy", "sklearn"]
+    # the old one serves no more: it only waits for the grown one, its child, to reap it
+    assert [child.pid for child in psutil.Process(first).children()] == [grown]
+
+
 def test_a_zygote_whose_modules_changed_on_disk_starts_no_rank():
     """A module file changed since the zygote imported it (a new version installed between
     jobs): the next rank starts fresh, and the one after from a new zygote."""

@@ -1,5 +1,7 @@
 """A real standalone Spark cluster on loopback: a master and two one-core workers."""
+import os
 import re
+import signal
 import time
 
 import pytest
@@ -66,7 +68,12 @@ def kill_rank_1s_executor_once_marked(folder) -> None:
         deadline = time.monotonic() + 120
         while not (folder / "rank1").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        _executor_jvm(int((folder / "rank1").read_text())).kill()
+        rank = int((folder / "rank1").read_text())
+        try:
+            _executor_jvm(rank).kill()
+        except BaseException:  # the test must fail now, not wait for the paused rank's 600 s
+            os.kill(rank, signal.SIGKILL)
+            raise
 
     threading.Thread(target=kill, daemon=True).start()
 
