@@ -17,6 +17,7 @@ just before the rank gets its job, so no other process takes it meanwhile.
 from __future__ import annotations
 
 import json
+import random
 import socket
 from typing import Any, Mapping, Sequence
 
@@ -68,13 +69,40 @@ def offers_port(engine: str, rank: int) -> bool:
     return engine == ENGINE_TF or (engine == ENGINE_TORCH and rank == 0)
 
 
+#: Where a port is offered from when the host's ephemeral range is not known: below Linux's
+#: default one (32768-60999).
+OFFERED_PORTS = (20000, 32767)
+
+
+def offered_ports() -> tuple[int, int]:
+    """The ports to offer from: below the host's ephemeral range, which the system hands out
+    as the local ports of outgoing connections. A port offered from that range (``bind`` to 0)
+    was taken in the moment between its release and the rank's listening by another process's
+    connection (TensorFlow: "Could not start gRPC server", seen under the suite's two lanes)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+            low = int(ranges.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return OFFERED_PORTS
+    return (OFFERED_PORTS[0], low - 1) if low > OFFERED_PORTS[0] + 1000 else (0, 0)  # 0: any
+
+
 class PortOffer:
-    """A free TCP port on this host, held (bound, not listening) until :meth:`release`."""
+    """A free TCP port on this host, held (bound, not listening) until :meth:`release`: one
+    outside the host's ephemeral range when one is free there (:func:`offered_ports`)."""
 
     def __init__(self) -> None:
         self._sock: socket.socket | None = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("", 0))
+        low, high = offered_ports()
+        for port in random.sample(range(low, high + 1), min(50, high - low + 1)):
+            try:
+                self._sock.bind(("", port))
+                break
+            except OSError:
+                continue
+        else:
+            self._sock.bind(("", 0))
         self.port: int = self._sock.getsockname()[1]
 
     def release(self) -> None:

@@ -74,6 +74,18 @@ def test_an_offered_port_is_held_until_released():
     listener.close()
 
 
+def test_a_port_is_offered_from_outside_the_range_outgoing_connections_take_theirs():
+    """An offered port is free for a moment before its rank listens on it: one from the
+    ephemeral range was taken by another process's connection then ("Could not start gRPC
+    server")."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+        ephemeral = int(ranges.read().split()[0])
+    offers = [PortOffer() for _ in range(20)]
+    assert all(offer.port < ephemeral for offer in offers), [offer.port for offer in offers]
+    for offer in offers:
+        offer.release()
+
+
 def test_engine_options_name_the_choices():
     assert [validate_engine(e) for e in ("horovod", "Torch", "ddp", "tensorflow", "tf")] == [
         "horovod", "torch", "torch", "tf", "tf"]
