@@ -54,6 +54,9 @@ ONE_LANE = ("spark_local", "spark_cluster", "spark_connect", "spark_elastic", "m
 # (see pytest_sessionfinish).
 os.environ.setdefault("HVD_MAGICS_ZYGOTE_DIR", str(
     Path(os.environ.get("TMPDIR", "/tmp")) / f"hvd-tests-zygotes-{os.getpid()}"))
+# Most of the suite's environments (an application's executors, a shipped environment) serve a
+# few jobs: their zygotes' memory is given back after 5 minutes unused, not 10.
+os.environ.setdefault("HVD_MAGICS_ZYGOTE_IDLE_S", "300")
 
 
 def end_zygotes(folder: str) -> None:
