@@ -123,9 +123,14 @@ class RankProcess:
         self._python = env.get(ENV_RANK_PYTHON) or sys.executable
         self._env = env
         self._preimport = env.get(ENV_PREIMPORT, "").split(",")
-        self._proc: subprocess.Popen | ZygoteRank = ZYGOTES.start_rank(
-            self._python, env, self._preimport, write_fd, control_read,
-        ) or subprocess.Popen(
+        forked = ZYGOTES.start_rank(self._python, env, self._preimport, write_fd, control_read)
+        if forked is None:  # new pipes: a zygote that hung may hold the ends it was sent
+            for fd in (read_fd, write_fd, control_read, control_write):
+                os.close(fd)
+            read_fd, write_fd = os.pipe()
+            control_read, control_write = os.pipe()
+            env[ENV_EVENT_FD], env[ENV_CONTROL_FD] = str(write_fd), str(control_read)
+        self._proc: subprocess.Popen | ZygoteRank = forked or subprocess.Popen(
             [self._python, "-u", "-m", RANK_MODULE],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             env=env, pass_fds=(write_fd, control_read), start_new_session=True,

@@ -35,9 +35,12 @@ from hvd_magics.protocol import (ENV_ZYGOTE, ENV_ZYGOTE_IDLE_S, ENV_ZYGOTE_IMPOR
                                  ZYGOTE_MODULES, ZYGOTE_READY)
 from hvd_magics.rank.zygote_place import socket_path, take_lock, zygote_dir
 
-#: Seconds a supervisor waits for a zygote to greet it or to fork a keeper (a zygote alive
-#: answers in milliseconds); past it, the rank starts fresh.
-FORK_WAIT_S = 30.0
+#: Seconds a supervisor waits for a zygote to fork a keeper (a zygote alive answers in
+#: milliseconds); past it, the rank starts fresh.
+FORK_WAIT_S = 10.0
+#: Seconds a process waits for a zygote to greet it once connected; past it, the zygote is taken
+#: for hung: its socket is removed (a new one is started for the next job) and ranks start fresh.
+GREETING_WAIT_S = 5.0
 
 #: A zygote's key: the interpreter, the variables frameworks read on import, and the Horovod
 #: binding its ranks use (see :func:`binding_of`).
@@ -135,10 +138,14 @@ class Zygote:
     def connect(cls, path: str) -> Zygote | None:
         """The zygote serving at ``path``, or ``None`` when none does."""
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        connection.settimeout(FORK_WAIT_S)
+        connection.settimeout(GREETING_WAIT_S)
         try:
             connection.connect(path)
             said = connection.recv(65536)
+        except socket.timeout:  # connected (the system accepts for it) but never greeted
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # the hung zygote sees it gone and retires, if it ever wakes
+            said = b""
         except OSError:
             said = b""
         if not said.startswith(ZYGOTE_READY):

@@ -198,3 +198,27 @@ def _greeting(path: str, as_user: int | None = None) -> bytes:
     os.waitpid(pid, 0)
     assert answer.startswith(b"said "), "the connection failed"
     return answer[len(b"said "):]
+
+
+def test_a_hung_zygote_costs_a_job_seconds_and_another_takes_its_place():
+    """A zygote that stopped answering (here SIGSTOP): the rank starts fresh after
+    ``FORK_WAIT_S``, not never (the ends of the pipes it was sent stay open in it), and a new
+    zygote serves the next jobs."""
+    import uuid
+
+    from hvd_magics.task.zygotes import FORK_WAIT_S
+
+    runner = HorovodRunner(np=-1, env={"HVD_TEST_HUNG": uuid.uuid4().hex})
+    deadline = time.monotonic() + 120
+    while (hung := runner.run(jobs.zygote_imports, modules=["scipy"])[1]) is None:
+        assert time.monotonic() < deadline, "no rank forked within 120 s"
+    os.kill(hung, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        assert runner.run(jobs.zygote_imports, modules=["scipy"])[1] is None  # started fresh
+        assert time.monotonic() - began < FORK_WAIT_S + 30
+        while (new := runner.run(jobs.zygote_imports, modules=["scipy"])[1]) in (None, hung):
+            assert time.monotonic() < deadline + 60, "no new zygote within a minute"
+    finally:
+        os.kill(hung, signal.SIGCONT)
+    assert new != hung
