@@ -82,6 +82,11 @@ def end_zygotes(folder: str) -> None:
     processes_left(ended)
 
 
+#: Test files whose tests run one after another in one lane: the zygote tests, one of which
+#: marks a module of hvd_magics changed on disk, which retires every zygote of the suite that
+#: imported it (another of them, run beside it, found its zygote gone).
+ONE_LANE_FILES = ("test_zygote.py",)
+
 # A lane of ``pytest -n 2`` keeps its own temporary folder (its ranks' and kernels' too), so a
 # test that counts what its jobs leave in the temporary folder sees only its own lane's.
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -101,8 +106,11 @@ def pytest_xdist_make_scheduler(config, log):
 
     class TierLanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            tier = _tier_of(nodeid.split("::")[0])
-            return tier if tier in ONE_LANE else nodeid
+            path = nodeid.split("::")[0]
+            tier = _tier_of(path)
+            if tier in ONE_LANE:
+                return tier
+            return path if path.endswith(ONE_LANE_FILES) else nodeid
 
     return TierLanes(config, log)
 

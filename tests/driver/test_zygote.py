@@ -1,5 +1,6 @@
 """Ranks forked from a zygote (hvd_magics.task.zygotes): they start as a fresh rank process would,
 from a zygote of their own environment, and never from one whose modules changed on disk."""
+import json
 import os
 import signal
 import subprocess
@@ -102,20 +103,22 @@ def test_a_zygote_whose_modules_changed_on_disk_starts_no_rank():
 def test_a_killed_kernel_takes_the_ranks_forked_for_it_along_and_its_zygote_serves_the_next(
         tmp_path):
     """A zygote serves every process of the host: when one dies (a kernel killed), the keepers
-    of its ranks kill their ranks, and the zygote forks the next process's ranks."""
-    script = textwrap.dedent(f"""
-        import sys, time
+    of its ranks kill their ranks, and the zygote forks the next process's ranks (a second
+    "kernel" started as the first, so that their ranks' environments are the same)."""
+    prelude = textwrap.dedent(f"""
+        import json, sys, time
         sys.path.insert(0, {str(ROOT)!r})
         import cloudpickle
         from hvd_magics import HorovodRunner
         from tests import jobs
         from tests.driver.test_zygote import _zygote_ready
         cloudpickle.register_pickle_by_value(jobs)
+    """)
+    owner = subprocess.Popen([sys.executable, "-c", prelude + textwrap.dedent(f"""
         HorovodRunner(np=-2).run(jobs.zygote_draws)
         _zygote_ready("horovod.torch")
         HorovodRunner(np=-2).run(jobs.sleep_in_allreduce, pid_dir={str(tmp_path)!r})
-    """)
-    owner = subprocess.Popen([sys.executable, "-c", script])
+    """)])
     deadline = time.monotonic() + 180
     while len(list(tmp_path.iterdir())) < 2:
         assert owner.poll() is None and time.monotonic() < deadline, "the ranks never started"
@@ -127,7 +130,10 @@ def test_a_killed_kernel_takes_the_ranks_forked_for_it_along_and_its_zygote_serv
     owner.wait()
     assert processes_left(ranks) == []
     assert processes_left(list(zygotes), within=0.5) == list(zygotes)
-    assert {rank["zygote"] for rank in HorovodRunner(np=-2).run(jobs.zygote_draws)} == zygotes
+    next_kernel = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent("""
+        print(json.dumps([rank["zygote"] for rank in HorovodRunner(np=-2).run(jobs.zygote_draws)]))
+    """)], capture_output=True, text=True, check=True)
+    assert set(json.loads(next_kernel.stdout.strip().splitlines()[-1])) == zygotes
 
 
 def subprocess_grandparent(pid: int) -> int | None:
