@@ -914,6 +914,24 @@ def zygote_draws():
     return hvd.allgather_object(mine)
 
 
+def zygote_place():
+    """Every rank's zygote (its pid, ``None`` for a rank started fresh), folder (a standalone
+    executor's own work folder) and where it imported hvd_magics from."""
+    import os
+
+    import horovod.torch as hvd
+    import psutil
+
+    import hvd_magics
+    from hvd_magics.protocol import ZYGOTE_MODULE
+
+    hvd.init()
+    above = psutil.Process().parent().parent()
+    return hvd.allgather_object({
+        "zygote": above.pid if ZYGOTE_MODULE in " ".join(above.cmdline()) else None,
+        "cwd": os.getcwd(), "package": hvd_magics.__file__})
+
+
 def zygote_imports(modules: list[str]):
     """Which of ``modules`` this rank held before the job imported them, and the pid of the zygote
     it was forked from (``None`` for a rank started fresh)."""

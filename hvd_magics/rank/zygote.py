@@ -22,7 +22,8 @@ end closes (the supervisor's process died). The zygote reaps its keepers.
 What a fork would otherwise share: the global random generators (seeded again in the rank), the
 environment, ``sys.argv`` and ``sys.path[0]`` (the rank's own). It ends after
 ``HVD_MAGICS_ZYGOTE_IDLE_S`` seconds without a rank, or once retired and its ranks ended: asked
-to ``grow``, it forks a zygote that imports more, which takes its path over; it retires itself
+to ``grow``, it forks a zygote that imports more and serves on (ranks that import the rest
+themselves) until that one takes its path over, then retires; it retires itself
 when a file of a module it imported changed (a ``pip install -U`` between jobs), refusing the
 rank, which its supervisor then starts fresh. A zygote that finds a CUDA driver loaded in itself
 never serves (a forked child cannot use a CUDA context made before the fork).
@@ -310,9 +311,8 @@ class Zygote:
                 if (pid := os.fork()) == 0:
                     in_child()
                     begin(self.path, names, self.idle_s, self.first_path, lock)
-                os.close(lock)
-                self.retire()  # the grown one takes the path over (and is reaped like a keeper)
-                return pid
+                os.close(lock)  # the grown one holds it until it serves at the path; until
+                return pid  # then this one serves, and retires once it sees it taken over
             if len(fds) == 5:
                 if (pid := os.fork()) == 0:
                     in_child()

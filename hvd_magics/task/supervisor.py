@@ -22,7 +22,7 @@ from typing import Any, Callable
 from hvd_magics.rank.cell_timeline import timeline_chunks
 from hvd_magics.rank.process_group import die_with_parent, killpg
 from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, make_rank_tmpdir
-from hvd_magics.task.zygotes import ZYGOTES, ZygoteRank
+from hvd_magics.task.zygotes import ZYGOTES, ZygoteRank, package_copy
 from hvd_magics.protocol import (CELL_END, CELL_END_LINE, ENV_CONTROL_FD, ENV_EVENT_FD,
                                  ENV_HOROVOD_TIMELINE, ENV_LEGACY_KERAS, ENV_PREIMPORT,
                                  ENV_RANK_PYTHON, ENV_RANK_TMPDIR, ENV_SUPERVISOR_PID,
@@ -69,11 +69,14 @@ def _package_root() -> str:
 
 
 def rank_environment(base: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
-    """The environment of a rank: the supervisor's, made unbuffered, plus the job's own."""
+    """The environment of a rank: the supervisor's, made unbuffered, plus the job's own, with
+    the package first on ``PYTHONPATH`` (a zip that travelled to the executor: its host's copy)."""
     env = dict(base)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault(ENV_LEGACY_KERAS, "1")
     root = _package_root()
+    if os.path.isfile(root):
+        root = package_copy(root, {**env, **extra})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env.update(extra)
     if env.pop(ENV_WANT_TIMELINE, None):

@@ -15,13 +15,19 @@ Ranks whose environments differ only in :data:`~hvd_magics.protocol.ZYGOTE_LATE_
 rank, their rendezvous, their GPU, Spark's per-application variables) share a zygote; any other
 difference (another Python, ``PYTHONPATH``, ``TF_USE_LEGACY_KERAS``, ``OMP_NUM_THREADS``, another
 control group: another container) gets a zygote of its own. ``HVD_MAGICS_ZYGOTE=0`` starts every
-rank fresh.
+rank fresh. The package's zip that travelled to an executor (each executor, and each Spark
+application, keeps it in a folder of its own) is put on its ranks' ``PYTHONPATH`` as a copy in the
+zygotes' folder named by its content (:func:`package_copy`), so that the executors of a host share
+a zygote, and none is left importing from a folder that went with its application.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import shutil
+import tempfile
 import select
 import socket
 import subprocess
@@ -130,6 +136,7 @@ class Zygote:
 
     def __init__(self, connection: socket.socket, modules: frozenset[str]) -> None:
         self.modules = modules
+        self.asked: frozenset[str] = frozenset()  # what it was asked to grow to hold
         self._socket = connection
         self._retired = False  # it takes no more ranks from this process
         self._lock = threading.Lock()
@@ -193,10 +200,11 @@ class Zygote:
         return int(line.split()[1]), here, rest
 
     def grow(self, modules: frozenset[str]) -> None:
-        """Ask it for a zygote that also imports ``modules``, which takes its place."""
+        """Ask it for a zygote that also imports ``modules``, which takes its place once it
+        has (this one serves until then, and then says ``retire``)."""
         with self._lock, contextlib.suppress(OSError):
             self._socket.send(ZYGOTE_GROW + ",".join(sorted(modules)).encode())
-        self.close()
+        self.asked = modules
 
     def close(self) -> None:
         """Use it no more."""
@@ -226,6 +234,44 @@ def start_zygote(path: str, python: str, env: dict[str, str],
         return None
     finally:
         os.close(lock)  # the zygote holds it until it serves
+
+
+#: The copies :func:`package_copy` made or found: ``(path, size, mtime_ns) -> copy``.
+_COPIES: dict[tuple[str, int, int], str] = {}
+
+
+def package_copy(path: str, env: dict[str, str]) -> str:
+    """Where ranks of ``env`` import the package zip at ``path`` from: its copy in the host's
+    zygote folder (``packages/<sha256>-<name>``, made once), which every executor and application
+    of the host that received the same zip shares; ``path`` itself when zygotes are off, the
+    folder is not safe, or the copy cannot be made."""
+    if not enabled(env):
+        return path
+    try:
+        found = os.stat(path)
+        mark = (path, found.st_size, found.st_mtime_ns)
+        if mark in _COPIES:
+            return _COPIES[mark]
+        folder = zygote_dir(env)
+        if folder is None:
+            return path
+        with open(path, "rb") as source:
+            digest = hashlib.file_digest(source, "sha256").hexdigest()[:24]
+        packages = os.path.join(folder, "packages")
+        os.makedirs(packages, mode=0o700, exist_ok=True)
+        copy = os.path.join(packages, f"{digest}-{os.path.basename(path)}")
+        if not os.path.exists(copy):
+            with open(path, "rb") as source, tempfile.NamedTemporaryFile(
+                    dir=packages, suffix=".part") as part:
+                shutil.copyfileobj(source, part)
+                part.flush()
+                os.link(part.name, copy)  # whole or absent, when two tasks make it at once
+    except FileExistsError:
+        pass  # another task of this host made it first
+    except OSError:
+        return path
+    _COPIES[mark] = copy
+    return copy
 
 
 def control_group() -> str:
@@ -333,7 +379,7 @@ class Zygotes:
             return
         zygote = self._connected(key, env)
         if zygote is not None:
-            if not zygote.modules >= wanted:
+            if not (zygote.modules | zygote.asked) >= wanted:
                 zygote.grow(wanted)
             return
         path = self._path(key, env)

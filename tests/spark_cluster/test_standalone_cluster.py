@@ -23,6 +23,21 @@ def test_ranks_run_in_two_executors_and_allreduce(cluster_spark):
     assert [r["avg"] for r in tf_result] == [[0.5, 1.0], [0.5, 1.0]]
 
 
+def test_ranks_of_two_executors_fork_from_one_zygote_of_the_host(cluster_spark):
+    """Each executor keeps the travelled package zip in its own folder; its ranks import the
+    host's copy of it (named by its content), so both executors' ranks fork from one zygote."""
+    deadline = time.monotonic() + 120
+    while True:  # the first runs of this environment start fresh while its zygote imports
+        ranks = HorovodRunner(np=2).run(jobs.zygote_place)
+        if all(rank["zygote"] for rank in ranks):
+            break
+        assert time.monotonic() < deadline, f"no job of forked ranks within 120 s: {ranks}"
+    assert len({rank["cwd"] for rank in ranks}) == 2, ranks  # two executors
+    assert len({rank["zygote"] for rank in ranks}) == 1, ranks  # one zygote
+    folder = os.path.join(os.environ["HVD_MAGICS_ZYGOTE_DIR"], "packages")
+    assert all(rank["package"].startswith(folder) for rank in ranks), ranks
+
+
 def test_ddp_and_tf_distribute_ranks_meet_across_two_executors(cluster_spark):
     from tests import engine_jobs
 

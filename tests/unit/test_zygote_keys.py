@@ -81,3 +81,38 @@ def test_a_zygote_holds_at_most_one_of_horovods_bindings():
     assert frameworks(both, "") == {"torch", "tensorflow"}
     python, env = "/venv/bin/python", {"PATH": "/usr/bin"}
     assert key_of(python, env, ["horovod.torch"]) != key_of(python, env, ["horovod.tensorflow"])
+
+
+def test_executors_that_received_the_same_package_zip_share_its_copy_and_a_zygote(tmp_path,
+                                                                                  monkeypatch):
+    """Each executor (and each application) keeps the travelled zip in a folder of its own; its
+    ranks import it from the host's copy named by its content, so their environments (and
+    zygote) are one, and none imports from a folder that goes with its application."""
+    import hvd_magics.task.supervisor as supervisor
+    from hvd_magics.task import zygotes
+
+    folder = tmp_path / "zygotes"
+    env = {"HVD_MAGICS_ZYGOTE_DIR": str(folder), "PATH": "/usr/bin"}
+    zips = []
+    for executor, content in (("app-1/0", b"one"), ("app-1/1", b"one"), ("app-2/0", b"two")):
+        (tmp_path / executor).mkdir(parents=True)
+        zips.append(tmp_path / executor / "hvd_magics-0.1.0-0123456789abcdef.zip")
+        zips[-1].write_bytes(content)
+    copies = [zygotes.package_copy(str(path), env) for path in zips]
+    assert copies[0] == copies[1] != copies[2]
+    assert [open(copy, "rb").read() for copy in copies] == [b"one", b"one", b"two"]
+    assert os.path.dirname(copies[0]) == str(folder / "packages")
+    assert os.stat(folder / "packages").st_mode & 0o077 == 0
+    assert zygotes.package_copy(str(zips[0]), {**env, "HVD_MAGICS_ZYGOTE": "0"}) == str(zips[0])
+    folder.chmod(0o755)  # a folder others may open: no copy, and no zygote either
+    zygotes._COPIES.clear()
+    assert zygotes.package_copy(str(zips[0]), env) == str(zips[0])
+    folder.chmod(0o700)
+    # the rank's PYTHONPATH leads with the copy; two executors' ranks get one zygote key
+    keys = []
+    for path in zips[:2]:
+        monkeypatch.setattr(supervisor, "_package_root", lambda path=path: str(path))
+        rank_env = supervisor.rank_environment({**env, "PYTHONPATH": "/spark/python"}, {})
+        assert rank_env["PYTHONPATH"] == os.pathsep.join((copies[0], "/spark/python"))
+        keys.append(zygotes.key_of("/venv/bin/python", rank_env))
+    assert keys[0] == keys[1]
