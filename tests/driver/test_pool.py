@@ -29,12 +29,14 @@ def test_runs_share_the_same_processes_and_what_they_kept(pool):
 def test_an_idle_pool_leaves_the_cores_alone(pool):
     """Horovod's timeline writer (rank 0, whenever HOROVOD_TIMELINE is set; a pool's ranks start
     with DYNAMIC so that a cell can ask for a timeline) waited for records in a loop of
-    sched_yield: an idle pool of 2 ranks used 1.5 CPU s a second, rank 0 most of it."""
+    sched_yield: an idle pool of 2 ranks used 1.5 CPU s a second, rank 0 most of it. Idle, rank 0
+    uses about 0.1 CPU s a second (Horovod's background cycle), up to 0.26 on a machine as busy as
+    the full suite keeps it: the bound sits between that and the defect's."""
     pool.run(jobs.pool_cpu_mark)
     idle_s = 3.0
     time.sleep(idle_s)  # the idle time being measured, not a wait for a condition
     used = pool.run(jobs.pool_cpu_since_mark)
-    assert used < 0.25 * idle_s, f"rank 0 used {used:.2f} CPU s in {idle_s} s between cells"
+    assert used < 0.4 * idle_s, f"rank 0 used {used:.2f} CPU s in {idle_s} s between cells"
 
 
 def test_a_runs_environment_is_its_own(pool):
