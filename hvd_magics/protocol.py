@@ -290,8 +290,8 @@ ZYGOTE_MODULES = ("numpy", "pandas", "pyarrow", "scipy", "sklearn", "torch", "to
 #: kernel's (``JPY_``) are read by nothing on import either: a host's ranks share zygotes across
 #: Spark applications and kernels.
 #: What importing TensorFlow sets in the process that imports it (a supervisor that imported it
-#: passes them on; a zygote that imports it sets them itself), and what torch reads only when
-#: called, are late too.
+#: passes them on; a zygote that imports it sets them itself), what torch reads only when
+#: called, and the telemetry session mlflow draws in each process importing it, are late too.
 ZYGOTE_LATE_ENV_PREFIXES = ("HOROVOD_", "HVD_MAGICS_", "SPARK_", "PYSPARK_", "_PYSPARK_",
                             "PYTHON_WORKER_", "PYTHON_DAEMON_", "PYTHON_UDF_", "JPY_", "PYTEST_",
                             "TPU_ML_PLATFORM")
@@ -301,7 +301,7 @@ ZYGOTE_LATE_ENV = (ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_TF_CONFIG, ENV_TORCH_RA
                    "PWD", "OLDPWD", "SHLVL", "_", "TMPDIR", "COLUMNS", "LINES",
                    "TF2_BEHAVIOR", "ENABLE_RUNTIME_UPTIME_TELEMETRY", "HDF5_PLUGIN_PATH",
                    "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "TORCHINDUCTOR_CACHE_DIR",
-                   "PYTORCH_NVML_BASED_CUDA_CHECK")
+                   "PYTORCH_NVML_BASED_CUDA_CHECK", "_MLFLOW_TELEMETRY_SESSION_ID")
 
 # -- the columns that carry a job's DataFrames to its barrier stage -----------------------------
 #: ``__source`` is the DataFrame's index, ``__key`` sends the row to its task, ``__s<index>``

@@ -29,7 +29,8 @@ def test_ranks_of_two_spark_applications_and_kernels_share_a_zygote():
     temporary folder are read by nothing on import: one zygote serves them all."""
     base = {"PATH": "/usr/bin", "PYTHONPATH": "/pkg"}
     first = {**base, "SPARK_LOCAL_DIRS": "/tmp/blockmgr-1", "PYTHON_WORKER_FACTORY_SECRET": "a",
-             "JPY_PARENT_PID": "10", "TMPDIR": "/tmp/lane0", "COLUMNS": "80"}
+             "JPY_PARENT_PID": "10", "TMPDIR": "/tmp/lane0", "COLUMNS": "80",
+             "_MLFLOW_TELEMETRY_SESSION_ID": "1f"}  # set by importing mlflow: one per process
     second = {**base, "SPARK_LOCAL_DIRS": "/tmp/blockmgr-2", "PYTHON_WORKER_FACTORY_SECRET": "b",
               "JPY_PARENT_PID": "11", "TMPDIR": "/tmp/lane1"}
     assert key_of("/venv/bin/python", first) == key_of("/venv/bin/python", second)
