@@ -236,8 +236,8 @@ def start_zygote(path: str, python: str, env: dict[str, str],
         os.close(lock)  # the zygote holds it until it serves
 
 
-#: The copies :func:`package_copy` made or found: ``(path, size, mtime_ns) -> copy``.
-_COPIES: dict[tuple[str, int, int], str] = {}
+#: The copies :func:`package_copy` made or found: ``(path, size, mtime_ns, folder) -> copy``.
+_COPIES: dict[tuple[str, int, int, str], str] = {}
 
 
 def package_copy(path: str, env: dict[str, str]) -> str:
@@ -245,16 +245,14 @@ def package_copy(path: str, env: dict[str, str]) -> str:
     zygote folder (``packages/<sha256>-<name>``, made once), which every executor and application
     of the host that received the same zip shares; ``path`` itself when zygotes are off, the
     folder is not safe, or the copy cannot be made."""
-    if not enabled(env):
+    folder = zygote_dir(env) if enabled(env) else None
+    if folder is None:
         return path
     try:
         found = os.stat(path)
-        mark = (path, found.st_size, found.st_mtime_ns)
+        mark = (path, found.st_size, found.st_mtime_ns, folder)
         if mark in _COPIES:
             return _COPIES[mark]
-        folder = zygote_dir(env)
-        if folder is None:
-            return path
         with open(path, "rb") as source:
             digest = hashlib.file_digest(source, "sha256").hexdigest()[:24]
         packages = os.path.join(folder, "packages")
@@ -265,9 +263,8 @@ def package_copy(path: str, env: dict[str, str]) -> str:
                     dir=packages, suffix=".part") as part:
                 shutil.copyfileobj(source, part)
                 part.flush()
-                os.link(part.name, copy)  # whole or absent, when two tasks make it at once
-    except FileExistsError:
-        pass  # another task of this host made it first
+                with contextlib.suppress(FileExistsError):  # another task made it first
+                    os.link(part.name, copy)  # whole or absent, also then
     except OSError:
         return path
     _COPIES[mark] = copy
