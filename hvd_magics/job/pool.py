@@ -200,7 +200,7 @@ class HorovodPool:
         env = ({ENV_HOROVOD_TIMELINE: TIMELINE_DYNAMIC, **self.env}
                if self.engine == ENGINE_HOROVOD else dict(self.env))
         if self.np < 0:
-            self.backend: Any = DriverBackend(-self.np, env, pool=True)
+            self.backend: DriverBackend | SparkBackend = DriverBackend(-self.np, env, pool=True)
             self.ranks_per_task = 1
         else:
             spark = active_session() or start_local_session(self.np)
