@@ -63,8 +63,10 @@ def event_scalars(folder) -> dict[str, list[tuple[int, float]]]:
     import glob
     import os
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import tensorflow as tf
+    from hvd_magics.task.predict import quiet_tensorflow
+
+    with quiet_tensorflow():  # not left in this process: its next jobs' ranks would get it
+        import tensorflow as tf
 
     found: dict[str, list[tuple[int, float]]] = {}
     for path in sorted(glob.glob(os.path.join(str(folder), "events.out.tfevents.*"))):

@@ -65,13 +65,28 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
+@contextlib.contextmanager
+def quiet_tensorflow() -> Iterator[None]:
+    """TensorFlow's C++ log level 3 while it is first imported (it keeps the level it read), not
+    left in the Python worker's environment: a reused worker passes its environment on to the
+    ranks of the next job it runs, whose TensorFlow would be silenced (and whose zygote would be
+    another)."""
+    if ENV_TF_LOG_LEVEL in os.environ:
+        yield
+        return
+    os.environ[ENV_TF_LOG_LEVEL] = "3"
+    try:
+        yield
+    finally:
+        os.environ.pop(ENV_TF_LOG_LEVEL, None)
+
+
 def model_from_bytes(framework: str, blob: bytes, compile: bool = False) -> Any:
     """The network from a fit's bytes: a tf_keras model from ``.keras`` bytes (TensorFlow's
     start-up lines kept off stderr), or a torch module from ``torch.save`` bytes."""
     if framework == KERAS:
         os.environ.setdefault(ENV_LEGACY_KERAS, "1")
-        os.environ.setdefault(ENV_TF_LOG_LEVEL, "3")
-        with _quiet_stderr(), tempfile.TemporaryDirectory() as folder:
+        with _quiet_stderr(), quiet_tensorflow(), tempfile.TemporaryDirectory() as folder:
             import tf_keras
 
             path = os.path.join(folder, "model.keras")

@@ -1,6 +1,8 @@
 """The arrays transform hands the model, and the columns it makes of the outputs."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -58,3 +60,19 @@ def test_a_keras_loss_from_logits_means_softmax():
     assert classifier_output(loss, None) == "softmax"
     assert classifier_output(tf_keras.losses.BinaryCrossentropy(from_logits=True), None) == \
         "sigmoid"
+
+
+def test_tensorflows_quiet_level_is_not_left_in_a_reused_python_worker(monkeypatch):
+    """A Python worker that loaded a Keras model for a prediction kept TF_CPP_MIN_LOG_LEVEL=3 in
+    its environment, and the next training job it ran gave its ranks that (their TensorFlow's
+    C++ lines silenced, and a zygote of their own)."""
+    from hvd_magics.task.predict import quiet_tensorflow
+
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    with quiet_tensorflow():
+        assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "3"  # while TensorFlow is imported
+    assert "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")  # the user's own level stays theirs
+    with quiet_tensorflow():
+        assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "1"
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "1"
