@@ -893,24 +893,35 @@ def keras_callback_timing_warnings(slow_s: float = 0.05):
     return warned
 
 
+def _zygote_of_this_rank():
+    """The zygote this rank was forked from (rank -> keeper -> zygote), as a ``psutil.Process``,
+    or ``None`` for a rank started fresh."""
+    import psutil
+
+    from hvd_magics.protocol import ZYGOTE_MODULE
+
+    above = psutil.Process().parent().parent()
+    return above if ZYGOTE_MODULE in " ".join(above.cmdline()) else None
+
+
+def _zygote_pid():
+    zygote = _zygote_of_this_rank()
+    return zygote.pid if zygote else None
+
+
 def zygote_draws():
     """Every rank's draws from Python's, numpy's and torch's global generators, whether its
-    process was forked from a zygote (rank -> keeper -> zygote), and that zygote's pid."""
+    process was forked from a zygote, and that zygote's pid."""
     import os
     import random
 
     import horovod.torch as hvd
     import numpy as np
-    import psutil
     import torch
 
-    from hvd_magics.protocol import ZYGOTE_MODULE
-
     hvd.init()
-    above = psutil.Process().parent().parent()
-    zygote = above.pid if ZYGOTE_MODULE in " ".join(above.cmdline()) else None
     mine = {"draws": (random.random(), float(np.random.rand()), float(torch.rand(1))),
-            "zygote": zygote, "pid": os.getpid()}
+            "zygote": _zygote_pid(), "pid": os.getpid()}
     return hvd.allgather_object(mine)
 
 
@@ -920,16 +931,12 @@ def zygote_place():
     import os
 
     import horovod.torch as hvd
-    import psutil
 
     import hvd_magics
-    from hvd_magics.protocol import ZYGOTE_MODULE
 
     hvd.init()
-    above = psutil.Process().parent().parent()
-    return hvd.allgather_object({
-        "zygote": above.pid if ZYGOTE_MODULE in " ".join(above.cmdline()) else None,
-        "cwd": os.getcwd(), "package": hvd_magics.__file__})
+    return hvd.allgather_object({"zygote": _zygote_pid(), "cwd": os.getcwd(),
+                                 "package": hvd_magics.__file__})
 
 
 def zygote_imports(modules: list[str]):
@@ -938,15 +945,10 @@ def zygote_imports(modules: list[str]):
     import importlib
     import sys
 
-    import psutil
-
-    from hvd_magics.protocol import ZYGOTE_MODULE
-
     held = [name for name in modules if name in sys.modules]
     for name in modules:
         importlib.import_module(name)
-    above = psutil.Process().parent().parent()
-    return held, above.pid if ZYGOTE_MODULE in " ".join(above.cmdline()) else None
+    return held, _zygote_pid()
 
 
 def zygote_setting(name: str):
@@ -954,12 +956,9 @@ def zygote_setting(name: str):
     (``None`` for a rank started fresh)."""
     import os
 
-    import psutil
     import torch  # noqa: F401 - a framework, so that the next rank of this environment is forked
 
-    from hvd_magics.protocol import ZYGOTE_MODULE
-
-    above = psutil.Process().parent().parent()
-    if ZYGOTE_MODULE not in " ".join(above.cmdline()):
+    zygote = _zygote_of_this_rank()
+    if zygote is None:
         return os.environ.get(name), None, None
-    return os.environ.get(name), above.environ().get(name), above.pid
+    return os.environ.get(name), zygote.environ().get(name), zygote.pid
