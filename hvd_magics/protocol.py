@@ -187,6 +187,9 @@ ENV_LOOP_PROGRESS = "HVD_MAGICS_LOOP_PROGRESS"
 ENV_MAX_RESULT_MB = "HVD_MAGICS_MAX_RESULT_MB"
 #: Set to ``1`` by default: ``tf.keras`` is Keras 2 (tf_keras), which Horovod's Keras API needs.
 ENV_LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
+#: The threads of a rank's OpenMP pool (PyTorch's intra-op threads, NumPy's BLAS): its share of
+#: its host's or task's cores unless the job's ``--env`` sets it (task/threads.py).
+ENV_OMP_THREADS = "OMP_NUM_THREADS"
 #: The frameworks a HorovodEstimator trains (its fit's result and its model say which).
 KERAS, TORCH = "keras", "torch"
 #: How a fitted classifier's output becomes probabilities (its fit's result says which, and

@@ -962,3 +962,14 @@ def zygote_setting(name: str):
     if zygote is None:
         return os.environ.get(name), None, None
     return os.environ.get(name), zygote.environ().get(name), zygote.pid
+
+
+def rank_threads():
+    """Every rank's ``OMP_NUM_THREADS`` and the intra-op threads its PyTorch took from it."""
+    import os
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    return hvd.allgather_object((os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()))

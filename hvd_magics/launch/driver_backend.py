@@ -12,6 +12,7 @@ from hvd_magics.task.engines import PortOffer, engine_of, meet_env, offers_port,
 from hvd_magics.task.gpus import local_gpu_count, rank_devices, visible_devices
 from hvd_magics.task.supervisor import RankProcess, rank_environment
 from hvd_magics.task.slots import plan_ranks, start_rendezvous, stop_rendezvous
+from hvd_magics.task.threads import driver_cores, with_thread_share
 
 _HOST = "localhost"
 
@@ -60,8 +61,9 @@ class DriverBackend:
         # a GPU each (shared round-robin when there are more ranks than GPUs)
         host_gpus = [visible_devices([s.local_rank % gpus], os.environ).split(",")
                      for s in slots] if gpus else []
+        base = with_thread_share(os.environ, self.env, driver_cores(), self.size, keep_base=True)
         for slot in slots:
-            env = {**rank_environment(dict(os.environ), self.env),
+            env = {**rank_environment(base, self.env),
                    **start_env(engine, slot, "127.0.0.1", "lo"),
                    **meet_env(engine, slot.rank, addresses)}
             devices = rank_devices(engine, host_gpus, slot.local_rank) if gpus else None

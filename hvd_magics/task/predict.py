@@ -19,6 +19,7 @@ import numpy as np
 
 from hvd_magics.protocol import (ENV_LEGACY_KERAS, ENV_TF_LOG_LEVEL, KERAS, OUTPUT_EXP,
                                  OUTPUT_SIGMOID, OUTPUT_SOFTMAX)
+from hvd_magics.task.threads import task_cpus
 
 #: Output fields of the UDF's struct (the model adds them as columns under its param names).
 PREDICTION, PROBABILITY, RAW = "prediction", "probability", "raw"
@@ -39,16 +40,6 @@ class PredictConfig:
     output: str | None  # how a classifier's output becomes probabilities; None: not one
     fields: list[str] = field(default_factory=lambda: [PREDICTION])
     batch_size: int = 4096
-
-
-def _task_cpus() -> int:
-    try:
-        from pyspark import TaskContext
-
-        context = TaskContext.get()
-        return max(1, int(context.cpus())) if context is not None else os.cpu_count() or 1
-    except Exception:  # noqa: BLE001 - outside a task, or an old Spark
-        return os.cpu_count() or 1
 
 
 @contextlib.contextmanager
@@ -117,8 +108,9 @@ def _keras_predictor(model: Any, config: PredictConfig) -> Callable[[list[np.nda
 
 def _torch_predictor(model: Any, config: PredictConfig) -> Callable[[list[np.ndarray]], np.ndarray]:
     import torch
+    from pyspark import TaskContext
 
-    torch.set_num_threads(_task_cpus())
+    torch.set_num_threads(task_cpus(TaskContext.get()))
     model.eval()
 
     def predict(arrays: list[np.ndarray]) -> np.ndarray:

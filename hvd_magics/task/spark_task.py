@@ -32,6 +32,7 @@ from hvd_magics.task.shard_files import (ShardFile, ShardSpaceError, empty_shard
 from hvd_magics.task.shard_receiver import ShardReceiver
 from hvd_magics.task.shipped_environment import rank_python
 from hvd_magics.task.supervisor import RankProcess, rank_environment
+from hvd_magics.task.threads import task_cpus, with_thread_share
 from hvd_magics.task.task_meeting import BY_DRIVER, TaskMeeting, meet
 from hvd_magics.task.slots import (iface_for_address, node_ranks, plan_ranks, start_rendezvous,
                                    stop_rendezvous)
@@ -241,7 +242,7 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
     try:
         engine = engine_of(spec.env)
         slots = plan_ranks(hosts)
-        task_env = task_rank_env(spec, ctx)
+        task_env = task_rank_env(spec, ctx, per_task)
         addresses = _task_gpus(ctx)
         shares = [task_share(addresses, per_task, i) for i in range(per_task)]
         root = next(p for p, s in enumerate(slots) if s.rank == 0)
@@ -366,10 +367,11 @@ def _run_lanes(spec: TaskSpec, ctx: Any, engine: str, lanes: list[RankLane], hos
         yield json.dumps(status)
 
 
-def task_rank_env(spec: TaskSpec, ctx: Any) -> dict[str, str]:
-    """The environment every rank of this task starts with: the job's, and the GPUs Spark gave
-    the task (``ctx`` is its ``TaskContext``)."""
-    env = rank_environment(dict(os.environ), spec.env)
+def task_rank_env(spec: TaskSpec, ctx: Any, ranks: int = 1) -> dict[str, str]:
+    """The environment every one of the ``ranks`` ranks of this task starts with: the job's, its
+    share of the task's CPUs and the GPUs Spark gave the task (``ctx`` is its ``TaskContext``)."""
+    base = with_thread_share(os.environ, spec.env, task_cpus(ctx), ranks, keep_base=False)
+    env = rank_environment(base, spec.env)
     env.update(rank_python(spec.env))  # the notebook's environment, when the job ships it
     gpus = _task_gpus(ctx)
     if gpus:

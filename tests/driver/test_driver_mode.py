@@ -91,6 +91,21 @@ def test_extra_environment_reaches_the_ranks():
     assert HorovodRunner(np=-1, env={"HVD_TEST_SETTING": "on"}).run(read_env) == ("on", "1")
 
 
+def test_ranks_on_the_driver_share_its_cores_unless_the_job_or_the_notebook_says(monkeypatch):
+    """Two PyTorch ranks on two cores each took a pool of two threads and spun on each other's
+    cores (200 small steps: 14.4 CPU s, 4.6 with one thread each)."""
+    from hvd_magics.task.threads import driver_cores
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    share = max(1, driver_cores() // 2)
+    assert HorovodRunner(np=-2).run(jobs.rank_threads) == [(str(share), share)] * 2
+    # (PyTorch takes no more threads than the host's cores: only the variable is compared)
+    ranks = HorovodRunner(np=-2, env={"OMP_NUM_THREADS": "3"}).run(jobs.rank_threads)
+    assert [variable for variable, _ in ranks] == ["3", "3"]
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")  # the notebook's own setting
+    assert HorovodRunner(np=-1).run(jobs.rank_threads)[0][0] == "4"
+
+
 def test_keras3_with_distributed_gradient_tape_keeps_ranks_identical():
     result = HorovodRunner(np=-2, env={"TF_USE_LEGACY_KERAS": "0"}).run(jobs.keras3_gradient_tape)
     assert result["keras"].startswith("3.")
