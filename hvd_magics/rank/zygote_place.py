@@ -5,7 +5,8 @@ folder, or in ``/tmp`` when that one's path is too long for a socket's) must be 
 processes for whoever may connect to it. A folder that is not (another user made it first, or
 its mode was opened) is not used, and ranks start fresh. The lock beside a socket path is held
 by the process that starts or grows the zygote serving there until it serves, so that two
-processes needing one at once start one.
+processes needing one at once start one, and so that a process that finds no zygote serving
+can tell one is on its way (:func:`starting`).
 """
 from __future__ import annotations
 
@@ -62,3 +63,20 @@ def take_lock(path: str) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+def starting(path: str) -> bool:
+    """Whether a process holds the lock of the zygote at ``path``: one is being started (or
+    grown) there. (A shared lock taken for a moment: a process taking the lock just then finds
+    it held and leaves the start to the next job, as when two processes start one at once.)"""
+    try:
+        fd = os.open(f"{path}.lock", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False

@@ -33,17 +33,24 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import IO
 
 from hvd_magics.protocol import (ENV_ZYGOTE, ENV_ZYGOTE_IDLE_S, ENV_ZYGOTE_IMPORTS,
                                  ENV_ZYGOTE_LOCK_FD, ENV_ZYGOTE_SOCKET, ZYGOTE_GROW,
                                  ZYGOTE_LATE_ENV, ZYGOTE_LATE_ENV_PREFIXES, ZYGOTE_MODULE,
                                  ZYGOTE_MODULES, ZYGOTE_READY)
-from hvd_magics.rank.zygote_place import socket_path, take_lock, zygote_dir
+from hvd_magics.rank.zygote_place import socket_path, starting, take_lock, zygote_dir
 
 #: Seconds a supervisor waits for a zygote to fork a keeper (a zygote alive answers in
 #: milliseconds); past it, the rank starts fresh.
 FORK_WAIT_S = 10.0
+#: Seconds a rank waits for its environment's zygote while another process starts it (its
+#: imports under way) before it starts fresh: forked from it once it serves, the rank skips
+#: those imports, and is never later than a fresh rank importing them beside it would be.
+STARTING_WAIT_S = 20.0
+#: How often a waiting rank looks whether that zygote serves yet, seconds.
+STARTING_POLL_S = 0.05
 #: Seconds a process waits for a zygote to greet it once connected; past it, the zygote is taken
 #: for hung: its socket is removed (a new one is started for the next job) and ranks start fresh.
 GREETING_WAIT_S = 5.0
@@ -291,6 +298,9 @@ class Zygotes:
         self._paths: dict[Key, str] = {}
         self._imported: dict[Key, frozenset[str]] = {}
         self._started: list[subprocess.Popen] = []  # reaped once they end
+        #: Until when this process's ranks wait for a key's zygote being started (one deadline
+        #: for all of them: a zygote that never comes costs a job STARTING_WAIT_S once).
+        self._waits: dict[Key, float] = {}
         os.register_at_fork(after_in_child=self._forget)
 
     def _forget(self) -> None:
@@ -321,17 +331,36 @@ class Zygotes:
                 self._zygotes.pop(key, None)
             else:
                 self._zygotes[key] = zygote
+                self._waits.pop(key, None)  # the next one started is waited for again
             return zygote
+
+    def _wait_while_starting(self, key: Key, env: dict[str, str]) -> bool:
+        """Wait while another process starts the key's zygote (until the key's deadline);
+        whether its socket is there now."""
+        path = self._path(key, env)
+        if path is None or not starting(path):
+            return False
+        with self._lock:
+            deadline = self._waits.setdefault(key, time.monotonic() + STARTING_WAIT_S)
+        while not os.path.exists(path):
+            if time.monotonic() >= deadline or not starting(path):
+                return os.path.exists(path)
+            time.sleep(STARTING_POLL_S)
+        return True
 
     def start_rank(self, python: str, env: dict[str, str], preimport: list[str] | tuple[str, ...],
                    events: int, control: int) -> ZygoteRank | None:
-        """Start a rank from this key's zygote when one serves (``None``: start it fresh).
-        ``events`` and ``control`` are the rank's ends of its event and control pipes. A zygote
+        """Start a rank from this key's zygote when one serves, or once one another process is
+        starting serves (``None``: start it fresh). ``events`` and ``control`` are the rank's
+        ends of its event and control pipes. A zygote
         is started (or grown) only once a job's ranks say what they imported (:meth:`learn`):
         its imports then run between jobs, not beside a job's own fresh ranks."""
         if not enabled(env):
             return None
-        zygote = self._connected(key_of(python, env, preimport), env)
+        key = key_of(python, env, preimport)
+        zygote = self._connected(key, env)
+        if zygote is None and self._wait_while_starting(key, env):
+            zygote = self._connected(key, env)
         if zygote is None:
             return None
         stdin_read, stdin_write = os.pipe()

@@ -2,7 +2,7 @@
 differ in what a framework reads once the job runs."""
 import os
 
-from hvd_magics.rank.zygote_place import socket_path, take_lock, zygote_dir
+from hvd_magics.rank.zygote_place import socket_path, starting, take_lock, zygote_dir
 from hvd_magics.task.zygotes import frameworks, key_of
 
 
@@ -55,9 +55,13 @@ def test_zygote_sockets_live_only_in_a_folder_closed_to_other_users(tmp_path):
 
 def test_one_process_at_a_time_starts_a_zygote_at_a_path(tmp_path):
     path = str(tmp_path / "z.sock")
+    assert not starting(path)  # never started: no lock file
     first = take_lock(path)
     assert first is not None and take_lock(path) is None
+    assert starting(path)  # and the look leaves the lock to its holder
+    assert starting(path) and take_lock(path) is None
     os.close(first)
+    assert not starting(path)
     again = take_lock(path)
     assert again is not None
     os.close(again)
