@@ -26,7 +26,8 @@ to ``grow``, it forks a zygote that imports more and serves on (ranks that impor
 themselves) until that one takes its path over, then retires; it retires itself
 when a file of a module it imported changed (a ``pip install -U`` between jobs), refusing the
 rank, which its supervisor then starts fresh. A zygote that finds a CUDA driver loaded in itself
-never serves (a forked child cannot use a CUDA context made before the fork).
+never serves (a forked child cannot use a CUDA context made before the fork), and marks its path
+so that no zygote is started there again (:func:`~hvd_magics.rank.zygote_place.cuda_mark`).
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ from hvd_magics.protocol import (ENV_CONTROL_FD, ENV_EVENT_FD, ENV_ZYGOTE_IDLE_S
                                  ZYGOTE_GROW, ZYGOTE_MODULES, ZYGOTE_READY, ZYGOTE_RETIRE)
 from hvd_magics.rank import rank_main
 from hvd_magics.rank.process_group import die_with_parent
-from hvd_magics.rank.zygote_place import take_lock
+from hvd_magics.rank.zygote_place import cuda_mark, take_lock
 
 #: Seconds a zygote without ranks waits for a request before it ends, unless set.
 IDLE_S = 600.0
@@ -162,7 +163,9 @@ def begin(path: str, names: list[str], idle_s: float, first_path: str,
     """Import ``names``, serve at ``path`` (releasing the lock ``lock_fd`` once there), never
     returns."""
     import_frameworks(names)
-    if cuda_loaded():
+    if cuda_loaded():  # a forked rank could not use it: mark the path, so none starts here again
+        with contextlib.suppress(OSError):
+            os.close(os.open(cuda_mark(path), os.O_WRONLY | os.O_CREAT, 0o600))
         os._exit(0)
     try:
         listener = listen_at(path)

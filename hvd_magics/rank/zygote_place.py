@@ -80,3 +80,9 @@ def starting(path: str) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+def cuda_mark(path: str) -> str:
+    """The file beside the socket path ``path`` that says a zygote started there found a CUDA
+    driver loaded by its imports: none is started there again (nor waited for)."""
+    return f"{path}.cuda"

@@ -40,7 +40,8 @@ from hvd_magics.protocol import (ENV_ZYGOTE, ENV_ZYGOTE_IDLE_S, ENV_ZYGOTE_IMPOR
                                  ENV_ZYGOTE_LOCK_FD, ENV_ZYGOTE_SOCKET, ZYGOTE_GROW,
                                  ZYGOTE_LATE_ENV, ZYGOTE_LATE_ENV_PREFIXES, ZYGOTE_MODULE,
                                  ZYGOTE_MODULES, ZYGOTE_READY)
-from hvd_magics.rank.zygote_place import socket_path, starting, take_lock, zygote_dir
+from hvd_magics.rank.zygote_place import (cuda_mark, socket_path, starting, take_lock,
+                                          zygote_dir)
 
 #: Seconds a supervisor waits for a zygote to fork a keeper (a zygote alive answers in
 #: milliseconds); past it, the rank starts fresh.
@@ -222,7 +223,9 @@ class Zygote:
 def start_zygote(path: str, python: str, env: dict[str, str],
                  modules: frozenset[str]) -> subprocess.Popen | None:
     """Start the zygote serving at ``path``, importing ``modules`` in ``env`` (``None``: another
-    process is starting it)."""
+    process is starting it, or one started there found CUDA loaded by its imports)."""
+    if os.path.exists(cuda_mark(path)):  # its imports load CUDA: it would never serve
+        return None
     lock = take_lock(path)
     if lock is None:
         return None

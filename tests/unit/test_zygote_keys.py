@@ -120,3 +120,26 @@ def test_executors_that_received_the_same_package_zip_share_its_copy_and_a_zygot
         assert rank_env["PYTHONPATH"] == os.pathsep.join((copies[0], "/spark/python"))
         keys.append(zygotes.key_of("/venv/bin/python", rank_env))
     assert keys[0] == keys[1]
+
+
+def test_a_zygote_whose_imports_load_cuda_never_serves_and_none_starts_there_again(tmp_path):
+    """Each job's end started another zygote that imported its frameworks for seconds and then
+    found CUDA loaded; the next job's ranks waited for it to serve, in vain."""
+    import subprocess
+    import sys
+
+    from hvd_magics.rank.zygote_place import cuda_mark
+    from hvd_magics.task.zygotes import start_zygote
+
+    path = str(tmp_path / "z.sock")
+    lock = take_lock(path)
+    code = ("import sys; from hvd_magics.rank import zygote; zygote.cuda_loaded = lambda: True; "
+            f"zygote.begin({path!r}, [], 60.0, '', {lock})")
+    done = subprocess.run([sys.executable, "-c", code], pass_fds=(lock,), timeout=60)
+    os.close(lock)
+    assert done.returncode == 0 and not os.path.exists(path)  # it never served
+    assert os.path.exists(cuda_mark(path)) and not starting(path)
+    assert start_zygote(path, sys.executable, dict(os.environ), frozenset({"numpy"})) is None
+    free = take_lock(path)
+    assert free is not None  # none was started: its lock is free
+    os.close(free)
