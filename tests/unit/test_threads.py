@@ -19,6 +19,9 @@ def test_the_jobs_setting_wins_and_the_notebooks_own_only_on_the_driver():
                              keep_base=False)["OMP_NUM_THREADS"] == "8"  # the job's comes later
     assert with_thread_share({"PATH": "/bin"}, {}, 2, 2, keep_base=True) == \
         {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
+    # a rank alone is left as it was (and so is its zygote's key)
+    assert with_thread_share({"PATH": "/bin"}, {}, 2, 1, keep_base=True) == {"PATH": "/bin"}
+    assert with_thread_share(base, {}, 8, 1, keep_base=False)["OMP_NUM_THREADS"] == "8"
     assert base["OMP_NUM_THREADS"] == "8"  # the worker's own mapping is not changed
 
 
