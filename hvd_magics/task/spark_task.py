@@ -113,10 +113,19 @@ class RankHolder:
                 self.proc.kill()
 
     def start(self, env: dict[str, str], sink: Any) -> None:
-        """Start the rank process, which imports what the job needs until :meth:`deliver`."""
+        """Start the rank process, which imports what the job needs until :meth:`deliver`.
+
+        Not under the lock: a rank whose zygote is still importing waits for it, and the
+        driver going away meanwhile must not wait with it (the rank is killed once started).
+        In the calling thread, which outlives the rank: a fresh rank's keeper dies with the
+        thread that started it (``PR_SET_PDEATHSIG``)."""
+        if self.stopped.is_set():
+            return
+        proc = RankProcess(env, None, sink, pool=self.pool)
         with self._lock:
-            if not self.stopped.is_set():
-                self.proc = RankProcess(env, None, sink, pool=self.pool)
+            self.proc = proc
+            if self.stopped.is_set():  # stopped while it started
+                proc.kill()
 
     def deliver(self, payload: bytes, late_env: dict[str, str]) -> RankProcess | None:
         """Send the rank its job; ``None`` when the job was stopped meanwhile."""
