@@ -46,8 +46,9 @@ def task_cpus(context: Any) -> int:
 def with_thread_share(base: Mapping[str, str], job_env: Mapping[str, str], cores: int,
                       ranks: int, keep_base: bool) -> dict[str, str]:
     """``base`` with ``OMP_NUM_THREADS`` set to each rank's share of ``cores`` over ``ranks``
-    when there are several, unless ``job_env`` sets it, or ``keep_base`` and ``base`` does (the notebook's own setting;
-    a Spark worker's is Spark's default, the task's CPUs, and is replaced)."""
+    when there are several, unless ``job_env`` sets it, or ``keep_base`` and ``base`` does (the
+    notebook's own setting; a Spark worker's is Spark's default, the task's CPUs, and is
+    replaced)."""
     env = dict(base)
     if ranks <= 1 or ENV_OMP_THREADS in job_env or (keep_base and ENV_OMP_THREADS in env):
         return env  # a rank alone has the cores: left as it was, its zygote too

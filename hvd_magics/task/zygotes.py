@@ -48,7 +48,7 @@ from hvd_magics.rank.zygote_place import (cuda_mark, socket_path, starting, take
 FORK_WAIT_S = 10.0
 #: Seconds a rank waits for its environment's zygote while another process starts it (its
 #: imports under way) before it starts fresh: forked from it once it serves, the rank skips
-#: those imports, and is never later than a fresh rank importing them beside it would be.
+#: those imports, and is no later than a fresh rank importing the same ones beside it would be.
 STARTING_WAIT_S = 20.0
 #: How often a waiting rank looks whether that zygote serves yet, seconds.
 STARTING_POLL_S = 0.05
