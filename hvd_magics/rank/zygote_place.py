@@ -1,8 +1,9 @@
 """Where a host's zygotes serve: a folder of the user's own, a socket path per key, a lock.
 
 The folder (``HVD_MAGICS_ZYGOTE_DIR``, by default ``hvd-magics-zygotes-<uid>`` in the temporary
-folder, or in ``/tmp`` when that one's path is too long for a socket's) must be a real folder owned by the user and closed to everyone else: a zygote forks
-processes for whoever may connect to it. A folder that is not (another user made it first, or
+folder, or in ``/tmp`` when that one's path is too long for a socket's) must be a real folder
+owned by the user and closed to everyone else: a zygote forks processes for whoever may connect
+to it. A folder that is not (another user made it first, or
 its mode was opened) is not used, and ranks start fresh. The lock beside a socket path is held
 by the process that starts or grows the zygote serving there until it serves, so that two
 processes needing one at once start one, and so that a process that finds no zygote serving
