@@ -309,7 +309,7 @@ class Zygotes:
     def _forget(self) -> None:
         """In a forked child: its parent's connections are not its own."""
         self._lock = threading.Lock()
-        self._zygotes, self._started = {}, []
+        self._zygotes, self._started, self._waits = {}, [], {}
 
     def _path(self, key: Key, env: dict[str, str]) -> str | None:
         path = self._paths.get(key)
@@ -355,9 +355,9 @@ class Zygotes:
                    events: int, control: int) -> ZygoteRank | None:
         """Start a rank from this key's zygote when one serves, or once one another process is
         starting serves (``None``: start it fresh). ``events`` and ``control`` are the rank's
-        ends of its event and control pipes. A zygote
-        is started (or grown) only once a job's ranks say what they imported (:meth:`learn`):
-        its imports then run between jobs, not beside a job's own fresh ranks."""
+        ends of its event and control pipes. A zygote is started (or grown) only once a job's
+        ranks say what they imported (:meth:`learn`): its imports then run between jobs, not
+        beside a job's own fresh ranks."""
         if not enabled(env):
             return None
         key = key_of(python, env, preimport)
