@@ -10,10 +10,10 @@ from tests import jobs
 from tests.conftest import rank_processes_alive
 
 
-def _until(condition, seconds: float = 60.0) -> None:
+def _until(condition, seconds: float = 60.0, what=lambda: "") -> None:
     deadline = time.monotonic() + seconds
     while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
+        assert time.monotonic() < deadline, f"the condition never held; {what()}"
         time.sleep(0.05)
 
 
@@ -85,12 +85,23 @@ def test_the_timeline_of_a_running_background_job_is_shown_so_far(ip, tmp_path):
                                 "import time\nimport horovod.torch as hvd, torch\nhvd.init()\n"
                                 "for step in range(100000):\n"
                                 "    hvd.allreduce(torch.ones(10), name='g')\n"
-                                "    time.sleep(0.01)\n")
-        _until(lambda: "<%%horovod cell>:7" in job.stacks().where().get(0, ""))
-        summary = ip.run_line_magic("hvd_timeline", "show")
-        assert summary.path.endswith(".so-far.json") and not job.done()
-        assert "ALLREDUCE" in summary.activity_us
-        json.loads(open(summary.path).read())  # valid JSON although rank 0 still writes it
+                                "    time.sleep(0.1)\n")
+        seen = []
+
+        def sleeping() -> bool:  # rank 0 between two allreduces: at least one done
+            seen.append(job.stacks().where().get(0, ""))
+            return "<%%horovod cell>:7" in seen[-1]
+
+        _until(sleeping, what=lambda: f"rank 0 was at {seen[-3:]}; the job: {job!r}")
+        shown = []
+
+        def allreduced() -> bool:  # Horovod's writer thread has written an ALLREDUCE so far
+            shown.append(ip.run_line_magic("hvd_timeline", "show"))
+            return "ALLREDUCE" in shown[-1].activity_us
+
+        _until(allreduced, what=lambda: f"the timeline so far: {shown[-1].activity_us}")
+        assert shown[-1].path.endswith(".so-far.json") and not job.done()
+        json.loads(open(shown[-1].path).read())  # valid JSON although rank 0 still writes it
     finally:
         ip.run_line_magic("hvd_timeline", "off")
         for running in hvd_magics.jobs():
