@@ -647,6 +647,23 @@ def rank_zero_works_alone_after_training(work_s: float = 8.0):
     return total
 
 
+def wait_for_a_slower_peer(peer_s: float = 3.0):
+    """Rank 1 sleeps ``peer_s`` seconds before an allreduce that rank 0 waits in; rank 0 returns
+    the CPU seconds its main thread used in that wait, and the wait's seconds."""
+    import time
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    hvd.allreduce(torch.ones(1), name="meet")
+    if hvd.rank() == 1:
+        time.sleep(peer_s)
+    began, cpu = time.monotonic(), time.thread_time()
+    hvd.allreduce(torch.ones(1), name="waited")
+    return time.thread_time() - cpu, time.monotonic() - began
+
+
 def undecorated_elastic_loop(steps: int = 200):
     """An elastic job's loop written without ``@hvd.elastic.run``: rank 1 dies at step 5."""
     import os
