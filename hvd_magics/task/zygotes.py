@@ -5,11 +5,12 @@ task) asks this host's zygote of the rank's environment (:mod:`hvd_magics.rank.z
 rank; one that is ready forks it in milliseconds. A zygote serves every process of its user on
 the host (every kernel, every Spark application's workers, a Connect server's), at a socket in
 the user's own folder (:mod:`hvd_magics.rank.zygote_place`), and outlives the process that
-started it until it has been idle ``HVD_MAGICS_ZYGOTE_IDLE_S`` (600 s). A rank without a ready
-zygote starts as a fresh interpreter, as it always did, and its job's frameworks (the leading
-imports the job named, and those its ranks said they imported at their end) become the imports
-of the zygote started (or grown) for that environment once the ranks end, so that it imports
-between jobs rather than beside a job's own fresh ranks.
+started it until it has been idle ``HVD_MAGICS_ZYGOTE_IDLE_S`` (600 s). The first rank of an
+environment no zygote serves starts one when its job's leading imports name frameworks, and the
+job's ranks wait for it and fork: one import for the job, not one per rank. A rank without a
+zygote (its job names no framework up front, zygotes are off, or one hung) starts as a fresh
+interpreter, as it always did; the frameworks its ranks said they imported at their end start
+(or grow) the zygote of that environment for the next jobs.
 
 Ranks whose environments differ only in :data:`~hvd_magics.protocol.ZYGOTE_LATE_ENV` (their
 rank, their rendezvous, their GPU, Spark's per-application variables) share a zygote; any other
@@ -351,19 +352,39 @@ class Zygotes:
             time.sleep(STARTING_POLL_S)
         return True
 
+    def _start_first(self, key: Key, python: str, env: dict[str, str],
+                     preimport: list[str] | tuple[str, ...]) -> None:
+        """Start the key's zygote for the first rank of an environment none serves, when its
+        job's leading imports name frameworks: the job's ranks then wait for it and fork, one
+        import for the job instead of one per rank (nothing is started where a socket is left:
+        a zygote that hung, or one that retired and is replaced). Where the imports load CUDA
+        (a GPU host), the zygote marks its path and ends without serving: the ranks waiting
+        start fresh at once, and no zygote is started there again."""
+        with self._lock:
+            wanted = self._imported.get(key, frozenset()) | frameworks(preimport, key[2])
+        path = self._path(key, env)
+        if not wanted or path is None or os.path.exists(path):
+            return
+        started = start_zygote(path, python, env, wanted)
+        if started is not None:
+            with self._lock:
+                self._started.append(started)
+
     def start_rank(self, python: str, env: dict[str, str], preimport: list[str] | tuple[str, ...],
                    events: int, control: int) -> ZygoteRank | None:
-        """Start a rank from this key's zygote when one serves, or once one another process is
-        starting serves (``None``: start it fresh). ``events`` and ``control`` are the rank's
-        ends of its event and control pipes. A zygote is started (or grown) only once a job's
-        ranks say what they imported (:meth:`learn`): its imports then run between jobs, not
-        beside a job's own fresh ranks."""
+        """Start a rank from this key's zygote when one serves, or once one being started
+        serves (``None``: start it fresh). ``events`` and ``control`` are the rank's ends of its
+        event and control pipes. The first rank of a key starts its zygote when the job's
+        leading imports name frameworks (:meth:`_start_first`); otherwise a zygote is started
+        (or grown) once a job's ranks say what they imported (:meth:`learn`)."""
         if not enabled(env):
             return None
         key = key_of(python, env, preimport)
         zygote = self._connected(key, env)
-        if zygote is None and self._wait_while_starting(key, env):
-            zygote = self._connected(key, env)
+        if zygote is None:
+            self._start_first(key, python, env, preimport)
+            if self._wait_while_starting(key, env):
+                zygote = self._connected(key, env)
         if zygote is None:
             return None
         stdin_read, stdin_write = os.pipe()
