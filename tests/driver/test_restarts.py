@@ -83,6 +83,7 @@ def test_the_magic_restarts_a_cell_that_lost_a_rank(ip, tmp_path, capfd):
             "import torch.distributed as dist\ndist.init_process_group('gloo')\n"
             "found = checkpoint.latest()\nstart = found[1] if found else 0\n"
             "checkpoint.save({'done': 3}, 3)\n"
+            "dist.barrier()  # rank 0 has written it\n"
             "if dist.get_rank() == 1 and checkpoint.attempt() == 0:\n"
             "    os.kill(os.getpid(), signal.SIGKILL)\n"
             "dist.barrier()\n(checkpoint.attempt(), start)\n")
