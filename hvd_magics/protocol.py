@@ -285,6 +285,10 @@ ZYGOTE_MODULES = ("numpy", "pandas", "pyarrow", "scipy", "sklearn", "torch", "to
                   "horovod.torch", "tensorflow", "tf_keras", "keras", "horovod.tensorflow",
                   "horovod.tensorflow.keras", "horovod.keras", "transformers", "accelerate",
                   "lightning", "pytorch_lightning", "mlflow")
+#: What a framework imports lazily in nearly every job, which a zygote that imports the framework
+#: imports too: PyTorch's first optimizer imports ``torch._dynamo`` (0.8 CPU s in every rank
+#: forked from a zygote without it), a rank's fresh seeding ``numpy.random``.
+ZYGOTE_COMPANIONS = {"numpy": ("numpy.random",), "torch": ("torch._dynamo",)}
 #: The environment variables a rank's framework reads only once the job runs, so ranks that
 #: differ only in these start from one zygote (any other difference: a zygote of their own).
 #: pytest's variables (``PYTEST_CURRENT_TEST``, its lanes') are read by nothing on import;

@@ -26,6 +26,13 @@ from hvd_magics.rank.module_reload import ModuleWatch
 _MODULES = ModuleWatch()
 
 
+def look_at_imported() -> None:
+    """Look at every module imported so far (a zygote's frameworks, before it forks ranks): a
+    forked pool rank then looks only at the modules it imports itself, not again at the
+    thousands its zygote imported (each a resolved path)."""
+    _MODULES.remember()
+
+
 def _reload_user_modules() -> None:
     """Reload the user's modules whose files changed since the rank imported them; rank 0 says
     so (raises what a module's new code raised)."""

@@ -45,8 +45,9 @@ import time
 
 from hvd_magics.protocol import (ENV_CONTROL_FD, ENV_EVENT_FD, ENV_ZYGOTE_IDLE_S,
                                  ENV_ZYGOTE_IMPORTS, ENV_ZYGOTE_LOCK_FD, ENV_ZYGOTE_SOCKET,
-                                 ZYGOTE_GROW, ZYGOTE_MODULES, ZYGOTE_READY, ZYGOTE_RETIRE)
-from hvd_magics.rank import rank_main
+                                 ZYGOTE_COMPANIONS, ZYGOTE_GROW, ZYGOTE_MODULES, ZYGOTE_READY,
+                                 ZYGOTE_RETIRE)
+from hvd_magics.rank import pool_loop, rank_main
 from hvd_magics.rank.process_group import die_with_parent
 from hvd_magics.rank.zygote_place import cuda_mark, take_lock
 
@@ -61,15 +62,19 @@ TAKEN_OVER_POLL_S = 5.0
 
 
 def import_frameworks(names: list[str]) -> None:
-    """Import ``names`` that are frameworks of ZYGOTE_MODULES (in that order); one that fails
-    is left for the rank to import and fail on."""
+    """Import ``names`` that are frameworks of ZYGOTE_MODULES (in that order), each with its
+    :data:`~hvd_magics.protocol.ZYGOTE_COMPANIONS`; one that fails is left for the rank to
+    import and fail on. Then look at what was imported as a warm pool's rank would
+    (:func:`~hvd_magics.rank.pool_loop.look_at_imported`), once for every rank forked."""
     horovod = [name for name in names if name.startswith("horovod.")]
     if "horovod.torch" in horovod and len(horovod) > 1:  # never two of Horovod's bindings
         names = [name for name in names if name not in horovod]
     for name in ZYGOTE_MODULES:
         if name in names:
-            with contextlib.suppress(Exception):
-                importlib.import_module(name)
+            for module in (name, *ZYGOTE_COMPANIONS.get(name, ())):
+                with contextlib.suppress(Exception):
+                    importlib.import_module(module)
+    pool_loop.look_at_imported()
 
 
 def module_marks() -> dict[str, tuple[int, int]]:

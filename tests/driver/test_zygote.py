@@ -99,6 +99,19 @@ def test_a_zygote_grows_to_hold_what_the_next_jobs_import():
     assert [child.pid for child in psutil.Process(first).children()] == [grown]
 
 
+def test_a_zygote_holding_torch_also_holds_what_its_first_optimizer_imports():
+    """PyTorch's first optimizer imports ``torch._dynamo``: every rank forked from a zygote that
+    held only torch imported it again (0.8 CPU s a rank)."""
+    import uuid
+
+    runner = HorovodRunner(np=-1, env={"HVD_TEST_COMPANION": uuid.uuid4().hex})
+    deadline = time.monotonic() + 120
+    while runner.run(jobs.zygote_imports, modules=["torch"])[1] is None:  # fresh until it serves
+        assert time.monotonic() < deadline, "no rank forked within 120 s"
+    held, zygote = runner.run(jobs.zygote_imports, modules=["torch._dynamo"])
+    assert zygote is not None and held == ["torch._dynamo"]
+
+
 def test_a_zygote_whose_modules_changed_on_disk_starts_no_rank():
     """A module file changed since the zygote imported it (a new version installed between
     jobs): the next rank starts fresh, and the one after from a new zygote."""

@@ -143,3 +143,17 @@ def test_a_zygote_whose_imports_load_cuda_never_serves_and_none_starts_there_aga
     free = take_lock(path)
     assert free is not None  # none was started: its lock is free
     os.close(free)
+
+
+def test_a_zygote_imports_what_its_frameworks_import_lazily_and_looks_at_it_once_for_pools():
+    """A zygote importing numpy also imports numpy.random (every rank's fresh seeding imports
+    it), and a warm pool's rank forked from it finds the zygote's modules already looked at."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom hvd_magics.rank import pool_loop, zygote\n"
+            "zygote.import_frameworks(['numpy'])\n"
+            "print('numpy.random' in sys.modules, 'numpy' in pool_loop._MODULES.seen)")
+    said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert said.stdout.split() == ["True", "True"], said.stderr[-2000:]
