@@ -20,6 +20,7 @@ import numpy as np
 from hvd_magics.protocol import (ENV_LEGACY_KERAS, ENV_TF_LOG_LEVEL, KERAS, OUTPUT_EXP,
                                  OUTPUT_SIGMOID, OUTPUT_SOFTMAX)
 from hvd_magics.task.threads import task_cpus
+from hvd_magics.task.worker_heap import freeze_once
 
 #: Output fields of the UDF's struct (the model adds them as columns under its param names).
 PREDICTION, PROBABILITY, RAW = "prediction", "probability", "raw"
@@ -134,6 +135,7 @@ def loaded(config: PredictConfig) -> Callable[[list[np.ndarray]], np.ndarray]:
     """The model of ``config``, loaded at its first use in this Python worker."""
     if config.key not in _LOADED:
         _LOADED[config.key] = predictor(model_from_bytes(config.framework, config.blob), config)
+        freeze_once(config.key)  # Spark's collection after each task: not the model again
     return _LOADED[config.key]
 
 

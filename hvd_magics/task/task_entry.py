@@ -23,7 +23,9 @@ def guarded_barrier_task(spec_blob: bytes, rows):  # noqa: ANN001, ANN201 - runs
     try:
         from hvd_magics.task.spark_task import barrier_task
         from hvd_magics.task.elastic_task import elastic_task
+        from hvd_magics.task.worker_heap import freeze_once
 
+        freeze_once(__name__)  # the modules: Spark's collection after each task skips them
         spec = pickle.loads(spec_blob)
     except BaseException as exc:  # noqa: BLE001 - reported to the driver through Spark
         from pyspark import TaskContext

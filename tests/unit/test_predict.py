@@ -76,3 +76,19 @@ def test_tensorflows_quiet_level_is_not_left_in_a_reused_python_worker(monkeypat
     with quiet_tensorflow():
         assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "1"
     assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "1"
+
+
+def test_a_spark_worker_freezes_what_it_loaded_once_out_of_its_collectors_sight():
+    """Spark collects garbage after every task of a reused worker: a loaded model's objects
+    (and the modules) were walked again each time. They are frozen once, when first loaded."""
+    import subprocess
+    import sys
+
+    code = ("import gc\nfrom hvd_magics.task.worker_heap import freeze_once\n"
+            "freeze_once('model'); frozen = gc.get_freeze_count()\n"
+            "later = [[] for _ in range(1000)]\n"
+            "freeze_once('model')\n"
+            "print(frozen > 0, gc.get_freeze_count() == frozen)")
+    said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert said.stdout.split() == ["True", "True"], said.stderr[-2000:]
