@@ -11,7 +11,7 @@ main: setup
 # The whole suite in two lanes (pytest-xdist; tests/conftest.py keeps each server tier in one).
 test:
 	@bash scripts/setup.sh --test
-	@$(PY) -m pytest -p no:cacheprovider -ra --durations=25 -n 2
+	@$(PY) -m pytest -p no:cacheprovider -ra --durations=25 -n 3
 
 # The quick tier (no Spark, no ranks, no kernels): about 20 s.
 test-fast: setup
