@@ -348,6 +348,28 @@ def long_line(size_mb: int):
     return size_mb
 
 
+def long_line_under_signals(size_mb: int):
+    """Print one line of ``size_mb`` MB while a thread sends the main thread a signal it handles
+    in Python, every millisecond (as PyTorch's DataLoader handles SIGCHLD)."""
+    import signal
+    import sys
+    import threading
+    import time
+
+    signal.signal(signal.SIGUSR1, lambda *_: None)
+    main, done = threading.main_thread().ident, threading.Event()
+
+    def signals() -> None:
+        while not done.is_set():
+            signal.pthread_kill(main, signal.SIGUSR1)
+            time.sleep(0.001)
+
+    threading.Thread(target=signals, daemon=True).start()
+    sys.stdout.write("y" * (size_mb * 1_000_000) + "\n")
+    done.set()
+    return size_mb
+
+
 def cuda_visible_devices():
     """Every rank's CUDA_VISIBLE_DEVICES, as rank 0 sees them."""
     import horovod.torch as hvd

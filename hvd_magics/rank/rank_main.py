@@ -245,8 +245,9 @@ def run_rank() -> None:
     """Run the shipped function and report its result or its exception (never returns)."""
     from hvd_magics.rank import (engine_guard, hf_progress, keras_progress, launcher_guard,
                                  lightning_progress, loop_progress, shard_guard,
-                                 stack_report, tracker_watch)
+                                 stack_report, tracker_watch, whole_writes)
 
+    whole_writes.install()
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     stack_report.serve()
     warnings.showwarning = show_warning

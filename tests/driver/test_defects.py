@@ -152,6 +152,15 @@ def test_a_long_line_is_delivered_whole():
     assert line.count("x") == 40_000_000
 
 
+def test_a_long_line_written_while_signals_arrive_is_delivered_whole():
+    """A signal handled in Python while a rank's write to its full output pipe blocked ended the
+    write early, and the rest of the text was dropped without a word (a 40 MB line arrived as its
+    first 64 KiB)."""
+    assert HorovodRunner(np=-1).run(jobs.long_line_under_signals, size_mb=10) == 10
+    line = next(ln for ln in open(last_run().log_path) if "yyyy" in ln)
+    assert line.count("y") == 10_000_000
+
+
 def test_a_progress_bar_shows_before_its_line_ends(tmp_path):
     """Carriage-return progress (tqdm, Keras verbose=1) showed nothing until the newline."""
     hold = tmp_path / "hold"
