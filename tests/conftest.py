@@ -42,8 +42,8 @@ def _tier_of(path: str) -> str:
 
 
 #: The tiers whose tests share a server or a SparkSession of this process (one JVM per
-#: topology, a Connect server on Spark's default port): under ``make test``'s two lanes
-#: (``pytest -n 2``) each of them runs whole in one lane, while the other tiers' tests (ranks on
+#: topology, a Connect server on Spark's default port): under ``make test``'s lanes
+#: (``pytest -n 3``) each of them runs whole in one lane, while the other tiers' tests (ranks on
 #: the driver, kernels, pure Python) are spread test by test.
 ONE_LANE = ("spark_local", "spark_cluster", "spark_connect", "spark_elastic", "mlflow_tracking",
             "browser")
@@ -87,7 +87,7 @@ def end_zygotes(folder: str) -> None:
 #: imported it (another of them, run beside it, found its zygote gone).
 ONE_LANE_FILES = ("test_zygote.py",)
 
-# A lane of ``pytest -n 2`` keeps its own temporary folder (its ranks' and kernels' too), so a
+# A lane of ``pytest -n`` keeps its own temporary folder (its ranks' and kernels' too), so a
 # test that counts what its jobs leave in the temporary folder sees only its own lane's.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     import tempfile
