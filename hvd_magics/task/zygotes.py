@@ -363,8 +363,13 @@ class Zygotes:
         with self._lock:
             wanted = self._imported.get(key, frozenset()) | frameworks(preimport, key[2])
         path = self._path(key, env)
-        if not wanted or path is None or os.path.exists(path):
-            return
+        if wanted and path is not None and not os.path.exists(path):
+            self._start(path, python, env, wanted)
+
+    def _start(self, path: str, python: str, env: dict[str, str],
+               wanted: frozenset[str]) -> None:
+        """Start the zygote serving at ``path`` importing ``wanted`` (unless another process
+        starts one there), kept to be reaped once it ends."""
         started = start_zygote(path, python, env, wanted)
         if started is not None:
             with self._lock:
@@ -434,10 +439,7 @@ class Zygotes:
             return
         path = self._path(key, env)
         if path is not None:
-            started = start_zygote(path, python, env, wanted)
-            if started is not None:
-                with self._lock:
-                    self._started.append(started)
+            self._start(path, python, env, wanted)
 
 
 #: The zygotes of this process.
