@@ -60,6 +60,41 @@ def ddp_mlp(epochs: int = 2, steps: int = 20, batch: int = 32, shard=None):
     return {"loss": loss.item(), "checksums": sums}
 
 
+def ddp_then_destroy(learning_rate: float = 0.5):
+    """pyspark's TorchDistributor pattern: train a DDP model, destroy the process group, return
+    the loss (the model is freed as the function returns)."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group(backend="gloo")
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)))
+    opt = torch.optim.SGD(model.parameters(), lr=learning_rate)
+    x, y = torch.randn(512, 64), torch.randint(0, 10, (512,))
+    for _ in range(20):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+    dist.destroy_process_group()
+    return loss.item()
+
+
+def groups_kept_around_init():
+    """How many destroyed process groups this rank keeps before and after a new
+    ``init_process_group`` (hvd_magics.rank.torch_group_hold), then destroy the new one."""
+    import torch.distributed as dist
+
+    from hvd_magics.rank import torch_group_hold
+
+    before = len(torch_group_hold._HELD)
+    dist.init_process_group(backend="gloo")
+    after = len(torch_group_hold._HELD)
+    dist.destroy_process_group()
+    return before, after, len(torch_group_hold._HELD)
+
+
 def ddp_fail(bad_rank: int = 1):
     """Rank ``bad_rank`` raises; the others wait in an all_reduce it never enters."""
     import time

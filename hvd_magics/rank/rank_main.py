@@ -245,7 +245,7 @@ def run_rank() -> None:
     """Run the shipped function and report its result or its exception (never returns)."""
     from hvd_magics.rank import (engine_guard, hf_progress, keras_progress, launcher_guard,
                                  lightning_progress, loop_progress, shard_guard,
-                                 stack_report, tracker_watch, whole_writes)
+                                 stack_report, torch_group_hold, tracker_watch, whole_writes)
 
     whole_writes.install()
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
@@ -259,6 +259,7 @@ def run_rank() -> None:
     engine_guard.install()
     launcher_guard.install()
     shard_guard.install()
+    torch_group_hold.install()
     _preimport(os.environ.get(ENV_PREIMPORT, ""))
     late_env, payload = decode_job(sys.stdin.buffer) or ({}, b"")
     os.environ.update(late_env)

@@ -1,0 +1,84 @@
+"""A rank keeps each ``torch.distributed`` process group it destroys until it needs no more
+(the next ``init_process_group``, or the rank's end), so that a DDP model freed after
+``destroy_process_group()`` never deadlocks its rank.
+
+The pattern of pyspark's ``TorchDistributor`` examples (train a ``DistributedDataParallel``
+model, call ``destroy_process_group()``, return) hung one rank, forked from a zygote, in 3 of 11
+runs of the DDP notebook on a loaded machine (PyTorch 2.13, Gloo). Once the group is destroyed,
+the model's ``Reducer`` holds the last reference to it, and the ``Reducer`` is freed as the
+function returns, with the GIL held (its binding keeps it, unlike the group's own). The group's
+destructor then joins its worker threads while one of them still frees its last collective,
+whose saved thread state holds a Python object (the context autograd stashes for every backward
+pass): that thread waits for the GIL, the main thread for that thread, forever. Its peers had
+finished; the job never ended.
+
+While a Python reference to the group is kept here, the ``Reducer`` is never its last owner. The
+reference is dropped just before the next ``init_process_group`` (a warm pool's next cell:
+destroyed groups never pile up), and the group's binding destroys it with the GIL released, so
+its worker threads finish; a rank's process ends without destroying anything
+(:func:`hvd_magics.rank.rank_main.run_rank` exits with ``os._exit``).
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+from hvd_magics.rank.import_hooks import after_import
+
+#: The modules whose ``destroy_process_group`` and ``init_process_group`` are wrapped (the
+#: package re-exports the functions of ``distributed_c10d``).
+_MODULES = ("torch.distributed", "torch.distributed.distributed_c10d")
+_MARK = "_hvd_magics_group_hold"
+
+#: The destroyed groups kept alive, until the next ``init_process_group``.
+_HELD: list[Any] = []
+
+
+def groups_destroyed(c10d: Any, group: Any) -> list[Any]:
+    """The process groups ``destroy_process_group(group)`` destroys: ``group``, or every group
+    when it is ``None`` (nothing when torch's bookkeeping cannot be read)."""
+    if group is not None:
+        return [group]
+    try:
+        return list(c10d._world.pg_map)  # noqa: SLF001 - every group, the default one included
+    except Exception:  # noqa: BLE001 - another torch: keep the default group at least
+        try:
+            return [c10d._get_default_group()]  # noqa: SLF001
+        except Exception:  # noqa: BLE001 - none to keep
+            return []
+
+
+def release() -> None:
+    """Drop the groups kept here (destroyed with the GIL released when no one else holds them)."""
+    _HELD.clear()
+
+
+def _wrap(module: Any) -> None:
+    destroy, init = getattr(module, "destroy_process_group", None), getattr(
+        module, "init_process_group", None)
+    if destroy is not None and not getattr(destroy, _MARK, False):
+        @functools.wraps(destroy)
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            group = args[0] if args else kwargs.get("group")
+            c10d = sys.modules["torch.distributed.distributed_c10d"]
+            _HELD.extend(g for g in groups_destroyed(c10d, group)
+                         if not any(g is held for held in _HELD))
+            return destroy(*args, **kwargs)
+
+        setattr(destroy_process_group, _MARK, True)
+        module.destroy_process_group = destroy_process_group
+    if init is not None and not getattr(init, _MARK, False):
+        @functools.wraps(init)
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            release()
+            return init(*args, **kwargs)
+
+        setattr(init_process_group, _MARK, True)
+        module.init_process_group = init_process_group
+
+
+def install() -> None:
+    """Wrap ``destroy_process_group`` and ``init_process_group`` once ``torch.distributed`` is
+    imported (at once when it already is: a rank forked from a zygote)."""
+    after_import(_MODULES, _wrap)
