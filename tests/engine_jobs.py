@@ -95,6 +95,21 @@ def groups_kept_around_init():
     return before, after, len(torch_group_hold._HELD)
 
 
+def destroy_then_linger(seconds: float = 1.5):
+    """Start and destroy the group at once (pyspark's docstring example); rank 1 then works on
+    alone for ``seconds`` before it returns."""
+    import time
+
+    import torch.distributed as dist
+
+    dist.init_process_group(backend="gloo")
+    rank = dist.get_rank()
+    dist.destroy_process_group()
+    if rank == 1:
+        time.sleep(seconds)  # the rank's own work after the group, not a wait for a condition
+    return rank
+
+
 def ddp_fail(bad_rank: int = 1):
     """Rank ``bad_rank`` raises; the others wait in an all_reduce it never enters."""
     import time

@@ -122,25 +122,37 @@ def _join_asleep(module: Any) -> None:
 def _end_torch() -> None:
     """Leave a ``torch.distributed`` process group together, then destroy it: each rank marks
     itself done in the group's store and waits until every rank has (so that no rank takes the
-    store away from a peer still in its last collective).
+    store away from a peer still in its last collective). A group the job's code destroyed
+    itself is left the same way, through the store kept with it
+    (:func:`hvd_magics.rank.torch_group_hold.kept_default`): rank 0, which holds the store, had
+    ended while a peer was still inside ``init_process_group`` reading it.
 
     Not a collective: a barrier here was matched with a peer's extra ``all_reduce`` (the ranks
     made different calls) and hung both, where the driver now sees the peer wait alone in its
     collective and ends the job naming both (:func:`hvd_magics.job.runner.left_behind`).
     """
+    from hvd_magics.rank import torch_group_hold
+
     dist = sys.modules.get("torch.distributed")
     try:
-        if dist is None or not dist.is_available() or not dist.is_initialized():
+        if dist is None or not dist.is_available():
             return
-        store = dist.distributed_c10d._get_default_store()  # noqa: SLF001 - the group's own
-        me, size = dist.get_rank(), dist.get_world_size()
+        live = dist.is_initialized()
+        if live:
+            store = dist.distributed_c10d._get_default_store()  # noqa: SLF001 - the group's own
+            me, size = dist.get_rank(), dist.get_world_size()
+        elif (kept := torch_group_hold.kept_default()) is not None:
+            store, me, size = kept.store, kept.rank, kept.size  # the job destroyed it itself
+        else:
+            return
         store.set(f"{_LEFT_KEY}{me}", "1")
         store.wait([f"{_LEFT_KEY}{rank}" for rank in range(size)], datetime.timedelta(days=7))
         store.set(f"{_GONE_KEY}{me}", "1")
         if me == 0:  # it holds the store: the others must be done with it first
             store.wait([f"{_GONE_KEY}{rank}" for rank in range(size)],
                        datetime.timedelta(seconds=60))
-        dist.destroy_process_group()
+        if live:
+            dist.destroy_process_group()
     except Exception as exc:  # noqa: BLE001 - a peer that failed is reported by its own rank
         print(f"hvd_magics: leaving torch.distributed failed: {_safe_str(exc)}", file=sys.stderr)
 

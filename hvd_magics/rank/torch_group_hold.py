@@ -17,11 +17,18 @@ reference is dropped just before the next ``init_process_group`` (a warm pool's 
 destroyed groups never pile up), and the group's binding destroys it with the GIL released, so
 its worker threads finish; a rank's process ends without destroying anything
 (:func:`hvd_magics.rank.rank_main.run_rank` exits with ``os._exit``).
+
+The default group is kept with its store, through which the ranks leave together at the job's
+end as they leave a live group (:func:`hvd_magics.rank.rank_main.end_engine`): rank 0 holds the
+store's server, and a job that starts and destroys its group at once (pyspark's docstring
+example) had rank 0 end while a slower peer was still inside ``init_process_group`` reading the
+store ("DistNetworkError: Connection reset by peer").
 """
 from __future__ import annotations
 
 import functools
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from hvd_magics.rank.import_hooks import after_import
@@ -33,6 +40,29 @@ _MARK = "_hvd_magics_group_hold"
 
 #: The destroyed groups kept alive, until the next ``init_process_group``.
 _HELD: list[Any] = []
+
+
+@dataclass(frozen=True)
+class KeptGroup:
+    """The default group as it was destroyed, and the store its ranks met in (rank 0 holds
+    the store's server: the ranks leave together through it, :func:`kept_default`)."""
+
+    group: Any
+    store: Any
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the group."""
+        return int(self.group.rank())
+
+    @property
+    def size(self) -> int:
+        """How many ranks the group has."""
+        return int(self.group.size())
+
+
+#: The default group destroyed last, until the next ``init_process_group`` (at most one).
+_DEFAULT: list[KeptGroup] = []
 
 
 def groups_destroyed(c10d: Any, group: Any) -> list[Any]:
@@ -49,9 +79,27 @@ def groups_destroyed(c10d: Any, group: Any) -> list[Any]:
             return []
 
 
+def default_destroyed(c10d: Any, group: Any) -> KeptGroup | None:
+    """The default group and its store when ``destroy_process_group(group)`` destroys it."""
+    try:
+        default = c10d._get_default_group()  # noqa: SLF001
+        if group is not None and group is not default:
+            return None
+        return KeptGroup(default, c10d._get_default_store())  # noqa: SLF001
+    except Exception:  # noqa: BLE001 - none, or another torch
+        return None
+
+
+def kept_default() -> KeptGroup | None:
+    """The default group the job's code destroyed (``None`` when it did not, or started
+    another since): the ranks leave through its store as through a live group's."""
+    return _DEFAULT[0] if _DEFAULT else None
+
+
 def release() -> None:
     """Drop the groups kept here (destroyed with the GIL released when no one else holds them)."""
     _HELD.clear()
+    _DEFAULT.clear()
 
 
 def _wrap(module: Any) -> None:
@@ -64,6 +112,9 @@ def _wrap(module: Any) -> None:
             c10d = sys.modules["torch.distributed.distributed_c10d"]
             _HELD.extend(g for g in groups_destroyed(c10d, group)
                          if not any(g is held for held in _HELD))
+            default = default_destroyed(c10d, group)
+            if default is not None:
+                _DEFAULT[:] = [default]
             return destroy(*args, **kwargs)
 
         setattr(destroy_process_group, _MARK, True)

@@ -8,6 +8,7 @@ import pytest
 
 from hvd_magics import (HorovodJobError, HorovodPool, HorovodRunner, JobInterrupted,
                         TorchDistributor, last_run)
+from hvd_magics.launch.payload import serialize_job
 from tests import engine_jobs
 from tests.conftest import interrupt_once_marked, rank_processes_alive
 
@@ -127,6 +128,31 @@ def test_a_pools_cells_each_start_and_destroy_a_group_and_only_the_last_is_kept(
         again = pool.run(engine_jobs.ddp_then_destroy)
     assert kept == (1, 0, 1)
     assert 0.0 < first < 3.0 and again == pytest.approx(first)
+
+
+def test_rank_0_keeps_the_store_until_its_peers_have_left_also_when_the_job_destroyed_the_group():
+    """Rank 0 holds the group's store. Where the job's code destroyed the group, rank 0 ended
+    at once, while a peer could still be inside init_process_group reading the store: that
+    peer failed with "DistNetworkError: Connection reset by peer" (the docstring example's
+    test, in a fresh clone's suite). Now the ranks leave through the destroyed group's store as
+    through a live one's: rank 0's result comes after rank 1 has left."""
+    arrived = []
+
+    class Arrivals:
+        def on_event(self, job, event):
+            arrived.append((event.get("kind"), event.get("rank"), time.monotonic()))
+
+        def on_tick(self, job):
+            pass
+
+        def on_end(self, job):
+            pass
+
+    record = HorovodRunner(np=-2, engine="torch").run_payload(
+        serialize_job(engine_jobs.destroy_then_linger, {"seconds": 1.5}), views=[Arrivals()])
+    assert record.value == 0
+    at = {(kind, rank): when for kind, rank, when in arrived}
+    assert at[("result", 0)] > at[("leaving", 1)], arrived
 
 
 def test_the_drop_in_runs_a_file_with_its_arguments(tmp_path, capsys):
