@@ -18,7 +18,7 @@ import signal
 import sys
 
 from hvd_magics.protocol import CELL_END_LINE, ENV_RANK, RESULT, STARTED, decode_job
-from hvd_magics.rank import cell_timeline, rank_events
+from hvd_magics.rank import cell_timeline, rank_events, torch_group_hold
 from hvd_magics.rank.module_reload import ModuleWatch
 
 
@@ -59,6 +59,7 @@ def run_one(payload: bytes) -> None:
             parts, failure, _ = run_job(payload)
         finally:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch_group_hold.release()  # before the next cell can start a group on the same port
     if failure is not None:
         report_error(failure)
         return

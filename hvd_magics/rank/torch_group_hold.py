@@ -1,5 +1,5 @@
-"""A rank keeps each ``torch.distributed`` process group it destroys until it needs no more
-(the next ``init_process_group``, or the rank's end), so that a DDP model freed after
+"""A rank keeps each ``torch.distributed`` process group its code destroys until that code
+has ended (the rank's end; a warm pool's cell), so that a DDP model freed after
 ``destroy_process_group()`` never deadlocks its rank.
 
 The pattern of pyspark's ``TorchDistributor`` examples (train a ``DistributedDataParallel``
@@ -12,11 +12,15 @@ whose saved thread state holds a Python object (the context autograd stashes for
 pass): that thread waits for the GIL, the main thread for that thread, forever. Its peers had
 finished; the job never ended.
 
-While a Python reference to the group is kept here, the ``Reducer`` is never its last owner. The
-reference is dropped just before the next ``init_process_group`` (a warm pool's next cell:
-destroyed groups never pile up), and the group's binding destroys it with the GIL released, so
-its worker threads finish; a rank's process ends without destroying anything
-(:func:`hvd_magics.rank.rank_main.run_rank` exits with ``os._exit``).
+While a Python reference to the group is kept here, the ``Reducer`` is never its last owner.
+A rank's process ends without destroying anything (:func:`hvd_magics.rank.rank_main.run_rank`
+exits with ``os._exit``); a warm pool's rank lets go of the groups when each cell's code has
+ended (:func:`release`, before the cell's end is reported), and the group's binding destroys
+them with the GIL released, so their worker threads finish. Not later: a kept group keeps its
+store's server (rank 0's, on the pool's ``MASTER_PORT``), and a peer's next
+``init_process_group`` reached that old store, read the old group's addresses and failed in its
+first collective ("Connection reset by peer"). An ``init_process_group`` in the same code lets go
+of them too, first.
 
 The default group is kept with its store, through which the ranks leave together at the job's
 end as they leave a live group (:func:`hvd_magics.rank.rank_main.end_engine`): rank 0 holds the
@@ -38,7 +42,7 @@ from hvd_magics.rank.import_hooks import after_import
 _MODULES = ("torch.distributed", "torch.distributed.distributed_c10d")
 _MARK = "_hvd_magics_group_hold"
 
-#: The destroyed groups kept alive, until the next ``init_process_group``.
+#: The destroyed groups kept alive, until the code ends or starts another group.
 _HELD: list[Any] = []
 
 
@@ -61,7 +65,7 @@ class KeptGroup:
         return int(self.group.size())
 
 
-#: The default group destroyed last, until the next ``init_process_group`` (at most one).
+#: The default group destroyed last, as long as the groups are kept (at most one).
 _DEFAULT: list[KeptGroup] = []
 
 
