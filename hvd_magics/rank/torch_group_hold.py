@@ -71,16 +71,14 @@ _DEFAULT: list[KeptGroup] = []
 
 def groups_destroyed(c10d: Any, group: Any) -> list[Any]:
     """The process groups ``destroy_process_group(group)`` destroys: ``group``, or every group
-    when it is ``None`` (nothing when torch's bookkeeping cannot be read)."""
+    when it is ``None`` (nothing when torch's bookkeeping cannot be read: the default group is
+    still kept, with its store, by :func:`default_destroyed`)."""
     if group is not None:
         return [group]
     try:
         return list(c10d._world.pg_map)  # noqa: SLF001 - every group, the default one included
-    except Exception:  # noqa: BLE001 - another torch: keep the default group at least
-        try:
-            return [c10d._get_default_group()]  # noqa: SLF001
-        except Exception:  # noqa: BLE001 - none to keep
-            return []
+    except Exception:  # noqa: BLE001 - another torch
+        return []
 
 
 def default_destroyed(c10d: Any, group: Any) -> KeptGroup | None:
