@@ -256,3 +256,8 @@ class EstimatorInputError(HorovodMagicsError, ValueError):
 class EnvironmentNotShippable(HorovodMagicsError, ValueError):
     """The notebook's environment cannot be shipped to the executors: not a venv or conda
     environment, an editable install that cannot travel, or larger than the limit."""
+
+
+class CheckpointFolderNotShared(HorovodMagicsError, OSError):
+    """A rank does not see the job's checkpoint folder as the driver does: each executor would
+    keep checkpoints of its own, and ranks would resume from different steps."""

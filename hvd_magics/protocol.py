@@ -72,9 +72,10 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
     EventKind(ERROR, "rank", ("error", "message", "traceback"), "the job's function raised"),
     EventKind(RESULT, "rank", ("parts",),
               "the function returned; rank 0's value parts (hvd_magics.result_codec), else None"),
-    EventKind(LEAVING, "rank", (),
+    EventKind(LEAVING, "rank", ("steps",),
               "the job's function returned; the rank now leaves its engine with the others (a "
-              "peer still in a collective then waits for one this rank will never enter)"),
+              "peer still in a collective then waits for one this rank will never enter); "
+              "steps: the DDP training steps it took (hvd_magics.rank.ddp_watch), else None"),
     EventKind(LOG, "rank", ("text",), "hvd_magics.log_to_driver(text)"),
     EventKind(RUN_LOG, "rank", ("lines",),
               "lines for the run's log file only: what a library would have printed that the "
@@ -87,11 +88,13 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
               "progress within an epoch (at most 4 a second)"),
     EventKind(EPOCH_END, "rank", ("epoch", "epochs", "duration", "samples", "metrics"),
               "an epoch ended"),
-    EventKind(STACKS, "rank", ("request", "threads", "others"),
+    EventKind(STACKS, "rank", ("request", "threads", "others", "ddp"),
               "the rank's Python stacks, taken on request while it runs "
               "(hvd_magics.rank.stack_report): per thread its name and frames, outermost first, "
               "each [file, line, function, code, kind] with kind 'user' or 'library' (hvd_magics' "
-              "own frames left out); others: how many threads showed no frame of the user's"),
+              "own frames left out); others: how many threads showed no frame of the user's; "
+              "ddp: {steps, syncing} when it took DDP training steps (syncing: inside the "
+              "backward() whose end waits for every rank's gradients), else None"),
     EventKind(IMPORTED, "rank", ("modules",),
               "the frameworks of ZYGOTE_MODULES the job imported, at its end; its supervisor "
               "keeps this to itself (the next rank of its environment starts from a zygote that "
@@ -172,6 +175,11 @@ ENV_SHIPPED_PYTHON = "HVD_MAGICS_SHIPPED_PYTHON"
 #: (:mod:`hvd_magics.rank.checkpoint`, :mod:`hvd_magics.job.restarts`).
 ENV_ATTEMPT = "HVD_MAGICS_ATTEMPT"
 ENV_CHECKPOINT_DIR = "HVD_MAGICS_CHECKPOINT_DIR"
+#: The name of the file the driver wrote into the checkpoint folder for this attempt (a rank
+#: that does not find it there does not share the driver's folder), and the global step of the
+#: checkpoint every rank of the attempt resumes from (``none``: none was written).
+ENV_CHECKPOINT_TOKEN = "HVD_MAGICS_CHECKPOINT_TOKEN"
+ENV_RESUME_STEP = "HVD_MAGICS_RESUME_STEP"
 #: How often MLflow writes a lost tracking server missed are tried again, in seconds (a setting,
 #: read when the retrying starts; :data:`hvd_magics.job.mlflow_run.RETRY_S` by default).
 ENV_MLFLOW_RETRY_S = "HVD_MAGICS_MLFLOW_RETRY_S"

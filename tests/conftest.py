@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -137,15 +138,39 @@ def _cpu_seconds() -> tuple[float, float]:
 _TIMES: dict = {"tiers": {}, "tier_cpu": {}, "test_cpu": {}, "began": None, "cpu": None}
 
 
+def _repository_entries() -> set[str] | None:
+    """What ``git status`` lists in the repository besides its tracked, unchanged files (new
+    files and folders, ignored ones included; Python's caches left out), or ``None`` outside a
+    git checkout."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--ignored",
+                              "--untracked-files=normal"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {line[3:] for line in out.stdout.splitlines()
+            if line[:2] in ("??", "!!") and "__pycache__" not in line
+            and ".pytest_cache" not in line}
+
+
 def pytest_sessionstart(session) -> None:  # noqa: ARG001 - pytest's hook
     _TIMES["began"], _TIMES["cpu"] = time.monotonic(), _cpu_seconds()
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        _TIMES["entries"] = _repository_entries()
 
 
-def pytest_sessionfinish(session) -> None:  # noqa: ARG001 - pytest's hook
-    """End the suite's zygotes once every lane is done (in the process that started the lanes)."""
+def pytest_sessionfinish(session) -> None:
+    """End the suite's zygotes once every lane is done (in the process that started the lanes);
+    fail the run when its tests wrote into the repository (a Lightning run's
+    ``lightning_logs/`` was committed once): tests write under temporary folders only."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         end_zygotes(os.environ["HVD_MAGICS_ZYGOTE_DIR"])
         shutil.rmtree(os.environ["HVD_MAGICS_ZYGOTE_DIR"], ignore_errors=True)
+        before, after = _TIMES.get("entries"), _repository_entries()
+        written = sorted(after - before) if before is not None and after is not None else []
+        if written:
+            print(f"\nthe tests wrote into the repository (write under tmp_path instead): "
+                  f"{', '.join(written)}", file=sys.stderr)
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(hookwrapper=True)

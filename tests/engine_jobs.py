@@ -221,6 +221,29 @@ def uneven_all_reduces():
     return values
 
 
+def ddp_uneven_steps(steps: tuple = (30, 15), join: bool = False):
+    """The usual DDP loop, rank 0 taking ``steps[0]`` steps and rank 1 ``steps[1]`` (uneven
+    data per rank); with ``join``, inside DDP's join context, which lets that end."""
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    taken = 0
+    with model.join() if join else contextlib.nullcontext():
+        for _ in range(steps[dist.get_rank()]):
+            optimizer.zero_grad()
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            taken += 1
+    return taken
+
+
 def all_reduce_against_broadcast():
     """Rank 0 calls all_reduce where rank 1 calls broadcast: they never meet."""
     import torch
@@ -299,6 +322,28 @@ def shipped_marker_where_with(**frames):
     must be there)."""
     assert all(len(shard) > 0 for shard in frames.values()), frames
     return shipped_marker_where()
+
+
+def resume_points(saves: int = 3):
+    """Every rank asks ``checkpoint.latest()``, rank 1 only after rank 0 has saved ``saves``
+    newer checkpoints (a peer that starts late); returns each rank's step and whether the
+    folder still holds it."""
+    import torch.distributed as dist
+
+    from hvd_magics import checkpoint
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    found = checkpoint.latest() if rank == 0 else None
+    if rank == 0:
+        for step in range(saves):
+            checkpoint.save({"step": 100 + step}, 100 + step)
+    dist.barrier()
+    if rank == 1:
+        found = checkpoint.latest()
+    views = [None] * dist.get_world_size()
+    dist.all_gather_object(views, None if found is None else found[1])
+    return views
 
 
 def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engine="torch",
@@ -501,6 +546,30 @@ def lightning_fit(devices, num_nodes, strategy: str = "ddp"):
     return trainer.global_rank, trainer.world_size, int(os.environ["RANK"])
 
 
+def library_alone(library: str):
+    """Make what ``library`` trains with the way its docs write it, in a job whose engine that
+    library cannot join: each rank would train alone."""
+    import os
+
+    if library == "accelerate":
+        from accelerate import Accelerator
+
+        return Accelerator().num_processes
+    if library == "hf":
+        return hf_trainer_fit(os.getcwd())
+    if library == "lightning":
+        import pytorch_lightning as pl
+
+        return pl.Trainer(accelerator="cpu", logger=False).world_size
+    import numpy as np
+    import tf_keras
+
+    model = tf_keras.Sequential([tf_keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(np.zeros((8, 4)), np.zeros((8, 1)), verbose=0)
+    return 1
+
+
 def accelerate_notebook_launcher():
     """What a notebook written for accelerate does: launch the training function itself."""
     from accelerate import notebook_launcher
@@ -641,13 +710,14 @@ def keras_3_on_tf_engine():
     return refusal, [float(w) for w in weights.numpy()]
 
 
-def accelerate_loop(epochs: int = 3):
+def accelerate_loop(epochs: int = 3, cpu: bool = True):
     """An Accelerate loop as its docs write it (prepare, accelerator.backward, accelerator.log);
-    returns its processes, the prepared model's type and each epoch's logged loss."""
+    returns its processes, the prepared model's type and each epoch's logged loss. ``cpu``:
+    ``Accelerator(cpu=True)``, else a default ``Accelerator()``."""
     import torch
     from accelerate import Accelerator
 
-    accelerator = Accelerator(cpu=True)
+    accelerator = Accelerator(cpu=True) if cpu else Accelerator()
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -664,6 +734,66 @@ def accelerate_loop(epochs: int = 3):
         accelerator.log({"train_loss": loss.item(), "epoch": epoch}, step=epoch)
         logged.append(loss.item())
     return accelerator.num_processes, type(model).__name__, logged
+
+
+def accelerate_accumulating(accumulation: int = 4):
+    """An Accelerate loop that accumulates gradients over ``accumulation`` batches, as its docs
+    write it (``with accelerator.accumulate(model):``); returns the losses it computed (its own,
+    before Accelerate divides them) and its optimizer steps."""
+    import torch
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(gradient_accumulation_steps=accumulation)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.utils.data.TensorDataset(torch.randn(256, 4), 3 * torch.randn(256, 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=8)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    losses, steps = [], 0
+    for x, y in loader:
+        with accelerator.accumulate(model):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+            steps += accelerator.sync_gradients
+    return losses, steps
+
+
+def ddp_on_a_shard_per_epoch(folder: str, rows: int = 1001, epochs: int = 2):
+    """A DataFrame shard's ``to_torch`` made anew each epoch, as users write it, under DDP: a
+    real shard file per rank (rows dealt as Spark deals them); returns the steps and rows
+    each epoch ran on this rank."""
+    import os
+
+    import pyarrow as pa
+    import torch
+    import torch.distributed as dist
+
+    from hvd_magics.rank.shard import Shard
+
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    ids = list(range(rank, rows, size))
+    table = pa.table({"x": pa.array([[float(i), 1.0] for i in ids], pa.list_(pa.float32()))})
+    path = os.path.join(folder, f"part-{rank}.arrow")
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    shard = Shard(path, "train", rank, size, [len(range(r, rows, size)) for r in range(size)])
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
+    ran = []
+    for epoch in range(epochs):
+        steps = seen = 0
+        for (xb,) in shard.to_torch("x", batch_size=100, shuffle=True, seed=epoch):
+            optimizer.zero_grad()
+            model(xb).pow(2).mean().backward()
+            optimizer.step()
+            steps, seen = steps + 1, seen + len(xb)
+        ran.append((steps, seen))
+    return ran
 
 
 def keras_3_fit():

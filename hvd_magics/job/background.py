@@ -54,6 +54,11 @@ class BackgroundJob:
             raise self._error
 
     @property
+    def live(self) -> LiveJob:
+        """The job as its running thread fills it in."""
+        return self._live
+
+    @property
     def spark_slots(self) -> int:
         """Spark task slots the job's ranks hold (0 on the driver, on a warm pool, or before
         its stage was submitted)."""

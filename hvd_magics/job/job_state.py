@@ -87,6 +87,8 @@ class RankState:
     has_result: bool = False
     #: Whether its function returned and it now leaves the engine (``leaving``).
     left: bool = False
+    #: The DDP training steps it took, as it said when leaving (``None``: none, or unknown).
+    ddp_steps: int | None = None
     failed_at: float | None = None
     epoch: int = 0
     epochs: int | None = None
@@ -376,8 +378,9 @@ class JobState:
         """Ranks whose process has not started yet."""
         return [r.rank for r in self.ranks if not r.exited and r.pid is None]
 
-    def _on_leaving(self, state: RankState, event: dict[str, Any]) -> None:  # noqa: ARG002
+    def _on_leaving(self, state: RankState, event: dict[str, Any]) -> None:
         state.left = True
+        state.ddp_steps = event.get("steps")
 
     def finished_ranks(self) -> list[int]:
         """Ranks whose code returned: leaving their engine, or ended with success (a pool's

@@ -36,8 +36,8 @@ from hvd_magics.launch.spark_backend import SparkBackend
 from hvd_magics.launch.spark_session import active_session, start_local_session
 from hvd_magics.launch.spark_slots import SLOT_WAIT_S
 from hvd_magics.options import (DEFAULT_START_TIMEOUT_S, ElasticSize, positive_seconds,
-                                validate_engine, validate_ranks_per_task, validate_size,
-                                validate_start_timeout)
+                                validate_engine, validate_ranks_per_task, validate_restarts,
+                                validate_size, validate_start_timeout)
 from hvd_magics.protocol import (CELL_END, CHANNEL_CLOSED, ENGINE_HOROVOD, ENV_ENGINE, ENV_HOROVOD_TIMELINE, ENV_SHARDS, ERROR,
                                  EXIT, RESULT, STARTED, TASK_ERROR, TASK_STARTED, TIMELINE_DYNAMIC,
                                  encode_job)
@@ -163,6 +163,14 @@ class HorovodPool:
     ranks_per_task : int, optional
         Rank processes in each of the pool's Spark tasks (as
         :class:`hvd_magics.HorovodRunner`'s).
+    restarts : int
+        Only 0: a pool replaces a lost rank at its next cell, and a job that must go on after a
+        loss runs cold (``HorovodRunner(np, restarts=N)``, ``%%horovod --cold --restarts N``).
+
+    Raises
+    ------
+    ValueError
+        A bad option (``restarts`` above 0 among them), with the fix.
 
     Examples
     --------
@@ -174,9 +182,10 @@ class HorovodPool:
     def __init__(self, np: int, env: Mapping[str, str] | None = None,
                  start_timeout: float = DEFAULT_START_TIMEOUT_S,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S, engine: str = ENGINE_HOROVOD,
-                 ranks_per_task: int | None = None) -> None:
+                 ranks_per_task: int | None = None, restarts: int = 0) -> None:
         self.np, self.start_timeout, self.idle_timeout = pool_options(np, start_timeout,
                                                                       idle_timeout)
+        validate_restarts(restarts, pool=True)  # refused with the way: a cold job
         #: Rank processes per Spark task (settled by the first start: 1 on the driver).
         self.ranks_per_task = validate_ranks_per_task(ranks_per_task, self.np)
         self.engine = validate_engine(engine)

@@ -9,6 +9,7 @@ error) fails the job at once, as without restarts: running it again gives the sa
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import shutil
@@ -17,14 +18,16 @@ import time
 from datetime import datetime
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from hvd_magics.errors import HorovodJobError, JobInterrupted
 from hvd_magics.job.job_state import LOST
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.session import SESSION
 from hvd_magics.notices import say
-from hvd_magics.protocol import ENV_ATTEMPT, ENV_CHECKPOINT_DIR
+from hvd_magics.protocol import (ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_TOKEN,
+                                 ENV_RESUME_STEP)
+from hvd_magics.rank.checkpoint import NO_CHECKPOINT
 from hvd_magics.rank.checkpoints import latest_checkpoint
 
 #: What a rank's error says when a peer of it went away (the loss is elsewhere).
@@ -93,34 +96,66 @@ def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
         # a restart waits for the cluster to replace the executor it lost, up to start_timeout
         wait = {"slot_wait_s": request.start_timeout} if attempt else {}
         try:
-            record = launch(dataclasses.replace(request, env=env, attempt=attempt,
-                                                earlier_attempts=tuple(causes),
-                                                mlflow_run_id=run_id, **wait))
+            with attempt_checkpoints(folder) as agreed:
+                record = launch(dataclasses.replace(request, env={**env, **agreed},
+                                                    attempt=attempt,
+                                                    earlier_attempts=tuple(causes),
+                                                    mlflow_run_id=run_id, **wait))
         except JobInterrupted:
             raise
+        except KeyboardInterrupt:  # before its ranks started (waiting for task slots, say)
+            what = f"attempt {attempt + 1} of the job" if attempt else "the job"
+            raise JobInterrupted(f"interrupted while {what} was being set up, before any of its "
+                                 f"ranks started: nothing is left running") from None
         except HorovodJobError as exc:
             cause = loss(exc)
-            if cause is None:
+            if cause is None or not restarts:
                 raise
             run_id = run_id or getattr(SESSION.last_run, "mlflow_run_id", None)
             epochs = one_timing(epochs, getattr(SESSION.last_run, "epochs", []))
             ended = time.strftime("%H:%M:%S")
             if attempt >= restarts:
                 causes.append(f"{cause} (ended {ended})")
+                if SESSION.last_run is not None:  # the record tells every attempt
+                    SESSION.last_run.attempts, SESSION.last_run.started_at = list(causes), began
                 exc.add_summary(f"the job was started {attempt + 1} times, and each ended with "
                                 "a loss: " + "; ".join(f"attempt {i + 1}: {c}"
                                                       for i, c in enumerate(causes)))
                 raise
             attempt += 1
-            resume = resumes_from(folder)
-            causes.append(f"{cause} (ended {ended}; attempt {attempt + 1} {resume})")
-            say(f"attempt {attempt} of {restarts + 1} ended: {cause}; starting attempt "
-                f"{attempt + 1}, which {resume} in {folder}")
+            try:
+                resume = resumes_from(folder)
+                causes.append(f"{cause} (ended {ended}; attempt {attempt + 1} {resume})")
+                say(f"attempt {attempt} of {restarts + 1} ended: {cause}; starting attempt "
+                    f"{attempt + 1}, which {resume} in {folder}")
+            except KeyboardInterrupt:
+                raise JobInterrupted(
+                    f"interrupted after attempt {attempt} ended ({cause}), before attempt "
+                    f"{attempt + 1} started; nothing is left running") from None
             continue
         if causes:  # the record tells the attempts; the wall time and epochs are all theirs
             record.attempts, record.started_at = [*causes, "succeeded"], began
             record.epochs = one_timing(epochs, record.epochs)
         return record
+
+
+@contextlib.contextmanager
+def attempt_checkpoints(folder: Path) -> Iterator[dict[str, str]]:
+    """What every rank of one attempt agrees on (:mod:`hvd_magics.rank.checkpoint`): a file of
+    this attempt's in ``folder``, which a rank that does not share the driver's folder cannot
+    find, and the step of the checkpoint they all resume from (the newest now). The file goes
+    with the attempt, and the folder too when nothing else was written in it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    token = folder / f".hvd_magics-attempt-{uuid.uuid4().hex[:12]}"
+    token.write_text("the driver's mark: ranks that see it share this folder\n")
+    found = latest_checkpoint(folder)
+    try:
+        yield {ENV_CHECKPOINT_TOKEN: token.name,
+               ENV_RESUME_STEP: str(found[0].global_step) if found else NO_CHECKPOINT}
+    finally:
+        token.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only when empty: no checkpoint was written
 
 
 def resumes_from(folder: Path) -> str:

@@ -21,7 +21,8 @@ from hvd_magics.job.job_state import (LOST, STALL_AFTER_S, STALL_REQUEST, WAITIN
                                       JobView)
 from hvd_magics.job.background import BackgroundJob
 from hvd_magics.job.live_job import STOP_WAIT_S, LiveJob
-from hvd_magics.job.stacks import STACKS_WAIT_S, UNEVEN_FIX, JobStacks, collective_of
+from hvd_magics.job.stacks import (DDP_ALLREDUCE, STACKS_WAIT_S, UNEVEN_DDP_FIX, UNEVEN_FIX,
+                                   JobStacks, collective_waited)
 from hvd_magics.job.stacks import where as stack_where
 from hvd_magics.job.mlflow_run import MlflowSettings, MlflowTracker, requested
 from hvd_magics.launch.dataframe_input import check_columns, common_session
@@ -425,7 +426,8 @@ def _make_backend(request: LaunchRequest) -> Backend:
         for source in sources:
             check_columns(source)
         return SparkBackend(common_session(sources), np, env, sources,
-                            slot_wait_s=request.slot_wait_s, held_slots=SESSION.held_slots(),
+                            slot_wait_s=request.slot_wait_s,
+                            held_slots=SESSION.held_slots(request.live),
                             background=request.live is not None,
                             environment=SESSION.environment,
                             ranks_per_task=request.ranks_per_task)
@@ -433,7 +435,8 @@ def _make_backend(request: LaunchRequest) -> Backend:
         return DriverBackend(-np, env)
     spark = active_session() or start_local_session(np)
     return SparkBackend(spark, np, env, slot_wait_s=request.slot_wait_s,
-                        held_slots=SESSION.held_slots(), background=request.live is not None,
+                        held_slots=SESSION.held_slots(request.live),
+                        background=request.live is not None,
                         environment=SESSION.environment, ranks_per_task=request.ranks_per_task)
 
 
@@ -635,19 +638,44 @@ def left_behind(job: JobState, backend: Backend, events: queue.Queue, now: float
         return None
     seen["asked"] = now
     stacks = collect_stacks(job, backend, events)
-    waiting = {rank: stack_where(stacks.ranks[rank].get("threads", [])) for rank in running
-               if rank in stacks.ranks and collective_of(stacks.ranks[rank].get("threads", []))}
+    waits = {rank: collective_waited(stacks.ranks[rank]) for rank in running
+             if rank in stacks.ranks}
+    waiting = {rank: (stack_where(stacks.ranks[rank].get("threads", [])),
+                      (stacks.ranks[rank].get("ddp") or {}).get("steps"))
+               for rank, engine in waits.items() if engine}
     stuck = {rank: at for rank, at in waiting.items() if seen.get("waiting", {}).get(rank) == at}
     seen["waiting"] = waiting
     if not stuck:
         return None
-    engine = collective_of(stacks.ranks[min(stuck)].get("threads", []))
+    engine = waits[min(stuck)]
     at = "; ".join(f"{rank_named(rank, job.unit)} in {where}"
-                   for rank, where in sorted(stuck.items()))
+                   for rank, (where, _steps) in sorted(stuck.items()))
+    if engine == DDP_ALLREDUCE:
+        return _uneven_steps(job, finished, stuck, at)
     return (f"{ranks_named(sorted(stuck), job.unit)} {'wait' if len(stuck) > 1 else 'waits'} "
             f"in a {engine} collective that {ranks_named(finished, job.unit)} will never enter: "
             f"{'they' if len(finished) > 1 else 'it'} finished the job's code ({at}); the job "
             f"was stopped. {UNEVEN_FIX}")
+
+
+def _uneven_steps(job: JobState, finished: list[int],
+                  stuck: dict[int, tuple[str, int | None]], at: str) -> str:
+    """The verdict on DDP ranks left in a training step's gradient allreduce by peers that
+    finished: who waits for whom, and the steps each took."""
+    def took(rank: int) -> str:
+        steps = job.ranks[rank].ddp_steps
+        return f"{rank_named(rank, job.unit)} after {steps} steps" if steps else \
+            rank_named(rank, job.unit)
+
+    waiting = sorted(stuck)
+    doing = ", ".join(f"{rank_named(rank, job.unit)} is in its step {stuck[rank][1]}"
+                      for rank in waiting if stuck[rank][1])
+    plural = len(waiting) > 1
+    return (f"{ranks_named(waiting, job.unit)} {'wait' if plural else 'waits'} in "
+            f"{DDP_ALLREDUCE} (inside backward()) for {ranks_named(finished, job.unit)}, which "
+            f"finished the job's code ({', '.join(took(rank) for rank in finished)})"
+            f"{'; ' + doing if doing else ''}. {'They' if plural else 'It'} would wait for "
+            f"ever: the job was stopped ({at}). {UNEVEN_DDP_FIX}")
 
 
 def mismatched(job: JobState, backend: Backend, events: queue.Queue, now: float,

@@ -36,10 +36,13 @@ class Session:
     #: (``hvd_magics.ship_environment()``, ``%hvd_env``), or ``None``.
     environment: EnvironmentChoice | None = None
 
-    def held_slots(self) -> int:
-        """The Spark task slots this process's warm pools and background jobs hold."""
+    def held_slots(self, live: Any = None) -> int:
+        """The Spark task slots this process's warm pools and background jobs hold, but the
+        background job whose :class:`~hvd_magics.job.live_job.LiveJob` is ``live`` (a job's
+        own restart needs the slots it held)."""
         return (sum(pool.np for pool in list(self.live_pools) if pool.np > 0)
-                + sum(job.spark_slots for job in list(self.background_jobs)))
+                + sum(job.spark_slots for job in list(self.background_jobs)
+                      if live is None or job.live is not live))
 
     def reset(self) -> None:
         """Forget the last run, turn the timeline and MLflow tracking off (as in a fresh kernel)."""

@@ -25,12 +25,23 @@ SHOWN_FRAMES = 12
 #: peers.
 _COLLECTIVES = (
     ("Horovod", re.compile(r"horovod[\\/](torch|tensorflow|keras|_keras)[\\/]")),
-    ("torch.distributed", re.compile(r"torch[\\/]distributed[\\/]")),
+    ("torch.distributed", re.compile(
+        r"torch[\\/](distributed[\\/]|nn[\\/]parallel[\\/]distributed\.py)")),
     ("tf.distribute", re.compile(r"tensorflow[\\/]python[\\/](distribute|ops[\\/]collective)")),
 )
 
+#: A DDP rank inside the ``backward()`` of a training step (autograd's frames innermost) waits at
+#: its end for every rank's gradients: DDP's allreduce, run from autograd's hooks.
+_AUTOGRAD = re.compile(r"torch[\\/]autograd[\\/]")
+#: What :func:`collective_waited` calls that wait.
+DDP_ALLREDUCE = "DDP's gradient allreduce"
 
 #: What the ranks did wrong when their collectives do not meet.
+UNEVEN_DDP_FIX = ("The ranks took different numbers of training steps (most often: uneven data "
+                  "per rank). Fix: give every rank the same number of batches "
+                  "(DistributedSampler(dataset, drop_last=True), or shards of equal rows), or "
+                  "run the loop inside DDP's join context (with model.join(): ...), which lets "
+                  "ranks run out of data at different steps.")
 UNEVEN_FIX = ("The ranks made different collective calls (a different number of them, or in "
               "another order). Fix: have every rank make the same collective calls in the same "
               "order.")
@@ -88,6 +99,19 @@ def collective_of(threads: list[dict[str, Any]]) -> str:
     if not frames:
         return ""
     return next((name for name, files in _COLLECTIVES if files.search(frames[-1][0])), "")
+
+
+def collective_waited(answer: dict[str, Any]) -> str:
+    """What a rank's ``stacks`` answer waits in: an engine's collective (:func:`collective_of`),
+    or :data:`DDP_ALLREDUCE` when it is inside the ``backward()`` of a DDP training step
+    (:mod:`hvd_magics.rank.ddp_watch`); else ``""``."""
+    threads = answer.get("threads", [])
+    engine = collective_of(threads)
+    if engine:
+        return engine
+    frames = _main_frames(threads)
+    syncing = bool((answer.get("ddp") or {}).get("syncing"))
+    return DDP_ALLREDUCE if syncing and frames and _AUTOGRAD.search(frames[-1][0]) else ""
 
 
 def collective_call(threads: list[dict[str, Any]]) -> str:

@@ -337,6 +337,9 @@ class HorovodMagics(Magics):
                    "%%horovod --engine).")
     @argument("--ranks-per-task", default=None, metavar="K",
               help="start: K ranks in each Spark task (as for %%horovod --ranks-per-task).")
+    @argument("--restarts", type=int, default=0, metavar="N",
+              help="not for a pool (it replaces a lost rank at its next cell): refused with "
+                   "the way, a cold job (%%horovod --cold --restarts N).")
     @line_magic
     def hvd_pool(self, line: str) -> Any:
         """Warm ranks that live across cells: ``%hvd_pool start np=2``, then ``%%horovod``."""
@@ -352,7 +355,8 @@ class HorovodMagics(Magics):
             try:
                 SESSION.pool = HorovodPool(args.np, parse_env(args.env), args.start_timeout,
                                            args.idle_timeout, engine=args.engine,
-                                           ranks_per_task=args.ranks_per_task)
+                                           ranks_per_task=args.ranks_per_task,
+                                           restarts=args.restarts)
             except ValueError as exc:
                 raise UsageError(f"%hvd_pool start: {exc}") from None
             print(SESSION.pool)

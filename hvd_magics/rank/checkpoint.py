@@ -14,17 +14,34 @@ killed while it saves leaves the previous checkpoint whole, never a torn one rea
 the job's (:func:`directory`): one per cell or function, under the system's temporary folder on
 the driver's machine by default; give ``checkpoint_dir=`` (``--checkpoint-dir``) a folder every
 executor shares (a DBFS or NFS mount) on a cluster.
+
+Every rank of an attempt resumes from the same checkpoint: the one the driver found newest when
+the attempt started (``HVD_MAGICS_RESUME_STEP``), which rank 0's later saves do not remove
+while the attempt runs, so a rank that starts late does not read a newer one. A rank whose
+executor does not see the driver's folder (it is on each machine's own disk: the default
+folder on a cluster of several hosts) fails at its first :func:`latest` or :func:`save`, before
+it trains, naming the fix, rather than keep checkpoints of its own.
 """
 from __future__ import annotations
 
 import os
 import pickle
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from hvd_magics.protocol import ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_RANK
-from hvd_magics.rank.checkpoints import Position, latest_checkpoint, write_checkpoint
+from hvd_magics.errors import CheckpointFolderNotShared
+from hvd_magics.protocol import (ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_TOKEN, ENV_RANK,
+                                 ENV_RESUME_STEP)
+from hvd_magics.rank_names import rank_named
+from hvd_magics.rank.checkpoints import (Position, checkpoint_at, latest_checkpoint,
+                                         write_checkpoint)
+
+#: What :func:`latest` gives when the attempt resumes from no checkpoint.
+NO_CHECKPOINT = "none"
+#: The folders this process found the driver's token in.
+_seen: set[str] = set()
 
 
 def directory() -> Path:
@@ -38,9 +55,50 @@ def attempt() -> int:
     return int(os.environ.get(ENV_ATTEMPT, "0") or 0)
 
 
+def shared_folder() -> Path:
+    """The job's checkpoint folder, once this rank has found in it the file the driver wrote
+    there for this attempt (outside a job of ours: the folder as it is).
+
+    Raises
+    ------
+    CheckpointFolderNotShared
+        The rank's executor does not see the driver's folder.
+    """
+    folder = directory()
+    token = os.environ.get(ENV_CHECKPOINT_TOKEN)
+    if token is None or str(folder) in _seen:
+        return folder
+    if not (folder / token).is_file():
+        raise CheckpointFolderNotShared(
+            f"{rank_named(int(os.environ.get(ENV_RANK, '0')))} on {socket.gethostname()} does "
+            f"not see the "
+            f"job's checkpoint folder {folder} as the notebook's machine does (a folder of this "
+            f"machine's own disk): each executor would keep checkpoints of its own, and after a "
+            f"restart the ranks would resume from different steps. Fix: a folder that every "
+            f"executor and the driver share: %%horovod --checkpoint-dir /dbfs/... "
+            f"(HorovodRunner(checkpoint_dir=...)), an NFS mount, or S3/GCS/ABFS through a "
+            f"mounted path.")
+    _seen.add(str(folder))
+    return folder
+
+
+def _pinned() -> int | None:
+    """The global step this attempt resumes from, which saves must keep (``None``: none)."""
+    step = os.environ.get(ENV_RESUME_STEP)
+    return int(step) if step not in (None, NO_CHECKPOINT) else None
+
+
 def save(state: Any, step: int, keep: int = 2) -> Path | None:
     """On rank 0, write ``state`` (anything pickle takes: state dicts, arrays, numbers) as the
-    checkpoint of ``step``, keeping the newest ``keep``; its path. ``None`` on other ranks."""
+    checkpoint of ``step``, keeping the newest ``keep`` (and the one this attempt resumed
+    from, which a peer may still be reading); its path. ``None`` on other ranks.
+
+    Raises
+    ------
+    CheckpointFolderNotShared
+        The rank's executor does not see the driver's folder (:func:`shared_folder`).
+    """
+    folder = shared_folder()
     if os.environ.get(ENV_RANK, "0") != "0":
         return None
 
@@ -48,13 +106,31 @@ def save(state: Any, step: int, keep: int = 2) -> Path | None:
         with open(path, "wb") as out:
             pickle.dump(state, out, protocol=4)
 
-    return write_checkpoint(directory(), Position(0, 0, int(step)), "pkl", write, keep)
+    return write_checkpoint(folder, Position(0, 0, int(step)), "pkl", write, keep,
+                            spare=_pinned())
 
 
 def latest() -> tuple[Any, int] | None:
-    """``(state, step)`` of the newest whole checkpoint of this job, or ``None``."""
-    found = latest_checkpoint(directory())
+    """``(state, step)`` of the checkpoint this attempt resumes from, the same on every rank:
+    the newest whole one when the attempt started (outside a job of ours: the newest now);
+    ``None`` when there was none.
+
+    Raises
+    ------
+    CheckpointFolderNotShared
+        The rank's executor does not see the driver's folder (:func:`shared_folder`).
+    """
+    folder = shared_folder()
+    if os.environ.get(ENV_RESUME_STEP) == NO_CHECKPOINT:
+        return None
+    pinned = _pinned()
+    found = latest_checkpoint(folder) if pinned is None else checkpoint_at(folder, pinned)
     if found is None:
+        if pinned is not None:
+            raise FileNotFoundError(
+                f"the checkpoint of step {pinned:,} that this attempt resumes from is gone from "
+                f"{folder} (removed while the job ran); every rank must resume from one step. "
+                f"Fix: run the job again (--fresh starts over)")
         return None
     with open(found[1], "rb") as handle:
         return pickle.load(handle), found[0].global_step

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -33,8 +34,39 @@ def checkpoint_folder(model_dir: str | os.PathLike) -> Path:
     return Path(model_dir) / CHECKPOINT_FOLDER
 
 
+#: What a temporary file is named after: this machine and process (``.<name>.tmp-<host>-<pid>``).
+_TEMPORARY = re.compile(r"^\..+\.tmp-(?P<host>.+)-(?P<pid>\d+)$")
+
+
+def _temporary_mark() -> str:
+    return f"tmp-{socket.gethostname()}-{os.getpid()}"
+
+
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Remove the temporary files that writers of this machine left when they were killed
+    mid-write (their process is gone); return them. A live writer's, or another machine's
+    (a shared folder), stay."""
+    host, gone = socket.gethostname(), []
+    for path in folder.glob(".*.tmp-*") if folder.is_dir() else ():
+        match = _TEMPORARY.match(path.name)
+        if match and match["host"] == host and not _alive(int(match["pid"])):
+            path.unlink(missing_ok=True)
+            gone.append(path)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temporary = path.with_name(f".{path.name}.{_temporary_mark()}")
     try:
         write(temporary)
         with open(temporary, "rb") as handle:
@@ -45,17 +77,21 @@ def _replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
 
 
 def write_checkpoint(model_dir: str | os.PathLike, position: Position, extension: str,
-                     save: Callable[[Path], None], keep: int = 3) -> Path:
+                     save: Callable[[Path], None], keep: int = 3,
+                     spare: int | None = None) -> Path:
     """Write one checkpoint with ``save(path)``, point ``latest.json`` at it, keep the newest
-    ``keep``; return its path. An exception in ``save`` leaves the folder as it was."""
+    ``keep`` (and the one of global step ``spare``); return its path. An exception in
+    ``save`` leaves the folder as it was."""
     folder = checkpoint_folder(model_dir)
     folder.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(folder)
     path = folder / f"ckpt-{position.global_step}-e{position.epoch}-s{position.step}.{extension}"
     _replace_atomically(path, save)
     _replace_atomically(folder / LATEST_FILE, lambda p: p.write_text(
         json.dumps({"file": path.name, **asdict(position)})))
     for old in _complete(folder)[keep:]:
-        old[1].unlink(missing_ok=True)
+        if old[0].global_step != spare:
+            old[1].unlink(missing_ok=True)
     return path
 
 
@@ -68,6 +104,13 @@ def _complete(folder: Path) -> list[tuple[Position, Path]]:
             global_step, epoch, step = (int(match.group(i)) for i in (1, 2, 3))
             found.append((Position(epoch, step, global_step), path))
     return sorted(found, key=lambda item: item[0].global_step, reverse=True)
+
+
+def checkpoint_at(model_dir: str | os.PathLike, global_step: int) -> tuple[Position, Path] | None:
+    """The complete checkpoint of ``global_step`` in ``model_dir``, or ``None``."""
+    folder = checkpoint_folder(model_dir)
+    found = _complete(folder) if folder.is_dir() else []
+    return next((item for item in found if item[0].global_step == global_step), None)
 
 
 def latest_checkpoint(model_dir: str | os.PathLike | None) -> tuple[Position, Path] | None:

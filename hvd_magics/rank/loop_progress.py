@@ -9,14 +9,24 @@ samples per step from the module's calls, epochs (an epoch ends when the next on
 with the job), the latest loss. The loss stays a tensor until a report leaves the rank (at most
 a few times a second): no step waits for the device.
 
+A step is an optimizer step: a loop that accumulates gradients (DDP's ``no_sync()``, which
+Accelerate's ``accumulate`` uses) counts the call that synchronises them, and its steps per
+epoch are the loader's batches over the calls per step; the samples are every call's. Each pass
+over a DataFrame shard's loader (``shard.to_torch(...)`` made anew each epoch, ``shard.batches``)
+is a pass over the one training set.
+
 Accelerate's loops are such loops (``prepare`` wraps the model in DDP, ``backward`` calls the
-loss's); what they give ``Accelerator.log`` (its tracker API) goes with the epoch's end too.
+loss's); the loss is the one given to ``Accelerator.backward`` (before it divides it by the
+accumulation steps), and what they give ``Accelerator.log`` (its tracker API) goes with the
+epoch's end too.
 
 It stays out of the way of anything that reports epochs itself (the Lightning and Hugging Face
 callbacks, ``hvd_magics.progress``): once an epoch was begun by another, it infers nothing.
 """
 from __future__ import annotations
 
+import functools
+import math
 import os
 import weakref
 from typing import Any
@@ -50,6 +60,13 @@ class _Loop:
         self.batch_size: int | None = None
         #: The latest loss ``backward()`` was called on, detached.
         self.loss: Any = None
+        #: Inside ``Accelerator.backward``: its loss is the user's, not the one it divides.
+        self.in_accelerate = False
+        #: Module calls since the last optimizer step, and per step (``None``: not known yet);
+        #: before the first step, what ``Accelerator.accumulate`` says it will be.
+        self.calls = 0
+        self.per_step: int | None = None
+        self.per_step_said: int | None = None
 
 
 _loop = _Loop()
@@ -70,7 +87,12 @@ def _rows(value: Any) -> int:
     return int(shape[0]) if shape else 0
 
 
-def _ref(loader: Any) -> Any:
+def _identity(loader: Any) -> Any:
+    """What makes two passes passes over one training set: the DataFrame shard a loader of
+    ``shard.to_torch`` reads (a new loader each epoch is the same set), else the loader."""
+    shard = getattr(getattr(loader, "dataset", None), "shard", None)
+    if shard is not None:
+        return ("shard", shard.path)
     try:
         return weakref.ref(loader)
     except TypeError:
@@ -79,9 +101,17 @@ def _ref(loader: Any) -> Any:
 
 def on_new_pass(loader: Any) -> None:
     """A pass over ``loader`` begins: over the training loader, the next epoch."""
-    ref = _ref(loader)
-    _loop.iterated = (ref, _length(loader), getattr(loader, "batch_size", None))
-    if (_loop.loader is not None and ref is not None and ref == _loop.loader
+    _new_pass(_identity(loader), _length(loader), getattr(loader, "batch_size", None))
+
+
+def on_shard_pass(shard: Any, steps: int, batch_size: int) -> None:
+    """A pass over a DataFrame shard's batches begins (``shard.batches``)."""
+    _new_pass(("shard", shard.path), steps, batch_size)
+
+
+def _new_pass(identity: Any, length: int | None, batch_size: int | None) -> None:
+    _loop.iterated = (identity, length, batch_size)
+    if (_loop.loader is not None and identity is not None and identity == _loop.loader
             and not _loop.sampler_epochs):
         _loop.next_epoch = _loop.epoch + 1
 
@@ -93,8 +123,9 @@ def on_set_epoch(epoch: int) -> None:
         _loop.next_epoch = epoch + 1
 
 
-def on_step(args: tuple[Any, ...]) -> None:
-    """A training step: the DDP module was called with ``args``."""
+def on_step(args: tuple[Any, ...], synced: bool = True) -> None:
+    """A training call of the DDP module with ``args``: an optimizer step when ``synced`` (its
+    gradients are synchronised), else a call that accumulates gradients."""
     if _others_report():
         return
     if _loop.loader is None and _loop.iterated is not None:
@@ -103,22 +134,37 @@ def on_step(args: tuple[Any, ...]) -> None:
         _loop.steps = _loop.iterated[1]
     if not _loop.epoch or (_loop.next_epoch and _loop.next_epoch != _loop.epoch):
         _begin(_loop.next_epoch or _loop.epoch + 1)
-    _loop.step += 1
     _loop.samples += _rows(args)
+    _loop.calls += 1
+    if not synced:
+        return
+    if _loop.per_step is None:
+        _loop.per_step = _loop.calls
+    _loop.calls = 0
+    _loop.step += 1
     loss = _loop.loss
-    progress.report(_loop.step, _loop.steps, **({"loss": loss} if loss is not None else {}))
+    progress.report(_loop.step, _steps(), **({"loss": loss} if loss is not None else {}))
+
+
+def _steps() -> int | None:
+    """Optimizer steps in an epoch: the loader's batches over the calls per step."""
+    if _loop.steps is None:
+        return None
+    return math.ceil(_loop.steps / (_loop.per_step or _loop.per_step_said or 1))
 
 
 def on_backward(tensor: Any) -> None:
-    """``backward()`` was called on ``tensor``: a scalar is the loss."""
-    if _loop.epoch and tensor.numel() == 1:
+    """``backward()`` was called on ``tensor``: a scalar is the loss (unless Accelerate's
+    ``backward`` divided the user's, which it was given)."""
+    if _loop.epoch and tensor.numel() == 1 and not _loop.in_accelerate:
         _loop.loss = tensor.detach()
 
 
 def _begin(epoch: int) -> None:
     finish()
     _loop.epoch, _loop.next_epoch, _loop.step, _loop.samples = epoch, 0, 0, 0
-    progress.begin_epoch(epoch, None, _loop.steps, _loop.batch_size, inferred=True)
+    _loop.calls = 0
+    progress.begin_epoch(epoch, None, _steps(), _loop.batch_size, inferred=True)
 
 
 def finish() -> None:
@@ -154,7 +200,7 @@ def _patch_ddp(module: Any) -> None:
 
     def step(model: Any, *args: Any, **_kwargs: Any) -> None:
         if model.training and torch.is_grad_enabled():
-            on_step(args)
+            on_step(args, getattr(model, "require_backward_grad_sync", True))
 
     before_call(ddp, "forward", step, _PATCHED)
     before_call(DistributedSampler, "set_epoch", lambda _sampler, epoch: on_set_epoch(epoch),
@@ -179,11 +225,34 @@ def on_accelerate_log(values: Any) -> None:
         progress.record(**numbers)
 
 
+def _users_loss(backward: Any) -> Any:
+    """``Accelerator.backward``, keeping the loss it is given (the user's) as the loss."""
+    @functools.wraps(backward)
+    def patched(self: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
+        on_backward(loss)
+        _loop.in_accelerate = True
+        try:
+            return backward(self, loss, *args, **kwargs)
+        finally:
+            _loop.in_accelerate = False
+
+    setattr(patched, _PATCHED, True)
+    return patched
+
+
 def _patch_accelerate(module: Any) -> None:
     accelerator = getattr(module, "Accelerator", None)
     if accelerator is not None:
         before_call(accelerator, "log",
                     lambda _self, values, *_args, **_kwargs: on_accelerate_log(values), _PATCHED)
+        if not getattr(accelerator.backward, _PATCHED, False):
+            accelerator.backward = _users_loss(accelerator.backward)
+        before_call(accelerator, "accumulate", _accumulating, _PATCHED)
+
+
+def _accumulating(accelerator: Any, *_args: Any, **_kwargs: Any) -> None:
+    """``with accelerator.accumulate(model):``: its steps are that many calls each."""
+    _loop.per_step_said = max(1, int(getattr(accelerator, "gradient_accumulation_steps", 1)))
 
 
 def install() -> None:

@@ -221,9 +221,10 @@ def run_job(payload: bytes) -> tuple[Any, BaseException | None, int]:
     ``sys.exit(0)`` is a successful end."""
     import cloudpickle
 
-    from hvd_magics.rank import loop_progress
+    from hvd_magics.rank import ddp_watch, loop_progress
     from hvd_magics.result_codec import encode_parts
 
+    ddp_watch.reset()  # a warm pool's cell counts its own steps
     try:
         main_fn, kwargs = cloudpickle.loads(payload)
         try:
@@ -255,8 +256,8 @@ def show_warning(message: Warning | str, category: type[Warning], filename: str,
 
 def run_rank() -> None:
     """Run the shipped function and report its result or its exception (never returns)."""
-    from hvd_magics.rank import (engine_guard, hf_progress, keras_progress, launcher_guard,
-                                 lightning_progress, loop_progress, shard_guard,
+    from hvd_magics.rank import (alone_guard, ddp_watch, engine_guard, hf_progress, keras_progress,
+                                 launcher_guard, lightning_progress, loop_progress, shard_guard,
                                  stack_report, torch_group_hold, tracker_watch, whole_writes)
 
     whole_writes.install()
@@ -267,9 +268,11 @@ def run_rank() -> None:
     lightning_progress.install()
     hf_progress.install()
     loop_progress.install()
+    ddp_watch.install()
     tracker_watch.install()
     engine_guard.install()
     launcher_guard.install()
+    alone_guard.install()
     shard_guard.install()
     torch_group_hold.install()
     _preimport(os.environ.get(ENV_PREIMPORT, ""))
@@ -280,7 +283,7 @@ def run_rank() -> None:
     if failure is not None:
         _fail(failure, code)
     report_imports()
-    rank_events.emit(LEAVING)
+    rank_events.emit(LEAVING, steps=ddp_watch.steps())
     end_engine()
     sys.stdout.flush()
     sys.stderr.flush()

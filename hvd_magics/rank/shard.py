@@ -25,6 +25,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from hvd_magics.errors import ShardError
+from hvd_magics.rank import loop_progress
 
 #: What :meth:`Shard.steps_per_epoch` does with the rows by which shards differ.
 REPEAT, DROP = "repeat", "drop"
@@ -270,7 +271,9 @@ class Shard:
         """
         names = list(columns) if columns is not None else self.columns
         arrays = {name: self._rows_of(name) for name in names}
-        for rows in self.batch_rows(batch_size, shuffle, seed, remainder):
+        batches = self.batch_rows(batch_size, shuffle, seed, remainder)
+        loop_progress.on_shard_pass(self, len(batches), batch_size)
+        for rows in batches:
             yield {name: array[rows] for name, array in arrays.items()}
 
     def feature_matrix(self, features: str | Sequence[str]) -> np.ndarray:

@@ -19,7 +19,7 @@ from types import FrameType
 from typing import Any
 
 from hvd_magics.protocol import ENV_CONTROL_FD, STACKS
-from hvd_magics.rank import rank_events
+from hvd_magics.rank import ddp_watch, rank_events
 
 #: Most frames reported per thread (the innermost ones).
 MAX_FRAMES = 40
@@ -83,7 +83,8 @@ def _answer(stream: Any) -> None:
         request = line.decode(errors="replace").strip()
         if request:
             threads, others = current_stacks()
-            rank_events.emit(STACKS, request=request, threads=threads, others=others)
+            rank_events.emit(STACKS, request=request, threads=threads, others=others,
+                             ddp=ddp_watch.state())
 
 
 def serve() -> None:

@@ -1,6 +1,7 @@
-"""Training libraries that start processes of their own, or plan other ranks than the job's,
-refused in one line naming the fix (hvd_magics/rank/launcher_guard.py): real Lightning and
-accelerate on two torch ranks on the driver."""
+"""Training libraries that start processes of their own, plan other ranks than the job's, or
+would train each rank alone, refused in one line naming the fix
+(hvd_magics/rank/launcher_guard.py, alone_guard.py), or joined to the job: real Lightning,
+accelerate, Hugging Face and Keras on two ranks on the driver."""
 import pytest
 
 from hvd_magics import HorovodJobError, HorovodRunner
@@ -27,3 +28,30 @@ def test_accelerates_notebook_launcher_in_a_cell_is_refused():
                        r"joins the job's torch.distributed group \(run the cell with --engine "
                        r"torch\)"):
         HorovodRunner(np=-2, timeout=60).run(engine_jobs.accelerate_notebook_launcher)
+
+
+def test_a_default_accelerator_on_cpu_ranks_joins_the_job():
+    """``Accelerator()`` without ``cpu=True`` saw WORLD_SIZE=2 and ran each rank alone
+    (num_processes 1, no DDP) while the job reported 2 ranks and succeeded."""
+    processes, wrapped, _logged = HorovodRunner(np=-2, engine="torch", timeout=120).run(
+        engine_jobs.accelerate_loop, epochs=1, cpu=False)
+    assert (processes, wrapped) == (2, "DistributedDataParallel")
+
+
+@pytest.mark.parametrize("engine, library, says", [
+    ("horovod", "accelerate", r"Accelerate runs this rank as 1 process of its own while the job "
+                              r"has 2 ranks: each rank would train a model of its own on its own "
+                              r"data\. Accelerate joins a torch.distributed group, which only "
+                              r"the torch engine's ranks have\. Fix: run the cell with --engine "
+                              r"torch"),
+    ("tf", "hf", r"runs this rank as 1 process of its own while the job has 2 ranks.*--engine "
+                 r"torch"),
+    ("horovod", "lightning", r"Lightning's Trainer runs this rank as 1 process of its own while "
+                             r"the job has 2 ranks.*--engine torch"),
+    ("tf", "keras", r"Keras trains this worker's model alone \(1 replica\) while the job has 2 "
+                    r"workers.*MultiWorkerMirroredStrategy\(\)\.scope\(\)"),
+])
+def test_a_library_that_would_train_each_rank_alone_is_refused(engine, library, says):
+    with pytest.raises(HorovodJobError, match=r"RunsAloneError: " + says):
+        HorovodRunner(np=-2, engine=engine, timeout=120).run(engine_jobs.library_alone,
+                                                             library=library)

@@ -225,6 +225,45 @@ def test_an_accelerate_loop_is_seen_with_what_it_logs():
     assert all("epoch" not in e["metrics"] for e in ends)
 
 
+def test_a_shards_loader_made_anew_each_epoch_is_an_epoch_each_pass(tmp_path):
+    """``for epoch in range(2): for (xb,) in df.to_torch(..., seed=epoch)``: one epoch of
+    twice the samples was recorded, and the dashboard showed ``epoch 1/?``."""
+    from hvd_magics.launch.payload import serialize_job
+    from tests import engine_jobs
+
+    view = Collect()
+    record = HorovodRunner(np=-2, engine="torch").run_payload(
+        serialize_job(engine_jobs.ddp_on_a_shard_per_epoch, {"folder": str(tmp_path)}),
+        views=[view])
+    ran = record.value  # rank 0's own count: (steps, rows) per epoch
+    assert ran == [(6, 600), (6, 600)], ran  # 501 rows fill 6 batches of 100, every epoch
+    assert [(row["epoch"], row["samples"]) for row in record.epochs] == [(1, 1200), (2, 1200)]
+    begins = [e for e in view.events if e["kind"] == "epoch_begin" and e["rank"] == 0]
+    assert [(e["epoch"], e["steps"]) for e in begins] == [(1, 6), (2, 6)]
+    ends = [e for e in view.events if e["kind"] == "epoch_end" and e["rank"] == 0]
+    assert [e["samples"] for e in ends] == [600, 600]
+
+
+def test_an_accelerate_loop_accumulating_gradients_shows_its_loss_and_optimizer_steps():
+    """``Accelerator(gradient_accumulation_steps=4)``: the dashboard showed the loss Accelerate
+    had divided by 4 and counted 16 micro-batches a epoch where Accelerate made 4 steps."""
+    from hvd_magics.launch.payload import serialize_job
+    from tests import engine_jobs
+
+    view = Collect()
+    record = HorovodRunner(np=-2, engine="torch").run_payload(
+        serialize_job(engine_jobs.accelerate_accumulating, {}), views=[view])
+    losses, steps = record.value
+    assert steps == 4 and len(losses) == 16  # 128 rows a rank, batches of 8, 4 to a step
+    begin = next(e for e in view.events if e["kind"] == "epoch_begin" and e["rank"] == 0)
+    assert begin["steps"] == 4
+    shown = [e["step"] for e in view.events if e["kind"] == "progress" and e["rank"] == 0]
+    assert shown and max(shown) <= 4, shown
+    end = next(e for e in view.events if e["kind"] == "epoch_end" and e["rank"] == 0)
+    assert round(end["metrics"]["loss"], 4) == round(losses[-1], 4), (end, losses[-4:])
+    assert end["samples"] == 128 and [row["samples"] for row in record.epochs] == [256]
+
+
 def test_horovods_first_broadcast_is_not_called_a_slow_callback_but_a_users_slow_one_is():
     """Every Keras job with BroadcastGlobalVariablesCallback (the README's) printed tf_keras's
     'Callback method `on_train_batch_end` is slow compared to the batch time' on each rank: the

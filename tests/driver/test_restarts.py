@@ -71,6 +71,17 @@ def test_the_same_job_run_again_finds_its_checkpoint_and_fresh_starts_over(tmp_p
     assert fresh.run(engine_jobs.steps_with_checkpoints, steps=5)["start"] == 0
 
 
+def test_every_rank_resumes_from_the_same_checkpoint_though_rank_0_saves_newer_ones(tmp_path):
+    """Rank 1 reads ``checkpoint.latest()`` after rank 0 has saved three newer checkpoints (a
+    peer that starts late): it read a newer one than rank 0's, or none once rank 0's saves had
+    removed it; both now resume from the step the attempt started with."""
+    runner = HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path)
+    assert runner.run(engine_jobs.steps_with_checkpoints, steps=10)["start"] == 0
+    assert runner.run(engine_jobs.resume_points) == [10, 10]
+    assert runner.run(engine_jobs.resume_points) == [102, 102]  # the next run: the newest
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # marks gone
+
+
 def test_restarts_with_an_elastic_np_or_a_bad_count_are_refused():
     with pytest.raises(ValueError, match="an elastic job already goes on when ranks are lost"):
         HorovodRunner(np="1:2", restarts=1)

@@ -79,3 +79,40 @@ def test_a_rank_killed_while_it_saves_leaves_the_last_checkpoint_whole(tmp_path,
     assert (step, state["step"], state["data"]) == (5, 5, b"x" * 1000)
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()
             if p.name.startswith("ckpt-")] == ["ckpt-5-e0-s0.pkl"]
+    # its half-written file (58.7 MB of a real state) stayed for ever; the next save removes it
+    left = [p.name for p in (tmp_path / "checkpoints").iterdir() if ".tmp-" in p.name]
+    assert len(left) == 1 and left[0].startswith(".ckpt-10-e0-s0.pkl.tmp-"), left
+    checkpoint.save({"step": 15}, 15)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "ckpt-15-e0-s0.pkl", "ckpt-5-e0-s0.pkl", "latest.json"]
+
+
+def test_a_rank_that_does_not_see_the_drivers_folder_is_refused_before_it_trains(
+        tmp_path, monkeypatch):
+    """Executors with folders of their own (the default one on several hosts): rank 1 resumed
+    from none while rank 0 resumed from step 15, and the job hung."""
+    from hvd_magics import checkpoint
+    from hvd_magics.errors import CheckpointFolderNotShared
+
+    monkeypatch.setattr(checkpoint, "_seen", set())
+    monkeypatch.setenv("HVD_MAGICS_CHECKPOINT_DIR", str(tmp_path / "job"))
+    monkeypatch.setenv("HVD_MAGICS_CHECKPOINT_TOKEN", ".hvd_magics-attempt-abc")
+    monkeypatch.setenv("HVD_MAGICS_RESUME_STEP", "none")
+    monkeypatch.setenv("HVD_MAGICS_RANK", "1")
+    for call in (checkpoint.latest, lambda: checkpoint.save({}, 5)):
+        with pytest.raises(CheckpointFolderNotShared, match=r"^rank 1 on .* does not see the "
+                           r"job's checkpoint folder .*job as the notebook's machine does.*Fix: "
+                           r"a folder that every executor and the driver share: %%horovod "
+                           r"--checkpoint-dir"):
+            call()
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / ".hvd_magics-attempt-abc").write_text("")
+    assert checkpoint.latest() is None and checkpoint.save({}, 5) is None  # rank 1 writes none
+
+
+def test_saves_keep_the_checkpoint_the_attempt_resumes_from(tmp_path):
+    for step in (10, 100, 101, 102):
+        write_checkpoint(tmp_path, Position(0, 0, step), "pkl", _writer(str(step)), keep=2,
+                         spare=10)
+    names = sorted(p.name for p in checkpoint_folder(tmp_path).glob("ckpt-*"))
+    assert names == ["ckpt-10-e0-s0.pkl", "ckpt-101-e0-s0.pkl", "ckpt-102-e0-s0.pkl"]

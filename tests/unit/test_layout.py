@@ -30,10 +30,11 @@ def test_a_rank_starts_without_importing_a_package_the_executor_may_lack():
     executor whose Python lacks numpy every rank failed before the job's code ran."""
     out = subprocess.run(
         [sys.executable, "-c",
-         "from hvd_magics.rank import (engine_guard, hf_progress, keras_progress, launcher_guard,"
-         " lightning_progress, loop_progress, shard_guard, tracker_watch, rank_main)\n"
+         "from hvd_magics.rank import (alone_guard, ddp_watch, engine_guard, hf_progress,"
+         " keras_progress, launcher_guard, lightning_progress, loop_progress, shard_guard,"
+         " tracker_watch, rank_main)\n"
          "for hook in (keras_progress, lightning_progress, hf_progress, loop_progress,"
-         " tracker_watch, engine_guard, launcher_guard, shard_guard):\n"
+         " ddp_watch, tracker_watch, engine_guard, launcher_guard, alone_guard, shard_guard):\n"
          "    hook.install()\n"
          "import sys; print(sorted(m for m in ('numpy', 'torch', 'tensorflow', 'cloudpickle',"
          " 'pyarrow', 'mlflow') if m in sys.modules))"],

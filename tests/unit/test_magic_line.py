@@ -116,3 +116,17 @@ def test_a_trailing_comment_is_not_an_argument(ip):
 def test_the_cell_magics_usage_names_it_with_two_percent_signs(ip):
     usage = ip.find_cell_magic("horovod").__doc__
     assert usage.lstrip(": \n").startswith("%%horovod [-np NP]"), usage[:80]
+
+
+def test_restarts_on_a_warm_pool_are_refused_with_the_way(ip):
+    """``HorovodPool(np=2, restarts=1)`` was a TypeError and ``%hvd_pool start --restarts 1``
+    'unrecognized arguments'."""
+    from hvd_magics import HorovodPool
+
+    with pytest.raises(ValueError, match=r"restarts \(--restarts\) on a warm pool: the pool "
+                                         r"replaces a lost rank at its next cell\. Fix: .*a cold "
+                                         r"job \(--cold\) with restarts"):
+        HorovodPool(np=2, restarts=1)
+    with pytest.raises(UsageError, match=r"^%hvd_pool start: restarts \(--restarts\) on a warm "
+                                         r"pool.*\(--cold\)"):
+        ip.run_line_magic("hvd_pool", "start np=2 --restarts 1")

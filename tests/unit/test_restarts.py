@@ -45,3 +45,32 @@ def test_the_attempts_epoch_timing_reads_as_one_run():
         [(1, 1.0), (2, 1.1), (3, 1.2), (4, 1.3)]
     assert one_timing(first, []) == first  # an attempt lost before its first epoch's end
     assert one_timing([], second) == second
+
+
+
+def test_a_loss_without_restarts_is_raised_as_it_is_and_used_up_restarts_keep_each_attempt(
+        tmp_path):
+    """Without restarts the error said 'The job was started 1 times, and each ended with a
+    loss'; with restarts used up, ``last_run().attempts`` was ``[]``."""
+    import pytest
+
+    from hvd_magics.job.restarts import launch_with_restarts
+    from hvd_magics.job.run_record import RunRecord
+    from hvd_magics.job.runner import LaunchRequest
+    from hvd_magics.job.session import SESSION
+    from hvd_magics.launch.payload import JobPayload
+
+    def launch(request):
+        SESSION.last_run = RunRecord(job_id="j", np=2, where="driver", log_path="")
+        raise _error(RankFailure(1, "h", -9), summary="1 of 2 ranks failed")
+
+    request = LaunchRequest(JobPayload(b""), 2, {}, 10.0, [])
+    with pytest.raises(HorovodJobError) as info:
+        launch_with_restarts(request, launch, 0, tmp_path / "c", fresh=False)
+    assert "started 1 times" not in str(info.value)
+    with pytest.raises(HorovodJobError, match="The job was started 2 times, and each ended"):
+        launch_with_restarts(request, launch, 1, tmp_path / "c", fresh=False)
+    attempts = SESSION.last_run.attempts
+    assert len(attempts) == 2 and all(a.startswith("rank 1 on h: killed by signal 9")
+                                      for a in attempts), attempts
+    assert not (tmp_path / "c").exists()  # no checkpoint was written: no folder is left
