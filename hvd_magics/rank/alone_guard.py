@@ -84,7 +84,19 @@ def _guard_accelerate(module: Any) -> None:
         return
     state._prepare_backend = _cpu_when_alone(state._prepare_backend)  # noqa: SLF001
     after_call(state, "__init__", refusing(
-        lambda made: alone_message("Accelerate", made.num_processes), RunsAloneError), _GUARDED)
+        lambda made: alone_message(_accelerate_user(), made.num_processes), RunsAloneError),
+        _GUARDED)
+
+
+def _accelerate_user() -> str:
+    """Whom Accelerate's state is made for: Hugging Face's ``Trainer`` when its frames are on
+    the stack (it runs on Accelerate), else Accelerate itself."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if str(frame.f_globals.get("__name__", "")).startswith("transformers."):
+            return "Hugging Face's Trainer (on Accelerate)"
+        frame = frame.f_back
+    return "Accelerate"
 
 
 def _guard_hf(module: Any) -> None:

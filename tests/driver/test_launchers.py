@@ -44,8 +44,8 @@ def test_a_default_accelerator_on_cpu_ranks_joins_the_job():
                               r"data\. Accelerate joins a torch.distributed group, which only "
                               r"the torch engine's ranks have\. Fix: run the cell with --engine "
                               r"torch"),
-    ("tf", "hf", r"runs this rank as 1 process of its own while the job has 2 ranks.*--engine "
-                 r"torch"),
+    ("tf", "hf", r"Hugging Face's Trainer \(on Accelerate\) runs this rank as 1 process of its "
+                 r"own while the job has 2 ranks.*--engine torch"),
     ("horovod", "lightning", r"Lightning's Trainer runs this rank as 1 process of its own while "
                              r"the job has 2 ranks.*--engine torch"),
     ("tf", "keras", r"Keras trains this worker's model alone \(1 replica\) while the job has 2 "

@@ -34,3 +34,17 @@ def test_a_background_job_holds_its_slots_and_another_is_refused_at_once(local_s
         job.wait(timeout=5)
     assert active_spark_jobs(local_spark) == []  # the cancelled job, once Spark's status heard
     assert HorovodRunner(np=2).run(jobs.print_lines, count=1) == 0  # the slots are free again
+
+
+def test_a_background_job_that_loses_a_rank_restarts_on_the_slots_it_held(local_spark, tmp_path):
+    """Its restart was refused: 'np=2 needs 2 free Spark task slots ... This notebook's warm
+    pools and background jobs hold 2 of the slots' (its own)."""
+    from hvd_magics import last_run
+    from tests import engine_jobs
+
+    job = HorovodRunner(np=2, engine="torch", restarts=1, checkpoint_dir=tmp_path).start(
+        engine_jobs.steps_with_checkpoints, kill_on=(12, [0]))
+    resumed = job.wait(timeout=240)
+    assert (resumed["attempt"], resumed["start"]) == (1, 10)
+    assert job.record.status == "succeeded" and len(job.record.attempts) == 2
+    assert last_run() is job.record and "killed by signal 9" in job.record.attempts[0]
