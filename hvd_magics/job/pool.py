@@ -495,5 +495,8 @@ class PoolCell:
     def silence_note(self, ranks: list[int]) -> str:  # noqa: ARG002
         return ""
 
+    def unpacking(self) -> tuple[float, str] | None:
+        return None  # the pool's ranks run already
+
     def missing_module_fix(self) -> str:
         return self.pool.backend.missing_module_fix()

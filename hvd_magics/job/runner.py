@@ -5,6 +5,7 @@ import dataclasses
 import inspect
 import os
 import queue
+import sys
 import threading
 import time
 import uuid
@@ -30,6 +31,7 @@ from hvd_magics.task.engines import engine_of
 from hvd_magics.launch.payload import JobPayload, leading_imports, serialize_job
 from hvd_magics.protocol import (ENGINE_HOROVOD, ENV_ENGINE, ENV_PREIMPORT, ENV_STALL_CHECK, ENV_TIMELINE_MARK_CYCLES,
                                  ENV_WANT_TIMELINE)
+from hvd_magics.notices import say
 from hvd_magics.rank_names import rank_named, ranks_named
 from hvd_magics.result_codec import VALUE, ResultDecodeError, decode_strict
 from hvd_magics.job.restarts import checkpoint_folder, job_name, launch_with_restarts
@@ -57,6 +59,8 @@ FAILURE_GRACE_S = 1.0
 IMPORT_ERRORS = ("ModuleNotFoundError", "ImportError")
 #: The same at an interrupt, which should stop the job at once.
 INTERRUPT_STACKS_WAIT_S = 1.0
+#: How often the cell's line says the executors still fetch and unpack the environment.
+UNPACKING_SHOWN_EVERY_S = 5.0
 #: After a rank finished the job's code, how long a peer may wait in a collective before its
 #: stacks are taken; one found in the same collective twice this far apart waits for a
 #: collective the finished rank will never enter (the ranks made different calls).
@@ -718,6 +722,8 @@ def _watch(job: JobState, backend: Backend, events: queue.Queue, start_timeout: 
     asked: set[int] = set()
     behind: dict[str, Any] = {}
     unmatched: dict[str, Any] = {}
+    unpacking = backend.unpacking()
+    shown, told = started - UNPACKING_SHOWN_EVERY_S, False  # said at once, then every 5 s
     while not job.all_exited:
         now = _follow(job, events)
         if stop is not None and stop.is_set():
@@ -750,13 +756,26 @@ def _watch(job: JobState, backend: Backend, events: queue.Queue, start_timeout: 
         clock = job.data_arrived_at if backend.reads_data else started
         if not backend.live:
             clock = None  # nothing arrives before the end: Spark's own scheduling decides
-        if not job.all_started and clock is not None and now - clock > start_timeout:
+        unheard = [r.rank for r in job.ranks if r.state == WAITING and not r.exited]
+        extra, doing = unpacking if unpacking is not None and unheard else (0.0, "")
+        if doing and clock is not None and now - shown >= UNPACKING_SHOWN_EVERY_S:
+            shown, told = now, True
+            say(f"{doing}: {now - clock:.0f} s so far (the start timeout of "
+                f"{start_timeout:.0f} s counts from when they have it; {extra:.0f} s allowed "
+                "for it)", redraw=True)
+        elif told and not unheard:
+            told = False
+            say(f"every executor of the job has the environment ({now - started:.0f} s)",
+                redraw=True)
+            print(file=sys.stderr, flush=True)
+        if not job.all_started and clock is not None and now - clock > start_timeout + extra:
             waiting = [r.rank for r in job.ranks if r.pid is None and not r.exited]
-            unheard = [r.rank for r in job.ranks if r.state == WAITING and not r.exited]
+            took = (f" ({start_timeout:.0f} s, and {extra:.0f} s while {doing})" if doing
+                    else "")
             raise StartTimeoutError(
-                f"Timed out after {start_timeout:.0f} s waiting for ranks {_ranks(waiting)} to "
-                f"start ({job.size - len(waiting)} of {job.size} started on {backend.where}). "
-                + backend.silence_note(unheard) +
+                f"Timed out after {start_timeout + extra:.0f} s{took} waiting for ranks "
+                f"{_ranks(waiting)} to start ({job.size - len(waiting)} of {job.size} started "
+                f"on {backend.where}). " + backend.silence_note(unheard) +
                 "If the cluster needs longer to schedule the tasks, raise start_timeout "
                 "(%%horovod --start-timeout SECONDS).", log_path=str(job.log_path))
     failures = job.failures()

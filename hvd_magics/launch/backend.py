@@ -59,6 +59,11 @@ class Backend(Protocol):
     def silence_note(self, ranks: list[int]) -> str:
         """What to say of ``ranks`` that were never heard from (a start timeout)."""
 
+    def unpacking(self) -> tuple[float, str] | None:
+        """While the executors may still fetch and unpack what the job sent them before any
+        rank can start (a shipped environment, new to them): how many seconds more the start
+        may take for it, and what they are doing, in a few words; else ``None``."""
+
     def missing_module_fix(self) -> str:
         """What to do when a rank could not import a module (the executors lack it), or
         ``""`` where the ranks run the notebook's own Python."""

@@ -130,6 +130,10 @@ class DriverBackend:
         """Ranks on the driver have no event channel to name in a start timeout."""
         return ""
 
+    def unpacking(self) -> tuple[float, str] | None:
+        """Ranks on the driver unpack nothing."""
+        return None
+
     def missing_module_fix(self) -> str:
         """Ranks on the driver run the notebook's own Python: its import error says it all."""
         return ""

@@ -27,6 +27,7 @@ import platform
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -44,6 +45,12 @@ DEFAULT_LIMIT_GB = 10.0
 COMPRESS_LEVEL = 1
 #: How often the cell's progress line is drawn again while packing.
 PROGRESS_EVERY_S = 1.0
+#: Folders inside an environment that are not part of it and never travel (relative to a
+#: ``site-packages``): a pip-installed pyspark's standalone-worker folders (``work`` held 9.9 GB
+#: of earlier unpacked environments on one machine) and its logs.
+LEFT_OUT = ("pyspark/work", "pyspark/logs")
+#: How many of the largest parts a refusal names.
+LARGEST_SHOWN = 3
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,8 @@ class EnvironmentFacts:
     key: str  # the hash of what is installed (see the module's docstring)
     size: int  # bytes on disk, unpacked (-1: not measured; a walk of every file, 0.5 s for 5 GB)
     editable: tuple[str, ...]  # editable installs found (their .pth lines), other than ours
+    #: The largest parts, measured with the size: (a package folder or a top folder, bytes).
+    largest: tuple[tuple[str, int], ...] = ()
 
     @property
     def alias(self) -> str:
@@ -68,15 +77,38 @@ class EnvironmentFacts:
         return f"{self.kind} {self.prefix} (Python {self.python}, {size}key {self.key})"
 
     def measured(self) -> EnvironmentFacts:
-        """These facts with the environment's size on disk."""
+        """These facts with the environment's size on disk (what travels: :data:`LEFT_OUT`
+        not counted) and its largest parts."""
         if self.size >= 0:
             return self
-        size = 0
-        for folder, _, files in os.walk(self.prefix):
+        size, parts = 0, {}
+        for folder, subfolders, files in os.walk(self.prefix):
+            subfolders[:] = [d for d in subfolders if not left_out(os.path.join(folder, d))]
+            part = _part_of(self.prefix, folder)
             for name in files:
                 with contextlib.suppress(OSError):
-                    size += os.lstat(os.path.join(folder, name)).st_size
-        return dataclasses.replace(self, size=size)
+                    count = os.lstat(os.path.join(folder, name)).st_size
+                    size += count
+                    parts[part] = parts.get(part, 0) + count
+        largest = tuple(sorted(parts.items(), key=lambda kv: -kv[1])[:LARGEST_SHOWN])
+        return dataclasses.replace(self, size=size, largest=largest)
+
+
+def left_out(path: str) -> bool:
+    """Whether ``path`` (a folder or file in an environment) is in one of :data:`LEFT_OUT`."""
+    _, found, inside = (path.replace(os.sep, "/") + "/").partition("/site-packages/")
+    return bool(found) and inside.startswith(tuple(f"{folder}/" for folder in LEFT_OUT))
+
+
+def _part_of(prefix: str, folder: str) -> str:
+    """The part of the environment ``folder`` belongs to: a package folder in site-packages
+    (``lib/python3.11/site-packages/torch``), else the prefix's top folder (``bin``)."""
+    relative = os.path.relpath(folder, prefix).replace(os.sep, "/")
+    pieces = relative.split("/")
+    if "site-packages" in pieces:
+        at = pieces.index("site-packages")
+        return "/".join(pieces[:at + 2])
+    return pieces[0] if relative != "." else "."
 
 
 def _size(count: float) -> str:
@@ -161,38 +193,102 @@ def _ours_not_editable() -> Iterator[None]:
 _OURS = ("_editable_impl_hvd_magics.pth", "__editable__.hvd_magics")
 
 
-def _pack(facts: EnvironmentFacts, part: Path, done: list[int]) -> None:
-    """Pack the environment into ``part``; ``done[0]``: the bytes of its files packed so far."""
+class _Cancelled(Exception):
+    """The pack was stopped (the user interrupted the call that waited for it)."""
+
+
+@dataclass
+class _Packing:
+    """One pack under way, in a thread of its own: a later call for the same archive waits
+    for it rather than start another beside it."""
+
+    facts: EnvironmentFacts
+    part: Path
+    done: list[int] = dataclasses.field(default_factory=lambda: [0])
+    finished: threading.Event = dataclasses.field(default_factory=threading.Event)
+    cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
+    failure: list[BaseException] = dataclasses.field(default_factory=list)
+    started: float = dataclasses.field(default_factory=time.monotonic)
+
+
+#: The packs under way in this process, by archive.
+_PACKING: dict[Path, _Packing] = {}
+_PACKING_LOCK = threading.Lock()
+#: How long an interrupted wait gives the pack to stop before it returns (a conda pack cannot
+#: be stopped between files: it goes on, and the next call waits for it).
+STOP_WAIT_S = 5.0
+
+
+def _pack(facts: EnvironmentFacts, part: Path, done: list[int],
+          cancel: threading.Event | None = None) -> None:
+    """Pack the environment into ``part``; ``done[0]``: the bytes of its files packed so far;
+    ``cancel`` set stops a venv's pack at its next file (raises :class:`_Cancelled`)."""
     if facts.kind == "conda":
         import conda_pack
 
         conda_pack.pack(prefix=facts.prefix, output=str(part), format="tar.gz",
                         compress_level=COMPRESS_LEVEL, force=True, ignore_editable_packages=True,
-                        ignore_missing_files=True)
+                        ignore_missing_files=True,
+                        filters=[("exclude", f"lib/python*/site-packages/{folder}/*")
+                                 for folder in LEFT_OUT])
         return
     from venv_pack import core, formats
 
     with _ours_not_editable():
         env = core.Env(facts.prefix)
-    files = [f for f in env.files if not os.path.basename(f.target).startswith(_OURS)]
+    files = [f for f in env.files if not os.path.basename(f.target).startswith(_OURS)
+             and not left_out(f.source)]
     with open(part, "wb") as out, formats.archive(out, "tar.gz", COMPRESS_LEVEL) as archive:
         packer = core.Packer(env._context, archive, None)  # noqa: SLF001 - venv-pack's own pack
         for file in files:  # venv-pack's pack(), with the bytes counted as they go
+            if cancel is not None and cancel.is_set():
+                raise _Cancelled()
             packer.add(file)
             with contextlib.suppress(OSError):
                 done[0] += os.lstat(file.source).st_size
         packer.finish()
 
 
+def _start_packing(facts: EnvironmentFacts, target: Path) -> _Packing:
+    """The pack of ``target`` under way, started now unless one is."""
+    with _PACKING_LOCK:
+        packing = _PACKING.get(target)
+        if packing is not None and not packing.finished.is_set():
+            return packing
+        packing = _Packing(facts, target.with_name(
+            f".{target.name}.part-{os.getpid()}-{uuid.uuid4().hex[:8]}"))
+        _PACKING[target] = packing
+
+    def pack() -> None:
+        try:
+            _pack(facts, packing.part, packing.done, packing.cancel)
+            os.replace(packing.part, target)  # whole or absent
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            packing.failure.append(exc)
+        finally:
+            packing.part.unlink(missing_ok=True)
+            with _PACKING_LOCK:
+                if _PACKING.get(target) is packing:
+                    del _PACKING[target]
+            packing.finished.set()
+
+    threading.Thread(target=pack, daemon=True, name="hvd_magics-pack").start()
+    return packing
+
+
 def packed_environment(facts: EnvironmentFacts, say: Callable[..., None],
                        limit_gb: float = DEFAULT_LIMIT_GB) -> Path:
-    """The archive of the environment, packed now unless one of its key is cached; ``say``
-    shows what is being done (a line redrawn every second while packing).
+    """The archive of the environment, packed now unless one of its key is cached (or waited
+    for, when another call of this process is packing it); ``say`` shows what is being done (a
+    line redrawn every second while packing). An interrupt stops the pack.
 
     Raises
     ------
     EnvironmentNotShippable
         Editable installs other than hvd_magics, or more than ``limit_gb`` unpacked.
+    KeyboardInterrupt
+        The wait was interrupted; the pack was stopped (a conda pack goes on, and the next
+        call waits for it).
     """
     target = cache_folder("envs") / f"env-{facts.key}.tar.gz"
     if target.exists():
@@ -204,41 +300,44 @@ def packed_environment(facts: EnvironmentFacts, say: Callable[..., None],
             + "; ".join(facts.editable) + ". Fix: install them without -e (pip install .), or "
             "add their folders with spark.sparkContext.addPyFile, then ship_environment() again.")
     if facts.size > limit_gb * 1e9:
+        largest = ", ".join(f"{part} {_size(count)}" for part, count in facts.largest)
         raise EnvironmentNotShippable(
             f"the environment is {_size(facts.size)} unpacked, over the limit of {limit_gb:g} GB "
-            "that every executor would download and unpack. Fix: remove what the job does not "
-            f"need, or raise the limit: ship_environment(limit_gb={facts.size / 1e9 * 1.2:.0f}).")
+            f"that every executor would download and unpack (largest: {largest}). Fix: remove "
+            "what the job does not need, or raise the limit: "
+            f"ship_environment(limit_gb={max(facts.size / 1e9 * 1.2, 1):.0f}).")
     target.parent.mkdir(parents=True, exist_ok=True)
     tool = "conda-pack" if facts.kind == "conda" else "venv-pack"
-    part = target.with_name(f".{target.name}.part-{os.getpid()}")
-    finished = threading.Event()
-    failure: list[BaseException] = []
-    packed = [0]
-
-    def pack() -> None:
-        try:
-            _pack(facts, part, packed)
-            os.replace(part, target)  # whole or absent
-        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
-            failure.append(exc)
-            part.unlink(missing_ok=True)
-        finally:
-            finished.set()
-
-    started = time.monotonic()
-    threading.Thread(target=pack, daemon=True, name="hvd_magics-pack").start()
-    while not finished.wait(PROGRESS_EVERY_S):
-        what = (f"{_size(packed[0])} of {_size(facts.size)}" if facts.kind == "venv" else
-                f"{_size(part.stat().st_size if part.exists() else 0)} written, "
-                f"{_size(facts.size)} unpacked")
-        say(f"packing {facts.prefix} with {tool}: {what}, "
-            f"{time.monotonic() - started:.0f} s", redraw=True)
-    if failure:
+    packing = _start_packing(facts, target)
+    try:
+        while not packing.finished.wait(PROGRESS_EVERY_S):
+            done = packing.done[0]
+            what = (f"{_size(done)} of {_size(facts.size)}" if facts.kind == "venv" else
+                    f"{_size(_written(packing.part))} written, {_size(facts.size)} unpacked")
+            say(f"packing {facts.prefix} with {tool}: {what}, "
+                f"{time.monotonic() - packing.started:.0f} s", redraw=True)
+    except KeyboardInterrupt:
+        packing.cancel.set()
+        stopped = packing.finished.wait(STOP_WAIT_S)
+        say(f"packing {facts.prefix} was interrupted" + (
+            "; stopped" if stopped else
+            f"; {tool} goes on in the background, and the next ship_environment() or job "
+            "waits for it"))
+        raise
+    if packing.failure and not target.exists():
+        failure = packing.failure[0]
         raise EnvironmentNotShippable(f"{tool} could not pack {facts.prefix}: "
-                                f"{type(failure[0]).__name__}: {failure[0]}") from failure[0]
+                                      f"{type(failure).__name__}: {failure}") from failure
     say(f"packed {facts.prefix} with {tool}: {_size(target.stat().st_size)} in "
-        f"{time.monotonic() - started:.1f} s")
+        f"{time.monotonic() - packing.started:.1f} s")
     return target
+
+
+def _written(part: Path) -> int:
+    try:
+        return part.stat().st_size
+    except OSError:
+        return 0
 
 
 @dataclass
@@ -249,6 +348,8 @@ class EnvironmentChoice:
     limit_gb: float = DEFAULT_LIMIT_GB
     #: The facts of the environment last shipped (for ``%hvd_env`` and to notice a change).
     shipped: EnvironmentFacts | None = None
+    #: Bytes of the archive the last :meth:`for_job` sent (0: the executors had it already).
+    sent_now: int = 0
 
     def __repr__(self) -> str:
         """One line (a notebook shows what ``ship_environment()`` returns, after what it
@@ -256,6 +357,13 @@ class EnvironmentChoice:
         folder = self.prefix or sys.prefix
         sent = f"sent as key {self.shipped.key}" if self.shipped else "not sent to a cluster yet"
         return f"<shipped environment {folder}: {sent}>"
+
+    def archive_bytes(self) -> int:
+        """The size of the archive last shipped (0: none yet)."""
+        if self.shipped is None:
+            return 0
+        archive = cache_folder("envs") / f"env-{self.shipped.key}.tar.gz"
+        return archive.stat().st_size if archive.exists() else 0
 
     def udf_python(self, spark: Any, say: Callable[..., None] = say) -> str | None:
         """The interpreter a classic session's Python functions (the estimator's transform)
@@ -278,8 +386,10 @@ class EnvironmentChoice:
                 f"-> {facts.key}): packing and sending it again")
         archive = packed_environment(facts, say, self.limit_gb)
         started = time.monotonic()
+        self.sent_now = 0
         if send_once(spark, f"{archive}#{facts.alias}", "archive"):
-            say(f"sent the environment to the executors ({_size(archive.stat().st_size)}, "
+            self.sent_now = archive.stat().st_size
+            say(f"sent the environment to the executors ({_size(self.sent_now)}, "
                 f"{time.monotonic() - started:.1f} s; Spark unpacks it on each)")
         self.shipped = facts
         return {ENV_SHIPPED_ENVIRONMENT: facts.alias, ENV_SHIPPED_PYTHON: facts.python}

@@ -25,7 +25,7 @@ from hvd_magics.launch.environment_shipping import EnvironmentChoice, say
 from hvd_magics.launch.meeting_point import MeetingPoint
 from hvd_magics.launch.package_shipping import ship_package
 from hvd_magics.launch.spark_errors import (MISSING_PACKAGES_FIX, SHIPPED_MISSING_FIX,
-                                            spark_error_text)
+                                            disk_full_unpacking, spark_error_text)
 from hvd_magics.launch.spark_session import (CONNECT_PROBE_S, cancel_running_jobs,
                                              check_connect_session,
                                              connect_server_gone, driver_address,
@@ -53,6 +53,13 @@ CANCEL_LATE_TASKS_AFTER_S = 15.0
 #: How long the cancel of a Connect job may take (pyspark retries for ten minutes otherwise).
 INTERRUPT_WAIT_S = 10.0
 
+
+#: The slowest rates at which an executor is expected to fetch the shipped environment's
+#: archive from the driver and write it unpacked (bytes a second), and how much larger it is
+#: unpacked (venv-pack's gzip level 1 of a PyTorch and TensorFlow venv: 1.9 GB -> 4.8 GB).
+FETCH_BYTES_PER_S = 10e6
+UNPACK_BYTES_PER_S = 20e6
+UNPACKED_PER_ARCHIVE_BYTE = 2.5
 
 #: The one column each barrier task returns (a JSON status line).
 STATUS_SCHEMA = "status string"
@@ -124,6 +131,8 @@ class SparkBackend:
                  ranks_per_task: int | None = None) -> None:
         self.spark = spark
         self.environment = environment
+        #: Bytes of the environment's archive this job sent the executors (0: none new).
+        self.sent_archive = 0
         self.pool = pool
         #: A background job: its stage, like a pool's, runs while other cells do.
         self.background = background
@@ -258,6 +267,7 @@ class SparkBackend:
         ship_package(self.spark)
         if self.environment is not None:
             spec.env.update(self.environment.for_job(self.spark, say))
+            self.sent_archive = self.environment.sent_now
         from pyspark import InheritableThread
 
         self._thread = InheritableThread(target=self._collect, args=(spec,), daemon=True,
@@ -397,6 +407,18 @@ class SparkBackend:
         self._pool_guarded = False
         interrupt_guard.release(self._group)
 
+    def unpacking(self) -> tuple[float, str] | None:
+        """When this job sent the executors the environment's archive (the first job of the
+        application after it changed): Spark fetches and unpacks it on each executor before the
+        task's Python starts, which the start timeout must not count; the seconds allowed for
+        it at the slowest rates a cluster is expected to have."""
+        if not self.sent_archive:
+            return None
+        seconds = self.sent_archive / FETCH_BYTES_PER_S + UNPACKED_PER_ARCHIVE_BYTE * \
+            self.sent_archive / UNPACK_BYTES_PER_S
+        return seconds, (f"the executors fetch and unpack the notebook's environment "
+                         f"({self.sent_archive / 1e9:.1f} GB packed) before its ranks start")
+
     def silence_note(self, ranks: list[int]) -> str:
         """What a start timeout says of ``ranks``, whose tasks never reached the channel."""
         if not ranks or self._server is None:
@@ -424,8 +446,12 @@ class SparkBackend:
             return (f"{self.server_gone}, and the ranks' tasks with it. Fix: start it again, "
                     "then get a new session (spark.stop(); spark = "
                     "SparkSession.builder.remote(...).getOrCreate())")
+        full = (disk_full_unpacking(str(self.error), self.environment.archive_bytes())
+                if self.error is not None and self.environment is not None else None)
         if setup:
             text = setup[0]["error"]
+        elif full is not None:
+            return full
         elif self.error is not None:
             text = spark_error_text(self.error)
         else:

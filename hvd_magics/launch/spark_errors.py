@@ -25,6 +25,32 @@ _TRACEBACK_ENDS = ("\n\tat ", "\nJVM stacktrace", "\n\n\n")
 
 #: Lines of a Python traceback from an executor that are shown.
 TRACEBACK_LINES = 15
+#: The last line of a task's traceback that raised the setup error the task had already put
+#: in words (``hvd_magics.task.spark_task.TaskSetupError``): what follows is shown alone.
+_OWN_SETUP_ERROR = re.compile(r"^(?:[\w.]+\.)?TaskSetupError: ", re.M)
+
+
+#: Where a failed task ran, in Spark's text: ``(TID 9) (10.77.0.3 executor 1)``.
+_TASK_PLACE = re.compile(r"\(TID \d+\) \(([^ ()]+) executor ([^ ()]+)\)")
+
+
+def disk_full_unpacking(text: str, archive_bytes: int) -> str | None:
+    """What to say when an executor's disk filled while Spark unpacked the shipped
+    environment's archive of ``archive_bytes`` (``tar: ... No space left on device`` inside a
+    JVM trace), or ``None`` when ``text`` says nothing of a full disk."""
+    if "No space left on device" not in text:
+        return None
+    place = _TASK_PLACE.search(text)
+    where = f"executor {place.group(2)} on {place.group(1)}" if place else "an executor"
+    needed = archive_bytes * 3.5 / 1e9  # the archive and what it unpacks to (about 2.5 times)
+    return (f"{where} ran out of disk space while Spark fetched and unpacked the notebook's "
+            f"shipped environment ({archive_bytes / 1e9:.1f} GB packed): it needs about "
+            f"{needed:.1f} GB free in the executor's work folder (SPARK_WORKER_DIR, or the "
+            f"YARN/Kubernetes container's local folder) on that host. Fix: free that much "
+            f"there (Spark leaves the half-unpacked folder hvd_env_<key> in the application's "
+            f"work folder: remove it, or end the application with spark.stop()), give the "
+            f"executors larger disks, or ship a smaller environment (remove what the job does "
+            f"not need).")
 
 
 def executor_lost_reason(text: str) -> str | None:
@@ -52,6 +78,9 @@ def spark_error_text(exc: BaseException) -> str:
     is one, else the Spark message's own lines without JVM frames."""
     text = str(exc)
     traceback_text = python_traceback(text)
+    said = list(_OWN_SETUP_ERROR.finditer(traceback_text or ""))
+    if said:  # our frames add nothing to what the task said
+        return traceback_text[said[-1].end():].strip()
     if traceback_text:
         lines = [ln for ln in traceback_text.splitlines() if ln.strip()]
         shown = lines[-TRACEBACK_LINES:]

@@ -30,7 +30,7 @@ from hvd_magics.task.gpus import rank_devices, task_share, visible_devices
 from hvd_magics.task.shard_files import (ShardFile, ShardSpaceError, empty_shards, null_values,
                                          remove_shards, shard_folder, split_shards, write_shards)
 from hvd_magics.task.shard_receiver import ShardReceiver
-from hvd_magics.task.shipped_environment import rank_python
+from hvd_magics.task.shipped_environment import ShippedEnvironmentUnusable, rank_python
 from hvd_magics.task.supervisor import RankProcess, rank_environment
 from hvd_magics.task.threads import task_cpus, with_thread_share
 from hvd_magics.task.task_meeting import BY_DRIVER, TaskMeeting, meet
@@ -172,7 +172,7 @@ def _connect(spec: TaskSpec, rank: int, host: str, holder: RankHolder
 
 def _setup_error(exc: BaseException) -> str:
     """A setup failure as the driver shows it: our own errors as their message, others whole."""
-    if isinstance(exc, (ShardSpaceError, DriverUnreachable)):
+    if isinstance(exc, (ShardSpaceError, DriverUnreachable, ShippedEnvironmentUnusable)):
         return str(exc)
     return traceback.format_exc()
 

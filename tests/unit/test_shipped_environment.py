@@ -77,3 +77,80 @@ def test_what_ship_environment_returns_shows_as_one_line_in_a_notebook():
 
     assert repr(EnvironmentChoice()) == \
         f"<shipped environment {sys.prefix}: not sent to a cluster yet>"
+
+
+def _venv_of(folder, files: int = 0, size: int = 0):
+    """A real virtual environment (no pip) with ``files`` files of ``size`` random bytes in a
+    package of its site-packages, and a pyspark standalone worker's folder beside it."""
+    import os
+    import subprocess
+    import sys as system
+
+    subprocess.run([system.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    site = next(folder.glob("lib/python*/site-packages"))
+    (site / "heavy").mkdir()
+    for number in range(files):
+        (site / "heavy" / f"part{number}.bin").write_bytes(os.urandom(size))
+    work = site / "pyspark" / "work" / "app-1"
+    work.mkdir(parents=True)
+    (work / "unpacked-env.bin").write_bytes(b"\0" * 3_000_000)  # earlier jobs' environments
+    return folder
+
+
+def test_spark_work_folders_do_not_travel_and_a_refusal_names_the_largest_parts(tmp_path,
+                                                                                monkeypatch):
+    """A pip-installed pyspark's pyspark/work (9.9 GB of earlier unpacked environments) was
+    counted and packed: '15.1 GB unpacked' for a 5 GB venv, with nothing said of what is large."""
+    import tarfile
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    prefix = _venv_of(tmp_path / "env", files=2, size=1_000_000)
+    facts = environment_shipping.environment_facts(prefix, measure=True)
+    assert 2_000_000 <= facts.size < 2_500_000, facts.size  # the work folder's 3 MB not counted
+    assert facts.largest[0][0].endswith("site-packages/heavy"), facts.largest
+    with pytest.raises(EnvironmentNotShippable, match=r"over the limit of 0\.001 GB that every "
+                       r"executor would download and unpack \(largest: lib/python3\.\d+/"
+                       r"site-packages/heavy 2\.0 MB"):
+        environment_shipping.packed_environment(facts, lambda *a, **k: None, limit_gb=0.001)
+    archive = environment_shipping.packed_environment(facts, lambda *a, **k: None)
+    with tarfile.open(archive) as packed:
+        names = packed.getnames()
+    assert any(n.endswith("heavy/part0.bin") for n in names)
+    assert not [n for n in names if "pyspark/work" in n]
+
+
+def test_an_interrupt_while_packing_stops_the_pack_and_the_next_call_packs(tmp_path, monkeypatch):
+    """The packing thread went on after the interrupt; the next call failed with
+    FileNotFoundError ... .part-<pid>."""
+    import os
+    import signal
+    import threading
+    import time
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    facts = environment_shipping.environment_facts(
+        _venv_of(tmp_path / "env", files=40, size=2_000_000))
+    said = []
+    packing = threading.Event()
+
+    def say(text, redraw=False):
+        said.append(text)
+        if text.startswith("packing") and redraw:
+            packing.set()
+
+    def interrupt():
+        packing.wait(60)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(environment_shipping, "PROGRESS_EVERY_S", 0.05)
+    threading.Thread(target=interrupt, daemon=True).start()
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        environment_shipping.packed_environment(facts, say)
+    assert time.monotonic() - began < 30
+    assert said[-1].endswith("was interrupted; stopped"), said[-3:]
+    assert not [t for t in threading.enumerate() if t.name == "hvd_magics-pack"]
+    envs = tmp_path / "cache" / "hvd_magics" / "envs"
+    assert [p.name for p in envs.iterdir()] == []  # no half-written part left
+    archive = environment_shipping.packed_environment(facts, say)
+    assert archive.exists() and said[-1].startswith("packed ")
