@@ -14,15 +14,18 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 
-def execute(path: Path, output: Path, timeout: int = 600) -> nbformat.NotebookNode:
-    """Run every cell of ``path`` in a fresh ``python3`` kernel; write the result to ``output``.
+def execute(path: Path, output: Path, timeout: int = 600,
+            cwd: Path | None = None) -> nbformat.NotebookNode:
+    """Run every cell of ``path`` in a fresh ``python3`` kernel, in the folder ``cwd`` (the
+    notebook's own by default; the tests give one of theirs, so that what a notebook writes in
+    its working folder stays out of the repository); write the result to ``output``.
 
     The kernel process's own stdout and stderr (TensorFlow's start-up lines when a cell imports
     it, Jupyter's warnings) go to ``<output>.kernel.log``: the notebook holds what cells show.
     """
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}},
+                            resources={"metadata": {"path": str(cwd or path.parent)}},
                             store_widget_state=True)
     output.parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -736,10 +736,13 @@ def accelerate_loop(epochs: int = 3, cpu: bool = True):
     return accelerator.num_processes, type(model).__name__, logged
 
 
-def accelerate_accumulating(accumulation: int = 4):
+def accelerate_accumulating(accumulation: int = 4, pause: float = 0.0):
     """An Accelerate loop that accumulates gradients over ``accumulation`` batches, as its docs
     write it (``with accelerator.accumulate(model):``); returns the losses it computed (its own,
-    before Accelerate divides them) and its optimizer steps."""
+    before Accelerate divides them) and its optimizer steps. ``pause``: seconds before each
+    batch."""
+    import time
+
     import torch
     from accelerate import Accelerator
 
@@ -752,6 +755,7 @@ def accelerate_accumulating(accumulation: int = 4):
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     losses, steps = [], 0
     for x, y in loader:
+        time.sleep(pause)  # long enough a step for progress reports (at most 4 a second)
         with accelerator.accumulate(model):
             loss = torch.nn.functional.mse_loss(model(x), y)
             accelerator.backward(loss)

@@ -140,6 +140,7 @@ def on_step(args: tuple[Any, ...], synced: bool = True) -> None:
         return
     if _loop.per_step is None:
         _loop.per_step = _loop.calls
+        progress.samples_per_step(_per_step_samples())
     _loop.calls = 0
     _loop.step += 1
     loss = _loop.loss
@@ -164,7 +165,14 @@ def _begin(epoch: int) -> None:
     finish()
     _loop.epoch, _loop.next_epoch, _loop.step, _loop.samples = epoch, 0, 0, 0
     _loop.calls = 0
-    progress.begin_epoch(epoch, None, _steps(), _loop.batch_size, inferred=True)
+    progress.begin_epoch(epoch, None, _steps(), _per_step_samples(), inferred=True)
+
+
+def _per_step_samples() -> int | None:
+    """Samples in an optimizer step: the loader's batch over the calls per step."""
+    if _loop.batch_size is None:
+        return None
+    return _loop.batch_size * (_loop.per_step or _loop.per_step_said or 1)
 
 
 def finish() -> None:

@@ -98,6 +98,12 @@ def report(step: int, total: int | None = None, **metrics: Any) -> None:
                      samples_per_s=rate, metrics=_floats(metrics))
 
 
+def samples_per_step(count: int | None) -> None:
+    """Say how many samples one step of the epoch under way takes, for samples per second (a
+    loop that accumulates gradients learns it at its first optimizer step)."""
+    _current.batch_size = count
+
+
 def record(**metrics: Any) -> None:
     """Keep the latest values of ``metrics`` for the next report and the epoch's end, sending
     nothing now (what a loop logs between its steps)."""

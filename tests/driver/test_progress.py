@@ -252,13 +252,16 @@ def test_an_accelerate_loop_accumulating_gradients_shows_its_loss_and_optimizer_
 
     view = Collect()
     record = HorovodRunner(np=-2, engine="torch").run_payload(
-        serialize_job(engine_jobs.accelerate_accumulating, {}), views=[view])
+        serialize_job(engine_jobs.accelerate_accumulating, {"pause": 0.05}), views=[view])
     losses, steps = record.value
     assert steps == 4 and len(losses) == 16  # 128 rows a rank, batches of 8, 4 to a step
     begin = next(e for e in view.events if e["kind"] == "epoch_begin" and e["rank"] == 0)
     assert begin["steps"] == 4
-    shown = [e["step"] for e in view.events if e["kind"] == "progress" and e["rank"] == 0]
-    assert all(step <= 4 for step in shown), shown  # at most 4 a second: maybe none
+    shown = [e for e in view.events if e["kind"] == "progress" and e["rank"] == 0]
+    assert shown and all(e["step"] <= 4 for e in shown), shown
+    for event in shown:  # the rate counts every batch of a step: 32 samples a step
+        seen = event["samples_per_s"] * (event["rtime"] - begin["rtime"])
+        assert 0.9 < seen / (32 * event["step"]) < 1.1, (event, begin)
     assert (view.job.ranks[0].step, view.job.ranks[0].steps) == (4, 4)
     end = next(e for e in view.events if e["kind"] == "epoch_end" and e["rank"] == 0)
     assert round(end["metrics"]["loss"], 4) == round(losses[-1], 4), (end, losses[-4:])

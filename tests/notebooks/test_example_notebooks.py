@@ -27,7 +27,7 @@ def _text(cell) -> str:
 
 def _run(name: str, tmp_path: Path):
     """Execute example notebook ``name``; return it, its code cells' texts, and all text joined."""
-    nb = execute(NOTEBOOKS / name, tmp_path / name)
+    nb = execute(NOTEBOOKS / name, tmp_path / name, cwd=tmp_path)
     texts = [_text(c) for c in nb.cells if c.cell_type == "code"]
     return nb, texts, "\n".join(texts)
 

@@ -74,3 +74,29 @@ def test_a_loss_without_restarts_is_raised_as_it_is_and_used_up_restarts_keep_ea
     assert len(attempts) == 2 and all(a.startswith("rank 1 on h: killed by signal 9")
                                       for a in attempts), attempts
     assert not (tmp_path / "c").exists()  # no checkpoint was written: no folder is left
+
+
+def test_an_interrupt_while_the_next_attempt_is_set_up_is_a_job_interrupted(tmp_path):
+    """An interrupt during a restart ended with a bare KeyboardInterrupt (it came while the next
+    attempt was being set up, outside the part of a launch that stops ranks)."""
+    import pytest
+
+    from hvd_magics.errors import JobInterrupted
+    from hvd_magics.job.restarts import launch_with_restarts
+    from hvd_magics.job.runner import LaunchRequest
+    from hvd_magics.launch.payload import JobPayload
+
+    attempts = []
+
+    def launch(request):
+        attempts.append(request.attempt)
+        if request.attempt == 0:
+            raise _error(RankFailure(1, "h", -9), summary="1 of 2 ranks failed")
+        raise KeyboardInterrupt  # as the cluster's slots are waited for
+
+    with pytest.raises(JobInterrupted, match=r"^interrupted while attempt 2 of the job was being "
+                                             r"set up, before any of its ranks started: nothing "
+                                             r"is left running$"):
+        launch_with_restarts(LaunchRequest(JobPayload(b""), 2, {}, 10.0, []), launch, 3,
+                             tmp_path / "c", fresh=False)
+    assert attempts == [0, 1]
