@@ -132,9 +132,12 @@ def on_step(args: tuple[Any, ...], synced: bool = True) -> None:
         _loop.loader, _loop.steps, _loop.batch_size = _loop.iterated
     elif _loop.iterated is not None and _loop.iterated[0] == _loop.loader:
         _loop.steps = _loop.iterated[1]
+    rows = _rows(args)
+    if _loop.batch_size is None and rows:  # a loader with a batch sampler (Accelerate's) has none
+        _loop.batch_size = rows
     if not _loop.epoch or (_loop.next_epoch and _loop.next_epoch != _loop.epoch):
         _begin(_loop.next_epoch or _loop.epoch + 1)
-    _loop.samples += _rows(args)
+    _loop.samples += rows
     _loop.calls += 1
     if not synced:
         return
