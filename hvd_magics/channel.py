@@ -13,10 +13,14 @@ Wire format, per connection:
    most ``MAX_PENDING_HANDSHAKES`` such peers are served at once, and a new connection when that
    many wait closes the one that has waited longest (so idle peers cannot keep the ranks out: a
    rank sends its hello as soon as it has the nonce, and a client turned away tries again).
-4. The client's last frame is ``bye``. When a connection ends, the server queues a
+4. Every ``BEAT_EVERY_S`` the client sends a ``beat`` frame, which the server does not queue: it
+   notes when it last heard each rank's supervisor (:attr:`EventServer.heard`), so the driver
+   knows within seconds that a host went silent (its link or machine lost), where TCP alone
+   notices nothing for minutes.
+5. The client's last frame is ``bye``. When a connection ends, the server queues a
    ``channel_closed`` event for its rank with ``clean`` telling whether ``bye`` came first: a rank
    whose supervisor vanished (its executor was lost) is told apart from one that finished.
-5. The driver may send orders the other way on the same connection (an elastic job tells a
+6. The driver may send orders the other way on the same connection (an elastic job tells a
    waiting task which rank to start): frames of the same form, MACed over ``DOWN + nonce +
    sequence + body`` with their own sequence, so no frame can be replayed in either direction.
 
@@ -38,7 +42,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from hvd_magics.protocol import BYE, CHANNEL_CLOSED, HELLO
+from hvd_magics.protocol import BEAT, BYE, CHANNEL_CLOSED, HELLO
 
 #: Bytes of the per-connection nonce the server sends first.
 NONCE_BYTES = 32
@@ -54,6 +58,8 @@ MAX_FRAME_BYTES = 512 * 1024 * 1024
 CONNECT_TIMEOUT_S = 30.0
 #: Bytes read from the socket at a time.
 READ_CHUNK_BYTES = 1 << 20
+#: Seconds between a supervisor's beats.
+BEAT_EVERY_S = 1.0
 
 _HEADER = struct.Struct(">I32s")
 _SEQ = struct.Struct(">Q")
@@ -164,6 +170,8 @@ class EventServer:
         self._pending: list[socket.socket] = []
         #: Connections closed for breaking the protocol or for not authenticating in time.
         self.rejected = 0
+        #: Per rank whose supervisor said hello: when a frame of it last arrived (monotonic).
+        self.heard: dict[int, float] = {}
         self.address = ChannelAddress(host, self._sock.getsockname()[1], self._secret, job_id)
         self._accepter = threading.Thread(target=self._accept_loop, name="hvd-events-accept",
                                           daemon=True)
@@ -225,12 +233,16 @@ class EventServer:
             with self._lock:
                 self._by_rank[rank] = [conn, nonce, 0]
                 self.greeted.add(rank)
+            self.heard[rank] = time.monotonic()
             seq = 1
             while True:
                 event = read_frame(conn, self._secret, nonce, seq)
                 if event is None:
                     break
                 seq += 1
+                self.heard[rank] = time.monotonic()
+                if event.get("kind") == BEAT:
+                    continue
                 if event.get("kind") == BYE:
                     clean = True
                     continue
@@ -384,9 +396,19 @@ class EventClient:
         self.local_address = self._sock.getsockname()[0]
         self._host = host if host is not None else self.local_address
         self._send_raw({"kind": HELLO, "job": address.job_id, "rank": rank})
+        self._closed = threading.Event()
         if on_close is not None or on_order is not None:
             threading.Thread(target=self._watch, args=(on_close, on_order),
                              name="hvd-events-watch", daemon=True).start()
+        threading.Thread(target=self._beat, name="hvd-events-beat", daemon=True).start()
+
+    def _beat(self) -> None:
+        """Say every :data:`BEAT_EVERY_S` that this supervisor is there, until closed."""
+        while not self._closed.wait(BEAT_EVERY_S):
+            try:
+                self._send_raw({"kind": BEAT})
+            except OSError:
+                return
 
     def _watch(self, on_close: Callable[[], None] | None,
                on_order: Callable[[dict[str, Any]], None] | None) -> None:
@@ -415,6 +437,7 @@ class EventClient:
 
     def close(self) -> None:
         """Say goodbye and close the connection."""
+        self._closed.set()
         try:
             self._send_raw({"kind": BYE})
         except OSError:

@@ -65,6 +65,7 @@ CELL_END = "cell_end"
 # -- the channel itself -----------------------------------------------------------------------
 HELLO = "hello"
 BYE = "bye"
+BEAT = "beat"
 CHANNEL_CLOSED = "channel_closed"
 
 EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
@@ -151,6 +152,9 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
               "line the cell printed came before this"),
     EventKind(HELLO, "channel", ("job", "rank"), "first frame of a connection (authenticates it)"),
     EventKind(BYE, "channel", (), "last frame of a connection that ends cleanly"),
+    EventKind(BEAT, "channel", (),
+              "the supervisor is there: every BEAT_EVERY_S (hvd_magics.channel); the driver "
+              "notes when it last heard each rank's supervisor and queues no event for it"),
     EventKind(CHANNEL_CLOSED, "channel", ("clean",),
               "queued by the driver when a connection ends; not clean: its executor was lost"),
 )}
@@ -191,6 +195,9 @@ ENV_WANT_TIMELINE = "HVD_MAGICS_TIMELINE"
 ENV_KERAS_PROGRESS = "HVD_MAGICS_KERAS_PROGRESS"
 #: ``0``: a plain DDP or Accelerate loop's progress is not inferred (rank/loop_progress.py).
 ENV_LOOP_PROGRESS = "HVD_MAGICS_LOOP_PROGRESS"
+#: Seconds a host's rank supervisors may be silent before the driver takes the host for lost
+#: (hvd_magics.job.runner.HOST_SILENT_S by default); read in the notebook's process.
+ENV_HOST_SILENT = "HVD_MAGICS_HOST_SILENT_S"
 #: Raises the size limit (MB) of the values a job sends back to the notebook.
 ENV_MAX_RESULT_MB = "HVD_MAGICS_MAX_RESULT_MB"
 #: Set to ``1`` by default: ``tf.keras`` is Keras 2 (tf_keras), which Horovod's Keras API needs.

@@ -47,6 +47,15 @@ if the text is not found (another Horovod version), the script stops and says wh
    driver's ranks, a task of several ranks). It still yields for the first millisecond (a
    collective that is about to complete keeps its latency), then sleeps 1 ms between looks, as
    later Horovod releases do.
+9. ``horovod/common/gloo/gloo_context.cc``: ``InitializeForProcessSet`` builds each process
+   set's Gloo device (the global process set's included, which every collective uses) from its
+   own ``gloo_iface_``, which nothing sets on the non-MPI path, so the device fell back to the
+   address the host's name resolves to: Debian's ``127.0.1.1`` line, or a management NIC the
+   peers cannot reach. Ranks on other hosts then failed to connect (``connect [10.78.0.2]:...:
+   No route to host``, the rank aborted by signal 6) while the global, local and cross
+   contexts, made with the interface, were right. ``HOROVOD_GLOO_IFACE`` (which hvd_magics sets
+   to the interface of the executor's address) did not help. A process set's device now uses the
+   interface of the global context it is made from.
 """
 from __future__ import annotations
 
@@ -213,6 +222,25 @@ CHANGES += [
         "    } else {\n"
         "      std::this_thread::yield();\n"
         "    }\n",
+    ),
+    (
+        "horovod/common/gloo/gloo_context.cc",
+        "  attr device_attr;\n"
+        "  device_attr.iface = gloo_iface_;\n"
+        "  device_attr.ai_family = AF_UNSPEC;\n"
+        "  auto dev = CreateDevice(device_attr);\n"
+        "\n"
+        "  global_ctx = global_context.ctx;\n",
+        "  // hvd_magics: the interface the global context was given (HOROVOD_GLOO_IFACE), not\n"
+        "  // this process set's own, which nothing sets: the device fell back to the host name's\n"
+        "  // address, which other hosts may not reach (Debian's 127.0.1.1, a management NIC).\n"
+        "  gloo_iface_ = global_context.gloo_iface_;\n"
+        "  attr device_attr;\n"
+        "  device_attr.iface = gloo_iface_;\n"
+        "  device_attr.ai_family = AF_UNSPEC;\n"
+        "  auto dev = CreateDevice(device_attr);\n"
+        "\n"
+        "  global_ctx = global_context.ctx;\n",
     ),
     (
         "horovod/torch/mpi_ops_v2.cc",

@@ -33,7 +33,7 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 TIERS = {"unit": "fast", "driver": "driver", "spark_local": "spark_local",
          "spark_connect": "spark_connect", "spark_cluster": "spark_cluster",
          "spark_elastic": "spark_elastic", "notebooks": "notebook", "browser": "browser",
-         "mlflow_tracking": "mlflow"}
+         "mlflow_tracking": "mlflow", "spark_hosts": "spark_hosts"}
 
 
 def _tier_of(path: str) -> str:
@@ -47,7 +47,7 @@ def _tier_of(path: str) -> str:
 #: (``pytest -n 3``) each of them runs whole in one lane, while the other tiers' tests (ranks on
 #: the driver, kernels, pure Python) are spread test by test.
 ONE_LANE = ("spark_local", "spark_cluster", "spark_connect", "spark_elastic", "mlflow_tracking",
-            "browser")
+            "browser", "spark_hosts")
 
 # The suite's ranks fork from zygotes of its own run (both lanes, which inherit this variable
 # from the process that starts them, and every kernel, Spark worker and Connect server it
@@ -282,6 +282,32 @@ def standalone_cluster():
     yield cluster
     _stop_active()
     cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def host_cluster():
+    """Two real hosts of two cores (network namespaces: tests/hosts.py), each with a second
+    network on which they cannot reach each other, and each resolving its own name to that
+    network's address, the first to Debian's ``127.0.1.1``; removed at the end."""
+    from tests.hosts import HostCluster
+
+    cluster = HostCluster(hosts=2, cores=2, debian=(0,), second_network=True)
+    _state["hosts"] = cluster
+    yield cluster
+    _stop_active()
+    cluster.stop()
+    assert cluster.left() == []
+
+
+@pytest.fixture()
+def hosts_spark(host_cluster):
+    """A SparkSession whose driver is on the hosts' bridge, with an executor on each host."""
+    spark = _session(host_cluster.url, **host_cluster.session_conf())
+    deadline = time.monotonic() + 60
+    while spark.sparkContext._jsc.sc().getExecutorIds().size() < len(host_cluster.hosts):
+        assert time.monotonic() < deadline, "the hosts' executors did not register"
+        time.sleep(0.2)
+    return spark
 
 
 #: A GPU discovery script that finds two GPUs (there are none here), as pyspark's tests use.

@@ -295,6 +295,28 @@ def horovod_where():
     return (*_where(), float(hvd.allreduce(torch.ones(1), op=hvd.Sum)))
 
 
+def hosts_of_ranks(engine: str = "torch"):
+    """Every rank's (rank, host name, its engine's sum of ones) as rank 0 gathers them."""
+    import socket
+
+    import torch
+
+    if engine == "horovod":
+        import horovod.torch as hvd
+
+        hvd.init()
+        total = float(hvd.allreduce(torch.ones(1), op=hvd.Sum))
+        return hvd.allgather_object((hvd.rank(), socket.gethostname(), total))
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    views = [None] * dist.get_world_size()
+    dist.all_gather_object(views, (dist.get_rank(), socket.gethostname(), float(total)))
+    return views
+
+
 def tf_where():
     import json
     import os

@@ -20,7 +20,7 @@ from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, EPOCH_BEGIN, EPOCH_
                                  SHARDING, SLOT_OFFER, STACKS, STARTED, TASK_ERROR, TASK_STARTED,
                                  TIMELINE_CHUNK, TIMELINE_LOCAL)
 from hvd_magics.launch.backend import Backend
-from hvd_magics.rank_names import unit_of
+from hvd_magics.rank_names import ranks_named, unit_of
 from hvd_magics.job.output_lines import (BAR, NOISE, SHOW, WARNING, OutputSorter, bar_count,
                                          plain)
 
@@ -205,6 +205,8 @@ class JobState:
         self.stall_after = stall_after
         #: A job with restarts, on a later attempt: why each earlier attempt ended.
         self.earlier_attempts: tuple[str, ...] = ()
+        #: The verdict on a host whose supervisors went silent (:meth:`lose_host`), or ``""``.
+        self.lost_host = ""
 
     def handle(self, event: dict[str, Any]) -> None:
         """Apply one event (dispatched on its kind through :attr:`_HANDLERS`)."""
@@ -275,6 +277,20 @@ class JobState:
         count = bar_count(text)
         if count is not None and not state.reports_epochs:
             state.step, state.steps = count
+
+    def lose_host(self, host: str, ranks: list[int], silent_s: float) -> str:
+        """The supervisors of ``host``'s ``ranks`` have been silent for ``silent_s`` seconds
+        while other hosts' answered: its link or machine was lost. Each of its ranks is lost
+        (the first failures, before the survivors' consequences); return the verdict."""
+        text = (f"host {host} ({ranks_named(ranks, self.unit)}) stopped answering "
+                f"{silent_s:.0f} s ago: its link or machine was lost")
+        now = time.monotonic()
+        for rank in ranks:
+            state = self.ranks[rank]
+            if not state.exited:
+                state.lost, state.failed_at, state.state = text, now, FAILED
+        self.lost_host = text
+        return text
 
     def _on_channel_closed(self, state: RankState, event: dict[str, Any]) -> None:
         if not event.get("clean") and not state.exited:

@@ -498,5 +498,8 @@ class PoolCell:
     def unpacking(self) -> tuple[float, str] | None:
         return None  # the pool's ranks run already
 
+    def heard_ago(self, now: float) -> dict[int, float]:  # noqa: ARG002
+        return {}  # a pool's lost rank ends the cell through its channel; not yet by its beats
+
     def missing_module_fix(self) -> str:
         return self.pool.backend.missing_module_fix()

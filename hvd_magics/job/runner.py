@@ -29,8 +29,8 @@ from hvd_magics.job.mlflow_run import MlflowSettings, MlflowTracker, requested
 from hvd_magics.launch.dataframe_input import check_columns, common_session
 from hvd_magics.task.engines import engine_of
 from hvd_magics.launch.payload import JobPayload, leading_imports, serialize_job
-from hvd_magics.protocol import (ENGINE_HOROVOD, ENV_ENGINE, ENV_PREIMPORT, ENV_STALL_CHECK, ENV_TIMELINE_MARK_CYCLES,
-                                 ENV_WANT_TIMELINE)
+from hvd_magics.protocol import (ENGINE_HOROVOD, ENV_ENGINE, ENV_HOST_SILENT, ENV_PREIMPORT,
+                                 ENV_STALL_CHECK, ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE)
 from hvd_magics.notices import say
 from hvd_magics.rank_names import rank_named, ranks_named
 from hvd_magics.result_codec import VALUE, ResultDecodeError, decode_strict
@@ -59,6 +59,9 @@ FAILURE_GRACE_S = 1.0
 IMPORT_ERRORS = ("ModuleNotFoundError", "ImportError")
 #: The same at an interrupt, which should stop the job at once.
 INTERRUPT_STACKS_WAIT_S = 1.0
+#: Seconds a host's rank supervisors may be silent (they beat every second) before the host is
+#: taken for lost (``HVD_MAGICS_HOST_SILENT_S``): Spark itself waits 60 s, Gloo 30 s.
+HOST_SILENT_S = 10.0
 #: How often the cell's line says the executors still fetch and unpack the environment.
 UNPACKING_SHOWN_EVERY_S = 5.0
 #: After a rank finished the job's code, how long a peer may wait in a collective before its
@@ -702,6 +705,26 @@ def mismatched(job: JobState, backend: Backend, events: queue.Queue, now: float,
     return f"{mismatch[0].upper()}{mismatch[1:]}; the job was stopped. {UNEVEN_FIX}"
 
 
+def lost_host(job: JobState, backend: Backend, now: float, silent_after: float) -> str | None:
+    """The verdict on a host all of whose running ranks' supervisors have been silent for
+    ``silent_after`` seconds while another host's were heard within half that (the driver
+    itself was not the one that stalled), its ranks marked lost; else ``None``. Jobs on one
+    host (the driver's ranks, local Spark) are never judged so."""
+    heard = backend.heard_ago(now)
+    hosts: dict[str, list[int]] = {}
+    for rank in job.running_ranks():
+        if rank in heard and job.ranks[rank].host:
+            hosts.setdefault(job.ranks[rank].host, []).append(rank)
+    if len(hosts) < 2:
+        return None
+    quiet = {host: min(heard[r] for r in ranks) for host, ranks in hosts.items()}
+    silent = [host for host, seconds in quiet.items() if seconds > silent_after]
+    if not silent or min(quiet.values()) > silent_after / 2:
+        return None
+    host = max(silent, key=quiet.__getitem__)
+    return job.lose_host(host, sorted(hosts[host]), quiet[host])
+
+
 def _ask_stalled(job: JobState, backend: Backend, now: float, asked: set[int]) -> None:
     """Take the stacks of ranks that just went silent (their answer tells the views where they
     are); a rank that speaks again may be asked again when it next goes silent."""
@@ -724,11 +747,15 @@ def _watch(job: JobState, backend: Backend, events: queue.Queue, start_timeout: 
     unmatched: dict[str, Any] = {}
     unpacking = backend.unpacking()
     shown, told = started - UNPACKING_SHOWN_EVERY_S, False  # said at once, then every 5 s
+    silent_after = positive_seconds(os.environ.get(ENV_HOST_SILENT, HOST_SILENT_S),
+                                    ENV_HOST_SILENT)
     while not job.all_exited:
         now = _follow(job, events)
         if stop is not None and stop.is_set():
             raise KeyboardInterrupt  # stopped from another thread: ended as an interrupt
         _ask_stalled(job, backend, now, asked)
+        if failed_since is None:
+            lost_host(job, backend, now, silent_after)
         stuck = (left_behind(job, backend, events, now, behind)
                  or mismatched(job, backend, events, now, unmatched)) if failed_since is None \
             else None
@@ -800,9 +827,11 @@ def _watch(job: JobState, backend: Backend, events: queue.Queue, start_timeout: 
             if failure.error == LOST:
                 failure.message += f" (Spark: {spark_failure})"
     first = failures[0]
+    lead = f"{job.lost_host[0].upper()}{job.lost_host[1:]}; the job was stopped. " \
+        if job.lost_host else ""
     raise HorovodJobError(
-        f"{_uneven_note(job, first)}{len(failures)} of {job.size} ranks failed; the first was "
-        f"{first.headline()}", failures, str(job.log_path))
+        f"{lead}{_uneven_note(job, first)}{len(failures)} of {job.size} ranks failed; the first "
+        f"was {first.headline()}", failures, str(job.log_path))
 
 
 def _uneven_note(job: JobState, first: RankFailure) -> str:

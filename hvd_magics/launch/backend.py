@@ -59,6 +59,12 @@ class Backend(Protocol):
     def silence_note(self, ranks: list[int]) -> str:
         """What to say of ``ranks`` that were never heard from (a start timeout)."""
 
+    def heard_ago(self, now: float) -> dict[int, float]:
+        """Per rank whose supervisor reached the driver over the network: the seconds since it
+        was last heard (its beats, :mod:`hvd_magics.channel`); ``{}`` where ranks cannot be
+        lost apart from the driver (ranks on the driver, a warm pool's cell) or an elastic
+        job goes on without them."""
+
     def unpacking(self) -> tuple[float, str] | None:
         """While the executors may still fetch and unpack what the job sent them before any
         rank can start (a shipped environment, new to them): how many seconds more the start

@@ -134,6 +134,10 @@ class DriverBackend:
         """Ranks on the driver unpack nothing."""
         return None
 
+    def heard_ago(self, now: float) -> dict[int, float]:  # noqa: ARG002
+        """Ranks on the driver share its host: none is lost apart from it."""
+        return {}
+
     def missing_module_fix(self) -> str:
         """Ranks on the driver run the notebook's own Python: its import error says it all."""
         return ""

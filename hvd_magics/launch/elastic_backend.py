@@ -434,6 +434,10 @@ class ElasticSparkBackend(SparkBackend):
         ended = super().join(max(deadline - time.monotonic(), 0.0))
         return ended and self._done.is_set()
 
+    def heard_ago(self, now: float) -> dict[int, float]:  # noqa: ARG002
+        """An elastic job goes on without a lost host's ranks (Horovod's elastic driver)."""
+        return {}
+
     def describe_failure(self) -> str | None:
         """Why the job failed as a whole. Tasks that ran after the job was over (and found the
         channel closed), or a stage cancelled for its waiting tasks, are not failures."""

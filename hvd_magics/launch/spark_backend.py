@@ -407,6 +407,12 @@ class SparkBackend:
         self._pool_guarded = False
         interrupt_guard.release(self._group)
 
+    def heard_ago(self, now: float) -> dict[int, float]:
+        """Per rank whose task reached the event channel: seconds since its last frame."""
+        if self._server is None:
+            return {}
+        return {rank: now - heard for rank, heard in list(self._server.heard.items())}
+
     def unpacking(self) -> tuple[float, str] | None:
         """When this job sent the executors the environment's archive (the first job of the
         application after it changed): Spark fetches and unpacks it on each executor before the

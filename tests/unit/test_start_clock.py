@@ -25,6 +25,9 @@ class SilentStage:
     def unpacking(self):
         return self._unpacking
 
+    def heard_ago(self, now):
+        return {}
+
     def silence_note(self, ranks):
         return ""
 

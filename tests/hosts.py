@@ -1,0 +1,244 @@
+"""Real hosts on one machine, for the tests of what crosses a network: each host a Linux network
+namespace with its own address on a bridge the test made, its own hostname, ``/etc/hosts`` and
+``/tmp``, and one standalone Spark worker inside it; the master and the driver on the bridge
+(see ``../shared/notes/several-hosts.md``). Needs root, ``ip`` and ``unshare``.
+
+Everything made here (namespaces, links, processes) is removed by :meth:`HostCluster.stop`, also
+after a failed test, and at the latest when the process that made it exits.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+#: The /24 the hosts live on is ``10.77.<n>.0`` and the unroutable second network ``10.78.<n>.0``
+#: (``n`` from this process's id: two suites side by side get two networks).
+PREFIX, SECOND_PREFIX = "10.77", "10.78"
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+@dataclass
+class Host:
+    """One host: its namespace, name, address, the bridge side of its link, and its folders."""
+
+    namespace: str
+    name: str
+    address: str
+    link: str
+    root: Path
+
+    def run(self, *command: str, env: dict[str, str] | None = None,
+            log: Path | None = None) -> subprocess.Popen:
+        """Start ``command`` on this host: inside its namespace, with its hostname, its
+        ``/etc/hosts`` and its own ``/tmp``."""
+        inner = ("hostname \"$0\" && mount --bind \"$1\" /etc/hosts && "
+                 "mount --bind \"$2\" /tmp && shift 2 && exec \"$@\"")
+        out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
+        return subprocess.Popen(
+            ["ip", "netns", "exec", self.namespace, "unshare", "--uts", "--mount",
+             "--propagation", "private", "--", "sh", "-c", inner, self.name,
+             str(self.root / "hosts"), str(self.root / "tmp"), *command],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def pids(self) -> list[int]:
+        """Every process in the host's namespace."""
+        out = _ip("netns", "pids", self.namespace, check=False).stdout
+        return [int(pid) for pid in out.split()]
+
+    def cut(self) -> None:
+        """Cut the host's link (as a pulled cable or a lost machine)."""
+        _ip("link", "set", self.link, "down")
+
+    def restore(self) -> None:
+        _ip("link", "set", self.link, "up")
+
+
+class HostCluster:
+    """A standalone Spark master on a bridge and ``hosts`` hosts of ``cores`` cores, one worker
+    each.
+
+    Parameters
+    ----------
+    hosts, cores : int
+        How many hosts, and each worker's cores.
+    debian : tuple of int
+        Hosts whose ``/etc/hosts`` resolves their own name to ``127.0.1.1``, as Debian and
+        Ubuntu write it (the others resolve it to their bridge address).
+    second_network : bool
+        Give every host a second interface (``eth1``, on a network where the hosts cannot
+        reach each other), as a management NIC, and resolve each host's name to it.
+    """
+
+    def __init__(self, hosts: int = 2, cores: int = 2, debian: tuple[int, ...] = (),
+                 second_network: bool = False) -> None:
+        self.tag = f"{os.getpid() % 10000}"
+        net = 20 + os.getpid() % 200
+        self.subnet = f"{PREFIX}.{net}"
+        self.bridge, self.bridge_address = f"hvb{self.tag}", f"{self.subnet}.1"
+        self.base = Path(os.environ.get("TMPDIR", "/tmp")) / f"hvd-hosts-{self.tag}"
+        self.hosts: list[Host] = []
+        self.procs: list[subprocess.Popen] = []
+        #: The second network's bridge and links (``second_network``).
+        self.second_bridge = ""
+        self.links: list[str] = []
+        self.cores = cores
+        atexit.register(self.stop)
+        try:
+            self._network(hosts, debian, second_network, f"{SECOND_PREFIX}.{net}")
+            self._spark()
+        except BaseException:
+            self.stop()
+            raise
+
+    # -- the network -----------------------------------------------------------------------
+    def _network(self, count: int, debian: tuple[int, ...], second: bool, second_net: str) -> None:
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{self.bridge_address}/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        for index in range(count):
+            name, address = f"host{index + 1}", f"{self.subnet}.{index + 2}"
+            namespace, link = f"hvn{self.tag}h{index}", f"hv{self.tag}h{index}"
+            root = self.base / name
+            (root / "tmp").mkdir(parents=True, exist_ok=True)
+            os.chmod(root / "tmp", 0o1777)
+            host = Host(namespace, name, address, link, root)
+            self.hosts.append(host)
+            _ip("netns", "add", namespace)
+            _ip("link", "add", link, "type", "veth", "peer", "name", f"hp{self.tag}h{index}")
+            _ip("link", "set", f"hp{self.tag}h{index}", "netns", namespace)
+            _ip("link", "set", link, "master", self.bridge)
+            _ip("link", "set", link, "up")
+            _ip("-n", namespace, "link", "set", f"hp{self.tag}h{index}", "name", "eth0")
+            _ip("-n", namespace, "addr", "add", f"{address}/24", "dev", "eth0")
+            _ip("-n", namespace, "link", "set", "eth0", "up")
+            _ip("-n", namespace, "link", "set", "lo", "up")
+            own = address
+            if second:
+                own = f"{second_net}.{index + 2}"
+                self._second_link(namespace, index, own)
+            if index in debian:
+                own = "127.0.1.1"
+            (root / "hosts").write_text(f"127.0.0.1 localhost\n{own} {name}\n")
+
+    def _second_link(self, namespace: str, index: int, address: str) -> None:
+        """A second interface, ``eth1``, on a network whose ports reach only the driver's side
+        (an isolated bridge: the hosts cannot reach each other there), as a management NIC."""
+        if not self.second_bridge:
+            self.second_bridge = f"hvm{self.tag}"
+            _ip("link", "add", self.second_bridge, "type", "bridge")
+            _ip("addr", "add", f"{address.rsplit('.', 1)[0]}.1/24", "dev", self.second_bridge)
+            _ip("link", "set", self.second_bridge, "up")
+        link, peer = f"hv{self.tag}m{index}", f"hq{self.tag}m{index}"
+        _ip("link", "add", link, "type", "veth", "peer", "name", peer)
+        _ip("link", "set", peer, "netns", namespace)
+        _ip("link", "set", link, "master", self.second_bridge)
+        _ip("link", "set", link, "up")
+        subprocess.run(["bridge", "link", "set", "dev", link, "isolated", "on"], check=True,
+                       capture_output=True)
+        self.links.append(link)
+        _ip("-n", namespace, "link", "set", peer, "name", "eth1")
+        _ip("-n", namespace, "addr", "add", f"{address}/24", "dev", "eth1")
+        _ip("-n", namespace, "link", "set", "eth1", "up")
+
+    # -- Spark -------------------------------------------------------------------------------
+    def _spark(self) -> None:
+        import pyspark
+
+        home = os.path.dirname(pyspark.__file__)
+        self.spark_class = os.path.join(home, "bin", "spark-class")
+        env = {key: value for key, value in os.environ.items()
+               if key not in ("TMPDIR", "HVD_MAGICS_ZYGOTE_DIR", "SPARK_LOCAL_IP")}
+        self.env = {**env, "SPARK_HOME": home, "PYSPARK_PYTHON": sys.executable}
+        self.port, self.ui_port = 7077, 8080
+        self.url = f"spark://{self.bridge_address}:{self.port}"
+        (self.base / "master").mkdir(parents=True, exist_ok=True)
+        self.procs.append(self._start_master())
+        self._wait(lambda state: True, "the master's web UI")
+        for host in self.hosts:
+            self.procs.append(host.run(
+                self.spark_class, "org.apache.spark.deploy.worker.Worker", self.url,
+                "--cores", str(self.cores), "--memory", "2g", "--host", host.address,
+                "--work-dir", "/tmp/spark-work", "--webui-port", "8081",
+                env={**self.env, "SPARK_LOCAL_IP": host.address, "TMPDIR": "/tmp"},
+                log=host.root / "worker.log"))
+        self._wait(lambda state: sum(w["state"] == "ALIVE" for w in state["workers"])
+                   >= len(self.hosts), f"{len(self.hosts)} workers to register")
+
+    def _start_master(self) -> subprocess.Popen:
+        log = open(self.base / "master" / "master.log", "wb")  # noqa: SIM115
+        return subprocess.Popen(
+            [self.spark_class, "org.apache.spark.deploy.master.Master", "--host",
+             self.bridge_address, "--port", str(self.port), "--webui-port", str(self.ui_port)],
+            env={**self.env, "SPARK_LOCAL_IP": self.bridge_address}, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _wait(self, ready, what: str, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(
+                        f"http://{self.bridge_address}:{self.ui_port}/json/", timeout=2) as r:
+                    if ready(json.load(r)):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"hosts: timed out waiting for {what}; logs in {self.base}")
+
+    def session_conf(self) -> dict[str, str]:
+        """What a SparkSession on these hosts needs: the driver on the bridge, one executor of
+        every core per host."""
+        return {"spark.driver.host": self.bridge_address,
+                "spark.driver.bindAddress": self.bridge_address,
+                "spark.executor.cores": str(self.cores),
+                "spark.cores.max": str(self.cores * len(self.hosts)),
+                "spark.executor.memory": "1g"}
+
+    def stop(self) -> None:
+        """Kill every process on the hosts and the master; remove the namespaces and links."""
+        for host in self.hosts:
+            for pid in host.pids():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+        self.procs = []
+        for host in self.hosts:
+            deadline = time.monotonic() + 10
+            while host.pids() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            _ip("netns", "del", host.namespace, check=False)
+            _ip("link", "del", host.link, check=False)
+        for link in self.links:
+            _ip("link", "del", link, check=False)
+        for bridge in (self.bridge, self.second_bridge):
+            if bridge:
+                _ip("link", "del", bridge, check=False)
+        self.hosts, self.links = [], []
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def left(self) -> list[str]:
+        """What of this cluster is still there (namespaces, links): ``[]`` once stopped."""
+        names = _ip("netns", "list", check=False).stdout + _ip("link", "show",
+                                                                check=False).stdout
+        return sorted({word.rstrip(":").split("@")[0] for word in names.split()
+                       if word.startswith((f"hvn{self.tag}", f"hv{self.tag}", f"hvb{self.tag}",
+                                           f"hvm{self.tag}"))})
