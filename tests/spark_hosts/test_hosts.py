@@ -40,3 +40,58 @@ def test_a_checkpoint_folder_the_hosts_do_not_share_is_refused_before_training(h
     assert "hvd_magics/checkpoints/" in text
     assert "Fix: a folder that every executor and the driver share" in text
     assert "starting attempt" not in text and len(last_run().attempts) == 0  # not retried
+
+
+def _rank_processes(host) -> list[str]:
+    """The rank processes (and their keepers) running on ``host``, by pid and command line (the
+    host's zygotes, which outlive jobs by design, left out)."""
+    found = []
+    for pid in host.pids():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmd:
+                line = cmd.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "hvd_magics.rank" in line and "hvd_magics.rank.zygote" not in line:
+            found.append(f"{pid}: {line}")
+    return found
+
+
+def test_a_host_whose_link_is_cut_is_named_within_seconds_and_its_ranks_end(hosts_spark,
+                                                                           host_cluster):
+    """A torch job ended 57-81 s after the cut (Spark's 60 s worker timeout) blaming rank 1 on
+    the healthy host; the supervisors beat every second, and a host silent for 10 s is lost."""
+    import re
+    import time
+
+    job = HorovodRunner(np=4, engine="torch").start(engine_jobs.ddp_mlp, epochs=100000,
+                                                    steps=20)
+    try:
+        deadline = time.monotonic() + 120
+        while not (job.live.job is not None and all(r.step > 0 or r.epoch > 1
+                                                    for r in job.live.job.ranks)):
+            assert time.monotonic() < deadline and not job.done(), "the ranks never trained"
+            time.sleep(0.1)
+        cut = host_cluster.hosts[1]
+        cut.cut()
+        began = time.monotonic()
+        with pytest.raises(HorovodJobError) as info:
+            job.wait(timeout=90)
+        took = time.monotonic() - began
+    finally:
+        host_cluster.hosts[1].restore()
+        job.stop()
+    first = str(info.value).splitlines()[0]
+    match = re.match(rf"^Host {re.escape(cut.address)} \(ranks (\d), (\d)\) stopped answering "
+                     r"1\d s ago: its link or machine was lost; the job was stopped\.", first)
+    assert match, first
+    lost = {int(match.group(1)), int(match.group(2))}
+    assert {r.rank for r in job.live.job.ranks if r.host == cut.address} == lost
+    assert took < 20, took
+    print(f"the job ended {took:.1f} s after the cut")
+    deadline = time.monotonic() + 60  # back on the network, its ranks find the driver gone
+    while _rank_processes(cut):
+        assert time.monotonic() < deadline, _rank_processes(cut)
+        time.sleep(0.5)
+    assert HorovodRunner(np=4, engine="torch", timeout=120).run(engine_jobs.hosts_of_ranks)[0][2] \
+        == 4.0  # the next job runs on both hosts
