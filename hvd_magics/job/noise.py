@@ -8,6 +8,9 @@ on``, ``cpu_feature_guard``, ``failed call to cuInit`` on a machine without a GP
 before the user's code runs, whatever ``TF_CPP_MIN_LOG_LEVEL`` says. ``--verbosity debug`` shows
 them again.
 
+torch's store says on every rank of a cluster whose peers' addresses have no name (``[c10d]
+The hostname of the client socket cannot be retrieved. err=-3``): harmless, and no fix of ours.
+
 Once a rank has failed (and in an elastic job, where losing a rank is expected), its peers'
 Horovod background loops print that the peer closed its connection: the failed rank's own error
 (or the reset line) says it better.
@@ -39,6 +42,10 @@ NOISE = re.compile("|".join([
     r"^-{100}$",
     r"^LOCAL_RANK: \d+ - CUDA_VISIBLE_DEVICES: ",
     r"^`Trainer\.fit` stopped: ",
+    # torch's store on a host whose peers' addresses have no name (no DNS, no /etc/hosts line
+    # for them): a reverse lookup for its own log line failed, on every rank of every host
+    r"^\[W\d{4} [\d:.]+ socket\.cpp:\d+\] \[c10d\] The hostname of the client socket cannot "
+    r"be retrieved\. err=-?\d+$",
 ]))
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from hvd_magics.errors import NotEnoughSlotsError
+from hvd_magics.protocol import ENV_DRIVER_HOST
 from hvd_magics.options import multiple_fix
 from hvd_magics.launch.spark_session import is_connect, is_local
 
@@ -64,6 +65,9 @@ def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool 
             break  # (a local master never grows)
         time.sleep(0.05 if local else 0.25)
     cpus = sc.getConf().get("spark.task.cpus", "1")
+    if total == 0 and not local:
+        raise no_executor(np, wait_s, sc.master, sc.getConf().get("spark.driver.host", "?"),
+                          sc.getConf().get("spark.driver.port", "?"))
     if not several:
         raise not_enough_slots(np, free, total, sc.master, cpus, reads_data, held=held)
     where = f"(master {sc.master}, spark.task.cpus={cpus})"
@@ -91,6 +95,21 @@ def profile_slots(sc: Any, layout: "TaskLayout") -> int | None:
             jsc.resourceProfileManager().resourceProfileFromId(profile.id)))
     except Exception:  # noqa: BLE001 - internal API: leave it to the start timeout
         return None
+
+
+def no_executor(np: int, waited: float, master: str, host: str, port: str) -> NotEnoughSlotsError:
+    """The error when no executor at all registered with the application: no free worker, or
+    executors that cannot reach the driver at the address it advertises (they exit, and the
+    cluster starts others, for ever)."""
+    return NotEnoughSlotsError(
+        f"np={np} needs {np} Spark task slots, but no executor has registered with this "
+        f"application in {waited:.0f} s (master {master}): either the cluster has no free "
+        f"worker, or its executors cannot reach the driver at the address it advertises, "
+        f"{host}:{port} (spark.driver.host), and each exits as it starts. Fix: if the "
+        f"cluster's workers are there, set spark.driver.host (and spark.driver.bindAddress) "
+        f"to an address of this machine that the executors reach, and start the SparkSession "
+        f"again (hvd_magics' own channel follows spark.driver.host, or "
+        f"{ENV_DRIVER_HOST}); else add workers.")
 
 
 def not_enough_slots(np: int, free: int, total: int, master: str, cpus: str,

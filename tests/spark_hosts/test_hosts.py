@@ -95,3 +95,21 @@ def test_a_host_whose_link_is_cut_is_named_within_seconds_and_its_ranks_end(host
         time.sleep(0.5)
     assert HorovodRunner(np=4, engine="torch", timeout=120).run(engine_jobs.hosts_of_ranks)[0][2] \
         == 4.0  # the next job runs on both hosts
+
+
+def test_a_driver_address_the_hosts_cannot_reach_is_named_with_the_fix(host_cluster):
+    """Executors that cannot reach the driver never register: the job was refused with 'the
+    cluster has 0 free of 0 ... Fix: add executors or cores'. The driver here advertises
+    loopback, which each host takes for its own."""
+    from hvd_magics import NotEnoughSlotsError
+    from tests.conftest import _session
+
+    conf = {**host_cluster.session_conf(), "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1"}
+    _session(host_cluster.url, **conf)
+    with pytest.raises(NotEnoughSlotsError, match=r"^np=2 needs 2 Spark task slots, but no "
+                       r"executor has registered with this application in 5 s \(master spark:"
+                       r".*\): either the cluster has no free worker, or its executors cannot "
+                       r"reach the driver at the address it advertises, 127\.0\.0\.1:\d+ "
+                       r"\(spark\.driver\.host\).*Fix: .*set spark\.driver\.host"):
+        HorovodRunner(np=2, engine="torch").run(engine_jobs.ddp_allreduce)

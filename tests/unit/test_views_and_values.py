@@ -27,6 +27,9 @@ TF_STARTUP = [
     "E0000 00:00:1795310186.071591    4490 cuda_platform.cc:52] failed call to cuInit: INTERNAL: "
     "CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)",
     "/job:worker/replica:0/task:1",
+    # torch's store on hosts whose peers' addresses have no name (issue 58)
+    "[W1127 15:14:12.686415403 socket.cpp:207] [c10d] The hostname of the client socket cannot "
+    "be retrieved. err=-3",
 ]
 
 
