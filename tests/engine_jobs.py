@@ -369,14 +369,16 @@ def resume_points(saves: int = 3):
 
 
 def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engine="torch",
-                           pause_on=None, hold_on=None):
+                           pause_on=None, hold_on=None, step_s=0.0):
     """A regression trained ``steps`` steps from seeded data under DDP (``engine="torch"``) or
     Horovod, saving a checkpoint every ``every`` steps and resuming from the latest one.
     ``kill_on``: ``(step, attempts)``, rank 1 SIGKILLs itself after that step on those attempts;
     ``pause_on``: ``(step, folder)``, on the first attempt rank 1 writes its pid to
     ``folder/rank1`` after that step and waits (for the test to kill its executor);
     ``bad_rank`` raises a ValueError; ``hold_on``: ``(attempt, folder)``, on that attempt every
-    rank writes ``folder/<rank>`` once it resumed and waits (for the test's interrupt)."""
+    rank writes ``folder/<rank>`` once it resumed and waits (for the test's interrupt);
+    ``step_s``: seconds each step takes more. Returns the weights, the attempt, the step it
+    started from and when (``time.time()``) its first step ended."""
     import os
     import signal
 
@@ -411,7 +413,11 @@ def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engin
 
         open(os.path.join(hold_on[1], str(rank)), "w").close()
         time.sleep(600)
+    import time as clock
+
+    first_step_at = None
     for step in range(start, steps):
+        clock.sleep(step_s)
         data = torch.Generator().manual_seed(step * 10 + rank)
         x = torch.randn(8, 4, generator=data)
         optimizer.zero_grad()
@@ -429,8 +435,9 @@ def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engin
         if (step + 1) % every == 0:
             checkpoint.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
                             step + 1)
+        first_step_at = first_step_at or clock.time()
     return {"weights": [p.detach().tolist() for p in model.parameters()],
-            "attempt": checkpoint.attempt(), "start": start}
+            "attempt": checkpoint.attempt(), "start": start, "first_step_at": first_step_at}
 
 
 def tf_fit_with_backup(epochs=6, kill_after_epoch=None, pause_after_epoch=None):

@@ -81,10 +81,14 @@ class HostCluster:
         reach each other), as a management NIC, and resolve each host's name to it.
     """
 
+    #: Clusters made by this process so far.
+    made = 0
+
     def __init__(self, hosts: int = 2, cores: int = 2, debian: tuple[int, ...] = (),
                  second_network: bool = False) -> None:
-        self.tag = f"{os.getpid() % 10000}"
-        net = 20 + os.getpid() % 200
+        HostCluster.made += 1  # a second cluster of the same process gets names of its own
+        self.tag = f"{os.getpid() % 1000}{HostCluster.made % 10}"
+        net = 20 + (os.getpid() * 7 + HostCluster.made) % 200
         self.subnet = f"{PREFIX}.{net}"
         self.bridge, self.bridge_address = f"hvb{self.tag}", f"{self.subnet}.1"
         self.base = Path(os.environ.get("TMPDIR", "/tmp")) / f"hvd-hosts-{self.tag}"

@@ -501,5 +501,8 @@ class PoolCell:
     def heard_ago(self, now: float) -> dict[int, float]:  # noqa: ARG002
         return {}  # a pool's lost rank ends the cell through its channel; not yet by its beats
 
+    def lose_host(self, host: str) -> None:  # noqa: ARG002
+        pass  # never called (heard_ago says nothing)
+
     def missing_module_fix(self) -> str:
         return self.pool.backend.missing_module_fix()

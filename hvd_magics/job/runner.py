@@ -722,7 +722,9 @@ def lost_host(job: JobState, backend: Backend, now: float, silent_after: float) 
     if not silent or min(quiet.values()) > silent_after / 2:
         return None
     host = max(silent, key=quiet.__getitem__)
-    return job.lose_host(host, sorted(hosts[host]), quiet[host])
+    verdict = job.lose_host(host, sorted(hosts[host]), quiet[host])
+    backend.lose_host(host)
+    return verdict
 
 
 def _ask_stalled(job: JobState, backend: Backend, now: float, asked: set[int]) -> None:

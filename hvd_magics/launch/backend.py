@@ -65,6 +65,11 @@ class Backend(Protocol):
         lost apart from the driver (ranks on the driver, a warm pool's cell) or an elastic
         job goes on without them."""
 
+    def lose_host(self, host: str) -> None:
+        """The host ``host`` (an executor's address) was taken for lost: give it no more work
+        (a restart must not be scheduled on its executors, which Spark still counts as alive
+        for a minute or two)."""
+
     def unpacking(self) -> tuple[float, str] | None:
         """While the executors may still fetch and unpack what the job sent them before any
         rank can start (a shipped environment, new to them): how many seconds more the start

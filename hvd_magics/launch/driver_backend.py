@@ -138,6 +138,9 @@ class DriverBackend:
         """Ranks on the driver share its host: none is lost apart from it."""
         return {}
 
+    def lose_host(self, host: str) -> None:  # noqa: ARG002
+        """Never called: no host of the driver's ranks is lost apart from it."""
+
     def missing_module_fix(self) -> str:
         """Ranks on the driver run the notebook's own Python: its import error says it all."""
         return ""

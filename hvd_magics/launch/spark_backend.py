@@ -413,6 +413,23 @@ class SparkBackend:
             return {}
         return {rank: now - heard for rank, heard in list(self._server.heard.items())}
 
+    def lose_host(self, host: str) -> None:
+        """Ask Spark to remove the executors of ``host`` from the application (it still offers
+        them for its own heartbeat timeout, a minute or more; a restart's tasks sent there wait
+        for it)."""
+        if self.sc is None:  # Spark Connect: the server's scheduler is out of reach
+            return
+        try:
+            jsc = self.sc._jsc.sc()  # noqa: SLF001 - Spark's own executor list and kill call
+            executors = jsc.statusStore().executorList(True)
+            for index in range(executors.size()):
+                executor = executors.apply(index)
+                if executor.id() != "driver" and executor.hostPort().split(":")[0] == host:
+                    jsc.killExecutor(executor.id())
+        except Exception as exc:  # noqa: BLE001 - Spark's heartbeat timeout still removes it
+            say(f"could not ask Spark to remove the executors of {host} ({exc}); Spark's own "
+                "heartbeat timeout will")
+
     def unpacking(self) -> tuple[float, str] | None:
         """When this job sent the executors the environment's archive (the first job of the
         application after it changed): Spark fetches and unpacks it on each executor before the

@@ -14,8 +14,13 @@ class Heard:
     def __init__(self, ago):
         self.ago = ago
 
+        self.lost = []
+
     def heard_ago(self, now):
         return dict(self.ago)
+
+    def lose_host(self, host):
+        self.lost.append(host)
 
 
 def _job(tmp_path, hosts):
@@ -28,7 +33,9 @@ def _job(tmp_path, hosts):
 
 def test_the_silent_host_and_its_ranks_are_named_and_lost(tmp_path):
     job = _job(tmp_path, ["10.77.0.2", "10.77.0.2", "10.77.0.3", "10.77.0.3"])
-    said = lost_host(job, Heard({0: 0.4, 1: 0.9, 2: 12.3, 3: 11.8}), time.monotonic(), 10.0)
+    heard = Heard({0: 0.4, 1: 0.9, 2: 12.3, 3: 11.8})
+    said = lost_host(job, heard, time.monotonic(), 10.0)
+    assert heard.lost == ["10.77.0.3"]  # Spark is told to give it no more work
     assert said == ("host 10.77.0.3 (ranks 2, 3) stopped answering 12 s ago: its link or "
                     "machine was lost")
     assert [f.rank for f in job.failures()] == [2, 3]

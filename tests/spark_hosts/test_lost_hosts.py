@@ -1,0 +1,78 @@
+"""A host lost mid-training on three one-core hosts with one spare (tests/hosts.py): the job
+restarts on the other two, from the last checkpoint in a folder every host shares, under DDP
+and Horovod."""
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from hvd_magics import HorovodRunner, last_run
+from tests import engine_jobs
+
+
+@pytest.fixture()
+def three_hosts():
+    """Made for each test: a host lost and back leaves Spark's view of its executors behind."""
+    from tests.conftest import _stop_active
+    from tests.hosts import HostCluster
+
+    cluster = HostCluster(hosts=3, cores=1)
+    yield cluster
+    _stop_active()
+    cluster.stop()
+    assert cluster.left() == []
+
+
+@pytest.fixture()
+def three_hosts_spark(three_hosts):
+    from tests.conftest import _session
+
+    spark = _session(three_hosts.url, **three_hosts.session_conf())
+    deadline = time.monotonic() + 60
+    while spark.sparkContext._jsc.sc().getExecutorIds().size() < 3:
+        assert time.monotonic() < deadline, "the hosts' executors did not register"
+        time.sleep(0.2)
+    return spark
+
+
+@pytest.fixture()
+def shared_folder():
+    """A folder every host sees (outside /tmp, which each host has of its own), as an NFS
+    mount would be."""
+    folder = Path("/var/tmp") / f"hvd-magics-tests-{os.getpid()}-{time.monotonic_ns()}"
+    folder.mkdir(parents=True)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("engine", ["torch", "horovod"])
+def test_a_cut_host_restarts_the_job_on_the_other_hosts(three_hosts_spark, three_hosts,
+                                                        shared_folder, engine):
+    """A torch job resumed 93 s after the cut blaming a survivor; a Horovod job did not restart
+    (the survivors' HorovodInternalError was taken for the user's own error)."""
+    job = HorovodRunner(np=2, engine=engine, restarts=1, checkpoint_dir=shared_folder).start(
+        engine_jobs.steps_with_checkpoints, steps=400, every=5, engine=engine, step_s=0.05)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((shared_folder / "checkpoints").glob("ckpt-1[05]-*")):
+            assert time.monotonic() < deadline and not job.done(), "no checkpoint was written"
+            time.sleep(0.1)
+        host = job.live.job.ranks[1].host
+        cut = next(h for h in three_hosts.hosts if h.address == host)
+        cut.cut()
+        began = time.time()
+        resumed = job.wait(timeout=240)
+    finally:
+        for each in three_hosts.hosts:
+            each.restore()
+        job.stop()
+    record = last_run()
+    assert record.status == "succeeded" and len(record.attempts) == 2, record.attempts
+    assert record.attempts[0].startswith(f"rank 1 on {host}: RankLost: host {host} "), \
+        record.attempts[0]
+    assert resumed["attempt"] == 1 and resumed["start"] >= 10
+    took = resumed["first_step_at"] - began
+    print(f"{engine}: the next attempt's first step came {took:.1f} s after the cut")
+    assert took < 45, took
