@@ -416,16 +416,25 @@ class SparkBackend:
     def lose_host(self, host: str) -> None:
         """Ask Spark to remove the executors of ``host`` from the application (it still offers
         them for its own heartbeat timeout, a minute or more; a restart's tasks sent there wait
-        for it)."""
+        for it), keeping the application's number of executors, so that the cluster starts
+        others in their place, there once the host is back (``SparkContext.killExecutor``
+        lowers it: the host's slots never came back)."""
         if self.sc is None:  # Spark Connect: the server's scheduler is out of reach
             return
         try:
             jsc = self.sc._jsc.sc()  # noqa: SLF001 - Spark's own executor list and kill call
             executors = jsc.statusStore().executorList(True)
-            for index in range(executors.size()):
-                executor = executors.apply(index)
-                if executor.id() != "driver" and executor.hostPort().split(":")[0] == host:
-                    jsc.killExecutor(executor.id())
+            lost = [executors.apply(i).id() for i in range(executors.size())
+                    if executors.apply(i).id() != "driver"
+                    and executors.apply(i).hostPort().split(":")[0] == host]
+            if lost:
+                ids = self.sc._jvm.java.util.ArrayList()  # noqa: SLF001
+                for executor in lost:
+                    ids.add(executor)
+                seq = self.sc._jvm.scala.jdk.javaapi.CollectionConverters.asScala(  # noqa: SLF001
+                    ids).toSeq()
+                # (ids, adjustTargetNumExecutors, countFailures, force)
+                jsc.schedulerBackend().killExecutors(seq, False, False, True)
         except Exception as exc:  # noqa: BLE001 - Spark's heartbeat timeout still removes it
             say(f"could not ask Spark to remove the executors of {host} ({exc}); Spark's own "
                 "heartbeat timeout will")

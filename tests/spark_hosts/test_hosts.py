@@ -93,6 +93,13 @@ def test_a_host_whose_link_is_cut_is_named_within_seconds_and_its_ranks_end(host
     while _rank_processes(cut):
         assert time.monotonic() < deadline, _rank_processes(cut)
         time.sleep(0.5)
+    # the host's executor was removed from the application; Spark starts another there
+    from hvd_magics.launch.spark_slots import task_slots
+
+    deadline = time.monotonic() + 90
+    while task_slots(hosts_spark.sparkContext)[1] < 4:
+        assert time.monotonic() < deadline, task_slots(hosts_spark.sparkContext)
+        time.sleep(0.5)
     assert HorovodRunner(np=4, engine="torch", timeout=120).run(engine_jobs.hosts_of_ranks)[0][2] \
         == 4.0  # the next job runs on both hosts
 
