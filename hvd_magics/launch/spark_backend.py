@@ -41,8 +41,9 @@ from hvd_magics.task.event_buffer import replay
 from hvd_magics.task.spark_task import TaskSpec
 
 #: After the channel closed (its supervisors kill their ranks), how long the stage may take to
-#: end by itself before it is cancelled...
-CANCEL_AFTER_S = 3.0
+#: end by itself before it is cancelled (3 s was too short on a loaded machine: a stopped job's
+#: killed tasks then made Spark warn in the user's next cells)...
+CANCEL_AFTER_S = 6.0
 
 
 #: ...or, while some of its tasks have not yet reached the channel (their Python is starting;
@@ -133,6 +134,8 @@ class SparkBackend:
         self.environment = environment
         #: Bytes of the environment's archive this job sent the executors (0: none new).
         self.sent_archive = 0
+        #: Hosts the driver took for lost (:meth:`lose_host`).
+        self.lost_hosts: list[str] = []
         self.pool = pool
         #: A background job: its stage, like a pool's, runs while other cells do.
         self.background = background
@@ -330,10 +333,10 @@ class SparkBackend:
         """Stop every rank: close the channel (supervisors kill their ranks and their tasks
         return), and cancel the stage only if it has not ended by itself within
         ``CANCEL_AFTER_S`` (a cancelled stage makes Spark warn of killed tasks in the user's
-        next cells)."""
+        next cells); at once when a host was lost (its tasks cannot end)."""
         if self._server is not None:
             self._server.close(linger=not self.finished)  # closed for good once it ended
-        if self._thread is not None and self.live:
+        if self._thread is not None and self.live and not self.lost_hosts:
             began = time.monotonic()
             self._thread.join(CANCEL_AFTER_S)
             while self._thread.is_alive() and self._server is not None and \
@@ -419,6 +422,7 @@ class SparkBackend:
         for it), keeping the application's number of executors, so that the cluster starts
         others in their place, there once the host is back (``SparkContext.killExecutor``
         lowers it: the host's slots never came back)."""
+        self.lost_hosts.append(host)  # its tasks will not end by themselves: no wait at the stop
         if self.sc is None:  # Spark Connect: the server's scheduler is out of reach
             return
         try:
