@@ -38,16 +38,6 @@ def test_ranks_of_two_executors_fork_from_one_zygote_of_the_host(cluster_spark):
     assert all(rank["package"].startswith(folder) for rank in ranks), ranks
 
 
-def test_ddp_and_tf_distribute_ranks_meet_across_two_executors(cluster_spark):
-    from tests import engine_jobs
-
-    views = HorovodRunner(np=2, engine="torch").run(engine_jobs.ddp_allreduce)
-    assert [v["sum"] for v in views] == [3.0, 3.0]
-    assert last_run().where.startswith("spark spark://127.0.0.1:")
-    result = HorovodRunner(np=2, engine="tf").run(engine_jobs.tf_mwms_fit, epochs=1)
-    assert result["workers"] == 2
-
-
 def test_a_failing_rank_on_the_cluster_ends_the_job(cluster_spark):
     start = time.monotonic()
     with pytest.raises(HorovodJobError) as info:

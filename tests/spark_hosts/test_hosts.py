@@ -22,10 +22,10 @@ def test_ranks_on_two_hosts_whose_names_resolve_to_unreachable_addresses(hosts_s
     assert record.status == "succeeded"
 
 
-def test_a_tf_job_across_the_hosts(hosts_spark):
-    executable, _package, total, workers = HorovodRunner(np=4, engine="tf", timeout=120).run(
-        engine_jobs.tf_where)
-    assert (total, workers) == (4.0, 4)
+def test_a_keras_fit_under_tf_distribute_across_the_hosts(hosts_spark):
+    """(It replaces the loopback cluster's DDP and tf.distribute test: the DDP half is above.)"""
+    result = HorovodRunner(np=4, engine="tf", timeout=180).run(engine_jobs.tf_mwms_fit, epochs=1)
+    assert result["workers"] == 4
 
 
 def test_a_checkpoint_folder_the_hosts_do_not_share_is_refused_before_training(hosts_spark):

@@ -12,9 +12,8 @@ from hvd_magics import HorovodRunner, last_run
 from tests import engine_jobs
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def three_hosts():
-    """Made for each test: a host lost and back leaves Spark's view of its executors behind."""
     from tests.conftest import _stop_active
     from tests.hosts import HostCluster
 
@@ -29,9 +28,11 @@ def three_hosts():
 def three_hosts_spark(three_hosts):
     from tests.conftest import _session
 
+    from hvd_magics.launch.spark_slots import task_slots
+
     spark = _session(three_hosts.url, **three_hosts.session_conf())
-    deadline = time.monotonic() + 60
-    while spark.sparkContext._jsc.sc().getExecutorIds().size() < 3:
+    deadline = time.monotonic() + 90  # also the slots of a host lost by the test before
+    while task_slots(spark.sparkContext)[1] < 3:
         assert time.monotonic() < deadline, "the hosts' executors did not register"
         time.sleep(0.2)
     return spark
