@@ -134,9 +134,21 @@ check_browser() {
   Install it (Debian/Ubuntu: sudo apt-get install chromium), then run this again."
 }
 
+# The several-hosts tier (tests/spark_hosts) makes hosts of network namespaces: ip and bridge
+# (iproute2) and unshare (util-linux), as root.
+check_host_tools() {
+  command -v ip >/dev/null && command -v bridge >/dev/null && command -v unshare >/dev/null \
+    && return
+  apt_install iproute2 util-linux || true
+  command -v ip >/dev/null && command -v bridge >/dev/null && command -v unshare >/dev/null \
+    || die "the several-hosts tests need ip and bridge (iproute2) and unshare (util-linux).
+  Install them (Debian/Ubuntu: sudo apt-get install iproute2 util-linux), then run this again."
+}
+
 main() {
   if [ "${1:-}" = "--test" ]; then
     check_browser
+    check_host_tools
   fi
   local stamp="$VENV/.setup-$(stamp_key)"
   if [ -f "$stamp" ] && [ -z "${HVD_MAGICS_FORCE_SETUP:-}" ]; then
