@@ -9,16 +9,16 @@ after a failed test, and at the latest when the process that made it exits.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.standalone import wait_for_master
 
 #: The /24 the hosts live on is ``10.77.<n>.0`` and the unroutable second network ``10.78.<n>.0``
 #: (``n`` from this process's id: two suites side by side get two networks).
@@ -189,17 +189,8 @@ class HostCluster:
             stderr=subprocess.STDOUT, start_new_session=True)
 
     def _wait(self, ready, what: str, timeout: float = 90) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(
-                        f"http://{self.bridge_address}:{self.ui_port}/json/", timeout=2) as r:
-                    if ready(json.load(r)):
-                        return
-            except OSError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(f"hosts: timed out waiting for {what}; logs in {self.base}")
+        wait_for_master(f"http://{self.bridge_address}:{self.ui_port}/json/", ready, what,
+                        self.base, timeout)
 
     def session_conf(self) -> dict[str, str]:
         """What a SparkSession on these hosts needs: the driver on the bridge, one executor of

@@ -14,6 +14,21 @@ from pathlib import Path
 import psutil
 
 
+def wait_for_master(url: str, ready, what: str, logs: Path, timeout: float = 90) -> None:
+    """Poll a standalone master's JSON state at ``url`` until ``ready(state)``; raise naming
+    ``what`` and the ``logs`` folder after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if ready(json.load(response)):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"standalone cluster: timed out waiting for {what}; logs in {logs}")
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -95,16 +110,8 @@ class StandaloneCluster:
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
     def _wait(self, ready, what: str, timeout: float = 90) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=2) as r:
-                    if ready(json.load(r)):
-                        return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"standalone cluster: timed out waiting for {what}; logs in {self.log_dir}")
+        wait_for_master(f"http://127.0.0.1:{self.ui_port}/json/", ready, what, self.log_dir,
+                        timeout)
 
     def stop(self) -> None:
         for proc in self.procs:
