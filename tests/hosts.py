@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -38,12 +39,18 @@ class Host:
     address: str
     link: str
     root: Path
+    #: Folders under /tmp that must stay visible on the host (the repository and its
+    #: environment, when a clone lies there): bound into the host's own /tmp at the same path.
+    keep: tuple[str, ...] = ()
 
     def run(self, *command: str, env: dict[str, str] | None = None,
             log: Path | None = None) -> subprocess.Popen:
         """Start ``command`` on this host: inside its namespace, with its hostname, its
         ``/etc/hosts`` and its own ``/tmp``."""
-        inner = ("hostname \"$0\" && mount --bind \"$1\" /etc/hosts && "
+        keep = "".join(f"mkdir -p \"$2\"{shlex.quote(path[4:])} && mount --bind "
+                       f"{shlex.quote(path)} \"$2\"{shlex.quote(path[4:])} && "
+                       for path in self.keep)
+        inner = (f"hostname \"$0\" && mount --bind \"$1\" /etc/hosts && {keep}"
                  "mount --bind \"$2\" /tmp && shift 2 && exec \"$@\"")
         out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
         return subprocess.Popen(
@@ -63,6 +70,14 @@ class Host:
 
     def restore(self) -> None:
         _ip("link", "set", self.link, "up")
+
+
+def _kept_under_tmp() -> tuple[str, ...]:
+    """The folders the hosts run code from that lie under /tmp (a clone there, its venv):
+    each host's own /tmp would hide them."""
+    roots = {str(Path(__file__).resolve().parents[1]), os.path.realpath(sys.prefix)}
+    return tuple(sorted(path for path in roots if path.startswith("/tmp/")
+                        and not any(path.startswith(other + "/") for other in roots)))
 
 
 class HostCluster:
@@ -117,7 +132,7 @@ class HostCluster:
             root = self.base / name
             (root / "tmp").mkdir(parents=True, exist_ok=True)
             os.chmod(root / "tmp", 0o1777)
-            host = Host(namespace, name, address, link, root)
+            host = Host(namespace, name, address, link, root, _kept_under_tmp())
             self.hosts.append(host)
             _ip("netns", "add", namespace)
             _ip("link", "add", link, "type", "veth", "peer", "name", f"hp{self.tag}h{index}")
