@@ -51,7 +51,7 @@ class Host:
                        f"{shlex.quote(path)} \"$2\"{shlex.quote(path[4:])} && "
                        for path in self.keep)
         inner = (f"hostname \"$0\" && mount --bind \"$1\" /etc/hosts && {keep}"
-                 "mount --bind \"$2\" /tmp && shift 2 && exec \"$@\"")
+                 "mount --rbind \"$2\" /tmp && shift 2 && exec \"$@\"")
         out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
         return subprocess.Popen(
             ["ip", "netns", "exec", self.namespace, "unshare", "--uts", "--mount",
