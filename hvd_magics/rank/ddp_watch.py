@@ -55,12 +55,10 @@ def reset() -> None:
     _watch = _Watch()
 
 
-def on_forward(model: Any) -> None:
-    """The DDP module ``model`` is called: a training step when its backward will allreduce."""
-    import torch
-
-    if model.training and torch.is_grad_enabled() and getattr(
-            model, "require_backward_grad_sync", True):
+def on_forward(model: Any, grad_enabled: bool) -> None:
+    """The DDP module ``model`` is called (with gradients on when ``grad_enabled``): a training
+    step when its backward will allreduce."""
+    if model.training and grad_enabled and getattr(model, "require_backward_grad_sync", True):
         _watch.steps += 1
         _watch.pending = True
 
@@ -85,9 +83,10 @@ def _patch(module: Any) -> None:
     ddp = getattr(module, "DistributedDataParallel", None)
     if ddp is None:
         return
-    import torch.autograd
+    import torch
 
-    before_call(ddp, "forward", lambda model, *_a, **_k: on_forward(model), _PATCHED)
+    before_call(ddp, "forward",
+                lambda model, *_a, **_k: on_forward(model, torch.is_grad_enabled()), _PATCHED)
     if not getattr(torch.autograd.backward, _PATCHED, False):
         # Tensor.backward and accelerate's/Lightning's backward all call torch.autograd.backward
         torch.autograd.backward = _watched_backward(torch.autograd.backward)
