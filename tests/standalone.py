@@ -23,7 +23,7 @@ def wait_for_master(url: str, ready, what: str, logs: Path, timeout: float = 90)
             with urllib.request.urlopen(url, timeout=2) as response:
                 if ready(json.load(response)):
                     return
-        except OSError:
+        except (OSError, ValueError):  # not up yet; or up, its JSON not yet written
             pass
         time.sleep(0.3)
     raise RuntimeError(f"standalone cluster: timed out waiting for {what}; logs in {logs}")
