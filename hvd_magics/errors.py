@@ -261,3 +261,11 @@ class EnvironmentNotShippable(HorovodMagicsError, ValueError):
 class CheckpointFolderNotShared(HorovodMagicsError, OSError):
     """A rank does not see the job's checkpoint folder as the driver does: each executor would
     keep checkpoints of its own, and ranks would resume from different steps."""
+
+
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)``, also for an exception whose ``__str__`` raises."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose __str__ raises
+        return f"<{type(exc).__name__} whose message could not be turned into text>"

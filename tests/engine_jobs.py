@@ -153,9 +153,11 @@ def horovod_on_torch_engine():
     hvd.init()
 
 
-def tf_mwms_fit(epochs: int = 2, fail_rank: int | None = None, shard=None):
+def tf_mwms_fit(epochs: int = 2, fail_rank: int | None = None, shard=None,
+                reduces_mb: int = 0):
     """A Keras model fitted under MultiWorkerMirroredStrategy (on ``shard``'s columns ``x`` and
-    ``y`` when given: each worker its own rows); returns rank 0's view and what TF_CONFIG
+    ``y`` when given: each worker its own rows), then three cross-worker sums of ``reduces_mb``
+    MB each (when given) as the job's last calls; returns rank 0's view and what TF_CONFIG
     named."""
     import json
     import os
@@ -185,9 +187,13 @@ def tf_mwms_fit(epochs: int = 2, fail_rank: int | None = None, shard=None):
     data = data.with_options(options)
     history = model.fit(data, epochs=epochs, verbose=0)
     total = float(sum(float(np.sum(w)) for w in model.get_weights()))
+    summed = None
+    for _ in range(3 if reduces_mb else 0):
+        ones = strategy.run(lambda: tf.ones([reduces_mb * 1024 * 1024 // 4]))
+        summed = float(strategy.reduce("SUM", ones, axis=None)[0])
     return {"workers": strategy.num_replicas_in_sync, "loss": history.history["loss"][-1],
             "weights": round(total, 4), "index": config["task"]["index"],
-            "cluster": config["cluster"]["worker"]}
+            "cluster": config["cluster"]["worker"], "summed": summed}
 
 
 def ddp_allreduce_kept():

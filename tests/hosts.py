@@ -71,6 +71,15 @@ class Host:
     def restore(self) -> None:
         _ip("link", "set", self.link, "up")
 
+    def limit(self, rate: str | None) -> None:
+        """Limit what the host receives to ``rate`` (``"100mbit"``: a token bucket on its link's
+        bridge side); ``None`` lifts the limit."""
+        if rate is None:
+            subprocess.run(["tc", "qdisc", "del", "dev", self.link, "root"], capture_output=True)
+            return
+        subprocess.run(["tc", "qdisc", "replace", "dev", self.link, "root", "tbf", "rate", rate,
+                        "burst", "32kbit", "latency", "400ms"], check=True, capture_output=True)
+
 
 def _kept_under_tmp() -> tuple[str, ...]:
     """The folders the hosts run code from that lie under /tmp (a clone there, its venv):

@@ -837,13 +837,14 @@ def _watch(job: JobState, backend: Backend, events: queue.Queue, start_timeout: 
 
 
 def _uneven_note(job: JobState, first: RankFailure) -> str:
-    """``"rank 1 finished ... "`` when ranks finished the job's code before ``first`` failed in
-    a collective (tf.distribute aborts it, blaming the finished peer's 'crash')."""
+    """``"rank 1 had finished ... "`` when ranks had finished the job's code before ``first``
+    failed in a collective: an order of events, not a verdict (ranks that make different calls
+    are caught while they wait, with the evidence: :func:`left_behind`)."""
     finished = [rank for rank in job.finished_ranks() if rank != first.rank]
     if not finished or "ollective" not in f"{first.error} {first.message}":
         return ""
-    return (f"{ranks_named(finished, job.unit)} finished the job's code while {job.unit} "
-            f"{first.rank} was in a collective, which then failed. {UNEVEN_FIX} ")
+    return (f"{ranks_named(finished, job.unit)} had finished the job's code when {job.unit} "
+            f"{first.rank}'s collective failed. ")
 
 
 def _watch_elastic(job: JobState, backend: Backend, events: queue.Queue,

@@ -30,6 +30,8 @@ _COLLECTIVES = (
     ("tf.distribute", re.compile(r"tensorflow[\\/]python[\\/](distribute|ops[\\/]collective)")),
 )
 
+#: Python's own library (``.../lib/python3.11/threading.py``), not the packages installed into it.
+_STANDARD_LIBRARY = re.compile(r"[\\/]lib[\\/]python3\.\d+[\\/](?!site-packages|dist-packages)")
 #: A DDP rank inside the ``backward()`` of a training step (autograd's frames innermost) waits at
 #: its end for every rank's gradients: DDP's allreduce, run from autograd's hooks.
 _AUTOGRAD = re.compile(r"torch[\\/]autograd[\\/]")
@@ -93,9 +95,10 @@ def _main_frames(threads: list[dict[str, Any]]) -> list[list[Any]]:
 
 
 def collective_of(threads: list[dict[str, Any]]) -> str:
-    """Whose collective the main thread waits in (its innermost frame is Horovod's,
-    torch.distributed's or tf.distribute's): that engine's name, else ``""``."""
-    frames = _main_frames(threads)
+    """Whose collective the main thread waits in (its innermost frame outside Python's own
+    library is Horovod's, torch.distributed's or tf.distribute's: tf.distribute's eager
+    ``reduce`` waits in ``threading``): that engine's name, else ``""``."""
+    frames = [frame for frame in _main_frames(threads) if not _STANDARD_LIBRARY.search(frame[0])]
     if not frames:
         return ""
     return next((name for name, files in _COLLECTIVES if files.search(frames[-1][0])), "")

@@ -17,7 +17,6 @@ tidies it when the rank ends, the keeper when the supervisor is gone.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
 import signal
 import socket
@@ -28,10 +27,12 @@ import traceback
 import warnings
 from typing import Any
 
+from hvd_magics.errors import exception_text
 from hvd_magics.protocol import (ENV_CONTROL_FD, ENV_HOROVOD_RANK, ENV_PREIMPORT, ENV_RANK,
                                  ENV_RANK_TMPDIR, ERROR, IMPORTED, LEAVING, RESULT, STARTED,
                                  ZYGOTE_MODULES, decode_job)
 from hvd_magics.rank import rank_events
+from hvd_magics.rank.leave_together import end_engine
 from hvd_magics.rank.process_group import die_with_parent, killpg
 from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, use_tmpdir
 
@@ -47,13 +48,6 @@ def _watch_parent(parent_pid: int) -> None:
         time.sleep(0.5)
 
 
-def _safe_str(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except Exception:  # noqa: BLE001 - an exception whose __str__ raises
-        return f"<{type(exc).__name__} whose message could not be turned into text>"
-
-
 def _format_exception(exc: BaseException) -> str:
     """The traceback, without the leading frames of hvd_magics itself (the user's code first)."""
     package = os.path.dirname(os.path.abspath(__file__))
@@ -64,109 +58,7 @@ def _format_exception(exc: BaseException) -> str:
     try:
         return "".join(traceback.format_exception(type(exc), exc, tb))
     except Exception:  # noqa: BLE001
-        return f"{type(exc).__name__}: {_safe_str(exc)}\n"
-
-
-def _end_horovod() -> None:
-    """Leave Horovod together: wait until every rank is done (``join``), then shut down.
-
-    Without this, a rank that exits while a peer's background loop still talks to it makes that
-    peer print ``Horovod background loop uncaught exception ... Connection reset by peer``.
-    The Join is marked as this rank's last (our patch of Horovod, ``scripts/patch_horovod.py``):
-    a peer that still submits a collective gets an error naming this rank and the tensor,
-    where a plain ``hvd.join()`` would hand it zeros in this rank's place.
-    """
-    for name in ("horovod.torch", "horovod.tensorflow"):
-        module = sys.modules.get(name)
-        try:
-            if module is None or not module.is_initialized():
-                continue
-            module.mpi_ops._basics.MPI_LIB_CTYPES.horovod_hvd_magics_finished()
-            _join_asleep(module)
-            module.shutdown()
-        except Exception as exc:  # noqa: BLE001 - a peer that failed is reported by its own rank
-            if "Horovod has been shut down" not in _safe_str(exc):  # a peer failed: it says so
-                print(f"hvd_magics: leaving Horovod ({name}) failed: {_safe_str(exc)}",
-                      file=sys.stderr)
-
-
-#: How often a finished rank looks whether its peers have joined: from the first to the last
-#: interval, doubling (seconds).
-JOIN_POLL_S = (0.0005, 0.02)
-
-
-def _join_asleep(module: Any) -> None:
-    """``module.join()``, waiting asleep: Horovod's torch ``join`` waits in a loop of
-    ``sched_yield`` (``WaitAndClear``), which kept a core busy for as long as a peer still worked
-    (a rank done 8 s before its peer burned 11.7 CPU seconds; on a shared host those are the
-    peer's). TensorFlow's join blocks in its runtime and is called as it is."""
-    if module.__name__ != "horovod.torch":
-        module.join()
-        return
-    import torch
-
-    mpi_ops = module.mpi_ops
-    output = torch.tensor(-1, dtype=torch.int)
-    try:
-        handle = mpi_ops.mpi_lib.horovod_torch_join(output, -1)
-    except RuntimeError as exc:
-        raise mpi_ops.HorovodInternalError(exc) from exc
-    mpi_ops._handle_map[handle] = (None, output)  # noqa: SLF001 - what join() itself does
-    delay, longest = JOIN_POLL_S
-    while not module.poll(handle):
-        time.sleep(delay)
-        delay = min(2 * delay, longest)
-    module.synchronize(handle)  # done: raises a peer's failure as join() would
-
-
-def _end_torch() -> None:
-    """Leave a ``torch.distributed`` process group together, then destroy it: each rank marks
-    itself done in the group's store and waits until every rank has (so that no rank takes the
-    store away from a peer still in its last collective). A group the job's code destroyed
-    itself is left the same way, through the store kept with it
-    (:func:`hvd_magics.rank.torch_group_hold.kept_default`): rank 0, which holds the store, had
-    ended while a peer was still inside ``init_process_group`` reading it.
-
-    Not a collective: a barrier here was matched with a peer's extra ``all_reduce`` (the ranks
-    made different calls) and hung both, where the driver now sees the peer wait alone in its
-    collective and ends the job naming both (:func:`hvd_magics.job.runner.left_behind`).
-    """
-    from hvd_magics.rank import torch_group_hold
-
-    dist = sys.modules.get("torch.distributed")
-    try:
-        if dist is None or not dist.is_available():
-            return
-        live = dist.is_initialized()
-        if live:
-            store = dist.distributed_c10d._get_default_store()  # noqa: SLF001 - the group's own
-            me, size = dist.get_rank(), dist.get_world_size()
-        elif (kept := torch_group_hold.kept_default()) is not None:
-            store, me, size = kept.store, kept.rank, kept.size  # the job destroyed it itself
-        else:
-            return
-        store.set(f"{_LEFT_KEY}{me}", "1")
-        store.wait([f"{_LEFT_KEY}{rank}" for rank in range(size)], datetime.timedelta(days=7))
-        store.set(f"{_GONE_KEY}{me}", "1")
-        if me == 0:  # it holds the store: the others must be done with it first
-            store.wait([f"{_GONE_KEY}{rank}" for rank in range(size)],
-                       datetime.timedelta(seconds=60))
-        if live:
-            dist.destroy_process_group()
-    except Exception as exc:  # noqa: BLE001 - a peer that failed is reported by its own rank
-        print(f"hvd_magics: leaving torch.distributed failed: {_safe_str(exc)}", file=sys.stderr)
-
-
-#: The store keys a rank sets when it leaves its torch.distributed group (its rank appended), and
-#: once it no longer waits on the store (rank 0, which holds the store, waits for those).
-_LEFT_KEY, _GONE_KEY = "hvd_magics/left/", "hvd_magics/gone/"
-
-
-def end_engine() -> None:
-    """Leave the job's engine together with the other ranks (Horovod or torch.distributed;
-    tf.distribute has nothing to leave)."""
-    _end_horovod()
-    _end_torch()
+        return f"{type(exc).__name__}: {exception_text(exc)}\n"
 
 
 def final_rank() -> int:
@@ -186,7 +78,7 @@ def report_error(exc: BaseException) -> None:
     """Send the driver ``exc`` with its traceback (the user's frames first), after the output."""
     sys.stdout.flush()
     sys.stderr.flush()
-    rank_events.emit(ERROR, error=type(exc).__name__, message=_safe_str(exc)[:2000],
+    rank_events.emit(ERROR, error=type(exc).__name__, message=exception_text(exc)[:2000],
                      traceback=_format_exception(exc))
 
 

@@ -23,7 +23,7 @@ first collective ("Connection reset by peer"). An ``init_process_group`` in the 
 of them too, first.
 
 The default group is kept with its store, through which the ranks leave together at the job's
-end as they leave a live group (:func:`hvd_magics.rank.rank_main.end_engine`): rank 0 holds the
+end as they leave a live group (:func:`hvd_magics.rank.leave_together.end_engine`): rank 0 holds the
 store's server, and a job that starts and destroys its group at once (pyspark's docstring
 example) had rank 0 end while a slower peer was still inside ``init_process_group`` reading the
 store ("DistNetworkError: Connection reset by peer").

@@ -262,10 +262,10 @@ def test_uneven_collectives_under_tf_end_the_job_in_seconds_naming_both_ranks(ca
     with pytest.raises(HorovodJobError) as info:
         HorovodRunner(np=-2, engine="tf").run(engine_jobs.uneven_tf_reduces)
     text = str(info.value)
-    assert time.monotonic() - start < 90
-    assert re.search(r"rank 1 finished the job's code while rank 0 was in a collective|rank 0 "
-                     r"waits in a tf.distribute collective that rank 1 will never enter", text), \
-        text
+    assert time.monotonic() - start < 60
+    # rank 1 waits for rank 0 to leave (it used to leave at once, and rank 0's collective failed)
+    assert text.startswith("rank 0 waits in a tf.distribute collective that rank 1 will never "
+                           "enter"), text
     assert "same collective calls in the same order" in text
     out = capfd.readouterr()
     assert set(re.findall(r"reduce gave (\S+)", out.out + out.err)) == {"2.0"}

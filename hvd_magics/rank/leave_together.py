@@ -1,0 +1,187 @@
+"""Leaving the job's engine together: a rank whose code returned waits until its peers are done
+with it before its process ends (:func:`end_engine`, the last thing a rank does).
+
+A rank that left early took away what a peer still used: Horovod's background loop, the
+``torch.distributed`` store rank 0 holds, the buffers a ``tf.distribute`` peer was still fetching.
+None of the ways of leaving is a collective: a peer left in an extra collective of its own waits
+there alone, where the driver sees it and ends the job naming both
+(:func:`hvd_magics.job.runner.left_behind`).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from hvd_magics.errors import exception_text
+from hvd_magics.protocol import ENV_TF_CONFIG
+
+
+def _end_horovod() -> None:
+    """Leave Horovod together: wait until every rank is done (``join``), then shut down.
+
+    Without this, a rank that exits while a peer's background loop still talks to it makes that
+    peer print ``Horovod background loop uncaught exception ... Connection reset by peer``.
+    The Join is marked as this rank's last (our patch of Horovod, ``scripts/patch_horovod.py``):
+    a peer that still submits a collective gets an error naming this rank and the tensor,
+    where a plain ``hvd.join()`` would hand it zeros in this rank's place.
+    """
+    for name in ("horovod.torch", "horovod.tensorflow"):
+        module = sys.modules.get(name)
+        try:
+            if module is None or not module.is_initialized():
+                continue
+            module.mpi_ops._basics.MPI_LIB_CTYPES.horovod_hvd_magics_finished()
+            _join_asleep(module)
+            module.shutdown()
+        except Exception as exc:  # noqa: BLE001 - a peer that failed is reported by its own rank
+            if "Horovod has been shut down" not in exception_text(exc):  # a peer failed: it says so
+                print(f"hvd_magics: leaving Horovod ({name}) failed: {exception_text(exc)}",
+                      file=sys.stderr)
+
+
+#: How often a finished rank looks whether its peers have joined: from the first to the last
+#: interval, doubling (seconds).
+JOIN_POLL_S = (0.0005, 0.02)
+
+
+def _join_asleep(module: Any) -> None:
+    """``module.join()``, waiting asleep: Horovod's torch ``join`` waits in a loop of
+    ``sched_yield`` (``WaitAndClear``), which kept a core busy for as long as a peer still worked
+    (a rank done 8 s before its peer burned 11.7 CPU seconds; on a shared host those are the
+    peer's). TensorFlow's join blocks in its runtime and is called as it is."""
+    if module.__name__ != "horovod.torch":
+        module.join()
+        return
+    import torch
+
+    mpi_ops = module.mpi_ops
+    output = torch.tensor(-1, dtype=torch.int)
+    try:
+        handle = mpi_ops.mpi_lib.horovod_torch_join(output, -1)
+    except RuntimeError as exc:
+        raise mpi_ops.HorovodInternalError(exc) from exc
+    mpi_ops._handle_map[handle] = (None, output)  # noqa: SLF001 - what join() itself does
+    delay, longest = JOIN_POLL_S
+    while not module.poll(handle):
+        time.sleep(delay)
+        delay = min(2 * delay, longest)
+    module.synchronize(handle)  # done: raises a peer's failure as join() would
+
+
+def _end_torch() -> None:
+    """Leave a ``torch.distributed`` process group together, then destroy it: each rank marks
+    itself done in the group's store and waits until every rank has (so that no rank takes the
+    store away from a peer still in its last collective). A group the job's code destroyed
+    itself is left the same way, through the store kept with it
+    (:func:`hvd_magics.rank.torch_group_hold.kept_default`): rank 0, which holds the store, had
+    ended while a peer was still inside ``init_process_group`` reading it.
+
+    Not a collective: a barrier here was matched with a peer's extra ``all_reduce`` (the ranks
+    made different calls) and hung both, where the driver now sees the peer wait alone in its
+    collective and ends the job naming both (:func:`hvd_magics.job.runner.left_behind`).
+    """
+    from hvd_magics.rank import torch_group_hold
+
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available():
+            return
+        live = dist.is_initialized()
+        if live:
+            store = dist.distributed_c10d._get_default_store()  # noqa: SLF001 - the group's own
+            me, size = dist.get_rank(), dist.get_world_size()
+        elif (kept := torch_group_hold.kept_default()) is not None:
+            store, me, size = kept.store, kept.rank, kept.size  # the job destroyed it itself
+        else:
+            return
+        store.set(f"{_LEFT_KEY}{me}", "1")
+        store.wait([f"{_LEFT_KEY}{rank}" for rank in range(size)], datetime.timedelta(days=7))
+        store.set(f"{_GONE_KEY}{me}", "1")
+        if me == 0:  # it holds the store: the others must be done with it first
+            store.wait([f"{_GONE_KEY}{rank}" for rank in range(size)],
+                       datetime.timedelta(seconds=60))
+        if live:
+            dist.destroy_process_group()
+    except Exception as exc:  # noqa: BLE001 - a peer that failed is reported by its own rank
+        print(f"hvd_magics: leaving torch.distributed failed: {exception_text(exc)}", file=sys.stderr)
+
+
+#: The store keys a rank sets when it leaves its torch.distributed group (its rank appended), and
+#: once it no longer waits on the store (rank 0, which holds the store, waits for those).
+_LEFT_KEY, _GONE_KEY = "hvd_magics/left/", "hvd_magics/gone/"
+
+
+#: The keys of TensorFlow's coordination service a tf.distribute worker sets when it leaves (its
+#: task's name appended), and once no longer waiting on the service (every worker but the
+#: service's leader, which waits for those).
+_TF_LEFT_KEY, _TF_GONE_KEY = "hvd_magics/left", "hvd_magics/gone"
+#: How long one look for a peer's key blocks (holding the GIL, so that the rank's stack answers
+#: wait for it), and how long the leader waits for the others to be gone (milliseconds).
+_TF_LOOK_MS, _TF_GONE_WAIT_MS = 200, 60_000
+
+
+def _end_tf() -> None:
+    """Leave a ``tf.distribute`` cluster together, through the key-value store of TensorFlow's
+    coordination service (which ``MultiWorkerMirroredStrategy`` starts): each worker marks
+    itself left and waits until every worker has. A worker done with its last collective had
+    left while a peer still fetched its part of it (``WorkerService/RecvBuf``), and the peer's
+    collective failed with ``Collective ops is aborted by: Socket closed`` (10 jobs of 10 on two
+    hosts, one behind a 100 Mbit/s link). The service's leader goes last, once every other worker
+    is done with the service (a worker whose answer was lost with the leader saw
+    ``Socket closed``).
+
+    Not a collective, and not the service's barrier (which holds the GIL while it waits, so the
+    rank could not answer for its stack): a worker still in an extra collective of its own waits
+    there alone, and the driver ends the job naming both
+    (:func:`hvd_magics.job.runner.left_behind`)."""
+    context_module = sys.modules.get("tensorflow.python.eager.context")
+    try:
+        if context_module is None:
+            return
+        context = context_module.context()
+        config = context.coordination_service
+        if config is None or not context._context_handle:  # noqa: SLF001 - TF's own check
+            return  # no multi-worker strategy was made: nothing to leave
+        task = json.loads(os.environ.get(ENV_TF_CONFIG, "{}")).get("task", {})
+        me = f"/job:{task.get('type')}/replica:0/task:{task.get('index')}"
+        others = [other for job in config.coordinated_job_list for index in range(job.num_tasks)
+                  if (other := f"/job:{job.name}/replica:0/task:{index}") != me]
+        context.set_config_key_value(f"{_TF_LEFT_KEY}{me}", "1")
+        for other in others:
+            _tf_wait_for_key(context, f"{_TF_LEFT_KEY}{other}", None)
+        if me != config.service_leader:
+            context.set_config_key_value(f"{_TF_GONE_KEY}{me}", "1")
+            return
+        deadline = time.monotonic() + _TF_GONE_WAIT_MS / 1000
+        for other in others:
+            _tf_wait_for_key(context, f"{_TF_GONE_KEY}{other}", deadline)
+    except Exception as exc:  # noqa: BLE001 - a peer that failed is reported by its own rank
+        print(f"hvd_magics: leaving tf.distribute failed: {exception_text(exc)}",
+              file=sys.stderr)
+
+
+def _tf_wait_for_key(context: Any, key: str, deadline: float | None) -> None:
+    """Wait until ``key`` is set in the coordination service (until ``deadline``, a
+    ``time.monotonic()`` value, when given), in short looks with the GIL free between them."""
+    from tensorflow.python.framework import errors
+
+    while True:
+        try:
+            context.get_config_key_value(key, _TF_LOOK_MS)
+            return
+        except errors.DeadlineExceededError:
+            if deadline is not None and time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def end_engine() -> None:
+    """Leave the job's engine together with the other ranks (Horovod, torch.distributed or
+    tf.distribute)."""
+    _end_horovod()
+    _end_torch()
+    _end_tf()
