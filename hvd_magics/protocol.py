@@ -275,8 +275,11 @@ RANK_MODULE = "hvd_magics.rank.rank_main"
 # -- a zygote: a process that imported a job's frameworks once and forks ranks ----------------
 #: The module a zygote runs (``python -m``; hvd_magics.rank.zygote).
 ZYGOTE_MODULE = "hvd_magics.rank.zygote"
-#: ``0`` starts every rank as a fresh interpreter (no zygote), on the driver or in a task.
+#: ``0`` starts every rank as a fresh interpreter (no zygote), on the driver or in a task;
+#: ``1`` starts ranks from zygotes also in a YARN container (off there by default).
 ENV_ZYGOTE = "HVD_MAGICS_ZYGOTE"
+#: Set by YARN's NodeManager in every container it starts (an executor's, on YARN).
+ENV_YARN_CONTAINER = "CONTAINER_ID"
 #: Seconds a zygote without a rank to start waits before it ends (default 600).
 ENV_ZYGOTE_IDLE_S = "HVD_MAGICS_ZYGOTE_IDLE_S"
 #: The folder of this host's zygote sockets (default: ``hvd-magics-zygotes-<uid>`` in the

@@ -301,11 +301,36 @@ def horovod_where():
     return (*_where(), float(hvd.allreduce(torch.ones(1), op=hvd.Sum)))
 
 
-def hosts_of_ranks(engine: str = "torch"):
-    """Every rank's (rank, host name, its engine's sum of ones) as rank 0 gathers them."""
+def _ancestors() -> list[str]:
+    """This process's ancestors' command lines, its parent's first."""
+    import os
+
+    found, pid = [], os.getppid()
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmd:
+                found.append(cmd.read().replace(b"\0", b" ").decode(errors="replace"))
+            with open(f"/proc/{pid}/stat") as stat:
+                pid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            break
+    return found
+
+
+def hosts_of_ranks(engine: str = "torch", ancestors: bool = False):
+    """Every rank's (rank, host name, its engine's sum of ones) as rank 0 gathers them, and its
+    process's ancestors (``ancestors``)."""
     import socket
 
     import torch
+
+    if ancestors:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        views = [None] * dist.get_world_size()
+        dist.all_gather_object(views, (dist.get_rank(), socket.gethostname(), _ancestors()))
+        return views
 
     if engine == "horovod":
         import horovod.torch as hvd

@@ -37,10 +37,10 @@ import threading
 import time
 from typing import IO
 
-from hvd_magics.protocol import (ENV_ZYGOTE, ENV_ZYGOTE_IDLE_S, ENV_ZYGOTE_IMPORTS,
-                                 ENV_ZYGOTE_LOCK_FD, ENV_ZYGOTE_SOCKET, ZYGOTE_GROW,
-                                 ZYGOTE_LATE_ENV, ZYGOTE_LATE_ENV_PREFIXES, ZYGOTE_MODULE,
-                                 ZYGOTE_MODULES, ZYGOTE_READY)
+from hvd_magics.protocol import (ENV_YARN_CONTAINER, ENV_ZYGOTE, ENV_ZYGOTE_IDLE_S,
+                                 ENV_ZYGOTE_IMPORTS, ENV_ZYGOTE_LOCK_FD, ENV_ZYGOTE_SOCKET,
+                                 ZYGOTE_GROW, ZYGOTE_LATE_ENV, ZYGOTE_LATE_ENV_PREFIXES,
+                                 ZYGOTE_MODULE, ZYGOTE_MODULES, ZYGOTE_READY)
 from hvd_magics.rank.zygote_place import (cuda_mark, socket_path, starting, take_lock,
                                           zygote_dir)
 
@@ -71,9 +71,18 @@ HOROVOD_BINDINGS = {"torch": ("horovod.torch",),
 
 def enabled(env: dict[str, str]) -> bool:
     """Whether a rank with ``env`` may start from a zygote: on Linux (fork), unless
-    ``HVD_MAGICS_ZYGOTE=0`` (in the job's environment, ``--env``, or this process's)."""
-    return sys.platform.startswith("linux") and env.get(
-        ENV_ZYGOTE, os.environ.get(ENV_ZYGOTE, "1")) != "0"
+    ``HVD_MAGICS_ZYGOTE=0`` (in the job's environment, ``--env``, or this process's), and not
+    in a YARN container unless ``HVD_MAGICS_ZYGOTE=1``.
+
+    A rank forked from a zygote is not a descendant of its executor: YARN without cgroups (its
+    default process-tree monitor) neither counts such a rank's memory against the container
+    nor kills it with the container. A rank started by its task is both."""
+    if not sys.platform.startswith("linux"):
+        return False
+    chosen = env.get(ENV_ZYGOTE, os.environ.get(ENV_ZYGOTE))
+    if chosen is not None:
+        return chosen != "0"
+    return ENV_YARN_CONTAINER not in os.environ
 
 
 def is_late(name: str) -> bool:

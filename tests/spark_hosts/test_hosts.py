@@ -50,19 +50,77 @@ def test_a_checkpoint_folder_the_hosts_do_not_share_is_refused_before_training(h
     assert "starting attempt" not in text and len(last_run().attempts) == 0  # not retried
 
 
-def _rank_processes(host) -> list[str]:
-    """The rank processes (and their keepers) running on ``host``, by pid and command line (the
-    host's zygotes, which outlive jobs by design, left out)."""
-    found = []
+def _commands(host) -> dict[int, str]:
+    """The processes running on ``host``: pid -> command line."""
+    found = {}
     for pid in host.pids():
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as cmd:
-                line = cmd.read().replace(b"\0", b" ").decode(errors="replace")
+                found[pid] = cmd.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "hvd_magics.rank" in line and "hvd_magics.rank.zygote" not in line:
-            found.append(f"{pid}: {line}")
     return found
+
+
+def _rank_processes(host) -> list[str]:
+    """The rank processes (and their keepers) running on ``host``, by pid and command line (the
+    host's zygotes, which outlive jobs by design, left out)."""
+    return [f"{pid}: {line}" for pid, line in _commands(host).items()
+            if "hvd_magics.rank" in line and "hvd_magics.rank.zygote" not in line]
+
+
+def test_in_a_yarn_container_ranks_descend_from_their_executor_and_end_with_it(host_cluster):
+    """A rank forked from a zygote is no descendant of its executor: YARN without cgroups (its
+    process-tree monitor) neither counts such a rank's memory against the container nor kills
+    it with the container. In a YARN container (``CONTAINER_ID`` set) ranks are their task's
+    children; an executor killed ends its ranks within seconds."""
+    import os
+    import signal
+    import time
+
+    from tests.conftest import _session
+
+    spark = _session(host_cluster.url, **host_cluster.session_conf(), **{
+        "spark.executorEnv.CONTAINER_ID": "container_1764201600000_0001_01_000002",
+        "spark.executorEnv.LOCAL_DIRS": "/tmp"})  # Spark then takes YARN's folders
+    deadline = time.monotonic() + 60
+    while spark.sparkContext._jsc.sc().getExecutorIds().size() < len(host_cluster.hosts):
+        assert time.monotonic() < deadline, "the hosts' executors did not register"
+        time.sleep(0.2)
+    for _ in range(2):  # the first job's imports start the hosts' zygotes, elsewhere
+        views = HorovodRunner(np=4, engine="torch", timeout=120).run(
+            engine_jobs.hosts_of_ranks, ancestors=True)
+        assert len(views) == 4
+        for rank, host, ancestors in views:
+            assert any("CoarseGrainedExecutorBackend" in line for line in ancestors), \
+                (rank, host, ancestors)
+            # not forked from a zygote, which outlives the worker that started it
+            assert not any("hvd_magics.rank.zygote" in line for line in ancestors), \
+                (rank, host, ancestors)
+    job = HorovodRunner(np=4, engine="torch").start(engine_jobs.ddp_mlp, epochs=100000,
+                                                    steps=20)
+    lost = host_cluster.hosts[1]
+    try:
+        deadline = time.monotonic() + 120
+        while not (job.live.job is not None and all(r.step > 0 or r.epoch > 1
+                                                    for r in job.live.job.ranks)):
+            assert time.monotonic() < deadline and not job.done(), "the ranks never trained"
+            time.sleep(0.1)
+        executor = next(pid for pid, line in _commands(lost).items()
+                        if "CoarseGrainedExecutorBackend" in line)
+        os.kill(executor, signal.SIGKILL)
+        began = time.monotonic()
+        while _rank_processes(lost):
+            assert time.monotonic() - began < 15, _rank_processes(lost)
+            time.sleep(0.1)
+        ended = time.monotonic() - began
+        with pytest.raises(HorovodJobError) as info:
+            job.wait(timeout=60)
+    finally:
+        job.stop()
+    first = str(info.value).splitlines()[0]
+    print(f"the killed executor's ranks ended {ended:.1f} s after it; the job said: {first}")
+    assert f"on {lost.address}" in first, first
 
 
 def test_a_host_whose_link_is_cut_is_named_within_seconds_and_its_ranks_end(hosts_spark,

@@ -157,3 +157,18 @@ def test_a_zygote_imports_what_its_frameworks_import_lazily_and_looks_at_it_once
     said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert said.stdout.split() == ["True", "True"], said.stderr[-2000:]
+
+
+def test_ranks_in_a_yarn_container_start_fresh_unless_zygotes_are_asked_for(monkeypatch):
+    """A forked rank is no descendant of its YARN container (whose memory check and kill go by
+    the process tree): off there by default; HVD_MAGICS_ZYGOTE decides when it is set."""
+    from hvd_magics.task.zygotes import enabled
+
+    monkeypatch.delenv("HVD_MAGICS_ZYGOTE", raising=False)
+    monkeypatch.delenv("CONTAINER_ID", raising=False)
+    assert enabled({})
+    monkeypatch.setenv("CONTAINER_ID", "container_1764201600000_0001_01_000002")
+    assert not enabled({})
+    assert enabled({"HVD_MAGICS_ZYGOTE": "1"})
+    monkeypatch.setenv("HVD_MAGICS_ZYGOTE", "1")
+    assert enabled({}) and not enabled({"HVD_MAGICS_ZYGOTE": "0"})
