@@ -921,3 +921,38 @@ def trainers_given_a_shard(train):
     module = Linear()
     trainer(use_distributed_sampler=False).fit(module, loader)
     return refusals, module.rows, len(train)
+
+
+def rows_of_ranks(train):
+    """Every rank's (rank, host name, the ``x`` of its shard's rows) as rank 0 gathers them."""
+    import socket
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    views = [None] * dist.get_world_size()
+    dist.all_gather_object(views, (dist.get_rank(), socket.gethostname(),
+                                   sorted(int(x) for x in train.to_numpy("x"))))
+    return views
+
+
+def keep_host(value):
+    """Keep ``value`` in the rank's namespace (a pool's next runs read it); this rank's host."""
+    import socket
+
+    from hvd_magics import rank_namespace
+
+    rank_namespace()["kept"] = value
+    return socket.gethostname()
+
+
+def kept_value():
+    from hvd_magics import rank_namespace
+
+    return rank_namespace()["kept"]
+
+
+def small_classifier():
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))

@@ -186,3 +186,29 @@ def test_a_driver_address_the_hosts_cannot_reach_is_named_with_the_fix(host_clus
                        r"reach the driver at the address it advertises, 127\.0\.0\.1:\d+ "
                        r"\(spark\.driver\.host\).*Fix: .*set spark\.driver\.host"):
         HorovodRunner(np=2, engine="torch").run(engine_jobs.ddp_allreduce)
+
+
+def test_shards_a_pool_and_the_estimator_work_across_the_hosts(hosts_spark, tmp_path):
+    """The features that move data between executors or keep ranks alive, on ranks of two
+    hosts: a DataFrame dealt as shards (every row once), a warm pool, the estimator."""
+    from pyspark.ml.linalg import Vectors
+
+    from hvd_magics import HorovodEstimator, HorovodPool
+
+    df = hosts_spark.range(1001).selectExpr("cast(id as double) as x")
+    views = HorovodRunner(np=4, engine="torch", timeout=120).run(engine_jobs.rows_of_ranks,
+                                                                train=df)
+    assert {host for _, host, _ in views} == {"host1", "host2"}
+    dealt = sorted(x for _, _, rows in views for x in rows)
+    assert dealt == list(range(1001)), len(dealt)
+    assert max(len(rows) for *_, rows in views) - min(len(rows) for *_, rows in views) <= 1
+    with HorovodPool(np=4) as pool:
+        pool.run(engine_jobs.keep_host, value=42)
+        assert pool.run(engine_jobs.kept_value) == 42
+    rows = [(Vectors.dense([float(i % 7), float(i % 3), 1.0]), i % 2) for i in range(400)]
+    data = hosts_spark.createDataFrame(rows, ["features", "label"])
+    model = HorovodEstimator(model=engine_jobs.small_classifier, optimizer="adam",
+                             learningRate=0.01, loss="cross_entropy", featuresCol="features",
+                             labelCol="label", batchSize=32, epochs=2, np=4,
+                             modelDir=str(tmp_path / "model")).fit(data)
+    assert model.transform(data).count() == 400
