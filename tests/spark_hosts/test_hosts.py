@@ -212,3 +212,18 @@ def test_shards_a_pool_and_the_estimator_work_across_the_hosts(hosts_spark, tmp_
                              labelCol="label", batchSize=32, epochs=2, np=4,
                              modelDir=str(tmp_path / "model")).fit(data)
     assert model.transform(data).count() == 400
+
+
+def test_two_horovod_ranks_per_task_are_numbered_host_by_host(hosts_spark):
+    """``ranks_per_task=2`` on two hosts of two cores: a task's ranks share its host, and
+    Horovod's local and cross ranks say so (on loopback every rank shares one host)."""
+    views = sorted(HorovodRunner(np=4, ranks_per_task=2, timeout=120).run(
+        engine_jobs.topology_views, engine="horovod"), key=lambda view: view["rank"])
+    assert last_run().where.endswith("(2 tasks x 2 ranks)"), last_run().where
+    assert [v["sum"] for v in views] == [10.0] * 4
+    assert [(v["local_rank"], v["local_size"], v["cross_rank"], v["cross_size"])
+            for v in views] == [(0, 2, 0, 2), (1, 2, 0, 2), (0, 2, 1, 2), (1, 2, 1, 2)]
+    names = [v["host"] for v in views]
+    assert names[0] == names[1] != names[2] == names[3], names
+    hosts = [last_run().hosts[rank] for rank in range(4)]  # the record's, by address
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3], hosts
