@@ -69,6 +69,22 @@ def _rank_processes(host) -> list[str]:
             if "hvd_magics.rank" in line and "hvd_magics.rank.zygote" not in line]
 
 
+def _training_job():
+    """A background DDP job of 4 ranks that trains until stopped, once every rank has trained."""
+    import time
+
+    job = HorovodRunner(np=4, engine="torch").start(engine_jobs.ddp_mlp, epochs=100000,
+                                                    steps=20)
+    deadline = time.monotonic() + 120
+    while not (job.live.job is not None and all(r.step > 0 or r.epoch > 1
+                                                for r in job.live.job.ranks)):
+        if time.monotonic() > deadline or job.done():
+            job.stop()
+            raise AssertionError("the ranks never trained")
+        time.sleep(0.1)
+    return job
+
+
 def test_in_a_yarn_container_ranks_descend_from_their_executor_and_end_with_it(host_cluster):
     """A rank forked from a zygote is no descendant of its executor: YARN without cgroups (its
     process-tree monitor) neither counts such a rank's memory against the container nor kills
@@ -97,15 +113,9 @@ def test_in_a_yarn_container_ranks_descend_from_their_executor_and_end_with_it(h
             # not forked from a zygote, which outlives the worker that started it
             assert not any("hvd_magics.rank.zygote" in line for line in ancestors), \
                 (rank, host, ancestors)
-    job = HorovodRunner(np=4, engine="torch").start(engine_jobs.ddp_mlp, epochs=100000,
-                                                    steps=20)
+    job = _training_job()
     lost = host_cluster.hosts[1]
     try:
-        deadline = time.monotonic() + 120
-        while not (job.live.job is not None and all(r.step > 0 or r.epoch > 1
-                                                    for r in job.live.job.ranks)):
-            assert time.monotonic() < deadline and not job.done(), "the ranks never trained"
-            time.sleep(0.1)
         executor = next(pid for pid, line in _commands(lost).items()
                         if "CoarseGrainedExecutorBackend" in line)
         os.kill(executor, signal.SIGKILL)
@@ -130,14 +140,8 @@ def test_a_host_whose_link_is_cut_is_named_within_seconds_and_its_ranks_end(host
     import re
     import time
 
-    job = HorovodRunner(np=4, engine="torch").start(engine_jobs.ddp_mlp, epochs=100000,
-                                                    steps=20)
+    job = _training_job()
     try:
-        deadline = time.monotonic() + 120
-        while not (job.live.job is not None and all(r.step > 0 or r.epoch > 1
-                                                    for r in job.live.job.ranks)):
-            assert time.monotonic() < deadline and not job.done(), "the ranks never trained"
-            time.sleep(0.1)
         cut = host_cluster.hosts[1]
         cut.cut()
         began = time.monotonic()
