@@ -852,10 +852,14 @@ def _watch_elastic(job: JobState, backend: Backend, events: queue.Queue,
     """Follow an elastic job until Horovod's elastic driver and the stage ended; raise when
     the job failed as a whole (a rank lost on the way is a reset, not a failure)."""
     ended_at: float | None = None
+    silent_after = positive_seconds(os.environ.get(ENV_HOST_SILENT, HOST_SILENT_S),
+                                    ENV_HOST_SILENT)
     while True:
         now = _follow(job, events)
         if stop is not None and stop.is_set():
             raise KeyboardInterrupt
+        if ended_at is None:
+            lost_host(job, backend, now, silent_after)  # a reset without its ranks, not an end
         if backend.finished and ended_at is None:
             ended_at = now
         if ended_at is not None and (backend.drained or now - ended_at >= DRAIN_WAIT_S):

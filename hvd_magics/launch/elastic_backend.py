@@ -35,6 +35,7 @@ from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, ENV_GLOO_TIMEOUT,
                                  ENV_HOROVOD_ELASTIC, ENV_HOROVOD_GLOO_IFACE, ENV_LIVE, EXIT,
                                  RESIZE, SLOT_OFFER, START_RANK)
 from hvd_magics.rank_names import TASK, rank_named, ranks_named
+from hvd_magics.task.elastic_task import slot_host_name
 from hvd_magics.task.slots import quiet_request_errors, slot_env
 from hvd_magics.task.spark_task import TaskSpec
 
@@ -92,6 +93,12 @@ class TaskSlots:
             return host
 
     # -- what the driver asks ------------------------------------------------------------------
+    def tasks_on(self, host: str) -> list[int]:
+        """The tasks whose slot is on ``host``, an address (:func:`slot_host_name`)."""
+        prefix = slot_host_name(host, 0, 0).split("-task", 1)[0] + "-task"
+        with self._cond:
+            return [task for task, slot in self._task_host.items() if slot.startswith(prefix)]
+
     def task_of(self, slot_host: str) -> int | None:
         with self._cond:
             return self._ready.get(slot_host)
@@ -434,9 +441,17 @@ class ElasticSparkBackend(SparkBackend):
         ended = super().join(max(deadline - time.monotonic(), 0.0))
         return ended and self._done.is_set()
 
-    def heard_ago(self, now: float) -> dict[int, float]:  # noqa: ARG002
-        """An elastic job goes on without a lost host's ranks (Horovod's elastic driver)."""
-        return {}
+    def lose_host(self, host: str) -> None:
+        """The supervisors of ``host``'s tasks went silent (its link or machine was lost): their
+        slots end as lost, so that Horovod's elastic driver blacklists them and the others
+        re-form without them, rather than wait for a channel that a cut link never closes; and
+        Spark is asked to remove the host's executors."""
+        super().lose_host(host)
+        for task in self.slots.tasks_on(host):
+            if self.slots.ended(task, LOST_CODE):
+                self._causes.append(f"{rank_named(task, TASK)} on {host} stopped answering: "
+                                    "its link or machine was lost")
+            self._server.drop(task)
 
     def describe_failure(self) -> str | None:
         """Why the job failed as a whole. Tasks that ran after the job was over (and found the
