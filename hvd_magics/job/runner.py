@@ -705,6 +705,11 @@ def mismatched(job: JobState, backend: Backend, events: queue.Queue, now: float,
     return f"{mismatch[0].upper()}{mismatch[1:]}; the job was stopped. {UNEVEN_FIX}"
 
 
+def _host_silent_after() -> float:
+    """Seconds a host's supervisors may be silent before it is taken for lost."""
+    return positive_seconds(os.environ.get(ENV_HOST_SILENT, HOST_SILENT_S), ENV_HOST_SILENT)
+
+
 def lost_host(job: JobState, backend: Backend, now: float, silent_after: float) -> str | None:
     """The verdict on a host all of whose running ranks' supervisors have been silent for
     ``silent_after`` seconds while another host's were heard within half that (the driver
@@ -749,8 +754,7 @@ def _watch(job: JobState, backend: Backend, events: queue.Queue, start_timeout: 
     unmatched: dict[str, Any] = {}
     unpacking = backend.unpacking()
     shown, told = started - UNPACKING_SHOWN_EVERY_S, False  # said at once, then every 5 s
-    silent_after = positive_seconds(os.environ.get(ENV_HOST_SILENT, HOST_SILENT_S),
-                                    ENV_HOST_SILENT)
+    silent_after = _host_silent_after()
     while not job.all_exited:
         now = _follow(job, events)
         if stop is not None and stop.is_set():
@@ -852,8 +856,7 @@ def _watch_elastic(job: JobState, backend: Backend, events: queue.Queue,
     """Follow an elastic job until Horovod's elastic driver and the stage ended; raise when
     the job failed as a whole (a rank lost on the way is a reset, not a failure)."""
     ended_at: float | None = None
-    silent_after = positive_seconds(os.environ.get(ENV_HOST_SILENT, HOST_SILENT_S),
-                                    ENV_HOST_SILENT)
+    silent_after = _host_silent_after()
     while True:
         now = _follow(job, events)
         if stop is not None and stop.is_set():

@@ -35,7 +35,7 @@ from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, ENV_GLOO_TIMEOUT,
                                  ENV_HOROVOD_ELASTIC, ENV_HOROVOD_GLOO_IFACE, ENV_LIVE, EXIT,
                                  RESIZE, SLOT_OFFER, START_RANK)
 from hvd_magics.rank_names import TASK, rank_named, ranks_named
-from hvd_magics.task.elastic_task import slot_host_name
+from hvd_magics.task.elastic_task import slot_host_prefix
 from hvd_magics.task.slots import quiet_request_errors, slot_env
 from hvd_magics.task.spark_task import TaskSpec
 
@@ -94,8 +94,8 @@ class TaskSlots:
 
     # -- what the driver asks ------------------------------------------------------------------
     def tasks_on(self, host: str) -> list[int]:
-        """The tasks whose slot is on ``host``, an address (:func:`slot_host_name`)."""
-        prefix = slot_host_name(host, 0, 0).split("-task", 1)[0] + "-task"
+        """The tasks whose slot is on ``host``, an address."""
+        prefix = slot_host_prefix(host)
         with self._cond:
             return [task for task, slot in self._task_host.items() if slot.startswith(prefix)]
 

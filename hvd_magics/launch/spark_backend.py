@@ -428,9 +428,9 @@ class SparkBackend:
         try:
             jsc = self.sc._jsc.sc()  # noqa: SLF001 - Spark's own executor list and kill call
             executors = jsc.statusStore().executorList(True)
-            lost = [executors.apply(i).id() for i in range(executors.size())
-                    if executors.apply(i).id() != "driver"
-                    and executors.apply(i).hostPort().split(":")[0] == host]
+            listed = [executors.apply(i) for i in range(executors.size())]
+            lost = [executor.id() for executor in listed if executor.id() != "driver"
+                    and executor.hostPort().split(":")[0] == host]
             if lost:
                 ids = self.sc._jvm.java.util.ArrayList()  # noqa: SLF001
                 for executor in lost:

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from hvd_magics.errors import exception_text
 from hvd_magics.protocol import ENV_TF_CONFIG
@@ -98,30 +98,40 @@ def _end_torch() -> None:
             store, me, size = kept.store, kept.rank, kept.size  # the job destroyed it itself
         else:
             return
-        store.set(f"{_LEFT_KEY}{me}", "1")
-        store.wait([f"{_LEFT_KEY}{rank}" for rank in range(size)], datetime.timedelta(days=7))
-        store.set(f"{_GONE_KEY}{me}", "1")
-        if me == 0:  # it holds the store: the others must be done with it first
-            store.wait([f"{_GONE_KEY}{rank}" for rank in range(size)],
-                       datetime.timedelta(seconds=60))
+        _leave_through(lambda key: store.set(key, "1"),
+                       lambda keys, seconds: store.wait(
+                           keys, datetime.timedelta(seconds=seconds or _FOREVER_S)),
+                       me, list(range(size)), 0)  # rank 0 holds the store
         if live:
             dist.destroy_process_group()
     except Exception as exc:  # noqa: BLE001 - a peer that failed is reported by its own rank
-        print(f"hvd_magics: leaving torch.distributed failed: {exception_text(exc)}", file=sys.stderr)
+        print(f"hvd_magics: leaving torch.distributed failed: {exception_text(exc)}",
+              file=sys.stderr)
 
 
-#: The store keys a rank sets when it leaves its torch.distributed group (its rank appended), and
-#: once it no longer waits on the store (rank 0, which holds the store, waits for those).
+#: The keys a rank sets in its engine's store when it leaves (its name appended), and once it no
+#: longer waits on the store (the rank that holds the store waits for those); how long that
+#: rank waits for them, and "for ever" (seconds).
 _LEFT_KEY, _GONE_KEY = "hvd_magics/left/", "hvd_magics/gone/"
+_GONE_WAIT_S, _FOREVER_S = 60.0, 7 * 24 * 3600.0
+#: How long one look for a tf.distribute peer's key blocks (milliseconds): TensorFlow holds the
+#: GIL while it waits, and the rank's stack answers wait for it.
+_TF_LOOK_MS = 200
 
 
-#: The keys of TensorFlow's coordination service a tf.distribute worker sets when it leaves (its
-#: task's name appended), and once no longer waiting on the service (every worker but the
-#: service's leader, which waits for those).
-_TF_LEFT_KEY, _TF_GONE_KEY = "hvd_magics/left", "hvd_magics/gone"
-#: How long one look for a peer's key blocks (holding the GIL, so that the rank's stack answers
-#: wait for it), and how long the leader waits for the others to be gone (milliseconds).
-_TF_LOOK_MS, _TF_GONE_WAIT_MS = 200, 60_000
+def _leave_through(set_key: Callable[[str], None],
+                   wait_keys: Callable[[list[str], float | None], None], me: Any,
+                   everyone: list[Any], holder: Any) -> None:
+    """Leave through a key-value store: mark ``me`` left, wait until ``everyone`` has, then
+    mark ``me`` gone; the ``holder`` of the store (whose end takes it away) instead waits until
+    every other is gone. ``wait_keys(keys, seconds)`` waits for all ``keys``, ``None``: for
+    ever."""
+    set_key(f"{_LEFT_KEY}{me}")
+    wait_keys([f"{_LEFT_KEY}{name}" for name in everyone], None)
+    if me != holder:
+        set_key(f"{_GONE_KEY}{me}")
+        return
+    wait_keys([f"{_GONE_KEY}{name}" for name in everyone if name != me], _GONE_WAIT_S)
 
 
 def _end_tf() -> None:
@@ -148,35 +158,31 @@ def _end_tf() -> None:
             return  # no multi-worker strategy was made: nothing to leave
         task = json.loads(os.environ.get(ENV_TF_CONFIG, "{}")).get("task", {})
         me = f"/job:{task.get('type')}/replica:0/task:{task.get('index')}"
-        others = [other for job in config.coordinated_job_list for index in range(job.num_tasks)
-                  if (other := f"/job:{job.name}/replica:0/task:{index}") != me]
-        context.set_config_key_value(f"{_TF_LEFT_KEY}{me}", "1")
-        for other in others:
-            _tf_wait_for_key(context, f"{_TF_LEFT_KEY}{other}", None)
-        if me != config.service_leader:
-            context.set_config_key_value(f"{_TF_GONE_KEY}{me}", "1")
-            return
-        deadline = time.monotonic() + _TF_GONE_WAIT_MS / 1000
-        for other in others:
-            _tf_wait_for_key(context, f"{_TF_GONE_KEY}{other}", deadline)
+        everyone = [f"/job:{job.name}/replica:0/task:{index}"
+                    for job in config.coordinated_job_list for index in range(job.num_tasks)]
+        _leave_through(lambda key: context.set_config_key_value(key, "1"),
+                       lambda keys, seconds: _tf_wait_for_keys(context, keys, seconds), me,
+                       everyone, config.service_leader)
     except Exception as exc:  # noqa: BLE001 - a peer that failed is reported by its own rank
         print(f"hvd_magics: leaving tf.distribute failed: {exception_text(exc)}",
               file=sys.stderr)
 
 
-def _tf_wait_for_key(context: Any, key: str, deadline: float | None) -> None:
-    """Wait until ``key`` is set in the coordination service (until ``deadline``, a
-    ``time.monotonic()`` value, when given), in short looks with the GIL free between them."""
+def _tf_wait_for_keys(context: Any, keys: list[str], seconds: float | None) -> None:
+    """Wait until every one of ``keys`` is set in the coordination service (for ``seconds`` at
+    most, when given), in short looks with the GIL free between them."""
     from tensorflow.python.framework import errors
 
-    while True:
-        try:
-            context.get_config_key_value(key, _TF_LOOK_MS)
-            return
-        except errors.DeadlineExceededError:
-            if deadline is not None and time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
+    deadline = None if seconds is None else time.monotonic() + seconds
+    for key in keys:
+        while True:
+            try:
+                context.get_config_key_value(key, _TF_LOOK_MS)
+                break
+            except errors.DeadlineExceededError:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
 
 def end_engine() -> None:

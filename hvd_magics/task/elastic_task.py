@@ -27,10 +27,15 @@ from hvd_magics.task.spark_task import DriverUnreachable, RankHolder, TaskSpec, 
 ORDER_POLL_S = 0.2
 
 
+def slot_host_prefix(address: str) -> str:
+    """How the names of the task attempts on the host ``address`` begin (no ``:``, which
+    Horovod's rendezvous keys use as a separator)."""
+    return f"{address.replace(':', '_')}-task"
+
+
 def slot_host_name(address: str, partition: int, attempt: int) -> str:
-    """The name Horovod's elastic driver knows a task attempt by (no ``:``, which its
-    rendezvous keys use as a separator)."""
-    return f"{address.replace(':', '_')}-task{partition}-try{attempt}"
+    """The name Horovod's elastic driver knows a task attempt by."""
+    return f"{slot_host_prefix(address)}{partition}-try{attempt}"
 
 
 def elastic_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
