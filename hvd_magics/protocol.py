@@ -36,6 +36,7 @@ TRACKER = "tracker"
 EPOCH_BEGIN = "epoch_begin"
 PROGRESS = "progress"
 EPOCH_END = "epoch_end"
+STEP_SPLIT = "step_split"
 STACKS = "stacks"
 IMPORTED = "imported"
 # -- sent by the supervisor -------------------------------------------------------------------
@@ -89,6 +90,11 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
               "progress within an epoch (at most 4 a second)"),
     EventKind(EPOCH_END, "rank", ("epoch", "epochs", "duration", "samples", "metrics"),
               "an epoch ended"),
+    EventKind(STEP_SPLIT, "rank", ("rows", "totals", "dropped"),
+              "each training step's time split (hvd_magics.rank.step_split), at most 4 a "
+              "second: rows [step, step_s, input_s, comm_s] of the steps since the last such "
+              "event (the latest STEP_ROWS_SENT; dropped: how many earlier ones were left "
+              "out), totals [steps, step_s, input_s, comm_s] of them all"),
     EventKind(STACKS, "rank", ("request", "threads", "others", "ddp"),
               "the rank's Python stacks, taken on request while it runs "
               "(hvd_magics.rank.stack_report): per thread its name and frames, outermost first, "
@@ -195,6 +201,9 @@ ENV_WANT_TIMELINE = "HVD_MAGICS_TIMELINE"
 ENV_KERAS_PROGRESS = "HVD_MAGICS_KERAS_PROGRESS"
 #: ``0``: a plain DDP or Accelerate loop's progress is not inferred (rank/loop_progress.py).
 ENV_LOOP_PROGRESS = "HVD_MAGICS_LOOP_PROGRESS"
+#: ``0``: a rank does not time its steps' input, compute and communication
+#: (rank/step_split.py; the overhead benchmark's "off").
+ENV_STEP_SPLIT = "HVD_MAGICS_STEP_SPLIT"
 #: Seconds a host's rank supervisors may be silent before the driver takes the host for lost
 #: (hvd_magics.job.runner.HOST_SILENT_S by default); read in the notebook's process.
 ENV_HOST_SILENT = "HVD_MAGICS_HOST_SILENT_S"

@@ -956,3 +956,63 @@ def small_classifier():
     import torch
 
     return torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+def straggler_ddp(steps: int = 60, slow_rank: int | None = None, how: str = "compute",
+                  slower: float = 0.3, base_s: float = 0.03, slow_from: int = 0,
+                  engine: str = "torch"):
+    """A DDP (``engine="torch"``) or Horovod (``"horovod"``) loop over a ``DataLoader`` whose
+    steps each do ``base_s`` seconds of compute; from step ``slow_from`` on, ``slow_rank``'s
+    steps take ``slower`` times that longer, in compute or in its data loader (``how``).
+    Returns the steps each rank took."""
+    import time
+
+    import torch
+
+    torch.set_num_threads(1)
+    if engine == "torch":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+    else:
+        import horovod.torch as hvd
+
+        hvd.init()
+        rank = hvd.rank()
+    extra = base_s * slower
+
+    def busy(seconds: float) -> None:
+        end = time.perf_counter() + seconds
+        a = torch.ones(32, 32)
+        while time.perf_counter() < end:
+            a = torch.tanh(a @ a)
+
+    class Batches(torch.utils.data.Dataset):
+        def __len__(self):
+            return steps
+
+        def __getitem__(self, i):
+            if rank == slow_rank and how == "input" and i >= slow_from:
+                time.sleep(extra)
+            x = torch.randn(32, 64, generator=torch.Generator().manual_seed(i * 100 + rank))
+            return x, x.sum(1, keepdim=True)
+
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    if engine == "torch":
+        model = torch.nn.parallel.DistributedDataParallel(net)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    else:
+        model = net
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                             named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    taken = 0
+    for i, (x, y) in enumerate(torch.utils.data.DataLoader(Batches(), batch_size=None)):
+        busy(base_s + (extra if rank == slow_rank and how == "compute" and i >= slow_from
+                       else 0.0))
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        taken += 1
+    return taken

@@ -15,10 +15,11 @@ from hvd_magics.job.epoch_timing import EPOCH_LINE, EpochTimer
 from hvd_magics.errors import OUTPUT_TAIL_LINES, RankFailure
 from hvd_magics.options import ElasticSize
 from hvd_magics.job.stacks import where as stack_where
+from hvd_magics.job.straggler import StepSplits
 from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, EPOCH_BEGIN, EPOCH_END, ERROR, EXIT,
                                  LEAVING, OUTPUT, OUTPUT_PARTIAL, PROGRESS, RESIZE, RESULT, RUN_LOG,
-                                 SHARDING, SLOT_OFFER, STACKS, STARTED, TASK_ERROR, TASK_STARTED,
-                                 TIMELINE_CHUNK, TIMELINE_LOCAL)
+                                 SHARDING, SLOT_OFFER, STACKS, STARTED, STEP_SPLIT, TASK_ERROR,
+                                 TASK_STARTED, TIMELINE_CHUNK, TIMELINE_LOCAL)
 from hvd_magics.launch.backend import Backend
 from hvd_magics.rank_names import ranks_named, unit_of
 from hvd_magics.job.output_lines import (BAR, NOISE, SHOW, WARNING, OutputSorter, bar_count,
@@ -187,6 +188,8 @@ class JobState:
         self.timer = EpochTimer(self.started_at)
         #: What the charts draw (loss and metrics, samples/s per rank).
         self.history = MetricHistory(self.started_at)
+        #: Each rank's steps split into input, compute and communication, and the straggler.
+        self.splits = StepSplits(self.started_at)
         #: Where the driver puts rank 0's Horovod Timeline, when the job records one.
         self.timeline_dest = timeline_dest
         self._timeline_file: Any = None
@@ -368,6 +371,9 @@ class JobState:
         self._progress(state, event["kind"], event)
         self.history.observe(event["kind"], state.rank, event, event["recv"])
 
+    def _on_step_split(self, state: RankState, event: dict[str, Any]) -> None:
+        self.splits.observe(state.rank, event, {r.rank: r.host for r in self.ranks})
+
     def _on_stacks(self, state: RankState, event: dict[str, Any]) -> None:
         self.stacks.setdefault(str(event.get("request")), {})[state.rank] = event
         where = stack_where(event.get("threads", []))
@@ -415,7 +421,7 @@ class JobState:
         STARTED: _on_started, ERROR: _on_error, TASK_ERROR: _on_task_error, RESULT: _on_result,
         TIMELINE_LOCAL: _on_timeline_local, TIMELINE_CHUNK: _on_timeline_chunk,
         EPOCH_BEGIN: _on_progress, PROGRESS: _on_progress, EPOCH_END: _on_progress, EXIT: _on_exit,
-        LEAVING: _on_leaving,
+        LEAVING: _on_leaving, STEP_SPLIT: _on_step_split,
     }
 
     @staticmethod

@@ -113,16 +113,18 @@ def run_job(payload: bytes) -> tuple[Any, BaseException | None, int]:
     ``sys.exit(0)`` is a successful end."""
     import cloudpickle
 
-    from hvd_magics.rank import ddp_watch, loop_progress
+    from hvd_magics.rank import ddp_watch, loop_progress, step_split
     from hvd_magics.result_codec import encode_parts
 
     ddp_watch.reset()  # a warm pool's cell counts its own steps
+    step_split.reset()
     try:
         main_fn, kwargs = cloudpickle.loads(payload)
         try:
             value = main_fn(**kwargs)
         finally:
             loop_progress.reset()  # the inferred last epoch ends with the function
+            step_split.flush()
     except SystemExit as exc:
         if exc.code not in (0, None):
             return None, exc, exc.code if isinstance(exc.code, int) else 1
@@ -150,7 +152,8 @@ def run_rank() -> None:
     """Run the shipped function and report its result or its exception (never returns)."""
     from hvd_magics.rank import (alone_guard, ddp_watch, engine_guard, hf_progress, keras_progress,
                                  launcher_guard, lightning_progress, loop_progress, shard_guard,
-                                 stack_report, torch_group_hold, tracker_watch, whole_writes)
+                                 stack_report, step_split, torch_group_hold, tracker_watch,
+                                 whole_writes)
 
     whole_writes.install()
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
@@ -161,6 +164,7 @@ def run_rank() -> None:
     hf_progress.install()
     loop_progress.install()
     ddp_watch.install()
+    step_split.install()
     tracker_watch.install()
     engine_guard.install()
     launcher_guard.install()

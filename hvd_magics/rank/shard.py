@@ -25,7 +25,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from hvd_magics.errors import ShardError
-from hvd_magics.rank import loop_progress
+from hvd_magics.rank import loop_progress, step_split
 
 #: What :meth:`Shard.steps_per_epoch` does with the rows by which shards differ.
 REPEAT, DROP = "repeat", "drop"
@@ -274,7 +274,9 @@ class Shard:
         batches = self.batch_rows(batch_size, shuffle, seed, remainder)
         loop_progress.on_shard_pass(self, len(batches), batch_size)
         for rows in batches:
-            yield {name: array[rows] for name, array in arrays.items()}
+            with step_split.input_wait():
+                batch = {name: array[rows] for name, array in arrays.items()}
+            yield batch
 
     def feature_matrix(self, features: str | Sequence[str]) -> np.ndarray:
         """The columns ``features`` as one 2-D float32 array (several are concatenated)."""

@@ -1,0 +1,244 @@
+"""Which rank holds the others back, and why: the driver's reading of the ranks' step splits.
+
+Each rank sends its steps' time split into input, compute and communication
+(:mod:`hvd_magics.rank.step_split`). In data-parallel training every rank's step lasts as long
+as the slowest rank's: the ranks differ in how they spend it. A rank whose own work (input and
+compute) is longer than the others' while they wait for it in communication holds them back.
+
+A look reads the latest :data:`WINDOW_STEPS` steps every rank has reported (a step far longer
+than the window's usual one, an evaluation or a checkpoint, is left out of it). A rank (or every
+rank of one host) is named only when :data:`LOOKS_TO_NAME` looks in a row, one per step, find the
+same one: its own work per step longer than the others' by at least :data:`NAME_SHARE` of a step,
+and the others waiting for it in communication for at least half of that. It is cleared when as
+many looks in a row no longer find it by half that margin. The cause is the part of its own work
+(input or compute) that exceeds the others' the more.
+
+A link slower than the others' slows every rank's communication alike: no rank is named then
+(the split shows every rank waiting in communication).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from hvd_magics.rank_names import ranks_named
+
+#: Steps one look reads...
+WINDOW_STEPS = 8
+#: ...and how many looks in a row (one per step) must find the same rank before it is named, or
+#: no longer find it before it is cleared.
+LOOKS_TO_NAME = 8
+#: How much longer (a share of the step) a rank's own work must be than the others' to be named,
+#: and below which it is cleared.
+NAME_SHARE = 0.08
+CLEAR_SHARE = NAME_SHARE / 2
+#: Of that excess, the least share the others must spend waiting in communication.
+WAIT_SHARE = 0.5
+#: A step longer than this many times the window's median is left out of a look.
+OUTLIER = 3.0
+#: Steps kept per rank for the looks.
+KEPT_STEPS = 4 * WINDOW_STEPS
+#: The causes a verdict names.
+INPUT, COMPUTE = "input", "compute"
+_CAUSE_TEXT = {INPUT: "in its input pipeline (waiting for batches)",
+               COMPUTE: "in compute (forward, backward, optimizer)"}
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """Mean seconds per step of one rank: the whole step and its parts."""
+
+    step_s: float
+    input_s: float
+    comm_s: float
+
+    @property
+    def compute_s(self) -> float:
+        return max(0.0, self.step_s - self.input_s - self.comm_s)
+
+    @property
+    def own_s(self) -> float:
+        """Its own work: everything but the wait in collectives."""
+        return self.input_s + self.compute_s
+
+    def shares(self) -> str:
+        """``"input 4% · compute 61% · comm 35%"``."""
+        if self.step_s <= 0:
+            return ""
+        return " · ".join(f"{name} {100 * value / self.step_s:.0f}%" for name, value in (
+            ("input", self.input_s), ("compute", self.compute_s), ("comm", self.comm_s)))
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A verdict: ``ranks`` (one, or every rank of ``host`` when ``whole_host``) hold the
+    others back, their own work per step ``own_s`` against the others' ``others_s``, most of the
+    difference in ``cause``; named at step ``step``."""
+
+    ranks: tuple[int, ...]
+    host: str
+    whole_host: bool
+    cause: str
+    own_s: float
+    others_s: float
+    step: int = 0
+
+    def text(self, unit: str = "rank") -> str:
+        longer = 100 * (self.own_s / self.others_s - 1) if self.others_s > 0 else float("inf")
+        figures = f"{longer:.0f}% longer per step than the others' ({self.own_s:.3g} s against " \
+                  f"{self.others_s:.3g} s)"
+        if self.whole_host:
+            who = f"the {unit}s of host {self.host} ({ranks_named(list(self.ranks), unit)})"
+            return (f"{who} hold the others back: their own work takes {figures}, "
+                    f"{_CAUSE_TEXT[self.cause]}; the other {unit}s spend that time waiting in "
+                    "communication")
+        where = f" (host {self.host})" if self.host else ""
+        return (f"{unit} {self.ranks[0]}{where} holds the others back: its own work takes "
+                f"{figures}, {_CAUSE_TEXT[self.cause]}; the other {unit}s spend that time "
+                "waiting in communication")
+
+
+def window_parts(rows: list[tuple[float, float, float]]) -> StepParts:
+    """The mean of a window's steps ``(step_s, input_s, comm_s)``, steps longer than
+    :data:`OUTLIER` times its median left out."""
+    limit = OUTLIER * statistics.median(row[0] for row in rows)
+    kept = [row for row in rows if row[0] <= limit] or rows
+    return StepParts(*(sum(row[i] for row in kept) / len(kept) for i in range(3)))
+
+
+def _cause(parts: dict[int, StepParts], named: list[int], others: list[int]) -> str:
+    def excess(part: str) -> float:
+        base = statistics.median(getattr(parts[r], part) for r in others)
+        return min(getattr(parts[r], part) for r in named) - base
+
+    return INPUT if excess("input_s") > excess("compute_s") else COMPUTE
+
+
+def _holds_back(parts: dict[int, StepParts], named: list[int], others: list[int],
+                share: float, step_s: float) -> bool:
+    base = statistics.median(parts[r].own_s for r in others)
+    excess = min(parts[r].own_s for r in named) - base
+    waited = statistics.median(parts[r].comm_s for r in others) - max(
+        parts[r].comm_s for r in named)
+    return excess >= share * step_s and waited >= WAIT_SHARE * excess
+
+
+def look(parts: dict[int, StepParts], hosts: dict[int, str],
+         share: float = NAME_SHARE) -> Straggler | None:
+    """The rank, or the ranks of one host, that hold the others back in one window's
+    ``parts`` (rank -> mean step), by a margin of ``share`` of a step; ``None`` when none
+    does."""
+    if len(parts) < 2:
+        return None
+    step_s = statistics.mean(p.step_s for p in parts.values())
+    slowest = max(parts, key=lambda r: parts[r].own_s)
+    host = hosts.get(slowest, "")
+    mates = sorted(r for r in parts if host and hosts.get(r) == host)
+    elsewhere = [r for r in parts if r not in mates]
+    if len(mates) > 1 and elsewhere and _holds_back(parts, mates, elsewhere, share, step_s):
+        named, others, whole = mates, elsewhere, True
+    else:
+        named, others, whole = [slowest], [r for r in parts if r != slowest], False
+        if not _holds_back(parts, named, others, share, step_s):
+            return None
+    return Straggler(tuple(named), host, whole, _cause(parts, named, others),
+                     statistics.mean(parts[r].own_s for r in named),
+                     statistics.median(parts[r].own_s for r in others))
+
+
+class StepSplits:
+    """What the ranks said of their steps, and the straggler verdict drawn from it.
+
+    Attributes
+    ----------
+    current : Straggler or None
+        The rank (or host) holding the others back now.
+    events : list of (str, Straggler)
+        Each time one was named (``"named"``) or caught up (``"cleared"``), in order.
+    intervals : list of dict
+        One row per rank's report (a few a second): ``rank``, ``time_s`` (since the job
+        began), ``steps`` and the mean ``step_s``, ``input_s``, ``compute_s``, ``comm_s`` of
+        those steps.
+    """
+
+    def __init__(self, started_at: float | None = None) -> None:
+        self.started_at = time.monotonic() if started_at is None else started_at
+        self._rows: dict[int, dict[int, tuple[float, float, float]]] = {}
+        self._totals: dict[int, list[float]] = {}
+        self._looked = 0
+        self._streak: tuple[tuple[int, ...], int] = ((), 0)
+        self.current: Straggler | None = None
+        self.events: list[tuple[str, Straggler]] = []
+        self.intervals: list[dict[str, Any]] = []
+
+    def observe(self, rank: int, event: dict[str, Any], hosts: dict[int, str]) -> None:
+        """Take one rank's ``step_split`` event and look again at every step all ranks have
+        now reported."""
+        rows = self._rows.setdefault(rank, {})
+        for step, step_s, input_s, comm_s in event.get("rows") or []:
+            rows[int(step)] = (float(step_s), float(input_s), float(comm_s))
+        for old in sorted(rows)[:-KEPT_STEPS]:
+            del rows[old]
+        count, step_s, input_s, comm_s = (event.get("totals") or [0, 0.0, 0.0, 0.0])[:4]
+        if count:
+            totals = self._totals.setdefault(rank, [0, 0.0, 0.0, 0.0])
+            for i, value in enumerate((count, step_s, input_s, comm_s)):
+                totals[i] += value
+            parts = StepParts(step_s / count, input_s / count, comm_s / count)
+            self.intervals.append({
+                "rank": rank, "time_s": round(event.get("recv", time.monotonic())
+                                              - self.started_at, 3),
+                "steps": int(count), "step_s": parts.step_s, "input_s": parts.input_s,
+                "compute_s": parts.compute_s, "comm_s": parts.comm_s})
+        self._look_up_to(hosts)
+
+    def _look_up_to(self, hosts: dict[int, str]) -> None:
+        if len(self._rows) < 2 or not all(self._rows.values()):
+            return
+        reported = min(max(rows) for rows in self._rows.values())
+        for step in range(max(self._looked + 1, reported - KEPT_STEPS + WINDOW_STEPS),
+                          reported + 1):
+            steps = range(step - WINDOW_STEPS + 1, step + 1)
+            if all(all(s in rows for s in steps) for rows in self._rows.values()):
+                parts = {rank: window_parts([rows[s] for s in steps])
+                         for rank, rows in self._rows.items()}
+                self._judge(parts, hosts, step)
+        self._looked = max(self._looked, reported)
+
+    def _judge(self, parts: dict[int, StepParts], hosts: dict[int, str], step: int) -> None:
+        share = CLEAR_SHARE if self.current is not None else NAME_SHARE
+        found = look(parts, hosts, share)
+        key = found.ranks if found is not None else ()
+        if self.current is not None and key == self.current.ranks:
+            self._streak = ((), 0)
+            return
+        ranks, count = self._streak
+        self._streak = (key, count + 1 if key == ranks else 1)
+        if self._streak[1] < LOOKS_TO_NAME:
+            return
+        if self.current is not None:
+            self.events.append(("cleared", self.current))
+            self.current = None
+        if found is not None:
+            self.current = Straggler(found.ranks, found.host, found.whole_host, found.cause,
+                                     found.own_s, found.others_s, step)
+            self.events.append(("named", self.current))
+        self._streak = ((), 0)
+
+    def per_rank(self) -> dict[int, StepParts]:
+        """Each rank's mean step over the whole job."""
+        return {rank: StepParts(t[1] / t[0], t[2] / t[0], t[3] / t[0])
+                for rank, t in sorted(self._totals.items()) if t[0]}
+
+    def steps_of(self, rank: int) -> int:
+        """How many steps ``rank`` reported."""
+        return int(self._totals.get(rank, [0])[0])
+
+    def latest(self, rank: int) -> StepParts | None:
+        """``rank``'s mean step over its latest window."""
+        rows = self._rows.get(rank)
+        if not rows:
+            return None
+        return window_parts([rows[s] for s in sorted(rows)[-WINDOW_STEPS:]])

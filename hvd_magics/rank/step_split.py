@@ -1,0 +1,271 @@
+"""Each training step's time on this rank, split into waiting for input, compute and waiting in
+collectives, with no line added to the user's loop (the driver names the straggler from it:
+:mod:`hvd_magics.job.straggler`).
+
+A step is the time from one optimizer step to the next (``torch.optim``'s global step hook: a
+plain loop, DDP, Horovod's ``DistributedOptimizer``, Accelerate, Lightning and the Hugging Face
+``Trainer`` all step an optimizer). Within it, on the thread that trains:
+
+- **input**: time inside a ``DataLoader`` iterator's ``__next__`` (a DataFrame shard's
+  ``to_torch`` loader and ``batches`` included): the wait for the next batch;
+- **communication**: time blocked in a collective: Horovod's ``synchronize`` (what
+  ``DistributedOptimizer.step`` and every blocking ``hvd`` collective wait in), a synchronous
+  ``torch.distributed`` collective, and the end of a DDP step's ``backward()``, from the moment
+  the last gradient was ready (a hook per parameter) to the moment the allreduce completes;
+- **compute**: the rest (forward, backward, optimizer, the loop's own Python).
+
+On a rank the others wait for, communication is short and its own work (input and compute) long;
+on the others it is the reverse. Nothing synchronises a device: the clock is read where the
+Python code already waits (on a GPU, a step's kernels may finish after its clock stops; the
+split then shows the wait where the host thread waited). A step costs a few clock reads and, for
+DDP, a Python call per parameter's gradient. ``HVD_MAGICS_STEP_SPLIT=0`` turns it off.
+
+Not covered: TensorFlow (Keras under Horovod or tf.distribute runs its step as one graph call,
+which hides its parts from Python).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import threading
+import time
+import weakref
+from typing import Any, Callable, Iterator
+
+from hvd_magics.protocol import ENV_STEP_SPLIT, STEP_SPLIT
+from hvd_magics.rank import rank_events
+from hvd_magics.rank.import_hooks import after_import, before_call
+
+#: Least seconds between two ``step_split`` events.
+SEND_EVERY_S = 0.25
+#: Most step rows one event carries (the latest; the totals count every step).
+STEP_ROWS_SENT = 256
+
+_PATCHED = "_hvd_magics_step_split"
+_INPUT, _COMM = 0, 1
+#: ``torch.distributed`` collectives that block unless called with ``async_op=True``.
+_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
+                "all_to_all", "all_to_all_single", "barrier", "broadcast",
+                "broadcast_object_list", "gather", "gather_object", "reduce", "reduce_scatter",
+                "reduce_scatter_tensor", "scatter", "scatter_object_list")
+
+
+class _Split:
+    """What the hooks have seen of the step under way."""
+
+    def __init__(self) -> None:
+        #: The thread that trains (the first to step an optimizer); others are not timed.
+        self.thread: int | None = None
+        #: Steps completed, and when the step under way began (``None``: before the first).
+        self.step = 0
+        self.began: float | None = None
+        #: Seconds of the step under way spent waiting for input and in collectives.
+        self.waits = [0.0, 0.0]
+        #: Inside a timed wait (a nested one is counted once), and inside optimizer steps (an
+        #: optimizer's step that calls another's ends one training step).
+        self.depth = 0
+        self.stepping = 0
+        #: Whether a batch was fetched or a DDP module called since the last optimizer step,
+        #: and whether any ever was (a second optimizer in the same step is not a new step).
+        self.fed = False
+        self.ever_fed = False
+        #: When the latest parameter's gradient was ready, and whether the backward under way
+        #: ends a DDP step (it then waits for the allreduce).
+        self.grad_ready = 0.0
+        self.ddp_sync = False
+        #: Rows not sent yet, how many earlier unsent rows were left out, and their totals.
+        self.rows: list[list[float]] = []
+        self.dropped = 0
+        self.totals = [0, 0.0, 0.0, 0.0]
+        self.sent = time.monotonic()
+
+
+_split = _Split()
+#: DDP modules whose parameters carry the gradient-ready hook.
+_hooked: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def reset() -> None:
+    """Forget the steps so far (a warm pool's next cell)."""
+    global _split
+    _split = _Split()
+
+
+def _timing() -> bool:
+    return _split.thread == threading.get_ident()
+
+
+def _timed(kind: int, original: Callable[..., Any],
+           counts: Callable[..., bool] = lambda *_a, **_k: True) -> Callable[..., Any]:
+    """``original``, adding the time a call takes to the step's ``kind`` of wait (when
+    ``counts(*args, **kwargs)``, on the training thread, outside another timed wait)."""
+    if getattr(original, _PATCHED, False):
+        return original
+
+    @functools.wraps(original)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        split = _split
+        if split.depth or not _timing() or not counts(*args, **kwargs):
+            return original(*args, **kwargs)
+        split.depth += 1
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            split.depth -= 1
+            split.waits[kind] += time.perf_counter() - start
+            if kind == _INPUT:
+                split.fed = split.ever_fed = True
+
+    setattr(timed, _PATCHED, True)
+    return timed
+
+
+def _before_optimizer_step(*_args: Any) -> None:
+    split = _split
+    if split.thread is None:
+        split.thread = threading.get_ident()
+    if _timing():
+        split.stepping += 1
+
+
+def _on_optimizer_step(*_args: Any) -> None:
+    """An optimizer stepped: the step under way ends (unless no batch came since the last one:
+    a second optimizer of the same step; or it is the inner step of an optimizer that wraps
+    another, as Horovod's ``DistributedOptimizer`` does)."""
+    split, now = _split, time.perf_counter()
+    if not _timing():
+        return
+    split.stepping = max(0, split.stepping - 1)
+    if split.stepping:
+        return
+    if split.ever_fed and not split.fed:
+        return
+    if split.began is not None:
+        split.step += 1
+        row = [split.step, now - split.began, split.waits[_INPUT], split.waits[_COMM]]
+        split.rows.append(row)
+        totals = split.totals
+        totals[0] += 1
+        for i in (1, 2, 3):
+            totals[i] += row[i]
+    split.began, split.waits, split.fed = now, [0.0, 0.0], False
+    if time.monotonic() - split.sent >= SEND_EVERY_S:
+        flush()
+
+
+def flush() -> None:
+    """Send the steps not sent yet (also when the job's function returns)."""
+    split = _split
+    split.sent = time.monotonic()
+    if not split.totals[0]:
+        return
+    rows = split.rows[-STEP_ROWS_SENT:]
+    dropped = split.dropped + len(split.rows) - len(rows)
+    rank_events.emit(STEP_SPLIT, rows=[[int(r[0])] + [round(v, 6) for v in r[1:]] for r in rows],
+                     totals=[split.totals[0]] + [round(v, 6) for v in split.totals[1:]],
+                     dropped=dropped)
+    split.rows, split.dropped, split.totals = [], 0, [0, 0.0, 0.0, 0.0]
+
+
+def _grad_ready(_param: Any) -> None:
+    _split.grad_ready = time.perf_counter()
+
+
+def _on_ddp_forward(model: Any, *_args: Any, **_kwargs: Any) -> None:
+    import torch
+
+    split = _split
+    split.fed = split.ever_fed = True
+    split.ddp_sync = bool(model.training and torch.is_grad_enabled()
+                          and getattr(model, "require_backward_grad_sync", True))
+    if split.ddp_sync and model not in _hooked:
+        _hooked.add(model)
+        for param in model.parameters():
+            if param.requires_grad:
+                param.register_post_accumulate_grad_hook(_grad_ready)
+
+
+def _timed_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.autograd.backward``, adding to a DDP step's communication the time from its last
+    gradient to the end (DDP's wait for the allreduce)."""
+    if getattr(original, _PATCHED, False):
+        return original
+
+    @functools.wraps(original)
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        split = _split
+        if not split.ddp_sync or split.depth or not _timing():
+            return original(*args, **kwargs)
+        start = split.grad_ready = time.perf_counter()
+        result = original(*args, **kwargs)
+        if split.grad_ready > start:
+            split.waits[_COMM] += max(0.0, time.perf_counter() - split.grad_ready)
+        split.ddp_sync = False
+        return result
+
+    setattr(backward, _PATCHED, True)
+    return backward
+
+
+def _synchronous(*_args: Any, **kwargs: Any) -> bool:
+    return not kwargs.get("async_op", False)
+
+
+def _patch_torch(module: Any) -> None:
+    """``torch.optim.optimizer``: the step hook; the data loader's and autograd's waits."""
+    import torch
+    from torch.utils.data import dataloader
+
+    module.register_optimizer_step_pre_hook(_before_optimizer_step)
+    module.register_optimizer_step_post_hook(_on_optimizer_step)
+    iterator = dataloader._BaseDataLoaderIter
+    iterator.__next__ = _timed(_INPUT, iterator.__next__)
+    torch.autograd.backward = _timed_backward(torch.autograd.backward)
+
+
+def _patch_ddp(module: Any) -> None:
+    ddp = getattr(module, "DistributedDataParallel", None)
+    if ddp is not None:
+        before_call(ddp, "forward", _on_ddp_forward, _PATCHED)
+
+
+def _patch_distributed(module: Any) -> None:
+    for name in _COLLECTIVES:
+        if callable(getattr(module, name, None)):
+            setattr(module, name, _timed(_COMM, getattr(module, name), _synchronous))
+
+
+def _patch_horovod(module: Any) -> None:
+    """``synchronize`` in each module that holds it: where Horovod's torch ops wait."""
+    if callable(getattr(module, "synchronize", None)):
+        module.synchronize = _timed(_COMM, module.synchronize)
+
+
+@contextlib.contextmanager
+def input_wait() -> Iterator[None]:
+    """Count the time inside as waiting for input (a shard's ``batches`` gathering a batch)."""
+    split = _split
+    if split.depth or not _timing():
+        yield
+        return
+    split.depth += 1
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        split.depth -= 1
+        split.waits[_INPUT] += time.perf_counter() - start
+        split.fed = split.ever_fed = True
+
+
+def install() -> None:
+    """Time steps once torch is imported (not with ``HVD_MAGICS_STEP_SPLIT=0``)."""
+    if os.environ.get(ENV_STEP_SPLIT, "1") == "0":
+        return
+    after_import(("torch.optim.optimizer",), _patch_torch)
+    after_import(("torch.nn.parallel.distributed",), _patch_ddp)
+    after_import(("torch.distributed",), _patch_distributed)
+    after_import(("horovod.torch.mpi_ops", "horovod.torch.optimizer", "horovod.torch"),
+                 _patch_horovod)
