@@ -895,6 +895,11 @@ def _finish(record: RunRecord, job: JobState) -> None:
     record.shards = job.shard_summary()
     record.epochs = job.timer.rows()
     record.charts_html = job.history.html()
+    hosts = {r.rank: r.host for r in job.ranks}
+    record.step_split = job.splits.rank_rows(hosts)
+    record.step_intervals = [{**row, "host": hosts.get(row["rank"], "")}
+                             for row in job.splits.intervals]
+    record.stragglers = job.splits.verdicts(job.unit)
     split = job.timer.split(time.monotonic())
     record.startup_s, record.training_s = split["startup_s"], split["training_s"]
     if record.status == "running":

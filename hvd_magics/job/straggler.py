@@ -38,8 +38,11 @@ CLEAR_SHARE = NAME_SHARE / 2
 WAIT_SHARE = 0.5
 #: A step longer than this many times the window's median is left out of a look.
 OUTLIER = 3.0
-#: Steps kept per rank for the looks.
-KEPT_STEPS = 4 * WINDOW_STEPS
+#: Steps kept per rank for the looks (a rank sends at most 256 at a time)...
+KEPT_STEPS = 288
+#: ...and the most looks one report leads to (with more new steps, every n-th step is looked
+#: at: a job of many short steps costs the driver little).
+LOOKS_PER_REPORT = 64
 #: The causes a verdict names.
 INPUT, COMPUTE = "input", "compute"
 _CAUSE_TEXT = {INPUT: "in its input pipeline (waiting for batches)",
@@ -198,8 +201,9 @@ class StepSplits:
         if len(self._rows) < 2 or not all(self._rows.values()):
             return
         reported = min(max(rows) for rows in self._rows.values())
-        for step in range(max(self._looked + 1, reported - KEPT_STEPS + WINDOW_STEPS),
-                          reported + 1):
+        first = max(self._looked + 1, reported - KEPT_STEPS + WINDOW_STEPS)
+        stride = max(1, -(-(reported + 1 - first) // LOOKS_PER_REPORT))
+        for step in range(first, reported + 1, stride):
             steps = range(step - WINDOW_STEPS + 1, step + 1)
             if all(all(s in rows for s in steps) for rows in self._rows.values()):
                 parts = {rank: window_parts([rows[s] for s in steps])
@@ -219,7 +223,8 @@ class StepSplits:
         if self._streak[1] < LOOKS_TO_NAME:
             return
         if self.current is not None:
-            self.events.append(("cleared", self.current))
+            self.events.append(("cleared", Straggler(*[getattr(self.current, f) for f in (
+                "ranks", "host", "whole_host", "cause", "own_s", "others_s")], step)))
             self.current = None
         if found is not None:
             self.current = Straggler(found.ranks, found.host, found.whole_host, found.cause,
@@ -242,3 +247,22 @@ class StepSplits:
         if not rows:
             return None
         return window_parts([rows[s] for s in sorted(rows)[-WINDOW_STEPS:]])
+
+    def rank_rows(self, hosts: dict[int, str]) -> list[dict[str, Any]]:
+        """Per rank: ``rank``, ``host``, ``steps`` and the mean ``step_s``, ``input_s``,
+        ``compute_s``, ``comm_s`` over the job."""
+        return [{"rank": rank, "host": hosts.get(rank, ""), "steps": self.steps_of(rank),
+                 "step_s": parts.step_s, "input_s": parts.input_s,
+                 "compute_s": parts.compute_s, "comm_s": parts.comm_s}
+                for rank, parts in self.per_rank().items()]
+
+    def verdicts(self, unit: str = "rank") -> list[str]:
+        """What was found, one line per rank (or host) named: its verdict, the step it was
+        named at and, once it caught up, that step."""
+        lines: list[str] = []
+        for what, found in self.events:
+            if what == "named":
+                lines.append(f"from step {found.step}: {found.text(unit)}")
+            elif lines:
+                lines[-1] += f" (caught up by step {found.step})"
+        return lines

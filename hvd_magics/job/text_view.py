@@ -16,8 +16,9 @@ from typing import IO, Any
 from hvd_magics.job.job_state import SHOWN, JobState, display_line
 from hvd_magics.options import (VERBOSITY_ALL, VERBOSITY_DEBUG, VERBOSITY_LOG_CALLBACK_ONLY,
                                     validate_verbosity)
-from hvd_magics.protocol import EPOCH_END, LOG, OUTPUT, OUTPUT_PARTIAL, PROGRESS, RESIZE
-from hvd_magics.rank_names import TASK, line_tag, rank_named
+from hvd_magics.protocol import (EPOCH_END, LOG, OUTPUT, OUTPUT_PARTIAL, PROGRESS, RESIZE,
+                                 STEP_SPLIT)
+from hvd_magics.rank_names import TASK, line_tag, rank_named, ranks_named
 
 #: Lines are written at most this often...
 FLUSH_INTERVAL_S = 0.1
@@ -61,6 +62,8 @@ class TextView:
         self._open_len = 0  # the ranks' unfinished lines are on screen as the last line
         self._erased = False  # that line was cleared for complete lines: draw it again
         self._stalled: dict[int, float] = {}
+        #: Straggler verdicts printed so far (JobState.splits.events).
+        self._verdicts_said = 0
         #: Stalled ranks not yet shown: when to show them even without their stacks.
         self._where_due: dict[int, float] = {}
 
@@ -89,6 +92,12 @@ class TextView:
             return
         if kind == PROGRESS and self._progress_lines():  # no dashboard: its live line says it
             self._partials_changed = True
+        if kind == STEP_SPLIT and self.epoch_lines:  # no dashboard: its header says it
+            for what, found in job.splits.events[self._verdicts_said:]:
+                self._add(None, f"hvd_magics: {found.text(job.unit)}" if what == "named" else
+                          f"hvd_magics: {ranks_named(list(found.ranks), job.unit)} caught up "
+                          f"by step {found.step}: no {job.unit} holds the others back now")
+            self._verdicts_said = len(job.splits.events)
         for line in self._lines_of(job, event):
             self._add(rank, display_line(line))
 

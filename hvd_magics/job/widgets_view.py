@@ -15,6 +15,7 @@ from typing import Any
 from hvd_magics.job.job_state import (DONE, FAILED, INTERRUPTED, READY, RUNNING, SHARDING_DATA,
                                       STALL_AFTER_S, STARTING, STOPPED, WAITING, JobState,
                                       KEPT)
+from hvd_magics.job.straggler import StepParts
 from hvd_magics.protocol import OUTPUT
 from hvd_magics.rank_names import RANK, TASK, rank_named
 
@@ -58,8 +59,10 @@ class _RankRow:
         self.metrics = widgets.Label(layout=width(260))
         self.rate = widgets.Label(layout=width(110))
         self.seen = widgets.Label(layout=width(110))
+        #: Where its latest steps' time went (a bar of input, compute, communication).
+        self.split = widgets.HTML(layout=width(240))
         self.box = widgets.HBox([self.name, self.state, self.epoch, self.bar, self.metrics,
-                                 self.rate, self.seen])
+                                 self.rate, self.split, self.seen])
 
 
 def dashboard_box(children: list[Any], what: str) -> Any:
@@ -194,8 +197,12 @@ class WidgetView:
                              f"{html.escape(job.where)}: <b style='color:{colour}'>{overall}</b>, "
                              f"{elapsed:.1f} s{_attempts_html(job)}{_resets_html(job)}" +
                              (f"<br>{html.escape(nodes)}" if (nodes := nodes_text(job)) else ""))
+        if job.splits.current is not None:
+            self.header.value += (f"<br><b style='color:{_COLOURS[INTERRUPTED]}'>straggler:</b> "
+                                  f"{html.escape(job.splits.current.text(job.unit))}")
         for rank, row in zip(job.ranks, self._rows):
             self._refresh_row(rank, row, now, final, job.elastic is not None, job.stall_after)
+            row.split.value = split_bar(job.splits.latest(rank.rank))
         if job.history.changed_at > self._charts_drawn and (
                 final or now - self._charts_drawn >= CHARTS_INTERVAL_S):
             self._charts_drawn = now
@@ -241,6 +248,25 @@ class WidgetView:
         row.metrics.value = "  ".join(f"{k} {v:.4g}" for k, v in list(rank.metrics.items())[:4])
         row.rate.value = f"{rank.samples_per_s:,.0f} samples/s" if rank.samples_per_s else ""
         row.seen.value = "" if rank.exited or final else f"seen {silent:.0f} s ago"
+
+
+#: The colours of a step's parts in a rank's split bar: input, compute, communication.
+SPLIT_COLOURS = ("#8e24aa", "#1e88e5", "#fb8c00")
+
+
+def split_bar(parts: StepParts | None) -> str:
+    """A rank's latest steps as a bar of input, compute and communication, with their
+    shares (``""`` before it reported a step)."""
+    if parts is None or parts.step_s <= 0:
+        return ""
+    widths = [100 * value / parts.step_s for value in (parts.input_s, parts.compute_s,
+                                                       parts.comm_s)]
+    cells = "".join(f"<span style='display:inline-block;height:9px;width:{w * 0.8:.1f}px;"
+                    f"background:{colour}'></span>"
+                    for w, colour in zip(widths, SPLIT_COLOURS) if w >= 0.5)
+    return (f"<span title='{html.escape(parts.shares())} of a {parts.step_s:.3g} s step'>"
+            f"{cells}</span> <span style='font-size:smaller'>"
+            f"{html.escape(parts.shares())}</span>")
 
 
 def _size_text(job: JobState) -> str:

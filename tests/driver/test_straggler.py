@@ -1,0 +1,48 @@
+"""The straggler named from real ranks' steps (driver ranks, Gloo): a DDP loop and a Horovod
+loop with one rank slowed in compute or in its data loader, and a clean loop that names nobody."""
+import pytest
+
+from hvd_magics import HorovodRunner
+from hvd_magics.launch.payload import serialize_job
+from tests import engine_jobs
+
+
+def _run(engine, **kwargs):
+    return HorovodRunner(np=-2, engine=engine).run_payload(
+        serialize_job(engine_jobs.straggler_ddp, {"engine": engine, **kwargs}), views=[])
+
+
+def test_a_ddp_rank_slowed_in_compute_is_named_within_twenty_steps_with_its_split():
+    record = _run("torch", steps=70, slow_rank=1, how="compute", slower=0.3, slow_from=20)
+    assert record.value == 70
+    assert len(record.stragglers) == 1, record.stragglers
+    verdict = record.stragglers[0]
+    step = int(verdict.split(":")[0].removeprefix("from step "))
+    assert 20 <= step < 40, verdict
+    assert "rank 1 (host " in verdict and "in compute" in verdict
+    by_rank = {row["rank"]: row for row in record.step_split}
+    assert [by_rank[r]["steps"] for r in (0, 1)] == [69, 69]  # the first step has no start
+    assert by_rank[0]["comm_s"] > by_rank[1]["comm_s"] + 0.004  # rank 0 waits for rank 1
+    frame = record.steps
+    assert set(frame["rank"]) == {0, 1} and frame.groupby("rank")["steps"].sum().tolist() == [
+        69, 69]
+    assert ((frame["input_s"] + frame["compute_s"] + frame["comm_s"] - frame["step_s"]).abs()
+            < 1e-4).all()
+    assert "straggler" in str(record) and "steps of rank 1" in str(record)
+
+
+def test_a_horovod_rank_slowed_in_its_data_loader_is_named_for_its_input():
+    record = _run("horovod", steps=50, slow_rank=0, how="input", slower=0.3)
+    assert len(record.stragglers) == 1, record.stragglers
+    assert record.stragglers[0].startswith("from step 15: rank 0 (host ")
+    assert "in its input pipeline" in record.stragglers[0]
+    by_rank = {row["rank"]: row for row in record.step_split}
+    assert by_rank[0]["input_s"] > 0.005 > by_rank[1]["input_s"]
+
+
+@pytest.mark.parametrize("engine", ["torch", "horovod"])
+def test_ranks_of_equal_speed_name_nobody(engine):
+    record = _run(engine, steps=60)
+    assert record.stragglers == []
+    assert "none: no rank held the others back" in str(record)
+    assert len(record.step_split) == 2

@@ -1,0 +1,129 @@
+"""The straggler verdict from synthetic step splits (no ranks): who is named, for what cause,
+after how many steps, and who never is."""
+import io
+import random
+
+from hvd_magics.job.job_state import JobState
+from hvd_magics.job.straggler import (LOOKS_TO_NAME, WINDOW_STEPS, COMPUTE, INPUT, StepParts,
+                                      StepSplits, look)
+from hvd_magics.job.text_view import TextView
+from hvd_magics.protocol import STEP_SPLIT
+
+HOSTS = {0: "10.0.0.2", 1: "10.0.0.2", 2: "10.0.0.3", 3: "10.0.0.3"}
+
+
+def _parts(own, comm, input_s=0.001):
+    return StepParts(own + comm, input_s, comm)
+
+
+def test_the_rank_whose_own_work_is_longest_while_the_others_wait_is_named_with_its_cause():
+    parts = {0: _parts(0.030, 0.012), 1: _parts(0.042, 0.001), 2: _parts(0.031, 0.011)}
+    found = look(parts, {0: "a", 1: "b", 2: "c"})
+    assert found is not None and found.ranks == (1,) and found.cause == COMPUTE
+    assert not found.whole_host and found.host == "b"
+    assert found.text().startswith("rank 1 (host b) holds the others back: its own work takes "
+                                   "38% longer per step than the others'")
+
+    slow_input = {0: StepParts(0.043, 0.011, 0.001), 1: StepParts(0.043, 0.001, 0.012)}
+    found = look(slow_input, {})
+    assert found is not None and found.ranks == (0,) and found.cause == INPUT
+    assert "in its input pipeline" in found.text()
+
+
+def test_no_rank_is_named_when_the_ranks_differ_little_or_nobody_waits_for_the_slowest():
+    even = {r: _parts(0.030 + 0.0005 * r, 0.010 - 0.0005 * r) for r in range(4)}
+    assert look(even, HOSTS) is None
+    # a slow link: every rank waits long in communication, their own work alike
+    assert look({r: _parts(0.020, 0.080) for r in range(4)}, HOSTS) is None
+    # one rank's own work is longer but the others do not wait for it (it overlaps)
+    assert look({0: _parts(0.040, 0.010), 1: _parts(0.030, 0.011)}, {}) is None
+    assert look({0: _parts(0.040, 0.001)}, {}) is None  # one rank: nobody to hold back
+
+
+def test_every_rank_of_a_slow_host_is_named_as_the_host():
+    parts = {0: _parts(0.030, 0.012), 1: _parts(0.031, 0.011),
+             2: _parts(0.042, 0.001), 3: _parts(0.041, 0.0015)}
+    found = look(parts, HOSTS)
+    assert found is not None and found.whole_host and found.ranks == (2, 3)
+    assert found.text().startswith("the ranks of host 10.0.0.3 (ranks 2, 3) hold the others back")
+    # one slow rank on a host of two is that rank, not its host
+    parts[3] = _parts(0.030, 0.012)
+    found = look(parts, HOSTS)
+    assert found is not None and found.ranks == (2,) and not found.whole_host
+
+
+def _feed(splits, steps, slow=None, noise=0.0, seed=0, spike_at=None, ranks=2):
+    """Rows for ``steps`` (step numbers); ``slow(step) -> (rank, extra_s) or None``."""
+    rng = random.Random(seed)
+    for rank in range(ranks):
+        rows = []
+        for step in steps:
+            who, extra = (slow(step) if slow else None) or (None, 0.0)
+            own = 0.030 * (1 + rng.uniform(-noise, noise))
+            if step == spike_at and rank == 0:
+                own *= 10  # one long step (an evaluation): left out of every window
+            mine = own + (extra if rank == who else 0.0)
+            longest = 0.030 + extra
+            rows.append([step, max(mine, longest) + 0.002, 0.0005, max(mine, longest) - mine
+                         + 0.002])
+        splits.observe(rank, {"rows": rows, "totals": [len(rows), 0.0, 0.0, 0.0]},
+                       {r: f"h{r}" for r in range(ranks)})
+
+
+def test_a_rank_slowed_from_a_step_on_is_named_within_twenty_steps_and_cleared_when_it_catches_up():
+    splits = StepSplits()
+    slow = lambda step: (1, 0.009) if 30 <= step < 80 else None  # noqa: E731 - 30% slower
+    for first in range(1, 121, 5):  # reports of five steps, as they come
+        _feed(splits, range(first, first + 5), slow)
+    named = [found for what, found in splits.events if what == "named"]
+    cleared = [found for what, found in splits.events if what == "cleared"]
+    assert [f.ranks for f in named] == [(1,)] and named[0].cause == COMPUTE
+    assert 30 + WINDOW_STEPS - 1 <= named[0].step < 30 + 20
+    assert cleared and 80 <= cleared[0].step < 80 + 20
+    assert splits.current is None
+    assert splits.verdicts()[0].startswith(f"from step {named[0].step}: rank 1 (host h1) holds")
+    assert splits.verdicts()[0].endswith(f"(caught up by step {cleared[0].step})")
+
+
+def test_noise_a_single_long_step_and_a_short_slow_spell_name_nobody():
+    for seed in range(20):  # 20 clean runs with 10% noise per step
+        splits = StepSplits()
+        _feed(splits, range(1, 201), noise=0.10, seed=seed, spike_at=50)
+        assert splits.events == [], (seed, splits.events)
+    splits = StepSplits()  # slower for fewer steps than it takes to be named
+    _feed(splits, range(1, 101),
+          lambda step: (1, 0.01) if 40 <= step < 40 + LOOKS_TO_NAME - 1 else None)
+    assert splits.events == []
+
+
+def test_looks_wait_for_every_rank_and_the_dataframe_rows_and_totals_add_up():
+    splits = StepSplits(started_at=0.0)
+    hosts = {0: "a", 1: "b"}
+    slow = [[s, 0.05, 0.0, 0.0] for s in range(1, 41)]
+    splits.observe(0, {"rows": slow, "totals": [40, 2.0, 0.0, 0.0], "recv": 3.0}, hosts)
+    assert splits.events == [] and splits.latest(1) is None  # rank 1 has said nothing yet
+    fast = [[s, 0.05, 0.0, 0.015] for s in range(1, 41)]
+    splits.observe(1, {"rows": fast, "totals": [40, 2.0, 0.0, 0.6], "recv": 3.5}, hosts)
+    assert [(what, f.ranks, f.step) for what, f in splits.events] == [
+        ("named", (0,), WINDOW_STEPS + LOOKS_TO_NAME - 1)]
+    assert [row["steps"] for row in splits.intervals] == [40, 40]
+    assert splits.intervals[1]["comm_s"] == 0.015 and splits.intervals[1]["time_s"] == 3.5
+    rows = splits.rank_rows(hosts)
+    assert rows[1]["compute_s"] == 0.035 and rows[0]["host"] == "a"
+
+
+def test_a_plain_text_cell_prints_each_verdict_once(tmp_path):
+    out = io.StringIO()
+    job = JobState(2, tmp_path / "log", views=[TextView(stream=out, epoch_lines=True)])
+    for first in range(1, 60, 10):
+        for rank, comm in ((0, 0.0), (1, 0.015)):
+            rows = [[s, 0.05, 0.0, comm] for s in range(first, first + 10)]
+            job.handle({"kind": STEP_SPLIT, "rank": rank, "host": f"h{rank}", "rows": rows,
+                        "totals": [10, 0.5, 0.0, comm * 10]})
+    job.views[0].on_end(job)
+    job.end()
+    lines = [line for line in out.getvalue().splitlines() if "holds the others back" in line]
+    assert lines == ["hvd_magics: rank 0 (host h0) holds the others back: its own work takes 43% "
+                     "longer per step than the others' (0.05 s against 0.035 s), in compute "
+                     "(forward, backward, optimizer); the other ranks spend that time waiting in "
+                     "communication"]
