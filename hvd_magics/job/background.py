@@ -125,7 +125,7 @@ class BackgroundJob:
             time.sleep(0.02)
         job.stacks.pop(request, None)
         return JobStacks(answers, sorted(running - set(answers)), time.monotonic() - began,
-                         starting)
+                         starting, job.splits.now(job.unit))
 
     def timeline_so_far(self) -> str | None:
         """The job's Horovod Timeline so far (a valid copy), while it runs and records one;

@@ -616,7 +616,7 @@ def collect_stacks(job: JobState, backend: Backend, events: queue.Queue,
     answers = job.stacks.pop(request)
     unanswered, starting = waiting - set(answers), set(job.starting_ranks())
     return JobStacks(dict(answers), sorted(unanswered - starting), time.monotonic() - began,
-                     sorted(unanswered & starting))
+                     sorted(unanswered & starting), job.splits.now(job.unit))
 
 
 def _where_on_interrupt(job: JobState, backend: Backend, events: queue.Queue) -> str:

@@ -141,12 +141,16 @@ class JobStacks:
         How long taking them took.
     starting : list of int
         Ranks whose process had not started yet (nothing to ask).
+    straggler : str
+        The rank (or host) the others wait for, as its steps' split found it when the stacks
+        were taken (:mod:`hvd_magics.job.straggler`); ``""`` when none was found.
     """
 
     ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
     missing: list[int] = field(default_factory=list)
     seconds: float = 0.0
     starting: list[int] = field(default_factory=list)
+    straggler: str = ""
 
     def where(self) -> dict[int, str]:
         """Rank -> where its main thread is, in a line (:func:`where`)."""
@@ -159,7 +163,11 @@ class JobStacks:
 
     def diagnosis(self, unit: str = "rank") -> str:
         """In words, when some ranks wait in a collective and others are elsewhere: ``ranks 0
-        wait in a Horovod collective for rank 1, which is elsewhere (see below)``."""
+        wait in a Horovod collective for rank 1, which is elsewhere (see below)``; else, when
+        the steps' split found one, the rank the others wait for."""
+        return self._elsewhere(unit) or self.straggler
+
+    def _elsewhere(self, unit: str) -> str:
         engines = {r: collective_of(e.get("threads", [])) for r, e in self.ranks.items()}
         waiting = sorted(r for r, name in engines.items() if name)
         elsewhere = sorted(set(self.ranks) - set(waiting)) + list(self.missing)

@@ -8,8 +8,8 @@ compute) is longer than the others' while they wait for it in communication hold
 A look reads the latest :data:`WINDOW_STEPS` steps every rank has reported (a step far longer
 than the window's usual one, an evaluation or a checkpoint, is left out of it). A rank (or every
 rank of one host) is named only when :data:`LOOKS_TO_NAME` looks in a row, one per step, find the
-same one: its own work per step longer than the others' by at least :data:`NAME_SHARE` of a step,
-and the others waiting for it in communication for at least half of that. It is cleared when as
+same one: its own work per step longer than the others' by at least :data:`NAME_SHARE` of
+theirs, and the others waiting for it in communication for at least half of that. It is cleared when as
 many looks in a row no longer find it by half that margin. The cause is the part of its own work
 (input or compute) that exceeds the others' the more.
 
@@ -30,8 +30,8 @@ WINDOW_STEPS = 8
 #: ...and how many looks in a row (one per step) must find the same rank before it is named, or
 #: no longer find it before it is cleared.
 LOOKS_TO_NAME = 8
-#: How much longer (a share of the step) a rank's own work must be than the others' to be named,
-#: and below which it is cleared.
+#: How much longer (a share of the others' own work) a rank's own work must be than theirs to be
+#: named, and below which it is cleared.
 NAME_SHARE = 0.08
 CLEAR_SHARE = NAME_SHARE / 2
 #: Of that excess, the least share the others must spend waiting in communication.
@@ -120,31 +120,30 @@ def _cause(parts: dict[int, StepParts], named: list[int], others: list[int]) -> 
 
 
 def _holds_back(parts: dict[int, StepParts], named: list[int], others: list[int],
-                share: float, step_s: float) -> bool:
+                share: float) -> bool:
     base = statistics.median(parts[r].own_s for r in others)
     excess = min(parts[r].own_s for r in named) - base
     waited = statistics.median(parts[r].comm_s for r in others) - max(
         parts[r].comm_s for r in named)
-    return excess >= share * step_s and waited >= WAIT_SHARE * excess
+    return excess >= share * base and excess > 0 and waited >= WAIT_SHARE * excess
 
 
 def look(parts: dict[int, StepParts], hosts: dict[int, str],
          share: float = NAME_SHARE) -> Straggler | None:
     """The rank, or the ranks of one host, that hold the others back in one window's
-    ``parts`` (rank -> mean step), by a margin of ``share`` of a step; ``None`` when none
-    does."""
+    ``parts`` (rank -> mean step), their own work longer than the others' by ``share`` of it;
+    ``None`` when none does."""
     if len(parts) < 2:
         return None
-    step_s = statistics.mean(p.step_s for p in parts.values())
     slowest = max(parts, key=lambda r: parts[r].own_s)
     host = hosts.get(slowest, "")
     mates = sorted(r for r in parts if host and hosts.get(r) == host)
     elsewhere = [r for r in parts if r not in mates]
-    if len(mates) > 1 and elsewhere and _holds_back(parts, mates, elsewhere, share, step_s):
+    if len(mates) > 1 and elsewhere and _holds_back(parts, mates, elsewhere, share):
         named, others, whole = mates, elsewhere, True
     else:
         named, others, whole = [slowest], [r for r in parts if r != slowest], False
-        if not _holds_back(parts, named, others, share, step_s):
+        if not _holds_back(parts, named, others, share):
             return None
     return Straggler(tuple(named), host, whole, _cause(parts, named, others),
                      statistics.mean(parts[r].own_s for r in named),
@@ -247,6 +246,10 @@ class StepSplits:
         if not rows:
             return None
         return window_parts([rows[s] for s in sorted(rows)[-WINDOW_STEPS:]])
+
+    def now(self, unit: str = "rank") -> str:
+        """The verdict on the rank (or host) holding the others back now, ``""`` when none."""
+        return self.current.text(unit) if self.current is not None else ""
 
     def rank_rows(self, hosts: dict[int, str]) -> list[dict[str, Any]]:
         """Per rank: ``rank``, ``host``, ``steps`` and the mean ``step_s``, ``input_s``,

@@ -46,3 +46,24 @@ def test_ranks_of_equal_speed_name_nobody(engine):
     assert record.stragglers == []
     assert "none: no rank held the others back" in str(record)
     assert len(record.step_split) == 2
+
+
+def test_the_stacks_of_a_running_job_name_the_rank_the_others_wait_for():
+    """Every rank is in a collective or about to be; the stacks alone cannot tell who is late:
+    the split's verdict says it."""
+    import time
+
+    job = HorovodRunner(np=-2, engine="horovod").start(
+        engine_jobs.straggler_ddp, engine="horovod", steps=2000, slow_rank=1, how="compute",
+        slower=0.5)
+    try:
+        deadline = time.monotonic() + 60
+        while job._live.job is None or job._live.job.splits.current is None:
+            assert time.monotonic() < deadline and not job.done(), "no rank was named"
+            time.sleep(0.05)
+        stacks = job.stacks()
+        assert str(stacks).count("So: ") == 1
+        assert "So: rank 1 (host " in str(stacks) and "holds the others back" in str(stacks)
+        assert stacks.summary().endswith("in communication.")
+    finally:
+        job.stop()

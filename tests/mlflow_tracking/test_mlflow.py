@@ -106,6 +106,11 @@ def test_a_ddp_run_is_tracked_with_its_engine_and_epoch_metrics(tracking):
     run = tracking.get_run(last_run().mlflow_run_id)
     assert run.info.status == "FINISHED" and run.data.params["engine"] == "torch"
     assert [step for step, _ in _history(tracking, run.info.run_id, "loss")] == [1, 2]
+    # each rank's step split: its mean parts as metrics, every interval as a CSV
+    split = {row["rank"]: row for row in last_run().step_split}
+    assert run.data.metrics["rank_1.comm_s"] == pytest.approx(split[1]["comm_s"])
+    assert {"rank_0.step_s", "rank_0.input_s", "rank_0.compute_s"} <= set(run.data.metrics)
+    assert "step_split.csv" in {a.path for a in tracking.list_artifacts(run.info.run_id)}
 
 
 def test_a_restarted_job_is_one_run_tagged_with_each_attempt(tracking, tmp_path):
