@@ -8,9 +8,10 @@ in a clean run; and what does timing each step's parts cost.
    20 steps of the slowdown (the step the verdict names it at, minus 20).
 2. clean: ``--clean`` runs of the same loops with no rank slowed (np 2 and 4, both engines in
    turn): how many name anyone (goal 0).
-3. overhead: a DDP loop and a Horovod loop of many tiny steps (np=-2), with the split on and off
-   (``HVD_MAGICS_STEP_SPLIT=0``), interleaved ``--runs`` times; rank 0's own time of its loop.
-   Then the direct cost of one step's hooks, against the loop's step. Keras and tf.distribute
+3. overhead: a DDP loop and a Horovod loop (one rank each, a process of its own, so that no
+   other rank shares the two cores and swings its time by 20%), of tiny steps (~0.3 ms) and
+   of medium ones (a few ms), with the split on and off (``HVD_MAGICS_STEP_SPLIT=0``),
+   interleaved ``--runs`` times: steps/s on over off. Then the direct cost of one step's hooks. Keras and tf.distribute
    steps are not split (a graph call hides its parts), so they cost nothing.
 
 Not measured here: a slow link. A link slower than the others' slows every rank's communication
@@ -19,8 +20,8 @@ hand with tests/hosts.py: every rank shows most of its step in communication).
 
 Usage: .venv/bin/python benchmarks/straggler.py [--runs 5] [--clean 20] [--steps 80]
 Last line: straggler detected=<right>/<runs> clean_named=<n>/<clean> max_delay_steps=<n>
-ddp_ratio=<on/off> horovod_ratio=<on/off> (goals: every run right, 0 clean runs named,
-ratios >= 0.99)
+ddp_tiny_ratio=... ddp_medium_ratio=... horovod_tiny_ratio=... horovod_medium_ratio=...
+(steps/s on over off; goals: every run right, 0 clean runs named, ratios >= 0.99)
 """
 from __future__ import annotations
 
@@ -101,16 +102,26 @@ def clean(count: int, steps: int) -> int:
     return named
 
 
-def many_steps(engine: str = "torch", steps: int = 3000):
-    """A loop of ``steps`` tiny steps over a DataLoader (DDP or Horovod), after 100 warm-up
-    steps; rank 0's own seconds for them."""
-    import time
+#: The overhead's loops: (name, width of the MLP's layers, batch size); tiny steps take about
+#: 0.3 ms on this machine, medium ones a few ms.
+LOOPS = (("tiny", 8, 4), ("medium", 2048, 256))
 
+
+def one_loop(engine: str, width: int, batch: int, steps: int = 3000) -> float:
+    """In this process, one rank (world of 1) of a DDP or Horovod loop over a DataLoader:
+    seconds per step after 300 warm-up steps."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(20000 + os.getpid() % 20000),
+                      RANK="0", WORLD_SIZE="1")
+    if os.environ.get(ENV_STEP_SPLIT, "1") != "0":
+        from hvd_magics.rank import step_split
+
+        step_split.install()
     import torch
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    net = torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.ReLU(),
+                              torch.nn.Linear(width, 2))
     if engine == "torch":
         import torch.distributed as dist
 
@@ -124,16 +135,27 @@ def many_steps(engine: str = "torch", steps: int = 3000):
         model = net
         optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                              named_parameters=model.named_parameters())
-    rows = (steps + 100) * 4
+    rows = (steps + 300) * batch
     data = torch.utils.data.TensorDataset(torch.randn(rows, 16), torch.randint(0, 2, (rows,)))
     start = 0.0
-    for i, (x, y) in enumerate(torch.utils.data.DataLoader(data, batch_size=4)):
-        if i == 100:
+    for i, (x, y) in enumerate(torch.utils.data.DataLoader(data, batch_size=batch)):
+        if i == 300:
             start = time.perf_counter()
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
-    return time.perf_counter() - start
+    return (time.perf_counter() - start) / steps
+
+
+def _loop_in_process(engine: str, width: int, batch: int, on: bool) -> float:
+    import subprocess
+
+    env = {**os.environ, ENV_STEP_SPLIT: "1" if on else "0"}
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import straggler; "
+            f"print(straggler.one_loop({engine!r}, {width}, {batch}))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return float(out.strip().splitlines()[-1])
 
 
 def direct_cost(calls: int = 100_000) -> float:
@@ -158,20 +180,19 @@ def direct_cost(calls: int = 100_000) -> float:
 def overhead(runs: int) -> list[str]:
     out = []
     for engine in ("torch", "horovod"):
-        on, off = [], []
-        for run in range(runs):
-            for label, times, env in in_turn(run, (("on", on, {}),
-                                                   ("off", off, {ENV_STEP_SPLIT: "0"}))):
-                record = _run(2, engine, env=env, job=many_steps)
-                times.append(record.value)
-                print(f"run {run + 1} {engine:<7} split {label:<3} loop {record.value:.3f} s",
-                      flush=True)
-        step_s = statistics.median(off) / 3000
-        cost = direct_cost()
-        print(f"direct: {cost * 1e6:.2f} us of hooks a step; a step of this {engine} loop takes "
-              f"{step_s * 1e3:.3f} ms -> estimated ratio {1 / (1 + cost / step_s):.4f}")
-        # times: a shorter loop is faster, so on/off is off's time over on's
-        out.append(ratio_text(f"{'ddp' if engine == 'torch' else engine}_ratio", off, on))
+        for name, width, batch in LOOPS:
+            on, off = [], []
+            for run in range(runs):
+                for label, times, split in in_turn(run, (("on", on, True), ("off", off, False))):
+                    times.append(_loop_in_process(engine, width, batch, split))
+                    print(f"run {run + 1} {engine:<7} {name:<6} split {label:<3} "
+                          f"{times[-1] * 1e3:.3f} ms a step", flush=True)
+            # steps/s on over off = off's step time over on's
+            tag = f"{'ddp' if engine == 'torch' else engine}_{name}_ratio"
+            out.append(ratio_text(tag, off, on))
+            print(out[-1], flush=True)
+    cost = direct_cost()
+    print(f"direct: {cost * 1e6:.2f} us of hooks a step, called alone")
     return out
 
 
@@ -180,12 +201,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--clean", type=int, default=20)
     parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--parts", default="detection,clean,overhead",
+                        help="which parts to run (comma-separated)")
     args = parser.parse_args()
+    parts = args.parts.split(",")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     began = time.monotonic()
-    right, runs, delay = detection(args.steps)
-    named = clean(args.clean, args.steps)
-    ratios = overhead(args.runs)
+    right, runs, delay = detection(args.steps) if "detection" in parts else (0, 0, -1)
+    named = clean(args.clean, args.steps) if "clean" in parts else 0
+    ratios = overhead(args.runs) if "overhead" in parts else []
     print(f"({time.monotonic() - began:.0f} s)")
     print(f"straggler detected={right}/{runs} clean_named={named}/{args.clean} "
           f"max_delay_steps={delay} {' '.join(ratios)}")

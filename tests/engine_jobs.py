@@ -1016,3 +1016,14 @@ def straggler_ddp(steps: int = 60, slow_rank: int | None = None, how: str = "com
         optimizer.step()
         taken += 1
     return taken
+
+
+def pick_local_rank_gpu():
+    """``torch.cuda.set_device(LOCAL_RANK)`` as a rank that shares its host's one GPU meets it
+    (a stand-in: no GPU here; the message is the one torch 2.11 gave on an H200 with np=-2)."""
+    import os
+
+    if int(os.environ["LOCAL_RANK"]) >= 1:
+        raise RuntimeError("CUDA error: invalid device ordinal\nGPU device may be out of range, "
+                           "do you have enough GPUs?")
+    return "ok"

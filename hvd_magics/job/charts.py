@@ -42,6 +42,10 @@ class MetricHistory:
         Metric name (``val_`` ones too) -> ``(epoch, value)`` of rank 0.
     rates : dict
         Rank -> ``(seconds since the job started, samples/s)``.
+    own : dict
+        Rank -> ``(seconds since the job started, ms of its own work per step)``: input and
+        compute, what is left of a step without the wait in collectives
+        (:mod:`hvd_magics.job.straggler`).
     """
 
     def __init__(self, started_at: float) -> None:
@@ -49,6 +53,7 @@ class MetricHistory:
         self.steps: dict[str, list[tuple[float, float]]] = {}
         self.epochs: dict[str, list[tuple[float, float]]] = {}
         self.rates: dict[int, list[tuple[float, float]]] = {}
+        self.own: dict[int, list[tuple[float, float]]] = {}
         self._smoothed: dict[str, float] = {}
         #: When a chart last changed (``time.monotonic()``; 0: never).
         self.changed_at = 0.0
@@ -59,6 +64,13 @@ class MetricHistory:
         if changed:
             self.changed_at = now
         return changed
+
+    def observe_own_work(self, rank: int, own_s: float, now: float) -> None:
+        """Take a rank's mean own work per step (seconds) over its latest report."""
+        if math.isfinite(own_s):
+            self.own.setdefault(rank, []).append((now - self.started_at, 1000 * own_s))
+            _thin(self.own[rank])
+            self.changed_at = now
 
     def _take(self, kind: str, rank: int, event: dict[str, Any], now: float) -> bool:
         metrics = {k: float(v) for k, v in (event.get("metrics") or {}).items()
@@ -97,7 +109,7 @@ class MetricHistory:
 
     @property
     def empty(self) -> bool:
-        return not (self.steps or self.epochs or self.rates)
+        return not (self.steps or self.epochs or self.rates or self.own)
 
     def html(self) -> str:
         """The charts side by side (``""`` when there is nothing to draw)."""
@@ -111,6 +123,9 @@ class MetricHistory:
         if self.rates:
             charts.append(svg_chart({rank_named(r): p for r, p in sorted(self.rates.items())},
                                     "samples/s per rank", "seconds"))
+        if len(self.own) > 1:
+            charts.append(svg_chart({rank_named(r): p for r, p in sorted(self.own.items())},
+                                    "own work per step, ms (input + compute)", "seconds"))
         if not charts:
             return ""
         return ("<div class='hvd-charts' style='display:flex;flex-wrap:wrap;gap:8px'>"

@@ -373,6 +373,9 @@ class JobState:
 
     def _on_step_split(self, state: RankState, event: dict[str, Any]) -> None:
         self.splits.observe(state.rank, event, {r.rank: r.host for r in self.ranks})
+        count, step_s, input_s, comm_s = (event.get("totals") or [0, 0.0, 0.0, 0.0])[:4]
+        if count:
+            self.history.observe_own_work(state.rank, (step_s - comm_s) / count, event["recv"])
 
     def _on_stacks(self, state: RankState, event: dict[str, Any]) -> None:
         self.stacks.setdefault(str(event.get("request")), {})[state.rank] = event

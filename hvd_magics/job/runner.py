@@ -79,6 +79,16 @@ ELASTIC_RUN_HINT = (
     "outside one, Horovod shuts down on every rank. Fix: put the training loop in such a "
     "function (Horovod's elastic examples show the pattern)")
 
+#: Said when the first failure is a rank picking a GPU it cannot see, or NCCL finding two ranks
+#: on one GPU (seen on an H200 with np=-2: docs/gpu-nodes.md).
+GPU_SHARING_MARKERS = ("invalid device ordinal", "Duplicate GPU detected")
+GPU_SHARING_HINT = (
+    ". A host with fewer GPUs than ranks shares them: each rank then sees only the GPU it "
+    "shares (as cuda:0), so torch.cuda.set_device(LOCAL_RANK) names a device it cannot see, "
+    "and NCCL refuses two ranks on one GPU. Fix: at most one rank per GPU (np=-1 on a driver "
+    "with one GPU; on Spark, as many task GPUs as ranks), or the gloo backend where ranks must "
+    "share a GPU")
+
 #: ``decode(parts) -> (value, returned)``: what a job's record holds as its ``value`` and its
 #: ``returned`` variables, from rank 0's encoded parts (:mod:`hvd_magics.result_codec`).
 Decoder = Callable[[dict], "tuple[Any, dict[str, Any]]"]
@@ -835,9 +845,11 @@ def _watch(job: JobState, backend: Backend, events: queue.Queue, start_timeout: 
     first = failures[0]
     lead = f"{job.lost_host[0].upper()}{job.lost_host[1:]}; the job was stopped. " \
         if job.lost_host else ""
+    hint = GPU_SHARING_HINT if any(
+        marker in f"{first.message} {first.traceback}" for marker in GPU_SHARING_MARKERS) else ""
     raise HorovodJobError(
         f"{lead}{_uneven_note(job, first)}{len(failures)} of {job.size} ranks failed; the first "
-        f"was {first.headline()}", failures, str(job.log_path))
+        f"was {first.headline()}{hint}", failures, str(job.log_path))
 
 
 def _uneven_note(job: JobState, first: RankFailure) -> str:

@@ -174,10 +174,16 @@ class StepSplits:
         self.current: Straggler | None = None
         self.events: list[tuple[str, Straggler]] = []
         self.intervals: list[dict[str, Any]] = []
+        #: Rank -> its GPU's latest reading (:mod:`hvd_magics.rank.gpu_memory`), and the
+        #: highest peak it reported.
+        self.gpu: dict[int, dict[str, Any]] = {}
 
     def observe(self, rank: int, event: dict[str, Any], hosts: dict[int, str]) -> None:
         """Take one rank's ``step_split`` event and look again at every step all ranks have
         now reported."""
+        if event.get("gpu"):
+            peak = max(event["gpu"].get("peak") or 0, self.gpu.get(rank, {}).get("peak") or 0)
+            self.gpu[rank] = {**event["gpu"], "peak": peak}
         rows = self._rows.setdefault(rank, {})
         for step, step_s, input_s, comm_s in event.get("rows") or []:
             rows[int(step)] = (float(step_s), float(input_s), float(comm_s))
@@ -256,8 +262,19 @@ class StepSplits:
         ``compute_s``, ``comm_s`` over the job."""
         return [{"rank": rank, "host": hosts.get(rank, ""), "steps": self.steps_of(rank),
                  "step_s": parts.step_s, "input_s": parts.input_s,
-                 "compute_s": parts.compute_s, "comm_s": parts.comm_s}
+                 "compute_s": parts.compute_s, "comm_s": parts.comm_s,
+                 **({"gpu_peak_bytes": self.gpu[rank]["peak"]} if rank in self.gpu else {})}
                 for rank, parts in self.per_rank().items()]
+
+    def gpu_text(self, rank: int) -> str:
+        """``"GPU 3.1/80 GB (peak 4.0), 97% busy"``, ``""`` on a rank without a GPU."""
+        gpu = self.gpu.get(rank)
+        if not gpu:
+            return ""
+        gb = 1024 ** 3
+        busy = f", {gpu['util']}% busy" if gpu.get("util") is not None else ""
+        return (f"GPU {gpu['used'] / gb:.1f}/{gpu['total'] / gb:.0f} GB "
+                f"(peak {gpu['peak'] / gb:.1f}){busy}")
 
     def verdicts(self, unit: str = "rank") -> list[str]:
         """What was found, one line per rank (or host) named: its verdict, the step it was

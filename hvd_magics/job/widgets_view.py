@@ -202,7 +202,9 @@ class WidgetView:
                                   f"{html.escape(job.splits.current.text(job.unit))}")
         for rank, row in zip(job.ranks, self._rows):
             self._refresh_row(rank, row, now, final, job.elastic is not None, job.stall_after)
-            row.split.value = split_bar(job.splits.latest(rank.rank))
+            gpu = job.splits.gpu_text(rank.rank)
+            row.split.value = split_bar(job.splits.latest(rank.rank)) + (
+                f"<br><span style='font-size:smaller'>{html.escape(gpu)}</span>" if gpu else "")
         if job.history.changed_at > self._charts_drawn and (
                 final or now - self._charts_drawn >= CHARTS_INTERVAL_S):
             self._charts_drawn = now

@@ -34,7 +34,7 @@ import weakref
 from typing import Any, Callable, Iterator
 
 from hvd_magics.protocol import ENV_STEP_SPLIT, STEP_SPLIT
-from hvd_magics.rank import rank_events
+from hvd_magics.rank import gpu_memory, rank_events
 from hvd_magics.rank.import_hooks import after_import, before_call
 
 #: Least seconds between two ``step_split`` events.
@@ -165,7 +165,7 @@ def flush() -> None:
     dropped = split.dropped + len(split.rows) - len(rows)
     rank_events.emit(STEP_SPLIT, rows=[[int(r[0])] + [round(v, 6) for v in r[1:]] for r in rows],
                      totals=[split.totals[0]] + [round(v, 6) for v in split.totals[1:]],
-                     dropped=dropped)
+                     dropped=dropped, gpu=gpu_memory.reading())
     split.rows, split.dropped, split.totals = [], 0, [0, 0.0, 0.0, 0.0]
 
 

@@ -14,7 +14,7 @@ from hvd_magics import HorovodJobError, HorovodRunner, last_run
 from hvd_magics.launch.payload import serialize_job
 from hvd_magics.result_codec import ENV_MAX_RESULT_MB
 from hvd_magics.job.text_view import TextView
-from tests import jobs
+from tests import engine_jobs, jobs
 from tests.conftest import ROOT, processes_left, rank_processes_alive
 
 
@@ -279,3 +279,13 @@ def test_a_keras_3_model_under_horovods_keras_api_is_refused_before_it_trains(ip
                                          r"inside the cell"):
         ip.run_cell_magic("horovod", "np=-2", cell)
     assert last_run() is None or last_run().np != -2
+
+
+def test_a_rank_that_picks_a_gpu_it_cannot_see_gets_the_fix():
+    """No GPU here: the rank raises the error torch gave on a GPU machine (the stand-in); what
+    is checked is the driver's reading of it."""
+    with pytest.raises(HorovodJobError) as caught:
+        HorovodRunner(np=-2, engine="torch").run(engine_jobs.pick_local_rank_gpu)
+    text = str(caught.value)
+    assert text.startswith("1 of 2 ranks failed; the first was rank 1 on ")
+    assert "NCCL refuses two ranks on one GPU. Fix: at most one rank per GPU" in text

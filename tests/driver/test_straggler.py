@@ -67,3 +67,4 @@ def test_the_stacks_of_a_running_job_name_the_rank_the_others_wait_for():
         assert stacks.summary().endswith("in communication.")
     finally:
         job.stop()
+

@@ -122,8 +122,41 @@ def test_a_plain_text_cell_prints_each_verdict_once(tmp_path):
                         "totals": [10, 0.5, 0.0, comm * 10]})
     job.views[0].on_end(job)
     job.end()
+    assert [round(ms) for _, ms in job.history.own[0]] == [50] * 6  # the chart's points
+    assert "own work per step, ms (input + compute)" in job.history.html()
     lines = [line for line in out.getvalue().splitlines() if "holds the others back" in line]
     assert lines == ["hvd_magics: rank 0 (host h0) holds the others back: its own work takes 43% "
                      "longer per step than the others' (0.05 s against 0.035 s), in compute "
                      "(forward, backward, optimizer); the other ranks spend that time waiting in "
                      "communication"]
+
+
+def test_a_gpu_rank_s_memory_reaches_the_row_and_the_record_and_a_cpu_rank_reads_nothing(
+        monkeypatch):
+    """No GPU here: torch.cuda is replaced by a stand-in with a CUDA context (the only mock);
+    a real CPU torch reads nothing."""
+    import sys
+    import types
+
+    from hvd_magics.job.run_record import describe_split
+    from hvd_magics.rank import gpu_memory
+
+    assert gpu_memory.reading() is None  # CPU torch (or none): nothing read, no context made
+    gb = 1024 ** 3
+    cuda = types.SimpleNamespace(
+        is_available=lambda: True, is_initialized=lambda: True, current_device=lambda: 0,
+        utilization=lambda device: 97, memory_allocated=lambda device: 3 * gb,
+        max_memory_allocated=lambda device: 4 * gb,
+        get_device_properties=lambda device: types.SimpleNamespace(total_memory=80 * gb))
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    reading = gpu_memory.reading()
+    assert reading == {"device": 0, "used": 3 * gb, "peak": 4 * gb, "total": 80 * gb, "util": 97}
+    splits = StepSplits()
+    rows = [[s, 0.05, 0.0, 0.01] for s in range(1, 5)]
+    splits.observe(0, {"rows": rows, "totals": [4, 0.2, 0.0, 0.04], "gpu": reading}, {})
+    splits.observe(0, {"rows": [], "totals": [0, 0, 0, 0], "gpu": {**reading, "peak": 2 * gb}},
+                   {})
+    assert splits.gpu_text(0) == "GPU 3.0/80 GB (peak 4.0), 97% busy" and splits.gpu_text(1) == ""
+    row = splits.rank_rows({})[0]
+    assert row["gpu_peak_bytes"] == 4 * gb
+    assert describe_split(row).endswith("; GPU memory peak 4.0 GB")

@@ -1,0 +1,134 @@
+"""The checks that need a real GPU, in one short run on a lent GPU machine (see
+docs/development.md, "A GPU machine"). Each part prints what it found; the last line sums up.
+
+1. guard: the notebook-side GPU guard against a real CUDA context (a fresh process: it finds
+   nothing before ``torch.cuda`` is touched, then PyTorch's context and the process's
+   ``/dev/nvidia*`` descriptors, and its message).
+2. nccl: ranks on the driver (``np=-1`` and ``np=-2``) on ``--engine torch`` with NCCL: a DDP
+   model trained on the GPU; each rank's device, its allreduce and NCCL's version; the record's
+   step split and GPU memory (what the dashboard shows per rank). With one GPU, ``np=-2`` is
+   what a user who copies ``torch.cuda.set_device(LOCAL_RANK)`` gets, and what NCCL does with
+   two ranks that pick the one GPU they share (``LOCAL_RANK`` modulo the GPUs).
+3. split: the same DDP loop's step split and the GPU memory reading the dashboard shows.
+
+Usage (on the GPU machine, from the repository's root, after installing .gpu_wheels):
+    python3 scripts/gpu_check.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+GUARD = """
+import sys
+sys.path.insert(0, {root!r})
+from hvd_magics.notebook.gpu_guard import driver_gpu_holders, driver_gpu_message
+import torch
+before = driver_gpu_holders()
+x = torch.ones(1, device="cuda")
+after = driver_gpu_holders()
+print("before:", [str(h) for h in before])
+print("after:", [str(h) for h in after])
+print("message:", driver_gpu_message(after).splitlines()[0] if after else "")
+"""
+
+
+def guard() -> dict:
+    out = subprocess.run([sys.executable, "-c", GUARD.format(root=str(ROOT))],
+                         capture_output=True, text=True, timeout=120)
+    print(out.stdout + out.stderr[-2000:])
+    ok = "before: []" in out.stdout and "PyTorch holds cuda:0" in out.stdout
+    return {"guard_ok": ok}
+
+
+def ddp_on_gpu(steps: int = 300, width: int = 4096, share: bool = False):
+    """A DDP model on this rank's GPU (NCCL): trains ``steps`` steps of a wide MLP over a
+    DataLoader; returns what the rank saw. ``share``: pick the device as ``LOCAL_RANK``
+    modulo the GPUs the rank sees (ranks that share a GPU)."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    if share:
+        local %= torch.cuda.device_count()
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl")
+    total = torch.tensor([float(dist.get_rank() + 1)], device="cuda")
+    dist.all_reduce(total)
+    net = torch.nn.Sequential(torch.nn.Linear(1024, width), torch.nn.ReLU(),
+                              torch.nn.Linear(width, 10)).cuda()
+    model = torch.nn.parallel.DistributedDataParallel(net, device_ids=[local])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.utils.data.TensorDataset(torch.randn(steps * 256, 1024),
+                                          torch.randint(0, 10, (steps * 256,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=256)
+    for x, y in loader:
+        x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    torch.cuda.synchronize()
+    return {"rank": dist.get_rank(), "world": dist.get_world_size(),
+            "backend": dist.get_backend(), "device": torch.cuda.get_device_name(local),
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "sum": total.item(),
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+            "peak_gb": round(torch.cuda.max_memory_allocated() / 1024 ** 3, 3)}
+
+
+def nccl(np: int, share: bool = False) -> dict:
+    from hvd_magics import HorovodRunner
+
+    began = time.monotonic()
+    try:
+        record = HorovodRunner(np=np, engine="torch").run_payload(_payload(share), views=[])
+    except Exception as exc:  # noqa: BLE001 - what a user would see is the finding
+        text = str(exc)
+        print(f"np={np}: {type(exc).__name__}: {text[:3000]}")
+        return {f"np{-np}{'_share' if share else ''}":
+                f"{type(exc).__name__}: {text.splitlines()[0][:300]}"}
+    print(f"np={np}: {time.monotonic() - began:.1f} s; value: {record.value}")
+    print(record)
+    return {f"np{-np}": record.status, f"np{-np}_split": record.step_split,
+            f"np{-np}_stragglers": record.stragglers}
+
+
+def _payload(share: bool) -> bytes:
+    from hvd_magics.launch.payload import serialize_job
+
+    return serialize_job(ddp_on_gpu, {"share": share})  # a function of __main__: pickled by value
+
+
+def main() -> None:
+    import torch
+
+    print("torch", torch.__version__, "cuda", torch.version.cuda, "devices",
+          torch.cuda.device_count(), torch.cuda.get_device_name(0))
+    found: dict = {}
+    for name, part in (("guard", guard), ("nccl np=-1", lambda: nccl(-1)),
+                       ("nccl np=-2", lambda: nccl(-2)),
+                       ("nccl np=-2 sharing", lambda: nccl(-2, share=True))):
+        print(f"== {name}", flush=True)
+        try:
+            found.update(part())
+        except Exception:  # noqa: BLE001 - one part's failure must not hide the others
+            traceback.print_exc()
+            found[name] = "crashed"
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, "gpu_check.json").write_text(json.dumps(found, indent=1, default=str))
+    print("gpu_check", json.dumps({k: v for k, v in found.items() if "split" not in k},
+                                  default=str))
+
+
+if __name__ == "__main__":
+    main()
