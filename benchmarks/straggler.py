@@ -177,10 +177,10 @@ def direct_cost(calls: int = 100_000) -> float:
     return (time.perf_counter() - start) / calls
 
 
-def overhead(runs: int) -> list[str]:
+def overhead(runs: int, loops: list[str]) -> list[str]:
     out = []
     for engine in ("torch", "horovod"):
-        for name, width, batch in LOOPS:
+        for name, width, batch in (loop for loop in LOOPS if loop[0] in loops):
             on, off = [], []
             for run in range(runs):
                 for label, times, split in in_turn(run, (("on", on, True), ("off", off, False))):
@@ -203,13 +203,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--parts", default="detection,clean,overhead",
                         help="which parts to run (comma-separated)")
+    parser.add_argument("--loops", default="tiny,medium",
+                        help="the overhead's loops (comma-separated: tiny, medium)")
     args = parser.parse_args()
     parts = args.parts.split(",")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     began = time.monotonic()
     right, runs, delay = detection(args.steps) if "detection" in parts else (0, 0, -1)
     named = clean(args.clean, args.steps) if "clean" in parts else 0
-    ratios = overhead(args.runs) if "overhead" in parts else []
+    ratios = overhead(args.runs, args.loops.split(",")) if "overhead" in parts else []
     print(f"({time.monotonic() - began:.0f} s)")
     print(f"straggler detected={right}/{runs} clean_named={named}/{args.clean} "
           f"max_delay_steps={delay} {' '.join(ratios)}")

@@ -30,9 +30,11 @@ takes that as the order to stop its rank.
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
+import os
 import queue
 import secrets
 import socket
@@ -42,7 +44,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from hvd_magics.protocol import BEAT, BYE, CHANNEL_CLOSED, HELLO
+from hvd_magics.protocol import BEAT, BYE, CHANNEL_CLOSED, HELLO, LINK_PROBE, PROBE_LINK
 
 #: Bytes of the per-connection nonce the server sends first.
 NONCE_BYTES = 32
@@ -54,6 +56,8 @@ HANDSHAKE_TIMEOUT_S = 5.0
 MAX_PENDING_HANDSHAKES = 64
 #: Largest frame from an authenticated connection (a rank's result is one frame).
 MAX_FRAME_BYTES = 512 * 1024 * 1024
+#: The most bytes a link probe's answer carries (hvd_magics.job.link_probe).
+MAX_PROBE_BYTES = 64 * 1024 * 1024
 #: Seconds a supervisor tries to reach the driver before it gives up.
 CONNECT_TIMEOUT_S = 30.0
 #: Bytes read from the socket at a time.
@@ -418,6 +422,11 @@ class EventClient:
             while (order := read_frame(self._sock, self._address.secret, DOWN + self._nonce,
                                        seq)) is not None:
                 seq += 1
+                if order.get("kind") == PROBE_LINK:  # the channel's own: answered at once
+                    size = min(int(order.get("answer_bytes") or 0), MAX_PROBE_BYTES)
+                    self.send(LINK_PROBE, request=order.get("request"),
+                              data=base64.b64encode(os.urandom(size)).decode())
+                    continue
                 if on_order is not None:
                     on_order(order)
         except (OSError, Rejected, ValueError):

@@ -61,6 +61,7 @@ END_POOL = "end_pool"
 DROP_SHARDS = "drop_shards"
 TAKE_STACKS = "take_stacks"
 MEET = "meet"
+PROBE_LINK = "probe_link"
 # -- sent by a warm pool's supervisor ---------------------------------------------------------
 CELL_END = "cell_end"
 # -- the channel itself -----------------------------------------------------------------------
@@ -68,6 +69,7 @@ HELLO = "hello"
 BYE = "bye"
 BEAT = "beat"
 CHANNEL_CLOSED = "channel_closed"
+LINK_PROBE = "link_probe"
 
 EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
     EventKind(STARTED, "rank", ("pid",), "the rank process runs (its pid is its process group)"),
@@ -154,6 +156,10 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
     EventKind(MEET, "driver", ("gathered",),
               "an order to every barrier task: the tasks' MEET_OFFER messages in partition order, "
               "as allGather would return them (hvd_magics.task.task_meeting)"),
+    EventKind(PROBE_LINK, "driver", ("request", "data", "answer_bytes"),
+              "an order to a task's channel: answer at once with a LINK_PROBE carrying "
+              "answer_bytes bytes; data (base64) is what the driver sends down "
+              "(hvd_magics.job.link_probe measures each host's link by the round trip)"),
     EventKind(CELL_END, "supervisor", (),
               "a warm pool's rank ended a cell (its RESULT or ERROR was sent before): every "
               "line the cell printed came before this"),
@@ -162,6 +168,9 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
     EventKind(BEAT, "channel", (),
               "the supervisor is there: every BEAT_EVERY_S (hvd_magics.channel); the driver "
               "notes when it last heard each rank's supervisor and queues no event for it"),
+    EventKind(LINK_PROBE, "channel", ("request", "data"),
+              "the answer to a PROBE_LINK order: its request id and the bytes asked for "
+              "(base64), sent by the task's channel itself"),
     EventKind(CHANNEL_CLOSED, "channel", ("clean",),
               "queued by the driver when a connection ends; not clean: its executor was lost"),
 )}

@@ -960,10 +960,11 @@ def small_classifier():
 
 def straggler_ddp(steps: int = 60, slow_rank: int | None = None, how: str = "compute",
                   slower: float = 0.3, base_s: float = 0.03, slow_from: int = 0,
-                  engine: str = "torch"):
+                  engine: str = "torch", width: int = 64):
     """A DDP (``engine="torch"``) or Horovod (``"horovod"``) loop over a ``DataLoader`` whose
     steps each do ``base_s`` seconds of compute; from step ``slow_from`` on, ``slow_rank``'s
-    steps take ``slower`` times that longer, in compute or in its data loader (``how``).
+    steps take ``slower`` times that longer, in compute or in its data loader (``how``). Its
+    gradients are ``width`` x 65 floats.
     Returns the steps each rank took."""
     import time
 
@@ -998,7 +999,8 @@ def straggler_ddp(steps: int = 60, slow_rank: int | None = None, how: str = "com
             x = torch.randn(32, 64, generator=torch.Generator().manual_seed(i * 100 + rank))
             return x, x.sum(1, keepdim=True)
 
-    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    net = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.ReLU(),
+                              torch.nn.Linear(width, 1))
     if engine == "torch":
         model = torch.nn.parallel.DistributedDataParallel(net)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)

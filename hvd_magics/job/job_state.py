@@ -17,8 +17,8 @@ from hvd_magics.options import ElasticSize
 from hvd_magics.job.stacks import where as stack_where
 from hvd_magics.job.straggler import StepSplits
 from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, EPOCH_BEGIN, EPOCH_END, ERROR, EXIT,
-                                 LEAVING, OUTPUT, OUTPUT_PARTIAL, PROGRESS, RESIZE, RESULT, RUN_LOG,
-                                 SHARDING, SLOT_OFFER, STACKS, STARTED, STEP_SPLIT, TASK_ERROR,
+                                 LEAVING, LINK_PROBE, OUTPUT, OUTPUT_PARTIAL, PROGRESS, RESIZE,
+                                 RESULT, RUN_LOG, SHARDING, SLOT_OFFER, STACKS, STARTED, STEP_SPLIT, TASK_ERROR,
                                  TASK_STARTED, TIMELINE_CHUNK, TIMELINE_LOCAL)
 from hvd_magics.launch.backend import Backend
 from hvd_magics.rank_names import ranks_named, unit_of
@@ -190,6 +190,12 @@ class JobState:
         self.history = MetricHistory(self.started_at)
         #: Each rank's steps split into input, compute and communication, and the straggler.
         self.splits = StepSplits(self.started_at)
+        #: The measure of the hosts' links, once every rank waited in communication
+        #: (:mod:`hvd_magics.job.link_probe`), the least share of a step they did, and the
+        #: verdict once it is done (``""`` before).
+        self.link_probe: Any = None
+        self.link_share = 0.0
+        self.links = ""
         #: Where the driver puts rank 0's Horovod Timeline, when the job records one.
         self.timeline_dest = timeline_dest
         self._timeline_file: Any = None
@@ -377,6 +383,10 @@ class JobState:
         if count:
             self.history.observe_own_work(state.rank, (step_s - comm_s) / count, event["recv"])
 
+    def _on_link_probe(self, state: RankState, event: dict[str, Any]) -> None:  # noqa: ARG002
+        if self.link_probe is not None:
+            self.link_probe.answer(event)
+
     def _on_stacks(self, state: RankState, event: dict[str, Any]) -> None:
         self.stacks.setdefault(str(event.get("request")), {})[state.rank] = event
         where = stack_where(event.get("threads", []))
@@ -424,7 +434,7 @@ class JobState:
         STARTED: _on_started, ERROR: _on_error, TASK_ERROR: _on_task_error, RESULT: _on_result,
         TIMELINE_LOCAL: _on_timeline_local, TIMELINE_CHUNK: _on_timeline_chunk,
         EPOCH_BEGIN: _on_progress, PROGRESS: _on_progress, EPOCH_END: _on_progress, EXIT: _on_exit,
-        LEAVING: _on_leaving, STEP_SPLIT: _on_step_split,
+        LEAVING: _on_leaving, STEP_SPLIT: _on_step_split, LINK_PROBE: _on_link_probe,
     }
 
     @staticmethod

@@ -504,5 +504,8 @@ class PoolCell:
     def lose_host(self, host: str) -> None:  # noqa: ARG002
         pass  # never called (heard_ago says nothing)
 
+    def probe_link(self, rank: int, order: dict[str, Any]) -> bool:  # noqa: ARG002
+        return False  # a cell's steps are not judged by host (heard_ago says nothing)
+
     def missing_module_fix(self) -> str:
         return self.pool.backend.missing_module_fix()

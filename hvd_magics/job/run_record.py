@@ -76,6 +76,9 @@ class RunRecord:
     stragglers : list of str
         Each rank (or host) found holding the others back, from which step, and when it
         caught up (:mod:`hvd_magics.job.straggler`); empty when none was.
+    links : str
+        When every rank waited in communication for most of its steps, the hosts' links as
+        the driver measured them (:mod:`hvd_magics.job.link_probe`); else ``""``.
     """
 
     job_id: str
@@ -107,6 +110,7 @@ class RunRecord:
     step_split: list[dict[str, Any]] = field(default_factory=list)
     step_intervals: list[dict[str, Any]] = field(default_factory=list, repr=False)
     stragglers: list[str] = field(default_factory=list)
+    links: str = ""
     #: The job's charts (loss, metrics, samples/s) as inline SVG, for saved notebooks.
     charts_html: str = field(default="", repr=False)
 
@@ -182,6 +186,8 @@ class RunRecord:
         if len(rows) > 1:
             out += [("straggler", line) for line in self.stragglers] or [
                 ("straggler", "none: no rank held the others back")]
+        if self.links:
+            out.append(("links", self.links))
         return out
 
     def __str__(self) -> str:

@@ -21,6 +21,8 @@ from hvd_magics.errors import (DataRefused, HorovodJobError, JobInterrupted, Job
 from hvd_magics.job.job_state import (LOST, STALL_AFTER_S, STALL_REQUEST, WAITING, JobState,
                                       JobView)
 from hvd_magics.job.background import BackgroundJob
+from hvd_magics.job.link_probe import COMM_BOUND_SHARE, LinkProbe
+from hvd_magics.job.link_probe import verdict as link_verdict
 from hvd_magics.job.live_job import STOP_WAIT_S, LiveJob
 from hvd_magics.job.stacks import (DDP_ALLREDUCE, STACKS_WAIT_S, UNEVEN_DDP_FIX, UNEVEN_FIX,
                                    JobStacks, collective_waited)
@@ -742,6 +744,23 @@ def lost_host(job: JobState, backend: Backend, now: float, silent_after: float) 
     return verdict
 
 
+def probe_links(job: JobState, backend: Backend) -> None:
+    """Once every rank of a job on several hosts waits in communication for most of its
+    steps, measure the hosts' links (once per job); say the verdict when that is done."""
+    probe = job.link_probe
+    if probe is None:
+        hosts: dict[str, int] = {}
+        for rank in job.running_ranks():
+            if job.ranks[rank].host:
+                hosts.setdefault(job.ranks[rank].host, rank)
+        share = job.splits.comm_bound(COMM_BOUND_SHARE) if len(hosts) > 1 else None
+        if share is not None:
+            job.link_probe, job.link_share = LinkProbe(hosts, backend.probe_link), share
+            job.link_probe.start()
+    elif probe.done.is_set() and not job.links:
+        job.links = link_verdict(probe.speeds, job.link_share, job.unit)
+
+
 def _ask_stalled(job: JobState, backend: Backend, now: float, asked: set[int]) -> None:
     """Take the stacks of ranks that just went silent (their answer tells the views where they
     are); a rank that speaks again may be asked again when it next goes silent."""
@@ -772,6 +791,7 @@ def _watch(job: JobState, backend: Backend, events: queue.Queue, start_timeout: 
         _ask_stalled(job, backend, now, asked)
         if failed_since is None:
             lost_host(job, backend, now, silent_after)
+            probe_links(job, backend)
         stuck = (left_behind(job, backend, events, now, behind)
                  or mismatched(job, backend, events, now, unmatched)) if failed_since is None \
             else None
@@ -912,6 +932,7 @@ def _finish(record: RunRecord, job: JobState) -> None:
     record.step_intervals = [{**row, "host": hosts.get(row["rank"], "")}
                              for row in job.splits.intervals]
     record.stragglers = job.splits.verdicts(job.unit)
+    record.links = job.links
     split = job.timer.split(time.monotonic())
     record.startup_s, record.training_s = split["startup_s"], split["training_s"]
     if record.status == "running":

@@ -253,6 +253,17 @@ class StepSplits:
             return None
         return window_parts([rows[s] for s in sorted(rows)[-WINDOW_STEPS:]])
 
+    def comm_bound(self, share: float) -> float | None:
+        """The least share of its latest steps any rank spent in communication, when every
+        rank (of at least two) spent at least ``share`` and no rank is named; else ``None``."""
+        if self.current is not None or len(self._rows) < 2:
+            return None
+        latest = [self.latest(rank) for rank in self._rows]
+        if any(p is None or p.step_s <= 0 for p in latest):
+            return None
+        least = min(p.comm_s / p.step_s for p in latest if p is not None)
+        return least if least >= share else None
+
     def now(self, unit: str = "rank") -> str:
         """The verdict on the rank (or host) holding the others back now, ``""`` when none."""
         return self.current.text(unit) if self.current is not None else ""

@@ -64,6 +64,7 @@ class TextView:
         self._stalled: dict[int, float] = {}
         #: Straggler verdicts printed so far (JobState.splits.events).
         self._verdicts_said = 0
+        self._links_said = False
         #: Stalled ranks not yet shown: when to show them even without their stacks.
         self._where_due: dict[int, float] = {}
 
@@ -141,6 +142,9 @@ class TextView:
 
     def on_tick(self, job: JobState) -> None:
         now = time.monotonic()
+        if job.links and not self._links_said and self.epoch_lines:  # no dashboard says it
+            self._links_said = True
+            self._add(None, f"hvd_magics: {job.links}")
         self._check_stalls(job, now)
         if now - self._flushed >= FLUSH_INTERVAL_S:
             self._flush(job)

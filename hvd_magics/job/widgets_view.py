@@ -197,6 +197,9 @@ class WidgetView:
                              f"{html.escape(job.where)}: <b style='color:{colour}'>{overall}</b>, "
                              f"{elapsed:.1f} s{_attempts_html(job)}{_resets_html(job)}" +
                              (f"<br>{html.escape(nodes)}" if (nodes := nodes_text(job)) else ""))
+        if job.links:
+            self.header.value += (f"<br><b style='color:{_COLOURS[INTERRUPTED]}'>links:</b> "
+                                  f"{html.escape(job.links)}")
         if job.splits.current is not None:
             self.header.value += (f"<br><b style='color:{_COLOURS[INTERRUPTED]}'>straggler:</b> "
                                   f"{html.escape(job.splits.current.text(job.unit))}")

@@ -8,7 +8,7 @@ driver (:class:`~hvd_magics.launch.driver_backend.DriverBackend`) and one cell o
 from __future__ import annotations
 
 import queue
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Backend(Protocol):
@@ -64,6 +64,11 @@ class Backend(Protocol):
         was last heard (its beats, :mod:`hvd_magics.channel`); ``{}`` where ranks cannot be
         lost apart from the driver (ranks on the driver, a warm pool's cell) or an elastic
         job goes on without them."""
+
+    def probe_link(self, rank: int, order: dict[str, Any]) -> bool:
+        """Send the link probe ``order`` (``probe_link``) to the task of ``rank``, whose channel
+        answers it; ``False`` where it was not sent (no channel over the network: ranks on the
+        driver, a warm pool's cell)."""
 
     def lose_host(self, host: str) -> None:
         """The host ``host`` (an executor's address) was taken for lost: give it no more work

@@ -141,6 +141,10 @@ class DriverBackend:
     def lose_host(self, host: str) -> None:  # noqa: ARG002
         """Never called: no host of the driver's ranks is lost apart from it."""
 
+    def probe_link(self, rank: int, order: dict[str, Any]) -> bool:  # noqa: ARG002
+        """Ranks on the driver share its host: no link to measure."""
+        return False
+
     def missing_module_fix(self) -> str:
         """Ranks on the driver run the notebook's own Python: its import error says it all."""
         return ""

@@ -416,6 +416,10 @@ class SparkBackend:
             return {}
         return {rank: now - heard for rank, heard in list(self._server.heard.items())}
 
+    def probe_link(self, rank: int, order: dict[str, Any]) -> bool:
+        """Send the link probe ``order`` to the task of ``rank`` over the event channel."""
+        return self._server is not None and self._server.send_order(rank, order)
+
     def lose_host(self, host: str) -> None:
         """Ask Spark to remove the executors of ``host`` from the application (it still offers
         them for its own heartbeat timeout, a minute or more; a restart's tasks sent there wait

@@ -36,6 +36,23 @@ def test_a_keras_fit_under_tf_distribute_across_the_hosts(hosts_spark, host_clus
     assert result["workers"] == 4 and result["summed"] == 4.0
 
 
+def test_a_host_behind_a_slow_link_is_named_for_its_link_not_a_rank_for_its_work(
+        hosts_spark, host_cluster):
+    """Every rank waits alike in communication when one host's link is slow (the splits name
+    no rank); the driver then times each host's link and names the slow one."""
+    slow = host_cluster.hosts[1]
+    slow.limit("50mbit")
+    try:
+        HorovodRunner(np=4, engine="torch", timeout=180).run(
+            engine_jobs.straggler_ddp, engine="torch", steps=60, width=4096, base_s=0.01)
+    finally:
+        slow.limit(None)
+    record = last_run()
+    assert f"the link of host {slow.address} is the slowest: " in record.links, record.links
+    assert all(row["comm_s"] > row["compute_s"] for row in record.step_split), record.step_split
+    assert "links" in str(record)
+
+
 def test_a_checkpoint_folder_the_hosts_do_not_share_is_refused_before_training(hosts_spark):
     """The default folder is under each machine's own /tmp: rank 1 resumed from nothing while
     rank 0 resumed from step 15, and the job hung. Refused at the first checkpoint call."""
