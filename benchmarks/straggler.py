@@ -14,12 +14,16 @@ in a clean run; and what does timing each step's parts cost.
    interleaved ``--runs`` times: steps/s on over off. Then the direct cost of one step's hooks. Keras and tf.distribute
    steps are not split (a graph call hides its parts), so they cost nothing.
 
-Not measured here: a slow link. A link slower than the others' slows every rank's communication
-alike, and the split names no rank then (on two hosts with one limited to 50 mbit, tried by
-hand with tests/hosts.py: every rank shows most of its step in communication).
+4. link (needs root): two real hosts of two cores (tests/hosts.py), a DDP job of 4 ranks with
+   1 MB of gradients a step; in ``--link-runs`` runs the link into one host (alternately the
+   first and the second) is limited to 50 mbit (tc tbf), in as many it is not. A run is right
+   when the limited host's link is named (job/link_probe.py) and no rank is named for its own
+   work; a clean run when no host's link is named.
 
 Usage: .venv/bin/python benchmarks/straggler.py [--runs 5] [--clean 20] [--steps 80]
+       [--link-runs 4] [--parts detection,clean,overhead,link] [--loops tiny,medium]
 Last line: straggler detected=<right>/<runs> clean_named=<n>/<clean> max_delay_steps=<n>
+link_named=<right>/<runs> link_clean=<no link named>/<runs>
 ddp_tiny_ratio=... ddp_medium_ratio=... horovod_tiny_ratio=... horovod_medium_ratio=...
 (steps/s on over off; goals: every run right, 0 clean runs named, ratios >= 0.99)
 """
@@ -158,6 +162,50 @@ def _loop_in_process(engine: str, width: int, batch: int, on: bool) -> float:
     return float(out.strip().splitlines()[-1])
 
 
+def links(runs: int) -> tuple[int, int, int]:
+    """``(right, clean runs that named no link, runs)``."""
+    os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "tests" / "spark-conf"))
+    from lost_host import _session
+
+    from hvd_magics import HorovodRunner, last_run
+    from tests import engine_jobs
+    from tests.hosts import HostCluster
+
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(engine_jobs)
+    cluster = HostCluster(hosts=2, cores=2)
+    right = clean_ok = 0
+    try:
+        spark = _session(cluster)
+        for run in range(2 * runs):
+            slow = cluster.hosts[run // 2 % 2] if run % 2 == 0 else None
+            if slow is not None:
+                slow.limit("50mbit")
+            try:
+                HorovodRunner(np=4, engine="torch", timeout=300).run(
+                    engine_jobs.straggler_ddp, engine="torch", steps=60, width=4096,
+                    base_s=0.01)
+            finally:
+                if slow is not None:
+                    slow.limit(None)
+            record = last_run()
+            named = "is the slowest" in record.links
+            if slow is not None:
+                ok = f"link of host {slow.address} is" in record.links and not record.stragglers
+                right += ok
+            else:
+                ok = not named
+                clean_ok += ok
+            print(f"link run {run + 1} {'limited ' + slow.address if slow else 'clean':<22} "
+                  f"{'right' if ok else 'WRONG'}: {record.links or 'no probe'}"
+                  + (f"; {record.stragglers}" if record.stragglers else ""), flush=True)
+        spark.stop()
+    finally:
+        cluster.stop()
+    return right, clean_ok, runs
+
+
 def direct_cost(calls: int = 100_000) -> float:
     """Seconds of one step's own hooks, called directly: an optimizer step's two, a batch's
     wait, a DDP backward of 4 parameters' gradients."""
@@ -201,7 +249,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--clean", type=int, default=20)
     parser.add_argument("--steps", type=int, default=80)
-    parser.add_argument("--parts", default="detection,clean,overhead",
+    parser.add_argument("--link-runs", type=int, default=4)
+    parser.add_argument("--parts", default="detection,clean,overhead,link",
                         help="which parts to run (comma-separated)")
     parser.add_argument("--loops", default="tiny,medium",
                         help="the overhead's loops (comma-separated: tiny, medium)")
@@ -212,9 +261,11 @@ def main() -> None:
     right, runs, delay = detection(args.steps) if "detection" in parts else (0, 0, -1)
     named = clean(args.clean, args.steps) if "clean" in parts else 0
     ratios = overhead(args.runs, args.loops.split(",")) if "overhead" in parts else []
+    link_right, link_clean, link_runs = links(args.link_runs) if "link" in parts else (0, 0, 0)
     print(f"({time.monotonic() - began:.0f} s)")
     print(f"straggler detected={right}/{runs} clean_named={named}/{args.clean} "
-          f"max_delay_steps={delay} {' '.join(ratios)}")
+          f"max_delay_steps={delay} link_named={link_right}/{link_runs} "
+          f"link_clean={link_clean}/{link_runs} {' '.join(ratios)}")
 
 
 if __name__ == "__main__":
