@@ -757,8 +757,14 @@ def probe_links(job: JobState, backend: Backend) -> None:
         if share is not None:
             job.link_probe, job.link_share = LinkProbe(hosts, backend.probe_link), share
             job.link_probe.start()
-    elif probe.done.is_set() and not job.links:
-        job.links = link_verdict(probe.speeds, job.link_share, job.unit)
+    else:
+        _say_links(job)
+
+
+def _say_links(job: JobState) -> None:
+    """The links' verdict, once their probe is done."""
+    if job.link_probe is not None and job.link_probe.done.is_set() and not job.links:
+        job.links = link_verdict(job.link_probe.speeds, job.link_share, job.unit)
 
 
 def _ask_stalled(job: JobState, backend: Backend, now: float, asked: set[int]) -> None:
@@ -932,6 +938,7 @@ def _finish(record: RunRecord, job: JobState) -> None:
     record.step_intervals = [{**row, "host": hosts.get(row["rank"], "")}
                              for row in job.splits.intervals]
     record.stragglers = job.splits.verdicts(job.unit)
+    _say_links(job)  # a probe that ended with the job
     record.links = job.links
     split = job.timer.split(time.monotonic())
     record.startup_s, record.training_s = split["startup_s"], split["training_s"]
