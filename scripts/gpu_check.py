@@ -9,7 +9,9 @@ docs/development.md, "A GPU machine"). Each part prints what it found; the last 
    step split and GPU memory (what the dashboard shows per rank). With one GPU, ``np=-2`` is
    what a user who copies ``torch.cuda.set_device(LOCAL_RANK)`` gets, and what NCCL does with
    two ranks that pick the one GPU they share (``LOCAL_RANK`` modulo the GPUs).
-3. split: the same DDP loop's step split and the GPU memory reading the dashboard shows.
+3. straggler: two ranks on the one GPU over gloo, rank 1 doing 30% more GPU work a step: what
+   the split (host time on a GPU) and the verdict make of it, and the GPU reading (memory,
+   NVML utilisation) a row shows.
 
 Usage (on the GPU machine, from the repository's root, after installing .gpu_wheels):
     python3 scripts/gpu_check.py
@@ -85,6 +87,64 @@ def ddp_on_gpu(steps: int = 300, width: int = 4096, share: bool = False):
             "peak_gb": round(torch.cuda.max_memory_allocated() / 1024 ** 3, 3)}
 
 
+def gloo_straggler(steps: int = 150, slower: float = 0.3):
+    """Two ranks on the one GPU over gloo (NCCL refuses that): rank 1's steps do ``slower``
+    more GPU work; every step reads its loss (``.item()``, as loops that log do)."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    net = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
+                              torch.nn.Linear(4096, 10)).cuda()
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.utils.data.TensorDataset(torch.randn(steps * 64, 1024),
+                                          torch.randint(0, 10, (steps * 64,)))
+    heavy = torch.randn(4096, 4096, device="cuda")
+    extra = int(20 * slower) if rank == 1 else 0
+    for x, y in torch.utils.data.DataLoader(data, batch_size=64):
+        x, y = x.cuda(), y.cuda()
+        for _ in range(20 + extra):  # the step's GPU work
+            heavy = torch.tanh(heavy @ heavy) * 0.5
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        loss.item()
+    return {"rank": rank, "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+class _KeepGpu:
+    """A view that keeps what the ranks said of their GPU."""
+
+    def on_event(self, job, event):
+        if event.get("gpu"):
+            self.gpu = event["gpu"]
+
+    def on_tick(self, job):
+        pass
+
+    def on_end(self, job):
+        pass
+
+
+def straggler_on_gpu() -> dict:
+    from hvd_magics import HorovodRunner
+    from hvd_magics.launch.payload import serialize_job
+
+    view = _KeepGpu()
+    record = HorovodRunner(np=-2, engine="torch").run_payload(
+        serialize_job(gloo_straggler, {}), views=[view])
+    print(record)
+    print("gpu reading:", getattr(view, "gpu", None))
+    return {"gloo_status": record.status, "gloo_stragglers": record.stragglers,
+            "gpu_reading": getattr(view, "gpu", None)}
+
+
 def nccl(np: int, share: bool = False) -> dict:
     from hvd_magics import HorovodRunner
 
@@ -116,7 +176,8 @@ def main() -> None:
     found: dict = {}
     for name, part in (("guard", guard), ("nccl np=-1", lambda: nccl(-1)),
                        ("nccl np=-2", lambda: nccl(-2)),
-                       ("nccl np=-2 sharing", lambda: nccl(-2, share=True))):
+                       ("nccl np=-2 sharing", lambda: nccl(-2, share=True)),
+                       ("gloo straggler on the GPU", straggler_on_gpu)):
         print(f"== {name}", flush=True)
         try:
             found.update(part())

@@ -221,7 +221,8 @@ SPLIT_RANKS_SHOWN = 8
 
 def describe_split(row: dict[str, Any]) -> str:
     """``"59 steps of 0.038 s: input 0% · compute 83% · comm 17%"``."""
-    shares = StepParts(row["step_s"], row["input_s"], row["comm_s"]).shares()
+    shares = StepParts(row["step_s"], row["input_s"], row["comm_s"]).shares(
+        gpu="gpu_peak_bytes" in row)
     peak = (f"; GPU memory peak {row['gpu_peak_bytes'] / 1024 ** 3:.1f} GB"
             if row.get("gpu_peak_bytes") else "")
     return f"{row['steps']:,} steps of {row['step_s']:.3g} s: {shares}{peak}"

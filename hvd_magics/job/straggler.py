@@ -43,6 +43,9 @@ KEPT_STEPS = 288
 #: ...and the most looks one report leads to (with more new steps, every n-th step is looked
 #: at: a job of many short steps costs the driver little).
 LOOKS_PER_REPORT = 64
+#: What a GPU rank's split is prefixed with: its clock is the host thread's (the GPU's kernels
+#: run asynchronously; where the thread waits for them is where their time shows).
+HOST_TIME = "host time: "
 #: The causes a verdict names.
 INPUT, COMPUTE = "input", "compute"
 _CAUSE_TEXT = {INPUT: "in its input pipeline (waiting for batches)",
@@ -66,11 +69,11 @@ class StepParts:
         """Its own work: everything but the wait in collectives."""
         return self.input_s + self.compute_s
 
-    def shares(self) -> str:
-        """``"input 4% · compute 61% · comm 35%"``."""
+    def shares(self, gpu: bool = False) -> str:
+        """``"input 4% · compute 61% · comm 35%"`` (after :data:`HOST_TIME` on a GPU rank)."""
         if self.step_s <= 0:
             return ""
-        return " · ".join(f"{name} {100 * value / self.step_s:.0f}%" for name, value in (
+        return (HOST_TIME if gpu else "") + " · ".join(f"{name} {100 * value / self.step_s:.0f}%" for name, value in (
             ("input", self.input_s), ("compute", self.compute_s), ("comm", self.comm_s)))
 
 

@@ -159,4 +159,5 @@ def test_a_gpu_rank_s_memory_reaches_the_row_and_the_record_and_a_cpu_rank_reads
     assert splits.gpu_text(0) == "GPU 3.0/80 GB (peak 4.0), 97% busy" and splits.gpu_text(1) == ""
     row = splits.rank_rows({})[0]
     assert row["gpu_peak_bytes"] == 4 * gb
-    assert describe_split(row).endswith("; GPU memory peak 4.0 GB")
+    assert describe_split(row) == ("4 steps of 0.05 s: host time: input 0% · compute 80% · "
+                                   "comm 20%; GPU memory peak 4.0 GB")
