@@ -85,11 +85,11 @@ ELASTIC_RUN_HINT = (
 #: on one GPU (seen on an H200 with np=-2: docs/gpu-nodes.md).
 GPU_SHARING_MARKERS = ("invalid device ordinal", "Duplicate GPU detected")
 GPU_SHARING_HINT = (
-    ". A host with fewer GPUs than ranks shares them: each rank then sees only the GPU it "
+    "\nA host with fewer GPUs than ranks shares them: each rank then sees only the GPU it "
     "shares (as cuda:0), so torch.cuda.set_device(LOCAL_RANK) names a device it cannot see, "
     "and NCCL refuses two ranks on one GPU. Fix: at most one rank per GPU (np=-1 on a driver "
     "with one GPU; on Spark, as many task GPUs as ranks), or the gloo backend where ranks must "
-    "share a GPU")
+    "share a GPU.")
 
 #: ``decode(parts) -> (value, returned)``: what a job's record holds as its ``value`` and its
 #: ``returned`` variables, from rank 0's encoded parts (:mod:`hvd_magics.result_codec`).
