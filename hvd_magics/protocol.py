@@ -92,12 +92,14 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
               "progress within an epoch (at most 4 a second)"),
     EventKind(EPOCH_END, "rank", ("epoch", "epochs", "duration", "samples", "metrics"),
               "an epoch ended"),
-    EventKind(STEP_SPLIT, "rank", ("rows", "totals", "dropped", "gpu"),
+    EventKind(STEP_SPLIT, "rank", ("rows", "totals", "dropped", "gpu", "clock"),
               "each training step's time split (hvd_magics.rank.step_split), at most 4 a "
               "second: rows [step, step_s, input_s, comm_s] of the steps since the last such "
               "event (the latest STEP_ROWS_SENT; dropped: how many earlier ones were left "
               "out), totals [steps, step_s, input_s, comm_s] of them all; gpu: the rank's "
-              "CUDA device's memory and utilisation (hvd_magics.rank.gpu_memory), else None"),
+              "CUDA device's memory and utilisation (hvd_magics.rank.gpu_memory), else None; "
+              "clock: 'gpu' when the rows are the GPU's time (hvd_magics.rank.gpu_steps), "
+              "else 'host'"),
     EventKind(STACKS, "rank", ("request", "threads", "others", "ddp"),
               "the rank's Python stacks, taken on request while it runs "
               "(hvd_magics.rank.stack_report): per thread its name and frames, outermost first, "

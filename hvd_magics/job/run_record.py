@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from hvd_magics.job.epoch_timing import format_html_table, format_table
-from hvd_magics.job.straggler import StepParts
+from hvd_magics.job.straggler import StepParts, clock_label
 
 
 @dataclass
@@ -222,7 +222,7 @@ SPLIT_RANKS_SHOWN = 8
 def describe_split(row: dict[str, Any]) -> str:
     """``"59 steps of 0.038 s: input 0% · compute 83% · comm 17%"``."""
     shares = StepParts(row["step_s"], row["input_s"], row["comm_s"]).shares(
-        gpu="gpu_peak_bytes" in row)
+        clock_label(row.get("clock", "host"), "gpu_peak_bytes" in row))
     peak = (f"; GPU memory peak {row['gpu_peak_bytes'] / 1024 ** 3:.1f} GB"
             if row.get("gpu_peak_bytes") else "")
     return f"{row['steps']:,} steps of {row['step_s']:.3g} s: {shares}{peak}"

@@ -46,6 +46,8 @@ LOOKS_PER_REPORT = 64
 #: What a GPU rank's split is prefixed with: its clock is the host thread's (the GPU's kernels
 #: run asynchronously; where the thread waits for them is where their time shows).
 HOST_TIME = "host time: "
+#: ...and a DDP rank's on a CUDA device, timed by the GPU's own events (rank/gpu_steps.py).
+GPU_TIME = "GPU time: "
 #: The causes a verdict names.
 INPUT, COMPUTE = "input", "compute"
 _CAUSE_TEXT = {INPUT: "in its input pipeline (waiting for batches)",
@@ -69,11 +71,12 @@ class StepParts:
         """Its own work: everything but the wait in collectives."""
         return self.input_s + self.compute_s
 
-    def shares(self, gpu: bool = False) -> str:
-        """``"input 4% · compute 61% · comm 35%"`` (after :data:`HOST_TIME` on a GPU rank)."""
+    def shares(self, clock: str = "") -> str:
+        """``"input 4% · compute 61% · comm 35%"``, after ``clock`` (:data:`HOST_TIME` or
+        :data:`GPU_TIME` on a GPU rank)."""
         if self.step_s <= 0:
             return ""
-        return (HOST_TIME if gpu else "") + " · ".join(f"{name} {100 * value / self.step_s:.0f}%" for name, value in (
+        return clock + " · ".join(f"{name} {100 * value / self.step_s:.0f}%" for name, value in (
             ("input", self.input_s), ("compute", self.compute_s), ("comm", self.comm_s)))
 
 
@@ -104,6 +107,12 @@ class Straggler:
         return (f"{unit} {self.ranks[0]}{where} holds the others back: its own work takes "
                 f"{figures}, {_CAUSE_TEXT[self.cause]}; the other {unit}s spend that time "
                 "waiting in communication")
+
+
+def clock_label(clock: str, on_gpu: bool) -> str:
+    """:data:`GPU_TIME` for rows of the GPU's clock, :data:`HOST_TIME` for a GPU rank's host
+    clock, else ``""``."""
+    return GPU_TIME if clock == "gpu" else HOST_TIME if on_gpu else ""
 
 
 def window_parts(rows: list[tuple[float, float, float]]) -> StepParts:
@@ -180,10 +189,13 @@ class StepSplits:
         #: Rank -> its GPU's latest reading (:mod:`hvd_magics.rank.gpu_memory`), and the
         #: highest peak it reported.
         self.gpu: dict[int, dict[str, Any]] = {}
+        #: Rank -> whose clock its rows are: ``"gpu"`` or ``"host"``.
+        self.clock: dict[int, str] = {}
 
     def observe(self, rank: int, event: dict[str, Any], hosts: dict[int, str]) -> None:
         """Take one rank's ``step_split`` event and look again at every step all ranks have
         now reported."""
+        self.clock[rank] = event.get("clock") or "host"
         if event.get("gpu"):
             peak = max(event["gpu"].get("peak") or 0, self.gpu.get(rank, {}).get("peak") or 0)
             self.gpu[rank] = {**event["gpu"], "peak": peak}
@@ -277,8 +289,14 @@ class StepSplits:
         return [{"rank": rank, "host": hosts.get(rank, ""), "steps": self.steps_of(rank),
                  "step_s": parts.step_s, "input_s": parts.input_s,
                  "compute_s": parts.compute_s, "comm_s": parts.comm_s,
+                 "clock": self.clock.get(rank, "host"),
                  **({"gpu_peak_bytes": self.gpu[rank]["peak"]} if rank in self.gpu else {})}
                 for rank, parts in self.per_rank().items()]
+
+    def clock_of(self, rank: int) -> str:
+        """What ``rank``'s shares are prefixed with: :data:`GPU_TIME`, :data:`HOST_TIME` on a
+        GPU rank timed by its host, else ``""``."""
+        return clock_label(self.clock.get(rank, "host"), rank in self.gpu)
 
     def gpu_text(self, rank: int) -> str:
         """``"GPU 3.1/80 GB (peak 4.0), 97% busy"``, ``""`` on a rank without a GPU."""

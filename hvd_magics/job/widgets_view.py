@@ -206,7 +206,8 @@ class WidgetView:
         for rank, row in zip(job.ranks, self._rows):
             self._refresh_row(rank, row, now, final, job.elastic is not None, job.stall_after)
             gpu = job.splits.gpu_text(rank.rank)
-            row.split.value = split_bar(job.splits.latest(rank.rank), bool(gpu)) + (
+            row.split.value = split_bar(job.splits.latest(rank.rank),
+                                        job.splits.clock_of(rank.rank)) + (
                 f"<br><span style='font-size:smaller'>{html.escape(gpu)}</span>" if gpu else "")
         if job.history.changed_at > self._charts_drawn and (
                 final or now - self._charts_drawn >= CHARTS_INTERVAL_S):
@@ -259,9 +260,9 @@ class WidgetView:
 SPLIT_COLOURS = ("#8e24aa", "#1e88e5", "#fb8c00")
 
 
-def split_bar(parts: StepParts | None, gpu: bool = False) -> str:
+def split_bar(parts: StepParts | None, clock: str = "") -> str:
     """A rank's latest steps as a bar of input, compute and communication, with their
-    shares (``""`` before it reported a step); a GPU rank's say they are host time."""
+    shares after ``clock`` (whose clock a GPU rank's are), ``""`` before it reported a step."""
     if parts is None or parts.step_s <= 0:
         return ""
     widths = [100 * value / parts.step_s for value in (parts.input_s, parts.compute_s,
@@ -269,7 +270,7 @@ def split_bar(parts: StepParts | None, gpu: bool = False) -> str:
     cells = "".join(f"<span style='display:inline-block;height:9px;width:{w * 0.8:.1f}px;"
                     f"background:{colour}'></span>"
                     for w, colour in zip(widths, SPLIT_COLOURS) if w >= 0.5)
-    shares = html.escape(parts.shares(gpu))
+    shares = html.escape(parts.shares(clock))
     return (f"<span title='{shares} of a {parts.step_s:.3g} s step'>"
             f"{cells}</span> <span style='font-size:smaller'>{shares}</span>")
 

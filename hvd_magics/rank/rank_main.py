@@ -124,7 +124,7 @@ def run_job(payload: bytes) -> tuple[Any, BaseException | None, int]:
             value = main_fn(**kwargs)
         finally:
             loop_progress.reset()  # the inferred last epoch ends with the function
-            step_split.flush()
+            step_split.flush(final=True)
     except SystemExit as exc:
         if exc.code not in (0, None):
             return None, exc, exc.code if isinstance(exc.code, int) else 1

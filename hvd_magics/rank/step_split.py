@@ -16,9 +16,11 @@ plain loop, DDP, Horovod's ``DistributedOptimizer``, Accelerate, Lightning and t
 
 On a rank the others wait for, communication is short and its own work (input and compute) long;
 on the others it is the reverse. Nothing synchronises a device: the clock is read where the
-Python code already waits (on a GPU, a step's kernels may finish after its clock stops; the
-split then shows the wait where the host thread waited). A step costs a few clock reads and, for
-DDP, a Python call per parameter's gradient. ``HVD_MAGICS_STEP_SPLIT=0`` turns it off.
+Python code already waits. On a GPU the host runs ahead of the kernels (and NCCL's waits do not
+block it), so a DDP module on a CUDA device is timed by CUDA events on the GPU instead
+(:mod:`hvd_magics.rank.gpu_steps`); other GPU ranks (Horovod's, whose ``synchronize`` does
+block) keep the host's clock. A step costs a few clock reads and, for DDP, a Python call per
+parameter's gradient (and three CUDA events on a GPU). ``HVD_MAGICS_STEP_SPLIT=0`` turns it off.
 
 Not covered: TensorFlow (Keras under Horovod or tf.distribute runs its step as one graph call,
 which hides its parts from Python).
@@ -35,6 +37,7 @@ from typing import Any, Callable, Iterator
 
 from hvd_magics.protocol import ENV_STEP_SPLIT, STEP_SPLIT
 from hvd_magics.rank import gpu_memory, rank_events
+from hvd_magics.rank.gpu_steps import GpuSteps
 from hvd_magics.rank.import_hooks import after_import, before_call
 
 #: Least seconds between two ``step_split`` events.
@@ -79,6 +82,8 @@ class _Split:
         self.dropped = 0
         self.totals = [0, 0.0, 0.0, 0.0]
         self.sent = time.monotonic()
+        #: A DDP module on a CUDA device: its steps timed on the GPU (rank/gpu_steps.py).
+        self.gpu: GpuSteps | None = None
 
 
 _split = _Split()
@@ -144,33 +149,50 @@ def _on_optimizer_step(*_args: Any) -> None:
         return
     if split.began is not None:
         split.step += 1
-        row = [split.step, now - split.began, split.waits[_INPUT], split.waits[_COMM]]
-        split.rows.append(row)
-        totals = split.totals
-        totals[0] += 1
-        for i in (1, 2, 3):
-            totals[i] += row[i]
+        if split.gpu is not None:
+            for row in split.gpu.on_step_end(split.step, split.waits[_INPUT]):
+                _keep(split, row)
+        else:
+            _keep(split, [split.step, now - split.began, split.waits[_INPUT], split.waits[_COMM]])
+    elif split.gpu is not None:
+        split.gpu.on_step_end(0, 0.0)  # the first step's start on the GPU
     split.began, split.waits, split.fed = now, [0.0, 0.0], False
     if time.monotonic() - split.sent >= SEND_EVERY_S:
         flush()
 
 
-def flush() -> None:
-    """Send the steps not sent yet (also when the job's function returns)."""
+def _keep(split: _Split, row: list[float]) -> None:
+    split.rows.append(row)
+    totals = split.totals
+    totals[0] += 1
+    for i in (1, 2, 3):
+        totals[i] += row[i]
+
+
+def flush(final: bool = False) -> None:
+    """Send the steps not sent yet (``final``: the job's function returned; a GPU's steps
+    still under way are waited for)."""
     split = _split
     split.sent = time.monotonic()
+    if split.gpu is not None:
+        for row in split.gpu.ready(wait=final):
+            _keep(split, row)
     if not split.totals[0]:
         return
     rows = split.rows[-STEP_ROWS_SENT:]
     dropped = split.dropped + len(split.rows) - len(rows)
     rank_events.emit(STEP_SPLIT, rows=[[int(r[0])] + [round(v, 6) for v in r[1:]] for r in rows],
                      totals=[split.totals[0]] + [round(v, 6) for v in split.totals[1:]],
-                     dropped=dropped, gpu=gpu_memory.reading())
+                     dropped=dropped, gpu=gpu_memory.reading(),
+                     clock="gpu" if split.gpu is not None else "host")
     split.rows, split.dropped, split.totals = [], 0, [0, 0.0, 0.0, 0.0]
 
 
 def _grad_ready(_param: Any) -> None:
-    _split.grad_ready = time.perf_counter()
+    split = _split
+    split.grad_ready = time.perf_counter()
+    if split.gpu is not None:
+        split.gpu.on_grad()
 
 
 def _on_ddp_forward(model: Any, *_args: Any, **_kwargs: Any) -> None:
@@ -185,6 +207,8 @@ def _on_ddp_forward(model: Any, *_args: Any, **_kwargs: Any) -> None:
         for param in model.parameters():
             if param.requires_grad:
                 param.register_post_accumulate_grad_hook(_grad_ready)
+                if param.is_cuda and split.gpu is None:
+                    split.gpu = GpuSteps()
 
 
 def _timed_backward(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -202,6 +226,8 @@ def _timed_backward(original: Callable[..., Any]) -> Callable[..., Any]:
         result = original(*args, **kwargs)
         if split.grad_ready > start:
             split.waits[_COMM] += max(0.0, time.perf_counter() - split.grad_ready)
+        if split.gpu is not None:
+            split.gpu.on_backward_end()
         split.ddp_sync = False
         return result
 
