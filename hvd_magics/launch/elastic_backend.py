@@ -156,6 +156,16 @@ def _horovod_driver_class() -> type:
                 self._backend.on_resume_failed(exc)
                 raise
 
+        def forget_workers_on(self, prefix: str) -> None:
+            """Drop the notification clients of the slots whose name begins with ``prefix``
+            (a lost host's). The driver tells the coordinator (rank 0) of each change of hosts
+            while it holds the lock that re-forming waits for; a coordinator behind a cut link
+            never answers, and the survivors waited 39 s for that connection to give up
+            before they re-formed. Without its client the driver skips the notice: the
+            survivors have already failed their collective and ask for their new ranks."""
+            for key in [key for key in list(self._worker_clients) if key[0].startswith(prefix)]:
+                self._worker_clients.pop(key, None)
+
     return ReportingDriver
 
 
@@ -447,6 +457,8 @@ class ElasticSparkBackend(SparkBackend):
         re-form without them, rather than wait for a channel that a cut link never closes; and
         Spark is asked to remove the host's executors."""
         super().lose_host(host)
+        if self._driver is not None:
+            self._driver.forget_workers_on(slot_host_prefix(host))
         for task in self.slots.tasks_on(host):
             if self.slots.ended(task, LOST_CODE):
                 self._causes.append(f"{rank_named(task, TASK)} on {host} stopped answering: "

@@ -115,6 +115,7 @@ def test_an_elastic_job_goes_on_without_a_cut_host(three_hosts_spark, three_host
         (2, [f"task 2 on {moments['host']} stopped answering: its link or machine was lost"])]
     took = moments["size2"] - moments["cut"]
     print(f"the elastic job went on with 2 ranks {took:.1f} s after the cut")
-    # 15 s when the cut host ran rank 2; 55-89 s when it ran rank 0, which the survivors'
-    # Horovod waits on past Gloo's timeout (Horovod's elastic driver decides who is rank 0)
-    assert took < 120, took
+    # 15 s whichever rank the cut host ran. It was 55-89 s when it ran rank 0: Horovod's
+    # driver told the lost coordinator of the change of hosts, holding the lock that re-forming
+    # waits for, until the connection gave up (ReportingDriver.forget_workers_on)
+    assert took < 45, took
