@@ -162,10 +162,12 @@ class JobStacks:
         return dict(sorted(found.items()))
 
     def diagnosis(self, unit: str = "rank") -> str:
-        """In words, when some ranks wait in a collective and others are elsewhere: ``ranks 0
-        wait in a Horovod collective for rank 1, which is elsewhere (see below)``; else, when
-        the steps' split found one, the rank the others wait for."""
-        return self._elsewhere(unit) or self.straggler
+        """The rank the others wait for, when the steps' split found one (the evidence of
+        many steps: one look at the stacks of a job that is only slow finds its fast ranks in
+        a collective and the slow one elsewhere); else, when some ranks wait in a collective
+        and others are elsewhere: ``ranks 0 wait in a Horovod collective for rank 1, which is
+        elsewhere (see below)``."""
+        return self.straggler or self._elsewhere(unit)
 
     def _elsewhere(self, unit: str) -> str:
         engines = {r: collective_of(e.get("threads", [])) for r, e in self.ranks.items()}
