@@ -4,8 +4,10 @@ in a clean run; and what does timing each step's parts cost.
 1. detection: driver ranks (np=-2 and np=-4, Gloo) run a DDP loop (``--engine torch``) and a
    Horovod loop over a DataLoader, each step ~30 ms of compute; from step 20 on, one rank (the
    last) is slowed by 15% or by 30%, in its compute (more work per step) or in its input (its
-   Dataset waits). A run is right when that rank, and only it, is named, for that cause, within
-   20 steps of the slowdown (the step the verdict names it at, minus 20).
+   Dataset waits); and, with np=2 (each rank pinned to a core of its own, steps of a fixed
+   amount of work), by a process that spins on its core (it waits for a CPU). A run is right
+   when that rank, and only it, is named, for that cause, within 20 steps of the slowdown (the
+   step the verdict names it at, minus 20).
 2. clean: ``--clean`` runs of the same loops with no rank slowed (np 2 and 4, both engines in
    turn): how many name anyone (goal 0).
 3. overhead: a DDP loop and a Horovod loop (one rank each, a process of its own, so that no
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -68,29 +69,39 @@ def _named(record) -> list[tuple[int, str]]:
     return out
 
 
+def _cause_of(verdict: str) -> str:
+    """The cause a verdict names, in a few words."""
+    for words in ("waiting for a CPU", "in compute (", "input pipeline"):
+        if words in verdict:
+            return words.rstrip(" (")
+    return "?"
+
+
 def detection(steps: int) -> tuple[int, int, int]:
     """``(right, runs, largest delay in steps)`` over the slowed runs."""
     right = runs = 0
     delays = []
     for np in (2, 4):
         for engine in ("torch", "horovod"):
-            for how in ("compute", "input"):
-                for slower in (0.15, 0.30):
-                    slow = np - 1
-                    record = _run(np, engine, steps=steps, slow_rank=slow, how=how,
-                                  slower=slower, slow_from=SLOW_FROM)
-                    named = _named(record)
-                    cause = "input pipeline" if how == "input" else "in compute"
-                    ok = (len(named) == 1 and named[0][1].startswith(f"rank {slow} (host ")
-                          and cause in named[0][1] and named[0][0] - SLOW_FROM <= WITHIN)
-                    runs += 1
-                    right += ok
-                    if named:
-                        delays.append(named[0][0] - SLOW_FROM)
-                    print(f"np={np} {engine:<7} {how:<7} +{slower:.0%}: "
-                          f"{'right' if ok else 'WRONG'}; "
-                          + ("; ".join(f"named at step {s}: {t[:90]}..." for s, t in named)
-                             or "nobody named"), flush=True)
+            ways = [("compute", 0.15), ("compute", 0.30), ("input", 0.15), ("input", 0.30)]
+            for how, slower in ways + ([("cpu", 0.0)] if np == 2 else []):
+                slow = np - 1
+                record = _run(np, engine, steps=steps, slow_rank=slow, how=how,
+                              slower=slower, slow_from=SLOW_FROM)
+                named = _named(record)
+                cause = {"input": "input pipeline", "cpu": "waiting for a CPU"}.get(
+                    how, "in compute (")
+                ok = (len(named) == 1 and named[0][1].startswith(f"rank {slow} (host ")
+                      and cause in named[0][1] and named[0][0] - SLOW_FROM <= WITHIN)
+                runs += 1
+                right += ok
+                if named:
+                    delays.append(named[0][0] - SLOW_FROM)
+                print(f"np={np} {engine:<7} {how:<7} "
+                      f"{'a spinner' if how == 'cpu' else f'+{slower:.0%}'}: "
+                      f"{'right' if ok else 'WRONG'}; "
+                      + ("; ".join(f"named at step {s}: {t[:60]}... {_cause_of(t)}"
+                                   for s, t in named) or "nobody named"), flush=True)
     return right, runs, max(delays, default=-1)
 
 

@@ -94,9 +94,11 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
               "an epoch ended"),
     EventKind(STEP_SPLIT, "rank", ("rows", "totals", "dropped", "gpu", "clock"),
               "each training step's time split (hvd_magics.rank.step_split), at most 4 a "
-              "second: rows [step, step_s, input_s, comm_s] of the steps since the last such "
-              "event (the latest STEP_ROWS_SENT; dropped: how many earlier ones were left "
-              "out), totals [steps, step_s, input_s, comm_s] of them all; gpu: the rank's "
+              "second: rows [step, step_s, input_s, comm_s, cpu_wait_s, cpu_s] of the steps since "
+              "the last such event (the latest STEP_ROWS_SENT; dropped: how many earlier ones "
+              "were left out; cpu_wait_s, cpu_s: the training thread's wait for a CPU and "
+              "time on one), totals [steps, step_s, input_s, comm_s, cpu_wait_s, cpu_s] of "
+              "them all; gpu: the rank's "
               "CUDA device's memory and utilisation (hvd_magics.rank.gpu_memory), else None; "
               "clock: 'gpu' when the rows are the GPU's time (hvd_magics.rank.gpu_steps), "
               "else 'host'"),

@@ -12,9 +12,12 @@ docs/development.md, "A GPU machine"). Each part prints what it found; the last 
 3. straggler: two ranks on the one GPU over gloo, rank 1 doing 30% more GPU work a step: what
    the split (host time on a GPU) and the verdict make of it, and the GPU reading (memory,
    NVML utilisation) a row shows.
+4. overhead: one DDP rank on the GPU (NCCL), a small and a wide MLP, steps/s with the split on
+   over off (each in a fresh process, in turn, three times).
 
 Usage (on the GPU machine, from the repository's root, after installing .gpu_wheels):
-    python3 scripts/gpu_check.py
+    python3 scripts/gpu_check.py [guard,nccl,gloo,overhead,profile]
+(the parts whose names begin so; all but profile when none is named)
 """
 from __future__ import annotations
 
@@ -118,6 +121,125 @@ def gloo_straggler(steps: int = 150, slower: float = 0.3):
     return {"rank": rank, "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
+def gpu_loop(width: int, batch: int, steps: int) -> float:
+    """In this process, one DDP rank (world of 1, NCCL) of a MLP on the GPU over a DataLoader
+    of batches already on the GPU: seconds per step after 200 warm-up steps (the split is on
+    unless ``HVD_MAGICS_STEP_SPLIT=0``)."""
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(20000 + os.getpid() % 20000),
+                      RANK="0", WORLD_SIZE="1")
+    if os.environ.get("HVD_MAGICS_STEP_SPLIT", "1") != "0":
+        from hvd_magics.rank import gpu_steps, step_split
+
+        step_split.install()
+        variant = os.environ.get("GPU_CHECK_VARIANT", "")
+        if variant == "host":  # the split on the host's clock: no GPU timing
+            step_split.GpuSteps = lambda: None
+        elif variant == "noevents":  # GPU timing's Python, with events that do nothing
+            class _Done:
+                def query(self):
+                    return True
+
+                def synchronize(self):
+                    pass
+
+                def elapsed_time(self, _other):
+                    return 1.0
+
+            gpu_steps._event = _Done
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl")
+    net = torch.nn.Sequential(torch.nn.Linear(1024, width), torch.nn.ReLU(),
+                              torch.nn.Linear(width, width), torch.nn.ReLU(),
+                              torch.nn.Linear(width, 10)).cuda()
+    model = torch.nn.parallel.DistributedDataParallel(net, device_ids=[0])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    xs = torch.randn(64, batch, 1024, device="cuda")
+    ys = torch.randint(0, 10, (64, batch), device="cuda")
+    loader = torch.utils.data.DataLoader(range(steps + 200), batch_size=None)
+    began = 0.0
+    for i, j in enumerate(loader):
+        if i == 200:
+            torch.cuda.synchronize()
+            began = time.perf_counter()
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(xs[j % 64]), ys[j % 64]).backward()
+        optimizer.step()
+    torch.cuda.synchronize()
+    seconds = (time.perf_counter() - began) / steps
+    dist.destroy_process_group()
+    return seconds
+
+
+def overhead(runs: int = 3) -> dict:
+    """Steps/s with the split on over off for a small and a wide DDP model on the GPU, each in a
+    fresh process, on and off in turn ``runs`` times (the median of each)."""
+    found = {}
+    for name, width, batch, steps in (("small", 256, 64, 2000), ("wide", 4096, 512, 1000)):
+        times: dict[str, list[float]] = {"on": [], "off": []}
+        for _ in range(runs):
+            for mode in ("on", "off"):
+                code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+                        f"sys.path.insert(0, {str(ROOT / 'scripts')!r}); import gpu_check; "
+                        f"print(gpu_check.gpu_loop({width}, {batch}, {steps}))")
+                env = {**os.environ, "HVD_MAGICS_STEP_SPLIT": "1" if mode == "on" else "0"}
+                out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                     text=True, timeout=120, env=env)
+                if out.returncode:
+                    raise RuntimeError(out.stderr[-2000:])
+                times[mode].append(float(out.stdout.strip().splitlines()[-1]))
+        on, off = sorted(times["on"])[runs // 2], sorted(times["off"])[runs // 2]
+        print(f"{name}: {1000 * on:.3f} ms a step with the split, {1000 * off:.3f} ms without; "
+              f"steps/s on over off {off / on:.3f} (runs: on {times['on']}, off {times['off']})",
+              flush=True)
+        found[f"overhead_{name}_ratio"] = round(off / on, 3)
+        found[f"overhead_{name}_step_ms"] = round(1000 * off, 3)
+    return found
+
+
+EVENT_COSTS = """
+import time, torch
+torch.cuda.init(); torch.ones(1, device="cuda")
+def each(f, n=2000):
+    t = time.perf_counter()
+    for _ in range(n):
+        f()
+    return round(1e6 * (time.perf_counter() - t) / n, 2)
+def make():
+    e = torch.cuda.Event(enable_timing=True); e.record(); return e
+a, b = make(), make(); torch.cuda.synchronize()
+print("us: event made and recorded", each(make), "query", each(a.query),
+      "elapsed_time", each(lambda: a.elapsed_time(b)), "perf_counter", each(time.perf_counter))
+"""
+
+
+def profile(runs: int = 3) -> dict:
+    """Where the split's cost on the GPU goes: a CUDA event's cost, and the small loop with the
+    split off, on, on with events that do nothing, and on the host's clock."""
+    out = subprocess.run([sys.executable, "-c", EVENT_COSTS], capture_output=True, text=True,
+                         timeout=120)
+    print(out.stdout + out.stderr[-1500:], flush=True)
+    times: dict[str, list[float]] = {}
+    for _ in range(runs):
+        for mode in ("off", "on", "noevents", "host"):
+            code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+                    f"sys.path.insert(0, {str(ROOT / 'scripts')!r}); import gpu_check; "
+                    "print(gpu_check.gpu_loop(256, 64, 2000))")
+            env = {**os.environ, "HVD_MAGICS_STEP_SPLIT": "0" if mode == "off" else "1",
+                   "GPU_CHECK_VARIANT": mode}
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                  timeout=120, env=env)
+            if done.returncode:
+                raise RuntimeError(done.stderr[-2000:])
+            times.setdefault(mode, []).append(float(done.stdout.strip().splitlines()[-1]))
+    median = {mode: sorted(t)[runs // 2] for mode, t in times.items()}
+    print("small loop, ms a step (median of", runs, "):",
+          {mode: round(1000 * t, 4) for mode, t in median.items()}, flush=True)
+    return {f"profile_{mode}_ms": round(1000 * t, 4) for mode, t in median.items()}
+
+
 class _KeepGpu:
     """A view that keeps what the ranks said of their GPU."""
 
@@ -171,13 +293,20 @@ def _payload(share: bool) -> bytes:
 def main() -> None:
     import torch
 
+    only = sys.argv[1].split(",") if len(sys.argv) > 1 else []
+
     print("torch", torch.__version__, "cuda", torch.version.cuda, "devices",
           torch.cuda.device_count(), torch.cuda.get_device_name(0))
     found: dict = {}
     for name, part in (("guard", guard), ("nccl np=-1", lambda: nccl(-1)),
                        ("nccl np=-2", lambda: nccl(-2)),
                        ("nccl np=-2 sharing", lambda: nccl(-2, share=True)),
-                       ("gloo straggler on the GPU", straggler_on_gpu)):
+                       ("gloo straggler on the GPU", straggler_on_gpu),
+                       ("overhead of the split on the GPU", overhead),
+                       ("profile", profile)):
+        if only and not any(name.startswith(part) for part in only) or (
+                not only and name == "profile"):
+            continue
         print(f"== {name}", flush=True)
         try:
             found.update(part())

@@ -963,9 +963,14 @@ def straggler_ddp(steps: int = 60, slow_rank: int | None = None, how: str = "com
                   engine: str = "torch", width: int = 64):
     """A DDP (``engine="torch"``) or Horovod (``"horovod"``) loop over a ``DataLoader`` whose
     steps each do ``base_s`` seconds of compute; from step ``slow_from`` on, ``slow_rank``'s
-    steps take ``slower`` times that longer, in compute or in its data loader (``how``). Its
-    gradients are ``width`` x 65 floats.
+    steps take ``slower`` times that longer, in compute or in its data loader (``how``). With
+    ``how="cpu"`` a step's compute is a fixed amount of work instead (what ``base_s`` took the
+    slowest rank at the start), each rank runs on a CPU of its own and ``slow_rank`` shares its
+    CPU with a process that spins from step ``slow_from`` on. Its gradients are ``width`` x 65 floats.
     Returns the steps each rank took."""
+    import os
+    import subprocess
+    import sys
     import time
 
     import torch
@@ -983,11 +988,27 @@ def straggler_ddp(steps: int = 60, slow_rank: int | None = None, how: str = "com
         rank = hvd.rank()
     extra = base_s * slower
 
-    def busy(seconds: float) -> None:
-        end = time.perf_counter() + seconds
-        a = torch.ones(32, 32)
-        while time.perf_counter() < end:
-            a = torch.tanh(a @ a)
+    per_step = 0.0  # matrix products per base_s (a fixed amount of work), 0: seconds instead
+
+    def busy(seconds: float) -> int:
+        end, a, count = time.perf_counter() + seconds, torch.ones(32, 32), 0
+        work = per_step * seconds / base_s
+        while (count < work) if per_step else (time.perf_counter() < end):
+            a, count = torch.tanh(a @ a), count + 1
+        return count
+
+    spinner = None
+    if how == "cpu":  # the same work on every rank: the least any rank did in base_s
+        least = torch.tensor([max(1.0, busy(0.3) * base_s / 0.3)])
+        if engine == "torch":
+            dist.all_reduce(least, op=dist.ReduceOp.MIN)
+        else:
+            least = hvd.allreduce(least, op=hvd.Min)
+        per_step = float(least[0])
+        cpu = sorted(os.sched_getaffinity(0))[rank % len(os.sched_getaffinity(0))]
+        os.sched_setaffinity(0, {cpu})
+        spin = (f"import os\nos.sched_setaffinity(0, {{{cpu}}})\n"
+                f"while os.getppid() == {os.getpid()}:\n    sum(range(100000))")
 
     class Batches(torch.utils.data.Dataset):
         def __len__(self):
@@ -1011,12 +1032,16 @@ def straggler_ddp(steps: int = 60, slow_rank: int | None = None, how: str = "com
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     taken = 0
     for i, (x, y) in enumerate(torch.utils.data.DataLoader(Batches(), batch_size=None)):
+        if how == "cpu" and rank == slow_rank and i == slow_from:
+            spinner = subprocess.Popen([sys.executable, "-c", spin])
         busy(base_s + (extra if rank == slow_rank and how == "compute" and i >= slow_from
                        else 0.0))
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
         taken += 1
+    if spinner is not None:
+        spinner.kill()
     return taken
 
 

@@ -378,10 +378,9 @@ class JobState:
         self.history.observe(event["kind"], state.rank, event, event["recv"])
 
     def _on_step_split(self, state: RankState, event: dict[str, Any]) -> None:
-        self.splits.observe(state.rank, event, {r.rank: r.host for r in self.ranks})
-        count, step_s, input_s, comm_s = (event.get("totals") or [0, 0.0, 0.0, 0.0])[:4]
-        if count:
-            self.history.observe_own_work(state.rank, (step_s - comm_s) / count, event["recv"])
+        parts = self.splits.observe(state.rank, event, {r.rank: r.host for r in self.ranks})
+        if parts is not None:
+            self.history.observe_own_work(state.rank, parts.own_s, event["recv"])
 
     def _on_link_probe(self, state: RankState, event: dict[str, Any]) -> None:  # noqa: ARG002
         if self.link_probe is not None:

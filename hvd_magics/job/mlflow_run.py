@@ -432,7 +432,7 @@ class MlflowTracker:
         and the straggler verdicts as a tag."""
         client, run_id = self._client, self.run_id
         for row in record.step_split:
-            for part in ("step_s", "input_s", "compute_s", "comm_s"):
+            for part in ("step_s", "input_s", "compute_s", "comm_s", "cpu_wait_s"):
                 client.log_metric(run_id, f"rank_{row['rank']}.{part}", row[part])
         if record.step_intervals:
             client.log_text(run_id, record.steps.to_csv(index=False),

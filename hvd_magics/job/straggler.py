@@ -11,13 +11,17 @@ rank of one host) is named only when :data:`LOOKS_TO_NAME` looks in a row, one p
 same one: its own work per step longer than the others' by at least :data:`NAME_SHARE` of
 theirs, and the others waiting for it in communication for at least half of that. It is cleared when as
 many looks in a row no longer find it by half that margin. The cause is the part of its own work
-(input or compute) that exceeds the others' the more.
+(input or compute) that exceeds the others' the more; compute whose excess is at least half time
+the rank's training thread waited for a CPU (ready to run, not running: its host's CPUs busy with
+other work, or its CPU time limited), and at most a quarter of it the rank's thread ran on one
+longer than the others' threads, is said to be that, not more work.
 
 A link slower than the others' slows every rank's communication alike: no rank is named then
 (the split shows every rank waiting in communication).
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
@@ -48,19 +52,30 @@ LOOKS_PER_REPORT = 64
 HOST_TIME = "host time: "
 #: ...and a DDP rank's on a CUDA device, timed by the GPU's own events (rank/gpu_steps.py).
 GPU_TIME = "GPU time: "
+#: Of a compute excess, the least share of waiting for a CPU that makes it "waiting for a CPU",
+#: and the most share of running on one longer than the others (more work runs longer, even
+#: on a CPU that other threads share with it).
+CPU_WAIT_SHARE = 0.5
+CPU_RAN_SHARE = 0.25
 #: The causes a verdict names.
 INPUT, COMPUTE = "input", "compute"
 _CAUSE_TEXT = {INPUT: "in its input pipeline (waiting for batches)",
                COMPUTE: "in compute (forward, backward, optimizer)"}
+_CPU_WAIT_TEXT = ("in compute, most of it waiting for a CPU (its host's CPUs are busy with other "
+                  "work, or its CPU time is limited)")
 
 
 @dataclass(frozen=True)
 class StepParts:
-    """Mean seconds per step of one rank: the whole step and its parts."""
+    """Mean seconds per step of one rank: the whole step and its parts (``cpu_wait_s`` and
+    ``cpu_s``: how long its training thread was ready to run but waited for a CPU, and ran on
+    one, within any part)."""
 
     step_s: float
     input_s: float
     comm_s: float
+    cpu_wait_s: float = 0.0
+    cpu_s: float = 0.0
 
     @property
     def compute_s(self) -> float:
@@ -84,7 +99,8 @@ class StepParts:
 class Straggler:
     """A verdict: ``ranks`` (one, or every rank of ``host`` when ``whole_host``) hold the
     others back, their own work per step ``own_s`` against the others' ``others_s``, most of the
-    difference in ``cause``; named at step ``step``."""
+    difference in ``cause``; ``cpu_wait_s`` longer waiting for a CPU per step than the others,
+    ``cpu_s`` longer on one; named at step ``step``."""
 
     ranks: tuple[int, ...]
     host: str
@@ -92,7 +108,20 @@ class Straggler:
     cause: str
     own_s: float
     others_s: float
+    cpu_wait_s: float = 0.0
+    cpu_s: float = 0.0
     step: int = 0
+
+    @property
+    def waits_for_cpu(self) -> bool:
+        """Whether its compute excess is mostly waiting for a CPU, not more work (more work
+        runs longer on a CPU, even where the rank waits for one too)."""
+        excess = self.own_s - self.others_s
+        return (self.cause == COMPUTE and excess > 0 and self.cpu_wait_s >= CPU_WAIT_SHARE * excess
+                and self.cpu_s <= CPU_RAN_SHARE * excess)
+
+    def _cause_text(self) -> str:
+        return _CPU_WAIT_TEXT if self.waits_for_cpu else _CAUSE_TEXT[self.cause]
 
     def text(self, unit: str = "rank") -> str:
         longer = 100 * (self.own_s / self.others_s - 1) if self.others_s > 0 else float("inf")
@@ -101,11 +130,11 @@ class Straggler:
         if self.whole_host:
             who = f"the {unit}s of host {self.host} ({ranks_named(list(self.ranks), unit)})"
             return (f"{who} hold the others back: their own work takes {figures}, "
-                    f"{_CAUSE_TEXT[self.cause]}; the other {unit}s spend that time waiting in "
+                    f"{self._cause_text()}; the other {unit}s spend that time waiting in "
                     "communication")
         where = f" (host {self.host})" if self.host else ""
         return (f"{unit} {self.ranks[0]}{where} holds the others back: its own work takes "
-                f"{figures}, {_CAUSE_TEXT[self.cause]}; the other {unit}s spend that time "
+                f"{figures}, {self._cause_text()}; the other {unit}s spend that time "
                 "waiting in communication")
 
 
@@ -115,20 +144,27 @@ def clock_label(clock: str, on_gpu: bool) -> str:
     return GPU_TIME if clock == "gpu" else HOST_TIME if on_gpu else ""
 
 
-def window_parts(rows: list[tuple[float, float, float]]) -> StepParts:
-    """The mean of a window's steps ``(step_s, input_s, comm_s)``, steps longer than
-    :data:`OUTLIER` times its median left out."""
+#: One step's row as the driver keeps it: ``(step_s, input_s, comm_s, cpu_wait_s, cpu_s)``.
+Row = tuple[float, float, float, float, float]
+
+
+def window_parts(rows: list[Row]) -> StepParts:
+    """The mean of a window's steps, steps longer than :data:`OUTLIER` times its median left
+    out."""
     limit = OUTLIER * statistics.median(row[0] for row in rows)
     kept = [row for row in rows if row[0] <= limit] or rows
-    return StepParts(*(sum(row[i] for row in kept) / len(kept) for i in range(3)))
+    return StepParts(*(sum(row[i] for row in kept) / len(kept) for i in range(5)))
+
+
+def _excess(parts: dict[int, StepParts], named: list[int], others: list[int], part: str
+            ) -> float:
+    base = statistics.median(getattr(parts[r], part) for r in others)
+    return min(getattr(parts[r], part) for r in named) - base
 
 
 def _cause(parts: dict[int, StepParts], named: list[int], others: list[int]) -> str:
-    def excess(part: str) -> float:
-        base = statistics.median(getattr(parts[r], part) for r in others)
-        return min(getattr(parts[r], part) for r in named) - base
-
-    return INPUT if excess("input_s") > excess("compute_s") else COMPUTE
+    return (INPUT if _excess(parts, named, others, "input_s")
+            > _excess(parts, named, others, "compute_s") else COMPUTE)
 
 
 def _holds_back(parts: dict[int, StepParts], named: list[int], others: list[int],
@@ -159,7 +195,15 @@ def look(parts: dict[int, StepParts], hosts: dict[int, str],
             return None
     return Straggler(tuple(named), host, whole, _cause(parts, named, others),
                      statistics.mean(parts[r].own_s for r in named),
-                     statistics.median(parts[r].own_s for r in others))
+                     statistics.median(parts[r].own_s for r in others),
+                     max(0.0, _excess(parts, named, others, "cpu_wait_s")),
+                     _excess(parts, named, others, "cpu_s"))
+
+
+def _columns(parts: StepParts) -> dict[str, float]:
+    """A mean step's columns in the intervals and the rank rows."""
+    return {"step_s": parts.step_s, "input_s": parts.input_s, "compute_s": parts.compute_s,
+            "comm_s": parts.comm_s, "cpu_wait_s": parts.cpu_wait_s, "cpu_s": parts.cpu_s}
 
 
 class StepSplits:
@@ -173,13 +217,13 @@ class StepSplits:
         Each time one was named (``"named"``) or caught up (``"cleared"``), in order.
     intervals : list of dict
         One row per rank's report (a few a second): ``rank``, ``time_s`` (since the job
-        began), ``steps`` and the mean ``step_s``, ``input_s``, ``compute_s``, ``comm_s`` of
-        those steps.
+        began), ``steps`` and the mean ``step_s``, ``input_s``, ``compute_s``, ``comm_s``,
+        ``cpu_wait_s``, ``cpu_s`` of those steps.
     """
 
     def __init__(self, started_at: float | None = None) -> None:
         self.started_at = time.monotonic() if started_at is None else started_at
-        self._rows: dict[int, dict[int, tuple[float, float, float]]] = {}
+        self._rows: dict[int, dict[int, Row]] = {}
         self._totals: dict[int, list[float]] = {}
         self._looked = 0
         self._streak: tuple[tuple[int, ...], int] = ((), 0)
@@ -192,30 +236,32 @@ class StepSplits:
         #: Rank -> whose clock its rows are: ``"gpu"`` or ``"host"``.
         self.clock: dict[int, str] = {}
 
-    def observe(self, rank: int, event: dict[str, Any], hosts: dict[int, str]) -> None:
+    def observe(self, rank: int, event: dict[str, Any], hosts: dict[int, str]
+                ) -> StepParts | None:
         """Take one rank's ``step_split`` event and look again at every step all ranks have
-        now reported."""
+        now reported; the mean of the steps it reported (``None``: none)."""
         self.clock[rank] = event.get("clock") or "host"
         if event.get("gpu"):
             peak = max(event["gpu"].get("peak") or 0, self.gpu.get(rank, {}).get("peak") or 0)
             self.gpu[rank] = {**event["gpu"], "peak": peak}
         rows = self._rows.setdefault(rank, {})
-        for step, step_s, input_s, comm_s in event.get("rows") or []:
-            rows[int(step)] = (float(step_s), float(input_s), float(comm_s))
+        for step, *columns in event.get("rows") or []:
+            rows[int(step)] = tuple(float(v) for v in (columns + [0.0, 0.0])[:5])
         for old in sorted(rows)[:-KEPT_STEPS]:
             del rows[old]
-        count, step_s, input_s, comm_s = (event.get("totals") or [0, 0.0, 0.0, 0.0])[:4]
+        parts = None
+        count, *sums = (list(event.get("totals") or [0]) + [0.0] * 5)[:6]
         if count:
-            totals = self._totals.setdefault(rank, [0, 0.0, 0.0, 0.0])
-            for i, value in enumerate((count, step_s, input_s, comm_s)):
+            totals = self._totals.setdefault(rank, [0, 0.0, 0.0, 0.0, 0.0, 0.0])
+            for i, value in enumerate([count, *sums]):
                 totals[i] += value
-            parts = StepParts(step_s / count, input_s / count, comm_s / count)
+            parts = StepParts(*(value / count for value in sums))
             self.intervals.append({
                 "rank": rank, "time_s": round(event.get("recv", time.monotonic())
                                               - self.started_at, 3),
-                "steps": int(count), "step_s": parts.step_s, "input_s": parts.input_s,
-                "compute_s": parts.compute_s, "comm_s": parts.comm_s})
+                "steps": int(count), **_columns(parts)})
         self._look_up_to(hosts)
+        return parts
 
     def _look_up_to(self, hosts: dict[int, str]) -> None:
         if len(self._rows) < 2 or not all(self._rows.values()):
@@ -243,18 +289,16 @@ class StepSplits:
         if self._streak[1] < LOOKS_TO_NAME:
             return
         if self.current is not None:
-            self.events.append(("cleared", Straggler(*[getattr(self.current, f) for f in (
-                "ranks", "host", "whole_host", "cause", "own_s", "others_s")], step)))
+            self.events.append(("cleared", dataclasses.replace(self.current, step=step)))
             self.current = None
         if found is not None:
-            self.current = Straggler(found.ranks, found.host, found.whole_host, found.cause,
-                                     found.own_s, found.others_s, step)
+            self.current = dataclasses.replace(found, step=step)
             self.events.append(("named", self.current))
         self._streak = ((), 0)
 
     def per_rank(self) -> dict[int, StepParts]:
         """Each rank's mean step over the whole job."""
-        return {rank: StepParts(t[1] / t[0], t[2] / t[0], t[3] / t[0])
+        return {rank: StepParts(*(value / t[0] for value in t[1:]))
                 for rank, t in sorted(self._totals.items()) if t[0]}
 
     def steps_of(self, rank: int) -> int:
@@ -285,11 +329,9 @@ class StepSplits:
 
     def rank_rows(self, hosts: dict[int, str]) -> list[dict[str, Any]]:
         """Per rank: ``rank``, ``host``, ``steps`` and the mean ``step_s``, ``input_s``,
-        ``compute_s``, ``comm_s`` over the job."""
+        ``compute_s``, ``comm_s``, ``cpu_wait_s``, ``cpu_s`` over the job."""
         return [{"rank": rank, "host": hosts.get(rank, ""), "steps": self.steps_of(rank),
-                 "step_s": parts.step_s, "input_s": parts.input_s,
-                 "compute_s": parts.compute_s, "comm_s": parts.comm_s,
-                 "clock": self.clock.get(rank, "host"),
+                 **_columns(parts), "clock": self.clock.get(rank, "host"),
                  **({"gpu_peak_bytes": self.gpu[rank]["peak"]} if rank in self.gpu else {})}
                 for rank, parts in self.per_rank().items()]
 

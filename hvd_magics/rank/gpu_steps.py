@@ -23,10 +23,17 @@ from typing import Any
 _START, _GRAD, _BACKWARD_END, _END = range(4)
 
 
-def _event() -> Any:
-    import torch
+#: Events whose steps were read, to record again (making one costs more than recording it).
+_free: list[Any] = []
 
-    event = torch.cuda.Event(enable_timing=True)
+
+def _event() -> Any:
+    if _free:
+        event = _free.pop()
+    else:
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
     event.record()
     return event
 
@@ -54,24 +61,29 @@ class GpuSteps:
         self._expected, self._calls = self._calls, 0
         self._marks[_BACKWARD_END] = _event()
 
-    def on_step_end(self, step: int, input_s: float) -> list[list[float]]:
-        """The optimizer stepped: keep this step's events; the rows of steps now passed."""
+    def on_step_end(self, step: int, input_s: float, host: list[float]) -> list[list[float]]:
+        """The optimizer stepped: keep this step's events (and its host thread's ``[cpu_wait_s,
+        cpu_s]``); the rows of steps now passed."""
         end = _event()
         marks, self._marks = self._marks, [end, None, None, None]
         marks[_END] = end
         if all(mark is not None for mark in marks):
-            self.pending.append((step, input_s, marks))
+            self.pending.append((step, input_s, host, marks))
         return self.ready()
 
     def ready(self, wait: bool = False) -> list[list[float]]:
-        """``[step, step_s, input_s, comm_s]`` of each kept step whose events the GPU has
-        passed (all of them with ``wait``, which synchronises once: at the job's end)."""
+        """``[step, step_s, input_s, comm_s, cpu_wait_s, cpu_s]`` of each kept step whose events
+        the GPU has passed (all of them with ``wait``, which synchronises once: at the job's end;
+        the last two are the host thread's)."""
         if wait and self.pending:
-            self.pending[-1][2][_END].synchronize()
+            self.pending[-1][3][_END].synchronize()
         rows = []
-        while self.pending and self.pending[0][2][_END].query():
-            step, input_s, marks = self.pending.popleft()
+        while self.pending and self.pending[0][3][_END].query():
+            step, input_s, host, marks = self.pending.popleft()
             step_s = marks[_START].elapsed_time(marks[_END]) / 1000
             comm_s = max(0.0, marks[_GRAD].elapsed_time(marks[_BACKWARD_END]) / 1000)
-            rows.append([step, step_s, min(input_s, max(0.0, step_s - comm_s)), comm_s])
+            rows.append([step, step_s, min(input_s, max(0.0, step_s - comm_s)), comm_s, *host])
+            # its end is the next step's start, still pending; the rest is free again
+            _free.extend(marks[i] for i in (_START, _GRAD, _BACKWARD_END)
+                         if len(_free) < 64 and marks[i] is not marks[_END])
         return rows

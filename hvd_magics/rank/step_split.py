@@ -14,13 +14,20 @@ plain loop, DDP, Horovod's ``DistributedOptimizer``, Accelerate, Lightning and t
   the last gradient was ready (a hook per parameter) to the moment the allreduce completes;
 - **compute**: the rest (forward, backward, optimizer, the loop's own Python).
 
+Besides, how long in the step the training thread ran on a CPU and how long it was ready to run
+but waited for one (the kernel's ``/proc/thread-self/schedstat``): a rank slowed because its
+host's CPUs are busy with other work, or its CPU time is limited, is told from one with more to
+compute.
+
 On a rank the others wait for, communication is short and its own work (input and compute) long;
 on the others it is the reverse. Nothing synchronises a device: the clock is read where the
 Python code already waits. On a GPU the host runs ahead of the kernels (and NCCL's waits do not
 block it), so a DDP module on a CUDA device is timed by CUDA events on the GPU instead
 (:mod:`hvd_magics.rank.gpu_steps`); other GPU ranks (Horovod's, whose ``synchronize`` does
-block) keep the host's clock. A step costs a few clock reads and, for DDP, a Python call per
-parameter's gradient (and three CUDA events on a GPU). ``HVD_MAGICS_STEP_SPLIT=0`` turns it off.
+block) keep the host's clock. A step costs a few clock reads and, for DDP, a Python call when
+its last gradient is ready (a call per parameter's gradient in its first steps, until the same
+parameter's gradient was last three times in a row), and three CUDA events on a GPU.
+``HVD_MAGICS_STEP_SPLIT=0`` turns it off.
 
 Not covered: TensorFlow (Keras under Horovod or tf.distribute runs its step as one graph call,
 which hides its parts from Python).
@@ -77,18 +84,53 @@ class _Split:
         #: ends a DDP step (it then waits for the allreduce).
         self.grad_ready = 0.0
         self.ddp_sync = False
-        #: Rows not sent yet, how many earlier unsent rows were left out, and their totals.
+        #: The parameter whose gradient was ready last (its ``id``), and the hooks of the DDP
+        #: module whose backward is under way.
+        self.last_grad: int | None = None
+        self.hooks: _GradHooks | None = None
+        #: Rows not sent yet, and their totals.
         self.rows: list[list[float]] = []
-        self.dropped = 0
-        self.totals = [0, 0.0, 0.0, 0.0]
+        self.totals = [0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        #: The training thread's ``schedstat`` (``None``: not opened; ``-1``: none on this
+        #: system), and its seconds on a CPU and waiting for one when the step under way began.
+        self.schedstat: int | None = None
+        self.cpu_at = (0.0, 0.0)
         self.sent = time.monotonic()
         #: A DDP module on a CUDA device: its steps timed on the GPU (rank/gpu_steps.py).
         self.gpu: GpuSteps | None = None
 
 
 _split = _Split()
-#: DDP modules whose parameters carry the gradient-ready hook.
-_hooked: "weakref.WeakSet[Any]" = weakref.WeakSet()
+#: ``torch.is_grad_enabled``, once DDP is loaded (rank/step_split reads it every forward).
+_grad_enabled: Callable[[], bool] = lambda: True
+
+
+class _GradHooks:
+    """The gradient-ready hooks on one DDP module's parameters: on every parameter at first,
+    then, once :data:`NARROW_AFTER` backward passes in a row ended on the same parameter's
+    gradient, on that one only (a Python call per step, not one per parameter)."""
+
+    def __init__(self, model: Any) -> None:
+        self.handles = {id(param): param.register_post_accumulate_grad_hook(_grad_ready)
+                        for param in model.parameters() if param.requires_grad}
+        self.last: int | None = None
+        self.same = 0
+
+    def after_backward(self, last: int | None) -> None:
+        """A backward pass ended; ``last``: the parameter whose gradient was ready last."""
+        if len(self.handles) < 2 or last not in self.handles:
+            return
+        self.same = self.same + 1 if last == self.last else 1
+        self.last = last
+        if self.same >= NARROW_AFTER:
+            for key in [key for key in self.handles if key != last]:
+                self.handles.pop(key).remove()
+
+
+#: Backward passes in a row that must end on the same parameter before only its hook is kept.
+NARROW_AFTER = 3
+#: DDP module -> the hooks on its parameters.
+_hooks: "weakref.WeakKeyDictionary[Any, _GradHooks]" = weakref.WeakKeyDictionary()
 
 
 def reset() -> None:
@@ -99,6 +141,23 @@ def reset() -> None:
 
 def _timing() -> bool:
     return _split.thread == threading.get_ident()
+
+
+def _cpu_s(split: _Split) -> tuple[float, float]:
+    """Seconds the training thread has run on a CPU and waited for one so far (zeros where Linux
+    does not say); its ``schedstat`` is opened on that thread, on the first call."""
+    if split.schedstat is None:
+        try:
+            split.schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            split.schedstat = -1
+    if split.schedstat < 0:
+        return 0.0, 0.0
+    try:
+        ran, waited = os.pread(split.schedstat, 64, 0).split()[:2]
+        return int(ran) / 1e9, int(waited) / 1e9
+    except (OSError, ValueError):
+        return 0.0, 0.0
 
 
 def _timed(kind: int, original: Callable[..., Any],
@@ -147,16 +206,19 @@ def _on_optimizer_step(*_args: Any) -> None:
         return
     if split.ever_fed and not split.fed:
         return
+    cpu = _cpu_s(split)
     if split.began is not None:
         split.step += 1
+        host = [cpu[1] - split.cpu_at[1], cpu[0] - split.cpu_at[0]]
         if split.gpu is not None:
-            for row in split.gpu.on_step_end(split.step, split.waits[_INPUT]):
+            for row in split.gpu.on_step_end(split.step, split.waits[_INPUT], host):
                 _keep(split, row)
         else:
-            _keep(split, [split.step, now - split.began, split.waits[_INPUT], split.waits[_COMM]])
+            _keep(split, [split.step, now - split.began, split.waits[_INPUT], split.waits[_COMM],
+                          *host])
     elif split.gpu is not None:
-        split.gpu.on_step_end(0, 0.0)  # the first step's start on the GPU
-    split.began, split.waits, split.fed = now, [0.0, 0.0], False
+        split.gpu.on_step_end(0, 0.0, [0.0, 0.0])  # the first step's start on the GPU
+    split.began, split.waits, split.fed, split.cpu_at = now, [0.0, 0.0], False, cpu
     if time.monotonic() - split.sent >= SEND_EVERY_S:
         flush()
 
@@ -165,7 +227,7 @@ def _keep(split: _Split, row: list[float]) -> None:
     split.rows.append(row)
     totals = split.totals
     totals[0] += 1
-    for i in (1, 2, 3):
+    for i in range(1, 6):
         totals[i] += row[i]
 
 
@@ -180,35 +242,33 @@ def flush(final: bool = False) -> None:
     if not split.totals[0]:
         return
     rows = split.rows[-STEP_ROWS_SENT:]
-    dropped = split.dropped + len(split.rows) - len(rows)
+    dropped = len(split.rows) - len(rows)
     rank_events.emit(STEP_SPLIT, rows=[[int(r[0])] + [round(v, 6) for v in r[1:]] for r in rows],
                      totals=[split.totals[0]] + [round(v, 6) for v in split.totals[1:]],
                      dropped=dropped, gpu=gpu_memory.reading(),
                      clock="gpu" if split.gpu is not None else "host")
-    split.rows, split.dropped, split.totals = [], 0, [0, 0.0, 0.0, 0.0]
+    split.rows, split.totals = [], [0, 0.0, 0.0, 0.0, 0.0, 0.0]
 
 
-def _grad_ready(_param: Any) -> None:
+def _grad_ready(param: Any) -> None:
     split = _split
     split.grad_ready = time.perf_counter()
+    split.last_grad = id(param)
     if split.gpu is not None:
         split.gpu.on_grad()
 
 
 def _on_ddp_forward(model: Any, *_args: Any, **_kwargs: Any) -> None:
-    import torch
-
     split = _split
     split.fed = split.ever_fed = True
-    split.ddp_sync = bool(model.training and torch.is_grad_enabled()
+    split.ddp_sync = bool(model.training and _grad_enabled()
                           and getattr(model, "require_backward_grad_sync", True))
-    if split.ddp_sync and model not in _hooked:
-        _hooked.add(model)
-        for param in model.parameters():
-            if param.requires_grad:
-                param.register_post_accumulate_grad_hook(_grad_ready)
-                if param.is_cuda and split.gpu is None:
-                    split.gpu = GpuSteps()
+    if split.ddp_sync:
+        split.hooks = _hooks.get(model)
+        if split.hooks is None:
+            split.hooks = _hooks[model] = _GradHooks(model)
+            if split.gpu is None and any(p.is_cuda for p in model.parameters()):
+                split.gpu = GpuSteps()
 
 
 def _timed_backward(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -223,9 +283,12 @@ def _timed_backward(original: Callable[..., Any]) -> Callable[..., Any]:
         if not split.ddp_sync or split.depth or not _timing():
             return original(*args, **kwargs)
         start = split.grad_ready = time.perf_counter()
+        split.last_grad = None
         result = original(*args, **kwargs)
         if split.grad_ready > start:
             split.waits[_COMM] += max(0.0, time.perf_counter() - split.grad_ready)
+        if split.hooks is not None:
+            split.hooks.after_backward(split.last_grad)
         if split.gpu is not None:
             split.gpu.on_backward_end()
         split.ddp_sync = False
@@ -252,6 +315,10 @@ def _patch_torch(module: Any) -> None:
 
 
 def _patch_ddp(module: Any) -> None:
+    global _grad_enabled
+    import torch
+
+    _grad_enabled = torch.is_grad_enabled
     ddp = getattr(module, "DistributedDataParallel", None)
     if ddp is not None:
         before_call(ddp, "forward", _on_ddp_forward, _PATCHED)

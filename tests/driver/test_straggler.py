@@ -42,11 +42,23 @@ def test_a_horovod_rank_slowed_in_its_data_loader_is_named_for_its_input():
     assert by_rank[0]["input_s"] > 0.005 > by_rank[1]["input_s"]
 
 
+def test_a_rank_that_shares_its_cpu_with_a_busy_process_is_named_waiting_for_a_cpu():
+    record = _run("torch", steps=60, slow_rank=1, how="cpu", base_s=0.03)
+    assert record.value == 60
+    named = [v for v in record.stragglers if ": rank 1 (host " in v]
+    assert named and "in compute, most of it waiting for a CPU" in named[0], record.stragglers
+    by_rank = {row["rank"]: row for row in record.step_split}
+    assert by_rank[1]["cpu_wait_s"] > by_rank[0]["cpu_wait_s"] + 0.005
+
+
 @pytest.mark.parametrize("engine", ["torch", "horovod"])
 def test_ranks_of_equal_speed_name_nobody(engine):
-    # steps of 60 ms: a burst of the suite's other lanes is a smaller part of each window
+    # steps of 60 ms: a burst of the suite's other lanes is a smaller part of each window. A
+    # rank those lanes keep from a CPU for seconds is named, and rightly so, for waiting for a
+    # CPU; more work or input is never said of it.
     record = _run(engine, steps=40, base_s=0.06)
-    assert record.stragglers == []
+    assert all("waiting for a CPU" in verdict for verdict in record.stragglers), \
+        record.stragglers
     assert "none: no rank held the others back" in str(record)
     assert len(record.step_split) == 2
 

@@ -30,6 +30,30 @@ def test_the_rank_whose_own_work_is_longest_while_the_others_wait_is_named_with_
     assert "in its input pipeline" in found.text()
 
 
+def test_compute_that_is_mostly_a_wait_for_a_cpu_is_said_to_be_one():
+    parts = {0: StepParts(0.042, 0.001, 0.012, 0.0005), 1: StepParts(0.042, 0.001, 0.001, 0.009)}
+    found = look(parts, {0: "a", 1: "b"})
+    assert found is not None and found.ranks == (1,) and found.cause == COMPUTE
+    assert found.waits_for_cpu and round(found.cpu_wait_s, 4) == 0.0085
+    assert "in compute, most of it waiting for a CPU (its host's CPUs are busy" in found.text()
+    # more work per step, with a little waiting for a CPU on every rank: compute, no more
+    parts[1] = StepParts(0.042, 0.001, 0.001, 0.002)
+    found = look(parts, {})
+    assert found is not None and not found.waits_for_cpu
+    assert "in compute (forward, backward, optimizer)" in found.text()
+    # more work per step that also waited for a CPU (the others' waits took one): its thread
+    # ran longer on a CPU too, so it is more work
+    parts = {0: StepParts(0.042, 0.001, 0.012, 0.0005, 0.030),
+             1: StepParts(0.042, 0.001, 0.001, 0.007, 0.036)}
+    found = look(parts, {})
+    assert found is not None and found.ranks == (1,) and not found.waits_for_cpu
+    splits = StepSplits()  # rows and totals of six columns reach the DataFrame's rows
+    splits.observe(0, {"rows": [[1, 0.05, 0.0, 0.01, 0.004, 0.03]],
+                       "totals": [1, 0.05, 0.0, 0.01, 0.004, 0.03]}, {})
+    assert splits.rank_rows({})[0]["cpu_wait_s"] == 0.004
+    assert splits.intervals[0]["cpu_s"] == 0.03
+
+
 def test_no_rank_is_named_when_the_ranks_differ_little_or_nobody_waits_for_the_slowest():
     even = {r: _parts(0.030 + 0.0005 * r, 0.010 - 0.0005 * r) for r in range(4)}
     assert look(even, HOSTS) is None
