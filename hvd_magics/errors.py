@@ -202,6 +202,13 @@ class JobInterrupted(KeyboardInterrupt):
         return [f"{type(self).__name__}: {self}"]
 
 
+class Preempted(BaseException):
+    """Raised on every rank by ``checkpoint.save`` once it saved on a preemption notice
+    (``checkpoint.preempting()``): it ends the attempt on purpose, on every rank at the same
+    step; the driver starts the next attempt from that checkpoint (a ``BaseException``, so that
+    a loop's ``except Exception`` does not keep training)."""
+
+
 class StartTimeoutError(HorovodJobError):
     """Not every rank started within the start timeout."""
 

@@ -37,6 +37,7 @@ EPOCH_BEGIN = "epoch_begin"
 PROGRESS = "progress"
 EPOCH_END = "epoch_end"
 STEP_SPLIT = "step_split"
+PREEMPT_CALLS = "preempt_calls"
 STACKS = "stacks"
 IMPORTED = "imported"
 # -- sent by the supervisor -------------------------------------------------------------------
@@ -62,6 +63,7 @@ DROP_SHARDS = "drop_shards"
 TAKE_STACKS = "take_stacks"
 MEET = "meet"
 PROBE_LINK = "probe_link"
+PREEMPT = "preempt"
 # -- sent by a warm pool's supervisor ---------------------------------------------------------
 CELL_END = "cell_end"
 # -- the channel itself -----------------------------------------------------------------------
@@ -102,6 +104,9 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
               "CUDA device's memory and utilisation (hvd_magics.rank.gpu_memory), else None; "
               "clock: 'gpu' when the rows are the GPU's time (hvd_magics.rank.gpu_steps), "
               "else 'host'"),
+    EventKind(PREEMPT_CALLS, "rank", ("calls",),
+              "how many times the rank has called checkpoint.preempting() (at most twice a "
+              "second, once it has; hvd_magics.rank.preemption)"),
     EventKind(STACKS, "rank", ("request", "threads", "others", "ddp"),
               "the rank's Python stacks, taken on request while it runs "
               "(hvd_magics.rank.stack_report): per thread its name and frames, outermost first, "
@@ -116,8 +121,9 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
     EventKind(SHARDING, "supervisor", ("partition", "hostname"),
               "the Spark task receives its rows of the job's DataFrames (its data arrives)"),
     EventKind(TASK_STARTED, "supervisor",
-              ("partition", "hostname", "local_rank", "pid", "shards", "data", "met"),
-              "the Spark task (or driver slot) got its rank and starts the process; shards: "
+              ("partition", "hostname", "local_rank", "pid", "shards", "data", "met", "task"),
+              "the Spark task (or driver slot) got its rank and starts the process; task: the "
+              "Spark task attempt id (None on the driver); shards: "
               "per DataFrame its name, rows, bytes and seconds spent writing it; data (a warm "
               "pool's task only): [host, port] of its shard receiver "
               "(hvd_magics.task.shard_receiver); met (a barrier task only): how the tasks met, "
@@ -160,6 +166,10 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
     EventKind(MEET, "driver", ("gathered",),
               "an order to every barrier task: the tasks' MEET_OFFER messages in partition order, "
               "as allGather would return them (hvd_magics.task.task_meeting)"),
+    EventKind(PREEMPT, "driver", ("at", "notice"),
+              "the job's executors are being decommissioned: checkpoint.preempting() is True "
+              "on every rank from its call number 'at' on (hvd_magics.rank.preemption); "
+              "notice: why, in words"),
     EventKind(PROBE_LINK, "driver", ("request", "data", "answer_bytes"),
               "an order to a task's channel: answer at once with a LINK_PROBE carrying "
               "answer_bytes bytes; data (base64) is what the driver sends down "
@@ -184,6 +194,9 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
 ENV_EVENT_FD = "HVD_MAGICS_EVENT_FD"
 #: The file descriptor of the pipe a rank reads its supervisor's requests from (stacks).
 ENV_CONTROL_FD = "HVD_MAGICS_CONTROL_FD"
+#: What begins a line of that pipe that carries a ``preempt`` order (JSON) rather than a stacks
+#: request.
+PREEMPT_LINE = "preempt "
 #: Set in the notebook: the address of its machine that the executors reach (for the live view).
 ENV_DRIVER_HOST = "HVD_MAGICS_DRIVER_HOST"
 #: Set to ``0`` in the notebook: no live view; output, errors and the value come back through
@@ -221,6 +234,8 @@ ENV_STEP_SPLIT = "HVD_MAGICS_STEP_SPLIT"
 #: Seconds a host's rank supervisors may be silent before the driver takes the host for lost
 #: (hvd_magics.job.runner.HOST_SILENT_S by default); read in the notebook's process.
 ENV_HOST_SILENT = "HVD_MAGICS_HOST_SILENT_S"
+#: How many attempts of one job may end on a preemption notice (hvd_magics.job.restarts).
+ENV_MAX_PREEMPTIONS = "HVD_MAGICS_MAX_PREEMPTIONS"
 #: Raises the size limit (MB) of the values a job sends back to the notebook.
 ENV_MAX_RESULT_MB = "HVD_MAGICS_MAX_RESULT_MB"
 #: Set to ``1`` by default: ``tf.keras`` is Keras 2 (tf_keras), which Horovod's Keras API needs.

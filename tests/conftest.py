@@ -276,6 +276,7 @@ def standalone_cluster():
     # two workers of two cores and two simulated GPUs each (tests/fake_gpus.sh): the tier's
     # sessions take a core of each, the several-ranks-per-task tests both, with the GPUs
     cluster = StandaloneCluster(workers=2, cores=2, worker_opts=(
+        "-Dspark.decommission.enabled=true "  # a SIGPWR decommissions it (a spot instance's end)
         f"-Dspark.worker.resource.gpu.amount=2 "
         f"-Dspark.worker.resource.gpu.discoveryScript={FAKE_GPUS}"))
     _state["cluster"] = cluster

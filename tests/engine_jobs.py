@@ -400,7 +400,7 @@ def resume_points(saves: int = 3):
 
 
 def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engine="torch",
-                           pause_on=None, hold_on=None, step_s=0.0):
+                           pause_on=None, hold_on=None, step_s=0.0, spot=None):
     """A regression trained ``steps`` steps from seeded data under DDP (``engine="torch"``) or
     Horovod, saving a checkpoint every ``every`` steps and resuming from the latest one.
     ``kill_on``: ``(step, attempts)``, rank 1 SIGKILLs itself after that step on those attempts;
@@ -408,8 +408,12 @@ def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engin
     ``folder/rank1`` after that step and waits (for the test to kill its executor);
     ``bad_rank`` raises a ValueError; ``hold_on``: ``(attempt, folder)``, on that attempt every
     rank writes ``folder/<rank>`` once it resumed and waits (for the test's interrupt);
-    ``step_s``: seconds each step takes more. Returns the weights, the attempt, the step it
-    started from and when (``time.time()``) its first step ended."""
+    ``step_s``: seconds each step takes more; ``spot``: ``(step, folder)``, every rank also saves
+    when ``checkpoint.preempting()`` says so, appends ``"<attempt> <step>"`` to
+    ``folder/steps-<rank>`` for each step it takes, and on the first attempt rank 1 writes its
+    pid to ``folder/rank1`` after that step (for the test to decommission its executor).
+    Returns the weights, the attempt, the step it started from and when (``time.time()``) its
+    first step ended."""
     import os
     import signal
 
@@ -463,7 +467,13 @@ def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engin
             with open(os.path.join(pause_on[1], "rank1"), "w") as out:
                 out.write(str(os.getpid()))
             time.sleep(600)
-        if (step + 1) % every == 0:
+        if spot:
+            with open(os.path.join(spot[1], f"steps-{rank}"), "a") as out:
+                out.write(f"{checkpoint.attempt()} {step}\n")
+            if rank == 1 and step == spot[0] and checkpoint.attempt() == 0:
+                with open(os.path.join(spot[1], "rank1"), "w") as out:
+                    out.write(str(os.getpid()))
+        if (step + 1) % every == 0 or (spot and checkpoint.preempting()):
             checkpoint.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
                             step + 1)
         first_step_at = first_step_at or clock.time()

@@ -15,11 +15,13 @@ from hvd_magics.job.epoch_timing import EPOCH_LINE, EpochTimer
 from hvd_magics.errors import OUTPUT_TAIL_LINES, RankFailure
 from hvd_magics.options import ElasticSize
 from hvd_magics.job.stacks import where as stack_where
+from hvd_magics.job.preemption import PreemptionWatch
 from hvd_magics.job.straggler import StepSplits
 from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, EPOCH_BEGIN, EPOCH_END, ERROR, EXIT,
-                                 LEAVING, LINK_PROBE, OUTPUT, OUTPUT_PARTIAL, PROGRESS, RESIZE,
-                                 RESULT, RUN_LOG, SHARDING, SLOT_OFFER, STACKS, STARTED, STEP_SPLIT, TASK_ERROR,
-                                 TASK_STARTED, TIMELINE_CHUNK, TIMELINE_LOCAL)
+                                 LEAVING, LINK_PROBE, OUTPUT, OUTPUT_PARTIAL, PREEMPT_CALLS,
+                                 PROGRESS, RESIZE, RESULT, RUN_LOG, SHARDING, SLOT_OFFER, STACKS,
+                                 STARTED, STEP_SPLIT, TASK_ERROR, TASK_STARTED, TIMELINE_CHUNK,
+                                 TIMELINE_LOCAL)
 from hvd_magics.launch.backend import Backend
 from hvd_magics.rank_names import ranks_named, unit_of
 from hvd_magics.job.output_lines import (BAR, NOISE, SHOW, WARNING, OutputSorter, bar_count,
@@ -99,6 +101,8 @@ class RankState:
     samples_per_s: float | None = None
     partial: str = ""
     shards: list[dict[str, Any]] = field(default_factory=list)
+    #: Its Spark task attempt id (``None``: a rank on the driver, or not started yet).
+    task: int | None = None
     reports_epochs: bool = False
     last_seen: float = field(default_factory=time.monotonic)
     #: Where the rank was when it was last found stalled (its innermost frame of the user's).
@@ -216,6 +220,9 @@ class JobState:
         self.earlier_attempts: tuple[str, ...] = ()
         #: The verdict on a host whose supervisors went silent (:meth:`lose_host`), or ``""``.
         self.lost_host = ""
+        #: The ranks' ``checkpoint.preempting()`` calls and the preemption notice sent
+        #: (:mod:`hvd_magics.job.preemption`).
+        self.preemption = PreemptionWatch()
 
     def handle(self, event: dict[str, Any]) -> None:
         """Apply one event (dispatched on its kind through :attr:`_HANDLERS`)."""
@@ -343,6 +350,7 @@ class JobState:
     def _on_task_started(self, state: RankState, event: dict[str, Any]) -> None:
         state.state = STARTING
         state.shards = list(event.get("shards") or [])
+        state.task = event.get("task")
 
     def _on_started(self, state: RankState, event: dict[str, Any]) -> None:
         state.state = RUNNING
@@ -381,6 +389,9 @@ class JobState:
         parts = self.splits.observe(state.rank, event, {r.rank: r.host for r in self.ranks})
         if parts is not None:
             self.history.observe_own_work(state.rank, parts.own_s, event["recv"])
+
+    def _on_preempt_calls(self, state: RankState, event: dict[str, Any]) -> None:
+        self.preemption.observe(state.rank, int(event.get("calls", 0)), event["recv"])
 
     def _on_link_probe(self, state: RankState, event: dict[str, Any]) -> None:  # noqa: ARG002
         if self.link_probe is not None:
@@ -434,6 +445,7 @@ class JobState:
         TIMELINE_LOCAL: _on_timeline_local, TIMELINE_CHUNK: _on_timeline_chunk,
         EPOCH_BEGIN: _on_progress, PROGRESS: _on_progress, EPOCH_END: _on_progress, EXIT: _on_exit,
         LEAVING: _on_leaving, STEP_SPLIT: _on_step_split, LINK_PROBE: _on_link_probe,
+        PREEMPT_CALLS: _on_preempt_calls,
     }
 
     @staticmethod

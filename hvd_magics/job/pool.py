@@ -507,5 +507,11 @@ class PoolCell:
     def probe_link(self, rank: int, order: dict[str, Any]) -> bool:  # noqa: ARG002
         return False  # a cell's steps are not judged by host (heard_ago says nothing)
 
+    def decommissioning(self, tasks: dict[int, int]) -> dict[int, tuple[str, str]]:  # noqa: ARG002
+        return {}  # a pool replaces a lost rank at its next cell; no notice yet
+
+    def preempt(self, at: int, notice: str) -> None:  # noqa: ARG002
+        pass  # never called (decommissioning says nothing)
+
     def missing_module_fix(self) -> str:
         return self.pool.backend.missing_module_fix()

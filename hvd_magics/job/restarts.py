@@ -6,12 +6,18 @@ Only a loss is retried: a rank that died without a Python exception (killed, its
 or that failed in the collective library because a peer went away (Gloo or NCCL connection
 errors, Horovod's "has been shut down"). A rank's own exception (a ``ValueError``, a shape
 error) fails the job at once, as without restarts: running it again gives the same error.
+
+An attempt that ended on a preemption notice (every rank saved and raised ``Preempted``:
+:mod:`hvd_magics.rank.preemption`) starts again too, from the checkpoint it saved, and does not
+count against ``restarts``: at most ``HVD_MAGICS_MAX_PREEMPTIONS`` (10) of them per job. Without
+``restarts`` it ends with an error that names the checkpoint and how to resume.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import hashlib
+import os
 import shutil
 import tempfile
 import time
@@ -20,13 +26,13 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from hvd_magics.errors import HorovodJobError, JobInterrupted
+from hvd_magics.errors import HorovodJobError, JobInterrupted, Preempted
 from hvd_magics.job.job_state import LOST
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.session import SESSION
 from hvd_magics.notices import say
 from hvd_magics.protocol import (ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_TOKEN,
-                                 ENV_RESUME_STEP)
+                                 ENV_MAX_PREEMPTIONS, ENV_RESUME_STEP)
 from hvd_magics.rank.checkpoint import NO_CHECKPOINT
 from hvd_magics.rank.checkpoints import latest_checkpoint
 
@@ -36,6 +42,9 @@ PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pi
              "HorovodInternalError", "Socket Timeout", "connection refused")
 #: Errors a job's Spark stage ends with when an executor went away.
 EXECUTOR_LOST = ("an executor was lost", "ExecutorLostFailure", "was lost")
+#: How many attempts of a job may end on a preemption notice (they do not count against
+#: ``restarts``), unless ``HVD_MAGICS_MAX_PREEMPTIONS`` says otherwise.
+MAX_PREEMPTIONS = 10
 
 
 def job_name(source: str | None, kwargs: dict) -> str | None:
@@ -75,6 +84,28 @@ def loss(exc: HorovodJobError) -> str | None:
     return died[0].headline()
 
 
+def preempted(exc: HorovodJobError) -> str | None:
+    """What the ranks said when the attempt ended on a preemption notice (some rank raised
+    ``Preempted`` after its save, and every other failed rank did too, or died, or lost a peer:
+    the executor may be gone before its rank reported); else ``None``."""
+    saved = [f for f in exc.failures if f.error == Preempted.__name__]
+    if not saved:
+        return None
+    for failure in exc.failures:
+        text = f"{failure.error}: {failure.message}\n{failure.traceback}"
+        if failure.error not in ("", LOST, Preempted.__name__) and not any(
+                m in text for m in PEER_LOST):
+            return None
+    return min(saved, key=lambda f: f.rank).message
+
+
+def _max_preemptions() -> int:
+    try:
+        return max(0, int(os.environ.get(ENV_MAX_PREEMPTIONS, MAX_PREEMPTIONS)))
+    except ValueError:
+        return MAX_PREEMPTIONS
+
+
 def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
                          restarts: int, folder: Path, fresh: bool) -> RunRecord:
     """Run ``launch(request)`` and, after a loss, again (``restarts`` times at most), each
@@ -87,7 +118,7 @@ def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
         say(f"the job's checkpoints in {folder} hold step {found[0].global_step:,} (written "
             f"at {written}): checkpoint.latest() gives it to the ranks (--fresh starts over)")
     causes: list[str] = []
-    attempt = 0
+    attempt = losses = preemptions = 0
     run_id: str | None = None  # the attempts' one MLflow run, once the first created it
     epochs: list[dict[str, Any]] = []  # the epochs the earlier attempts timed
     began = datetime.now()
@@ -108,13 +139,32 @@ def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
             raise JobInterrupted(f"interrupted while {what} was being set up, before any of its "
                                  f"ranks started: nothing is left running") from None
         except HorovodJobError as exc:
+            notice = preempted(exc)
+            if notice is not None:
+                preemptions += 1
+                if not restarts or preemptions > _max_preemptions():
+                    why = ("give --restarts N (HorovodRunner(restarts=N)) to resume by itself"
+                           if not restarts else f"{preemptions - 1} preemptions were resumed "
+                           f"already, the most {ENV_MAX_PREEMPTIONS} allows")
+                    raise HorovodJobError(
+                        f"The job was preempted: {notice}. Run it again to resume from that "
+                        f"checkpoint in {folder} (checkpoint.latest() gives it to the ranks), "
+                        f"or {why}.", log_path=exc.log_path) from None
+                attempt += 1
+                resume = resumes_from(folder)
+                causes.append(f"preempted: {notice} (ended {time.strftime('%H:%M:%S')}; "
+                              f"attempt {attempt + 1} {resume})")
+                say(f"attempt {attempt} ended on a preemption notice: {notice}; starting "
+                    f"attempt {attempt + 1}, which {resume} (preemptions do not count against "
+                    f"restarts)")
+                continue
             cause = loss(exc)
             if cause is None or not restarts:
                 raise
             run_id = run_id or getattr(SESSION.last_run, "mlflow_run_id", None)
             epochs = one_timing(epochs, getattr(SESSION.last_run, "epochs", []))
             ended = time.strftime("%H:%M:%S")
-            if attempt >= restarts:
+            if losses >= restarts:
                 causes.append(f"{cause} (ended {ended})")
                 if SESSION.last_run is not None:  # the record tells every attempt
                     SESSION.last_run.attempts, SESSION.last_run.started_at = list(causes), began
@@ -123,6 +173,7 @@ def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
                                                       for i, c in enumerate(causes)))
                 raise
             attempt += 1
+            losses += 1
             try:
                 resume = resumes_from(folder)
                 causes.append(f"{cause} (ended {ended}; attempt {attempt + 1} {resume})")

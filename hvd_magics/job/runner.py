@@ -23,6 +23,7 @@ from hvd_magics.job.job_state import (LOST, STALL_AFTER_S, STALL_REQUEST, WAITIN
 from hvd_magics.job.background import BackgroundJob
 from hvd_magics.job.link_probe import COMM_BOUND_SHARE, LinkProbe
 from hvd_magics.job.link_probe import verdict as link_verdict
+from hvd_magics.job.preemption import CHECK_EVERY_S, notice_text
 from hvd_magics.job.live_job import STOP_WAIT_S, LiveJob
 from hvd_magics.job.stacks import (DDP_ALLREDUCE, STACKS_WAIT_S, UNEVEN_DDP_FIX, UNEVEN_FIX,
                                    JobStacks, collective_waited)
@@ -761,6 +762,29 @@ def probe_links(job: JobState, backend: Backend) -> None:
         _say_links(job)
 
 
+def preempt_on_notice(job: JobState, backend: Backend, now: float) -> None:
+    """Once Spark decommissions an executor of the job, tell every rank the call of
+    ``checkpoint.preempting()`` at which they all save (:mod:`hvd_magics.job.preemption`), and
+    say so in the cell; once per job."""
+    watch = job.preemption
+    if watch.notice or now - watch.checked < CHECK_EVERY_S:
+        return
+    watch.checked = now
+    tasks = {r.rank: r.task for r in job.ranks if r.task is not None and not r.exited}
+    found = backend.decommissioning(tasks)
+    if not found:
+        return
+    watch.notice = notice_text(found, job.unit)
+    watch.at = watch.target(now)
+    if watch.at is None:
+        say(f"{watch.notice}; the job does not call checkpoint.preempting(), so it goes on "
+            f"until the executor is gone (a restart resumes from the last checkpoint)")
+        return
+    backend.preempt(watch.at, watch.notice)
+    say(f"{watch.notice}: every {job.unit} saves at its call {watch.at:,} of "
+        f"checkpoint.preempting() and the attempt ends there")
+
+
 def _say_links(job: JobState) -> None:
     """The links' verdict, once their probe is done."""
     if job.link_probe is not None and job.link_probe.done.is_set() and not job.links:
@@ -798,6 +822,7 @@ def _watch(job: JobState, backend: Backend, events: queue.Queue, start_timeout: 
         if failed_since is None:
             lost_host(job, backend, now, silent_after)
             probe_links(job, backend)
+            preempt_on_notice(job, backend, now)
         stuck = (left_behind(job, backend, events, now, behind)
                  or mismatched(job, backend, events, now, unmatched)) if failed_since is None \
             else None

@@ -9,7 +9,8 @@ A look reads the latest :data:`WINDOW_STEPS` steps every rank has reported (a st
 than the window's usual one, an evaluation or a checkpoint, is left out of it). A rank (or every
 rank of one host) is named only when :data:`LOOKS_TO_NAME` looks in a row, one per step, find the
 same one: its own work per step longer than the others' by at least :data:`NAME_SHARE` of
-theirs, and the others waiting for it in communication for at least half of that. It is cleared when as
+theirs (and :data:`MIN_EXCESS_S`), and the others waiting for it in communication for at least
+half of that. It is cleared when as
 many looks in a row no longer find it by half that margin. The cause is the part of its own work
 (input or compute) that exceeds the others' the more; compute whose excess is at least half time
 the rank's training thread waited for a CPU (ready to run, not running: its host's CPUs busy with
@@ -38,6 +39,9 @@ LOOKS_TO_NAME = 8
 #: named, and below which it is cleared.
 NAME_SHARE = 0.08
 CLEAR_SHARE = NAME_SHARE / 2
+#: ...and never less than this many seconds a step: a smaller difference is within what timing
+#: a step's parts costs and how much a step of a fraction of a millisecond varies.
+MIN_EXCESS_S = 0.0002
 #: Of that excess, the least share the others must spend waiting in communication.
 WAIT_SHARE = 0.5
 #: A step longer than this many times the window's median is left out of a look.
@@ -173,7 +177,7 @@ def _holds_back(parts: dict[int, StepParts], named: list[int], others: list[int]
     excess = min(parts[r].own_s for r in named) - base
     waited = statistics.median(parts[r].comm_s for r in others) - max(
         parts[r].comm_s for r in named)
-    return excess >= share * base and excess > 0 and waited >= WAIT_SHARE * excess
+    return (excess >= max(share * base, MIN_EXCESS_S) and waited >= WAIT_SHARE * excess)
 
 
 def look(parts: dict[int, StepParts], hosts: dict[int, str],

@@ -70,6 +70,16 @@ class Backend(Protocol):
         answers it; ``False`` where it was not sent (no channel over the network: ranks on the
         driver, a warm pool's cell)."""
 
+    def decommissioning(self, tasks: dict[int, int]) -> dict[int, tuple[str, str]]:
+        """Of the ranks whose Spark task attempt ids are ``tasks`` (rank -> id), those whose
+        executor Spark is decommissioning (``spark.decommission.enabled``: a spot instance
+        taken back, a drained node), as rank -> ``(executor id, host)``; ``{}`` where Spark's
+        scheduler is out of reach (ranks on the driver, Spark Connect) or none is."""
+
+    def preempt(self, at: int, notice: str) -> None:
+        """Tell every rank its executors are being taken away: ``checkpoint.preempting()`` is
+        True from its call ``at`` on (:mod:`hvd_magics.rank.preemption`)."""
+
     def lose_host(self, host: str) -> None:
         """The host ``host`` (an executor's address) was taken for lost: give it no more work
         (a restart must not be scheduled on its executors, which Spark still counts as alive

@@ -145,6 +145,13 @@ class DriverBackend:
         """Ranks on the driver share its host: no link to measure."""
         return False
 
+    def decommissioning(self, tasks: dict[int, int]) -> dict[int, tuple[str, str]]:  # noqa: ARG002
+        """Ranks on the driver have no executor to lose."""
+        return {}
+
+    def preempt(self, at: int, notice: str) -> None:  # noqa: ARG002
+        """Never called (nothing is decommissioned)."""
+
     def missing_module_fix(self) -> str:
         """Ranks on the driver run the notebook's own Python: its import error says it all."""
         return ""

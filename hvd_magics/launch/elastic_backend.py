@@ -451,6 +451,10 @@ class ElasticSparkBackend(SparkBackend):
         ended = super().join(max(deadline - time.monotonic(), 0.0))
         return ended and self._done.is_set()
 
+    def decommissioning(self, tasks: dict[int, int]) -> dict[int, tuple[str, str]]:  # noqa: ARG002
+        """No notice: an elastic job goes on without the executor's ranks once it is gone."""
+        return {}
+
     def lose_host(self, host: str) -> None:
         """The supervisors of ``host``'s tasks went silent (its link or machine was lost): their
         slots end as lost, so that Horovod's elastic driver blacklists them and the others

@@ -36,7 +36,7 @@ from hvd_magics.launch.spark_session import (CONNECT_PROBE_S, cancel_running_job
 from hvd_magics.launch.spark_slots import (SLOT_WAIT_S, check_slots, local_master_slots,
                                            not_enough_slots, task_layout)
 from hvd_magics.protocol import (DROP_SHARDS, END_POOL, ENV_DRIVER_HOST, ENV_LIVE,
-                                 INTERRUPT_CELL, RUN_CELL, TAKE_STACKS)
+                                 INTERRUPT_CELL, PREEMPT, RUN_CELL, TAKE_STACKS)
 from hvd_magics.task.event_buffer import replay
 from hvd_magics.task.spark_task import TaskSpec
 
@@ -419,6 +419,31 @@ class SparkBackend:
     def probe_link(self, rank: int, order: dict[str, Any]) -> bool:
         """Send the link probe ``order`` to the task of ``rank`` over the event channel."""
         return self._server is not None and self._server.send_order(rank, order)
+
+    def decommissioning(self, tasks: dict[int, int]) -> dict[int, tuple[str, str]]:
+        """Ranks whose executor Spark's scheduler has pending decommission (its
+        ``executorsPendingDecommission``, looked up through the ranks' task ids)."""
+        if self.sc is None or not tasks:  # Spark Connect: the server's scheduler is out of reach
+            return {}
+        try:
+            scheduler = self.sc._jsc.sc().taskScheduler()  # noqa: SLF001 - Spark's own state
+            pending = scheduler.executorsPendingDecommission()
+            if pending.isEmpty():
+                return {}
+            found: dict[int, tuple[str, str]] = {}
+            executors = scheduler.taskIdToExecutorId()
+            for rank, task in tasks.items():
+                executor = executors.get(task)
+                if executor.isDefined() and pending.contains(executor.get()):
+                    host = pending.apply(executor.get()).workerHost()
+                    found[rank] = (str(executor.get()),
+                                   str(host.get()) if host.isDefined() else "")
+            return found
+        except Exception:  # noqa: BLE001 - a scheduler of another kind: no notice, as before
+            return {}
+
+    def preempt(self, at: int, notice: str) -> None:
+        self._order_all({"kind": PREEMPT, "at": at, "notice": notice})
 
     def lose_host(self, host: str) -> None:
         """Ask Spark to remove the executors of ``host`` from the application (it still offers

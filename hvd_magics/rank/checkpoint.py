@@ -8,6 +8,13 @@ restarted::
     ...
     checkpoint.save({"model": model.state_dict(), ...}, step)   # rank 0 writes; others skip
 
+On spot or preemptible executors, save also when :func:`preempting` says the job's executors
+are being taken away (:mod:`hvd_magics.rank.preemption`): that save ends the attempt on every
+rank at the same step, and the next attempt resumes from it, redoing no step::
+
+    if step % 500 == 0 or checkpoint.preempting():
+        checkpoint.save(state, step)
+
 :func:`save` writes under a temporary name and renames it into place (a rename is atomic): a rank
 killed while it saves leaves the previous checkpoint whole, never a torn one read as whole
 (:mod:`hvd_magics.rank.checkpoints` is the writer the estimator's fits use too). The folder is
@@ -37,6 +44,10 @@ from hvd_magics.protocol import (ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_CHECKPOINT
 from hvd_magics.rank_names import rank_named
 from hvd_magics.rank.checkpoints import (Position, checkpoint_at, latest_checkpoint,
                                          write_checkpoint)
+from hvd_magics.rank.preemption import after_save, preempting
+
+__all__ = ["NO_CHECKPOINT", "attempt", "directory", "latest", "preempting", "save",
+           "shared_folder"]
 
 #: What :func:`latest` gives when the attempt resumes from no checkpoint.
 NO_CHECKPOINT = "none"
@@ -97,17 +108,23 @@ def save(state: Any, step: int, keep: int = 2) -> Path | None:
     ------
     CheckpointFolderNotShared
         The rank's executor does not see the driver's folder (:func:`shared_folder`).
+    Preempted
+        On every rank, once saved, when :func:`preempting` said ``True``: the attempt ends
+        here, and the next one resumes from this checkpoint.
     """
     folder = shared_folder()
     if os.environ.get(ENV_RANK, "0") != "0":
+        after_save(step)
         return None
 
     def write(path: Path) -> None:
         with open(path, "wb") as out:
             pickle.dump(state, out, protocol=4)
 
-    return write_checkpoint(folder, Position(0, 0, int(step)), "pkl", write, keep,
+    path = write_checkpoint(folder, Position(0, 0, int(step)), "pkl", write, keep,
                             spare=_pinned())
+    after_save(step)
+    return path
 
 
 def latest() -> tuple[Any, int] | None:

@@ -113,11 +113,12 @@ def run_job(payload: bytes) -> tuple[Any, BaseException | None, int]:
     ``sys.exit(0)`` is a successful end."""
     import cloudpickle
 
-    from hvd_magics.rank import ddp_watch, loop_progress, step_split
+    from hvd_magics.rank import ddp_watch, loop_progress, preemption, step_split
     from hvd_magics.result_codec import encode_parts
 
     ddp_watch.reset()  # a warm pool's cell counts its own steps
     step_split.reset()
+    preemption.reset()
     try:
         main_fn, kwargs = cloudpickle.loads(payload)
         try:

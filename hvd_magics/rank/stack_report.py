@@ -1,7 +1,9 @@
 """Where a rank is: its Python stacks, taken while it runs, without stopping it.
 
 The supervisor writes a request id, one line, to the pipe named by ``HVD_MAGICS_CONTROL_FD``; a
-thread of the rank (:func:`serve`) answers each with a ``stacks`` event: every thread's frames
+thread of the rank (:func:`serve`) answers each with a ``stacks`` event (a line that begins
+with :data:`~hvd_magics.protocol.PREEMPT_LINE` is a preemption notice instead:
+:mod:`hvd_magics.rank.preemption`): every thread's frames
 from :func:`sys._current_frames`, hvd_magics' own frames left out, each frame marked ``user``
 (the cell, the user's files) or ``library`` (the standard library and installed packages). The
 thread needs the GIL for a moment, which a rank waiting in a Horovod collective, in ``sleep`` or
@@ -18,8 +20,8 @@ import threading
 from types import FrameType
 from typing import Any
 
-from hvd_magics.protocol import ENV_CONTROL_FD, STACKS
-from hvd_magics.rank import ddp_watch, rank_events
+from hvd_magics.protocol import ENV_CONTROL_FD, PREEMPT_LINE, STACKS
+from hvd_magics.rank import ddp_watch, preemption, rank_events
 
 #: Most frames reported per thread (the innermost ones).
 MAX_FRAMES = 40
@@ -81,7 +83,9 @@ def current_stacks() -> tuple[list[dict[str, Any]], int]:
 def _answer(stream: Any) -> None:
     for line in stream:
         request = line.decode(errors="replace").strip()
-        if request:
+        if request.startswith(PREEMPT_LINE):  # the pipe's other use: a preemption notice
+            preemption.on_order(request.removeprefix(PREEMPT_LINE))
+        elif request:
             threads, others = current_stacks()
             rank_events.emit(STACKS, request=request, threads=threads, others=others,
                              ddp=ddp_watch.state())

@@ -23,7 +23,8 @@ from typing import Any, Iterator
 from hvd_magics.channel import ChannelAddress, EventClient
 from hvd_magics.protocol import (CUDA_VISIBLE_DEVICES, DROP_SHARDS, END_POOL, ENV_DRIVER_HOST,
                                  ENGINE_HOROVOD, ENV_LIVE, ENV_SHARDS, INTERRUPT_CELL, MEET,
-                                 RUN_CELL, SHARDING, TAKE_STACKS, TASK_ERROR, TASK_STARTED)
+                                 PREEMPT, RUN_CELL, SHARDING, TAKE_STACKS, TASK_ERROR,
+                                 TASK_STARTED)
 from hvd_magics.task.engines import PortOffer, engine_of, meet_env, offers_port, start_env
 from hvd_magics.task.event_buffer import EventBuffer
 from hvd_magics.task.gpus import rank_devices, task_share, visible_devices
@@ -84,8 +85,9 @@ class RankHolder:
         self.meeting = TaskMeeting()
 
     def on_order(self, order: dict[str, Any]) -> None:
-        """Carry out the driver's order: the tasks' meeting, report the rank's stacks; on a
-        warm pool also run a cell, interrupt it, end the pool or drop shards."""
+        """Carry out the driver's order: the tasks' meeting, report the rank's stacks, pass on a
+        preemption notice; on a warm pool also run a cell, interrupt it, end the pool or drop
+        shards."""
         kind = order.get("kind")
         if kind == MEET:
             self.meeting.answer(list(order["gathered"]), BY_DRIVER)
@@ -97,6 +99,8 @@ class RankHolder:
             proc.send_frame(base64.b64decode(order["frame"]))
         elif kind == TAKE_STACKS:
             proc.request_stacks(str(order.get("request", "")))
+        elif kind == PREEMPT:
+            proc.preempt(int(order["at"]), str(order.get("notice", "")))
         elif kind == INTERRUPT_CELL:
             proc.interrupt()
         elif kind == END_POOL:
@@ -395,7 +399,7 @@ def supervise(spec: TaskSpec, ctx: Any, rank: int, local_rank: int,
     (``data``: where a warm pool's task receives later shards)."""
     try:
         client.send(TASK_STARTED, partition=ctx.partitionId(), hostname=socket.gethostname(),
-                    local_rank=local_rank, pid=os.getpid(),
+                    local_rank=local_rank, pid=os.getpid(), task=ctx.taskAttemptId(),
                     shards=[{"name": spec.sources[s.source], **s.as_dict()} for s in shards],
                     met=holder.meeting.by, **({"data": data} if data else {}))
         proc = holder.deliver(spec.payload, late_env)

@@ -27,7 +27,8 @@ from hvd_magics.protocol import (CELL_END, CELL_END_LINE, ENV_CONTROL_FD, ENV_EV
                                  ENV_HOROVOD_TIMELINE, ENV_LEGACY_KERAS, ENV_PREIMPORT,
                                  ENV_RANK_PYTHON, ENV_RANK_TMPDIR, ENV_SUPERVISOR_PID,
                                  ENV_WANT_TIMELINE, EXIT, IMPORTED, OUTPUT, OUTPUT_PARTIAL,
-                                 RANK_MODULE, STARTED, TIMELINE_CHUNK, TIMELINE_LOCAL, encode_job)
+                                 PREEMPT_LINE, RANK_MODULE, STARTED, TIMELINE_CHUNK,
+                                 TIMELINE_LOCAL, encode_job)
 
 #: The line a pool's rank prints at the end of each cell, as its output pipe carries it.
 _CELL_END = CELL_END_LINE.encode()
@@ -192,9 +193,17 @@ class RankProcess:
     def request_stacks(self, request: str) -> None:
         """Ask the rank for its stacks (:mod:`hvd_magics.rank.stack_report`): it answers with a
         ``stacks`` event carrying ``request``, without stopping what it runs."""
+        self._control_line(request)
+
+    def preempt(self, at: int, notice: str) -> None:
+        """Tell the rank its executors are being taken away: ``checkpoint.preempting()`` is True
+        from its call ``at`` on (:mod:`hvd_magics.rank.preemption`)."""
+        self._control_line(PREEMPT_LINE + json.dumps({"at": at, "notice": notice}))
+
+    def _control_line(self, line: str) -> None:
         with self._control_lock:
             try:
-                self._control.write(request.encode() + b"\n")
+                self._control.write(line.encode() + b"\n")
             except (BrokenPipeError, OSError, ValueError):
                 pass
 

@@ -100,3 +100,32 @@ def test_an_interrupt_while_the_next_attempt_is_set_up_is_a_job_interrupted(tmp_
         launch_with_restarts(LaunchRequest(JobPayload(b""), 2, {}, 10.0, []), launch, 3,
                              tmp_path / "c", fresh=False)
     assert attempts == [0, 1]
+
+
+def test_preempted_attempts_start_again_without_counting_and_without_restarts_say_how_to_resume(
+        tmp_path, capsys):
+    import pytest
+
+    from hvd_magics.job.restarts import launch_with_restarts
+    from hvd_magics.job.run_record import RunRecord
+    from hvd_magics.job.runner import LaunchRequest
+    from hvd_magics.launch.payload import JobPayload
+
+    saved = "the checkpoint of step 45 was saved on a preemption notice (executor 1 ...)"
+
+    def launch(request):
+        if request.attempt < 2:  # two preemptions in a row, then the job ends
+            raise _error(RankFailure(0, "h", 1, "Preempted", saved),
+                         RankFailure(1, "h", 1, "Preempted", saved))
+        return RunRecord(job_id="j", np=2, where="driver", log_path="")
+
+    request = LaunchRequest(JobPayload(b""), 2, {}, 10.0, [])
+    record = launch_with_restarts(request, launch, 1, tmp_path / "c", fresh=False)
+    assert [a.split(" (ended")[0] for a in record.attempts] == [f"preempted: {saved}"] * 2 + [
+        "succeeded"]  # restarts=1 and two preemptions: they do not count
+    assert capsys.readouterr().err.count("ended on a preemption notice") == 2
+    with pytest.raises(HorovodJobError, match=(
+            r"^The job was preempted: the checkpoint of step 45 was saved on a preemption notice "
+            r".*\. Run it again to resume from that checkpoint in .*c \(checkpoint.latest\(\) gives "
+            r"it to the ranks\), or give --restarts N")):
+        launch_with_restarts(request, launch, 0, tmp_path / "c", fresh=False)

@@ -34,6 +34,9 @@ class SilentStage:
     def request_stacks(self, request):
         pass
 
+    def decommissioning(self, tasks):
+        return {}
+
 
 @pytest.mark.parametrize("unpacking, waited", [(None, 1.0), ((1.5, "the executors fetch and "
                                                                "unpack the notebook's environment "

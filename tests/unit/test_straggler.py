@@ -62,6 +62,8 @@ def test_no_rank_is_named_when_the_ranks_differ_little_or_nobody_waits_for_the_s
     # one rank's own work is longer but the others do not wait for it (it overlaps)
     assert look({0: _parts(0.040, 0.010), 1: _parts(0.030, 0.011)}, {}) is None
     assert look({0: _parts(0.040, 0.001)}, {}) is None  # one rank: nobody to hold back
+    # steps of half a millisecond: 24% longer is 0.1 ms, within what timing them costs
+    assert look({0: _parts(0.00056, 0.0001), 1: _parts(0.00045, 0.0002)}, {}) is None
 
 
 def test_every_rank_of_a_slow_host_is_named_as_the_host():

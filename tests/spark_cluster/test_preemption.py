@@ -1,0 +1,81 @@
+"""Issue 60: an executor decommissioned as Spark does it for a spot instance taken back (a
+``SIGPWR`` to its worker, ``spark.decommission.enabled``): every rank saves at the same step,
+the attempt ends on purpose, and the next one, on the executor that took its place, redoes no
+step."""
+import os
+import signal
+import threading
+import time
+
+import psutil
+
+from hvd_magics import HorovodRunner, last_run
+from tests.conftest import _session, supervisor_of
+from tests.engine_jobs import steps_with_checkpoints
+from tests.standalone import StandaloneCluster
+
+
+def _worker_jvm(pid: int) -> psutil.Process:
+    """The standalone worker JVM above rank ``pid`` (it started the rank's executor)."""
+    for parent in supervisor_of(pid).parents():
+        if "org.apache.spark.deploy.worker.Worker" in " ".join(parent.cmdline()):
+            return parent
+    raise AssertionError(f"no worker JVM above process {pid}")
+
+
+def _decommission_rank_1s_worker_once_marked(cluster: StandaloneCluster, folder) -> dict:
+    """In a thread: once rank 1 wrote its pid, ``SIGPWR`` its worker (Spark decommissions the
+    worker and its executor) and start a worker in its place, as a cluster's autoscaler does."""
+    done: dict = {}
+
+    def decommission() -> None:
+        deadline = time.monotonic() + 120
+        while not (folder / "rank1").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        worker = _worker_jvm(int((folder / "rank1").read_text()))
+        os.kill(worker.pid, signal.SIGPWR)
+        done["worker"] = worker.pid
+        cluster.add_worker(wait=False)
+
+    thread = threading.Thread(target=decommission, daemon=True)
+    thread.start()
+    done["thread"] = thread
+    return done
+
+
+def test_a_decommissioned_executor_s_job_saves_one_step_everywhere_and_redoes_none(
+        standalone_cluster, tmp_path):
+    spark = _session(standalone_cluster.url, **{
+        "spark.executor.cores": "1", "spark.executor.memory": "1g", "spark.cores.max": "2",
+        "spark.decommission.enabled": "true"})
+    deadline = time.monotonic() + 60
+    while spark.sparkContext._jsc.sc().getExecutorIds().size() < 2:
+        assert time.monotonic() < deadline, "the executors did not register"
+        time.sleep(0.2)
+    decommissioned = _decommission_rank_1s_worker_once_marked(standalone_cluster, tmp_path)
+    try:
+        resumed = HorovodRunner(np=2, engine="torch", restarts=1,
+                                checkpoint_dir=tmp_path / "spot").run(
+            steps_with_checkpoints, steps=60, every=20, step_s=0.05, spot=(10, str(tmp_path)))
+    finally:
+        decommissioned["thread"].join(10)
+        if "worker" in decommissioned:  # the decommissioned worker leaves the cluster
+            worker = psutil.Process(decommissioned["worker"])
+            for process in [*worker.children(recursive=True), worker]:
+                process.kill()
+            standalone_cluster.wait_for_workers(2)
+    record = last_run()
+    assert record.attempts[-1] == "succeeded" and len(record.attempts) == 2, record.attempts
+    assert record.attempts[0].startswith("preempted: the checkpoint of step "), record.attempts
+    assert "is being decommissioned" in record.attempts[0]
+    ran = {rank: [tuple(map(int, line.split())) for line in
+                  (tmp_path / f"steps-{rank}").read_text().splitlines()] for rank in (0, 1)}
+    for rank, steps in ran.items():  # every step once, across both attempts, on every rank
+        assert [step for _, step in steps] == list(range(60)), (rank, steps)
+    first = {rank: max(step for attempt, step in steps if attempt == 0)
+             for rank, steps in ran.items()}
+    assert first[0] == first[1] and 10 < first[0] < 59, first  # both ranks left at one step
+    assert (resumed["attempt"], resumed["start"]) == (1, first[0] + 1)
+    whole = HorovodRunner(np=2, engine="torch", checkpoint_dir=tmp_path / "whole").run(
+        steps_with_checkpoints, steps=60, every=20)
+    assert resumed["weights"] == whole["weights"]  # bit for bit
