@@ -15,7 +15,8 @@ many looks in a row no longer find it by half that margin. The cause is the part
 (input or compute) that exceeds the others' the more; compute whose excess is at least half time
 the rank's training thread waited for a CPU (ready to run, not running: its host's CPUs busy with
 other work, or its CPU time limited), and at most a quarter of it the rank's thread ran on one
-longer than the others' threads, is said to be that, not more work.
+longer than the others' threads, is said to be that, not more work; on a CPU rank, an excess
+its thread neither ran nor waited for a CPU (a sleep, a read, a lock) is said to be off the CPU.
 
 A link slower than the others' slows every rank's communication alike: no rank is named then
 (the split shows every rank waiting in communication).
@@ -67,6 +68,8 @@ _CAUSE_TEXT = {INPUT: "in its input pipeline (waiting for batches)",
                COMPUTE: "in compute (forward, backward, optimizer)"}
 _CPU_WAIT_TEXT = ("in compute, most of it waiting for a CPU (its host's CPUs are busy with other "
                   "work, or its CPU time is limited)")
+_OFF_CPU_TEXT = ("in its own code but mostly off the CPU, not waiting for one (sleeping, reading "
+                 "files, waiting on a lock or a subprocess)")
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,9 @@ class Straggler:
     cpu_wait_s: float = 0.0
     cpu_s: float = 0.0
     step: int = 0
+    #: Whether its training thread's CPU time is known and its host clock tells its compute
+    #: (a CPU rank: on a GPU, the host thread also waits for the device off the CPU).
+    cpu_known: bool = False
 
     @property
     def waits_for_cpu(self) -> bool:
@@ -124,8 +130,19 @@ class Straggler:
         return (self.cause == COMPUTE and excess > 0 and self.cpu_wait_s >= CPU_WAIT_SHARE * excess
                 and self.cpu_s <= CPU_RAN_SHARE * excess)
 
+    @property
+    def off_cpu(self) -> bool:
+        """Whether its compute excess is mostly time its thread neither ran nor waited for a
+        CPU (a sleep, a file read, a lock): not forward and backward."""
+        excess = self.own_s - self.others_s
+        return (self.cpu_known and self.cause == COMPUTE and excess > 0
+                and self.cpu_s <= CPU_RAN_SHARE * excess
+                and self.cpu_wait_s < CPU_WAIT_SHARE * excess)
+
     def _cause_text(self) -> str:
-        return _CPU_WAIT_TEXT if self.waits_for_cpu else _CAUSE_TEXT[self.cause]
+        if self.waits_for_cpu:
+            return _CPU_WAIT_TEXT
+        return _OFF_CPU_TEXT if self.off_cpu else _CAUSE_TEXT[self.cause]
 
     def text(self, unit: str = "rank") -> str:
         longer = 100 * (self.own_s / self.others_s - 1) if self.others_s > 0 else float("inf")
@@ -296,7 +313,9 @@ class StepSplits:
             self.events.append(("cleared", dataclasses.replace(self.current, step=step)))
             self.current = None
         if found is not None:
-            self.current = dataclasses.replace(found, step=step)
+            known = all(self.clock.get(r, "host") == "host" and r not in self.gpu
+                        and (self._totals.get(r) or [0] * 6)[5] > 0 for r in parts)
+            self.current = dataclasses.replace(found, step=step, cpu_known=known)
             self.events.append(("named", self.current))
         self._streak = ((), 0)
 

@@ -8,6 +8,7 @@ import threading
 import time
 
 import psutil
+import pytest
 
 from hvd_magics import HorovodRunner, last_run
 from tests.conftest import _session, supervisor_of
@@ -43,8 +44,9 @@ def _decommission_rank_1s_worker_once_marked(cluster: StandaloneCluster, folder)
     return done
 
 
+@pytest.mark.parametrize("engine", ["torch", "horovod"])
 def test_a_decommissioned_executor_s_job_saves_one_step_everywhere_and_redoes_none(
-        standalone_cluster, tmp_path):
+        standalone_cluster, tmp_path, engine):
     spark = _session(standalone_cluster.url, **{
         "spark.executor.cores": "1", "spark.executor.memory": "1g", "spark.cores.max": "2",
         "spark.decommission.enabled": "true"})
@@ -54,9 +56,10 @@ def test_a_decommissioned_executor_s_job_saves_one_step_everywhere_and_redoes_no
         time.sleep(0.2)
     decommissioned = _decommission_rank_1s_worker_once_marked(standalone_cluster, tmp_path)
     try:
-        resumed = HorovodRunner(np=2, engine="torch", restarts=1,
+        resumed = HorovodRunner(np=2, engine=engine, restarts=1,
                                 checkpoint_dir=tmp_path / "spot").run(
-            steps_with_checkpoints, steps=60, every=20, step_s=0.05, spot=(10, str(tmp_path)))
+            steps_with_checkpoints, steps=60, every=20, step_s=0.05, spot=(10, str(tmp_path)),
+            engine=engine)
     finally:
         decommissioned["thread"].join(10)
         if "worker" in decommissioned:  # the decommissioned worker leaves the cluster
@@ -76,6 +79,6 @@ def test_a_decommissioned_executor_s_job_saves_one_step_everywhere_and_redoes_no
              for rank, steps in ran.items()}
     assert first[0] == first[1] and 10 < first[0] < 59, first  # both ranks left at one step
     assert (resumed["attempt"], resumed["start"]) == (1, first[0] + 1)
-    whole = HorovodRunner(np=2, engine="torch", checkpoint_dir=tmp_path / "whole").run(
-        steps_with_checkpoints, steps=60, every=20)
+    whole = HorovodRunner(np=2, engine=engine, checkpoint_dir=tmp_path / "whole").run(
+        steps_with_checkpoints, steps=60, every=20, engine=engine)
     assert resumed["weights"] == whole["weights"]  # bit for bit

@@ -1,5 +1,6 @@
 """The straggler verdict from synthetic step splits (no ranks): who is named, for what cause,
 after how many steps, and who never is."""
+import dataclasses
 import io
 import random
 
@@ -47,6 +48,14 @@ def test_compute_that_is_mostly_a_wait_for_a_cpu_is_said_to_be_one():
              1: StepParts(0.042, 0.001, 0.001, 0.007, 0.036)}
     found = look(parts, {})
     assert found is not None and found.ranks == (1,) and not found.waits_for_cpu
+    # its thread neither ran nor waited for a CPU for the excess: a sleep, a read, a lock; said
+    # so only where the CPU time is known (schedstat) and the rank has no GPU
+    parts = {0: StepParts(0.042, 0.001, 0.012, 0.0005, 0.030),
+             1: StepParts(0.042, 0.001, 0.001, 0.0006, 0.031)}
+    found = look(parts, {})
+    assert found is not None and not found.off_cpu and "in compute (" in found.text()
+    found = dataclasses.replace(found, cpu_known=True)
+    assert found.off_cpu and "mostly off the CPU, not waiting for one" in found.text()
     splits = StepSplits()  # rows and totals of six columns reach the DataFrame's rows
     splits.observe(0, {"rows": [[1, 0.05, 0.0, 0.01, 0.004, 0.03]],
                        "totals": [1, 0.05, 0.0, 0.01, 0.004, 0.03]}, {})
