@@ -675,6 +675,44 @@ def hf_trainer_fit(out: str, report_to: tuple = ()):
     return trainer.args.world_size, trainer.state.global_step
 
 
+def hf_trainer_spot(out: str, folder: str, steps: int = 60, mark_at: int = 10):
+    """Hugging Face's Trainer for ``steps`` optimizer steps (a checkpoint every 20 in ``out``,
+    each step 50 ms longer), as written, with nothing about preemption; a callback of the
+    test's appends ``"<attempt> <step>"`` to ``folder/steps-<rank>`` after each step, and on
+    the first attempt rank 1 writes its pid to ``folder/rank1`` after step ``mark_at`` (for the
+    test to decommission its executor). Returns the attempt, the step it started from and the
+    last step."""
+    import os
+    import time
+
+    import torch.distributed as dist
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from hvd_magics import checkpoint
+
+    class Steps(TrainerCallback):
+        first = None
+
+        def on_step_end(self, args, state, control, **kwargs):
+            time.sleep(0.05)
+            rank = dist.get_rank()
+            self.first = self.first or state.global_step
+            with open(os.path.join(folder, f"steps-{rank}"), "a") as out_file:
+                out_file.write(f"{checkpoint.attempt()} {state.global_step}\n")
+            if rank == 1 and state.global_step == mark_at and checkpoint.attempt() == 0:
+                with open(os.path.join(folder, "rank1"), "w") as out_file:
+                    out_file.write(str(os.getpid()))
+
+    model, data = _tiny_bert_and_sequences()
+    args = TrainingArguments(output_dir=out, max_steps=steps, per_device_train_batch_size=8,
+                             logging_steps=5, report_to=[], use_cpu=True, save_strategy="steps",
+                             save_steps=20, disable_tqdm=True)
+    steps_seen = Steps()
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[steps_seen])
+    trainer.train()
+    return checkpoint.attempt(), steps_seen.first, trainer.state.global_step
+
+
 def hf_trainer_as_written(out: str):
     """Hugging Face's Trainer as a user writes it: its tqdm bar and printed logs on, an
     evaluation each epoch; returns the last evaluation's loss and the steps."""

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -151,7 +152,7 @@ def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
                         f"checkpoint in {folder} (checkpoint.latest() gives it to the ranks), "
                         f"or {why}.", log_path=exc.log_path) from None
                 attempt += 1
-                resume = resumes_from(folder)
+                resume = resumes_after_preemption(folder, notice)
                 causes.append(f"preempted: {notice} (ended {time.strftime('%H:%M:%S')}; "
                               f"attempt {attempt + 1} {resume})")
                 say(f"attempt {attempt} ended on a preemption notice: {notice}; starting "
@@ -214,6 +215,18 @@ def resumes_from(folder: Path) -> str:
     found = latest_checkpoint(folder)
     return (f"resumes from the checkpoint of step {found[0].global_step:,}" if found is not None
             else "starts over (no checkpoint was written)")
+
+
+def resumes_after_preemption(folder: Path, notice: str) -> str:
+    """Where the attempt after a preemption starts: the checkpoint the ranks saved on the
+    notice (``notice`` names its step), in the job's folder or in the library's own (a
+    ``Trainer``'s ``output_dir``)."""
+    saved = re.search(r"checkpoint of step ([\d,]+)", notice)
+    found = latest_checkpoint(folder)
+    if saved is None or (found is not None and
+                         f"{found[0].global_step:,}" == saved.group(1)):
+        return resumes_from(folder)
+    return f"resumes from the checkpoint of step {saved.group(1)} (where the job's code saved it)"
 
 
 def one_timing(earlier: list[dict[str, Any]], later: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -9,14 +9,24 @@ timing and charts. An evaluation due at an epoch's end belongs to that epoch (it
 values are drawn beside their training twins). It reads only what the ``Trainer`` logs (its ``logging_steps``): nothing is
 computed for it. The ``Trainer``'s own bar and printed logs give way to the dashboard: its logs
 go to the run's log file.
+
+On a preemption notice (:mod:`hvd_magics.rank.preemption`: an executor of the job is being
+decommissioned) the callback asks ``checkpoint.preempting()`` once an optimizer step, on every
+rank: from the call it turns True, the ``Trainer`` saves a checkpoint at that step (its own, in
+``output_dir``) and the attempt ends there (``Preempted``, raised once it saved); the next
+attempt's ``train()`` resumes from the newest checkpoint in ``output_dir`` when it is not told
+where to (``resume_from_checkpoint``), redoing no step.
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any
+import os
+from typing import Any, Callable
 
 from hvd_magics.protocol import RUN_LOG
-from hvd_magics.rank import progress, rank_events
+from hvd_magics.rank import preemption, progress, rank_events
+from hvd_magics.rank.checkpoint import attempt
 from hvd_magics.rank.import_hooks import after_call, after_import
 
 _TRAINER_MODULE = "transformers.trainer"
@@ -63,6 +73,8 @@ def _callback_class(base: type) -> type:
             self.rows_per_rank: int | None = None
             #: Its training steps are done and the epoch waits for its evaluation, if one is due.
             self.open_epoch = False
+            #: A preemption notice asked for the save under way: the attempt ends after it.
+            self.preempted = False
 
         def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self._end_epoch()
@@ -78,6 +90,12 @@ def _callback_class(base: type) -> type:
         def on_step_end(self, args: Any, state: Any, control: Any, **_kwargs: Any) -> None:
             self.steps_done += 1
             progress.report(self.steps_done, **self.logged)
+            if preemption.preempting():
+                control.should_save = self.preempted = True
+
+        def on_save(self, args: Any, state: Any, control: Any, **_kwargs: Any) -> None:
+            if self.preempted:
+                preemption.after_save(state.global_step)
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None,
                    **_kwargs: Any) -> None:
@@ -124,11 +142,37 @@ def _add_callback(trainer: Any) -> None:
         trainer.remove_callback(printer)
 
 
+def _resuming(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Trainer.train`` that, on a later attempt and told nothing of where to resume, resumes
+    from the newest checkpoint in ``output_dir`` (what the attempt before saved), if any."""
+    if getattr(original, _PATCHED, False):
+        return original
+
+    @functools.wraps(original)
+    def train(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if attempt() and not args and kwargs.get("resume_from_checkpoint") is None:
+            from transformers.trainer_utils import get_last_checkpoint
+
+            folder = getattr(self.args, "output_dir", None)
+            try:
+                last = get_last_checkpoint(folder) if folder and os.path.isdir(folder) else None
+            except OSError:
+                last = None
+            if last is not None:
+                kwargs["resume_from_checkpoint"] = last
+        return original(self, *args, **kwargs)
+
+    setattr(train, _PATCHED, True)
+    return train
+
+
 def patch_trainer(module: Any) -> None:
-    """Give every ``transformers.Trainer`` the progress callback, once."""
+    """Give every ``transformers.Trainer`` the progress callback, once; a later attempt's
+    ``train()`` resumes."""
     trainer = getattr(module, "Trainer", None)
     if trainer is not None:
         after_call(trainer, "__init__", _add_callback, _PATCHED)
+        trainer.train = _resuming(trainer.train)
 
 
 def install() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from hvd_magics import HorovodRunner, last_run
 from tests.conftest import _session, supervisor_of
-from tests.engine_jobs import steps_with_checkpoints
+from tests.engine_jobs import hf_trainer_spot, steps_with_checkpoints
 from tests.standalone import StandaloneCluster
 
 
@@ -44,16 +44,31 @@ def _decommission_rank_1s_worker_once_marked(cluster: StandaloneCluster, folder)
     return done
 
 
-@pytest.mark.parametrize("engine", ["torch", "horovod"])
-def test_a_decommissioned_executor_s_job_saves_one_step_everywhere_and_redoes_none(
-        standalone_cluster, tmp_path, engine):
-    spark = _session(standalone_cluster.url, **{
+def _spark_with_decommission(cluster: StandaloneCluster) -> None:
+    """The tests' session on ``cluster`` with decommissioning on, its two executors up."""
+    spark = _session(cluster.url, **{
         "spark.executor.cores": "1", "spark.executor.memory": "1g", "spark.cores.max": "2",
         "spark.decommission.enabled": "true"})
     deadline = time.monotonic() + 60
     while spark.sparkContext._jsc.sc().getExecutorIds().size() < 2:
         assert time.monotonic() < deadline, "the executors did not register"
         time.sleep(0.2)
+
+
+def _retire(cluster: StandaloneCluster, decommissioned: dict) -> None:
+    """The decommissioned worker leaves the cluster (the one started in its place stays)."""
+    decommissioned["thread"].join(10)
+    if "worker" in decommissioned:
+        worker = psutil.Process(decommissioned["worker"])
+        for process in [*worker.children(recursive=True), worker]:
+            process.kill()
+        cluster.wait_for_workers(2)
+
+
+@pytest.mark.parametrize("engine", ["torch", "horovod"])
+def test_a_decommissioned_executor_s_job_saves_one_step_everywhere_and_redoes_none(
+        standalone_cluster, tmp_path, engine):
+    _spark_with_decommission(standalone_cluster)
     decommissioned = _decommission_rank_1s_worker_once_marked(standalone_cluster, tmp_path)
     try:
         resumed = HorovodRunner(np=2, engine=engine, restarts=1,
@@ -61,12 +76,7 @@ def test_a_decommissioned_executor_s_job_saves_one_step_everywhere_and_redoes_no
             steps_with_checkpoints, steps=60, every=20, step_s=0.05, spot=(10, str(tmp_path)),
             engine=engine)
     finally:
-        decommissioned["thread"].join(10)
-        if "worker" in decommissioned:  # the decommissioned worker leaves the cluster
-            worker = psutil.Process(decommissioned["worker"])
-            for process in [*worker.children(recursive=True), worker]:
-                process.kill()
-            standalone_cluster.wait_for_workers(2)
+        _retire(standalone_cluster, decommissioned)
     record = last_run()
     assert record.attempts[-1] == "succeeded" and len(record.attempts) == 2, record.attempts
     assert record.attempts[0].startswith("preempted: the checkpoint of step "), record.attempts
@@ -82,3 +92,30 @@ def test_a_decommissioned_executor_s_job_saves_one_step_everywhere_and_redoes_no
     whole = HorovodRunner(np=2, engine=engine, checkpoint_dir=tmp_path / "whole").run(
         steps_with_checkpoints, steps=60, every=20, engine=engine)
     assert resumed["weights"] == whole["weights"]  # bit for bit
+
+
+def test_a_hugging_face_trainer_saves_on_the_notice_by_itself_and_resumes_where_it_saved(
+        standalone_cluster, tmp_path, capfd):
+    """The Trainer's code says nothing of preemption: its own checkpoint is saved at the
+    notice's step (between its every-20-steps saves) and the next attempt's train() resumes
+    from it."""
+    _spark_with_decommission(standalone_cluster)
+    decommissioned = _decommission_rank_1s_worker_once_marked(standalone_cluster, tmp_path)
+    try:
+        attempt, first, last = HorovodRunner(np=2, engine="torch", restarts=1).run(
+            hf_trainer_spot, out=str(tmp_path / "out"), folder=str(tmp_path))
+    finally:
+        _retire(standalone_cluster, decommissioned)
+    record = last_run()
+    assert record.attempts[0].startswith("preempted: the checkpoint of step "), record.attempts
+    ran = {rank: [tuple(map(int, line.split())) for line in
+                  (tmp_path / f"steps-{rank}").read_text().splitlines()] for rank in (0, 1)}
+    for rank, steps in ran.items():  # steps 1..60 once each, across both attempts
+        assert [step for _, step in steps] == list(range(1, 61)), (rank, steps)
+    saved = max(step for attempt_, step in ran[0] if attempt_ == 0)
+    assert saved % 20 != 0 or saved == 20, saved  # its own save, not only a periodic one
+    assert (attempt, first, last) == (1, saved + 1, 60)
+    assert (tmp_path / "out" / f"checkpoint-{saved}").is_dir()
+    told = capfd.readouterr().err
+    assert f"which resumes from the checkpoint of step {saved} (where the job's code saved it)" \
+        in told, told
