@@ -616,6 +616,55 @@ def lightning_fit(devices, num_nodes, strategy: str = "ddp"):
     return trainer.global_rank, trainer.world_size, int(os.environ["RANK"])
 
 
+def lightning_spot(folder: str, steps: int = 60, mark_at: int = 10):
+    """A Lightning ``Trainer`` of ``steps`` steps (each 50 ms longer) on the job's topology,
+    as written, with nothing about preemption; its module appends ``"<attempt> <global
+    step>"`` to ``folder/steps-<rank>`` after each batch, and on the first attempt rank 1 writes
+    its pid to ``folder/rank1`` after step ``mark_at``. Returns the attempt, the step it started
+    from, the last step and the weights."""
+    import os
+    import time
+
+    import pytorch_lightning as pl
+    import torch
+
+    from hvd_magics import checkpoint
+
+    class Logged(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+            self.first = None
+
+        def training_step(self, batch, _index):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            time.sleep(0.05)
+            step = self.trainer.global_step
+            self.first = self.first or step
+            rank = self.trainer.global_rank
+            with open(os.path.join(folder, f"steps-{rank}"), "a") as out_file:
+                out_file.write(f"{checkpoint.attempt()} {step}\n")
+            if rank == 1 and step == mark_at and checkpoint.attempt() == 0:
+                with open(os.path.join(folder, "rank1"), "w") as out_file:
+                    out_file.write(str(os.getpid()))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(256, 4), torch.randn(256, 1))
+    trainer = pl.Trainer(devices=int(os.environ["LOCAL_WORLD_SIZE"]),
+                         num_nodes=int(os.environ["GROUP_WORLD_SIZE"]), accelerator="cpu",
+                         max_steps=steps, enable_progress_bar=False, enable_model_summary=False,
+                         logger=False, enable_checkpointing=False)
+    module = Logged()
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=8))
+    return checkpoint.attempt(), module.first, trainer.global_step
+
+
 def library_alone(library: str):
     """Make what ``library`` trains with the way its docs write it, in a job whose engine that
     library cannot join: each rank would train alone."""

@@ -7,19 +7,77 @@ latest loss, and at the epoch's end every metric the module logged (``self.log``
 validation) through :mod:`hvd_magics.rank.progress`: the dashboard's rows, epoch timing and
 charts; Lightning's own progress bar gives way to them. The loss stays a tensor until a report leaves the rank (a few times a second), so no
 step waits for the device.
+
+On a preemption notice (:mod:`hvd_magics.rank.preemption`) the callback asks
+``checkpoint.preempting()`` before each training batch, on every rank: from the call it turns
+True, every rank saves the ``Trainer``'s checkpoint (``trainer.save_checkpoint``: rank 0 writes
+it, under a temporary name renamed into place) in the job's checkpoint folder,
+``lightning/step-<global step>.ckpt``, and the attempt ends (``Preempted``); the next attempt's
+``fit`` resumes from the newest one there when it is not told where to (``ckpt_path``).
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any
+import os
+from pathlib import Path
+from typing import Any, Callable
 
-from hvd_magics.rank import progress
+from hvd_magics.rank import preemption, progress
+from hvd_magics.rank.checkpoint import attempt, shared_folder
 from hvd_magics.rank.import_hooks import after_call, after_import
 
 _TRAINER_MODULES = ("pytorch_lightning.trainer.trainer", "lightning.pytorch.trainer.trainer")
 _PATCHED = "_hvd_magics_progress"
 #: Per Lightning package, its callback class (made once, on the first Trainer).
 _CALLBACKS: dict[str, type] = {}
+#: The folder of the job's checkpoint folder that holds the checkpoints saved on a notice.
+SAVED_ON_NOTICE = "lightning"
+
+
+def _notice_folder() -> Path:
+    return shared_folder() / SAVED_ON_NOTICE
+
+
+def _save_on_notice(trainer: Any) -> None:
+    """Every rank: save the Trainer's checkpoint at this step (rank 0 writes it), then end the
+    attempt."""
+    folder = _notice_folder()
+    step = int(trainer.global_step)
+    final = folder / f"step-{step}.ckpt"
+    partial = folder / f".step-{step}.ckpt.partial"
+    if trainer.is_global_zero:
+        folder.mkdir(parents=True, exist_ok=True)
+    trainer.save_checkpoint(str(partial))  # every rank takes part; rank 0 writes
+    if trainer.is_global_zero:
+        os.replace(partial, final)
+    preemption.after_save(step)
+
+
+def _newest_saved() -> str | None:
+    """The newest checkpoint saved on a notice in the job's folder (``None``: none)."""
+    folder = _notice_folder()
+    found = sorted(folder.glob("step-*.ckpt"), key=lambda p: int(p.stem.split("-")[1])) \
+        if folder.is_dir() else []
+    return str(found[-1]) if found else None
+
+
+def _resuming(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Trainer.fit`` that, on a later attempt and told no ``ckpt_path``, resumes from the
+    newest checkpoint saved on a notice, if any."""
+    if getattr(original, _PATCHED, False):
+        return original
+
+    @functools.wraps(original)
+    def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if attempt() and len(args) < 5 and kwargs.get("ckpt_path") is None:
+            saved = _newest_saved()
+            if saved is not None:
+                kwargs["ckpt_path"] = saved
+        return original(self, *args, **kwargs)
+
+    setattr(fit, _PATCHED, True)
+    return fit
 
 
 def _loss(outputs: Any) -> Any:
@@ -66,6 +124,13 @@ def _callback_class(base: type) -> type:
             loss = _loss(outputs)
             progress.report(batch_idx + 1, **({"loss": loss} if loss is not None else {}))
 
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
+                                 batch_idx: int) -> None:  # noqa: ARG002
+            # before the next batch: the step before it ended whole (the module's own
+            # end-of-batch hook included)
+            if preemption.preempting():
+                _save_on_notice(trainer)
+
         def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:  # noqa: ARG002
             metrics = {name: value for name, value in trainer.callback_metrics.items()
                        if getattr(value, "numel", lambda: 1)() == 1}
@@ -95,6 +160,7 @@ def patch_trainer(module: Any) -> None:
             bar.disable()
 
     after_call(trainer, "__init__", add_callback, _PATCHED)
+    trainer.fit = _resuming(trainer.fit)
 
 
 def install() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from hvd_magics import HorovodRunner, last_run
 from tests.conftest import _session, supervisor_of
-from tests.engine_jobs import hf_trainer_spot, steps_with_checkpoints
+from tests.engine_jobs import hf_trainer_spot, lightning_spot, steps_with_checkpoints
 from tests.standalone import StandaloneCluster
 
 
@@ -119,3 +119,23 @@ def test_a_hugging_face_trainer_saves_on_the_notice_by_itself_and_resumes_where_
     told = capfd.readouterr().err
     assert f"which resumes from the checkpoint of step {saved} (where the job's code saved it)" \
         in told, told
+
+
+def test_a_lightning_trainer_saves_on_the_notice_by_itself_and_resumes_where_it_saved(
+        standalone_cluster, tmp_path):
+    _spark_with_decommission(standalone_cluster)
+    decommissioned = _decommission_rank_1s_worker_once_marked(standalone_cluster, tmp_path)
+    try:
+        attempt, first, last = HorovodRunner(
+            np=2, engine="torch", restarts=1, checkpoint_dir=tmp_path / "spot").run(
+            lightning_spot, folder=str(tmp_path))
+    finally:
+        _retire(standalone_cluster, decommissioned)
+    assert last_run().attempts[0].startswith("preempted: the checkpoint of step ")
+    ran = {rank: [tuple(map(int, line.split())) for line in
+                  (tmp_path / f"steps-{rank}").read_text().splitlines()] for rank in (0, 1)}
+    for rank, steps in ran.items():  # global steps 1..60 once each, across both attempts
+        assert [step for _, step in steps] == list(range(1, 61)), (rank, steps)
+    saved = max(step for attempt_, step in ran[0] if attempt_ == 0)
+    assert (attempt, first, last) == (1, saved + 1, 60)
+    assert (tmp_path / "spot" / "lightning" / f"step-{saved}.ckpt").is_file()
