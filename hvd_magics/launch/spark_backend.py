@@ -136,6 +136,9 @@ class SparkBackend:
         self.sent_archive = 0
         #: Hosts the driver took for lost (:meth:`lose_host`).
         self.lost_hosts: list[str] = []
+        #: Executors being decommissioned that ran ranks of this job (told by a notice): asked
+        #: to go once the job has stopped.
+        self.decommissioned: set[str] = set()
         self.pool = pool
         #: A background job: its stage, like a pool's, runs while other cells do.
         self.background = background
@@ -347,6 +350,8 @@ class SparkBackend:
             self._cancel_stage()
         if self._server is not None and self.finished:
             self._server.close()  # no task connects any more
+        if self.decommissioned:  # they would keep the application's cores until they die:
+            self._kill_executors(sorted(self.decommissioned))  # the cluster starts others now
 
     def _cancel_stage(self) -> None:
         """Cancel this job's Spark stage: by its tag on Connect, else the group's jobs that run
@@ -438,6 +443,7 @@ class SparkBackend:
                     host = pending.apply(executor.get()).workerHost()
                     found[rank] = (str(executor.get()),
                                    str(host.get()) if host.isDefined() else "")
+            self.decommissioned.update(executor for executor, _ in found.values())
             return found
         except Exception:  # noqa: BLE001 - a scheduler of another kind: no notice, as before
             return {}
@@ -455,22 +461,33 @@ class SparkBackend:
         if self.sc is None:  # Spark Connect: the server's scheduler is out of reach
             return
         try:
-            jsc = self.sc._jsc.sc()  # noqa: SLF001 - Spark's own executor list and kill call
+            jsc = self.sc._jsc.sc()  # noqa: SLF001 - Spark's own executor list
             executors = jsc.statusStore().executorList(True)
             listed = [executors.apply(i) for i in range(executors.size())]
             lost = [executor.id() for executor in listed if executor.id() != "driver"
                     and executor.hostPort().split(":")[0] == host]
-            if lost:
-                ids = self.sc._jvm.java.util.ArrayList()  # noqa: SLF001
-                for executor in lost:
-                    ids.add(executor)
-                seq = self.sc._jvm.scala.jdk.javaapi.CollectionConverters.asScala(  # noqa: SLF001
-                    ids).toSeq()
-                # (ids, adjustTargetNumExecutors, countFailures, force)
-                jsc.schedulerBackend().killExecutors(seq, False, False, True)
         except Exception as exc:  # noqa: BLE001 - Spark's heartbeat timeout still removes it
             say(f"could not ask Spark to remove the executors of {host} ({exc}); Spark's own "
                 "heartbeat timeout will")
+            return
+        if lost:
+            self._kill_executors(lost, f"the executors of {host}")
+
+    def _kill_executors(self, executors: list[str], what: str = "") -> None:
+        """Ask Spark to remove ``executors`` from the application, keeping its number of
+        executors (the cluster starts others in their place)."""
+        try:
+            jsc = self.sc._jsc.sc()  # noqa: SLF001 - Spark's own kill call
+            ids = self.sc._jvm.java.util.ArrayList()  # noqa: SLF001
+            for executor in executors:
+                ids.add(executor)
+            seq = self.sc._jvm.scala.jdk.javaapi.CollectionConverters.asScala(  # noqa: SLF001
+                ids).toSeq()
+            # (ids, adjustTargetNumExecutors, countFailures, force)
+            jsc.schedulerBackend().killExecutors(seq, False, False, True)
+        except Exception as exc:  # noqa: BLE001 - they go when their machine does
+            say(f"could not ask Spark to remove {what or 'executors ' + ', '.join(executors)} "
+                f"({exc}); they go when their machine does")
 
     def unpacking(self) -> tuple[float, str] | None:
         """When this job sent the executors the environment's archive (the first job of the

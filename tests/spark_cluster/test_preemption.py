@@ -3,6 +3,7 @@
 the attempt ends on purpose, and the next one, on the executor that took its place, redoes no
 step."""
 import os
+import re
 import signal
 import threading
 import time
@@ -44,6 +45,13 @@ def _decommission_rank_1s_worker_once_marked(cluster: StandaloneCluster, folder)
     return done
 
 
+def spark_executors() -> list[str]:
+    from pyspark.sql import SparkSession
+
+    ids = SparkSession.getActiveSession().sparkContext._jsc.sc().getExecutorIds()
+    return [ids.apply(i) for i in range(ids.size())]
+
+
 def _spark_with_decommission(cluster: StandaloneCluster) -> None:
     """The tests' session on ``cluster`` with decommissioning on, its two executors up."""
     spark = _session(cluster.url, **{
@@ -81,6 +89,11 @@ def test_a_decommissioned_executor_s_job_saves_one_step_everywhere_and_redoes_no
     assert record.attempts[-1] == "succeeded" and len(record.attempts) == 2, record.attempts
     assert record.attempts[0].startswith("preempted: the checkpoint of step "), record.attempts
     assert "is being decommissioned" in record.attempts[0]
+    # the decommissioned executor was asked to go once the attempt had saved (it would keep the
+    # application's cores until its machine died; the next attempt would wait for them)
+    gone = re.search(r"executor (\S+) \(host", record.attempts[0]).group(1)
+    executors = spark_executors()
+    assert gone not in executors and len(executors) >= 2, (gone, executors)
     ran = {rank: [tuple(map(int, line.split())) for line in
                   (tmp_path / f"steps-{rank}").read_text().splitlines()] for rank in (0, 1)}
     for rank, steps in ran.items():  # every step once, across both attempts, on every rank
