@@ -14,7 +14,7 @@ it, it saves only every 50 steps. Measured, ``--runs`` times each, in turn:
   saved_s   seconds from the SIGPWR to the checkpoint the next attempt resumed from being written
             (with the notice; without it, that checkpoint was written before the SIGPWR)
   wall_s    the job's wall time, against an uninterrupted run's (``whole_s``)
-Usage: .venv/bin/python benchmarks/preemption.py [--runs 3] [--grace 5]
+Usage: .venv/bin/python benchmarks/preemption.py [--runs 3] [--grace 4]
 Last line: preemption redone_notice=<n> redone_restarts=<n> saved_s=<s> wall_notice_s=<s>
 wall_restarts_s=<s> whole_s=<s>  (medians; goals: redone_notice = 0)
 """
@@ -127,7 +127,7 @@ def one_run(cluster, notice: bool, grace: float) -> tuple[int, float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--grace", type=float, default=5.0)
+    parser.add_argument("--grace", type=float, default=4.0)
     args = parser.parse_args()
     from hvd_magics import HorovodRunner
     from tests.standalone import StandaloneCluster
