@@ -408,10 +408,11 @@ def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engin
     ``folder/rank1`` after that step and waits (for the test to kill its executor);
     ``bad_rank`` raises a ValueError; ``hold_on``: ``(attempt, folder)``, on that attempt every
     rank writes ``folder/<rank>`` once it resumed and waits (for the test's interrupt);
-    ``step_s``: seconds each step takes more; ``spot``: ``(step, folder)``, every rank also saves
-    when ``checkpoint.preempting()`` says so, appends ``"<attempt> <step>"`` to
+    ``step_s``: seconds each step takes more; ``spot``: ``(step, folder[, attempts])``, every
+    rank also saves when ``checkpoint.preempting()`` says so, appends ``"<attempt> <step>"`` to
     ``folder/steps-<rank>`` for each step it takes, and on the first attempt rank 1 writes its
-    pid to ``folder/rank1`` after that step (for the test to decommission its executor).
+    pid to ``folder/rank1`` after that step (for the test to decommission its executor); with
+    ``attempts`` (2), on the second too, to ``folder/rank1-1`` 10 steps after it resumed.
     Returns the weights, the attempt, the step it started from and when (``time.time()``) its
     first step ended."""
     import os
@@ -470,8 +471,12 @@ def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engin
         if spot:
             with open(os.path.join(spot[1], f"steps-{rank}"), "a") as out:
                 out.write(f"{checkpoint.attempt()} {step}\n")
-            if rank == 1 and step == spot[0] and checkpoint.attempt() == 0:
-                with open(os.path.join(spot[1], "rank1"), "w") as out:
+            marks = spot[2] if len(spot) > 2 else 1  # how many attempts are decommissioned
+            attempt = checkpoint.attempt()
+            if rank == 1 and step == (spot[0] if attempt == 0 else start + 10) and \
+                    attempt < marks:
+                name = "rank1" if attempt == 0 else f"rank1-{attempt}"
+                with open(os.path.join(spot[1], name), "w") as out:
                     out.write(str(os.getpid()))
         if (step + 1) % every == 0 or (spot and checkpoint.preempting()):
             checkpoint.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},

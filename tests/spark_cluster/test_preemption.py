@@ -2,6 +2,7 @@
 ``SIGPWR`` to its worker, ``spark.decommission.enabled``): every rank saves at the same step,
 the attempt ends on purpose, and the next one, on the executor that took its place, redoes no
 step."""
+import contextlib
 import os
 import re
 import signal
@@ -25,19 +26,23 @@ def _worker_jvm(pid: int) -> psutil.Process:
     raise AssertionError(f"no worker JVM above process {pid}")
 
 
-def _decommission_rank_1s_worker_once_marked(cluster: StandaloneCluster, folder) -> dict:
-    """In a thread: once rank 1 wrote its pid, ``SIGPWR`` its worker (Spark decommissions the
-    worker and its executor) and start a worker in its place, as a cluster's autoscaler does."""
-    done: dict = {}
+def _decommission_rank_1s_worker_once_marked(cluster: StandaloneCluster, folder,
+                                             marks: tuple[str, ...] = ("rank1",)) -> dict:
+    """In a thread: each time rank 1 wrote its pid to a file of ``marks``, ``SIGPWR`` its
+    worker (Spark decommissions the worker and its executor) and start a worker in its place,
+    as a cluster's autoscaler does."""
+    done: dict = {"workers": []}
 
     def decommission() -> None:
-        deadline = time.monotonic() + 120
-        while not (folder / "rank1").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        worker = _worker_jvm(int((folder / "rank1").read_text()))
-        os.kill(worker.pid, signal.SIGPWR)
-        done["worker"] = worker.pid
-        cluster.add_worker(wait=False)
+        for mark in marks:
+            deadline = time.monotonic() + 120
+            while not (folder / mark).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.05)  # its pid is written whole
+            worker = _worker_jvm(int((folder / mark).read_text()))
+            os.kill(worker.pid, signal.SIGPWR)
+            done["workers"].append(worker.pid)
+            cluster.add_worker(wait=False)
 
     thread = threading.Thread(target=decommission, daemon=True)
     thread.start()
@@ -64,13 +69,14 @@ def _spark_with_decommission(cluster: StandaloneCluster) -> None:
 
 
 def _retire(cluster: StandaloneCluster, decommissioned: dict) -> None:
-    """The decommissioned worker leaves the cluster (the one started in its place stays)."""
+    """The decommissioned workers leave the cluster (the ones started in their place stay)."""
     decommissioned["thread"].join(10)
-    if "worker" in decommissioned:
-        worker = psutil.Process(decommissioned["worker"])
-        for process in [*worker.children(recursive=True), worker]:
-            process.kill()
-        cluster.wait_for_workers(2)
+    for pid in decommissioned["workers"]:
+        with contextlib.suppress(psutil.Error):
+            worker = psutil.Process(pid)
+            for process in [*worker.children(recursive=True), worker]:
+                process.kill()
+    cluster.wait_for_workers(2)
 
 
 @pytest.mark.parametrize("engine", ["torch", "horovod"])
@@ -152,3 +158,29 @@ def test_a_lightning_trainer_saves_on_the_notice_by_itself_and_resumes_where_it_
     saved = max(step for attempt_, step in ran[0] if attempt_ == 0)
     assert (attempt, first, last) == (1, saved + 1, 60)
     assert (tmp_path / "spot" / "lightning" / f"step-{saved}.ckpt").is_file()
+
+
+def test_a_background_job_decommissioned_twice_resumes_twice_without_using_its_restart(
+        standalone_cluster, tmp_path):
+    """Two executors taken one after the other (in attempts 1 and 2) of a background job with
+    ``restarts=1``: preemptions do not count against it; every step still runs once."""
+    _spark_with_decommission(standalone_cluster)
+    decommissioned = _decommission_rank_1s_worker_once_marked(standalone_cluster, tmp_path,
+                                                              ("rank1", "rank1-1"))
+    try:
+        job = HorovodRunner(np=2, engine="torch", restarts=1,
+                            checkpoint_dir=tmp_path / "spot").start(
+            steps_with_checkpoints, steps=80, every=20, step_s=0.05,
+            spot=(10, str(tmp_path), 2))
+        resumed = job.wait(240)
+    finally:
+        _retire(standalone_cluster, decommissioned)
+    attempts = last_run().attempts
+    assert [a.split(":")[0] for a in attempts] == ["preempted", "preempted", "succeeded"], \
+        attempts
+    assert resumed["attempt"] == 2
+    ran = {rank: [tuple(map(int, line.split())) for line in
+                  (tmp_path / f"steps-{rank}").read_text().splitlines()] for rank in (0, 1)}
+    for rank, steps in ran.items():
+        assert [step for _, step in steps] == list(range(80)), (rank, steps)
+        assert {attempt for attempt, _ in steps} == {0, 1, 2}
