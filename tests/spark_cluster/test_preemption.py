@@ -94,7 +94,7 @@ def test_a_decommissioned_executor_s_job_saves_one_step_everywhere_and_redoes_no
     record = last_run()
     assert record.attempts[-1] == "succeeded" and len(record.attempts) == 2, record.attempts
     assert record.attempts[0].startswith("preempted: the checkpoint of step "), record.attempts
-    assert "is being decommissioned" in record.attempts[0]
+    assert "being decommissioned" in record.attempts[0]  # one executor, or both on its worker
     # the decommissioned executor was asked to go once the attempt had saved (it would keep the
     # application's cores until its machine died; the next attempt would wait for them)
     gone = re.search(r"executor (\S+) \(host", record.attempts[0]).group(1)
