@@ -87,7 +87,7 @@ def test_a_decommissioned_executor_s_job_saves_one_step_everywhere_and_redoes_no
     try:
         resumed = HorovodRunner(np=2, engine=engine, restarts=1,
                                 checkpoint_dir=tmp_path / "spot").run(
-            steps_with_checkpoints, steps=60, every=20, step_s=0.05, spot=(10, str(tmp_path)),
+            steps_with_checkpoints, steps=80, every=20, step_s=0.05, spot=(10, str(tmp_path)),
             engine=engine)
     finally:
         _retire(standalone_cluster, decommissioned)
@@ -103,13 +103,13 @@ def test_a_decommissioned_executor_s_job_saves_one_step_everywhere_and_redoes_no
     ran = {rank: [tuple(map(int, line.split())) for line in
                   (tmp_path / f"steps-{rank}").read_text().splitlines()] for rank in (0, 1)}
     for rank, steps in ran.items():  # every step once, across both attempts, on every rank
-        assert [step for _, step in steps] == list(range(60)), (rank, steps)
+        assert [step for _, step in steps] == list(range(80)), (rank, steps)
     first = {rank: max(step for attempt, step in steps if attempt == 0)
              for rank, steps in ran.items()}
-    assert first[0] == first[1] and 10 < first[0] < 59, first  # both ranks left at one step
+    assert first[0] == first[1] and 10 < first[0] < 79, first  # both ranks left at one step
     assert (resumed["attempt"], resumed["start"]) == (1, first[0] + 1)
     whole = HorovodRunner(np=2, engine=engine, checkpoint_dir=tmp_path / "whole").run(
-        steps_with_checkpoints, steps=60, every=20, engine=engine)
+        steps_with_checkpoints, steps=80, every=20, engine=engine)
     assert resumed["weights"] == whole["weights"]  # bit for bit
 
 
@@ -147,22 +147,22 @@ def test_a_lightning_trainer_saves_on_the_notice_by_itself_and_resumes_where_it_
     try:
         attempt, first, last = HorovodRunner(
             np=2, engine="torch", restarts=1, checkpoint_dir=tmp_path / "spot").run(
-            lightning_spot, folder=str(tmp_path))
+            lightning_spot, folder=str(tmp_path), steps=80)
     finally:
         _retire(standalone_cluster, decommissioned)
     assert last_run().attempts[0].startswith("preempted: the checkpoint of step ")
     ran = {rank: [tuple(map(int, line.split())) for line in
                   (tmp_path / f"steps-{rank}").read_text().splitlines()] for rank in (0, 1)}
-    for rank, steps in ran.items():  # global steps 1..60 once each, across both attempts
-        assert [step for _, step in steps] == list(range(1, 61)), (rank, steps)
+    for rank, steps in ran.items():  # global steps 1..80 once each, across both attempts
+        assert [step for _, step in steps] == list(range(1, 81)), (rank, steps)
     saved = max(step for attempt_, step in ran[0] if attempt_ == 0)
-    assert (attempt, first, last) == (1, saved + 1, 60)
+    assert (attempt, first, last) == (1, saved + 1, 80)
     assert (tmp_path / "spot" / "lightning" / f"step-{saved}.ckpt").is_file()
 
 
 def test_a_background_job_decommissioned_twice_resumes_twice_without_using_its_restart(
         standalone_cluster, tmp_path):
-    """Two executors taken one after the other (in attempts 1 and 2) of a background job with
+    """Two workers taken one after the other (in attempts 1 and 2) of a background job with
     ``restarts=1``: preemptions do not count against it; every step still runs once."""
     _spark_with_decommission(standalone_cluster)
     decommissioned = _decommission_rank_1s_worker_once_marked(standalone_cluster, tmp_path,
@@ -170,8 +170,8 @@ def test_a_background_job_decommissioned_twice_resumes_twice_without_using_its_r
     try:
         job = HorovodRunner(np=2, engine="torch", restarts=1,
                             checkpoint_dir=tmp_path / "spot").start(
-            steps_with_checkpoints, steps=80, every=20, step_s=0.05,
-            spot=(10, str(tmp_path), 2))
+            steps_with_checkpoints, steps=140, every=20, step_s=0.05,
+            spot=(10, str(tmp_path), 2))  # 60+ steps after each mark: time for the notice
         resumed = job.wait(240)
     finally:
         _retire(standalone_cluster, decommissioned)
@@ -182,5 +182,5 @@ def test_a_background_job_decommissioned_twice_resumes_twice_without_using_its_r
     ran = {rank: [tuple(map(int, line.split())) for line in
                   (tmp_path / f"steps-{rank}").read_text().splitlines()] for rank in (0, 1)}
     for rank, steps in ran.items():
-        assert [step for _, step in steps] == list(range(80)), (rank, steps)
+        assert [step for _, step in steps] == list(range(140)), (rank, steps)
         assert {attempt for attempt, _ in steps} == {0, 1, 2}
