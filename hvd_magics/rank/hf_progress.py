@@ -19,15 +19,14 @@ where to (``resume_from_checkpoint``), redoing no step.
 """
 from __future__ import annotations
 
-import functools
 import math
 import os
-from typing import Any, Callable
+from typing import Any
 
 from hvd_magics.protocol import RUN_LOG
 from hvd_magics.rank import preemption, progress, rank_events
 from hvd_magics.rank.checkpoint import attempt
-from hvd_magics.rank.import_hooks import after_call, after_import
+from hvd_magics.rank.import_hooks import after_call, after_import, with_kwargs
 
 _TRAINER_MODULE = "transformers.trainer"
 _PATCHED = "_hvd_magics_progress"
@@ -142,28 +141,21 @@ def _add_callback(trainer: Any) -> None:
         trainer.remove_callback(printer)
 
 
-def _resuming(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``Trainer.train`` that, on a later attempt and told nothing of where to resume, resumes
-    from the newest checkpoint in ``output_dir`` (what the attempt before saved), if any."""
-    if getattr(original, _PATCHED, False):
-        return original
+def _resume_from_output_dir(trainer: Any, args: tuple, kwargs: dict[str, Any]
+                            ) -> dict[str, Any]:
+    """On a later attempt, a ``train()`` told nothing of where to resume resumes from the newest
+    checkpoint in ``output_dir`` (what the attempt before saved), if any."""
+    if attempt() and not args and kwargs.get("resume_from_checkpoint") is None:
+        from transformers.trainer_utils import get_last_checkpoint
 
-    @functools.wraps(original)
-    def train(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if attempt() and not args and kwargs.get("resume_from_checkpoint") is None:
-            from transformers.trainer_utils import get_last_checkpoint
-
-            folder = getattr(self.args, "output_dir", None)
-            try:
-                last = get_last_checkpoint(folder) if folder and os.path.isdir(folder) else None
-            except OSError:
-                last = None
-            if last is not None:
-                kwargs["resume_from_checkpoint"] = last
-        return original(self, *args, **kwargs)
-
-    setattr(train, _PATCHED, True)
-    return train
+        folder = getattr(trainer.args, "output_dir", None)
+        try:
+            last = get_last_checkpoint(folder) if folder and os.path.isdir(folder) else None
+        except OSError:
+            last = None
+        if last is not None:
+            return {**kwargs, "resume_from_checkpoint": last}
+    return kwargs
 
 
 def patch_trainer(module: Any) -> None:
@@ -172,7 +164,7 @@ def patch_trainer(module: Any) -> None:
     trainer = getattr(module, "Trainer", None)
     if trainer is not None:
         after_call(trainer, "__init__", _add_callback, _PATCHED)
-        trainer.train = _resuming(trainer.train)
+        with_kwargs(trainer, "train", _resume_from_output_dir, _PATCHED)
 
 
 def install() -> None:

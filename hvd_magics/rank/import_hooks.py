@@ -88,6 +88,22 @@ def before_call(owner: Any, name: str, first: Callable[..., None], mark: str) ->
     setattr(owner, name, patched)
 
 
+def with_kwargs(owner: Any, name: str, adjust: Callable[..., dict[str, Any]], mark: str) -> None:
+    """Make the method ``owner.name`` run with the keyword arguments
+    ``adjust(self, args, kwargs)`` returns (a default filled in), unless a patch marked
+    ``mark`` already did."""
+    original = getattr(owner, name)
+    if getattr(original, mark, False):
+        return
+
+    @functools.wraps(original)
+    def patched(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return original(self, *args, **adjust(self, args, kwargs))
+
+    setattr(patched, mark, True)
+    setattr(owner, name, patched)
+
+
 def refusing(message: Callable[..., str | None], error: type[Exception]) -> Callable[..., None]:
     """A check that raises ``error(text)`` when ``message(...)`` gives a text (a refusal), and
     lets the call go on when it gives ``None``."""

@@ -17,15 +17,14 @@ it, under a temporary name renamed into place) in the job's checkpoint folder,
 """
 from __future__ import annotations
 
-import functools
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hvd_magics.rank import preemption, progress
 from hvd_magics.rank.checkpoint import attempt, shared_folder
-from hvd_magics.rank.import_hooks import after_call, after_import
+from hvd_magics.rank.import_hooks import after_call, after_import, with_kwargs
 
 _TRAINER_MODULES = ("pytorch_lightning.trainer.trainer", "lightning.pytorch.trainer.trainer")
 _PATCHED = "_hvd_magics_progress"
@@ -62,22 +61,14 @@ def _newest_saved() -> str | None:
     return str(found[-1]) if found else None
 
 
-def _resuming(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``Trainer.fit`` that, on a later attempt and told no ``ckpt_path``, resumes from the
-    newest checkpoint saved on a notice, if any."""
-    if getattr(original, _PATCHED, False):
-        return original
-
-    @functools.wraps(original)
-    def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if attempt() and len(args) < 5 and kwargs.get("ckpt_path") is None:
-            saved = _newest_saved()
-            if saved is not None:
-                kwargs["ckpt_path"] = saved
-        return original(self, *args, **kwargs)
-
-    setattr(fit, _PATCHED, True)
-    return fit
+def _resume_saved(trainer: Any, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:  # noqa: ARG001
+    """On a later attempt, a ``fit`` told no ``ckpt_path`` resumes from the newest checkpoint
+    saved on a notice, if any."""
+    if attempt() and len(args) < 5 and kwargs.get("ckpt_path") is None:
+        saved = _newest_saved()
+        if saved is not None:
+            return {**kwargs, "ckpt_path": saved}
+    return kwargs
 
 
 def _loss(outputs: Any) -> Any:
@@ -160,7 +151,7 @@ def patch_trainer(module: Any) -> None:
             bar.disable()
 
     after_call(trainer, "__init__", add_callback, _PATCHED)
-    trainer.fit = _resuming(trainer.fit)
+    with_kwargs(trainer, "fit", _resume_saved, _PATCHED)
 
 
 def install() -> None:
