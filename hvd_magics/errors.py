@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 
 from hvd_magics.rank_names import rank_named
 
+#: The command that builds Horovod for the environment it runs in (:mod:`hvd_magics.horovod`).
+HOROVOD_BUILD_COMMAND = "python -m hvd_magics.horovod build"
 #: How many failed ranks an error shows in full (the rest are only named).
 MAX_RANKS_SHOWN = 4
 #: How many of a failed rank's last output lines an error shows.

@@ -14,19 +14,20 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 
-def execute(path: Path, output: Path, timeout: int = 600,
-            cwd: Path | None = None) -> nbformat.NotebookNode:
-    """Run every cell of ``path`` in a fresh ``python3`` kernel, in the folder ``cwd`` (the
-    notebook's own by default; the tests give one of theirs, so that what a notebook writes in
-    its working folder stays out of the repository); write the result to ``output``.
+def execute(path: Path, output: Path, timeout: int = 600, cwd: Path | None = None,
+            kernel: str = "python3", allow_errors: bool = False) -> nbformat.NotebookNode:
+    """Run every cell of ``path`` in a fresh kernel (``python3``, or the kernel spec named
+    ``kernel``), in the folder ``cwd`` (the notebook's own by default; the tests give one of
+    theirs, so that what a notebook writes in its working folder stays out of the repository);
+    write the result to ``output``. The first failing cell raises, unless ``allow_errors``.
 
     The kernel process's own stdout and stderr (TensorFlow's start-up lines when a cell imports
     it, Jupyter's warnings) go to ``<output>.kernel.log``: the notebook holds what cells show.
     """
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+    client = NotebookClient(nb, timeout=timeout, kernel_name=kernel,
                             resources={"metadata": {"path": str(cwd or path.parent)}},
-                            store_widget_state=True)
+                            store_widget_state=True, allow_errors=allow_errors)
     output.parent.mkdir(parents=True, exist_ok=True)
     try:
         with open(kernel_log(output), "wb") as log:

@@ -11,7 +11,6 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${HVD_MAGICS_VENV:-$ROOT/.venv}
 CACHE=${HVD_MAGICS_CACHE:-$HOME/.cache/hvd_magics}
 PY=${PYTHON:-python3}
-HOROVOD_VERSION=0.28.1
 
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -52,7 +51,7 @@ check_compiler() {
 }
 
 stamp_key() {
-  cat "$ROOT/constraints.txt" "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" "$ROOT/scripts/patch_horovod.py" \
+  cat "$ROOT/constraints.txt" "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" "$ROOT"/hvd_magics/horovod/*.py \
     | sha256sum | cut -c1-16
 }
 
@@ -86,44 +85,13 @@ install_project() {
   pip_logged project install -c "$ROOT/constraints.txt" -e "$ROOT[dev]"
 }
 
-horovod_wheel_key() {
-  { cat "$ROOT/scripts/patch_horovod.py"
-    "$VENV/bin/python" -c 'import sys, tensorflow as tf, torch; print(sys.version, tf.__version__, torch.__version__)' 2>/dev/null
-    echo "$HOROVOD_VERSION"; } | sha256sum | cut -c1-16
-}
-
+# Our patched Horovod, built (or taken from the cache) by the command the package ships, the same
+# one users run in their own environments (hvd_magics/horovod/build.py).
 build_horovod() {
-  local key wheel_dir log src
-  key=$(horovod_wheel_key)
-  # Installed from this very key (patches, Python and framework versions): nothing to do.
-  if [ -f "$VENV/.horovod-$key" ] && "$VENV/bin/python" -c 'import horovod.torch, horovod.tensorflow as h; assert h.gloo_built()' 2>/dev/null; then
-    return
+  if ! PYTHONPATH="$ROOT" HVD_MAGICS_CACHE="$CACHE" "$VENV/bin/python" -m hvd_magics.horovod build \
+      2>&1 | sed -u 's/^/[setup] /'; then
+    die "the Horovod build failed; see the lines above (logs in $CACHE/logs)"
   fi
-  wheel_dir="$CACHE/wheels/$key"
-  if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
-    mkdir -p "$CACHE/logs" "$wheel_dir"
-    log="$CACHE/logs/horovod-build-$key.log"
-    src=$(mktemp -d)
-    say "building Horovod $HOROVOD_VERSION from source (about 15 minutes on 2 cores, once); log: $log"
-    pip_logged horovod-sdist download --no-binary :all: --no-deps "horovod==$HOROVOD_VERSION" -d "$src"
-    tar -xzf "$src"/horovod-$HOROVOD_VERSION.tar.gz -C "$src"
-    "$VENV/bin/python" "$ROOT/scripts/patch_horovod.py" "$src/horovod-$HOROVOD_VERSION"
-    if ! ( cd "$src/horovod-$HOROVOD_VERSION" && PATH="$VENV/bin:$PATH" \
-        HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_MXNET=1 \
-        HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_PYTORCH=1 MAKEFLAGS="-j$(nproc)" \
-        "$VENV/bin/python" -m pip wheel -v --no-build-isolation --no-deps -w "$wheel_dir" . ) >"$log" 2>&1; then
-      tail -n 30 "$log" >&2
-      die "the Horovod build failed; the last lines are above, the full log is $log"
-    fi
-    rm -rf "$src"
-  else
-    say "installing the cached Horovod wheel from $wheel_dir"
-  fi
-  pip_logged horovod install --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
-  TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c 'import horovod.torch, horovod.tensorflow as h; assert h.gloo_built()' 2>/dev/null \
-    || die "Horovod was installed but does not import with Gloo, TensorFlow and PyTorch support; see $CACHE/logs."
-  rm -f "$VENV"/.horovod-*
-  touch "$VENV/.horovod-$key"
 }
 
 # The browser test drives Debian's Chromium (never a browser that Playwright downloads).

@@ -33,7 +33,7 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 TIERS = {"unit": "fast", "driver": "driver", "spark_local": "spark_local",
          "spark_connect": "spark_connect", "spark_cluster": "spark_cluster",
          "spark_elastic": "spark_elastic", "notebooks": "notebook", "browser": "browser",
-         "mlflow_tracking": "mlflow", "spark_hosts": "spark_hosts"}
+         "mlflow_tracking": "mlflow", "spark_hosts": "spark_hosts", "wheel": "wheel"}
 
 
 def _tier_of(path: str) -> str:

@@ -21,6 +21,7 @@ from hvd_magics.errors import (DataRefused, HorovodJobError, JobInterrupted, Job
 from hvd_magics.job.job_state import (LOST, STALL_AFTER_S, STALL_REQUEST, WAITING, JobState,
                                       JobView)
 from hvd_magics.job.background import BackgroundJob
+from hvd_magics.job.failure_hints import hint_for
 from hvd_magics.job.link_probe import COMM_BOUND_SHARE, LinkProbe
 from hvd_magics.job.link_probe import verdict as link_verdict
 from hvd_magics.job.preemption import CHECK_EVERY_S, notice_text
@@ -81,16 +82,6 @@ ELASTIC_RUN_HINT = (
     "@hvd.elastic.run (taking a hvd.elastic State that the loop commits with state.commit()); "
     "outside one, Horovod shuts down on every rank. Fix: put the training loop in such a "
     "function (Horovod's elastic examples show the pattern)")
-
-#: Said when the first failure is a rank picking a GPU it cannot see, or NCCL finding two ranks
-#: on one GPU (seen on an H200 with np=-2: docs/gpu-nodes.md).
-GPU_SHARING_MARKERS = ("invalid device ordinal", "Duplicate GPU detected")
-GPU_SHARING_HINT = (
-    "\nA host with fewer GPUs than ranks shares them: each rank then sees only the GPU it "
-    "shares (as cuda:0), so torch.cuda.set_device(LOCAL_RANK) names a device it cannot see, "
-    "and NCCL refuses two ranks on one GPU. Fix: at most one rank per GPU (np=-1 on a driver "
-    "with one GPU; on Spark, as many task GPUs as ranks), or the gloo backend where ranks must "
-    "share a GPU.")
 
 #: ``decode(parts) -> (value, returned)``: what a job's record holds as its ``value`` and its
 #: ``returned`` variables, from rank 0's encoded parts (:mod:`hvd_magics.result_codec`).
@@ -896,11 +887,9 @@ def _watch(job: JobState, backend: Backend, events: queue.Queue, start_timeout: 
     first = failures[0]
     lead = f"{job.lost_host[0].upper()}{job.lost_host[1:]}; the job was stopped. " \
         if job.lost_host else ""
-    hint = GPU_SHARING_HINT if any(
-        marker in f"{first.message} {first.traceback}" for marker in GPU_SHARING_MARKERS) else ""
     raise HorovodJobError(
         f"{lead}{_uneven_note(job, first)}{len(failures)} of {job.size} ranks failed; the first "
-        f"was {first.headline()}{hint}", failures, str(job.log_path))
+        f"was {first.headline()}{hint_for(first)}", failures, str(job.log_path))
 
 
 def _uneven_note(job: JobState, first: RankFailure) -> str:

@@ -96,6 +96,8 @@ MAY_IMPORT = {
     "launch": {"launch", "task", "rank", "shared"},
     "task": {"task", "rank", "shared"},
     "rank": {"rank", "shared"},
+    # run from a shell before any job: building Horovod for the environment (python -m ...)
+    "horovod": {"horovod", "shared"},
     "shared": {"shared"},
 }
 

@@ -1,7 +1,9 @@
-"""Apply the small changes Horovod 0.28.1 needs to build against TF 2.21 and PyTorch 2.13.
+"""The small changes Horovod 0.28.1 needs to build against today's TensorFlow and PyTorch, and
+the fixes hvd_magics relies on (:func:`apply` makes them in an unpacked source tree;
+:mod:`hvd_magics.horovod.build` builds the result).
 
-Run inside an unpacked ``horovod-0.28.1`` source tree. Each change is an exact text replacement;
-if the text is not found (another Horovod version), the script stops and says which file.
+Each change is an exact text replacement; if the text is not found (another Horovod version),
+:func:`apply` stops and says which file.
 
 1. ``horovod/torch/CMakeLists.txt`` forces C++14, but PyTorch 2.x headers need C++17.
 2. With the torch target at C++17, linking it against Horovod's C++14 ``libgloo.a`` fails
@@ -59,7 +61,7 @@ if the text is not found (another Horovod version), the script stops and says wh
 """
 from __future__ import annotations
 
-import sys
+import hashlib
 from pathlib import Path
 
 CHANGES = [
@@ -271,17 +273,42 @@ CHANGES += [
 ]
 
 
-def main(tree: Path) -> None:
+class PatchError(RuntimeError):
+    """A change's text is not in the source tree (another Horovod version than 0.28.1)."""
+
+
+def apply(tree: Path) -> list[str]:
+    """Make every change of :data:`CHANGES` in the Horovod source tree ``tree``.
+
+    Parameters
+    ----------
+    tree : Path
+        An unpacked ``horovod-0.28.1`` source tree.
+
+    Returns
+    -------
+    list of str
+        The files changed (a change already made is left as it is).
+
+    Raises
+    ------
+    PatchError
+        When a change's text is not found exactly once.
+    """
+    changed = []
     for rel, old, new in CHANGES:
         path = tree / rel
         text = path.read_text()
         if new in text:
             continue  # already applied
         if text.count(old) != 1:
-            sys.exit(f"patch_horovod: expected text not found once in {path}: {old!r}")
+            raise PatchError(f"expected text not found once in {path}: {old!r}; these changes "
+                             "are for Horovod 0.28.1's source")
         path.write_text(text.replace(old, new))
-        print(f"patch_horovod: patched {rel}")
+        changed.append(rel)
+    return changed
 
 
-if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "."))
+def fingerprint() -> str:
+    """What the changes are, in 16 hex digits (part of a build's cache key)."""
+    return hashlib.sha256(repr(CHANGES).encode()).hexdigest()[:16]
