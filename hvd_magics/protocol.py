@@ -372,6 +372,20 @@ ZYGOTE_LATE_ENV = (ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_TF_CONFIG, ENV_TORCH_RA
 SOURCE_COLUMN, KEY_COLUMN, ROW_COLUMN = "__source", "__key", "__s{}"
 
 
+# -- building Horovod (hvd_magics.horovod.build) ----------------------------------------------------
+#: Where built Horovod wheels and their logs are kept (default ``~/.cache/hvd_magics``).
+ENV_CACHE = "HVD_MAGICS_CACHE"
+#: Where CUDA is, when ``nvcc`` is not on the PATH.
+CUDA_HOME_VARIABLES = ("CUDA_HOME", "CUDA_PATH")
+#: Horovod's build switches: which collectives libraries and frameworks it builds with.
+HOROVOD_BUILD_ALWAYS = {"HOROVOD_WITH_GLOO": "1", "HOROVOD_WITHOUT_MPI": "1",
+                        "HOROVOD_WITHOUT_MXNET": "1"}
+#: Per framework: the switch that builds Horovod with it, and the one that builds without.
+HOROVOD_BUILD_FRAMEWORK = {"tensorflow": ("HOROVOD_WITH_TENSORFLOW", "HOROVOD_WITHOUT_TENSORFLOW"),
+                           "torch": ("HOROVOD_WITH_PYTORCH", "HOROVOD_WITHOUT_PYTORCH")}
+ENV_GPU_OPERATIONS = "HOROVOD_GPU_OPERATIONS"
+
+
 # -- what a supervisor writes to its rank's stdin -----------------------------------------------
 def encode_job(payload: bytes, late_env: dict[str, str]) -> bytes:
     """One frame of a rank's stdin: 4 bytes (big-endian) giving the length of a JSON object of

@@ -14,6 +14,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Callable
 
 from hvd_magics.horovod import patches
+from hvd_magics.protocol import (CUDA_HOME_VARIABLES, ENV_CACHE, ENV_GPU_OPERATIONS,
+                                 ENV_TF_LOG_LEVEL, HOROVOD_BUILD_ALWAYS, HOROVOD_BUILD_FRAMEWORK)
 
 HOROVOD_VERSION = "0.28.1"
 #: The file an install of ours leaves in the horovod package: what it was built for.
@@ -90,7 +93,7 @@ def wants_gpu(choice: str) -> str:
         return ""
     if choice == "gpu":
         return "NCCL"
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or ""
+    home = next((os.environ[name] for name in CUDA_HOME_VARIABLES if os.environ.get(name)), "")
     nvcc = shutil.which("nvcc") or (home and shutil.which("nvcc", path=os.path.join(home, "bin")))
     if not nvcc or importlib.util.find_spec("torch") is None:
         return ""
@@ -158,7 +161,7 @@ def missing_tools() -> list[str]:
 def cache_root() -> Path:
     """Where built wheels and build logs are kept: ``$HVD_MAGICS_CACHE`` or
     ``~/.cache/hvd_magics``."""
-    return Path(os.environ.get("HVD_MAGICS_CACHE") or Path.home() / ".cache" / "hvd_magics")
+    return Path(os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "hvd_magics")
 
 
 def build(gpu: str = "auto", cache: Path | None = None, sdist: Path | None = None,
@@ -236,15 +239,13 @@ def _build_wheel(wanted: Target, wheels: Path, log: Path, sdist: Path | None,
 
 
 def _build_env(wanted: Target) -> dict[str, str]:
-    env = {**os.environ,
+    env = {**os.environ, **HOROVOD_BUILD_ALWAYS,
            "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
-           "HOROVOD_WITH_GLOO": "1", "HOROVOD_WITHOUT_MPI": "1", "HOROVOD_WITHOUT_MXNET": "1",
            "MAKEFLAGS": f"-j{os.cpu_count() or 1}"}
-    for framework, flag in (("tensorflow", "TENSORFLOW"), ("torch", "PYTORCH")):
-        env[f"HOROVOD_WITH_{flag}" if framework in wanted.frameworks
-            else f"HOROVOD_WITHOUT_{flag}"] = "1"
+    for framework, (with_it, without_it) in HOROVOD_BUILD_FRAMEWORK.items():
+        env[with_it if framework in wanted.frameworks else without_it] = "1"
     if wanted.gpu_operations:
-        env["HOROVOD_GPU_OPERATIONS"] = wanted.gpu_operations
+        env[ENV_GPU_OPERATIONS] = wanted.gpu_operations
     return env
 
 
@@ -255,8 +256,19 @@ def _pip(args: list[str], log: Path, what: str, cwd: Path | None = None,
         done = subprocess.run([sys.executable, "-m", "pip", *args], stdout=out,
                               stderr=subprocess.STDOUT, cwd=cwd, env=env)
     if done.returncode:
-        tail = log.read_text(errors="replace").splitlines()[-25:]
-        raise BuildError(f"Could not {what}; the last lines of {log}:\n  " + "\n  ".join(tail))
+        raise BuildError(f"Could not {what}. What went wrong, from {log}:\n  "
+                         + "\n  ".join(failure_lines(log.read_text(errors="replace"))))
+
+
+#: A compiler's, linker's or make's line that says what failed (pip's own wrapping says nothing).
+FAILURE_LINE = re.compile(r"error:|multiple definition|undefined reference|\*\*\* |^\s*ERROR")
+
+
+def failure_lines(text: str, most: int = 12) -> list[str]:
+    """The lines of a build log that say what failed (the first ``most``), or its last lines."""
+    found = [line.strip()[:300] for line in text.splitlines()
+             if FAILURE_LINE.search(line) and "subprocess-exited-with-error" not in line]
+    return found[:most] or [line[:300] for line in text.splitlines()[-most:]]
 
 
 def check(wanted: Target) -> None:
@@ -271,7 +283,7 @@ def check(wanted: Target) -> None:
     code = "; ".join(f"import {modules[f]} as m{i}; assert m{i}.gloo_built(), '{f}: no Gloo'"
                      for i, f in enumerate(sorted(wanted.frameworks)))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                          env={**os.environ, ENV_TF_LOG_LEVEL: "3"})
     if done.returncode:
         raise BuildError("Horovod was installed but does not import with "
                          f"{', '.join(sorted(wanted.frameworks))}:\n"

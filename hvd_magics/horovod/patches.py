@@ -58,6 +58,10 @@ Each change is an exact text replacement; if the text is not found (another Horo
    contexts, made with the interface, were right. ``HOROVOD_GLOO_IFACE`` (which hvd_magics sets
    to the interface of the executor's address) did not help. A process set's device now uses the
    interface of the global context it is made from.
+10. ``CMakeLists.txt`` builds the C++17 Gloo (``compatible17_gloo``) only for a C++17
+    TensorFlow, so a build with PyTorch alone (no TensorFlow in the environment) linked the C++17
+    torch target against the C++14 Gloo and failed as in change 2. The C++17 Gloo is now built
+    for the torch target too, with the C++11 ABI when PyTorch has it.
 """
 from __future__ import annotations
 
@@ -66,6 +70,21 @@ from pathlib import Path
 
 CHANGES = [
     (
+        "CMakeLists.txt",
+        "# Gloo for c++17 TF\n"
+        "if(HAVE_GLOO AND (DEFINED Tensorflow_CXX17 AND Tensorflow_CXX17))",
+        "# Gloo for c++17 TF, and for the C++17 torch target (hvd_magics)\n"
+        "if(HAVE_GLOO AND ((DEFINED Tensorflow_CXX17 AND Tensorflow_CXX17)\n"
+        "                  OR (DEFINED Pytorch_CXX11 AND Pytorch_CXX11)))",
+    ),
+    (
+        "CMakeLists.txt",
+        "    if (Tensorflow_CXX11)\n"
+        "        target_compile_definitions(compatible17_gloo PRIVATE _GLIBCXX_USE_CXX11_ABI=1)",
+        "    if (Tensorflow_CXX11 OR (NOT DEFINED Tensorflow_CXX11 AND Pytorch_CXX11))\n"
+        "        target_compile_definitions(compatible17_gloo PRIVATE _GLIBCXX_USE_CXX11_ABI=1)",
+    ),
+    (
         "horovod/torch/CMakeLists.txt",
         "set(CMAKE_CXX_STANDARD 14)",
         "set(CMAKE_CXX_STANDARD 17)  # hvd_magics: PyTorch 2.x needs C++17",
@@ -73,7 +92,8 @@ CHANGES = [
     (
         "horovod/torch/CMakeLists.txt",
         "    if (Pytorch_CXX11)\n        list(APPEND PYTORCH_LINKER_LIBS gloo)",
-        "    if (Pytorch_CXX11 AND Tensorflow_CXX11 AND Tensorflow_CXX17)\n"
+        "    if (Pytorch_CXX11 AND ((Tensorflow_CXX11 AND Tensorflow_CXX17)\n"
+        "                           OR NOT DEFINED Tensorflow_CXX11))\n"
         "        # hvd_magics: the C++17 torch target must link the C++17 Gloo\n"
         "        list(APPEND PYTORCH_LINKER_LIBS compatible17_gloo)\n"
         "    elseif (Pytorch_CXX11)\n        list(APPEND PYTORCH_LINKER_LIBS gloo)",
