@@ -604,21 +604,35 @@ def _lightning_linear(**log):
     return Linear()
 
 
-def lightning_fit(devices, num_nodes, strategy: str = "ddp"):
+def lightning_fit(devices=None, num_nodes=None, strategy=None):
     """Two epochs of a Lightning ``Trainer`` on a linear model (CPU, quiet); returns this rank's
-    global rank and world size as Lightning saw them, and the job's rank."""
+    global rank and world size as Lightning saw them, and the job's rank. An argument left
+    ``None`` is left out of ``Trainer(...)``, as a user who writes no layout leaves it."""
     import os
 
     import pytorch_lightning as pl
     import torch
 
+    layout = {name: value for name, value in (("devices", devices), ("num_nodes", num_nodes),
+                                              ("strategy", strategy)) if value is not None}
     data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
-    trainer = pl.Trainer(devices=devices, num_nodes=num_nodes, strategy=strategy,
-                         accelerator="cpu", max_epochs=2, enable_progress_bar=False,
+    trainer = pl.Trainer(**layout, accelerator="cpu", max_epochs=2, enable_progress_bar=False,
                          enable_model_summary=False, logger=False, enable_checkpointing=False)
     trainer.fit(_lightning_linear(on_step=False, on_epoch=True),
                 torch.utils.data.DataLoader(data, batch_size=8))
     return trainer.global_rank, trainer.world_size, int(os.environ["RANK"])
+
+
+def fabric_sum():
+    """A Lightning ``Fabric()`` as its docs write it, no layout given: this rank's global rank
+    and world size as Fabric saw them, and the sum of every rank's rank + 1 over its collective."""
+    import torch
+    from lightning_fabric import Fabric
+
+    fabric = Fabric(accelerator="cpu")
+    fabric.launch()
+    total = fabric.all_reduce(torch.tensor(float(fabric.global_rank + 1)), reduce_op="sum")
+    return fabric.global_rank, fabric.world_size, float(total)
 
 
 def lightning_spot(folder: str, steps: int = 60, mark_at: int = 10):

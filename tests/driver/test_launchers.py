@@ -10,16 +10,26 @@ from tests import engine_jobs
 
 def test_a_lightning_trainer_that_fits_the_job_trains_one_that_does_not_is_refused():
     runner = HorovodRunner(np=-2, engine="torch", timeout=120)
-    assert runner.run(engine_jobs.lightning_fit, devices=2, num_nodes=1) == (0, 2, 0)
+    assert runner.run(engine_jobs.lightning_fit, devices=2, num_nodes=1,
+                      strategy="ddp") == (0, 2, 0)
+    # no layout written (devices="auto" is 1 on a CPU): it takes the job's shape by itself
+    assert runner.run(engine_jobs.lightning_fit) == (0, 2, 0)
     # two ranks on one host: devices=1, num_nodes=2 failed deep in Lightning (IndexError)
     with pytest.raises(HorovodJobError, match=r"LaunchMismatchError: Lightning's Trainer\(devices"
                        r"=1, num_nodes=2\) plans 2 processes, 1 per node, and the job runs 2 "
-                       r"ranks as 1 node of 2\. Fix: Trainer\(devices=2, num_nodes=1, "
-                       r"strategy='ddp'\)"):
+                       r"ranks as 1 node of 2\. Fix: leave devices and num_nodes out of "
+                       r"Trainer\(\.\.\.\) \(they then take the job's shape\), or write "
+                       r"Trainer\(devices=2, num_nodes=1, strategy='ddp'\)"):
         runner.run(engine_jobs.lightning_fit, devices=1, num_nodes=2)
     with pytest.raises(HorovodJobError, match=r"Lightning's strategy starts its processes itself "
-                                              r"\(spawn\).*Fix: Trainer\(devices=2"):
+                                              r"\(spawn\).*Trainer\(devices=2"):
         runner.run(engine_jobs.lightning_fit, devices=2, num_nodes=1, strategy="ddp_spawn")
+
+
+def test_a_fabric_without_a_layout_takes_the_jobs_shape():
+    """``Fabric(accelerator="cpu")`` planned 1 process (devices="auto") on each rank."""
+    assert HorovodRunner(np=-2, engine="torch", timeout=120).run(engine_jobs.fabric_sum) == (
+        0, 2, 3.0)
 
 
 def test_accelerates_notebook_launcher_in_a_cell_is_refused():
