@@ -25,6 +25,7 @@ _PUBLIC = {
     "HorovodRunner": "hvd_magics.job.runner",
     "HorovodPool": "hvd_magics.job.pool",
     "TorchDistributor": "hvd_magics.job.torch_distributor",
+    "distributed": "hvd_magics.job.distributed",
     "BackgroundJob": "hvd_magics.job.background",
     "jobs": "hvd_magics.job.background",
     "rank_namespace": "hvd_magics.rank.cell_runner",

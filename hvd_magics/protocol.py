@@ -77,7 +77,8 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
     EventKind(STARTED, "rank", ("pid",), "the rank process runs (its pid is its process group)"),
     EventKind(ERROR, "rank", ("error", "message", "traceback"), "the job's function raised"),
     EventKind(RESULT, "rank", ("parts",),
-              "the function returned; rank 0's value parts (hvd_magics.result_codec), else None"),
+              "the function returned; rank 0's value parts (hvd_magics.result_codec), every "
+              "rank's when the job asked for them (HVD_MAGICS_EVERY_RESULT), else None"),
     EventKind(LEAVING, "rank", ("steps",),
               "the job's function returned; the rank now leaves its engine with the others (a "
               "peer still in a collective then waits for one this rank will never enter); "
@@ -238,6 +239,8 @@ ENV_HOST_SILENT = "HVD_MAGICS_HOST_SILENT_S"
 ENV_MAX_PREEMPTIONS = "HVD_MAGICS_MAX_PREEMPTIONS"
 #: Raises the size limit (MB) of the values a job sends back to the notebook.
 ENV_MAX_RESULT_MB = "HVD_MAGICS_MAX_RESULT_MB"
+#: ``"1"``: every rank sends its value back, not only rank 0 (``@distributed``'s list of them).
+ENV_EVERY_RESULT = "HVD_MAGICS_EVERY_RESULT"
 #: Set to ``1`` by default: ``tf.keras`` is Keras 2 (tf_keras), which Horovod's Keras API needs.
 ENV_LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
 #: The threads of a rank's OpenMP pool (PyTorch's intra-op threads, NumPy's BLAS): its share of

@@ -188,6 +188,9 @@ class JobState:
         self._log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in end()
         #: What rank 0 sent back (see :mod:`hvd_magics.result_codec`).
         self.result_parts: dict[str, dict[str, Any]] = {}
+        #: Each rank's value parts, of the ranks that sent theirs (every rank, for a job that
+        #: asked for every rank's value; else rank 0).
+        self.rank_parts: dict[int, dict[str, dict[str, Any]]] = {}
         self.started_at = time.monotonic()
         self.timer = EpochTimer(self.started_at)
         #: What the charts draw (loss and metrics, samples/s per rank).
@@ -366,8 +369,11 @@ class JobState:
 
     def _on_result(self, state: RankState, event: dict[str, Any]) -> None:
         state.has_result = True
-        if (state.rank == 0 and not self.elastic) or event.get("parts") is not None:
-            self.result_parts = event.get("parts") or {}
+        parts = event.get("parts")
+        if parts is not None:
+            self.rank_parts[state.rank] = parts
+        if (state.rank == 0 and not self.elastic) or (self.elastic and parts is not None):
+            self.result_parts = parts or {}
 
     def _on_timeline_local(self, state: RankState, event: dict[str, Any]) -> None:
         if state.rank == 0:  # every rank is given a path; only rank 0 (the coordinator) writes

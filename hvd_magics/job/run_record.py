@@ -32,6 +32,8 @@ class RunRecord:
         What ``main`` (or the cell) returned on rank 0.
     returned : dict
         Variables copied back into the notebook by ``%%horovod --return``.
+    values : list or None
+        Every rank's value, in rank order, for a job that asked for them (``@distributed``).
     epochs : list of dict
         Epoch timing rows (filled when ranks report epochs).
     log_path : str
@@ -92,6 +94,7 @@ class RunRecord:
     pids: dict[int, int] = field(default_factory=dict)
     value: Any = None
     returned: dict[str, Any] = field(default_factory=dict)
+    values: list[Any] | None = None
     epochs: list[dict[str, Any]] = field(default_factory=list)
     log_path: str = ""
     timeline_path: str | None = None

@@ -33,8 +33,9 @@ from hvd_magics.job.mlflow_run import MlflowSettings, MlflowTracker, requested
 from hvd_magics.launch.dataframe_input import check_columns, common_session
 from hvd_magics.task.engines import engine_of
 from hvd_magics.launch.payload import JobPayload, leading_imports, serialize_job
-from hvd_magics.protocol import (ENGINE_HOROVOD, ENV_ENGINE, ENV_HOST_SILENT, ENV_PREIMPORT,
-                                 ENV_STALL_CHECK, ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE)
+from hvd_magics.protocol import (ENGINE_HOROVOD, ENV_ENGINE, ENV_EVERY_RESULT, ENV_HOST_SILENT,
+                                 ENV_PREIMPORT, ENV_STALL_CHECK, ENV_TIMELINE_MARK_CYCLES,
+                                 ENV_WANT_TIMELINE)
 from hvd_magics.notices import say
 from hvd_magics.rank_names import rank_named, ranks_named
 from hvd_magics.result_codec import VALUE, ResultDecodeError, decode_strict
@@ -506,6 +507,9 @@ def launch(request: LaunchRequest) -> RunRecord:
         clean = True
         try:
             record.value, record.returned = request.decode(job.result_parts)
+            if request.env.get(ENV_EVERY_RESULT) == "1":
+                record.values = [request.decode(job.rank_parts.get(rank, {}))[0]
+                                 for rank in range(job.size)]
         except ResultDecodeError as exc:
             raise HorovodJobError(str(exc), log_path=str(log_path)) from None
     except KeyboardInterrupt:

@@ -11,6 +11,7 @@ import inspect
 import os
 from typing import Any, Callable
 
+from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.runner import HorovodRunner, source_of
 from hvd_magics.launch.payload import function_references, serialize_job
 from hvd_magics.launch.spark_session import active_session
@@ -122,6 +123,11 @@ class TorchDistributor:
         object or None
             What the function returned on rank 0; ``None`` for a file.
         """
+        return self.run_record(train_object, *args, **kwargs).value
+
+    def run_record(self, train_object: Callable[..., Any] | str | os.PathLike, *args: Any,
+                   **kwargs: Any) -> RunRecord:
+        """Run ``train_object`` as :meth:`run` does; return the job's :class:`RunRecord`."""
         self._check_gpus()
         runner = self._runner()
         if isinstance(train_object, (str, os.PathLike)):
@@ -133,8 +139,9 @@ class TorchDistributor:
             if self.local_mode and not os.path.isfile(path):
                 raise FileNotFoundError(f"no Python file at {train_object!r} on the driver")
             payload = serialize_job(run_script, {"path": path, "argv": [str(a) for a in args]})
-            runner.run_payload(payload, source=_file_source(path))
-            return None
+            record = runner.run_payload(payload, source=_file_source(path))
+            record.value = None
+            return record
         if not callable(train_object):
             raise TypeError("train_object must be a function or the path of a Python file, got "
                             f"{type(train_object).__name__}")
@@ -148,7 +155,7 @@ class TorchDistributor:
             names={**references, **{f"args[{i}]": a for i, a in enumerate(args)}, **kwargs},
             labels={**arguments, **{f"variable {k!r} used by {name}()": v
                                     for k, v in references.items()}})
-        return runner.run_payload(payload, source=source_of(train_object)).value
+        return runner.run_payload(payload, source=source_of(train_object))
 
 
 def _file_source(path: str) -> str | None:

@@ -28,9 +28,9 @@ import warnings
 from typing import Any
 
 from hvd_magics.errors import exception_text
-from hvd_magics.protocol import (ENV_CONTROL_FD, ENV_HOROVOD_RANK, ENV_PREIMPORT, ENV_RANK,
-                                 ENV_RANK_TMPDIR, ERROR, IMPORTED, LEAVING, RESULT, STARTED,
-                                 ZYGOTE_MODULES, decode_job)
+from hvd_magics.protocol import (ENV_CONTROL_FD, ENV_EVERY_RESULT, ENV_HOROVOD_RANK,
+                                 ENV_PREIMPORT, ENV_RANK, ENV_RANK_TMPDIR, ERROR, IMPORTED,
+                                 LEAVING, RESULT, STARTED, ZYGOTE_MODULES, decode_job)
 from hvd_magics.rank import rank_events
 from hvd_magics.rank.leave_together import end_engine
 from hvd_magics.rank.process_group import die_with_parent, killpg
@@ -109,7 +109,7 @@ def _preimport(names: str) -> None:
 
 def run_job(payload: bytes) -> tuple[Any, BaseException | None, int]:
     """Run one shipped ``(main, kwargs)``: ``(parts, None, 0)`` with rank 0's encoded value
-    (``None`` on other ranks), or ``(None, exception, exit code)`` when it failed.
+    (``None`` on other ranks, unless the job asked for every rank's), or ``(None, exception, exit code)`` when it failed.
     ``sys.exit(0)`` is a successful end."""
     import cloudpickle
 
@@ -133,7 +133,8 @@ def run_job(payload: bytes) -> tuple[Any, BaseException | None, int]:
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver
         return None, exc, 1
     try:
-        return (encode_parts(value) if final_rank() == 0 else None), None, 0
+        every = os.environ.get(ENV_EVERY_RESULT) == "1"
+        return (encode_parts(value) if every or final_rank() == 0 else None), None, 0
     except BaseException as exc:  # noqa: BLE001
         return None, exc, 1
 

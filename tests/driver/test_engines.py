@@ -290,3 +290,28 @@ def test_keras_3_fit_on_the_torch_backend_is_refused_where_it_would_train_each_r
             engine_jobs.keras_3_fit)
     assert HorovodRunner(np=-1, engine="torch", env={"KERAS_BACKEND": "torch"}).run(
         engine_jobs.keras_3_fit) == "torch"
+
+
+def test_distributed_on_the_driver_returns_every_ranks_value_and_names_a_failing_rank():
+    """``@distributed`` (AI Runtime's spelling, ``num_accelerators``) with the ranks on the driver;
+    a plain call runs the function here, once; a rank's error names that rank."""
+    from hvd_magics import distributed
+
+    @distributed(num_accelerators=2)
+    def train(fail_on=-1):
+        import os
+        rank = int(os.environ["RANK"]) if "RANK" in os.environ else None
+        if rank == fail_on:
+            raise ValueError(f"rank {rank} could not read its data")
+        return rank, int(os.environ.get("WORLD_SIZE", "1"))
+
+    assert train.distributed() == [(0, 2), (1, 2)]
+    assert train() == (None, 1)  # called as itself: here, once
+    with pytest.raises(HorovodJobError, match=r"the first was rank 1 on .*ValueError: rank 1 "
+                                              r"could not read its data"):
+        train.distributed(fail_on=1)
+    with pytest.raises(ValueError, match=r"@distributed\(\) runs a process per GPU of the "
+                                         r"driver, and it has none. Fix: @distributed\(gpus=N\)"):
+        distributed(lambda: 1).distributed()
+    with pytest.raises(ValueError, match="gpus=2 and num_accelerators=4 disagree"):
+        distributed(gpus=2, num_accelerators=4)

@@ -115,3 +115,29 @@ def test_a_shard_given_to_a_trainer_that_deals_it_out_again_is_refused_with_the_
     assert "Fix: Trainer(use_distributed_sampler=False, ...)" in refusals[1]
     assert rows == 50 and trained == 50  # its shard, every row once
     assert [row["samples"] for row in last_run().epochs] == [100]  # the DataFrame
+
+
+def test_distributed_runs_a_decorated_function_on_spark_tasks_and_returns_every_ranks_value(
+        local_spark, capsys):
+    """Databricks' serverless ``@distributed`` as its docs write it (``remote=True``: the
+    executors), on a CPU cluster: every rank's value comes back, in rank order."""
+    from hvd_magics import distributed
+
+    @distributed(gpus=2, gpu_type="A10", remote=True)
+    def run_train(scale):
+        import os
+
+        import torch
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        total = torch.tensor(float(dist.get_rank() + 1))
+        dist.all_reduce(total)
+        dist.destroy_process_group()
+        return {"rank": dist.get_rank() if dist.is_initialized() else int(os.environ["RANK"]),
+                "sum": float(total) * scale}
+
+    assert run_train.distributed(scale=2) == [{"rank": 0, "sum": 6.0}, {"rank": 1, "sum": 6.0}]
+    assert last_run().where.startswith("spark") and last_run().values == [
+        {"rank": 0, "sum": 6.0}, {"rank": 1, "sum": 6.0}]
+    assert "no GPU where the ranks run: 2 processes on CPU" in capsys.readouterr().err
+    assert run_train.__name__ == "run_train"
