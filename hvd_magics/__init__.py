@@ -26,6 +26,7 @@ _PUBLIC = {
     "HorovodPool": "hvd_magics.job.pool",
     "TorchDistributor": "hvd_magics.job.torch_distributor",
     "distributed": "hvd_magics.job.distributed",
+    "DeepspeedTorchDistributor": "hvd_magics.job.deepspeed_distributor",
     "BackgroundJob": "hvd_magics.job.background",
     "jobs": "hvd_magics.job.background",
     "rank_namespace": "hvd_magics.rank.cell_runner",

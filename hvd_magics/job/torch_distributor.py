@@ -125,6 +125,10 @@ class TorchDistributor:
         """
         return self.run_record(train_object, *args, **kwargs).value
 
+    def _script_job(self, path: str, argv: list[str]) -> tuple[Callable[..., Any], dict]:
+        """What each rank runs for the file ``path`` with the command line ``argv``."""
+        return run_script, {"path": path, "argv": argv}
+
     def run_record(self, train_object: Callable[..., Any] | str | os.PathLike, *args: Any,
                    **kwargs: Any) -> RunRecord:
         """Run ``train_object`` as :meth:`run` does; return the job's :class:`RunRecord`."""
@@ -138,7 +142,7 @@ class TorchDistributor:
                 train_object)
             if self.local_mode and not os.path.isfile(path):
                 raise FileNotFoundError(f"no Python file at {train_object!r} on the driver")
-            payload = serialize_job(run_script, {"path": path, "argv": [str(a) for a in args]})
+            payload = serialize_job(*self._script_job(path, [str(a) for a in args]))
             record = runner.run_payload(payload, source=_file_source(path))
             record.value = None
             return record

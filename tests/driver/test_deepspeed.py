@@ -1,0 +1,70 @@
+"""pyspark's ``DeepspeedTorchDistributor`` drop-in with real DeepSpeed (0.19, its CPU accelerator
+and the gloo backend: no GPU here) on two driver ranks: pyspark's docstring example with a
+training function filled in, and a file run with ``--deepspeed --deepspeed_config``."""
+import json
+import textwrap
+
+import pytest
+
+from hvd_magics import DeepspeedTorchDistributor, last_run
+
+
+def test_the_drop_in_runs_pysparks_docstring_example_with_a_deepspeed_function():
+    def train(learning_rate):
+        import deepspeed
+        import torch
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=torch.optim.SGD(model.parameters(), lr=learning_rate),
+            config={"train_micro_batch_size_per_gpu": 8})
+        torch.manual_seed(1 + engine.global_rank)  # each rank its own data
+        for _ in range(5):
+            loss = engine(torch.randn(8, 4)).pow(2).mean()
+            engine.backward(loss)
+            engine.step()
+        weights = [p.detach().clone() for p in engine.module.parameters()]
+        gathered = [torch.zeros_like(weights[0]) for _ in range(engine.world_size)]
+        torch.distributed.all_gather(gathered, weights[0])
+        return engine.world_size, all(torch.equal(gathered[0], g) for g in gathered[1:])
+
+    distributor = DeepspeedTorchDistributor(numGpus=2, nnodes=1, useGpu=False, localMode=True)
+    # two ranks trained one model: its weights are the same on both after five steps
+    assert distributor.run(train, 0.01) == (2, True)
+    assert last_run().engine == "torch" and last_run().size == 2
+
+
+def test_a_file_gets_deepspeed_and_its_config_after_its_own_arguments(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent('''\
+        import argparse, json, os, sys
+        import deepspeed, torch
+        parser = argparse.ArgumentParser()
+        parser.add_argument("out")
+        parser = deepspeed.add_config_arguments(parser)
+        args = parser.parse_args()
+        model = torch.nn.Linear(4, 1)
+        engine, _, _, _ = deepspeed.initialize(args=args, model=model,
+                                               model_parameters=model.parameters())
+        loss = engine(torch.randn(4, 4)).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+        if engine.global_rank == 0:
+            with open(args.out, "w") as f:
+                json.dump({"argv": sys.argv[1:3], "world": engine.world_size,
+                           "batch": engine.train_micro_batch_size_per_gpu()}, f)
+        '''))
+    out = tmp_path / "out.json"
+    config = {"train_micro_batch_size_per_gpu": 4,
+              "optimizer": {"type": "Adam", "params": {"lr": 0.001, "torch_adam": True}}}
+    assert DeepspeedTorchDistributor(numGpus=2, useGpu=False, deepspeedConfig=config).run(
+        str(script), str(out)) is None
+    seen = json.loads(out.read_text())
+    assert seen == {"argv": [str(out), "--deepspeed"], "world": 2, "batch": 4}
+
+
+def test_bad_arguments_are_refused_before_any_rank_starts():
+    with pytest.raises(ValueError, match="numGpus must be a positive whole number, got 0"):
+        DeepspeedTorchDistributor(numGpus=0)
+    with pytest.raises(TypeError, match="deepspeedConfig must be a JSON file's path, a dict"):
+        DeepspeedTorchDistributor(useGpu=False, deepspeedConfig=3)
