@@ -25,7 +25,7 @@ def _end_horovod() -> None:
 
     Without this, a rank that exits while a peer's background loop still talks to it makes that
     peer print ``Horovod background loop uncaught exception ... Connection reset by peer``.
-    The Join is marked as this rank's last (our patch of Horovod, ``scripts/patch_horovod.py``):
+    The Join is marked as this rank's last (our patch of Horovod, ``hvd_magics/horovod/patches.py``):
     a peer that still submits a collective gets an error naming this rank and the tensor,
     where a plain ``hvd.join()`` would hand it zeros in this rank's place.
     """

@@ -249,7 +249,7 @@ def test_a_rank_may_work_alone_after_the_last_collective():
 def test_a_rank_waiting_in_a_collective_for_a_slower_peer_leaves_the_cores_to_it():
     """Horovod 0.28's torch ``synchronize`` waited in a loop of sched_yield: a rank waiting for
     its peer kept a core busy all the while (5.6-6.3 CPU s in a 5 s wait), taken from the peer
-    wherever ranks share cores (scripts/patch_horovod.py, change 8)."""
+    wherever ranks share cores (hvd_magics/horovod/patches.py, change 8)."""
     waiting_cpu_s, waited_s = HorovodRunner(np=-2).run(jobs.wait_for_a_slower_peer, peer_s=3.0)
     assert waited_s > 2.0  # rank 0 did wait for rank 1
     assert waiting_cpu_s < 0.5, f"rank 0 used {waiting_cpu_s:.1f} CPU s in a {waited_s:.1f} s wait"
