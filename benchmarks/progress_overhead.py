@@ -96,7 +96,10 @@ def torch_per_step_costs(calls: int = 100_000) -> dict[str, float]:
     import pytorch_lightning as pl
     from transformers import TrainerCallback
 
-    from hvd_magics.rank import hf_progress, lightning_progress, loop_progress, progress
+    from hvd_magics.rank import progress
+    from hvd_magics.rank.integrations import hugging_face as hf_progress
+    from hvd_magics.rank.integrations import lightning as lightning_progress
+    from hvd_magics.rank.integrations import plain_loops as loop_progress
 
     loss, batch = torch.tensor(0.5, requires_grad=True), (torch.zeros(4, 16),)
     costs = {}
@@ -168,7 +171,7 @@ def per_step_cost(calls: int = 200_000) -> float:
     import tensorflow as tf
     import tf_keras
 
-    from hvd_magics.rank.keras_progress import _callback_class
+    from hvd_magics.rank.integrations.keras import _callback_class
 
     callback = _callback_class(tf_keras.callbacks.Callback)(batch_size=4)
     callback.set_params({"epochs": 1, "steps": calls})

@@ -227,7 +227,7 @@ ENV_RANK_PYTHON = "HVD_MAGICS_RANK_PYTHON"
 ENV_WANT_TIMELINE = "HVD_MAGICS_TIMELINE"
 #: ``0`` turns off the progress callback added to every Keras ``Model.fit``.
 ENV_KERAS_PROGRESS = "HVD_MAGICS_KERAS_PROGRESS"
-#: ``0``: a plain DDP or Accelerate loop's progress is not inferred (rank/loop_progress.py).
+#: ``0``: a plain DDP or Accelerate loop's progress is not inferred (rank/integrations/plain_loops.py).
 ENV_LOOP_PROGRESS = "HVD_MAGICS_LOOP_PROGRESS"
 #: ``0``: a rank does not time its steps' input, compute and communication
 #: (rank/step_split.py; the overhead benchmark's "off").

@@ -23,7 +23,7 @@ from hvd_magics.rank.checkpoints import Position
 from hvd_magics.rank.fit_common import (FitBook, FitResult, classifier_output, inputs_of,
                                         labels_of, scaled_learning_rate, start_state, step_seed)
 from hvd_magics.rank.fit_spec import DEFAULT_LEARNING_RATE, FitSpec
-from hvd_magics.rank.keras_progress import progress_callback
+from hvd_magics.rank.integrations.keras import progress_callback
 
 
 def keras_optimizer(spec: FitSpec, keras: Any, size: int) -> Any:

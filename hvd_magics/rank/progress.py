@@ -64,7 +64,7 @@ def start_epoch(epoch: int, epochs: int | None = None, steps: int | None = None,
 def begin_epoch(epoch: int, epochs: int | None, steps: int | None, batch_size: int | None,
                 inferred: bool = False) -> None:
     """:func:`start_epoch`, saying whether the epoch was inferred from what a loop does
-    (:mod:`hvd_magics.rank.loop_progress`) rather than told."""
+    (:mod:`hvd_magics.rank.integrations.plain_loops`) rather than told."""
     _current.epoch, _current.epochs, _current.steps = epoch, epochs, steps
     _current.batch_size, _current.inferred = batch_size, inferred
     _current.metrics = {}

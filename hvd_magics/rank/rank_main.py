@@ -113,7 +113,8 @@ def run_job(payload: bytes) -> tuple[Any, BaseException | None, int]:
     ``sys.exit(0)`` is a successful end."""
     import cloudpickle
 
-    from hvd_magics.rank import ddp_watch, loop_progress, preemption, step_split
+    from hvd_magics.rank import ddp_watch, preemption, step_split
+    from hvd_magics.rank.integrations import plain_loops
     from hvd_magics.result_codec import encode_parts
 
     ddp_watch.reset()  # a warm pool's cell counts its own steps
@@ -124,7 +125,7 @@ def run_job(payload: bytes) -> tuple[Any, BaseException | None, int]:
         try:
             value = main_fn(**kwargs)
         finally:
-            loop_progress.reset()  # the inferred last epoch ends with the function
+            plain_loops.reset()  # the inferred last epoch ends with the function
             step_split.flush(final=True)
     except SystemExit as exc:
         if exc.code not in (0, None):
@@ -152,25 +153,17 @@ def show_warning(message: Warning | str, category: type[Warning], filename: str,
 
 def run_rank() -> None:
     """Run the shipped function and report its result or its exception (never returns)."""
-    from hvd_magics.rank import (alone_guard, ddp_watch, engine_guard, hf_progress, keras_progress,
-                                 launcher_guard, lightning_progress, loop_progress, shard_guard,
-                                 stack_report, step_split, torch_group_hold, tracker_watch,
-                                 whole_writes)
+    from hvd_magics.rank import (ddp_watch, engine_guard, integrations, shard_guard,
+                                 stack_report, step_split, torch_group_hold, whole_writes)
 
     whole_writes.install()
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     stack_report.serve()
     warnings.showwarning = show_warning
-    keras_progress.install()
-    lightning_progress.install()
-    hf_progress.install()
-    loop_progress.install()
+    integrations.install()
     ddp_watch.install()
     step_split.install()
-    tracker_watch.install()
     engine_guard.install()
-    launcher_guard.install()
-    alone_guard.install()
     shard_guard.install()
     torch_group_hold.install()
     _preimport(os.environ.get(ENV_PREIMPORT, ""))

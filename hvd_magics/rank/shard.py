@@ -25,7 +25,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from hvd_magics.errors import ShardError
-from hvd_magics.rank import loop_progress, step_split
+from hvd_magics.rank import step_split
+from hvd_magics.rank.integrations import plain_loops
 
 #: What :meth:`Shard.steps_per_epoch` does with the rows by which shards differ.
 REPEAT, DROP = "repeat", "drop"
@@ -272,7 +273,7 @@ class Shard:
         names = list(columns) if columns is not None else self.columns
         arrays = {name: self._rows_of(name) for name in names}
         batches = self.batch_rows(batch_size, shuffle, seed, remainder)
-        loop_progress.on_shard_pass(self, len(batches), batch_size)
+        plain_loops.on_shard_pass(self, len(batches), batch_size)
         for rows in batches:
             with step_split.input_wait():
                 batch = {name: array[rows] for name, array in arrays.items()}

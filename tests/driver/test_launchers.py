@@ -1,6 +1,6 @@
 """Training libraries that start processes of their own, plan other ranks than the job's, or
 would train each rank alone, refused in one line naming the fix
-(hvd_magics/rank/launcher_guard.py, alone_guard.py), or joined to the job: real Lightning,
+(hvd_magics/rank/integrations/: lightning.py, accelerate.py, ...), or joined to the job: real Lightning,
 accelerate, Hugging Face and Keras on two ranks on the driver."""
 import pytest
 

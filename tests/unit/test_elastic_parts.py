@@ -14,7 +14,7 @@ from hvd_magics.job.text_view import TextView
 from hvd_magics.launch.elastic_backend import LOST_CODE, TaskSlots
 from hvd_magics.protocol import (CHANNEL_CLOSED, EXIT, OUTPUT, RESIZE, RESULT,
                                  SLOT_OFFER, STARTED)
-from hvd_magics.rank.keras_progress import _elastic_epochs_done
+from hvd_magics.rank.integrations.keras import _elastic_epochs_done
 from hvd_magics.task.elastic_task import slot_host_name
 
 

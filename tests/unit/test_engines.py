@@ -188,7 +188,7 @@ def test_the_stall_diagnosis_names_the_engine_whose_collective_a_rank_waits_in()
 def test_a_lightning_trainer_of_another_shape_than_the_jobs_is_named_with_the_fix(monkeypatch):
     from types import SimpleNamespace
 
-    from hvd_magics.rank.launcher_guard import lightning_message
+    from hvd_magics.rank.integrations.lightning import lightning_message
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     monkeypatch.setenv("GROUP_WORLD_SIZE", "2")

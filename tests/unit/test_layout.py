@@ -18,7 +18,7 @@ def _loaded_by(code: str) -> set[str]:
 def test_the_rank_entry_point_loads_only_the_rank_side():
     loaded = _loaded_by("import hvd_magics.rank.rank_main, hvd_magics.rank.cell_runner\n"
                         "from hvd_magics import progress, log_to_driver\n"
-                        "import hvd_magics.rank.keras_progress, hvd_magics.rank.shard")
+                        "import hvd_magics.rank.integrations.keras, hvd_magics.rank.shard")
     assert "hvd_magics.rank.rank_main" in loaded and "hvd_magics.rank.progress" in loaded
     allowed = {"hvd_magics", "hvd_magics.protocol", "hvd_magics.result_codec", "hvd_magics.errors"}
     outside = {m for m in loaded if not m.startswith("hvd_magics.rank") and m not in allowed}
@@ -30,11 +30,9 @@ def test_a_rank_starts_without_importing_a_package_the_executor_may_lack():
     executor whose Python lacks numpy every rank failed before the job's code ran."""
     out = subprocess.run(
         [sys.executable, "-c",
-         "from hvd_magics.rank import (alone_guard, ddp_watch, engine_guard, hf_progress,"
-         " keras_progress, launcher_guard, lightning_progress, loop_progress, shard_guard,"
-         " tracker_watch, rank_main)\n"
-         "for hook in (keras_progress, lightning_progress, hf_progress, loop_progress,"
-         " ddp_watch, tracker_watch, engine_guard, launcher_guard, alone_guard, shard_guard):\n"
+         "from hvd_magics.rank import (ddp_watch, engine_guard, integrations, shard_guard,"
+         " rank_main)\n"
+         "for hook in (integrations, ddp_watch, engine_guard, shard_guard):\n"
          "    hook.install()\n"
          "import sys; print(sorted(m for m in ('numpy', 'torch', 'tensorflow', 'cloudpickle',"
          " 'pyarrow', 'mlflow') if m in sys.modules))"],
@@ -124,7 +122,8 @@ def _imports() -> dict[str, set[str]]:
                 names |= {a.name for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module:
                 names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-        found[module] = {n for n in names if n.startswith("hvd_magics.")}
+        # a package's __init__ importing its own modules (from pkg import sub) names itself
+        found[module] = {n for n in names if n.startswith("hvd_magics.") and n != module}
     modules = set(found)
     return {m: {n if n in modules else n.rsplit(".", 1)[0] for n in names} & modules
             for m, names in found.items()}

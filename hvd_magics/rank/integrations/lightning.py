@@ -14,6 +14,14 @@ True, every rank saves the ``Trainer``'s checkpoint (``trainer.save_checkpoint``
 it, under a temporary name renamed into place) in the job's checkpoint folder,
 ``lightning/step-<global step>.ckpt``, and the attempt ends (``Preempted``); the next attempt's
 ``fit`` resumes from the newest one there when it is not told where to (``ckpt_path``).
+
+On the torch engine, a ``Trainer``'s or ``Fabric``'s ``devices`` and ``num_nodes`` left at their
+defaults take the job's topology (each host's ranks and the hosts, as torchrun's variables say
+them), so one cell runs on a laptop's local Spark and on a cluster of several hosts; a strategy
+that spawns or forks its processes (``ddp_spawn``, ``ddp_notebook``, ``ddp_fork``) is refused,
+and so are explicit values that disagree with the topology, which Lightning itself does not
+check when the processes are started for it. On the other engines (no ``torch.distributed``
+group to join) a ``Trainer`` that would run its rank alone is refused.
 """
 from __future__ import annotations
 
@@ -24,7 +32,15 @@ from typing import Any
 
 from hvd_magics.rank import preemption, progress
 from hvd_magics.rank.checkpoint import attempt, shared_folder
-from hvd_magics.rank.import_hooks import after_call, after_import, with_kwargs
+from hvd_magics.protocol import (ENGINE_TORCH, ENV_ENGINE, ENV_GROUP_WORLD_SIZE,
+                                 ENV_LOCAL_WORLD_SIZE, ENV_SIZE)
+from hvd_magics.rank.import_hooks import after_call, after_import, refusing, with_kwargs
+from hvd_magics.rank.integrations.guards import (ALONE_MARK, LAUNCH_MARK, LaunchMismatchError,
+                                                 RunsAloneError, alone_message, in_a_job,
+                                                 job_size)
+
+_FABRIC_MODULES = ("lightning_fabric.fabric", "lightning.fabric.fabric")
+_SHAPED = "_hvd_magics_job_shape"
 
 _TRAINER_MODULES = ("pytorch_lightning.trainer.trainer", "lightning.pytorch.trainer.trainer")
 _PATCHED = "_hvd_magics_progress"
@@ -154,6 +170,71 @@ def patch_trainer(module: Any) -> None:
     with_kwargs(trainer, "fit", _resume_saved, _PATCHED)
 
 
+def job_shape() -> tuple[int, int]:
+    """``(ranks per host, hosts)`` of this rank's job, as torchrun's variables say them."""
+    return (int(os.environ.get(ENV_LOCAL_WORLD_SIZE, "1")),
+            int(os.environ.get(ENV_GROUP_WORLD_SIZE, "1")))
+
+
+def with_job_shape(_self: Any, _args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A ``Trainer``'s or ``Fabric``'s keyword arguments, with ``devices`` and ``num_nodes``
+    that were left at their defaults (``"auto"`` and 1) set to the job's shape."""
+    local, nodes = job_shape()
+    adjusted = dict(kwargs)
+    if adjusted.get("devices", "auto") == "auto":
+        adjusted["devices"] = local
+    adjusted.setdefault("num_nodes", nodes)
+    return adjusted
+
+
+def lightning_message(trainer: Any) -> str | None:
+    """Why ``trainer`` (a Lightning ``Trainer`` or ``Fabric``) cannot run as this rank of the
+    job, or ``None`` when it can."""
+    strategy = getattr(trainer, "_strategy", None) or trainer.strategy
+    local, nodes = job_shape()
+    kind = type(trainer).__name__
+    spelling = (f"leave devices and num_nodes out of {kind}(...) (they then take the job's "
+                f"shape), or write {kind}(devices={local}, num_nodes={nodes}, strategy='ddp')")
+    start = getattr(strategy, "_start_method", "popen")
+    if start != "popen":
+        return (f"Lightning's strategy starts its processes itself ({start}), and this code "
+                f"already runs as each of the job's ranks. Fix: {spelling}.")
+    devices = getattr(strategy, "num_processes", 1)
+    planned = getattr(strategy, "num_nodes", 1)
+    if (devices, planned) == (local, nodes):
+        return None
+    size = os.environ.get(ENV_SIZE, "?")
+    total = devices * planned
+    return (f"Lightning's {kind}(devices={devices}, num_nodes={planned}) plans {total} "
+            f"process{'es' if total != 1 else ''}, {devices} per node, and the job runs {size} ranks "
+            f"as {nodes} node{'s' if nodes != 1 else ''} of {local}. Fix: {spelling}.")
+
+
+def _guard_launch(module: Any) -> None:
+    for name in ("Trainer", "Fabric"):
+        owner = getattr(module, name, None)
+        if owner is not None:
+            after_call(owner, "__init__", refusing(lightning_message, LaunchMismatchError),
+                       LAUNCH_MARK)
+            with_kwargs(owner, "__init__", with_job_shape, _SHAPED)
+
+
+def _guard_alone(module: Any) -> None:
+    trainer = getattr(module, "Trainer", None)
+    if trainer is not None:
+        after_call(trainer, "__init__", refusing(
+            lambda made: alone_message("Lightning's Trainer", made.world_size), RunsAloneError),
+            ALONE_MARK)
+
+
 def install() -> None:
-    """Patch Lightning's Trainer now if it is already imported, and whenever it is later."""
+    """Patch Lightning's ``Trainer`` (and ``Fabric``) now if imported, and whenever it is later:
+    progress always; in a rank of ours, the job's shape and the guards."""
     after_import(_TRAINER_MODULES, patch_trainer)
+    engine = os.environ.get(ENV_ENGINE)
+    if not in_a_job():
+        return
+    if engine == ENGINE_TORCH:
+        after_import(_TRAINER_MODULES + _FABRIC_MODULES, _guard_launch)
+    elif job_size() > 1:
+        after_import(_TRAINER_MODULES, _guard_alone)

@@ -16,6 +16,9 @@ rank: from the call it turns True, the ``Trainer`` saves a checkpoint at that st
 ``output_dir``) and the attempt ends there (``Preempted``, raised once it saved); the next
 attempt's ``train()`` resumes from the newest checkpoint in ``output_dir`` when it is not told
 where to (``resume_from_checkpoint``), redoing no step.
+
+In a Horovod or tf job (no ``torch.distributed`` group to join), a ``Trainer`` that would run
+its rank alone is refused with the fix.
 """
 from __future__ import annotations
 
@@ -26,7 +29,9 @@ from typing import Any
 from hvd_magics.protocol import RUN_LOG
 from hvd_magics.rank import preemption, progress, rank_events
 from hvd_magics.rank.checkpoint import attempt
-from hvd_magics.rank.import_hooks import after_call, after_import, with_kwargs
+from hvd_magics.rank.import_hooks import after_call, after_import, refusing, with_kwargs
+from hvd_magics.rank.integrations.guards import (ALONE_MARK, RunsAloneError, alone_message,
+                                                 in_a_job, job_size)
 
 _TRAINER_MODULE = "transformers.trainer"
 _PATCHED = "_hvd_magics_progress"
@@ -167,6 +172,17 @@ def patch_trainer(module: Any) -> None:
         with_kwargs(trainer, "train", _resume_from_output_dir, _PATCHED)
 
 
+def _guard_alone(module: Any) -> None:
+    trainer = getattr(module, "Trainer", None)
+    if trainer is not None:
+        after_call(trainer, "__init__", refusing(
+            lambda made: alone_message("Hugging Face's Trainer", made.args.world_size),
+            RunsAloneError), ALONE_MARK)
+
+
 def install() -> None:
-    """Patch ``transformers.Trainer`` now if it is already imported, and whenever it is later."""
+    """Patch ``transformers.Trainer`` now if it is already imported, and whenever it is later:
+    its progress, and in a job of several ranks the guard."""
     after_import((_TRAINER_MODULE,), patch_trainer)
+    if in_a_job() and job_size() > 1:
+        after_import((_TRAINER_MODULE,), _guard_alone)

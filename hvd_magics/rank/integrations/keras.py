@@ -13,17 +13,22 @@ so every Keras job that used it, the README's included, printed ``Callback metho
 `on_train_batch_end` is slow compared to the batch time ... Check your callbacks.`` on each rank.
 The broadcast's time is taken off the hook time Keras measured; a user's own slow callback is
 still reported.
+
+On the tf engine, a ``fit`` whose model was built outside a ``MultiWorkerMirroredStrategy`` of
+the job's workers (it would train each worker alone) is refused with the fix.
 """
 from __future__ import annotations
 
 import functools
 import os
+import sys
 import time
 from typing import Any
 
-from hvd_magics.protocol import ENV_KERAS_PROGRESS
+from hvd_magics.protocol import ENGINE_TF, ENV_ENGINE, ENV_KERAS_PROGRESS
 from hvd_magics.rank import progress
-from hvd_magics.rank.import_hooks import after_import
+from hvd_magics.rank.import_hooks import after_import, before_call, refusing
+from hvd_magics.rank.integrations.guards import ALONE_MARK, RunsAloneError, job_size
 
 _KERAS_MODULES = ("tf_keras", "keras")
 _PATCHED = "_hvd_magics_progress"
@@ -161,8 +166,33 @@ def progress_callback(module: Any, batch_size: int | None, epochs: int | None = 
     return kind(batch_size, epochs, steps) if kind is not None else None
 
 
+def keras_message(model: Any, *_args: Any, **_kwargs: Any) -> str | None:
+    """Why a Keras ``model.fit`` on a tf job's worker would train it alone, or ``None``."""
+    import tensorflow as tf
+
+    strategy = getattr(model, "distribute_strategy", None) or tf.distribute.get_strategy()
+    replicas = int(getattr(strategy, "num_replicas_in_sync", 1))
+    size = job_size()
+    if replicas >= size or size <= 1:
+        return None
+    return (f"Keras trains this worker's model alone ({replicas} replica"
+            f"{'s' if replicas != 1 else ''}) while the job has {size} workers: the model was "
+            f"built outside tf.distribute.MultiWorkerMirroredStrategy().scope(). Fix: strategy = "
+            f"tf.distribute.MultiWorkerMirroredStrategy(), then build and compile the model "
+            f"inside `with strategy.scope():`.")
+
+
+def _guard_alone(module: Any) -> None:
+    model = getattr(module, "Model", None)
+    if model is not None and "tensorflow" in sys.modules:
+        before_call(model, "fit", refusing(keras_message, RunsAloneError), ALONE_MARK)
+
+
 def install() -> None:
-    """Patch Keras now if it is already imported, and whenever it is imported later."""
-    if os.environ.get(ENV_KERAS_PROGRESS, "1") == "0":
-        return
-    after_import(_KERAS_MODULES, patch_keras)
+    """Patch Keras now if it is already imported, and whenever it is imported later: its
+    progress (not with ``HVD_MAGICS_KERAS_PROGRESS=0``), and on a tf job of several workers the
+    guard."""
+    if os.environ.get(ENV_KERAS_PROGRESS, "1") != "0":
+        after_import(_KERAS_MODULES, patch_keras)
+    if os.environ.get(ENV_ENGINE) == ENGINE_TF and job_size() > 1:
+        after_import(_KERAS_MODULES, _guard_alone)

@@ -1,0 +1,27 @@
+"""The training libraries a rank meets, one module each: what hvd_magics adds to each with no
+line added to the user's code (progress on the dashboard, saving on a preemption notice, the
+job's shape), and what it refuses with the fix (a library that would start its own processes,
+or train its rank alone).
+
+- :mod:`.keras`: Keras's ``fit`` (progress; a tf worker that would train alone);
+- :mod:`.hugging_face`: the ``Trainer`` (progress, saving on a notice, resuming; alone);
+- :mod:`.lightning`: the ``Trainer`` and ``Fabric`` (progress, saving on a notice, resuming, the
+  job's shape; launching its own processes; alone);
+- :mod:`.accelerate`: its launchers (refused) and its state (joined to the job on CPU);
+- :mod:`.plain_loops`: hand-written DDP and Accelerate loops (progress);
+- :mod:`.trackers`: MLflow runs a library or the cell creates itself;
+- :mod:`.deepspeed`: a DeepSpeed script run as pyspark's ``DeepspeedTorchDistributor`` runs it.
+
+:mod:`.guards` holds what the guards share. Each module's ``install()`` hooks its library
+whenever it is imported (:mod:`hvd_magics.rank.import_hooks`); nothing is imported here.
+"""
+from __future__ import annotations
+
+
+def install() -> None:
+    """Hook every library (in a rank, before the job's code runs)."""
+    from hvd_magics.rank.integrations import (accelerate, hugging_face, keras, lightning,
+                                              plain_loops, trackers)
+
+    for library in (keras, lightning, hugging_face, plain_loops, trackers, accelerate):
+        library.install()

@@ -1,0 +1,50 @@
+"""What the libraries' guards share: the errors they raise, the marks of their patches, and the
+refusal of a library that would train its rank alone (the libraries' own modules beside this one
+install the guards)."""
+from __future__ import annotations
+
+import os
+
+from hvd_magics.protocol import ENGINE_TORCH, ENV_ENGINE, ENV_SIZE
+
+#: The marks of the two kinds of guard patches (one method may carry both).
+ALONE_MARK = "_hvd_magics_alone_guard"
+LAUNCH_MARK = "_hvd_magics_launcher_guard"
+
+
+class RunsAloneError(RuntimeError):
+    """A library in a rank would train it alone while the job has several ranks."""
+
+
+class LaunchMismatchError(RuntimeError):
+    """A library in a rank would start its own processes, or plans other ranks than the job's."""
+
+
+def job_size() -> int:
+    """The job's ranks (1 outside a rank of ours)."""
+    return int(os.environ.get(ENV_SIZE, "1"))
+
+
+def _engine_fix(library: str) -> str:
+    engine = os.environ.get(ENV_ENGINE)
+    if engine != ENGINE_TORCH:
+        return (f"{library} joins a torch.distributed group, which only the torch engine's ranks "
+                f"have. Fix: run the cell with --engine torch (engine='torch').")
+    return (f"Fix: let {library} join the job's torch.distributed group (leave its device and "
+            f"process settings at their defaults).")
+
+
+def alone_message(library: str, processes: int) -> str | None:
+    """Why ``library``, which counts ``processes`` processes, cannot run as this rank, or
+    ``None`` when it counts the job's ranks."""
+    size = job_size()
+    if processes == size or size <= 1:
+        return None
+    return (f"{library} runs this rank as {processes} process{'es' if processes != 1 else ''} "
+            f"of its own while the job has {size} ranks: each rank would train a model of its "
+            f"own on its own data. {_engine_fix(library)}")
+
+
+def in_a_job() -> bool:
+    """Whether this process is a rank of ours (the guards change nothing elsewhere)."""
+    return os.environ.get(ENV_ENGINE) is not None
