@@ -635,6 +635,51 @@ def fabric_sum():
     return fabric.global_rank, fabric.world_size, float(total)
 
 
+def keras_spot(folder: str | None = None, epochs: int = 4, steps: int = 20, mark_at: int = 10,
+               step_s: float = 0.05):
+    """A Keras ``fit`` under Horovod (tf_keras, the README's callbacks) of ``epochs`` epochs of
+    ``steps`` batches of seeded data, unshuffled, with Adam (state in its slots); nothing of
+    preemption in it. With ``folder``: each batch takes ``step_s`` more, each rank appends
+    ``"<attempt> <global step>"`` to ``folder/steps-<rank>`` per batch, and on the first attempt
+    rank 1 writes its pid to ``folder/rank1`` after ``mark_at`` batches. Returns the weights (as
+    lists) and the attempt."""
+    import os
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+    import horovod.tensorflow.keras as hvd
+
+    from hvd_magics import checkpoint
+
+    hvd.init()
+    rng = np.random.default_rng(hvd.rank())
+    x = rng.normal(size=(steps * 8, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    tf.keras.utils.set_random_seed(0)  # tf.random.set_seed alone leaves tf_keras's initializers
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    model.compile(hvd.DistributedOptimizer(tf.keras.optimizers.Adam(0.01)), "mse")
+    attempt = checkpoint.attempt()
+
+    class Steps(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            step = self.epoch * steps + batch + 1
+            time.sleep(step_s)
+            with open(os.path.join(folder, f"steps-{hvd.rank()}"), "a") as out:
+                out.write(f"{attempt} {step}\n")
+            if attempt == 0 and hvd.rank() == 1 and step == mark_at:
+                with open(os.path.join(folder, "rank1"), "w") as out:
+                    out.write(str(os.getpid()))
+
+    marks = [Steps()] if folder else []
+    model.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), *marks])
+    return [w.tolist() for w in model.get_weights()], attempt
+
+
 def lightning_spot(folder: str, steps: int = 60, mark_at: int = 10):
     """A Lightning ``Trainer`` of ``steps`` steps (each 50 ms longer) on the job's topology,
     as written, with nothing about preemption; its module appends ``"<attempt> <global

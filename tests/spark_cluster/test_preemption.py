@@ -14,7 +14,8 @@ import pytest
 
 from hvd_magics import HorovodRunner, last_run
 from tests.conftest import _session, supervisor_of
-from tests.engine_jobs import hf_trainer_spot, lightning_spot, steps_with_checkpoints
+from tests.engine_jobs import (hf_trainer_spot, keras_spot, lightning_spot,
+                               steps_with_checkpoints)
 from tests.standalone import StandaloneCluster
 
 
@@ -158,6 +159,32 @@ def test_a_lightning_trainer_saves_on_the_notice_by_itself_and_resumes_where_it_
     saved = max(step for attempt_, step in ran[0] if attempt_ == 0)
     assert (attempt, first, last) == (1, saved + 1, 80)
     assert (tmp_path / "spot" / "lightning" / f"step-{saved}.ckpt").is_file()
+
+
+def test_a_keras_fit_saves_on_the_notice_by_itself_and_ends_with_the_same_weights_bit_for_bit(
+        standalone_cluster, tmp_path):
+    """A Horovod Keras ``fit`` that says nothing of preemption: rank 0 saves the model and
+    Adam's state at the notice's batch, the next attempt's ``fit`` resumes at the next batch of
+    that epoch with its input advanced past the batches done, and the weights are those of an
+    uninterrupted run, bit for bit."""
+    _spark_with_decommission(standalone_cluster)
+    decommissioned = _decommission_rank_1s_worker_once_marked(standalone_cluster, tmp_path)
+    try:
+        weights, attempt = HorovodRunner(np=2, restarts=1, checkpoint_dir=tmp_path / "spot").run(
+            keras_spot, folder=str(tmp_path))
+    finally:
+        _retire(standalone_cluster, decommissioned)
+    assert last_run().attempts[0].startswith("preempted: the checkpoint of step "), \
+        last_run().attempts
+    ran = {rank: [tuple(map(int, line.split())) for line in
+                  (tmp_path / f"steps-{rank}").read_text().splitlines()] for rank in (0, 1)}
+    for rank, steps in ran.items():  # global steps 1..80 once each, across both attempts
+        assert [step for _, step in steps] == list(range(1, 81)), (rank, steps)
+    saved = max(step for attempt_, step in ran[0] if attempt_ == 0)
+    assert attempt == 1 and 10 < saved < 80, (attempt, saved)
+    assert (tmp_path / "spot" / "keras_on_notice" / f"step-{saved}" / "position.json").is_file()
+    whole, _ = HorovodRunner(np=2, checkpoint_dir=tmp_path / "whole").run(keras_spot)
+    assert weights == whole  # bit for bit
 
 
 def test_a_background_job_decommissioned_twice_resumes_twice_without_using_its_restart(

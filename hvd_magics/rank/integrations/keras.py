@@ -14,19 +14,32 @@ so every Keras job that used it, the README's included, printed ``Callback metho
 The broadcast's time is taken off the hook time Keras measured; a user's own slow callback is
 still reported.
 
+On a preemption notice (:mod:`hvd_magics.rank.preemption`) in a Horovod job, the callback asks
+``checkpoint.preempting()`` after each training batch, on every rank: from the call it turns
+True, rank 0 writes the model's and the optimizer's variables and where the ``fit`` was (epoch,
+batch) in the job's checkpoint folder, ``keras_on_notice/step-<global step>`` (under a temporary name
+renamed into place), and the attempt ends (``Preempted``). The next attempt's ``fit``, when not
+told where to start (``initial_epoch``), restores the newest one and starts at the next batch
+of that epoch, its input advanced past the batches done (tf_keras's own ``BackupAndRestore``
+starts that epoch's input from its first batch again), so no step is redone.
+
 On the tf engine, a ``fit`` whose model was built outside a ``MultiWorkerMirroredStrategy`` of
 the job's workers (it would train each worker alone) is refused with the fix.
 """
 from __future__ import annotations
 
 import functools
+import json
 import os
+import shutil
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from hvd_magics.protocol import ENGINE_TF, ENV_ENGINE, ENV_KERAS_PROGRESS
-from hvd_magics.rank import progress
+from hvd_magics.protocol import ENGINE_HOROVOD, ENGINE_TF, ENV_ENGINE, ENV_KERAS_PROGRESS, ENV_RANK
+from hvd_magics.rank import preemption, progress
+from hvd_magics.rank.checkpoint import shared_folder
 from hvd_magics.rank.import_hooks import after_import, before_call, refusing
 from hvd_magics.rank.integrations.guards import ALONE_MARK, RunsAloneError, job_size
 
@@ -36,6 +49,91 @@ _CALLBACK = "_hvd_magics_progress_callback"
 _TIMED = "_hvd_magics_broadcast_timed"
 #: Seconds Horovod's broadcast callbacks spent in the batch hook Keras is calling now.
 _broadcast_s = [0.0]
+#: The folder of the job's checkpoint folder that holds the checkpoints saved on a notice.
+SAVED_ON_NOTICE = "keras_on_notice"  # beside a BackupAndRestore folder "keras" (docs/restarts.md)
+
+
+def _saves_on_notice() -> bool:
+    """Whether a ``fit`` here saves on a preemption notice (a Horovod job's ranks: every rank
+    holds the same variables, rank 0 writes them)."""
+    return os.environ.get(ENV_ENGINE) == ENGINE_HOROVOD
+
+
+def _notice_folder() -> Path:
+    return shared_folder() / SAVED_ON_NOTICE
+
+
+def _save_on_notice(model: Any, epoch: int, batch: int, step: int) -> None:
+    """Every rank: rank 0 writes the variables and the position, then the attempt ends."""
+    if os.environ.get(ENV_RANK, "0") == "0":
+        import tensorflow as tf
+
+        folder = _notice_folder()
+        final, partial = folder / f"step-{step}", folder / f".step-{step}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(str(partial / "state"))
+        (partial / "position.json").write_text(json.dumps(
+            {"epoch": epoch, "batch": batch, "step": step}))
+        os.replace(partial, final)
+    preemption.after_save(step)
+
+
+class _ResumeAt:
+    """Where a resumed ``fit`` starts, told to tf_keras as its ``BackupAndRestore`` tells it
+    (``model._training_state``): the batch after the saved one."""
+
+    def __init__(self, epoch: int, batch: int, step: int) -> None:
+        self.epoch, self.batch, self.step = epoch, batch, step
+
+    def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch: int | None,
+                                              initial_epoch: int, mode: Any = None) -> tuple:
+        if steps_per_epoch is not None and self.batch + 1 >= steps_per_epoch:
+            return self.epoch + 1, 0
+        return self.epoch, self.batch + 1
+
+
+def _resume_saved(model: Any) -> _ResumeAt | None:
+    """Restore the newest checkpoint saved on a notice into ``model``; where to start."""
+    folder = _notice_folder()
+    found = sorted((p for p in folder.glob("step-*") if (p / "position.json").is_file()),
+                   key=lambda p: int(p.name.split("-")[1])) if folder.is_dir() else []
+    if not found:
+        return None
+    import tensorflow as tf
+
+    position = json.loads((found[-1] / "position.json").read_text())
+    optimizer = model.optimizer
+    if model.built and callable(getattr(optimizer, "build", None)) and \
+            not getattr(optimizer, "_built", False):
+        optimizer.build(model.trainable_variables)  # its slots exist to be restored into
+    tf.train.Checkpoint(model=model, optimizer=optimizer).read(
+        str(found[-1] / "state")).expect_partial()
+    return _ResumeAt(int(position["epoch"]), int(position["batch"]), int(position["step"]))
+
+
+def _skip_done_batches(module: Any) -> None:
+    """tf_keras's ``DataHandler.enumerate_epochs``: a ``fit`` resumed by :class:`_ResumeAt`
+    draws the batches its epoch had done from the input before training on the next one."""
+    adapter = sys.modules.get(f"{module.__name__}.src.engine.data_adapter")
+    handler = getattr(adapter, "DataHandler", None)
+    if handler is None or getattr(handler.enumerate_epochs, _PATCHED, False):
+        return
+    original = handler.enumerate_epochs
+
+    @functools.wraps(original)
+    def enumerate_epochs(self: Any) -> Any:
+        resumed = isinstance(getattr(getattr(self, "_model", None), "_training_state", None),
+                             _ResumeAt)
+        skip = int(getattr(self, "_initial_step", 0) or 0) if resumed else 0
+        for epoch, iterator in original(self):
+            for _ in range(skip):
+                next(iterator)
+            skip = 0
+            yield epoch, iterator
+
+    setattr(enumerate_epochs, _PATCHED, True)
+    handler.enumerate_epochs = enumerate_epochs
 
 
 def _batch_size(args: tuple, kwargs: dict[str, Any]) -> int | None:
@@ -52,15 +150,19 @@ def _callback_class(base: type) -> type:
         _supports_tf_logs = True
 
         def __init__(self, batch_size: int | None, epochs: int | None = None,
-                     steps: int | None = None, offset: int = 0) -> None:
+                     steps: int | None = None, offset: int = 0, saves: bool = False,
+                     first_step: int = 0) -> None:
             super().__init__()
             self.batch_size = batch_size
             self.epochs, self.steps = epochs, steps  # when not those of this fit call
             self.offset = offset  # epochs done before this fit call (an elastic job's reset)
             self.steps_done = 0
+            self.saves = saves  # on a preemption notice (a user's fit in a Horovod job)
+            self.global_step = first_step  # batches trained, in this attempt and before
+            self.epoch = 0
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-            self.steps_done = 0
+            self.steps_done, self.epoch = 0, epoch
             epochs = self.epochs or self.params.get("epochs")
             progress.start_epoch(self.offset + epoch + 1,
                                  self.offset + epochs if epochs and not self.epochs else epochs,
@@ -68,7 +170,10 @@ def _callback_class(base: type) -> type:
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             self.steps_done = batch + 1
+            self.global_step += 1
             progress.report(batch + 1, **(logs or {}))
+            if self.saves and preemption.preempting():
+                _save_on_notice(self.model, self.epoch, batch, self.global_step)
 
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             samples = self.steps_done * self.batch_size if self.batch_size else None
@@ -137,6 +242,7 @@ def patch_keras(module: Any) -> None:
     callback_class = _callback_class(callbacks.Callback)
     setattr(module, _CALLBACK, callback_class)
     _patch_timing_check(callbacks)
+    _skip_done_batches(module)
     original = model.fit
 
     @functools.wraps(original)
@@ -144,14 +250,25 @@ def patch_keras(module: Any) -> None:
         given = list(kwargs.get("callbacks") or (args[5] if len(args) > 5 else None) or [])
         for callback in given:
             _time_broadcast(callback)
+        saves = _saves_on_notice()
+        told = "initial_epoch" in kwargs or len(args) > 9
+        resume = _resume_saved(self) if saves and not told else None
         if not any(isinstance(c, callback_class) for c in given):
             offset = 0 if kwargs.get("initial_epoch") else _elastic_epochs_done(given)
-            given.append(callback_class(_batch_size(args, kwargs), offset=offset))
+            given.append(callback_class(_batch_size(args, kwargs), offset=offset, saves=saves,
+                                        first_step=resume.step if resume else 0))
         if len(args) > 5:
             args = args[:5] + (given,) + args[6:]
         else:
             kwargs["callbacks"] = given
-        return original(self, *args, **kwargs)
+        if resume is None:
+            return original(self, *args, **kwargs)
+        self._training_state = resume
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            if getattr(self, "_training_state", None) is resume:
+                self._training_state = None
 
     setattr(fit, _PATCHED, True)
     model.fit = fit
