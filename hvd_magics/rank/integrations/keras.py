@@ -17,9 +17,9 @@ still reported.
 On a preemption notice (:mod:`hvd_magics.rank.preemption`) in a Horovod job, the callback asks
 ``checkpoint.preempting()`` after each training batch, on every rank: from the call it turns
 True, rank 0 writes the model's and the optimizer's variables and where the ``fit`` was (epoch,
-batch) in the job's checkpoint folder, ``keras_on_notice/step-<global step>`` (under a temporary name
-renamed into place), and the attempt ends (``Preempted``). The next attempt's ``fit``, when not
-told where to start (``initial_epoch``), restores the newest one and starts at the next batch
+batch) in the job's checkpoint folder, ``keras_on_notice/step-<global step>`` (under a
+temporary name renamed into place), and the attempt ends (``Preempted``). The next attempt's
+``fit``, when not told where to start (``initial_epoch``), restores the newest one and starts at the next batch
 of that epoch, its input advanced past the batches done (tf_keras's own ``BackupAndRestore``
 starts that epoch's input from its first batch again), so no step is redone.
 
@@ -251,7 +251,7 @@ def patch_keras(module: Any) -> None:
         for callback in given:
             _time_broadcast(callback)
         saves = _saves_on_notice()
-        told = "initial_epoch" in kwargs or len(args) > 9
+        told = "initial_epoch" in kwargs or len(args) > 11  # fit's 12th argument
         resume = _resume_saved(self) if saves and not told else None
         if not any(isinstance(c, callback_class) for c in given):
             offset = 0 if kwargs.get("initial_epoch") else _elastic_epochs_done(given)
