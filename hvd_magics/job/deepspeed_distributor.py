@@ -50,6 +50,8 @@ class DeepspeedTorchDistributor(TorchDistributor):
     >>> output = distributor.run(train, 0.01)                       # doctest: +SKIP
     """
 
+    _NAMES = {"use_gpu": "useGpu", "num_processes": "numGpus * nnodes"}
+
     def __init__(self, numGpus: int = 1, nnodes: int = 1, localMode: bool = True,
                  useGpu: bool = True, deepspeedConfig: str | dict[str, Any] | None = None,
                  **options: Any) -> None:

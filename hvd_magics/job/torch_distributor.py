@@ -79,15 +79,19 @@ class TorchDistributor:
         layout = {} if self.use_gpu or self.local_mode else {"ranks_per_task": 1}
         return HorovodRunner(np, engine=ENGINE_TORCH, **{**layout, **self.options})
 
+    #: How the constructor spells its GPU and process-count arguments (in its errors).
+    _NAMES = {"use_gpu": "use_gpu", "num_processes": "num_processes"}
+
     def _check_gpus(self) -> None:
         """``use_gpu=True`` needs GPUs where the ranks run; say how to get them or train on
         CPU (pyspark raises here too)."""
         if not self.use_gpu:
             return
-        cpu_fix = "or use_gpu=False to train on CPU (the 'gloo' backend)"
+        use_gpu, processes = self._NAMES["use_gpu"], self._NAMES["num_processes"]
+        cpu_fix = f"or {use_gpu}=False to train on CPU (the 'gloo' backend)"
         if self.local_mode:
             if not (local_gpu_count() or os.environ.get(CUDA_VISIBLE_DEVICES)):
-                raise RuntimeError(f"use_gpu=True, but the driver has no GPU. Fix: run on a "
+                raise RuntimeError(f"{use_gpu}=True, but the driver has no GPU. Fix: run on a "
                                    f"machine with GPUs, {cpu_fix}.")
             return
         session = active_session()
@@ -98,14 +102,14 @@ class TorchDistributor:
             gpus = 0.0
         if gpus < 1 or not gpus.is_integer():
             what = "unset" if gpus == 0 else f"{amount}"
-            raise RuntimeError(f"use_gpu=True, but {TASK_GPU_AMOUNT} is {what}: each Spark task "
-                               f"runs a rank per GPU it holds. Fix: set {TASK_GPU_AMOUNT}=1 (or "
-                               f"more, with the executors' GPU resources), {cpu_fix}.")
+            raise RuntimeError(f"{use_gpu}=True, but {TASK_GPU_AMOUNT} is {what}: each Spark "
+                               f"task runs a rank per GPU it holds. Fix: set {TASK_GPU_AMOUNT}=1 "
+                               f"(or more, with the executors' GPU resources), {cpu_fix}.")
         if self.num_processes % int(gpus):
-            raise RuntimeError(f"use_gpu=True with {TASK_GPU_AMOUNT}={amount}: each Spark task "
-                               f"runs {int(gpus)} processes, and num_processes="
+            raise RuntimeError(f"{use_gpu}=True with {TASK_GPU_AMOUNT}={amount}: each Spark task "
+                               f"runs {int(gpus)} processes, and {processes}="
                                f"{self.num_processes} is not a multiple of that. Fix: "
-                               f"num_processes={max(self.num_processes // int(gpus), 1) * int(gpus)}"
+                               f"{processes}={max(self.num_processes // int(gpus), 1) * int(gpus)}"
                                ".")
 
     def run(self, train_object: Callable[..., Any] | str | os.PathLike, *args: Any,

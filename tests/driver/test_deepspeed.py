@@ -68,3 +68,7 @@ def test_bad_arguments_are_refused_before_any_rank_starts():
         DeepspeedTorchDistributor(numGpus=0)
     with pytest.raises(TypeError, match="deepspeedConfig must be a JSON file's path, a dict"):
         DeepspeedTorchDistributor(useGpu=False, deepspeedConfig=3)
+    # pyspark's default useGpu=True on a driver without a GPU: named as the user wrote it
+    with pytest.raises(RuntimeError, match=r"useGpu=True, but the driver has no GPU\. Fix: .*"
+                                           r"or useGpu=False to train on CPU"):
+        DeepspeedTorchDistributor(numGpus=2, localMode=True).run(print)
