@@ -19,9 +19,8 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
-from pairs import in_turn, local_session, ratio_text  # benchmarks/pairs.py
+from pairs import jobs_in_turn, local_session, ratio_text  # benchmarks/pairs.py
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -84,18 +83,7 @@ def main() -> None:
         run_job(trivial)
     wall: dict[tuple[str, str], list[float]] = {}
     speed: dict[str, list[float]] = {name: [] for name in candidates}
-    for run in range(args.runs):
-        for job in (trivial, train):
-            for name in in_turn(run, list(candidates)):
-                began = time.perf_counter()
-                result = candidates[name](job)
-                took = time.perf_counter() - began
-                wall.setdefault((name, job.__name__), []).append(took)
-                if job is train:
-                    speed[name].append(result["steps_per_s"])
-                print(f"run {run} {job.__name__:7s} {name:8s} {took:6.2f} s"
-                      + (f", {result['steps_per_s']:6.1f} steps/s on rank 0" if job is train
-                         else ""), flush=True)
+    jobs_in_turn(candidates, (trivial, train), args.runs, train, wall, speed)
     for name in candidates:
         print(f"{name:8s} trivial median {statistics.median(wall[name, 'trivial']):5.2f} s, "
               f"train median {statistics.median(wall[name, 'train']):5.2f} s at "

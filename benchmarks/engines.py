@@ -30,7 +30,7 @@ import statistics
 import sys
 import time
 
-from pairs import in_turn, local_session, pair_ratios, ratio_text  # benchmarks/pairs.py
+from pairs import jobs_in_turn, local_session, pair_ratios, ratio_text  # benchmarks/pairs.py
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -219,18 +219,7 @@ def main() -> None:
     speed: dict[str, list[float]] = {name: [] for name in candidates}
     for name, run_job in candidates.items():  # warm up: Python workers, imports, page cache
         run_job(trivial)
-    for run in range(args.runs):
-        for job in (trivial, mlp):
-            for name in in_turn(run, list(candidates)):
-                began = time.perf_counter()
-                result = candidates[name](job)
-                took = time.perf_counter() - began
-                wall.setdefault((name, job.__name__), []).append(took)
-                if job is mlp:
-                    speed[name].append(result["steps_per_s"])
-                print(f"run {run} {job.__name__:7s} {name:8s} {took:6.2f} s"
-                      + (f", {result['steps_per_s']:6.1f} steps/s on rank 0" if job is mlp
-                         else ""), flush=True)
+    jobs_in_turn(candidates, (trivial, mlp), args.runs, mlp, wall, speed)
     with HorovodPool(np=2, engine="torch") as pool:
         pool.run(trivial)  # the first run joins the process group
         standing_runs("pool", pool.run, args.runs, wall, speed)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -18,6 +18,25 @@ T = TypeVar("T")
 def in_turn(run: int, candidates: Sequence[T]) -> list[T]:
     """The order of ``candidates`` in run ``run``: as given on even runs, reversed on odd ones."""
     return list(candidates) if run % 2 == 0 else list(reversed(candidates))
+
+
+def jobs_in_turn(candidates: dict, jobs: Sequence, runs: int, rated: Callable,
+                 wall: dict, speed: dict) -> None:
+    """Run each of ``jobs`` by each candidate (``name -> run(job) -> result``), in alternating
+    order, ``runs`` times; add each call's seconds to ``wall[name, job name]`` and, for the job
+    ``rated``, its result's ``steps_per_s`` to ``speed[name]``; a line per call."""
+    for run in range(runs):
+        for job in jobs:
+            for name in in_turn(run, list(candidates)):
+                began = time.perf_counter()
+                result = candidates[name](job)
+                took = time.perf_counter() - began
+                wall.setdefault((name, job.__name__), []).append(took)
+                if job is rated:
+                    speed.setdefault(name, []).append(result["steps_per_s"])
+                print(f"run {run} {job.__name__:7s} {name:8s} {took:6.2f} s"
+                      + (f", {result['steps_per_s']:6.1f} steps/s on rank 0" if job is rated
+                         else ""), flush=True)
 
 
 def pair_ratios(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
