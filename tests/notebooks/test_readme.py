@@ -83,7 +83,7 @@ def quick_start_blocks() -> list[str]:
 
 def test_the_readmes_quick_start_runs_as_written(tmp_path):
     blocks = quick_start_blocks()
-    assert len(blocks) >= 11, blocks
+    assert len(blocks) >= 12, blocks
     cells = [_PRELUDE]
     for block in blocks:
         if "train_df" in block and not any("train_df = " in c for c in cells):

@@ -25,7 +25,8 @@ KILL_AFTER_S = 0.35
 @pytest.fixture(scope="module")
 def elastic_cluster():
     """Its own cluster (workers are killed and added here), stopped after the module."""
-    cluster = StandaloneCluster(workers=WORKERS)
+    # a SIGPWR decommissions a worker, as Spark does for a spot instance taken back
+    cluster = StandaloneCluster(workers=WORKERS, worker_opts="-Dspark.decommission.enabled=true")
     yield cluster
     _stop_active()
     cluster.stop()
@@ -42,7 +43,8 @@ def elastic_spark(elastic_cluster):
     # so the standalone tier's earlier session (2 cores) would otherwise cap this one
     spark = _session(elastic_cluster.url, **{"spark.executor.cores": "1",
                                              "spark.executor.memory": "1g",
-                                             "spark.cores.max": str(WORKERS)})
+                                             "spark.cores.max": str(WORKERS),
+                                             "spark.decommission.enabled": "true"})
     deadline = time.monotonic() + 90
     while task_slots(spark.sparkContext)[0] < WORKERS:
         assert time.monotonic() < deadline, "the cluster's executors did not all come up"
@@ -106,6 +108,36 @@ def test_a_lost_worker_leaves_two_ranks_and_a_new_worker_brings_the_third_back(
         "task0-try0", "task1-try1", "task2-try0"]
     assert rank_processes_alive(record.pids.values()) == []
     _report(record, moments["killed"], tmp_path, capsys, result)
+
+
+def test_a_decommissioned_worker_s_elastic_job_shrinks_without_an_error_and_grows_back(
+        elastic_spark, elastic_cluster, tmp_path):
+    """Issue 60: a spot instance taken back as Spark does it (a ``SIGPWR`` to its worker, whose
+    machine goes 3 s later): the elastic job shrinks to the two other ranks and grows back on
+    the worker started in its place, and ends without an error."""
+    (tmp_path / "hold").touch()
+
+    def drive() -> None:
+        pid = int(Path(wait_for(f"{tmp_path}/*-task1-*.pid")).read_text())
+        executor, worker = _executor_and_worker(pid)
+        time.sleep(KILL_AFTER_S)
+        os.kill(worker.pid, signal.SIGPWR)
+        time.sleep(3)  # the instance's grace period
+        worker.kill()
+        executor.kill()
+        wait_for(f"{tmp_path}/size2")
+        elastic_cluster.add_worker()
+        wait_for(f"{tmp_path}/size3", timeout=180)
+        (tmp_path / "hold").unlink()
+
+    threading.Thread(target=drive, daemon=True).start()
+    result = HorovodRunner(np=(2, 3)).run(jobs.elastic_torch, steps=STEPS, marks=str(tmp_path))
+    record = last_run()
+    assert record.status == "succeeded"
+    assert [(r["size"], r["step"]) for r in result] == [(3, STEPS)] * 3
+    _same_model_everywhere(result)
+    assert [r["size"] for r in record.resets] == [2, 3]
+    assert rank_processes_alive(record.pids.values()) == []
 
 
 def test_a_killed_rank_process_leaves_the_others_training(elastic_spark, tmp_path, capsys):
