@@ -60,11 +60,13 @@ class DistributedFunction:
         """``(processes, use_gpu)``: a process per GPU where the ranks run (the driver's, or each
         Spark task's), or ``processes`` on CPU where there is none."""
         gpus = self._gpus_where_ranks_run()
-        processes = self.processes if self.processes is not None else (
-            gpus if not self.remote else None)
-        if processes is None or processes < 1:
-            where = "each Spark task" if self.remote else "the driver"
-            raise ValueError(f"@distributed() runs a process per GPU of {where}, and it has "
+        if self.processes is None and self.remote:
+            raise ValueError("@distributed(remote=True) runs on the cluster's executors, whose "
+                             "GPUs the driver cannot count. Fix: @distributed(gpus=N, "
+                             "remote=True) for N processes.")
+        processes = self.processes if self.processes is not None else gpus
+        if processes < 1:
+            raise ValueError("@distributed() runs a process per GPU of the driver, and it has "
                              "none. Fix: @distributed(gpus=N) for N processes (on CPU where "
                              "there is no GPU).")
         if not gpus:
@@ -93,8 +95,8 @@ def distributed(function: Callable[..., Any] | None = None, *, gpus: int | None 
     ----------
     gpus, num_accelerators : int, optional
         How many processes (a rank per GPU; ``num_accelerators`` is AI Runtime's name). Left
-        out: a process per GPU of the driver. Where the ranks have no GPU, this many processes
-        run on CPU.
+        out: a process per GPU of the driver (``remote=True`` needs it given). Where the ranks
+        have no GPU, this many processes run on CPU.
     gpu_type : str, optional
         Accepted for Databricks' code; the GPUs are those of the cluster.
     remote : bool

@@ -313,5 +313,8 @@ def test_distributed_on_the_driver_returns_every_ranks_value_and_names_a_failing
     with pytest.raises(ValueError, match=r"@distributed\(\) runs a process per GPU of the "
                                          r"driver, and it has none. Fix: @distributed\(gpus=N\)"):
         distributed(lambda: 1).distributed()
+    with pytest.raises(ValueError, match=r"@distributed\(remote=True\) runs on the cluster's "
+                                         r"executors.*Fix: @distributed\(gpus=N, remote=True\)"):
+        distributed(remote=True)(lambda: 1).distributed()
     with pytest.raises(ValueError, match="gpus=2 and num_accelerators=4 disagree"):
         distributed(gpus=2, num_accelerators=4)
