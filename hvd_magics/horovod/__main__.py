@@ -3,6 +3,7 @@ what the installed one was built for."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -36,11 +37,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check() -> int:
     installed = horovod_build.installed_target()
-    wanted = horovod_build.target("auto")
     if installed is None:
-        print(f"No Horovod built by hvd_magics is installed in {sys.executable}. Build one: "
-              f"{HOROVOD_BUILD_COMMAND} (or run jobs with --engine torch).")
+        other = importlib.util.find_spec("horovod") is not None
+        what = ("The Horovod installed in {} was not built by hvd_magics (it lacks our fixes, "
+                "and may not load with this environment's frameworks)" if other else
+                "No Horovod is installed in {}").format(sys.executable)
+        print(f"{what}. Build one: {HOROVOD_BUILD_COMMAND} (or run jobs with --engine torch).")
         return 1
+    wanted = horovod_build.target("auto")
     built_for = horovod_build.Target(installed["python"], installed["frameworks"],
                                      installed.get("gpu_operations", ""))
     if built_for.frameworks != wanted.frameworks or built_for.python != wanted.python:
