@@ -399,8 +399,26 @@ def resume_points(saves: int = 3):
     return views
 
 
+class SlowToPickle:
+    """Part of a checkpoint whose pickling stops half-way: it writes ``saving`` (with its
+    process id) in ``folder`` and sleeps, so that a test can kill the rank while its checkpoint
+    file is half written."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def __reduce__(self):
+        import os
+        import time
+
+        with open(os.path.join(self.folder, "saving"), "w") as out:
+            out.write(str(os.getpid()))
+        time.sleep(120)
+        return (SlowToPickle, (self.folder,))
+
+
 def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engine="torch",
-                           pause_on=None, hold_on=None, step_s=0.0, spot=None):
+                           pause_on=None, hold_on=None, step_s=0.0, spot=None, torn_save=None):
     """A regression trained ``steps`` steps from seeded data under DDP (``engine="torch"``) or
     Horovod, saving a checkpoint every ``every`` steps and resuming from the latest one.
     ``kill_on``: ``(step, attempts)``, rank 1 SIGKILLs itself after that step on those attempts;
@@ -413,6 +431,8 @@ def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engin
     ``folder/steps-<rank>`` for each step it takes, and on the first attempt rank 1 writes its
     pid to ``folder/rank1`` after that step (for the test to decommission its executor); with
     ``attempts`` (2), on the second too, to ``folder/rank1-1`` 10 steps after it resumed.
+    ``torn_save``: a folder; on the first attempt the save on the notice carries
+    :class:`SlowToPickle` after 256 KiB of padding (written out before it stops).
     Returns the weights, the attempt, the step it started from and when (``time.time()``) its
     first step ended."""
     import os
@@ -478,9 +498,12 @@ def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engin
                 name = "rank1" if attempt == 0 else f"rank1-{attempt}"
                 with open(os.path.join(spot[1], name), "w") as out:
                     out.write(str(os.getpid()))
-        if (step + 1) % every == 0 or (spot and checkpoint.preempting()):
-            checkpoint.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
-                            step + 1)
+        on_notice = bool(spot) and checkpoint.preempting()
+        if (step + 1) % every == 0 or on_notice:
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+            if on_notice and torn_save and checkpoint.attempt() == 0:
+                state.update(pad=b"x" * 262144, slow=SlowToPickle(torn_save))
+            checkpoint.save(state, step + 1)
         first_step_at = first_step_at or clock.time()
     return {"weights": [p.detach().tolist() for p in model.parameters()],
             "attempt": checkpoint.attempt(), "start": start, "first_step_at": first_step_at}

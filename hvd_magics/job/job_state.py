@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from hvd_magics.job.charts import MetricHistory
 from hvd_magics.job.epoch_timing import EPOCH_LINE, EpochTimer
-from hvd_magics.errors import OUTPUT_TAIL_LINES, RankFailure
+from hvd_magics.errors import OUTPUT_TAIL_LINES, Preempted, RankFailure
 from hvd_magics.options import ElasticSize
 from hvd_magics.job.stacks import where as stack_where
 from hvd_magics.job.preemption import PreemptionWatch
@@ -126,6 +126,12 @@ class RankState:
         err = self.error or {}
         text = f"{err.get('error', '')} {err.get('message', '')}"
         return any(marker in text for marker in _PEER_LOST)
+
+    @property
+    def stopped_on_notice(self) -> bool:
+        """Whether this rank ended on purpose at a preemption notice (``Preempted``): not a
+        cause, when another rank failed (rank 0 lost while it wrote the checkpoint, say)."""
+        return (self.error or {}).get("error") == Preempted.__name__
 
     def stalled_for(self, now: float, after: float = STALL_AFTER_S) -> float | None:
         """Seconds this running rank has been silent, when that (more than ``after``) makes it
@@ -511,9 +517,10 @@ class JobState:
         return self.elastic is not None or any(r.failed for r in self.ranks)
 
     def failures(self) -> list[RankFailure]:
-        """Failed ranks, root causes first (a rank that lost its peer comes after), then by time."""
+        """Failed ranks, root causes first (a rank that lost its peer, or stopped on a
+        preemption notice, comes after), then by time."""
         failed = [r for r in self.ranks if r.failed]
-        failed.sort(key=lambda r: (r.peer_lost, r.failed_at or 0.0))
+        failed.sort(key=lambda r: (r.peer_lost or r.stopped_on_notice, r.failed_at or 0.0))
         return [r.failure() for r in failed]
 
     def timeline_so_far(self) -> Path | None:

@@ -71,8 +71,9 @@ def checkpoint_folder(name: str | None, given: str | None) -> Path:
 def loss(exc: HorovodJobError) -> str | None:
     """The cause, in one line, when ``exc`` is a loss that a restart can get past; else ``None``.
 
-    A loss: every failed rank died without a Python exception or failed in the collective
-    library (at least one died), or the stage lost an executor before any rank reported."""
+    A loss: every failed rank died without a Python exception, failed in the collective
+    library or stopped on a preemption notice (at least one died), or the stage lost an
+    executor before any rank reported."""
     failures = exc.failures
     if not failures:
         return exc.summary.splitlines()[0] if any(m in exc.summary for m in EXECUTOR_LOST) \
@@ -80,16 +81,22 @@ def loss(exc: HorovodJobError) -> str | None:
     died = [f for f in failures if not f.error or f.error == LOST]  # killed, executor lost
     peers = [f for f in failures if f.error and any(
         m in f"{f.error}: {f.message}\n{f.traceback}" for m in PEER_LOST)]
-    if not died or len(died) + len(peers) < len(failures):
+    stopped = [f for f in failures if f.error == Preempted.__name__]  # at a notice, on purpose
+    if not died or len(died) + len(peers) + len(stopped) < len(failures):
         return None
     return died[0].headline()
 
 
 def preempted(exc: HorovodJobError) -> str | None:
-    """What the ranks said when the attempt ended on a preemption notice (some rank raised
-    ``Preempted`` after its save, and every other failed rank did too, or died, or lost a peer:
-    the executor may be gone before its rank reported); else ``None``."""
-    saved = [f for f in exc.failures if f.error == Preempted.__name__]
+    """What rank 0 said when the attempt ended on a preemption notice (rank 0, which writes the
+    checkpoint, raised ``Preempted`` once it was written, and every other failed rank did too,
+    or died, or lost a peer: the executor may be gone before its rank reported); else ``None``.
+
+    Rank 0's word only: another rank raises ``Preempted`` as soon as its part is done, before
+    rank 0 has written anything, so a rank 0 lost during its save was an attempt told as
+    "the checkpoint of step 56 was saved" and "resumes from step 56" while the next one resumed
+    from step 40, the last whole checkpoint. Such an attempt is a loss."""
+    saved = [f for f in exc.failures if f.error == Preempted.__name__ and f.rank == 0]
     if not saved:
         return None
     for failure in exc.failures:

@@ -24,13 +24,14 @@ others and the attempt ends as a loss does, resuming from the last checkpoint th
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
 from typing import Any
 
 from hvd_magics.errors import Preempted
-from hvd_magics.protocol import PREEMPT_CALLS
+from hvd_magics.protocol import ENV_RANK, PREEMPT_CALLS
 from hvd_magics.rank import rank_events
 
 #: Least seconds between two ``preempt_calls`` events of a rank.
@@ -103,6 +104,10 @@ def after_save(step: int) -> None:
         Always, after such a save.
     """
     state = _state
-    if state.told:
+    if not state.told:
+        return
+    if os.environ.get(ENV_RANK, "0") == "0":
         raise Preempted(f"the checkpoint of step {step:,} was saved on a preemption notice "
                         f"({state.notice})")
+    raise Preempted(f"this rank's part of the checkpoint of step {step:,} is done, on a "
+                    f"preemption notice ({state.notice}); rank 0 writes it")

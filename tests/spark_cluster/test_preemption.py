@@ -114,6 +114,59 @@ def test_a_decommissioned_executor_s_job_saves_one_step_everywhere_and_redoes_no
     assert resumed["weights"] == whole["weights"]  # bit for bit
 
 
+def test_a_notice_whose_save_is_cut_short_resumes_from_the_last_whole_checkpoint(
+        standalone_cluster, tmp_path):
+    """The machine of the rank that writes the checkpoint goes while it writes the one of the
+    notice (its file half written): the next attempt resumes from the last whole checkpoint
+    (a periodic one), never from the torn file, and ends with an uninterrupted run's weights."""
+    _spark_with_decommission(standalone_cluster)
+    decommissioned = _decommission_rank_1s_worker_once_marked(standalone_cluster, tmp_path)
+    seen: dict = {}
+
+    def cut_rank_0_while_it_saves() -> None:
+        deadline = time.monotonic() + 180
+        while not (tmp_path / "saving").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        seen["partial"] = [(p.name, p.stat().st_size) for p in
+                           (tmp_path / "spot").rglob(".*.tmp-*")]
+        worker = _worker_jvm(int((tmp_path / "saving").read_text()))
+        for process in [*worker.children(recursive=True), worker]:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        standalone_cluster.add_worker(wait=False)
+
+    cutter = threading.Thread(target=cut_rank_0_while_it_saves, daemon=True)
+    cutter.start()
+    try:
+        resumed = HorovodRunner(np=2, engine="torch", restarts=1,
+                                checkpoint_dir=tmp_path / "spot").run(
+            steps_with_checkpoints, steps=80, every=20, step_s=0.05, spot=(25, str(tmp_path)),
+            torn_save=str(tmp_path))
+    finally:
+        cutter.join(10)
+        _retire(standalone_cluster, decommissioned)
+    assert seen["partial"] and all(size > 0 for _, size in seen["partial"]), seen
+    attempts = last_run().attempts
+    assert attempts[-1] == "succeeded" and len(attempts) == 2, attempts
+    ran = [tuple(map(int, line.split())) for line in
+           (tmp_path / "steps-0").read_text().splitlines()]
+    cut = max(step for attempt, step in ran if attempt == 0)  # its save (of cut + 1) was torn
+    # the last whole checkpoint, a periodic one (every 20), before the torn one
+    assert (resumed["attempt"], resumed["start"]) == (1, cut // 20 * 20), (cut, resumed)
+    assert resumed["start"] < cut + 1
+    # told as what it was: a loss of the rank that writes, and the step the next attempt took
+    # (it was "preempted: the checkpoint of step 56 was saved ...; resumes from ... 56", rank
+    # 1's word, while rank 0 had saved nothing)
+    assert not attempts[0].startswith("preempted"), attempts
+    assert f"attempt 2 resumes from the checkpoint of step {resumed['start']})" in attempts[0], \
+        attempts
+    assert not list((tmp_path / "spot").rglob(".*.tmp-*"))  # the torn file was cleared
+    whole = HorovodRunner(np=2, engine="torch", checkpoint_dir=tmp_path / "whole").run(
+        steps_with_checkpoints, steps=80, every=20)
+    assert resumed["weights"] == whole["weights"]  # bit for bit
+
+
 def test_a_hugging_face_trainer_saves_on_the_notice_by_itself_and_resumes_where_it_saved(
         standalone_cluster, tmp_path, capfd):
     """The Trainer's code says nothing of preemption: its own checkpoint is saved at the

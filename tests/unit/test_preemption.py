@@ -66,3 +66,11 @@ def test_an_attempt_that_ended_on_the_notice_is_told_from_a_failure():
     assert preempted(_error(saved, RankFailure(1, "h", None, "", ""))) == saved.message  # gone
     assert preempted(_error(saved, RankFailure(1, "h", 1, "ValueError", "bad shard"))) is None
     assert preempted(_error(RankFailure(1, "h", 1, "ValueError", "bad shard"))) is None
+    # rank 0, which writes, lost during its save: its peer's "Preempted" claims nothing saved,
+    # and the attempt is a loss (it was told as "the checkpoint of step 56 was saved")
+    part = RankFailure(1, "h", 1, "Preempted", "this rank's part of the checkpoint of step 56 "
+                                               "is done, on a preemption notice (...)")
+    assert preempted(_error(part, RankFailure(0, "h", None, "", ""))) is None
+    from hvd_magics.job.restarts import loss
+
+    assert loss(_error(part, RankFailure(0, "h", None, "", ""))).startswith("rank 0 on h")
