@@ -11,9 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from hvd_magics.job.torch_distributor import TorchDistributor
-from hvd_magics.launch.spark_session import active_session
-from hvd_magics.launch.spark_slots import TASK_GPU_AMOUNT
+from hvd_magics.job.torch_distributor import TorchDistributor, task_gpu_amount
 from hvd_magics.notices import say
 from hvd_magics.protocol import ENV_EVERY_RESULT
 from hvd_magics.task.gpus import local_gpu_count
@@ -77,12 +75,7 @@ class DistributedFunction:
     def _gpus_where_ranks_run(self) -> int:
         if not self.remote:
             return local_gpu_count()
-        session = active_session()
-        amount = session.conf.get(TASK_GPU_AMOUNT, "0") if session is not None else "0"
-        try:
-            return int(float(amount or 0))
-        except ValueError:
-            return 0
+        return int(task_gpu_amount()[1])
 
 
 def distributed(function: Callable[..., Any] | None = None, *, gpus: int | None = None,

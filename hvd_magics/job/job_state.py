@@ -192,10 +192,9 @@ class JobState:
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in end()
-        #: What rank 0 sent back (see :mod:`hvd_magics.result_codec`).
-        self.result_parts: dict[str, dict[str, Any]] = {}
-        #: Each rank's value parts, of the ranks that sent theirs (every rank, for a job that
-        #: asked for every rank's value; else rank 0).
+        #: Each rank's value parts (:mod:`hvd_magics.result_codec`), of the ranks that sent
+        #: theirs: rank 0 (an elastic job's final rank 0, whichever task it is), or every rank
+        #: for a job that asked for every rank's value.
         self.rank_parts: dict[int, dict[str, dict[str, Any]]] = {}
         self.started_at = time.monotonic()
         self.timer = EpochTimer(self.started_at)
@@ -375,11 +374,16 @@ class JobState:
 
     def _on_result(self, state: RankState, event: dict[str, Any]) -> None:
         state.has_result = True
-        parts = event.get("parts")
-        if parts is not None:
-            self.rank_parts[state.rank] = parts
-        if (state.rank == 0 and not self.elastic) or (self.elastic and parts is not None):
-            self.result_parts = parts or {}
+        if event.get("parts") is not None:
+            self.rank_parts[state.rank] = event["parts"]
+
+    @property
+    def result_parts(self) -> dict[str, dict[str, Any]]:
+        """What rank 0 sent back: in an elastic job, the one task that sent parts (its final
+        rank 0)."""
+        if self.elastic:
+            return next(iter(self.rank_parts.values()), {})
+        return self.rank_parts.get(0, {})
 
     def _on_timeline_local(self, state: RankState, event: dict[str, Any]) -> None:
         if state.rank == 0:  # every rank is given a path; only rank 0 (the coordinator) writes

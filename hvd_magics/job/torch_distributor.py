@@ -94,12 +94,7 @@ class TorchDistributor:
                 raise RuntimeError(f"{use_gpu}=True, but the driver has no GPU. Fix: run on a "
                                    f"machine with GPUs, {cpu_fix}.")
             return
-        session = active_session()
-        amount = session.conf.get(TASK_GPU_AMOUNT, "0") if session is not None else "0"
-        try:
-            gpus = float(amount)
-        except ValueError:
-            gpus = 0.0
+        amount, gpus = task_gpu_amount()
         if gpus < 1 or not gpus.is_integer():
             what = "unset" if gpus == 0 else f"{amount}"
             raise RuntimeError(f"{use_gpu}=True, but {TASK_GPU_AMOUNT} is {what}: each Spark "
@@ -164,6 +159,17 @@ class TorchDistributor:
             labels={**arguments, **{f"variable {k!r} used by {name}()": v
                                     for k, v in references.items()}})
         return runner.run_payload(payload, source=source_of(train_object))
+
+
+def task_gpu_amount() -> tuple[str, float]:
+    """``spark.task.resource.gpu.amount`` of the active session, as set (``"0"`` when unset or
+    without a session) and as a number (0 when it is not one)."""
+    session = active_session()
+    amount = session.conf.get(TASK_GPU_AMOUNT, "0") if session is not None else "0"
+    try:
+        return amount, float(amount)
+    except ValueError:
+        return amount, 0.0
 
 
 def _file_source(path: str) -> str | None:

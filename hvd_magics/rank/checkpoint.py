@@ -93,6 +93,25 @@ def shared_folder() -> Path:
     return folder
 
 
+def notice_folder(library: str) -> Path:
+    """Where ``library``'s integration saves on a preemption notice: ``<job folder>/<library>``
+    (each checkpoint ``step-<global step>``, written under a name starting with ``.`` and
+    renamed into place)."""
+    return shared_folder() / library
+
+
+def newest_saved_on_notice(library: str) -> Path | None:
+    """On a later attempt, the newest checkpoint ``library``'s integration saved on a notice;
+    ``None`` on the first attempt (nothing to resume from, and the folder is not looked at) or
+    when there is none."""
+    if not attempt():
+        return None
+    folder = notice_folder(library)
+    found = [(int(p.name.split("-")[1].split(".")[0]), p) for p in folder.glob("step-*")] \
+        if folder.is_dir() else []
+    return max(found)[1] if found else None
+
+
 def _pinned() -> int | None:
     """The global step this attempt resumes from, which saves must keep (``None``: none)."""
     step = os.environ.get(ENV_RESUME_STEP)

@@ -78,24 +78,38 @@ def _report(record, killed_at: float, marks: Path, capsys, result: list[dict]) -
               f"commit, commits every 5): {lost}")
 
 
-def test_a_lost_worker_leaves_two_ranks_and_a_new_worker_brings_the_third_back(
-        elastic_spark, elastic_cluster, tmp_path, capsys):
-    (tmp_path / "hold").touch()
-    moments = {}
+def _lose_task_1s_worker(cluster: StandaloneCluster, folder: Path,
+                         grace_s: float | None = None) -> dict:
+    """In a thread, while the job is held (``folder/hold``): kill task 1's worker and executor
+    a few steps after its first commit (with ``grace_s``: ``SIGPWR`` it first, as Spark
+    decommissions a spot instance, and kill it that many seconds later, as the machine goes),
+    start a worker once the job shrank to 2, and let the job go once it grew back to 3. The
+    moment of the kill goes in the returned dict (``killed``)."""
+    (folder / "hold").touch()
+    moments: dict = {}
 
     def drive() -> None:
-        pid = int(Path(wait_for(f"{tmp_path}/*-task1-*.pid")).read_text())
+        pid = int(Path(wait_for(f"{folder}/*-task1-*.pid")).read_text())
         executor, worker = _executor_and_worker(pid)
         time.sleep(KILL_AFTER_S)
+        if grace_s is not None:
+            os.kill(worker.pid, signal.SIGPWR)
+            time.sleep(grace_s)
         moments["killed"] = time.time()
         worker.kill()
         executor.kill()
-        wait_for(f"{tmp_path}/size2")
-        elastic_cluster.add_worker()
-        wait_for(f"{tmp_path}/size3", timeout=180)
-        (tmp_path / "hold").unlink()
+        wait_for(f"{folder}/size2")
+        cluster.add_worker()
+        wait_for(f"{folder}/size3", timeout=180)
+        (folder / "hold").unlink()
 
     threading.Thread(target=drive, daemon=True).start()
+    return moments
+
+
+def test_a_lost_worker_leaves_two_ranks_and_a_new_worker_brings_the_third_back(
+        elastic_spark, elastic_cluster, tmp_path, capsys):
+    moments = _lose_task_1s_worker(elastic_cluster, tmp_path)
     result = HorovodRunner(np=(2, 3)).run(jobs.elastic_torch, steps=STEPS, marks=str(tmp_path))
     record = last_run()
     assert [(r["size"], r["step"]) for r in result] == [(3, STEPS)] * 3
@@ -115,22 +129,7 @@ def test_a_decommissioned_worker_s_elastic_job_shrinks_without_an_error_and_grow
     """Issue 60: a spot instance taken back as Spark does it (a ``SIGPWR`` to its worker, whose
     machine goes 3 s later): the elastic job shrinks to the two other ranks and grows back on
     the worker started in its place, and ends without an error."""
-    (tmp_path / "hold").touch()
-
-    def drive() -> None:
-        pid = int(Path(wait_for(f"{tmp_path}/*-task1-*.pid")).read_text())
-        executor, worker = _executor_and_worker(pid)
-        time.sleep(KILL_AFTER_S)
-        os.kill(worker.pid, signal.SIGPWR)
-        time.sleep(3)  # the instance's grace period
-        worker.kill()
-        executor.kill()
-        wait_for(f"{tmp_path}/size2")
-        elastic_cluster.add_worker()
-        wait_for(f"{tmp_path}/size3", timeout=180)
-        (tmp_path / "hold").unlink()
-
-    threading.Thread(target=drive, daemon=True).start()
+    _lose_task_1s_worker(elastic_cluster, tmp_path, grace_s=3.0)
     result = HorovodRunner(np=(2, 3)).run(jobs.elastic_torch, steps=STEPS, marks=str(tmp_path))
     record = last_run()
     assert record.status == "succeeded"

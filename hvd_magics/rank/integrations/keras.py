@@ -34,12 +34,11 @@ import os
 import shutil
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from hvd_magics.protocol import ENGINE_HOROVOD, ENGINE_TF, ENV_ENGINE, ENV_KERAS_PROGRESS, ENV_RANK
 from hvd_magics.rank import preemption, progress
-from hvd_magics.rank.checkpoint import shared_folder
+from hvd_magics.rank.checkpoint import newest_saved_on_notice, notice_folder
 from hvd_magics.rank.import_hooks import after_import, before_call, refusing
 from hvd_magics.rank.integrations.guards import ALONE_MARK, RunsAloneError, job_size
 
@@ -59,16 +58,12 @@ def _saves_on_notice() -> bool:
     return os.environ.get(ENV_ENGINE) == ENGINE_HOROVOD
 
 
-def _notice_folder() -> Path:
-    return shared_folder() / SAVED_ON_NOTICE
-
-
 def _save_on_notice(model: Any, epoch: int, batch: int, step: int) -> None:
     """Every rank: rank 0 writes the variables and the position, then the attempt ends."""
     if os.environ.get(ENV_RANK, "0") == "0":
         import tensorflow as tf
 
-        folder = _notice_folder()
+        folder = notice_folder(SAVED_ON_NOTICE)
         final, partial = folder / f"step-{step}", folder / f".step-{step}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
@@ -94,21 +89,20 @@ class _ResumeAt:
 
 
 def _resume_saved(model: Any) -> _ResumeAt | None:
-    """Restore the newest checkpoint saved on a notice into ``model``; where to start."""
-    folder = _notice_folder()
-    found = sorted((p for p in folder.glob("step-*") if (p / "position.json").is_file()),
-                   key=lambda p: int(p.name.split("-")[1])) if folder.is_dir() else []
-    if not found:
+    """On a later attempt, restore the newest checkpoint saved on a notice into ``model``;
+    where to start."""
+    saved = newest_saved_on_notice(SAVED_ON_NOTICE)
+    if saved is None:
         return None
     import tensorflow as tf
 
-    position = json.loads((found[-1] / "position.json").read_text())
+    position = json.loads((saved / "position.json").read_text())
     optimizer = model.optimizer
     if model.built and callable(getattr(optimizer, "build", None)) and \
             not getattr(optimizer, "_built", False):
         optimizer.build(model.trainable_variables)  # its slots exist to be restored into
     tf.train.Checkpoint(model=model, optimizer=optimizer).read(
-        str(found[-1] / "state")).expect_partial()
+        str(saved / "state")).expect_partial()
     return _ResumeAt(int(position["epoch"]), int(position["batch"]), int(position["step"]))
 
 

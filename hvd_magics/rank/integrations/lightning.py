@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 from typing import Any
 
 from hvd_magics.rank import preemption, progress
-from hvd_magics.rank.checkpoint import attempt, shared_folder
+from hvd_magics.rank.checkpoint import newest_saved_on_notice, notice_folder
 from hvd_magics.protocol import (ENGINE_TORCH, ENV_ENGINE, ENV_GROUP_WORLD_SIZE,
                                  ENV_LOCAL_WORLD_SIZE, ENV_SIZE)
 from hvd_magics.rank.import_hooks import after_call, after_import, refusing, with_kwargs
@@ -50,14 +49,10 @@ _CALLBACKS: dict[str, type] = {}
 SAVED_ON_NOTICE = "lightning"
 
 
-def _notice_folder() -> Path:
-    return shared_folder() / SAVED_ON_NOTICE
-
-
 def _save_on_notice(trainer: Any) -> None:
     """Every rank: save the Trainer's checkpoint at this step (rank 0 writes it), then end the
     attempt."""
-    folder = _notice_folder()
+    folder = notice_folder(SAVED_ON_NOTICE)
     step = int(trainer.global_step)
     final = folder / f"step-{step}.ckpt"
     partial = folder / f".step-{step}.ckpt.partial"
@@ -69,21 +64,13 @@ def _save_on_notice(trainer: Any) -> None:
     preemption.after_save(step)
 
 
-def _newest_saved() -> str | None:
-    """The newest checkpoint saved on a notice in the job's folder (``None``: none)."""
-    folder = _notice_folder()
-    found = sorted(folder.glob("step-*.ckpt"), key=lambda p: int(p.stem.split("-")[1])) \
-        if folder.is_dir() else []
-    return str(found[-1]) if found else None
-
-
 def _resume_saved(trainer: Any, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:  # noqa: ARG001
     """On a later attempt, a ``fit`` told no ``ckpt_path`` resumes from the newest checkpoint
     saved on a notice, if any."""
-    if attempt() and len(args) < 5 and kwargs.get("ckpt_path") is None:
-        saved = _newest_saved()
+    if len(args) < 5 and kwargs.get("ckpt_path") is None:
+        saved = newest_saved_on_notice(SAVED_ON_NOTICE)
         if saved is not None:
-            return {**kwargs, "ckpt_path": saved}
+            return {**kwargs, "ckpt_path": str(saved)}
     return kwargs
 
 
