@@ -100,7 +100,7 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
               "second: rows [step, step_s, input_s, comm_s, cpu_wait_s, cpu_s] of the steps since "
               "the last such event (the latest STEP_ROWS_SENT; dropped: how many earlier ones "
               "were left out; cpu_wait_s, cpu_s: the training thread's wait for a CPU and "
-              "time on one), totals [steps, step_s, input_s, comm_s, cpu_wait_s, cpu_s] of "
+              "time on one outside collectives), totals [steps, step_s, input_s, comm_s, cpu_wait_s, cpu_s] of "
               "them all; gpu: the rank's "
               "CUDA device's memory and utilisation (hvd_magics.rank.gpu_memory), else None; "
               "clock: 'gpu' when the rows are the GPU's time (hvd_magics.rank.gpu_steps), "

@@ -11,12 +11,14 @@ rank of one host) is named only when :data:`LOOKS_TO_NAME` looks in a row, one p
 same one: its own work per step longer than the others' by at least :data:`NAME_SHARE` of
 theirs (and :data:`MIN_EXCESS_S`), and the others waiting for it in communication for at least
 half of that. It is cleared when as
-many looks in a row no longer find it by half that margin. The cause is the part of its own work
-(input or compute) that exceeds the others' the more; compute whose excess is at least half time
-the rank's training thread waited for a CPU (ready to run, not running: its host's CPUs busy with
-other work, or its CPU time limited), and at most a quarter of it the rank's thread ran on one
-longer than the others' threads, is said to be that, not more work; on a CPU rank, an excess
-its thread neither ran nor waited for a CPU (a sleep, a read, a lock) is said to be off the CPU.
+many looks in a row no longer find it by half that margin. Its cause and figures are read over
+all the steps those looks read (:data:`STREAK_STEPS`). The cause is the part of its own work
+(input or compute) that exceeds the others' the more; an excess that is at least half time the
+rank's training thread waited for a CPU outside collectives (ready to run, not running: its
+host's CPUs busy with other work, or its CPU time limited), and at most a quarter of it the
+rank's thread ran on one longer than the others' threads, is said to be that, not more work or
+slower input; on a CPU rank, a compute excess its thread neither ran nor waited for a CPU (a
+sleep, a read, a lock) is said to be off the CPU.
 
 A link slower than the others' slows every rank's communication alike: no rank is named then
 (the split shows every rank waiting in communication).
@@ -36,6 +38,12 @@ WINDOW_STEPS = 8
 #: ...and how many looks in a row (one per step) must find the same rank before it is named, or
 #: no longer find it before it is cleared.
 LOOKS_TO_NAME = 8
+#: The least share of a look's steps in which a rank's own work must be longer than the others'
+#: for the look to find it (see :func:`steady`).
+STEADY_SHARE = 0.5
+#: The steps the looks that name a rank read together: its cause and figures are judged over
+#: them all.
+STREAK_STEPS = WINDOW_STEPS + LOOKS_TO_NAME - 1
 #: How much longer (a share of the others' own work) a rank's own work must be than theirs to be
 #: named, and below which it is cleared.
 NAME_SHARE = 0.08
@@ -66,8 +74,9 @@ CPU_RAN_SHARE = 0.25
 INPUT, COMPUTE = "input", "compute"
 _CAUSE_TEXT = {INPUT: "in its input pipeline (waiting for batches)",
                COMPUTE: "in compute (forward, backward, optimizer)"}
-_CPU_WAIT_TEXT = ("in compute, most of it waiting for a CPU (its host's CPUs are busy with other "
-                  "work, or its CPU time is limited)")
+_CPU_WAIT_TEXT = {
+    cause: f"{_CAUSE_TEXT[cause].split(' (')[0]}, most of it waiting for a CPU (its host's CPUs "
+           "are busy with other work, or its CPU time is limited)" for cause in _CAUSE_TEXT}
 _OFF_CPU_TEXT = ("in its own code but mostly off the CPU, not waiting for one (sleeping, reading "
                  "files, waiting on a lock or a subprocess)")
 
@@ -124,10 +133,10 @@ class Straggler:
 
     @property
     def waits_for_cpu(self) -> bool:
-        """Whether its compute excess is mostly waiting for a CPU, not more work (more work
-        runs longer on a CPU, even where the rank waits for one too)."""
+        """Whether its excess is mostly waiting for a CPU, not more work or slower input (more
+        work runs longer on a CPU, even where the rank waits for one too)."""
         excess = self.own_s - self.others_s
-        return (self.cause == COMPUTE and excess > 0 and self.cpu_wait_s >= CPU_WAIT_SHARE * excess
+        return (excess > 0 and self.cpu_wait_s >= CPU_WAIT_SHARE * excess
                 and self.cpu_s <= CPU_RAN_SHARE * excess)
 
     @property
@@ -141,7 +150,7 @@ class Straggler:
 
     def _cause_text(self) -> str:
         if self.waits_for_cpu:
-            return _CPU_WAIT_TEXT
+            return _CPU_WAIT_TEXT[self.cause]
         return _OFF_CPU_TEXT if self.off_cpu else _CAUSE_TEXT[self.cause]
 
     def text(self, unit: str = "rank") -> str:
@@ -221,6 +230,21 @@ def look(parts: dict[int, StepParts], hosts: dict[int, str],
                      _excess(parts, named, others, "cpu_s"))
 
 
+def steady(window: dict[int, list[Row]], named: tuple[int, ...], share: float) -> bool:
+    """Whether ``named``'s own work was longer than the others' (by half ``share`` of theirs)
+    in at least :data:`STEADY_SHARE` of the ``window``'s steps (rank -> its rows, step by step),
+    not in a step or two far longer (a busy host's scheduler starving the rank for a tenth of a
+    second) that make the window's mean."""
+    others = [r for r in window if r not in named]
+    steps = len(window[named[0]])
+    longer = 0
+    for i in range(steps):
+        base = statistics.median(window[r][i][0] - window[r][i][2] for r in others)
+        own = min(window[r][i][0] - window[r][i][2] for r in named)
+        longer += own - base >= max(share * base, MIN_EXCESS_S) / 2
+    return longer >= STEADY_SHARE * steps
+
+
 def _columns(parts: StepParts) -> dict[str, float]:
     """A mean step's columns in the intervals and the rank rows."""
     return {"step_s": parts.step_s, "input_s": parts.input_s, "compute_s": parts.compute_s,
@@ -293,14 +317,17 @@ class StepSplits:
         for step in range(first, reported + 1, stride):
             steps = range(step - WINDOW_STEPS + 1, step + 1)
             if all(all(s in rows for s in steps) for rows in self._rows.values()):
-                parts = {rank: window_parts([rows[s] for s in steps])
-                         for rank, rows in self._rows.items()}
-                self._judge(parts, hosts, step)
+                window = {rank: [rows[s] for s in steps] for rank, rows in self._rows.items()}
+                self._judge({rank: window_parts(w) for rank, w in window.items()}, hosts, step,
+                            window)
         self._looked = max(self._looked, reported)
 
-    def _judge(self, parts: dict[int, StepParts], hosts: dict[int, str], step: int) -> None:
+    def _judge(self, parts: dict[int, StepParts], hosts: dict[int, str], step: int,
+               window: dict[int, list[Row]]) -> None:
         share = CLEAR_SHARE if self.current is not None else NAME_SHARE
         found = look(parts, hosts, share)
+        if found is not None and not steady(window, found.ranks, share):
+            found = None
         key = found.ranks if found is not None else ()
         if self.current is not None and key == self.current.ranks:
             self._streak = ((), 0)
@@ -313,11 +340,25 @@ class StepSplits:
             self.events.append(("cleared", dataclasses.replace(self.current, step=step)))
             self.current = None
         if found is not None:
+            found = self._over_the_streak(found, hosts, share, step)
             known = all(self.clock.get(r, "host") == "host" and r not in self.gpu
                         and (self._totals.get(r) or [0] * 6)[5] > 0 for r in parts)
             self.current = dataclasses.replace(found, step=step, cpu_known=known)
             self.events.append(("named", self.current))
         self._streak = ((), 0)
+
+    def _over_the_streak(self, found: Straggler, hosts: dict[int, str], share: float,
+                         step: int) -> Straggler:
+        """``found`` judged again over every step its looks read (:data:`STREAK_STEPS`, up to
+        ``step``): its cause and figures from twice the steps one look reads, so that a busy
+        host's noise in one window does not make the cause (``found``, when a rank lacks
+        those steps or the longer look finds another)."""
+        steps = range(step - STREAK_STEPS + 1, step + 1)
+        if not all(all(s in rows for s in steps) for rows in self._rows.values()):
+            return found
+        longer = look({rank: window_parts([rows[s] for s in steps])
+                       for rank, rows in self._rows.items()}, hosts, share)
+        return longer if longer is not None and longer.ranks == found.ranks else found
 
     def per_rank(self) -> dict[int, StepParts]:
         """Each rank's mean step over the whole job."""

@@ -14,10 +14,12 @@ plain loop, DDP, Horovod's ``DistributedOptimizer``, Accelerate, Lightning and t
   the last gradient was ready (a hook per parameter) to the moment the allreduce completes;
 - **compute**: the rest (forward, backward, optimizer, the loop's own Python).
 
-Besides, how long in the step the training thread ran on a CPU and how long it was ready to run
-but waited for one (the kernel's ``/proc/thread-self/schedstat``): a rank slowed because its
-host's CPUs are busy with other work, or its CPU time is limited, is told from one with more to
-compute.
+Besides, how long in its own work (the step outside collectives) the training thread ran on a
+CPU and how long it was ready to run but waited for one (the kernel's
+``/proc/thread-self/schedstat``, read on entering and leaving each collective): a rank slowed
+because its host's CPUs are busy with other work, or its CPU time is limited, is told from one
+with more to compute. A wait for a CPU inside a collective (a rank woken when its peers are
+done, on a busy host) is left out: it is not what holds the others back.
 
 On a rank the others wait for, communication is short and its own work (input and compute) long;
 on the others it is the reverse. Nothing synchronises a device: the clock is read where the
@@ -72,6 +74,11 @@ class _Split:
         self.began: float | None = None
         #: Seconds of the step under way spent waiting for input and in collectives.
         self.waits = [0.0, 0.0]
+        #: The training thread's seconds on a CPU and waiting for one inside collectives, in
+        #: the step under way (left out of the step's own-work figures), and its readings when
+        #: the latest DDP gradient was ready.
+        self.comm_cpu = [0.0, 0.0]
+        self.grad_cpu = (0.0, 0.0)
         #: Inside a timed wait (a nested one is counted once), and inside optimizer steps (an
         #: optimizer's step that calls another's ends one training step).
         self.depth = 0
@@ -173,17 +180,28 @@ def _timed(kind: int, original: Callable[..., Any],
         if split.depth or not _timing() or not counts(*args, **kwargs):
             return original(*args, **kwargs)
         split.depth += 1
+        cpu = _cpu_s(split) if kind == _COMM else None
         start = time.perf_counter()
         try:
             return original(*args, **kwargs)
         finally:
             split.depth -= 1
             split.waits[kind] += time.perf_counter() - start
+            if cpu is not None:
+                _add_comm_cpu(split, cpu)
             if kind == _INPUT:
                 split.fed = split.ever_fed = True
 
     setattr(timed, _PATCHED, True)
     return timed
+
+
+def _add_comm_cpu(split: _Split, since: tuple[float, float]) -> None:
+    """Count the training thread's CPU time and wait for a CPU from ``since`` (its reading on
+    entering a collective) to now as the collective's."""
+    ran, waited = _cpu_s(split)
+    split.comm_cpu[0] += max(0.0, ran - since[0])
+    split.comm_cpu[1] += max(0.0, waited - since[1])
 
 
 def _before_optimizer_step(*_args: Any) -> None:
@@ -209,7 +227,8 @@ def _on_optimizer_step(*_args: Any) -> None:
     cpu = _cpu_s(split)
     if split.began is not None:
         split.step += 1
-        host = [cpu[1] - split.cpu_at[1], cpu[0] - split.cpu_at[0]]
+        host = [max(0.0, cpu[1] - split.cpu_at[1] - split.comm_cpu[1]),
+                max(0.0, cpu[0] - split.cpu_at[0] - split.comm_cpu[0])]
         if split.gpu is not None:
             for row in split.gpu.on_step_end(split.step, split.waits[_INPUT], host):
                 _keep(split, row)
@@ -219,6 +238,7 @@ def _on_optimizer_step(*_args: Any) -> None:
     elif split.gpu is not None:
         split.gpu.on_step_end(0, 0.0, [0.0, 0.0])  # the first step's start on the GPU
     split.began, split.waits, split.fed, split.cpu_at = now, [0.0, 0.0], False, cpu
+    split.comm_cpu = [0.0, 0.0]
     if time.monotonic() - split.sent >= SEND_EVERY_S:
         flush()
 
@@ -253,6 +273,8 @@ def flush(final: bool = False) -> None:
 def _grad_ready(param: Any) -> None:
     split = _split
     split.grad_ready = time.perf_counter()
+    if split.schedstat is not None:  # opened on the training thread (this may be autograd's)
+        split.grad_cpu = _cpu_s(split)
     split.last_grad = id(param)
     if split.gpu is not None:
         split.gpu.on_grad()
@@ -287,6 +309,7 @@ def _timed_backward(original: Callable[..., Any]) -> Callable[..., Any]:
         result = original(*args, **kwargs)
         if split.grad_ready > start:
             split.waits[_COMM] += max(0.0, time.perf_counter() - split.grad_ready)
+            _add_comm_cpu(split, split.grad_cpu)
         if split.hooks is not None:
             split.hooks.after_backward(split.last_grad)
         if split.gpu is not None:

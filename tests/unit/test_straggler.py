@@ -63,6 +63,46 @@ def test_compute_that_is_mostly_a_wait_for_a_cpu_is_said_to_be_one():
     assert splits.intervals[0]["cpu_s"] == 0.03
 
 
+def test_a_longer_input_wait_that_is_mostly_a_wait_for_a_cpu_is_said_to_be_one():
+    """On a busy host the rank the scheduler starves is late wherever it happens to be: in its
+    data loader's ``__next__`` as well as in compute. Its input is not slower then."""
+    parts = {0: StepParts(0.070, 0.001, 0.012, 0.010, 0.040),
+             1: StepParts(0.070, 0.011, 0.001, 0.019, 0.040)}
+    found = look(parts, {})
+    assert found is not None and found.cause == INPUT and found.waits_for_cpu
+    assert "in its input pipeline, most of it waiting for a CPU" in found.text()
+    # a data loader that sleeps (or reads) for its batches is off the CPU: slower input
+    parts[1] = StepParts(0.070, 0.011, 0.001, 0.011, 0.040)
+    found = look(parts, {})
+    assert found is not None and not found.waits_for_cpu
+    assert "in its input pipeline (waiting for batches)" in found.text()
+
+
+def test_the_cause_is_read_over_every_step_of_the_looks_that_named_the_rank():
+    """A rank that does more work per step, on a busy host: the look that names it reads a few
+    steps in which it was also starved of a CPU; over all the steps that named it, it ran longer
+    than the others (more work), which one window of a busy host hid."""
+    splits = StepSplits()
+    hosts = {0: "a", 1: "a"}
+    last = WINDOW_STEPS + LOOKS_TO_NAME - 1
+    for rank in (0, 1):
+        rows = []
+        for step in range(1, last + 1):
+            starved = step > last - WINDOW_STEPS + 2
+            # rank 1: 9 ms more on a CPU each step, but in the last steps 18 ms more waiting
+            # for one instead (a busy host); the step lasts as long on both ranks (rank 0
+            # waits in communication)
+            own = 0.048 + (0.018 if starved else 0.009) * rank
+            step_s = 0.049 + (0.018 if starved else 0.009)
+            rows.append([step, step_s, 0.001, step_s - own, 0.002 + 0.018 * starved * rank,
+                         0.045 + 0.009 * (not starved) * rank])
+        splits.observe(rank, {"rows": rows, "totals": [0] * 6}, hosts)
+    assert [(what, f.ranks, f.step) for what, f in splits.events] == [("named", (1,), last)]
+    found = splits.current
+    assert found.cause == COMPUTE and not found.waits_for_cpu, found
+    assert "in compute (forward, backward, optimizer)" in found.text()
+
+
 def test_no_rank_is_named_when_the_ranks_differ_little_or_nobody_waits_for_the_slowest():
     even = {r: _parts(0.030 + 0.0005 * r, 0.010 - 0.0005 * r) for r in range(4)}
     assert look(even, HOSTS) is None
@@ -128,6 +168,14 @@ def test_noise_a_single_long_step_and_a_short_slow_spell_name_nobody():
     splits = StepSplits()  # slower for fewer steps than it takes to be named
     _feed(splits, range(1, 101),
           lambda step: (1, 0.01) if 40 <= step < 40 + LOOKS_TO_NAME - 1 else None)
+    assert splits.events == []
+    # a busy host's scheduler keeps a rank from a CPU for a tenth of a second, twice: each
+    # step is in every look for as many steps as a look reads, and makes its mean 19% longer,
+    # but the rank's other steps are no longer than the others'
+    splits = StepSplits()
+    for first in range(1, 101, 5):  # reports of five steps: every step is looked at
+        _feed(splits, range(first, first + 5),
+              lambda step: (1, 0.045) if step in (40, 44) else None)
     assert splits.events == []
 
 
