@@ -26,9 +26,11 @@ on the others it is the reverse. Nothing synchronises a device: the clock is rea
 Python code already waits. On a GPU the host runs ahead of the kernels (and NCCL's waits do not
 block it), so a DDP module on a CUDA device is timed by CUDA events on the GPU instead
 (:mod:`hvd_magics.rank.gpu_steps`); other GPU ranks (Horovod's, whose ``synchronize`` does
-block) keep the host's clock. A step costs a few clock reads and, for DDP, a Python call when
-its last gradient is ready (a call per parameter's gradient in its first steps, until the same
-parameter's gradient was last three times in a row), and three CUDA events on a GPU.
+block) keep the host's clock. A step costs a few clock reads, two reads of ``schedstat`` (about
+4 us each) per blocking collective (one for all of ``DistributedOptimizer``'s gradients) and,
+for DDP, a Python call and a ``schedstat`` read when its last gradient is ready (a call per
+parameter's gradient in its first steps, until the same parameter's gradient was last three
+times in a row), and three CUDA events on a GPU.
 ``HVD_MAGICS_STEP_SPLIT=0`` turns it off.
 
 Not covered: TensorFlow (Keras under Horovod or tf.distribute runs its step as one graph call,
@@ -76,9 +78,10 @@ class _Split:
         self.waits = [0.0, 0.0]
         #: The training thread's seconds on a CPU and waiting for one inside collectives, in
         #: the step under way (left out of the step's own-work figures), and its readings when
-        #: the latest DDP gradient was ready.
+        #: the latest DDP gradient was ready (``None``: not read, in a DDP module's first
+        #: steps, while every parameter has a hook).
         self.comm_cpu = [0.0, 0.0]
-        self.grad_cpu = (0.0, 0.0)
+        self.grad_cpu: tuple[float, float] | None = None
         #: Inside a timed wait (a nested one is counted once), and inside optimizer steps (an
         #: optimizer's step that calls another's ends one training step).
         self.depth = 0
@@ -273,8 +276,11 @@ def flush(final: bool = False) -> None:
 def _grad_ready(param: Any) -> None:
     split = _split
     split.grad_ready = time.perf_counter()
-    if split.schedstat is not None:  # opened on the training thread (this may be autograd's)
-        split.grad_cpu = _cpu_s(split)
+    # read once the hooks are on the parameter whose gradient is last (a read per step, not per
+    # parameter), and once opened on the training thread (this may be autograd's)
+    hooks = split.hooks
+    split.grad_cpu = (_cpu_s(split) if split.schedstat is not None and hooks is not None
+                      and len(hooks.handles) == 1 else None)
     split.last_grad = id(param)
     if split.gpu is not None:
         split.gpu.on_grad()
@@ -309,7 +315,8 @@ def _timed_backward(original: Callable[..., Any]) -> Callable[..., Any]:
         result = original(*args, **kwargs)
         if split.grad_ready > start:
             split.waits[_COMM] += max(0.0, time.perf_counter() - split.grad_ready)
-            _add_comm_cpu(split, split.grad_cpu)
+            if split.grad_cpu is not None:
+                _add_comm_cpu(split, split.grad_cpu)
         if split.hooks is not None:
             split.hooks.after_backward(split.last_grad)
         if split.gpu is not None:
@@ -354,9 +361,14 @@ def _patch_distributed(module: Any) -> None:
 
 
 def _patch_horovod(module: Any) -> None:
-    """``synchronize`` in each module that holds it: where Horovod's torch ops wait."""
+    """``synchronize`` in each module that holds it: where Horovod's torch ops wait; and
+    ``DistributedOptimizer``'s own ``synchronize``, which waits for every gradient's allreduce
+    in turn: timed as one wait (its CPU time read twice a step, not twice a gradient)."""
     if callable(getattr(module, "synchronize", None)):
         module.synchronize = _timed(_COMM, module.synchronize)
+    optimizer = getattr(module, "_DistributedOptimizer", None)
+    if optimizer is not None and callable(getattr(optimizer, "synchronize", None)):
+        optimizer.synchronize = _timed(_COMM, optimizer.synchronize)
 
 
 @contextlib.contextmanager

@@ -36,3 +36,23 @@ def test_the_thread_s_cpu_time_and_wait_for_a_cpu_are_read_where_linux_says_them
         assert split.schedstat >= 0 and later[0] > ran and later[1] >= waited
     else:
         assert split.schedstat == -1 and later == (0.0, 0.0)
+
+
+def test_a_wait_for_a_cpu_inside_a_collective_is_left_out_of_the_step_s_own_work(monkeypatch):
+    """A rank woken when its peers are done waits for a CPU inside the collective on a busy
+    host; that wait holds nobody back, so a step's CPU figures are its own work's."""
+    readings = iter([(0.0, 0.0),  # the first step's end: the next step begins
+                     (0.010, 0.002),  # entering the collective
+                     (0.011, 0.030),  # leaving it: 28 ms of waiting for a CPU inside
+                     (0.015, 0.031)])  # the step's end
+    monkeypatch.setattr(step_split, "_split", step_split._Split())
+    monkeypatch.setattr(step_split, "_cpu_s", lambda split: next(readings))
+    collective = step_split._timed(step_split._COMM, lambda: None)
+    step_split._before_optimizer_step()
+    step_split._on_optimizer_step()
+    collective()
+    step_split._before_optimizer_step()
+    step_split._on_optimizer_step()
+    (row,) = step_split._split.rows
+    cpu_wait_s, cpu_s = row[4], row[5]
+    assert round(cpu_wait_s, 6) == 0.003 and round(cpu_s, 6) == 0.014
