@@ -43,6 +43,40 @@ def torch_mlp_lost_once(kill_at_call: int, **kwargs):
     return build
 
 
+def torch_mlp_on_spot(folder: str, mark_at_call: int, step_s: float = 0.05, **kwargs):
+    """As :func:`torch_mlp`, but each training forward pass takes ``step_s`` longer and is
+    written down (the attempt, a line in ``folder/forwards-<rank>``), and on the job's first
+    attempt rank 1 writes its pid to ``folder/rank1`` at its ``mark_at_call``-th (the test
+    decommissions its worker then)."""
+    build_mlp = torch_mlp(**kwargs)
+
+    def build():
+        import os
+        import time
+
+        from hvd_magics import checkpoint
+
+        model = build_mlp()
+        rank, attempt, calls = os.environ.get("HVD_MAGICS_RANK"), checkpoint.attempt(), []
+
+        def on_forward(module, _inputs):
+            if not module.training:
+                return
+            calls.append(1)
+            with open(os.path.join(folder, f"forwards-{rank}"), "a") as out:
+                out.write(f"{attempt}\n")
+            if attempt == 0 and rank == "1" and len(calls) == mark_at_call:
+                with open(os.path.join(folder, "rank1.partial"), "w") as out:
+                    out.write(str(os.getpid()))
+                os.replace(os.path.join(folder, "rank1.partial"), os.path.join(folder, "rank1"))
+            time.sleep(step_s)
+
+        model.register_forward_pre_hook(on_forward)
+        return model
+
+    return build
+
+
 def keras_mlp(inputs: int = 64, classes: int = 10, dropout: float = 0.0):
     """A function that builds a small tf_keras classifier (softmax out), with dropout when
     ``dropout`` is above 0."""

@@ -145,6 +145,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
     # -- fit ---------------------------------------------------------------------------------------
 
     def _fit(self, dataset: Any) -> HorovodModel:
+        from hvd_magics.job.restarts import ResumeFix
         from hvd_magics.job.runner import HorovodRunner
         from hvd_magics.launch.payload import serialize_job
         from hvd_magics.rank.estimator_fit import fit_on_rank
@@ -167,6 +168,9 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
                                mlflow=get(self.mlflow), pool=self.pool,
                                restarts=get(self.restarts),
                                checkpoint_dir=model_dir if get(self.restarts) else None)
+        runner.resume_fix = ResumeFix(
+            f"Fit again with modelDir={model_dir!r} to resume from it (a fit resumes from its "
+            "modelDir's last checkpoint)", "set restarts=N (setRestarts) to resume by itself")
         payload = serialize_job(fit_on_rank, {"spec": spec, **frames}, names=frames)
         for source in payload.sources:  # counted as the rows reach the tasks: no query of ours
             source.no_nulls = role

@@ -114,10 +114,29 @@ def _max_preemptions() -> int:
         return MAX_PREEMPTIONS
 
 
+@dataclasses.dataclass(frozen=True)
+class ResumeFix:
+    """How a preempted job's error tells the user to resume: ``again`` (run it again, where its
+    checkpoint is) and ``restarts`` (the setting that resumes by itself)."""
+
+    again: str
+    restarts: str
+
+
+def job_resume_fix(folder: Path) -> ResumeFix:
+    """A job's own: its checkpoint folder, ``--restarts N``."""
+    return ResumeFix(f"Run it again to resume from that checkpoint in {folder} "
+                     "(checkpoint.latest() gives it to the ranks)",
+                     "give --restarts N (HorovodRunner(restarts=N)) to resume by itself")
+
+
 def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
-                         restarts: int, folder: Path, fresh: bool) -> RunRecord:
+                         restarts: int, folder: Path, fresh: bool,
+                         resume_fix: ResumeFix | None = None) -> RunRecord:
     """Run ``launch(request)`` and, after a loss, again (``restarts`` times at most), each
-    attempt with its number and the checkpoint folder in the ranks' environment."""
+    attempt with its number and the checkpoint folder in the ranks' environment; a preempted
+    job without ``restarts`` ends with ``resume_fix`` (default: :func:`job_resume_fix`)."""
+    fix = resume_fix or job_resume_fix(folder)
     if fresh:
         shutil.rmtree(folder, ignore_errors=True)
     found = latest_checkpoint(folder)
@@ -151,13 +170,10 @@ def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
             if notice is not None:
                 preemptions += 1
                 if not restarts or preemptions > _max_preemptions():
-                    why = ("give --restarts N (HorovodRunner(restarts=N)) to resume by itself"
-                           if not restarts else f"{preemptions - 1} preemptions were resumed "
-                           f"already, the most {ENV_MAX_PREEMPTIONS} allows")
-                    raise HorovodJobError(
-                        f"The job was preempted: {notice}. Run it again to resume from that "
-                        f"checkpoint in {folder} (checkpoint.latest() gives it to the ranks), "
-                        f"or {why}.", log_path=exc.log_path) from None
+                    why = (fix.restarts if not restarts else f"{preemptions - 1} preemptions "
+                           f"were resumed already, the most {ENV_MAX_PREEMPTIONS} allows")
+                    raise HorovodJobError(f"The job was preempted: {notice}. {fix.again}, or "
+                                          f"{why}.", log_path=exc.log_path) from None
                 attempt += 1
                 resume = resumes_after_preemption(folder, notice)
                 causes.append(f"preempted: {notice} (ended {time.strftime('%H:%M:%S')}; "

@@ -39,7 +39,8 @@ from hvd_magics.protocol import (ENGINE_HOROVOD, ENV_ENGINE, ENV_EVERY_RESULT, E
 from hvd_magics.notices import say
 from hvd_magics.rank_names import rank_named, ranks_named
 from hvd_magics.result_codec import VALUE, ResultDecodeError, decode_strict
-from hvd_magics.job.restarts import checkpoint_folder, job_name, launch_with_restarts
+from hvd_magics.job.restarts import (ResumeFix, checkpoint_folder, job_name,
+                                     launch_with_restarts)
 from hvd_magics.job.run_logs import prune_old_runs, runs_dir
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.session import SESSION
@@ -277,6 +278,9 @@ class HorovodRunner:
                                           pool=pool is not None)
         self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
         self.fresh = bool(fresh)
+        #: How a preempted job without restarts tells the user to resume (``None``: a job's
+        #: own way; the HorovodEstimator says its modelDir and setRestarts).
+        self.resume_fix: ResumeFix | None = None
         pool_engine = getattr(pool, "engine", ENGINE_HOROVOD)
         self.engine = pool_engine if engine is None else validate_engine(engine)
         if pool is not None and self.engine != pool_engine:
@@ -364,7 +368,8 @@ class HorovodRunner:
             return launch(request)
         return launch_with_restarts(request, launch, self.restarts,
                                     checkpoint_folder(name or request.source,
-                                                      self.checkpoint_dir), self.fresh)
+                                                      self.checkpoint_dir), self.fresh,
+                                    self.resume_fix)
 
     def start(self, main: Callable[..., Any], **kwargs: Any) -> BackgroundJob:
         """Start ``main(**kwargs)`` on every rank in the background; return its handle at once.

@@ -15,9 +15,10 @@ many looks in a row no longer find it by half that margin. Its cause and figures
 all the steps those looks read (:data:`STREAK_STEPS`). The cause is the part of its own work
 (input or compute) that exceeds the others' the more; an excess that is at least half time the
 rank's training thread waited for a CPU outside collectives (ready to run, not running: its
-host's CPUs busy with other work, or its CPU time limited), and at most a quarter of it the
-rank's thread ran on one longer than the others' threads, is said to be that, not more work or
-slower input; on a CPU rank, a compute excess its thread neither ran nor waited for a CPU (a
+host's CPUs busy with other work, or its CPU time limited) beyond the others' wait for as much
+time on one, and at most a quarter of it the rank's thread ran on one longer than the others'
+threads (with their wait for that time: on a busy host more work waits in proportion), is said
+to be that, not more work or slower input; on a CPU rank, a compute excess its thread neither ran nor waited for a CPU (a
 sleep, a read, a lock) is said to be off the CPU.
 
 A link slower than the others' slows every rank's communication alike: no rank is named then
@@ -126,18 +127,32 @@ class Straggler:
     others_s: float
     cpu_wait_s: float = 0.0
     cpu_s: float = 0.0
+    #: The others' own work's wait for a CPU per second on one (the host's common waiting).
+    wait_ratio: float = 0.0
     step: int = 0
     #: Whether its training thread's CPU time is known and its host clock tells its compute
     #: (a CPU rank: on a GPU, the host thread also waits for the device off the CPU).
     cpu_known: bool = False
 
     @property
+    def more_work_s(self) -> float:
+        """Of its excess per step, what more time on a CPU explains, with the wait for a CPU
+        every rank has per second on one (more work on a busy host waits in proportion)."""
+        return self.cpu_s * (1 + self.wait_ratio)
+
+    @property
+    def starved_s(self) -> float:
+        """Of its excess per step, its wait for a CPU beyond the others' in proportion to its
+        time on one: a CPU it got less of than they did."""
+        return self.cpu_wait_s - self.wait_ratio * self.cpu_s
+
+    @property
     def waits_for_cpu(self) -> bool:
         """Whether its excess is mostly waiting for a CPU, not more work or slower input (more
-        work runs longer on a CPU, even where the rank waits for one too)."""
+        work runs longer on a CPU, and waits for one as long as the others' work does)."""
         excess = self.own_s - self.others_s
-        return (excess > 0 and self.cpu_wait_s >= CPU_WAIT_SHARE * excess
-                and self.cpu_s <= CPU_RAN_SHARE * excess)
+        return (excess > 0 and self.starved_s >= CPU_WAIT_SHARE * excess
+                and self.more_work_s <= CPU_RAN_SHARE * excess)
 
     @property
     def off_cpu(self) -> bool:
@@ -145,8 +160,8 @@ class Straggler:
         CPU (a sleep, a file read, a lock): not forward and backward."""
         excess = self.own_s - self.others_s
         return (self.cpu_known and self.cause == COMPUTE and excess > 0
-                and self.cpu_s <= CPU_RAN_SHARE * excess
-                and self.cpu_wait_s < CPU_WAIT_SHARE * excess)
+                and self.more_work_s <= CPU_RAN_SHARE * excess
+                and self.starved_s < CPU_WAIT_SHARE * excess)
 
     def _cause_text(self) -> str:
         if self.waits_for_cpu:
@@ -223,11 +238,14 @@ def look(parts: dict[int, StepParts], hosts: dict[int, str],
         named, others, whole = [slowest], [r for r in parts if r != slowest], False
         if not _holds_back(parts, named, others, share):
             return None
+    ran = statistics.median(parts[r].cpu_s for r in others)
     return Straggler(tuple(named), host, whole, _cause(parts, named, others),
                      statistics.mean(parts[r].own_s for r in named),
                      statistics.median(parts[r].own_s for r in others),
                      max(0.0, _excess(parts, named, others, "cpu_wait_s")),
-                     _excess(parts, named, others, "cpu_s"))
+                     _excess(parts, named, others, "cpu_s"),
+                     statistics.median(parts[r].cpu_wait_s for r in others) / ran if ran > 0
+                     else 0.0)
 
 
 def steady(window: dict[int, list[Row]], named: tuple[int, ...], share: float) -> bool:

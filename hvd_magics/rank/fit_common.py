@@ -15,6 +15,7 @@ import numpy as np
 
 from hvd_magics.protocol import (OUTPUT_EXP, OUTPUT_PROBABILITY, OUTPUT_SIGMOID,
                                  OUTPUT_SOFTMAX)
+from hvd_magics.rank import preemption
 from hvd_magics.rank.checkpoints import Position, epoch_plan, latest_checkpoint, write_checkpoint
 from hvd_magics.rank.event_files import EventFiles
 from hvd_magics.rank.fit_spec import FitSpec
@@ -80,6 +81,9 @@ class FitBook:
     position: Position = field(init=False)
     events: EventFiles | None = field(init=False)
     saved_at: float = field(init=False)
+    #: A preemption notice came at an epoch's last step: the attempt ends once the epoch is
+    #: recorded and saved (:meth:`end_epoch`).
+    noticed: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         self.history = list(self.state.get("history") or [])  # of earlier fits too
@@ -103,6 +107,22 @@ class FitBook:
         return self.writes and self.spec.checkpoint_secs is not None and done < steps and \
             time.monotonic() - self.saved_at >= self.spec.checkpoint_secs
 
+    def after_step(self, epoch: int, done: int, steps: int, global_step: int) -> None:
+        """After step ``done`` of ``steps`` of ``epoch`` (``global_step`` optimizer steps in
+        all), on every rank: rank 0's timed checkpoint when due; on a preemption notice (the same
+        step on every rank; asked only by a fit with a model directory), rank 0's checkpoint of
+        this step and the attempt's end (:class:`~hvd_magics.errors.Preempted`), at an epoch's
+        last step once the epoch is recorded."""
+        if self.spec.model_dir and preemption.preempting():
+            if done >= steps:  # end_epoch records the epoch and saves where the next begins
+                self.noticed = True
+                return
+            if self.writes:
+                self.save(Position(epoch, done, global_step))
+            preemption.after_save(global_step)
+        if self.checkpoint_due(done, steps):
+            self.save(Position(epoch, done, global_step))
+
     def save(self, at: Position) -> None:
         write_checkpoint(self.spec.model_dir, at, self.extension,
                          lambda path: self.write(path, at, self.history),
@@ -121,6 +141,8 @@ class FitBook:
             self.events.write(epoch + 1, logs)
         if self.writes:
             self.save(self.position)
+        if self.noticed:
+            preemption.after_save(global_step)
         return self.position
 
     def close(self) -> bool:

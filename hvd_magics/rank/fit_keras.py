@@ -164,23 +164,25 @@ def fit_keras(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | No
                 generator.reset_from_seed(step_seed(spec.seed + index, self.rank,
                                                     self.first_step + batch))
 
-    class _TimedCheckpoints(keras.callbacks.Callback):
-        """Rank 0 saves a checkpoint inside an epoch every ``checkpoint_secs`` seconds."""
+    class _AfterEachStep(keras.callbacks.Callback):
+        """Every rank, after each step: rank 0's timed checkpoint, and the save on a
+        preemption notice (:meth:`FitBook.after_step`)."""
 
         def __init__(self, epoch: int, first: int) -> None:
             super().__init__()
             self.epoch, self.first = epoch, first
 
+        def on_train_begin(self, logs: Any = None) -> None:
+            self.start = int(optimizer.iterations.numpy())  # read once, not every step
+
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            done = self.first + batch + 1
-            if book.checkpoint_due(done, steps):
-                book.save(Position(self.epoch, done, int(optimizer.iterations.numpy())))
+            book.after_step(self.epoch, self.first + batch + 1, steps, self.start + batch + 1)
 
     for epoch, first, count in book.plan(steps):
         callbacks = [hvd.callbacks.MetricAverageCallback()]
         callbacks += [_SeedEachStep()] if generators else []
-        if book.writes and spec.checkpoint_secs is not None:
-            callbacks.append(_TimedCheckpoints(epoch, first))
+        if spec.model_dir:
+            callbacks.append(_AfterEachStep(epoch, first))
         shown = progress_callback(keras, size, spec.epochs, steps)
         callbacks += [shown] if shown is not None else []
         fitted = model.fit(epoch_data(epoch, first, count), epochs=epoch + 1,

@@ -214,8 +214,7 @@ def fit_torch(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | No
             global_step += 1
             sums.add(output.detach(), target, loss.detach())
             progress.report(first + index + 1, loss=loss.detach())
-            if book.checkpoint_due(first + index + 1, steps):
-                book.save(Position(epoch, first + index + 1, global_step))
+            book.after_step(epoch, first + index + 1, steps, global_step)
         logs = sums.averages(hvd)
         if val is not None:
             logs.update(_evaluate(model, loss_fn, val_xs, val_ys, spec, output_kind, hvd))

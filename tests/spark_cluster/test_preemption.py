@@ -264,3 +264,38 @@ def test_a_background_job_decommissioned_twice_resumes_twice_without_using_its_r
     for rank, steps in ran.items():
         assert [step for _, step in steps] == list(range(140)), (rank, steps)
         assert {attempt for attempt, _ in steps} == {0, 1, 2}
+
+
+def test_a_horovod_estimator_saves_on_the_notice_by_itself_and_resumes_where_it_saved(
+        standalone_cluster, tmp_path):
+    from pyspark.sql import SparkSession
+
+    from hvd_magics.estimator import HorovodEstimator
+    from tests.estimator_models import torch_mlp_on_spot
+    from tests.frames import digits_frames
+
+    _spark_with_decommission(standalone_cluster)
+    train, _ = digits_frames(SparkSession.getActiveSession())
+    params = dict(loss="cross_entropy", learningRate=0.01, batchSize=32, epochs=3, np=2,
+                  featuresCol="pixels", shuffle=True, seed=5)
+    decommissioned = _decommission_rank_1s_worker_once_marked(standalone_cluster, tmp_path)
+    try:
+        fitted = HorovodEstimator(model=torch_mlp_on_spot(str(tmp_path), 10),
+                                  modelDir=str(tmp_path / "spot"), restarts=1, **params).fit(train)
+    finally:
+        _retire(standalone_cluster, decommissioned)
+    attempts = fitted.run_record.attempts
+    assert len(attempts) == 2 and attempts[-1] == "succeeded", attempts
+    assert attempts[0].startswith("preempted: the checkpoint of step "), attempts
+    saved = int(re.search(r"the checkpoint of step (\d+)", attempts[0]).group(1))
+    assert fitted.resumed_from["global_step"] == saved  # its own checkpoint of that step
+    total = 3 * fitted.steps_per_epoch
+    assert 10 < saved < total
+    for rank in (0, 1):  # every step once, on every rank: the first attempt's up to the save
+        attempt_of_step = (tmp_path / f"forwards-{rank}").read_text().split()
+        assert attempt_of_step == ["0"] * saved + ["1"] * (total - saved), rank
+    # Not compared with an uninterrupted fit's weights: on this cluster a fit given
+    # setMaxSteps(40), with no notice, already differed from an uninterrupted one in its first
+    # epoch's loss (1.0869 against 1.1422), while two uninterrupted fits were the same bit for
+    # bit; found here, left open in issue 60's note.
+    assert fitted.optimizer_step == total

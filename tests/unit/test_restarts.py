@@ -129,3 +129,11 @@ def test_preempted_attempts_start_again_without_counting_and_without_restarts_sa
             r".*\. Run it again to resume from that checkpoint in .*c \(checkpoint.latest\(\) gives "
             r"it to the ranks\), or give --restarts N")):
         launch_with_restarts(request, launch, 0, tmp_path / "c", fresh=False)
+    # the HorovodEstimator's way: fit again with its modelDir, or set restarts
+    from hvd_magics.job.restarts import ResumeFix
+
+    fix = ResumeFix("Fit again with modelDir='/m' to resume from it", "set restarts=N")
+    with pytest.raises(HorovodJobError, match=(
+            r"^The job was preempted: the checkpoint of step 45 .*\. Fit again with "
+            r"modelDir='/m' to resume from it, or set restarts=N\.$")):
+        launch_with_restarts(request, launch, 0, tmp_path / "c", fresh=False, resume_fix=fix)

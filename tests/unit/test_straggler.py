@@ -63,6 +63,23 @@ def test_compute_that_is_mostly_a_wait_for_a_cpu_is_said_to_be_one():
     assert splits.intervals[0]["cpu_s"] == 0.03
 
 
+def test_more_work_on_a_busy_host_is_more_work_though_most_of_its_excess_waits_for_a_cpu():
+    """Every rank waits for a CPU three seconds a second it runs (four ranks on two cores and
+    other work besides): a rank with 25% more to compute waits 25% longer as well. The old rule
+    (half the excess waiting, at most a quarter of it running) called that waiting for a CPU."""
+    parts = {0: StepParts(0.052, 0.001, 0.012, 0.030, 0.010),
+             1: StepParts(0.052, 0.001, 0.002, 0.0375, 0.0125)}
+    found = look(parts, {})
+    assert found is not None and found.ranks == (1,) and found.wait_ratio == 3.0
+    assert not found.waits_for_cpu and round(found.starved_s, 6) == 0.0
+    assert "in compute (forward, backward, optimizer)" in found.text()
+    # the same host, the same work, but it waits twice as long a second on a CPU: starved
+    parts[1] = StepParts(0.052, 0.001, 0.002, 0.040, 0.010)
+    found = look(parts, {})
+    assert found is not None and found.waits_for_cpu, found
+    assert "in compute, most of it waiting for a CPU" in found.text()
+
+
 def test_a_longer_input_wait_that_is_mostly_a_wait_for_a_cpu_is_said_to_be_one():
     """On a busy host the rank the scheduler starves is late wherever it happens to be: in its
     data loader's ``__next__`` as well as in compute. Its input is not slower then."""
