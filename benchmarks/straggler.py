@@ -113,7 +113,8 @@ def clean(count: int, steps: int) -> int:
         found = _named(record)
         named += bool(found)
         print(f"clean run {run + 1} np={np} {engine}: "
-              + ("; ".join(t[:100] for _, t in found) or "nobody named"), flush=True)
+              + ("; ".join(f"{t[:60]} ... {t.split(' s), ')[-1][:80]}" for _, t in found)
+                 or "nobody named"), flush=True)
     return named
 
 
