@@ -128,10 +128,13 @@ class RunRecord:
         """Each rank's training steps split into input, compute and communication, a few rows
         a second per rank, as a pandas DataFrame: ``rank``, ``host``, ``time_s`` (since the job
         began), ``steps`` (how many the row covers) and their mean ``step_s``, ``input_s``,
-        ``compute_s``, ``comm_s`` (needs pandas)."""
+        ``compute_s``, ``comm_s``, and ``cpu_wait_s`` and ``cpu_s``: how long the rank's training
+        thread waited for a CPU and ran on one in its own work (outside collectives; 0 where
+        Linux does not say), what a verdict of "waiting for a CPU" rests on (needs pandas)."""
         import pandas as pd
 
-        columns = ["rank", "host", "time_s", "steps", "step_s", "input_s", "compute_s", "comm_s"]
+        columns = ["rank", "host", "time_s", "steps", "step_s", "input_s", "compute_s", "comm_s",
+                   "cpu_wait_s", "cpu_s"]
         return pd.DataFrame(self.step_intervals, columns=columns)
 
     @property

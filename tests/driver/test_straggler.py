@@ -73,6 +73,8 @@ def test_a_rank_that_shares_its_cpu_with_a_busy_process_is_named_waiting_for_a_c
     by_rank = {row["rank"]: row for row in record.step_split}
     margin = 0.002 if _busy(record, ranks=[0]) else 0.005  # rank 0 waits too on a busy host
     assert by_rank[1]["cpu_wait_s"] > by_rank[0]["cpu_wait_s"] + margin
+    waited = record.steps.groupby("rank")["cpu_wait_s"].mean()  # the evidence, for the user
+    assert waited[1] > waited[0]
 
 
 @pytest.mark.parametrize("engine", ["torch", "horovod"])
