@@ -372,7 +372,7 @@ ZYGOTE_LATE_ENV = (ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_TF_CONFIG, ENV_TORCH_RA
 # -- the columns that carry a job's DataFrames to its barrier stage -----------------------------
 #: ``__source`` is the DataFrame's index, ``__key`` sends the row to its task, ``__s<index>``
 #: holds the row's columns as a struct (see hvd_magics.launch.dataframe_input).
-SOURCE_COLUMN, KEY_COLUMN, ROW_COLUMN = "__source", "__key", "__s{}"
+SOURCE_COLUMN, KEY_COLUMN, ROW_COLUMN, ORDER_COLUMN = "__source", "__key", "__s{}", "__order"
 
 
 # -- building Horovod (hvd_magics.horovod.build) ----------------------------------------------------

@@ -9,7 +9,11 @@ the driver or through Python before the barrier stage, in one Spark shuffle:
    there), so each input partition is dealt out evenly, its remainder rows rotating with the
    partition: shards differ by a few rows at most, whatever the partitions' sizes.
 2. The sources are unioned by name (a row has nulls in the other sources' struct columns) and
-   repartitioned by ``__key`` into ``np`` partitions; the barrier stage runs on them. Each task
+   repartitioned by ``__key`` into ``np`` partitions, each sorted by source and by where its
+   rows were (``__order``: partition and row): the shuffle hands a task its rows in the order
+   its fetches complete, which on a cluster differs from one job to the next, and a shard's
+   order is what a seeded shuffle of its batches permutes (a resumed fit, a second run, must
+   see the same batches). The barrier stage runs on them. Each task
    writes its rows of each source to a local Arrow file (:mod:`hvd_magics.task.shard_files`), and
    its rank reads that file as a :class:`hvd_magics.rank.shard.Shard`.
 
@@ -24,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from hvd_magics.errors import PayloadError
-from hvd_magics.protocol import KEY_COLUMN, ROW_COLUMN, SOURCE_COLUMN
+from hvd_magics.protocol import KEY_COLUMN, ORDER_COLUMN, ROW_COLUMN, SOURCE_COLUMN
 #: The seed of Spark's ``HashPartitioning`` (``Murmur3Hash``).
 SPARK_HASH_SEED = 42
 
@@ -194,12 +198,14 @@ def _tagged(source: DataFrameSource, np: int) -> Any:
     from pyspark.sql import functions as F
 
     keys = F.array(*[F.lit(k) for k in partition_keys(np)])
-    row_in_partition = F.monotonically_increasing_id().bitwiseAND((1 << 33) - 1)
+    where = F.monotonically_increasing_id()  # partition << 33 | row in partition
+    row_in_partition = where.bitwiseAND((1 << 33) - 1)
     task = (row_in_partition + F.spark_partition_id()) % np
     columns = [F.col(f"`{name}`") for name in source.frame.columns]
     return source.frame.select(F.lit(source.index).alias(SOURCE_COLUMN),
                                F.element_at(keys, (task + 1).cast("int")).alias(KEY_COLUMN),
-                               F.struct(*columns).alias(ROW_COLUMN.format(source.index)))
+                               F.struct(*columns).alias(ROW_COLUMN.format(source.index)),
+                               where.alias(ORDER_COLUMN))
 
 
 def sharded_input(sources: Iterable[DataFrameSource], np: int) -> Any:
@@ -207,4 +213,5 @@ def sharded_input(sources: Iterable[DataFrameSource], np: int) -> Any:
     those of the rank that barrier task ``p`` hosts."""
     tagged = [_tagged(source, np) for source in sources]
     combined = functools.reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), tagged)
-    return combined.repartition(np, KEY_COLUMN)
+    return combined.repartition(np, KEY_COLUMN).sortWithinPartitions(SOURCE_COLUMN,
+                                                                     ORDER_COLUMN)
