@@ -12,15 +12,15 @@ def _run(engine, **kwargs):
         serialize_job(engine_jobs.straggler_ddp, {"engine": engine, **kwargs}), views=[])
 
 
-def _named(record, rank):
-    """The step at which ``rank`` was first named and that verdict. A verdict on another rank
+def _named(record, rank, cause):
+    """The step at which ``rank`` was first named for ``cause`` and that verdict. A verdict
     before it must be one of a rank starved of a CPU (the suite's other lanes share these two
-    cores): no other cause is ever said of a rank that was not slowed."""
+    cores; the slowed rank may be starved too, for a spell): no other cause is ever said."""
     for verdict in record.stragglers:
-        if f": rank {rank} (host " in verdict:
+        if f": rank {rank} (host " in verdict and cause in verdict:
             return int(verdict.split(":")[0].removeprefix("from step ")), verdict
         assert "most of it waiting for a CPU" in verdict, record.stragglers
-    raise AssertionError(f"rank {rank} was never named: {record.stragglers}")
+    raise AssertionError(f"rank {rank} was never named {cause}: {record.stragglers}")
 
 
 def _busy(record, ranks=(0, 1)):
@@ -38,9 +38,8 @@ def test_a_ddp_rank_slowed_in_compute_is_named_within_twenty_steps_with_its_spli
     slowed is rightly named for it, which a test of the onset cannot tell apart)."""
     record = _run("torch", steps=70, slow_rank=1, how="compute", slower=0.3)
     assert record.value == 70
-    step, verdict = _named(record, 1)
+    step, verdict = _named(record, 1, "in compute")
     assert step < (40 if _busy(record) else 20), verdict
-    assert "in compute" in verdict
     by_rank = {row["rank"]: row for row in record.step_split}
     assert [by_rank[r]["steps"] for r in (0, 1)] == [69, 69]  # the first step has no start
     # rank 0 waits for rank 1 (by its 9 ms more a step on a quiet host; less where the suite's
@@ -55,12 +54,12 @@ def test_a_ddp_rank_slowed_in_compute_is_named_within_twenty_steps_with_its_spli
 
 
 def test_a_horovod_rank_slowed_in_its_data_loader_is_named_for_its_input():
-    record = _run("horovod", steps=50, slow_rank=0, how="input", slower=0.3)
-    step, verdict = _named(record, 0)
+    # 80 steps: on a busy host a spell of starving rank 0 can be named first and cleared
+    record = _run("horovod", steps=80, slow_rank=0, how="input", slower=0.3)
     busy = _busy(record)
-    assert ("in its input pipeline" if busy else "in its input pipeline (waiting for batches)"
-            ) in verdict, record.stragglers
-    assert step < (40 if busy else 20), verdict
+    step, verdict = _named(record, 0, "in its input pipeline" if busy else
+                           "in its input pipeline (waiting for batches)")
+    assert step < (60 if busy else 20), verdict
     by_rank = {row["rank"]: row for row in record.step_split}
     assert by_rank[0]["input_s"] > 0.005 > by_rank[1]["input_s"]
 
