@@ -75,11 +75,11 @@ CPU_WAIT_SHARE = 0.5
 CPU_RAN_SHARE = 0.25
 #: The causes a verdict names.
 INPUT, COMPUTE = "input", "compute"
-_CAUSE_TEXT = {INPUT: "in its input pipeline (waiting for batches)",
-               COMPUTE: "in compute (forward, backward, optimizer)"}
-_CPU_WAIT_TEXT = {
-    cause: f"{_CAUSE_TEXT[cause].split(' (')[0]}, most of it waiting for a CPU (its host's CPUs "
-           "are busy with other work, or its CPU time is limited)" for cause in _CAUSE_TEXT}
+_PART = {INPUT: "in its input pipeline", COMPUTE: "in compute"}
+_CAUSE_TEXT = {INPUT: f"{_PART[INPUT]} (waiting for batches)",
+               COMPUTE: f"{_PART[COMPUTE]} (forward, backward, optimizer)"}
+_CPU_WAIT_TEXT = {cause: f"{part}, most of it waiting for a CPU (its host's CPUs are busy with "
+                         "other work, or its CPU time is limited)" for cause, part in _PART.items()}
 _OFF_CPU_TEXT = ("in its own code but mostly off the CPU, not waiting for one (sleeping, reading "
                  "files, waiting on a lock or a subprocess)")
 
