@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping
 
 from hvd_magics.errors import HorovodJobError, PayloadError, PoolError, StartTimeoutError
 from hvd_magics.job.runner import HorovodRunner
+from hvd_magics.job.preemption import notice_text
 from hvd_magics.job.session import SESSION
 from hvd_magics.launch.driver_backend import DriverBackend
 from hvd_magics.launch.local_ranks import reap_local_ranks
@@ -223,6 +224,9 @@ class HorovodPool:
         self.hosts: dict[int, str] = {}
         #: Where each rank's task receives the shards of DataFrames cells read (on Spark).
         self.data_targets: dict[int, tuple[str, int]] = {}
+        #: Each rank's Spark task attempt id (on Spark): how a decommissioned executor's ranks
+        #: are found.
+        self.tasks: dict[int, int] = {}
         began = time.monotonic()
         self.backend.start(serialize_job(serve_cells, {}).blob, self.job_id, self.events)
         try:
@@ -251,9 +255,12 @@ class HorovodPool:
             if event.get("kind") == STARTED:
                 pids[event["rank"]] = event.get("pid")
                 self.hosts[event["rank"]] = event.get("host", "")
-            elif event.get("kind") == TASK_STARTED and event.get("data"):
-                host, port = event["data"]
-                self.data_targets[event["rank"]] = (host, int(port))
+            elif event.get("kind") == TASK_STARTED:
+                if event.get("data"):
+                    host, port = event["data"]
+                    self.data_targets[event["rank"]] = (host, int(port))
+                if event.get("task") is not None:
+                    self.tasks[event["rank"]] = int(event["task"])
             elif event.get("kind") == TASK_ERROR:
                 errors.append(event.get("traceback", ""))
             if errors or self.events.exited or self.backend.finished:
@@ -341,10 +348,12 @@ class HorovodPool:
             raise PoolError("the warm pool is running another cell (a background one? its "
                             "handle's wait() or stop()); wait for it to end.")
         lost = self.lost_since_last_cell()
-        if lost:
+        going = "" if lost else self.decommissioning()
+        if lost or going:
             self.restart()
-            print(f"hvd_magics: the warm pool lost {lost} since its last cell; its ranks were "
-                  "restarted, so their variables are gone.", file=sys.stderr)
+            what = (f"the warm pool lost {lost} since its last cell; its ranks were restarted"
+                    if lost else f"{going}: the warm pool's ranks were restarted away from it")
+            print(f"hvd_magics: {what}, so their variables are gone.", file=sys.stderr)
         rank_envs: list[dict[str, str]] = [{ENV_SHARDS: "[]"}] * abs(self.np)
         if sources is not None and len(sources):
             if self.shards is None:
@@ -396,6 +405,13 @@ class HorovodPool:
         if self.backend.finished:
             return f"its ranks ({self.backend.describe_failure() or 'the Spark job ended'})"
         return ""
+
+    def decommissioning(self) -> str:
+        """``"executor 3 (host X, rank 1) is being decommissioned"`` when Spark decommissions an
+        executor that runs ranks of the pool (a spot instance taken back), else ``""``: ranks
+        that stayed there would be lost with it in a later cell."""
+        found = self.backend.decommissioning(self.tasks) if self.tasks else {}
+        return notice_text(found) if found else ""
 
     def _finished_cell(self) -> None:
         self.cells += 1
@@ -457,7 +473,7 @@ class PoolCell:
 
     def stop(self) -> None:
         """Interrupt the ranks still in the cell; restart them if they do not come back (or
-        when one of them is gone)."""
+        when one of them is gone, or its executor is being decommissioned)."""
         if self.restart_note:
             return
         if not self.finished:
@@ -466,10 +482,11 @@ class PoolCell:
             while not self.finished and time.monotonic() < deadline:
                 time.sleep(0.05)
         lost = self.pool.lost_since_last_cell()
-        if self.finished and not lost:
+        going = "" if lost else self.pool.decommissioning()
+        if self.finished and not lost and not going:
             return
         stuck = sorted(set(range(abs(self.pool.np))) - self.pool.events.done)
-        why = (f"the pool lost {lost}" if lost else
+        why = (f"the pool lost {lost}" if lost else going or
                f"{ranks_named(stuck)} did not come "
                f"back within {CELL_STOP_WAIT_S:.0f} s of the interrupt (stuck in a collective "
                "a peer never entered?)")
@@ -483,7 +500,8 @@ class PoolCell:
         while not self.finished and time.monotonic() < deadline and not self.restart_note:
             time.sleep(0.02)
         self.pool.events.end()
-        if self.pool.lost_since_last_cell():  # a rank process or its executor is gone
+        # a rank process or its executor is gone, or going (a decommissioned executor's)
+        if self.pool.lost_since_last_cell() or self.pool.decommissioning():
             self.stop()
         self.pool._values_arrived(self.pool.events.succeeded and not self.restart_note)
         self.pool._finished_cell()
@@ -508,10 +526,12 @@ class PoolCell:
         return False  # a cell's steps are not judged by host (heard_ago says nothing)
 
     def decommissioning(self, tasks: dict[int, int]) -> dict[int, tuple[str, str]]:  # noqa: ARG002
-        return {}  # a pool replaces a lost rank at its next cell; no notice yet
+        """The pool's ranks whose executor is being decommissioned (the cell's own rows know
+        no task: the pool's tasks started before it)."""
+        return self.pool.backend.decommissioning(self.pool.tasks) if self.pool.tasks else {}
 
-    def preempt(self, at: int, notice: str) -> None:  # noqa: ARG002
-        pass  # never called (decommissioning says nothing)
+    def preempt(self, at: int, notice: str) -> None:
+        self.pool.backend.preempt(at, notice)
 
     def missing_module_fix(self) -> str:
         return self.pool.backend.missing_module_fix()

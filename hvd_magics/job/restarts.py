@@ -130,6 +130,17 @@ def job_resume_fix(folder: Path) -> ResumeFix:
                      "give --restarts N (HorovodRunner(restarts=N)) to resume by itself")
 
 
+def pool_resume_fix(folder: Path) -> ResumeFix:
+    """A warm pool's cell's: its ranks were restarted away from the executor going (their
+    variables are gone), and a pool refuses ``restarts``."""
+    return ResumeFix("The warm pool's ranks were restarted away from it, so their variables "
+                     "are gone: run the cells that set them up again, then this one, to resume "
+                     f"from that checkpoint in {folder} (checkpoint.latest() gives it to the "
+                     "ranks)",
+                     "run it cold with --restarts N (%%horovod --cold --restarts N, "
+                     "HorovodRunner(np, restarts=N)) to resume by itself")
+
+
 def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
                          restarts: int, folder: Path, fresh: bool,
                          resume_fix: ResumeFix | None = None) -> RunRecord:

@@ -40,7 +40,7 @@ from hvd_magics.notices import say
 from hvd_magics.rank_names import rank_named, ranks_named
 from hvd_magics.result_codec import VALUE, ResultDecodeError, decode_strict
 from hvd_magics.job.restarts import (ResumeFix, checkpoint_folder, job_name,
-                                     launch_with_restarts)
+                                     launch_with_restarts, pool_resume_fix)
 from hvd_magics.job.run_logs import prune_old_runs, runs_dir
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.session import SESSION
@@ -362,14 +362,11 @@ class HorovodRunner:
                             job_name)
 
     def _launch(self, request: LaunchRequest, name: str | None = None) -> RunRecord:
-        """One job, started again after a loss up to ``restarts`` times (not on a pool, whose
-        ranks keep their environment)."""
-        if request.pool is not None:
-            return launch(request)
-        return launch_with_restarts(request, launch, self.restarts,
-                                    checkpoint_folder(name or request.source,
-                                                      self.checkpoint_dir), self.fresh,
-                                    self.resume_fix)
+        """One job, started again after a loss up to ``restarts`` times (never on a pool:
+        its cell runs once, in its own checkpoint folder as a cold job's)."""
+        folder = checkpoint_folder(name or request.source, self.checkpoint_dir)
+        fix = self.resume_fix or (pool_resume_fix(folder) if request.pool is not None else None)
+        return launch_with_restarts(request, launch, self.restarts, folder, self.fresh, fix)
 
     def start(self, main: Callable[..., Any], **kwargs: Any) -> BackgroundJob:
         """Start ``main(**kwargs)`` on every rank in the background; return its handle at once.

@@ -195,6 +195,22 @@ def test_a_rank_killed_between_runs_is_replaced_at_the_next_run_which_says_so(po
             in capsys.readouterr().err)
 
 
+def test_ranks_on_an_executor_decommissioned_between_runs_are_restarted_first(pool, capsys,
+                                                                             monkeypatch):
+    """Spark's scheduler stands in here (ranks on the driver have no executor): what it says of
+    the pool's tasks is the real one's shape (tests/spark_cluster/test_preemption.py has the
+    real one during a cell)."""
+    pool.run(jobs.pool_keep, kept="yes")
+    monkeypatch.setattr(pool, "tasks", {0: 11, 1: 12})
+    monkeypatch.setattr(pool.backend, "decommissioning",
+                        lambda tasks: {1: ("3", "10.0.0.4")} if 12 in tasks.values() else {})
+    assert pool.run(jobs.pool_read, name="kept")[0] is None  # run on restarted ranks
+    assert pool.restarts == 1
+    assert ("hvd_magics: executor 3 (host 10.0.0.4, rank 1) is being decommissioned: the warm "
+            "pool's ranks were restarted away from it, so their variables are gone."
+            in capsys.readouterr().err)
+
+
 def test_a_rank_killed_during_a_run_fails_it_and_the_pool_comes_back(pool):
     with pytest.raises(HorovodJobError) as info:
         pool.run(jobs.fail_on_rank, bad_rank=1, how="kill")

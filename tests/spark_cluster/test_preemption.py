@@ -304,3 +304,41 @@ def test_a_horovod_estimator_saves_on_the_notice_by_itself_and_resumes_where_it_
                              **params).fit(train)
     for a, b in zip(model_weights(whole), model_weights(fitted), strict=True):
         assert (a == b).all(), float(abs(a - b).max())  # bit for bit
+
+
+def test_a_warm_pool_s_cell_saves_on_the_notice_and_its_ranks_leave_the_executor(
+        standalone_cluster, tmp_path):
+    """A cell on a warm pool gets the notice as a cold job does: every rank saves at one step
+    and the cell ends, saying how to resume; the pool's ranks start again away from the
+    decommissioned executor (the pool stays usable), and the cell run again resumes from the
+    step saved: every step once, and an uninterrupted run's weights, bit for bit."""
+    from hvd_magics import HorovodJobError, HorovodPool
+
+    _spark_with_decommission(standalone_cluster)
+    decommissioned = _decommission_rank_1s_worker_once_marked(standalone_cluster, tmp_path)
+    job = dict(steps=80, every=20, step_s=0.05, spot=(10, str(tmp_path)), engine="horovod")
+    try:
+        with HorovodPool(np=2, start_timeout=120) as pool:
+            runner = HorovodRunner(np=2, pool=pool, checkpoint_dir=tmp_path / "spot")
+            first_tasks = set(pool.tasks.values())
+            with pytest.raises(HorovodJobError) as preempted:
+                runner.run(steps_with_checkpoints, **job)
+            assert pool.alive and pool.restarts == 1
+            resumed = runner.run(steps_with_checkpoints, **job)
+    finally:
+        _retire(standalone_cluster, decommissioned)
+    told = str(preempted.value)
+    first_line = told.splitlines()[0]
+    assert first_line.startswith("The job was preempted: the checkpoint of step "), told
+    assert "being decommissioned" in first_line and "run the cells that set them up" in told
+    assert str(tmp_path / "spot") in told
+    assert first_tasks and not first_tasks & set(pool.tasks.values())  # new tasks: restarted
+    ran = {rank: [step for _, step in (tuple(map(int, line.split())) for line in
+                  (tmp_path / f"steps-{rank}").read_text().splitlines())] for rank in (0, 1)}
+    for rank, steps in ran.items():  # every step once, across the two runs of the cell
+        assert steps == list(range(80)), (rank, steps)
+    saved = int(re.search(r"the checkpoint of step (\d+)", first_line).group(1))
+    assert 10 < saved < 80 and resumed["start"] == saved, (saved, resumed["start"])
+    whole = HorovodRunner(np=2, engine="horovod", checkpoint_dir=tmp_path / "whole").run(
+        steps_with_checkpoints, steps=80, every=20, engine="horovod")
+    assert resumed["weights"] == whole["weights"]  # bit for bit
