@@ -1238,3 +1238,44 @@ def pick_local_rank_gpu():
         raise RuntimeError("CUDA error: invalid device ordinal\nGPU device may be out of range, "
                            "do you have enough GPUs?")
     return "ok"
+
+
+def keras_mwms_spot(order_at: int = 12, epochs: int = 3, steps: int = 16):
+    """A Keras ``fit`` under ``MultiWorkerMirroredStrategy`` (Adam, a ``BatchNormalization``,
+    whose moving statistics are synchronised on read), nothing of preemption in it. On the
+    first attempt every worker gets the driver's preemption order after global step
+    ``order_at`` (as the supervisor hands it on: :func:`hvd_magics.rank.preemption.on_order`),
+    for the call two batches on. Returns the attempt, the global steps it ran and the weights
+    (as lists)."""
+    import json
+
+    import numpy as np
+    import tensorflow as tf
+
+    from hvd_magics import checkpoint
+    from hvd_magics.rank import preemption
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        tf.keras.utils.set_random_seed(0)
+        model = tf.keras.Sequential([tf.keras.Input((4,)),
+                                     tf.keras.layers.Dense(8, activation="relu"),
+                                     tf.keras.layers.BatchNormalization(),
+                                     tf.keras.layers.Dense(1)])
+        model.compile(optimizer=tf.keras.optimizers.Adam(0.01), loss="mse")
+    x = np.random.default_rng(0).normal(size=(steps * 16, 4)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, x.sum(axis=1, keepdims=True))).batch(16)
+    attempt, ran = checkpoint.attempt(), []
+
+    class Order(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            ran.append(self.epoch * steps + batch + 1)
+            if attempt == 0 and ran[-1] == order_at:  # the fit's own asks come after this one
+                at = preemption._state.calls + 3  # noqa: SLF001 - the driver's pick
+                preemption.on_order(json.dumps({"at": at, "notice": "executor 1 is going"}))
+
+    model.fit(data, epochs=epochs, verbose=0, callbacks=[Order()])
+    return attempt, ran, [w.tolist() for w in model.get_weights()]

@@ -115,3 +115,27 @@ def test_a_keras_fit_under_tf_distribute_resumes_with_backup_and_restore(tmp_pat
         engine_jobs.tf_fit_with_backup)
     assert whole["ran"] == [1, 2, 3, 4, 5, 6]
     assert abs(resumed["weights"] - whole["weights"]) < 1e-4, (resumed, whole)
+
+
+def test_a_keras_fit_under_tf_distribute_saves_on_the_notice_by_itself_on_every_worker(tmp_path):
+    """Every worker takes part in the save (rank 0 writing alone waited forever in the read of
+    the BatchNormalization's statistics, a collective); the next attempt resumes at the batch
+    after the one saved. The order is handed to the workers as their supervisor does (driver
+    ranks have no executor to decommission; tests/spark_cluster/test_preemption.py has Spark's
+    notice reaching them)."""
+    import numpy as np
+
+    attempt, ran, weights = HorovodRunner(np=-2, engine="tf", restarts=1,
+                                          checkpoint_dir=tmp_path).run(engine_jobs.keras_mwms_spot)
+    saved = last_run().attempts[0]
+    assert saved.startswith("preempted: the checkpoint of step 14 was saved"), saved
+    assert attempt == 1 and ran == list(range(15, 49)), (attempt, ran)
+    assert (tmp_path / "keras_on_notice" / "step-14" / "position.json").is_file()
+    _, _, whole = HorovodRunner(np=-2, engine="tf", checkpoint_dir=tmp_path / "whole").run(
+        engine_jobs.keras_mwms_spot, order_at=0)
+    moving = {4, 5}  # the BatchNormalization's moving mean and variance
+    for index, (a, b) in enumerate(zip(weights, whole, strict=True)):
+        if index in moving:  # saved as the workers' mean, as TensorFlow saves such variables
+            assert np.allclose(a, b, rtol=0, atol=1e-6), index
+        else:
+            assert a == b, index  # bit for bit

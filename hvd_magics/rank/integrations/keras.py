@@ -23,6 +23,11 @@ temporary name renamed into place), and the attempt ends (``Preempted``). The ne
 of that epoch, its input advanced past the batches done (tf_keras's own ``BackupAndRestore``
 starts that epoch's input from its first batch again), so no step is redone.
 
+Under ``tf.distribute`` (the tf engine) the same, every worker writing (the others into a
+folder of their own, removed): a variable synchronised on read is read by a collective. Keras 3's
+``fit`` does not save on the notice (it cannot resume inside an epoch; nor does it train under
+Horovod's API or several ``tf.distribute`` workers).
+
 On the tf engine, a ``fit`` whose model was built outside a ``MultiWorkerMirroredStrategy`` of
 the job's workers (it would train each worker alone) is refused with the fix.
 """
@@ -33,7 +38,9 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from hvd_magics.protocol import ENGINE_HOROVOD, ENGINE_TF, ENV_ENGINE, ENV_KERAS_PROGRESS, ENV_RANK
@@ -53,25 +60,39 @@ SAVED_ON_NOTICE = "keras_on_notice"  # beside a BackupAndRestore folder "keras" 
 
 
 def _saves_on_notice() -> bool:
-    """Whether a ``fit`` here saves on a preemption notice (a Horovod job's ranks: every rank
-    holds the same variables, rank 0 writes them)."""
-    return os.environ.get(ENV_ENGINE) == ENGINE_HOROVOD
+    """Whether a ``fit`` here saves on a preemption notice: a Horovod job's ranks or a
+    ``tf.distribute`` job's workers (every one holds the same variables)."""
+    return os.environ.get(ENV_ENGINE) in (ENGINE_HOROVOD, ENGINE_TF)
 
 
 def _save_on_notice(model: Any, epoch: int, batch: int, step: int) -> None:
-    """Every rank: rank 0 writes the variables and the position, then the attempt ends."""
-    if os.environ.get(ENV_RANK, "0") == "0":
-        import tensorflow as tf
+    """Every rank: rank 0 writes the variables and the position, then the attempt ends.
 
-        folder = notice_folder(SAVED_ON_NOTICE)
-        final, partial = folder / f"step-{step}", folder / f".step-{step}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
+    Under ``tf.distribute`` every worker writes (the others into a folder of their own, then
+    removed), as TensorFlow asks: reading a variable synchronised on read (a
+    ``BatchNormalization``'s moving mean) is a collective of every worker, and rank 0 writing
+    alone waited in it forever while the others had ended."""
+    import tensorflow as tf
+
+    writes = os.environ.get(ENV_RANK, "0") == "0"
+    if not writes and os.environ.get(ENV_ENGINE) != ENGINE_TF:
+        preemption.after_save(step)
+        return
+    folder = notice_folder(SAVED_ON_NOTICE) if writes else Path(tempfile.mkdtemp())
+    final, partial = folder / f"step-{step}", folder / f".step-{step}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
         tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(str(partial / "state"))
+        if not writes:
+            return
         (partial / "position.json").write_text(json.dumps(
             {"epoch": epoch, "batch": batch, "step": step}))
         os.replace(partial, final)
-    preemption.after_save(step)
+    finally:
+        if not writes:
+            shutil.rmtree(folder, ignore_errors=True)
+        preemption.after_save(step)
 
 
 class _ResumeAt:
@@ -244,7 +265,9 @@ def patch_keras(module: Any) -> None:
         given = list(kwargs.get("callbacks") or (args[5] if len(args) > 5 else None) or [])
         for callback in given:
             _time_broadcast(callback)
-        saves = _saves_on_notice()
+        # tf_keras only: Keras 3's fit would restore the variables and not where it was (it
+        # has no _training_state), training again the steps done
+        saves = _saves_on_notice() and module.__name__ == "tf_keras"
         told = "initial_epoch" in kwargs or len(args) > 11  # fit's 12th argument
         resume = _resume_saved(self) if saves and not told else None
         if not any(isinstance(c, callback_class) for c in given):
