@@ -237,6 +237,9 @@ ENV_STEP_SPLIT = "HVD_MAGICS_STEP_SPLIT"
 ENV_HOST_SILENT = "HVD_MAGICS_HOST_SILENT_S"
 #: How many attempts of one job may end on a preemption notice (hvd_magics.job.restarts).
 ENV_MAX_PREEMPTIONS = "HVD_MAGICS_MAX_PREEMPTIONS"
+#: Seconds rank 0 may take to write a preemption notice's checkpoint after the other ranks
+#: ended on it (hvd_magics.job.runner).
+ENV_NOTICE_SAVE_WAIT = "HVD_MAGICS_NOTICE_SAVE_WAIT_S"
 #: Raises the size limit (MB) of the values a job sends back to the notebook.
 ENV_MAX_RESULT_MB = "HVD_MAGICS_MAX_RESULT_MB"
 #: ``"1"``: every rank sends its value back, not only rank 0 (``@distributed``'s list of them).

@@ -1279,3 +1279,46 @@ def keras_mwms_spot(order_at: int = 12, epochs: int = 3, steps: int = 16):
 
     model.fit(data, epochs=epochs, verbose=0, callbacks=[Order()])
     return attempt, ran, [w.tolist() for w in model.get_weights()]
+
+
+class SlowSave:
+    """Part of a checkpoint that takes ``seconds`` to pickle (a large model's state); it is
+    read back as an empty dict."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __reduce__(self):
+        import time
+
+        time.sleep(self.seconds)
+        return (dict, ())
+
+
+def ddp_slow_save_on_notice(save_s: float, order_after: int = 5, steps: int = 20):
+    """A DDP loop that saves when ``checkpoint.preempting()`` says so, rank 0's save taking
+    ``save_s``; on the first attempt every rank gets the driver's preemption order after step
+    ``order_after`` (as its supervisor hands it on), for the call two steps on. Returns the
+    attempt and the step it started from."""
+    import json
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from hvd_magics import checkpoint
+    from hvd_magics.rank import preemption
+
+    dist.init_process_group("gloo")
+    found = checkpoint.latest()
+    start = 0 if found is None else found[1]
+    total = torch.zeros(1)
+    for step in range(start, steps):
+        dist.all_reduce(total)
+        time.sleep(0.02)
+        if step == order_after and checkpoint.attempt() == 0:
+            at = preemption._state.calls + 3  # noqa: SLF001 - the driver's pick
+            preemption.on_order(json.dumps({"at": at, "notice": "executor 1 is going"}))
+        if checkpoint.preempting():
+            checkpoint.save({"state": SlowSave(save_s)}, step + 1)
+    return checkpoint.attempt(), start

@@ -443,6 +443,10 @@ class JobState:
         state.left = True
         state.ddp_steps = event.get("steps")
 
+    def ended_on_notice(self) -> list[int]:
+        """Ranks that ended on purpose at a preemption notice, their part of the save done."""
+        return [r.rank for r in self.ranks if r.stopped_on_notice]
+
     def finished_ranks(self) -> list[int]:
         """Ranks whose code returned: leaving their engine, or ended with success (a pool's
         rank whose cell ended)."""

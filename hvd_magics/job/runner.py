@@ -34,8 +34,8 @@ from hvd_magics.launch.dataframe_input import check_columns, common_session
 from hvd_magics.task.engines import engine_of
 from hvd_magics.launch.payload import JobPayload, leading_imports, serialize_job
 from hvd_magics.protocol import (ENGINE_HOROVOD, ENV_ENGINE, ENV_EVERY_RESULT, ENV_HOST_SILENT,
-                                 ENV_PREIMPORT, ENV_STALL_CHECK, ENV_TIMELINE_MARK_CYCLES,
-                                 ENV_WANT_TIMELINE)
+                                 ENV_NOTICE_SAVE_WAIT, ENV_PREIMPORT, ENV_STALL_CHECK,
+                                 ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE)
 from hvd_magics.notices import say
 from hvd_magics.rank_names import rank_named, ranks_named
 from hvd_magics.result_codec import VALUE, ResultDecodeError, decode_strict
@@ -61,6 +61,10 @@ from hvd_magics.job.widgets_view import WidgetView, widgets_available
 
 #: After the first rank fails, how long to gather the other ranks' errors before stopping them.
 FAILURE_GRACE_S = 1.0
+#: How long rank 0 may take to write the checkpoint of a preemption notice once the other ranks
+#: ended on it (their part done), unless ``HVD_MAGICS_NOTICE_SAVE_WAIT_S`` says otherwise: a
+#: large model's checkpoint takes minutes, and a spot instance's notice gives 30 s to 2 min.
+NOTICE_SAVE_WAIT_S = 300.0
 #: A rank's errors that mean the executors' Python lacks a module.
 IMPORT_ERRORS = ("ModuleNotFoundError", "ImportError")
 #: The same at an interrupt, which should stop the job at once.
@@ -646,7 +650,8 @@ def left_behind(job: JobState, backend: Backend, events: queue.Queue, now: float
     Horovod's own check (our patch) says so within seconds on the Horovod engine; Gloo under
     ``torch.distributed`` and tf.distribute's collectives wait for the missing peer forever.
     """
-    finished = job.finished_ranks()
+    noticed = job.ended_on_notice()
+    finished = sorted({*job.finished_ranks(), *noticed})
     running = [r for r in job.running_ranks() if r not in finished]
     if not finished or not running:
         seen.clear()
@@ -667,12 +672,30 @@ def left_behind(job: JobState, backend: Backend, events: queue.Queue, now: float
     engine = waits[min(stuck)]
     at = "; ".join(f"{rank_named(rank, job.unit)} in {where}"
                    for rank, (where, _steps) in sorted(stuck.items()))
+    if noticed:
+        return _stuck_in_the_save(job, noticed, sorted(stuck), f"a {engine} collective", at)
     if engine == DDP_ALLREDUCE:
         return _uneven_steps(job, finished, stuck, at)
     return (f"{ranks_named(sorted(stuck), job.unit)} {'wait' if len(stuck) > 1 else 'waits'} "
             f"in a {engine} collective that {ranks_named(finished, job.unit)} will never enter: "
             f"{'they' if len(finished) > 1 else 'it'} finished the job's code ({at}); the job "
             f"was stopped. {UNEVEN_FIX}")
+
+
+#: The fix said when ranks did not end after a preemption notice's save.
+_SAVE_FIX = ("Fix: save on every rank (checkpoint.save on every rank: rank 0 writes, the others "
+             "skip); a collective inside the save on some ranks only waits forever.")
+
+
+def _stuck_in_the_save(job: JobState, noticed: list[int], stuck: list[int], what: str,
+                       at: str, fix: str = _SAVE_FIX) -> str:
+    """The verdict on ranks that did not end after the save of a preemption notice, which
+    ``noticed`` ended on (their part of it done)."""
+    plural = len(stuck) > 1
+    return (f"{ranks_named(stuck, job.unit)} {'wait' if plural else 'waits'} in {what} after "
+            f"the preemption notice, while {ranks_named(noticed, job.unit)} ended on it once "
+            f"{'their' if len(noticed) > 1 else 'its'} part of the save was done ({at}); the "
+            f"job was stopped. {fix}")
 
 
 def _uneven_steps(job: JobState, finished: list[int],
@@ -803,6 +826,7 @@ def _watch(job: JobState, backend: Backend, events: queue.Queue, start_timeout: 
     """Follow the job until every rank exited; raise when it failed (``launch`` stops it)."""
     started = time.monotonic()
     failed_since: float | None = None
+    saving_since: float | None = None
     ended_at: float | None = None
     finished_since: float | None = None
     asked: set[int] = set()
@@ -832,7 +856,13 @@ def _watch(job: JobState, backend: Backend, events: queue.Queue, start_timeout: 
                 f"%%horovod --timeout SECONDS or HorovodRunner(np, timeout=SECONDS)). Where each "
                 f"{job.unit} was:\n{stacks.summary(job.unit)}", log_path=str(job.log_path))
         if failed_since is None and job.any_failed:
-            failed_since = now
+            if _saving_on_notice(job):  # ranks ended on the notice; rank 0 still writes
+                saving_since = saving_since or now
+                if now - saving_since > _notice_save_wait():
+                    raise HorovodJobError(_save_too_long(job, backend, events, now - saving_since),
+                                          log_path=str(job.log_path))
+            else:
+                failed_since = now
         if failed_since is not None and now - failed_since >= FAILURE_GRACE_S:
             break
         if backend.finished and ended_at is None:
@@ -896,6 +926,35 @@ def _watch(job: JobState, backend: Backend, events: queue.Queue, start_timeout: 
     raise HorovodJobError(
         f"{lead}{_uneven_note(job, first)}{len(failures)} of {job.size} ranks failed; the first "
         f"was {first.headline()}{hint_for(first)}", failures, str(job.log_path))
+
+
+def _notice_save_wait() -> float:
+    try:
+        return float(os.environ.get(ENV_NOTICE_SAVE_WAIT, NOTICE_SAVE_WAIT_S))
+    except ValueError:
+        return NOTICE_SAVE_WAIT_S
+
+
+def _saving_on_notice(job: JobState) -> bool:
+    """Whether every rank that ended so far ended on a preemption notice (its part of the
+    save done) and some still run: rank 0 writing the checkpoint, which may take minutes."""
+    ended = [r for r in job.ranks if r.failed]
+    return bool(ended) and all(r.stopped_on_notice for r in ended) and \
+        any(not r.exited for r in job.ranks)
+
+
+def _save_too_long(job: JobState, backend: Backend, events: queue.Queue, waited: float) -> str:
+    """The verdict on ranks still running :data:`NOTICE_SAVE_WAIT_S` after the others ended
+    on the notice, with where they are."""
+    running = job.running_ranks()
+    stacks = collect_stacks(job, backend, events)
+    at = "; ".join(f"{rank_named(rank, job.unit)} in "
+                   f"{stack_where(stacks.ranks[rank].get('threads', []))}"
+                   for rank in running if rank in stacks.ranks) or "no stack came back"
+    return _stuck_in_the_save(
+        job, job.ended_on_notice(), running, f"its save for more than {waited:.0f} s", at,
+        f"Fix: give a save that takes longer more time: {ENV_NOTICE_SAVE_WAIT}=SECONDS in the "
+        f"notebook's environment (default {NOTICE_SAVE_WAIT_S:.0f}).")
 
 
 def _uneven_note(job: JobState, first: RankFailure) -> str:

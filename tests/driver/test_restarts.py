@@ -139,3 +139,27 @@ def test_a_keras_fit_under_tf_distribute_saves_on_the_notice_by_itself_on_every_
             assert np.allclose(a, b, rtol=0, atol=1e-6), index
         else:
             assert a == b, index  # bit for bit
+
+
+def test_rank_0_s_long_save_on_the_notice_is_waited_for_and_the_next_attempt_resumes_from_it(
+        tmp_path):
+    """The other ranks end as soon as their part of the save is done; rank 0 then writes for
+    3 s. The job was stopped 1 s after they ended (their Preempted taken for a failure): rank
+    0's checkpoint was lost, and the error blamed rank 1, which had done what it should."""
+    attempt, start = HorovodRunner(np=-2, engine="torch", restarts=1,
+                                   checkpoint_dir=tmp_path).run(engine_jobs.ddp_slow_save_on_notice,
+                                                                save_s=3.0)
+    assert (attempt, start) == (1, 8)
+    assert last_run().attempts[0].startswith("preempted: the checkpoint of step 8 was saved")
+
+
+def test_a_save_on_the_notice_past_its_limit_names_the_rank_that_still_saves(tmp_path,
+                                                                             monkeypatch):
+    monkeypatch.setenv("HVD_MAGICS_NOTICE_SAVE_WAIT_S", "1")
+    with pytest.raises(HorovodJobError) as failed:
+        HorovodRunner(np=-2, engine="torch", restarts=1, checkpoint_dir=tmp_path).run(
+            engine_jobs.ddp_slow_save_on_notice, save_s=30.0)
+    first = str(failed.value).splitlines()[0]
+    assert first.startswith("rank 0 waits in its save for more than 1 s after the preemption "
+                            "notice, while rank 1 ended on it"), first
+    assert "__reduce__" in first and "HVD_MAGICS_NOTICE_SAVE_WAIT_S=SECONDS" in first, first
