@@ -14,7 +14,9 @@ it, it saves only every 50 steps. Measured, ``--runs`` times each, in turn:
   saved_s   seconds from the SIGPWR to the checkpoint the next attempt resumed from being written
             (with the notice; without it, that checkpoint was written before the SIGPWR)
   wall_s    the job's wall time, against an uninterrupted run's (``whole_s``)
-Usage: .venv/bin/python benchmarks/preemption.py [--runs 3] [--grace 4]
+``--state-mb N`` pads every checkpoint with N MB (a larger model's state, which rank 0 writes
+after the other ranks ended on the notice).
+Usage: .venv/bin/python benchmarks/preemption.py [--runs 3] [--grace 4] [--state-mb 0]
 Last line: preemption redone_notice=<n> redone_restarts=<n> saved_s=<s> wall_notice_s=<s>
 wall_restarts_s=<s> whole_s=<s>  (medians; goals: redone_notice = 0)
 """
@@ -37,7 +39,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 SIGNAL_AFTER, EVERY, STEPS, STEP_S = 60, 50, 200, 0.05
 
 
-def train(folder: str, notice: bool):
+def train(folder: str, notice: bool, state_mb: int = 0):
     import time
 
     import torch
@@ -71,8 +73,8 @@ def train(folder: str, notice: bool):
             with open(os.path.join(folder, "rank1"), "w") as out:
                 out.write(str(os.getpid()))
         if (step + 1) % EVERY == 0 or (notice and checkpoint.preempting()):
-            checkpoint.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
-                            step + 1)
+            checkpoint.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                             "padding": bytes(state_mb << 20)}, step + 1)
     return checkpoint.attempt()
 
 
@@ -85,7 +87,7 @@ def worker_jvm(pid: int):
     raise RuntimeError(f"no worker JVM above process {pid}")
 
 
-def one_run(cluster, notice: bool, grace: float) -> tuple[int, float, float]:
+def one_run(cluster, notice: bool, grace: float, state_mb: int) -> tuple[int, float, float]:
     """``(steps redone, seconds from the SIGPWR to the checkpoint resumed from, wall time)``."""
     from hvd_magics import HorovodRunner
     from hvd_magics.rank.checkpoints import checkpoint_at
@@ -111,7 +113,7 @@ def one_run(cluster, notice: bool, grace: float) -> tuple[int, float, float]:
     checkpoints = os.path.join(folder, "checkpoints")
     began = time.monotonic()
     assert HorovodRunner(np=2, engine="torch", restarts=1, checkpoint_dir=checkpoints).run(
-        train, folder=folder, notice=notice) == 1
+        train, folder=folder, notice=notice, state_mb=state_mb) == 1
     wall = time.monotonic() - began
     thread.join(grace + 30)
     cluster.wait_for_workers(3)
@@ -128,6 +130,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--grace", type=float, default=4.0)
+    parser.add_argument("--state-mb", type=int, default=0,
+                        help="MB of padding in every checkpoint (a larger model's state)")
     args = parser.parse_args()
     from hvd_magics import HorovodRunner
     from tests.standalone import StandaloneCluster
@@ -148,10 +152,10 @@ def main() -> None:
             folder = tempfile.mkdtemp(prefix="hvd-preempt-whole-")
             began = time.monotonic()
             HorovodRunner(np=2, engine="torch", checkpoint_dir=os.path.join(folder, "c")).run(
-                train, folder=folder, notice=False)
+                train, folder=folder, notice=False, state_mb=args.state_mb)
             whole.append(time.monotonic() - began)
             for notice in ((True, False) if run % 2 == 0 else (False, True)):
-                results[notice].append(one_run(cluster, notice, args.grace))
+                results[notice].append(one_run(cluster, notice, args.grace, args.state_mb))
                 redone, saved, wall = results[notice][-1]
                 print(f"run {run + 1} {'notice  ' if notice else 'restarts'}: redone {redone} "
                       f"steps, resumed checkpoint written {saved:+.2f} s from the SIGPWR, wall "
