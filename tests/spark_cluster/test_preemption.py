@@ -80,7 +80,9 @@ def _retire(cluster: StandaloneCluster, decommissioned: dict) -> None:
     cluster.wait_for_workers(2)
 
 
-@pytest.mark.parametrize("engine", ["torch", "horovod"])
+# DDP; a cold Horovod job with restarts saves on the notice in the Keras test below (Horovod's
+# Keras API), and a Horovod loop of this job's in the warm pool's test at the end
+@pytest.mark.parametrize("engine", ["torch"])
 def test_a_decommissioned_executor_s_job_saves_one_step_everywhere_and_redoes_none(
         standalone_cluster, tmp_path, engine):
     _spark_with_decommission(standalone_cluster)
