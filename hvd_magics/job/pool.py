@@ -525,6 +525,9 @@ class PoolCell:
     def probe_link(self, rank: int, order: dict[str, Any]) -> bool:  # noqa: ARG002
         return False  # a cell's steps are not judged by host (heard_ago says nothing)
 
+    def took_every_rank(self) -> str | None:
+        return self.pool.backend.took_every_rank()
+
     def decommissioning(self, tasks: dict[int, int]) -> dict[int, tuple[str, str]]:  # noqa: ARG002
         """The pool's ranks whose executor is being decommissioned (the cell's own rows know
         no task: the pool's tasks started before it)."""

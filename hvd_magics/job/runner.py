@@ -916,11 +916,15 @@ def _watch(job: JobState, backend: Backend, events: queue.Queue, start_timeout: 
         missing = [r.rank for r in job.ranks if not r.exited]
         raise HorovodJobError(f"Ranks {_ranks(missing)} ended without reporting an exit code.",
                               log_path=str(job.log_path))
+    first = failures[0]
+    if spark_failure and first.error == LOST and backend.took_every_rank():
+        # the Connect server went, and every rank's task with it: it is named, not a rank
+        raise HorovodJobError(f"{spark_failure[0].upper()}{spark_failure[1:]}", failures,
+                              str(job.log_path))
     if spark_failure:
         for failure in failures:
             if failure.error == LOST:
                 failure.message += f" (Spark: {spark_failure})"
-    first = failures[0]
     lead = f"{job.lost_host[0].upper()}{job.lost_host[1:]}; the job was stopped. " \
         if job.lost_host else ""
     raise HorovodJobError(

@@ -70,6 +70,11 @@ class Backend(Protocol):
         answers it; ``False`` where it was not sent (no channel over the network: ranks on the
         driver, a warm pool's cell)."""
 
+    def took_every_rank(self) -> str | None:
+        """What went away and took every rank's task with it, when that is what ended the job
+        (the Spark Connect server: ``"the Spark Connect server at ... does not answer ..."``);
+        ``None`` otherwise. The job's error then names it first, not a rank."""
+
     def decommissioning(self, tasks: dict[int, int]) -> dict[int, tuple[str, str]]:
         """Of the ranks whose Spark task attempt ids are ``tasks`` (rank -> id), those whose
         executor Spark is decommissioning (``spark.decommission.enabled``: a spot instance

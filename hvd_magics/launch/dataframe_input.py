@@ -128,19 +128,19 @@ def check_columns(source: DataFrameSource) -> None:
     fields = source.frame.schema.fields
     if not fields:
         raise PayloadError(f"the DataFrame {source.name!r} has no columns")
-    names = [field.name for field in fields]
+    names = [column.name for column in fields]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise PayloadError(f"the DataFrame {source.name!r} has more than one column named "
                            f"{', '.join(map(repr, twice))}. Fix: rename or drop them "
                            "(withColumnRenamed) before the job.")
-    for field in fields:
-        problem = _column_problem(field.dataType)
+    for column in fields:
+        problem = _column_problem(column.dataType)
         if problem is not None:
             raise PayloadError(
-                f"column {field.name!r} of the DataFrame {source.name!r} has type "
-                f"{field.dataType.simpleString()}: {problem}. Fix: "
-                f"{source.name}.drop({field.name!r}) or cast it before the job.")
+                f"column {column.name!r} of the DataFrame {source.name!r} has type "
+                f"{column.dataType.simpleString()}: {problem}. Fix: "
+                f"{source.name}.drop({column.name!r}) or cast it before the job.")
 
 
 def common_session(sources: DataFrameSources) -> Any:

@@ -145,6 +145,10 @@ class DriverBackend:
         """Ranks on the driver share its host: no link to measure."""
         return False
 
+    def took_every_rank(self) -> str | None:
+        """Ranks on the driver have no server to lose."""
+        return None
+
     def decommissioning(self, tasks: dict[int, int]) -> dict[int, tuple[str, str]]:  # noqa: ARG002
         """Ranks on the driver have no executor to lose."""
         return {}

@@ -451,6 +451,10 @@ class ElasticSparkBackend(SparkBackend):
         ended = super().join(max(deadline - time.monotonic(), 0.0))
         return ended and self._done.is_set()
 
+    def took_every_rank(self) -> str | None:
+        """Said by :meth:`describe_failure` (an elastic job's own end)."""
+        return None
+
     def decommissioning(self, tasks: dict[int, int]) -> dict[int, tuple[str, str]]:  # noqa: ARG002
         """No notice: an elastic job goes on without the executor's ranks once it is gone."""
         return {}

@@ -425,6 +425,10 @@ class SparkBackend:
         """Send the link probe ``order`` to the task of ``rank`` over the event channel."""
         return self._server is not None and self._server.send_order(rank, order)
 
+    def took_every_rank(self) -> str | None:
+        """The Spark Connect server, once it was found gone (:meth:`describe_failure`)."""
+        return self.server_gone if self.connect else None
+
     def decommissioning(self, tasks: dict[int, int]) -> dict[int, tuple[str, str]]:
         """Ranks whose executor Spark's scheduler has pending decommission (its
         ``executorsPendingDecommission``, looked up through the ranks' task ids)."""
