@@ -38,6 +38,9 @@ WAITING, SHARDING_DATA, READY, STARTING, RUNNING, DONE, FAILED = (
 #: The last state of a rank that had not finished when its job was interrupted, or stopped
 #: because another rank failed.
 INTERRUPTED, STOPPED = "interrupted", "stopped"
+#: The last state of a rank that saved (its part) and ended on a preemption notice, on purpose;
+#: also how such an attempt ended (the record's ``status``).
+PREEMPTED = "preempted"
 #: A running rank silent for this long is shown as stalled (``--stall-after``).
 STALL_AFTER_S = 60.0
 #: The prefix of the stack requests the driver makes for a rank found stalled.
@@ -212,7 +215,8 @@ class JobState:
         self.timeline_dest = timeline_dest
         self._timeline_file: Any = None
         self._timeline_local: str | None = None
-        #: How the job ended as a whole (``"succeeded"``, ``"failed"``, ``"interrupted"``), set
+        #: How the job ended as a whole (``"succeeded"``, ``"failed"``, ``"interrupted"``,
+        #: ``"preempted"``), set
         #: before :meth:`end`: an elastic job that lost ranks on the way may still succeed.
         self.outcome: str | None = None
         #: When the first Spark task began receiving the job's DataFrame rows.
@@ -366,7 +370,7 @@ class JobState:
 
     def _on_error(self, state: RankState, event: dict[str, Any]) -> None:
         state.error = event
-        state.state = FAILED
+        state.state = PREEMPTED if state.stopped_on_notice else FAILED
 
     def _on_task_error(self, state: RankState, event: dict[str, Any]) -> None:
         state.task_error = event.get("traceback", "")
@@ -454,7 +458,7 @@ class JobState:
 
     def _on_exit(self, state: RankState, event: dict[str, Any]) -> None:
         state.exit_code = event.get("code")
-        state.state = FAILED if state.failed else DONE
+        state.state = (PREEMPTED if state.stopped_on_notice else FAILED) if state.failed else DONE
 
     #: Event kind -> how it changes the job (``log`` changes nothing here: views show it).
     _HANDLERS = {
@@ -566,7 +570,8 @@ class JobState:
         return self.timeline_dest
 
     def settle(self, outcome: str) -> None:
-        """Record how the job ended (``"succeeded"``, ``"failed"``, ``"interrupted"``), and give
+        """Record how the job ended (``"succeeded"``, ``"failed"``, ``"interrupted"``,
+        ``"preempted"``), and give
         the ranks that had not finished their last state, so the views agree with the record."""
         self.outcome = outcome
         if outcome not in (INTERRUPTED, "failed"):

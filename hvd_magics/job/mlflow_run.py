@@ -48,7 +48,8 @@ VERSIONED = ("horovod", "tensorflow", "tensorflow-cpu", "tf-keras", "keras", "to
 #: MLflow's own switch for the run links it prints when a run ends.
 _SUPPRESS_URL = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 #: Run status for each way a job ends.
-STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
+STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "interrupted": "KILLED",
+          "preempted": "KILLED"}
 
 
 def retry_s() -> float:

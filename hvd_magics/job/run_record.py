@@ -23,7 +23,9 @@ class RunRecord:
     where : str
         ``"spark local[2]"``, ``"spark spark://host:7077"`` or ``"driver"``.
     status : str
-        ``"running"``, ``"succeeded"``, ``"failed"`` or ``"interrupted"``.
+        ``"running"``, ``"succeeded"``, ``"failed"``, ``"interrupted"`` or ``"preempted"`` (the
+        ranks saved and ended on a preemption notice; with ``restarts`` the next attempt's
+        record is the job's).
     exit_codes : dict
         Rank to exit code (``None`` for a rank that never exited on its own).
     hosts, pids : dict
@@ -208,7 +210,8 @@ class RunRecord:
         printer.text(str(self))
 
     def _repr_html_(self) -> str:
-        colour = {"succeeded": "#2e7d32", "failed": "#c62828", "interrupted": "#ef6c00"}.get(
+        colour = {"succeeded": "#2e7d32", "failed": "#c62828", "interrupted": "#ef6c00",
+                  "preempted": "#6d4c41"}.get(
             self.status, "#1565c0")
         body = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
                        f"<td style='text-align:left'>{html.escape(v)}</td></tr>"

@@ -18,8 +18,8 @@ from typing import Any, Callable, Mapping
 from hvd_magics.launch.driver_backend import DriverBackend
 from hvd_magics.errors import (DataRefused, HorovodJobError, JobInterrupted, JobTimeoutError,
                                PayloadError, RankFailure, StartTimeoutError)
-from hvd_magics.job.job_state import (LOST, STALL_AFTER_S, STALL_REQUEST, WAITING, JobState,
-                                      JobView)
+from hvd_magics.job.job_state import (LOST, PREEMPTED, STALL_AFTER_S, STALL_REQUEST, WAITING,
+                                      JobState, JobView)
 from hvd_magics.job.background import BackgroundJob
 from hvd_magics.job.failure_hints import hint_for
 from hvd_magics.job.link_probe import COMM_BOUND_SHARE, LinkProbe
@@ -40,7 +40,7 @@ from hvd_magics.notices import say
 from hvd_magics.rank_names import rank_named, ranks_named
 from hvd_magics.result_codec import VALUE, ResultDecodeError, decode_strict
 from hvd_magics.job.restarts import (ResumeFix, checkpoint_folder, job_name,
-                                     launch_with_restarts, pool_resume_fix)
+                                     launch_with_restarts, pool_resume_fix, preempted)
 from hvd_magics.job.run_logs import prune_old_runs, runs_dir
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.session import SESSION
@@ -527,7 +527,9 @@ def launch(request: LaunchRequest) -> RunRecord:
         except KeyboardInterrupt:  # a second interrupt: stop without looking
             where_they_were = ""
     except BaseException as exc:  # noqa: BLE001 - recorded, then raised as it is
-        record.status = "failed"
+        # an attempt every rank ended on a preemption notice, on purpose, is not a failure
+        record.status = (PREEMPTED if isinstance(exc, HorovodJobError) and preempted(exc)
+                         else "failed")
         record.error = f"{type(exc).__name__}: {exc}"
         failure = exc
     finally:

@@ -12,9 +12,9 @@ import html
 import time
 from typing import Any
 
-from hvd_magics.job.job_state import (DONE, FAILED, INTERRUPTED, READY, RUNNING, SHARDING_DATA,
-                                      STALL_AFTER_S, STARTING, STOPPED, WAITING, JobState,
-                                      KEPT)
+from hvd_magics.job.job_state import (DONE, FAILED, INTERRUPTED, KEPT, PREEMPTED, READY,
+                                      RUNNING, SHARDING_DATA, STALL_AFTER_S, STARTING, STOPPED,
+                                      WAITING, JobState)
 from hvd_magics.job.straggler import StepParts
 from hvd_magics.protocol import OUTPUT
 from hvd_magics.rank_names import RANK, TASK, rank_named
@@ -31,11 +31,12 @@ LOG_LINES_KEPT_AFTER = 100
 
 _COLOURS = {WAITING: "#757575", READY: "#757575", SHARDING_DATA: "#1565c0", STARTING: "#1565c0",
             RUNNING: "#1565c0", DONE: "#2e7d32",
-            FAILED: "#c62828", "stalled": "#ef6c00", INTERRUPTED: "#6d4c41", STOPPED: "#6d4c41"}
+            FAILED: "#c62828", "stalled": "#ef6c00", INTERRUPTED: "#6d4c41", STOPPED: "#6d4c41",
+            PREEMPTED: "#6d4c41"}
 _STATE_LABELS = {WAITING: "waiting for slot", READY: "ready", SHARDING_DATA: "receiving data",
                  STARTING: "starting", RUNNING: "running",
                  DONE: "done", FAILED: "failed", INTERRUPTED: "interrupted",
-                 STOPPED: "stopped"}
+                 STOPPED: "stopped", PREEMPTED: "saved, preempted"}
 
 
 def widgets_available() -> bool:
@@ -188,10 +189,12 @@ class WidgetView:
         elapsed = now - job.started_at
         failed = (job.outcome in ("failed", INTERRUPTED) if job.outcome else
                   any(r.state == FAILED for r in job.ranks) and job.elastic is None)
-        overall = (INTERRUPTED if job.outcome == INTERRUPTED else "failed" if failed else
+        overall = (job.outcome if job.outcome in (INTERRUPTED, PREEMPTED) else
+                   "failed" if failed else
                    "done" if final else
                    "running" if any(r.state == RUNNING for r in job.ranks) else "starting")
-        colour = (_COLOURS[INTERRUPTED] if overall == INTERRUPTED else _COLOURS[FAILED] if failed
+        colour = (_COLOURS[INTERRUPTED] if overall in (INTERRUPTED, PREEMPTED) else
+                  _COLOURS[FAILED] if failed
                   else _COLOURS[DONE] if final else _COLOURS[RUNNING])
         self.header.value = (f"<b>Horovod job</b>, {_size_text(job)} on "
                              f"{html.escape(job.where)}: <b style='color:{colour}'>{overall}</b>, "
@@ -250,7 +253,7 @@ class WidgetView:
             row.bar.max = row.bar.max or 1
             row.bar.value = row.bar.max
         row.bar.bar_style = {DONE: "success", FAILED: "danger", INTERRUPTED: "warning",
-                             STOPPED: "warning"}.get(rank.state, "info")
+                             STOPPED: "warning", PREEMPTED: "warning"}.get(rank.state, "info")
         row.metrics.value = "  ".join(f"{k} {v:.4g}" for k, v in list(rank.metrics.items())[:4])
         row.rate.value = f"{rank.samples_per_s:,.0f} samples/s" if rank.samples_per_s else ""
         row.seen.value = "" if rank.exited or final else f"seen {silent:.0f} s ago"

@@ -163,3 +163,14 @@ def test_a_save_on_the_notice_past_its_limit_names_the_rank_that_still_saves(tmp
     assert first.startswith("rank 0 waits in its save for more than 1 s after the preemption "
                             "notice, while rank 1 ended on it"), first
     assert "__reduce__" in first and "HVD_MAGICS_NOTICE_SAVE_WAIT_S=SECONDS" in first, first
+
+
+def test_a_job_preempted_without_restarts_says_how_to_resume_and_is_not_a_failure(tmp_path):
+    with pytest.raises(HorovodJobError) as preempted:
+        HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path).run(
+            engine_jobs.ddp_slow_save_on_notice, save_s=0.1)
+    first = str(preempted.value).splitlines()[0]
+    assert first.startswith("The job was preempted: the checkpoint of step 8 was saved on a "
+                            "preemption notice (executor 1 is going). Run it again to resume "
+                            f"from that checkpoint in {tmp_path}"), first
+    assert last_run().status == "preempted"  # the ranks ended on purpose (it said "failed")
