@@ -136,6 +136,11 @@ class RankState:
         cause, when another rank failed (rank 0 lost while it wrote the checkpoint, say)."""
         return (self.error or {}).get("error") == Preempted.__name__
 
+    @property
+    def failed_state(self) -> str:
+        """The state it ends in when it failed: ``preempted`` when it ended on a notice."""
+        return PREEMPTED if self.stopped_on_notice else FAILED
+
     def stalled_for(self, now: float, after: float = STALL_AFTER_S) -> float | None:
         """Seconds this running rank has been silent, when that (more than ``after``) makes it
         stalled."""
@@ -370,7 +375,7 @@ class JobState:
 
     def _on_error(self, state: RankState, event: dict[str, Any]) -> None:
         state.error = event
-        state.state = PREEMPTED if state.stopped_on_notice else FAILED
+        state.state = state.failed_state
 
     def _on_task_error(self, state: RankState, event: dict[str, Any]) -> None:
         state.task_error = event.get("traceback", "")
@@ -458,7 +463,7 @@ class JobState:
 
     def _on_exit(self, state: RankState, event: dict[str, Any]) -> None:
         state.exit_code = event.get("code")
-        state.state = (PREEMPTED if state.stopped_on_notice else FAILED) if state.failed else DONE
+        state.state = state.failed_state if state.failed else DONE
 
     #: Event kind -> how it changes the job (``log`` changes nothing here: views show it).
     _HANDLERS = {

@@ -347,8 +347,7 @@ class HorovodPool:
         if self._busy:
             raise PoolError("the warm pool is running another cell (a background one? its "
                             "handle's wait() or stop()); wait for it to end.")
-        lost = self.lost_since_last_cell()
-        going = "" if lost else self.decommissioning()
+        lost, going = self.ranks_to_replace()
         if lost or going:
             self.restart()
             what = (f"the warm pool lost {lost} since its last cell; its ranks were restarted"
@@ -406,12 +405,18 @@ class HorovodPool:
             return f"its ranks ({self.backend.describe_failure() or 'the Spark job ended'})"
         return ""
 
-    def decommissioning(self) -> str:
-        """``"executor 3 (host X, rank 1) is being decommissioned"`` when Spark decommissions an
-        executor that runs ranks of the pool (a spot instance taken back), else ``""``: ranks
-        that stayed there would be lost with it in a later cell."""
-        found = self.backend.decommissioning(self.tasks) if self.tasks else {}
-        return notice_text(found) if found else ""
+    def leaving(self) -> dict[int, tuple[str, str]]:
+        """The pool's ranks whose executor Spark is decommissioning (a spot instance taken
+        back), as rank -> ``(executor, host)``: ranks that stayed there would be lost with it."""
+        return self.backend.decommissioning(self.tasks) if self.tasks else {}
+
+    def ranks_to_replace(self) -> tuple[str, str]:
+        """What the pool lost since its last cell (:meth:`lost_since_last_cell`), else
+        ``"executor 3 (host X, rank 1) is being decommissioned"`` (:meth:`leaving`): each
+        ``""`` when nothing."""
+        lost = self.lost_since_last_cell()
+        leaving = {} if lost else self.leaving()
+        return lost, notice_text(leaving) if leaving else ""
 
     def _finished_cell(self) -> None:
         self.cells += 1
@@ -481,8 +486,7 @@ class PoolCell:
             deadline = time.monotonic() + CELL_STOP_WAIT_S
             while not self.finished and time.monotonic() < deadline:
                 time.sleep(0.05)
-        lost = self.pool.lost_since_last_cell()
-        going = "" if lost else self.pool.decommissioning()
+        lost, going = self.pool.ranks_to_replace()
         if self.finished and not lost and not going:
             return
         stuck = sorted(set(range(abs(self.pool.np))) - self.pool.events.done)
@@ -500,8 +504,7 @@ class PoolCell:
         while not self.finished and time.monotonic() < deadline and not self.restart_note:
             time.sleep(0.02)
         self.pool.events.end()
-        # a rank process or its executor is gone, or going (a decommissioned executor's)
-        if self.pool.lost_since_last_cell() or self.pool.decommissioning():
+        if any(self.pool.ranks_to_replace()):  # a rank or its executor is gone, or going
             self.stop()
         self.pool._values_arrived(self.pool.events.succeeded and not self.restart_note)
         self.pool._finished_cell()
@@ -531,7 +534,7 @@ class PoolCell:
     def decommissioning(self, tasks: dict[int, int]) -> dict[int, tuple[str, str]]:  # noqa: ARG002
         """The pool's ranks whose executor is being decommissioned (the cell's own rows know
         no task: the pool's tasks started before it)."""
-        return self.pool.backend.decommissioning(self.pool.tasks) if self.pool.tasks else {}
+        return self.pool.leaving()
 
     def preempt(self, at: int, notice: str) -> None:
         self.pool.backend.preempt(at, notice)

@@ -123,10 +123,13 @@ class ResumeFix:
     restarts: str
 
 
+def _resume_from(folder: Path) -> str:
+    return f"to resume from that checkpoint in {folder} (checkpoint.latest() gives it to the ranks)"
+
+
 def job_resume_fix(folder: Path) -> ResumeFix:
     """A job's own: its checkpoint folder, ``--restarts N``."""
-    return ResumeFix(f"Run it again to resume from that checkpoint in {folder} "
-                     "(checkpoint.latest() gives it to the ranks)",
+    return ResumeFix(f"Run it again {_resume_from(folder)}",
                      "give --restarts N (HorovodRunner(restarts=N)) to resume by itself")
 
 
@@ -134,9 +137,8 @@ def pool_resume_fix(folder: Path) -> ResumeFix:
     """A warm pool's cell's: its ranks were restarted away from the executor going (their
     variables are gone), and a pool refuses ``restarts``."""
     return ResumeFix("The warm pool's ranks were restarted away from it, so their variables "
-                     "are gone: run the cells that set them up again, then this one, to resume "
-                     f"from that checkpoint in {folder} (checkpoint.latest() gives it to the "
-                     "ranks)",
+                     "are gone: run the cells that set them up again, then this one, "
+                     + _resume_from(folder),
                      "run it cold with --restarts N (%%horovod --cold --restarts N, "
                      "HorovodRunner(np, restarts=N)) to resume by itself")
 

@@ -71,28 +71,31 @@ def _save_on_notice(model: Any, epoch: int, batch: int, step: int) -> None:
     Under ``tf.distribute`` every worker writes (the others into a folder of their own, then
     removed), as TensorFlow asks: reading a variable synchronised on read (a
     ``BatchNormalization``'s moving mean) is a collective of every worker, and rank 0 writing
-    alone waited in it forever while the others had ended."""
-    import tensorflow as tf
-
-    writes = os.environ.get(ENV_RANK, "0") == "0"
-    if not writes and os.environ.get(ENV_ENGINE) != ENGINE_TF:
-        preemption.after_save(step)
-        return
-    folder = notice_folder(SAVED_ON_NOTICE) if writes else Path(tempfile.mkdtemp())
-    final, partial = folder / f"step-{step}", folder / f".step-{step}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    try:
-        tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(str(partial / "state"))
-        if not writes:
-            return
+    alone waited in it forever while the others had ended. A write that fails raises its own
+    error (the attempt then ends as a failure, never as a saved step)."""
+    if os.environ.get(ENV_RANK, "0") == "0":
+        folder = notice_folder(SAVED_ON_NOTICE)
+        final, partial = folder / f"step-{step}", folder / f".step-{step}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        _write_variables(model, partial)
         (partial / "position.json").write_text(json.dumps(
             {"epoch": epoch, "batch": batch, "step": step}))
         os.replace(partial, final)
-    finally:
-        if not writes:
-            shutil.rmtree(folder, ignore_errors=True)
-        preemption.after_save(step)
+    elif os.environ.get(ENV_ENGINE) == ENGINE_TF:
+        scratch = Path(tempfile.mkdtemp())
+        try:
+            _write_variables(model, scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    preemption.after_save(step)
+
+
+def _write_variables(model: Any, folder: Path) -> None:
+    """The model's and its optimizer's variables, into ``folder/state``."""
+    import tensorflow as tf
+
+    tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(str(folder / "state"))
 
 
 class _ResumeAt:
