@@ -13,8 +13,9 @@ in a clean run; and what does timing each step's parts cost.
 3. overhead: a DDP loop and a Horovod loop (one rank each, a process of its own, so that no
    other rank shares the two cores and swings its time by 20%), of tiny steps (~0.3 ms) and
    of medium ones (a few ms), with the split on and off (``HVD_MAGICS_STEP_SPLIT=0``),
-   interleaved ``--runs`` times: steps/s on over off. Then the direct cost of one step's hooks. Keras and tf.distribute
-   steps are not split (a graph call hides its parts), so they cost nothing.
+   interleaved ``--runs`` times: steps/s on over off; and Horovod's Keras ``fit`` (its steps
+   timed inside the graph, rank/step_split_tf.py). Then the direct cost of one step's torch
+   hooks. tf.distribute's steps are not split, so they cost nothing.
 
 4. link (needs root): two real hosts of two cores (tests/hosts.py), a DDP job of 4 ranks with
    1 MB of gradients a step; in ``--link-runs`` runs the link into one host (alternately the
@@ -24,9 +25,11 @@ in a clean run; and what does timing each step's parts cost.
 
 Usage: .venv/bin/python benchmarks/straggler.py [--runs 5] [--clean 20] [--steps 80]
        [--link-runs 4] [--parts detection,clean,overhead,link] [--loops tiny,medium]
+       [--engines torch,horovod,keras]
 Last line: straggler detected=<right>/<runs> clean_named=<n>/<clean> max_delay_steps=<n>
 link_named=<right>/<runs> link_clean=<no link named>/<runs>
 ddp_tiny_ratio=... ddp_medium_ratio=... horovod_tiny_ratio=... horovod_medium_ratio=...
+keras_tiny_ratio=... keras_medium_ratio=...
 (steps/s on over off; goals: every run right, 0 clean runs named, ratios >= 0.99)
 """
 from __future__ import annotations
@@ -163,12 +166,52 @@ def one_loop(engine: str, width: int, batch: int, steps: int = 3000) -> float:
     return (time.perf_counter() - start) / steps
 
 
+def one_keras_loop(width: int, batch: int, steps: int = 3000) -> float:
+    """In this process, one rank (world of 1) of Horovod's Keras ``fit`` over a ``tf.data``
+    pipeline: seconds per step after 300 warm-up steps (its steps are timed in the graph,
+    rank/step_split_tf.py)."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    if os.environ.get(ENV_STEP_SPLIT, "1") != "0":
+        from hvd_magics.rank import step_split
+
+        step_split.install()
+    import numpy as np
+    import tensorflow as tf
+
+    import horovod.tensorflow.keras as hvd
+
+    hvd.init()
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.keras.utils.set_random_seed(0)
+    rows = (steps + 300) * batch
+    x = np.random.default_rng(0).normal(size=(rows, 16)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, (x[:, 0] > 0).astype("int64"))).batch(batch)
+    model = tf.keras.Sequential([tf.keras.Input((16,)), tf.keras.layers.Dense(width, "relu"),
+                                 tf.keras.layers.Dense(2)])
+    model.compile(hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)),
+                  tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    marks: list[float] = []
+
+    class Clock(tf.keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch_index, logs=None):
+            if batch_index == 300:
+                marks.append(time.perf_counter())
+
+        def on_train_end(self, logs=None):
+            marks.append(time.perf_counter())
+
+    model.fit(data, verbose=0, callbacks=[Clock()])
+    return (marks[1] - marks[0]) / steps
+
+
 def _loop_in_process(engine: str, width: int, batch: int, on: bool) -> float:
     import subprocess
 
     env = {**os.environ, ENV_STEP_SPLIT: "1" if on else "0"}
     code = (f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import straggler; "
-            f"print(straggler.one_loop({engine!r}, {width}, {batch}))")
+            + (f"print(straggler.one_keras_loop({width}, {batch}))" if engine == "keras" else
+               f"print(straggler.one_loop({engine!r}, {width}, {batch}))"))
     out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
                          capture_output=True, text=True).stdout
     return float(out.strip().splitlines()[-1])
@@ -237,9 +280,9 @@ def direct_cost(calls: int = 100_000) -> float:
     return (time.perf_counter() - start) / calls
 
 
-def overhead(runs: int, loops: list[str]) -> list[str]:
+def overhead(runs: int, loops: list[str], engines: list[str]) -> list[str]:
     out = []
-    for engine in ("torch", "horovod"):
+    for engine in engines:
         for name, width, batch in (loop for loop in LOOPS if loop[0] in loops):
             on, off = [], []
             for run in range(runs):
@@ -264,6 +307,9 @@ def main() -> None:
     parser.add_argument("--link-runs", type=int, default=4)
     parser.add_argument("--parts", default="detection,clean,overhead,link",
                         help="which parts to run (comma-separated)")
+    parser.add_argument("--engines", default="torch,horovod,keras",
+                        help="the overhead's loops' engines (comma-separated: torch (DDP), "
+                             "horovod (its torch API), keras (its Keras API))")
     parser.add_argument("--loops", default="tiny,medium",
                         help="the overhead's loops (comma-separated: tiny, medium)")
     args = parser.parse_args()
@@ -272,7 +318,8 @@ def main() -> None:
     began = time.monotonic()
     right, runs, delay = detection(args.steps) if "detection" in parts else (0, 0, -1)
     named = clean(args.clean, args.steps) if "clean" in parts else 0
-    ratios = overhead(args.runs, args.loops.split(",")) if "overhead" in parts else []
+    ratios = (overhead(args.runs, args.loops.split(","), args.engines.split(","))
+              if "overhead" in parts else [])
     link_right, link_clean, link_runs = links(args.link_runs) if "link" in parts else (0, 0, 0)
     print(f"({time.monotonic() - began:.0f} s)")
     print(f"straggler detected={right}/{runs} clean_named={named}/{args.clean} "

@@ -1229,6 +1229,71 @@ def straggler_ddp(steps: int = 60, slow_rank: int | None = None, how: str = "com
     return taken
 
 
+def straggler_keras(steps: int = 60, slow_rank: int | None = None, how: str = "compute",
+                    extra_s: float = 0.03, base_s: float = 0.0, eager: bool = False,
+                    tape: bool = False):
+    """Horovod's Keras ``fit`` over a ``tf.data`` pipeline (or, with ``tape``, a loop of
+    ``hvd.DistributedGradientTape`` steps in a ``tf.function``), in which ``slow_rank``'s steps
+    take ``extra_s`` seconds longer: in its model (a layer that waits, ``how="compute"``) or in
+    its pipeline (``how="input"``: it waits before each batch, as a slow store makes it).
+    Every rank's model waits ``base_s`` seconds a step besides. Returns the steps run."""
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.python.data.experimental.ops import testing
+
+    import horovod.tensorflow.keras as hvd
+
+    hvd.init()
+    slow = hvd.rank() == slow_rank
+    wait_s = base_s + (extra_s if slow and how == "compute" else 0.0)
+
+    def pause(x):
+        time.sleep(wait_s)
+        return x
+
+    x = np.random.default_rng(hvd.rank()).normal(size=(32 * steps, 16)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, x.sum(1, keepdims=True))).batch(32)
+    if slow and how == "input":
+        data = data.apply(testing.sleep(int(extra_s * 1e6)))
+
+    class Wait(tf.keras.layers.Layer):
+        def call(self, inputs):
+            if wait_s:
+                inputs = tf.numpy_function(pause, [inputs], tf.float32, stateful=True)
+                inputs.set_shape([None, 16])
+            return inputs
+
+    model = tf.keras.Sequential([tf.keras.Input((16,)), Wait(), tf.keras.layers.Dense(16),
+                                 tf.keras.layers.Dense(1)])
+    if not tape:
+        model.compile(hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.001)), "mse",
+                      run_eagerly=eager)
+        history = model.fit(data, verbose=0,
+                            callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+        return len(history.epoch) and steps
+    optimizer = tf.keras.optimizers.SGD(0.001)
+    import horovod.tensorflow as hvd_tf
+
+    @tf.function
+    def step(features, labels):
+        with tf.GradientTape() as grad_tape:
+            loss = tf.reduce_mean((model(features) - labels) ** 2)
+        grad_tape = hvd_tf.DistributedGradientTape(grad_tape)
+        grads = grad_tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    taken = 0
+    for features, labels in data:
+        step(features, labels)
+        if taken == 0:
+            hvd_tf.broadcast_variables(model.variables, root_rank=0)
+        taken += 1
+    return taken
+
+
 def pick_local_rank_gpu():
     """``torch.cuda.set_device(LOCAL_RANK)`` as a rank that shares its host's one GPU meets it
     (a stand-in: no GPU here; the message is the one torch 2.11 gave on an H200 with np=-2)."""

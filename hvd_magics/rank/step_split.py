@@ -33,8 +33,10 @@ parameter's gradient in its first steps, until the same parameter's gradient was
 times in a row), and three CUDA events on a GPU.
 ``HVD_MAGICS_STEP_SPLIT=0`` turns it off.
 
-Not covered: TensorFlow (Keras under Horovod or tf.distribute runs its step as one graph call,
-which hides its parts from Python).
+TensorFlow's steps under Horovod (a Keras ``fit``, a ``DistributedGradientTape`` loop) run as
+one graph call, which hides their parts from Python: they are timed inside the graph
+(:mod:`hvd_magics.rank.step_split_tf`) and read by a thread of the rank. Not covered:
+``tf.distribute``'s strategies.
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ import weakref
 from typing import Any, Callable, Iterator
 
 from hvd_magics.protocol import ENV_STEP_SPLIT, STEP_SPLIT
-from hvd_magics.rank import gpu_memory, rank_events
+from hvd_magics.rank import gpu_memory, rank_events, step_split_tf
 from hvd_magics.rank.gpu_steps import GpuSteps
 from hvd_magics.rank.import_hooks import after_import, before_call
 
@@ -147,6 +149,7 @@ def reset() -> None:
     """Forget the steps so far (a warm pool's next cell)."""
     global _split
     _split = _Split()
+    step_split_tf.reset()
 
 
 def _timing() -> bool:
@@ -254,11 +257,21 @@ def _keep(split: _Split, row: list[float]) -> None:
         totals[i] += row[i]
 
 
+#: Held while the steps are sent (by the training thread, or TensorFlow's reader).
+_sending = threading.Lock()
+
+
 def flush(final: bool = False) -> None:
     """Send the steps not sent yet (``final``: the job's function returned; a GPU's steps
     still under way are waited for)."""
-    split = _split
+    with _sending:
+        _send(_split, final)
+
+
+def _send(split: _Split, final: bool) -> None:
     split.sent = time.monotonic()
+    for row in step_split_tf.new_rows():
+        _keep(split, row)
     if split.gpu is not None:
         for row in split.gpu.ready(wait=final):
             _keep(split, row)
@@ -388,6 +401,24 @@ def input_wait() -> Iterator[None]:
         split.fed = split.ever_fed = True
 
 
+def _read_tf_steps() -> None:
+    """Send TensorFlow's steps every :data:`SEND_EVERY_S` seconds, from a thread of their own
+    (nothing of Python runs in a graph's step)."""
+    def read() -> None:
+        while not _stopped.wait(SEND_EVERY_S):
+            flush()
+
+    threading.Thread(target=read, name="hvd_magics step split", daemon=True).start()
+
+
+#: Set to stop TensorFlow's reader (never, in a rank: it ends with the process).
+_stopped = threading.Event()
+
+
+def _patch_horovod_tf(module: Any) -> None:
+    step_split_tf.patch_horovod(module, _read_tf_steps)
+
+
 def install() -> None:
     """Time steps once torch is imported (not with ``HVD_MAGICS_STEP_SPLIT=0``)."""
     if os.environ.get(ENV_STEP_SPLIT, "1") == "0":
@@ -397,3 +428,4 @@ def install() -> None:
     after_import(("torch.distributed",), _patch_distributed)
     after_import(("horovod.torch.mpi_ops", "horovod.torch.optimizer", "horovod.torch"),
                  _patch_horovod)
+    after_import(("horovod.tensorflow",), _patch_horovod_tf)

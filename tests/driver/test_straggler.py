@@ -108,3 +108,42 @@ def test_the_stacks_of_a_running_job_name_the_rank_the_others_wait_for():
     finally:
         job.stop()
 
+
+
+def _keras(**kwargs):
+    return HorovodRunner(np=-2).run_payload(
+        serialize_job(engine_jobs.straggler_keras, kwargs), views=[])
+
+
+@pytest.mark.parametrize("how,cause", [("compute", "in compute (forward, backward, optimizer)"),
+                                       ("input", "in its input pipeline (waiting for batches)")])
+def test_a_keras_rank_under_horovod_slowed_is_named_for_its_cause_from_the_graphs_clock(
+        how, cause):
+    """A Keras step is one graph call: its parts are timed inside the graph
+    (rank/step_split_tf.py). Rank 1's 30 ms more a step, in a layer or in its tf.data
+    pipeline, is named for that within 20 steps, and rank 0 is seen waiting for it."""
+    record = _keras(steps=60, slow_rank=1, how=how)
+    assert record.value == 60
+    named = [v for v in record.stragglers if ": rank 1 (host " in v]
+    assert named and cause in named[0], record.stragglers
+    assert int(named[0].split(":")[0].removeprefix("from step ")) < 20, named[0]
+    by_rank = {row["rank"]: row for row in record.step_split}
+    assert [by_rank[r]["steps"] for r in (0, 1)] == [59, 59]  # the first step has no start
+    assert by_rank[0]["comm_s"] > by_rank[1]["comm_s"] + 0.02
+    part = "input_s" if how == "input" else "compute_s"
+    assert by_rank[1][part] > by_rank[0][part] + 0.02
+    frame = record.steps
+    assert ((frame["input_s"] + frame["compute_s"] + frame["comm_s"] - frame["step_s"]).abs()
+            < 1e-4).all()
+    assert (frame[["input_s", "compute_s", "comm_s"]] >= 0).all().all()
+
+
+def test_a_distributed_gradient_tape_loop_of_equal_ranks_names_nobody_and_is_split():
+    """A custom loop (``hvd.DistributedGradientTape`` in a ``tf.function``), every rank's step
+    40 ms of waiting in its model: split, and nobody named."""
+    record = _keras(steps=40, base_s=0.04, tape=True)
+    assert record.value == 40
+    assert record.stragglers == []
+    assert [row["steps"] for row in record.step_split] == [39, 39]
+    for row in record.step_split:
+        assert 0.04 <= row["step_s"] < 0.2 and row["compute_s"] >= 0.035, row

@@ -1,0 +1,251 @@
+"""TensorFlow's training steps for :mod:`hvd_magics.rank.step_split`: a Keras ``fit`` or a custom
+loop under Horovod's TensorFlow API (``horovod.tensorflow.keras``'s and ``horovod.keras``'s
+``DistributedOptimizer``, ``hvd.DistributedGradientTape``, ``horovod.tensorflow``'s
+``DistributedOptimizer``).
+
+Such a step runs as one graph call, which hides its parts from Python, so the clock is read
+inside the graph, by ``tf.timestamp`` ops added where Horovod reduces the step's gradients
+(``horovod.tensorflow._make_allreduce_grads_fn``, which each of those calls) and where a
+``tf.data`` iterator hands over a batch:
+
+- a step ends when the last of its gradients' allreduces completes; it lasts from the end of
+  the one before;
+- **communication**: from the moment every gradient of the step was ready to that end (as a DDP
+  step's: a rank the others wait for has its last gradient late, and its allreduce then ends at
+  once);
+- **input**: the time in the step's ``IteratorGetNext`` (the wait for ``tf.data``'s next
+  batch), and in batches a custom loop takes eagerly (``for batch in dataset``) since the last
+  step;
+- **compute**: the rest.
+
+The readings go into a ring of :data:`RING` rows in a variable on the CPU, which a thread of
+the rank reads every ``SEND_EVERY_S`` seconds (:mod:`hvd_magics.rank.step_split`): per step,
+four clock reads and a few small writes inside the graph (and a write per batch taken
+eagerly), nothing read by Python, no device synchronised. A step run eagerly (no
+``tf.function``) is timed by Python's clock around the same calls. The CPU time of a rank's
+work is not read (TensorFlow computes on threads of its own), so the straggler's cause is
+never said to be a wait for a CPU. On a GPU the clock is the host's, as for Horovod's torch
+ops: where the graph's executor sees a kernel done.
+
+Not covered: ``tf.distribute``'s strategies (their collectives are not Horovod's), a graph
+compiled by XLA (``jit_compile=True``: ``tf.timestamp`` has no XLA kernel, so such a graph is
+left as it is), and TensorFlow 1's sessions.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from typing import Any, Callable
+
+#: Rows the ring keeps: steps shorter than a 1024th of the time between two reads would be lost.
+RING = 1024
+_PATCHED = "_hvd_magics_step_split_tf"
+#: A ring row: ``(index, input_s, ready, done)``: the step's count from 0 (``-1``: no step
+#: yet), its seconds in ``IteratorGetNext``, and the clock when its gradients were all ready
+#: and when their allreduce completed.
+_COLUMNS = 4
+
+
+class _Recorder:
+    """The ring variable (made on the first step traced) and the reader's place in it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ring: Any = None
+        self.count: Any = None
+        #: Seconds of the step under way spent in batches taken eagerly (a custom loop's
+        #: ``for batch in dataset``), until a step's row takes them (a CPU variable).
+        self.pending: Any = None
+        #: The latest index read, the end of that step (``None``: none yet, or a new cell)
+        #: and the index below which rows belong to an earlier cell.
+        self.read = -1
+        self.last_done: float | None = None
+        self.first = 0
+        self.started = False
+
+
+_recorder = _Recorder()
+_on_first_step: Callable[[], None] = lambda: None
+
+
+def _make_ring(tf: Any) -> None:
+    with tf.init_scope(), tf.device("/cpu:0"):
+        if _recorder.ring is None:
+            _recorder.ring = tf.Variable(
+                tf.fill([RING, _COLUMNS], tf.constant(-1.0, tf.float64)), trainable=False,
+                name="hvd_magics_step_split")
+            _recorder.count = tf.Variable(tf.constant(0, tf.int64), trainable=False,
+                                          name="hvd_magics_step_count")
+            _recorder.pending = tf.Variable(tf.constant(0.0, tf.float64), trainable=False,
+                                            name="hvd_magics_step_input")
+
+
+def _traceable(tf: Any) -> bool:
+    """Whether the graph being built can take the clock ops (a ``tf.function``'s, not XLA's,
+    not TensorFlow 1's, outside a ``tf.distribute`` strategy other than the default one)."""
+    from tensorflow.python.framework import func_graph
+    from tensorflow.python.ops import control_flow_util
+
+    graph = tf.compat.v1.get_default_graph()
+    return (isinstance(graph, func_graph.FuncGraph)
+            and not control_flow_util.GraphOrParentsInXlaContext(graph)
+            and not tf.distribute.has_strategy())
+
+
+def _timed_get_next(tf: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    """An iterator's ``_next_internal``, adding its time to the step's input."""
+    if getattr(original, _PATCHED, False):
+        return original
+
+    @functools.wraps(original)
+    def get_next(self: Any) -> Any:
+        if tf.executing_eagerly():
+            start = time.time()
+            try:
+                return original(self)
+            finally:
+                if _recorder.started:  # a step was seen: batches are a step's input
+                    _recorder.pending.assign_add(time.time() - start)
+        if not _traceable(tf):
+            return original(self)
+        with tf.device("/cpu:0"):
+            start = tf.timestamp()
+        element = original(self)
+        with tf.device("/cpu:0"), tf.control_dependencies(tf.nest.flatten(element)):
+            waited = tf.timestamp() - start
+        graph = tf.compat.v1.get_default_graph()
+        graph._hvd_magics_input = getattr(graph, "_hvd_magics_input", []) + [waited]
+        return element
+
+    setattr(get_next, _PATCHED, True)
+    return get_next
+
+
+def _timed_allreduce_grads(tf: Any, make: Callable[..., Any]) -> Callable[..., Any]:
+    """Horovod's ``_make_allreduce_grads_fn``, whose functions record the step's clock."""
+    if getattr(make, _PATCHED, False):
+        return make
+
+    @functools.wraps(make)
+    def make_timed(*args: Any, **kwargs: Any) -> Callable[..., Any]:
+        allreduce_grads = make(*args, **kwargs)
+
+        @functools.wraps(allreduce_grads)
+        def timed(grads: Any, *rest: Any, **more: Any) -> Any:
+            if tf.executing_eagerly():
+                ready = time.time()
+                reduced = allreduce_grads(grads, *rest, **more)
+                done = time.time()
+                _write(tf, tf.constant(0.0, tf.float64), tf.constant(ready, tf.float64),
+                       tf.constant(done, tf.float64))
+                return reduced
+            if not _traceable(tf):
+                return allreduce_grads(grads, *rest, **more)
+            reduced = allreduce_grads(grads, *rest, **more)
+            _record(tf, grads, reduced)
+            return reduced
+
+        return timed
+
+    setattr(make_timed, _PATCHED, True)
+    return make_timed
+
+
+def _record(tf: Any, grads: Any, reduced: Any) -> None:
+    """Add to the graph the ops that write the step's row (made after the allreduces, so
+    that the clock ops, which TensorFlow runs in the order they were made, never hold an
+    allreduce back)."""
+    graph = tf.compat.v1.get_default_graph()
+    waits = getattr(graph, "_hvd_magics_input", [])
+    graph._hvd_magics_input = []
+    with tf.device("/cpu:0"):
+        with tf.control_dependencies(_data_of(tf, grads)):
+            ready = tf.timestamp()
+        with tf.control_dependencies(_data_of(tf, reduced) + [ready]):
+            done = tf.timestamp()
+        waited = tf.add_n(waits) if waits else tf.constant(0.0, tf.float64)
+    _write(tf, waited, ready, done)
+
+
+def _data_of(tf: Any, tensors: Any) -> list[Any]:
+    """Ops that run once the tensors' values are there, one per device: a control edge from a
+    tensor's own op would not wait for it when that op is a function call or a ``tf.cond``
+    (Horovod's reductions are both): TensorFlow lowers such an edge to one that waits only for
+    their stateful ops."""
+    by_device: dict[str, list[Any]] = {}
+    for tensor in tf.nest.flatten(tensors):
+        if tensor is None:
+            continue
+        if isinstance(tensor, tf.IndexedSlices):
+            tensor = tensor.values
+        by_device.setdefault(tensor.device, []).append(tensor)
+    found = []
+    for device, group in by_device.items():
+        with tf.device(device):
+            found.append(tf.raw_ops.IdentityN(input=group)[0].op)
+    return found
+
+
+def _write(tf: Any, waited: Any, ready: Any, done: Any) -> None:
+    """Write a step's row into the ring (in the graph being built, or at once when eager),
+    with the batches taken eagerly since the last step's in its input."""
+    _make_ring(tf)
+    with tf.device("/cpu:0"):
+        waited = waited + _recorder.pending.read_value()
+        _recorder.pending.assign(tf.constant(0.0, tf.float64))
+        index = _recorder.count.assign_add(1) - 1
+        row = tf.stack([tf.cast(index, tf.float64), waited, ready, done])
+        _recorder.ring.scatter_nd_update([[tf.math.floormod(index, RING)]], [row])
+    if not _recorder.started:
+        _recorder.started = True
+        _on_first_step()
+
+
+def new_rows() -> list[list[float]]:
+    """The steps completed since the last call, as :mod:`hvd_magics.rank.step_split`'s rows
+    ``[step, step_s, input_s, comm_s, 0, 0]`` (a step's CPU times are not read); the first
+    step of a cell has no start and makes no row."""
+    with _recorder.lock:
+        if _recorder.ring is None:
+            return []
+        found = sorted((int(r[0]), float(r[1]), float(r[2]), float(r[3]))
+                       for r in _recorder.ring.numpy() if r[0] > _recorder.read)
+        rows = []
+        for index, waited, ready, done in found:
+            _recorder.read = index
+            if index < _recorder.first:
+                continue
+            last, _recorder.last_done = _recorder.last_done, done
+            if last is not None and done >= last:
+                rows.append([index - _recorder.first, done - last, min(waited, done - last),
+                             max(0.0, done - ready), 0.0, 0.0])
+        return rows
+
+
+def reset() -> None:
+    """A new cell: its steps are counted from its first, which has no start."""
+    new_rows()
+    with _recorder.lock:
+        _recorder.first = _recorder.read + 1
+        _recorder.last_done = None
+
+
+def patch_horovod(module: Any, on_first_step: Callable[[], None]) -> None:
+    """``horovod.tensorflow``: time the steps its gradient reductions end; call
+    ``on_first_step()`` when the first is traced or run."""
+    global _on_first_step
+    import tensorflow as tf
+    from tensorflow.python.data.ops import iterator_ops
+
+    _on_first_step = on_first_step
+    make = getattr(module, "_make_allreduce_grads_fn", None)
+    if make is None:
+        return
+    module._make_allreduce_grads_fn = _timed_allreduce_grads(tf, make)
+    patch_iterator(tf, iterator_ops.OwnedIterator)
+
+
+def patch_iterator(tf: Any, owned: Any) -> None:
+    """Time the batches ``tf.data``'s iterators (``owned``: ``OwnedIterator``) hand over."""
+    owned._next_internal = _timed_get_next(tf, owned._next_internal)
