@@ -1231,32 +1231,46 @@ def straggler_ddp(steps: int = 60, slow_rank: int | None = None, how: str = "com
 
 def straggler_keras(steps: int = 60, slow_rank: int | None = None, how: str = "compute",
                     extra_s: float = 0.03, base_s: float = 0.0, eager: bool = False,
-                    tape: bool = False):
+                    tape: bool = False, engine: str = "horovod"):
     """Horovod's Keras ``fit`` over a ``tf.data`` pipeline (or, with ``tape``, a loop of
-    ``hvd.DistributedGradientTape`` steps in a ``tf.function``), in which ``slow_rank``'s steps
-    take ``extra_s`` seconds longer: in its model (a layer that waits, ``how="compute"``) or in
-    its pipeline (``how="input"``: it waits before each batch, as a slow store makes it).
-    Every rank's model waits ``base_s`` seconds a step besides. Returns the steps run."""
+    ``hvd.DistributedGradientTape`` steps in a ``tf.function``; with ``engine="tf"``, a Keras
+    ``fit`` under ``MultiWorkerMirroredStrategy``, each worker its own data), in which
+    ``slow_rank``'s steps take ``extra_s`` seconds longer: in its model (a layer that waits,
+    ``how="compute"``) or in its pipeline (``how="input"``: it waits before each batch, as a
+    slow store makes it). Every rank's model waits ``base_s`` seconds a step besides. Returns
+    the steps run."""
+    import json
+    import os
     import time
 
     import numpy as np
     import tensorflow as tf
     from tensorflow.python.data.experimental.ops import testing
 
-    import horovod.tensorflow.keras as hvd
+    if engine == "tf":
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    else:
+        import horovod.tensorflow.keras as hvd
 
-    hvd.init()
-    slow = hvd.rank() == slow_rank
+        hvd.init()
+        rank = hvd.rank()
+    slow = rank == slow_rank
     wait_s = base_s + (extra_s if slow and how == "compute" else 0.0)
 
     def pause(x):
         time.sleep(wait_s)
         return x
 
-    x = np.random.default_rng(hvd.rank()).normal(size=(32 * steps, 16)).astype("float32")
+    x = np.random.default_rng(rank).normal(size=(32 * steps, 16)).astype("float32")
     data = tf.data.Dataset.from_tensor_slices((x, x.sum(1, keepdims=True))).batch(32)
     if slow and how == "input":
         data = data.apply(testing.sleep(int(extra_s * 1e6)))
+    if engine == "tf":
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = \
+            tf.data.experimental.AutoShardPolicy.OFF
+        data = data.with_options(options)
 
     class Wait(tf.keras.layers.Layer):
         def call(self, inputs):
@@ -1265,8 +1279,19 @@ def straggler_keras(steps: int = 60, slow_rank: int | None = None, how: str = "c
                 inputs.set_shape([None, 16])
             return inputs
 
-    model = tf.keras.Sequential([tf.keras.Input((16,)), Wait(), tf.keras.layers.Dense(16),
-                                 tf.keras.layers.Dense(1)])
+    def build():
+        return tf.keras.Sequential([tf.keras.Input((16,)), Wait(), tf.keras.layers.Dense(16),
+                                    tf.keras.layers.Dense(1)])
+
+    if engine == "tf":
+        with strategy.scope():
+            model = build()
+            model.compile(tf.keras.optimizers.SGD(0.001), "mse")
+        batches = []
+        model.fit(data, verbose=0, callbacks=[tf.keras.callbacks.LambdaCallback(
+            on_train_batch_end=lambda batch, logs: batches.append(batch))])
+        return len(batches)
+    model = build()
     if not tape:
         model.compile(hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.001)), "mse",
                       run_eagerly=eager)

@@ -6,7 +6,8 @@ as the slowest rank's: the ranks differ in how they spend it. A rank whose own w
 compute) is longer than the others' while they wait for it in communication holds them back.
 
 A look reads the latest :data:`WINDOW_STEPS` steps every rank has reported (a step far longer
-than the window's usual one, an evaluation or a checkpoint, is left out of it). A rank (or every
+than the window's usual one, an evaluation or a checkpoint, is left out of it, when such steps
+are few). A rank (or every
 rank of one host) is named only when :data:`LOOKS_TO_NAME` looks in a row, one per step, find the
 same one: its own work per step longer than the others' by at least :data:`NAME_SHARE` of
 theirs (and :data:`MIN_EXCESS_S`), and the others waiting for it in communication for at least
@@ -56,8 +57,10 @@ CLEAR_SHARE = NAME_SHARE / 2
 MIN_EXCESS_S = 0.0002
 #: Of that excess, the least share the others must spend waiting in communication.
 WAIT_SHARE = 0.5
-#: A step longer than this many times the window's median is left out of a look.
+#: A step longer than this many times the window's median is left out of a look...
 OUTLIER = 3.0
+#: ...unless more than this share of the window's steps are (see :func:`window_parts`).
+OUTLIERS_KEPT = 0.25
 #: Steps kept per rank for the looks (a rank sends at most 256 at a time)...
 KEPT_STEPS = 288
 #: ...and the most looks one report leads to (with more new steps, every n-th step is looked
@@ -197,9 +200,14 @@ Row = tuple[float, float, float, float, float]
 
 def window_parts(rows: list[Row]) -> StepParts:
     """The mean of a window's steps, steps longer than :data:`OUTLIER` times its median left
-    out."""
+    out when they are few (at most :data:`OUTLIERS_KEPT` of them: an evaluation, a checkpoint);
+    more are the job's own rhythm (a pipeline that prefetches a batch while the step before
+    waits for the other: every other step waits), kept, or the mean would leave out the waits
+    that make it slow."""
     limit = OUTLIER * statistics.median(row[0] for row in rows)
     kept = [row for row in rows if row[0] <= limit] or rows
+    if len(rows) - len(kept) > OUTLIERS_KEPT * len(rows):
+        kept = rows
     return StepParts(*(sum(row[i] for row in kept) / len(kept) for i in range(5)))
 
 

@@ -33,10 +33,10 @@ parameter's gradient in its first steps, until the same parameter's gradient was
 times in a row), and three CUDA events on a GPU.
 ``HVD_MAGICS_STEP_SPLIT=0`` turns it off.
 
-TensorFlow's steps under Horovod (a Keras ``fit``, a ``DistributedGradientTape`` loop) run as
-one graph call, which hides their parts from Python: they are timed inside the graph
-(:mod:`hvd_magics.rank.step_split_tf`) and read by a thread of the rank. Not covered:
-``tf.distribute``'s strategies.
+TensorFlow's steps under Horovod (a Keras ``fit``, a ``DistributedGradientTape`` loop) and
+under ``MultiWorkerMirroredStrategy`` run as one graph call, which hides their parts from
+Python: they are timed inside the graph (:mod:`hvd_magics.rank.step_split_tf`) and read by a
+thread of the rank.
 """
 from __future__ import annotations
 
@@ -419,6 +419,10 @@ def _patch_horovod_tf(module: Any) -> None:
     step_split_tf.patch_horovod(module, _read_tf_steps)
 
 
+def _patch_keras_optimizers(module: Any) -> None:
+    step_split_tf.patch_keras_optimizers(module, _read_tf_steps)
+
+
 def install() -> None:
     """Time steps once torch is imported (not with ``HVD_MAGICS_STEP_SPLIT=0``)."""
     if os.environ.get(ENV_STEP_SPLIT, "1") == "0":
@@ -429,3 +433,4 @@ def install() -> None:
     after_import(("horovod.torch.mpi_ops", "horovod.torch.optimizer", "horovod.torch"),
                  _patch_horovod)
     after_import(("horovod.tensorflow",), _patch_horovod_tf)
+    after_import(("tf_keras.src.optimizers.utils",), _patch_keras_optimizers)

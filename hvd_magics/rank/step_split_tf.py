@@ -1,35 +1,44 @@
 """TensorFlow's training steps for :mod:`hvd_magics.rank.step_split`: a Keras ``fit`` or a custom
 loop under Horovod's TensorFlow API (``horovod.tensorflow.keras``'s and ``horovod.keras``'s
 ``DistributedOptimizer``, ``hvd.DistributedGradientTape``, ``horovod.tensorflow``'s
-``DistributedOptimizer``).
+``DistributedOptimizer``), and a Keras 2 optimizer's steps under ``MultiWorkerMirroredStrategy``
+(the ``tf`` engine: a replica on each worker).
 
 Such a step runs as one graph call, which hides its parts from Python, so the clock is read
-inside the graph, by ``tf.timestamp`` ops added where Horovod reduces the step's gradients
-(``horovod.tensorflow._make_allreduce_grads_fn``, which each of those calls) and where a
-``tf.data`` iterator hands over a batch:
+inside the graph, by ``tf.timestamp`` ops added where the step's gradients are reduced
+(Horovod's ``_make_allreduce_grads_fn``, which each of its APIs calls; Keras's
+``all_reduce_sum_gradients`` under the strategy) and where a ``tf.data`` iterator hands over a
+batch:
 
-- a step ends when the last of its gradients' allreduces completes; it lasts from the end of
-  the one before;
+- a step ends when its gradients' reduction completes; it lasts from the end of the one
+  before;
 - **communication**: from the moment every gradient of the step was ready to that end (as a DDP
-  step's: a rank the others wait for has its last gradient late, and its allreduce then ends at
-  once);
+  step's: a rank the others wait for has its last gradient late, and its reduction then ends at
+  once); under the strategy, also its check before each step that every worker has a batch
+  (a collective: the others wait there for a worker whose batch is late);
 - **input**: the time in the step's ``IteratorGetNext`` (the wait for ``tf.data``'s next
   batch), and in batches a custom loop takes eagerly (``for batch in dataset``) since the last
   step;
 - **compute**: the rest.
 
-The readings go into a ring of :data:`RING` rows in a variable on the CPU, which a thread of
-the rank reads every ``SEND_EVERY_S`` seconds (:mod:`hvd_magics.rank.step_split`): per step,
-four clock reads and a few small writes inside the graph (and a write per batch taken
-eagerly), nothing read by Python, no device synchronised. A step run eagerly (no
-``tf.function``) is timed by Python's clock around the same calls. The CPU time of a rank's
-work is not read (TensorFlow computes on threads of its own), so the straggler's cause is
-never said to be a wait for a CPU. On a GPU the clock is the host's, as for Horovod's torch
-ops: where the graph's executor sees a kernel done.
+A clock waits for the tensors' values, not for the ops that make them (a control edge from a
+``tf.cond`` or a function call, as Horovod's reductions are, waits only for their stateful
+ops), and is made before the reduction it precedes (TensorFlow runs stateful ops, clocks and
+the strategy's collectives among them, in the order they were made).
 
-Not covered: ``tf.distribute``'s strategies (their collectives are not Horovod's), a graph
-compiled by XLA (``jit_compile=True``: ``tf.timestamp`` has no XLA kernel, so such a graph is
-left as it is), and TensorFlow 1's sessions.
+The readings go into a ring of :data:`RING` rows in a variable on the CPU (a plain one, never
+a strategy's), which a thread of the rank reads every ``SEND_EVERY_S`` seconds
+(:mod:`hvd_magics.rank.step_split`): per step, four clock reads and a few small writes inside
+the graph (and a write per batch taken eagerly), nothing read by Python, no device
+synchronised. A step run eagerly under Horovod (no ``tf.function``) is timed by Python's clock
+around the same calls. The CPU time of a rank's work is not read (TensorFlow computes on
+threads of its own), so the straggler's cause is never said to be a wait for a CPU. On a GPU
+the clock is the host's, as for Horovod's torch ops: where the graph's executor sees a kernel
+done.
+
+Not covered: other ``tf.distribute`` strategies (several replicas in one process), Keras 3's
+optimizers, a graph compiled by XLA (``jit_compile=True``: ``tf.timestamp`` has no XLA kernel,
+so such a graph is left as it is), and TensorFlow 1's sessions.
 """
 from __future__ import annotations
 
@@ -70,31 +79,47 @@ _on_first_step: Callable[[], None] = lambda: None
 
 
 def _make_ring(tf: Any) -> None:
+    """The ring and its counters: plain variables on the CPU, made eagerly, never a
+    strategy's (``ResourceVariable`` itself passes by the creators a ``tf.distribute`` scope
+    sets, which would mirror them and sync their writes)."""
+    from tensorflow.python.ops.resource_variable_ops import ResourceVariable
+
     with tf.init_scope(), tf.device("/cpu:0"):
         if _recorder.ring is None:
-            _recorder.ring = tf.Variable(
+            _recorder.ring = ResourceVariable(
                 tf.fill([RING, _COLUMNS], tf.constant(-1.0, tf.float64)), trainable=False,
                 name="hvd_magics_step_split")
-            _recorder.count = tf.Variable(tf.constant(0, tf.int64), trainable=False,
-                                          name="hvd_magics_step_count")
-            _recorder.pending = tf.Variable(tf.constant(0.0, tf.float64), trainable=False,
-                                            name="hvd_magics_step_input")
+            _recorder.count = ResourceVariable(tf.constant(0, tf.int64), trainable=False,
+                                               name="hvd_magics_step_count")
+            _recorder.pending = ResourceVariable(tf.constant(0.0, tf.float64),
+                                                 trainable=False, name="hvd_magics_step_input")
 
 
 def _traceable(tf: Any) -> bool:
     """Whether the graph being built can take the clock ops (a ``tf.function``'s, not XLA's,
-    not TensorFlow 1's, outside a ``tf.distribute`` strategy other than the default one)."""
+    not TensorFlow 1's)."""
     from tensorflow.python.framework import func_graph
     from tensorflow.python.ops import control_flow_util
 
     graph = tf.compat.v1.get_default_graph()
     return (isinstance(graph, func_graph.FuncGraph)
-            and not control_flow_util.GraphOrParentsInXlaContext(graph)
-            and not tf.distribute.has_strategy())
+            and not control_flow_util.GraphOrParentsInXlaContext(graph))
+
+
+def _workers_in_sync(tf: Any) -> bool:
+    """Whether a ``tf.distribute`` strategy with a replica on each worker (and more than one
+    worker) is in force: ``MultiWorkerMirroredStrategy``'s, one per worker, as the ``tf``
+    engine starts it (several replicas in one process would each make a row a step)."""
+    if not tf.distribute.has_strategy():
+        return False
+    strategy = tf.distribute.get_strategy()
+    return (strategy.num_replicas_in_sync > 1
+            and len(getattr(strategy.extended, "worker_devices", ())) == 1)
 
 
 def _timed_get_next(tf: Any, original: Callable[..., Any]) -> Callable[..., Any]:
-    """An iterator's ``_next_internal``, adding its time to the step's input."""
+    """An iterator's ``_next_internal`` (or ``get_next_as_optional``), adding its time to the
+    step's input."""
     if getattr(original, _PATCHED, False):
         return original
 
@@ -112,7 +137,8 @@ def _timed_get_next(tf: Any, original: Callable[..., Any]) -> Callable[..., Any]
         with tf.device("/cpu:0"):
             start = tf.timestamp()
         element = original(self)
-        with tf.device("/cpu:0"), tf.control_dependencies(tf.nest.flatten(element)):
+        after = _data_of(tf, tf.nest.flatten(element, expand_composites=True))
+        with tf.device("/cpu:0"), tf.control_dependencies(after):
             waited = tf.timestamp() - start
         graph = tf.compat.v1.get_default_graph()
         graph._hvd_magics_input = getattr(graph, "_hvd_magics_input", []) + [waited]
@@ -140,10 +166,11 @@ def _timed_allreduce_grads(tf: Any, make: Callable[..., Any]) -> Callable[..., A
                 _write(tf, tf.constant(0.0, tf.float64), tf.constant(ready, tf.float64),
                        tf.constant(done, tf.float64))
                 return reduced
-            if not _traceable(tf):
+            if not _traceable(tf) or _workers_in_sync(tf):
                 return allreduce_grads(grads, *rest, **more)
+            ready = _clock_after(tf, grads)
             reduced = allreduce_grads(grads, *rest, **more)
-            _record(tf, grads, reduced)
+            _record(tf, ready, reduced)
             return reduced
 
         return timed
@@ -152,19 +179,73 @@ def _timed_allreduce_grads(tf: Any, make: Callable[..., Any]) -> Callable[..., A
     return make_timed
 
 
-def _record(tf: Any, grads: Any, reduced: Any) -> None:
-    """Add to the graph the ops that write the step's row (made after the allreduces, so
-    that the clock ops, which TensorFlow runs in the order they were made, never hold an
-    allreduce back)."""
+def _timed_gradient_sum(tf: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    """Keras's ``all_reduce_sum_gradients`` (where its optimizers reduce the gradients under a
+    ``tf.distribute`` strategy), recording the step's clock under ``MultiWorkerMirroredStrategy``
+    (:func:`_workers_in_sync`)."""
+    if getattr(original, _PATCHED, False):
+        return original
+
+    @functools.wraps(original)
+    def timed(grads_and_vars: Any) -> Any:
+        pairs = list(grads_and_vars)
+        if tf.executing_eagerly() or not _traceable(tf) or not _workers_in_sync(tf):
+            return original(pairs)
+        ready = _clock_after(tf, [grad for grad, _ in pairs])
+        reduced = original(pairs)
+        _record(tf, ready, [grad for grad, _ in reduced])
+        return reduced
+
+    setattr(timed, _PATCHED, True)
+    return timed
+
+
+def _timed_batch_check(tf: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``tf.distribute``'s check, before each step, that every worker has a batch (a
+    collective: a worker whose batch is late keeps the others in it), counted as the step's
+    communication."""
+    if getattr(original, _PATCHED, False):
+        return original
+
+    @functools.wraps(original)
+    def timed(strategy: Any, input_workers: Any, optional_list: Any) -> Any:
+        if tf.executing_eagerly() or not _traceable(tf) or not _workers_in_sync(tf):
+            return original(strategy, input_workers, optional_list)
+        ready = _clock_after(tf, tf.nest.flatten(optional_list, expand_composites=True))
+        found = original(strategy, input_workers, optional_list)
+        after = _data_of(tf, found)
+        with tf.device("/cpu:0"), tf.control_dependencies(after + [ready]):
+            waited = tf.timestamp() - ready
+        graph = tf.compat.v1.get_default_graph()
+        graph._hvd_magics_comm = getattr(graph, "_hvd_magics_comm", []) + [waited]
+        return found
+
+    setattr(timed, _PATCHED, True)
+    return timed
+
+
+def _clock_after(tf: Any, grads: Any) -> Any:
+    """The clock once every gradient is there (made before their reduction: TensorFlow runs
+    stateful ops, clocks and ``tf.distribute``'s collectives among them, in the order they
+    were made, so a clock made after a collective would wait for it)."""
+    after = _data_of(tf, grads)
+    with tf.device("/cpu:0"), tf.control_dependencies(after):
+        return tf.timestamp()
+
+
+def _record(tf: Any, ready: Any, reduced: Any) -> None:
+    """Add to the graph the ops that write the step's row, from ``ready`` to the moment the
+    ``reduced`` gradients are there."""
     graph = tf.compat.v1.get_default_graph()
-    waits = getattr(graph, "_hvd_magics_input", [])
-    graph._hvd_magics_input = []
+    waits, graph._hvd_magics_input = getattr(graph, "_hvd_magics_input", []), []
+    checks, graph._hvd_magics_comm = getattr(graph, "_hvd_magics_comm", []), []
+    after = _data_of(tf, reduced)
     with tf.device("/cpu:0"):
-        with tf.control_dependencies(_data_of(tf, grads)):
-            ready = tf.timestamp()
-        with tf.control_dependencies(_data_of(tf, reduced) + [ready]):
+        with tf.control_dependencies(after + [ready]):
             done = tf.timestamp()
         waited = tf.add_n(waits) if waits else tf.constant(0.0, tf.float64)
+        if checks:  # moved back by the step's other waits in collectives: its comm grows
+            ready = ready - tf.add_n(checks)
     _write(tf, waited, ready, done)
 
 
@@ -246,6 +327,28 @@ def patch_horovod(module: Any, on_first_step: Callable[[], None]) -> None:
     patch_iterator(tf, iterator_ops.OwnedIterator)
 
 
+def patch_keras_optimizers(module: Any, on_first_step: Callable[[], None]) -> None:
+    """A Keras 2 optimizers' ``utils`` module: time the steps whose gradients
+    ``MultiWorkerMirroredStrategy`` reduces; call ``on_first_step()`` when the first is
+    traced."""
+    global _on_first_step
+    import tensorflow as tf
+    from tensorflow.python.data.ops import iterator_ops
+
+    from tensorflow.python.distribute import input_lib
+
+    _on_first_step = on_first_step
+    if callable(getattr(module, "all_reduce_sum_gradients", None)):
+        module.all_reduce_sum_gradients = _timed_gradient_sum(
+            tf, module.all_reduce_sum_gradients)
+        patch_iterator(tf, iterator_ops.OwnedIterator)
+    if callable(getattr(input_lib, "_calculate_replicas_with_values", None)):
+        input_lib._calculate_replicas_with_values = _timed_batch_check(
+            tf, input_lib._calculate_replicas_with_values)
+
+
 def patch_iterator(tf: Any, owned: Any) -> None:
-    """Time the batches ``tf.data``'s iterators (``owned``: ``OwnedIterator``) hand over."""
+    """Time the batches ``tf.data``'s iterators (``owned``: ``OwnedIterator``) hand over (as an
+    element, or as an optional one: ``tf.distribute``'s iterators take them so)."""
     owned._next_internal = _timed_get_next(tf, owned._next_internal)
+    owned.get_next_as_optional = _timed_get_next(tf, owned.get_next_as_optional)

@@ -110,28 +110,35 @@ def test_the_stacks_of_a_running_job_name_the_rank_the_others_wait_for():
 
 
 
-def _keras(**kwargs):
-    return HorovodRunner(np=-2).run_payload(
-        serialize_job(engine_jobs.straggler_keras, kwargs), views=[])
+def _keras(engine="horovod", **kwargs):
+    return HorovodRunner(np=-2, engine=engine).run_payload(
+        serialize_job(engine_jobs.straggler_keras, {"engine": engine, **kwargs}), views=[])
 
 
-@pytest.mark.parametrize("how,cause", [("compute", "in compute (forward, backward, optimizer)"),
-                                       ("input", "in its input pipeline (waiting for batches)")])
-def test_a_keras_rank_under_horovod_slowed_is_named_for_its_cause_from_the_graphs_clock(
-        how, cause):
+@pytest.mark.parametrize("engine,how", [("horovod", "compute"), ("horovod", "input"),
+                                        ("tf", "input")])
+def test_a_keras_rank_slowed_is_named_for_its_cause_from_the_graphs_clock(engine, how):
     """A Keras step is one graph call: its parts are timed inside the graph
     (rank/step_split_tf.py). Rank 1's 30 ms more a step, in a layer or in its tf.data
-    pipeline, is named for that within 20 steps, and rank 0 is seen waiting for it."""
-    record = _keras(steps=60, slow_rank=1, how=how)
+    pipeline, under Horovod or under ``MultiWorkerMirroredStrategy`` (where the others wait
+    for its batch in the strategy's check that every worker has one, before the step), is
+    named for that within 20 steps, and rank 0 is seen waiting for it."""
+    cause = {"compute": "in compute (forward, backward, optimizer)",
+             "input": "in its input pipeline (waiting for batches)"}[how]
+    # the strategy's iterator prefetches batches before the first step: its first steps take
+    # no wait, until the batches it made ahead are gone (within 20 steps of that onset)
+    record = _keras(steps=60, slow_rank=1, how=how, engine=engine,
+                    extra_s=0.06 if engine == "tf" else 0.03)
     assert record.value == 60
     named = [v for v in record.stragglers if ": rank 1 (host " in v]
     assert named and cause in named[0], record.stragglers
-    assert int(named[0].split(":")[0].removeprefix("from step ")) < 20, named[0]
+    onset = 5 if engine == "tf" else 0
+    assert int(named[0].split(":")[0].removeprefix("from step ")) < onset + 20, named[0]
     by_rank = {row["rank"]: row for row in record.step_split}
     assert [by_rank[r]["steps"] for r in (0, 1)] == [59, 59]  # the first step has no start
-    assert by_rank[0]["comm_s"] > by_rank[1]["comm_s"] + 0.02
+    assert by_rank[0]["comm_s"] > by_rank[1]["comm_s"] + 0.015
     part = "input_s" if how == "input" else "compute_s"
-    assert by_rank[1][part] > by_rank[0][part] + 0.02
+    assert by_rank[1][part] > by_rank[0][part] + 0.015
     frame = record.steps
     assert ((frame["input_s"] + frame["compute_s"] + frame["comm_s"] - frame["step_s"]).abs()
             < 1e-4).all()
