@@ -1412,3 +1412,19 @@ def ddp_slow_save_on_notice(save_s: float, order_after: int = 5, steps: int = 20
         if checkpoint.preempting():
             checkpoint.save({"state": SlowSave(save_s)}, step + 1)
     return checkpoint.attempt(), start
+
+
+def keras_mwms_history():
+    """A Keras ``fit`` under ``MultiWorkerMirroredStrategy`` whose ``History`` is the job's value
+    (as a cell ending in ``model.fit(...)`` has it): pickling it pickles the model, whose
+    metrics' variables are synced on read (an all-reduce of every worker)."""
+    import numpy as np
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    x = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(2)])
+        model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    return model.fit(x, (x[:, 0] > 0).astype("int64"), batch_size=32, verbose=0)

@@ -29,8 +29,8 @@ from typing import Any
 
 from hvd_magics.errors import exception_text
 from hvd_magics.protocol import (ENV_CONTROL_FD, ENV_EVERY_RESULT, ENV_HOROVOD_RANK,
-                                 ENV_PREIMPORT, ENV_RANK, ENV_RANK_TMPDIR, ERROR, IMPORTED,
-                                 LEAVING, RESULT, STARTED, ZYGOTE_MODULES, decode_job)
+                                 ENV_PREIMPORT, ENV_RANK, ENV_RANK_TMPDIR, ENV_TF_CONFIG, ERROR,
+                                 IMPORTED, LEAVING, RESULT, STARTED, ZYGOTE_MODULES, decode_job)
 from hvd_magics.rank import rank_events
 from hvd_magics.rank.leave_together import end_engine
 from hvd_magics.rank.process_group import die_with_parent, killpg
@@ -135,9 +135,21 @@ def run_job(payload: bytes) -> tuple[Any, BaseException | None, int]:
         return None, exc, 1
     try:
         every = os.environ.get(ENV_EVERY_RESULT) == "1"
-        return (encode_parts(value) if every or final_rank() == 0 else None), None, 0
+        if every or final_rank() == 0:
+            return encode_parts(value), None, 0
+        if _tf_distribute_worker():
+            encode_parts(value)  # the same collectives as rank 0's pickling, which waits for them
+        return None, None, 0
     except BaseException as exc:  # noqa: BLE001
         return None, exc, 1
+
+
+def _tf_distribute_worker() -> bool:
+    """Whether this rank is a ``tf.distribute`` worker (the ``tf`` engine): pickling its value
+    may read a strategy's variables (a Keras ``History`` holds the model; a variable synced on
+    read, a metric's, is read by an all-reduce of every worker), so every worker pickles it,
+    or rank 0 alone would wait in that collective for ever."""
+    return bool(os.environ.get(ENV_TF_CONFIG)) and "tensorflow" in sys.modules
 
 
 def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,

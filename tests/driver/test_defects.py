@@ -289,3 +289,13 @@ def test_a_rank_that_picks_a_gpu_it_cannot_see_gets_the_fix():
     text = str(caught.value)
     assert text.startswith("1 of 2 ranks failed; the first was rank 1 on ")
     assert "NCCL refuses two ranks on one GPU. Fix: at most one rank per GPU" in text
+
+
+def test_a_tf_distribute_job_whose_value_holds_the_model_ends_on_every_worker():
+    """Rank 0 pickles the value it sends back; a Keras ``History`` holds the model, whose
+    metrics' variables a pickle reads by an all-reduce of every worker. Rank 0 alone waited
+    in it for ever and the job was stopped blaming the user's code ('rank 0 waits in a
+    tf.distribute collective that rank 1 will never enter ... Fix: have every rank make the
+    same collective calls'): every worker pickles the value now."""
+    value = HorovodRunner(np=-2, engine="tf").run(engine_jobs.keras_mwms_history)
+    assert type(value).__name__ == "History" and value.history["loss"]
