@@ -50,6 +50,9 @@ from typing import Any, Callable
 #: Rows the ring keeps: steps shorter than a 1024th of the time between two reads would be lost.
 RING = 1024
 _PATCHED = "_hvd_magics_step_split_tf"
+#: Where a graph keeps its step's waits until the step's row takes them: for input, and in
+#: collectives before the gradients' reduction.
+_INPUT_WAITS, _COMM_WAITS = "_hvd_magics_input", "_hvd_magics_comm"
 #: A ring row: ``(index, input_s, ready, done)``: the step's count from 0 (``-1``: no step
 #: yet), its seconds in ``IteratorGetNext``, and the clock when its gradients were all ready
 #: and when their allreduce completed.
@@ -137,11 +140,7 @@ def _timed_get_next(tf: Any, original: Callable[..., Any]) -> Callable[..., Any]
         with tf.device("/cpu:0"):
             start = tf.timestamp()
         element = original(self)
-        after = _data_of(tf, tf.nest.flatten(element, expand_composites=True))
-        with tf.device("/cpu:0"), tf.control_dependencies(after):
-            waited = tf.timestamp() - start
-        graph = tf.compat.v1.get_default_graph()
-        graph._hvd_magics_input = getattr(graph, "_hvd_magics_input", []) + [waited]
+        _note_wait(tf, _INPUT_WAITS, start, element)
         return element
 
     setattr(get_next, _PATCHED, True)
@@ -213,15 +212,22 @@ def _timed_batch_check(tf: Any, original: Callable[..., Any]) -> Callable[..., A
             return original(strategy, input_workers, optional_list)
         ready = _clock_after(tf, tf.nest.flatten(optional_list, expand_composites=True))
         found = original(strategy, input_workers, optional_list)
-        after = _data_of(tf, found)
-        with tf.device("/cpu:0"), tf.control_dependencies(after + [ready]):
-            waited = tf.timestamp() - ready
-        graph = tf.compat.v1.get_default_graph()
-        graph._hvd_magics_comm = getattr(graph, "_hvd_magics_comm", []) + [waited]
+        _note_wait(tf, _COMM_WAITS, ready, found)
         return found
 
     setattr(timed, _PATCHED, True)
     return timed
+
+
+def _note_wait(tf: Any, kind: str, since: Any, outputs: Any) -> None:
+    """Add to the graph being built the seconds from ``since`` (a clock) to the moment
+    ``outputs`` are there, as one of the step's waits of ``kind`` (:data:`_INPUT_WAITS`,
+    :data:`_COMM_WAITS`), which the step's row takes (:func:`_record`)."""
+    after = _data_of(tf, tf.nest.flatten(outputs, expand_composites=True))
+    with tf.device("/cpu:0"), tf.control_dependencies(after + [since]):
+        waited = tf.timestamp() - since
+    graph = tf.compat.v1.get_default_graph()
+    setattr(graph, kind, getattr(graph, kind, []) + [waited])
 
 
 def _clock_after(tf: Any, grads: Any) -> Any:
@@ -237,8 +243,9 @@ def _record(tf: Any, ready: Any, reduced: Any) -> None:
     """Add to the graph the ops that write the step's row, from ``ready`` to the moment the
     ``reduced`` gradients are there."""
     graph = tf.compat.v1.get_default_graph()
-    waits, graph._hvd_magics_input = getattr(graph, "_hvd_magics_input", []), []
-    checks, graph._hvd_magics_comm = getattr(graph, "_hvd_magics_comm", []), []
+    waits, checks = getattr(graph, _INPUT_WAITS, []), getattr(graph, _COMM_WAITS, [])
+    setattr(graph, _INPUT_WAITS, [])
+    setattr(graph, _COMM_WAITS, [])
     after = _data_of(tf, reduced)
     with tf.device("/cpu:0"):
         with tf.control_dependencies(after + [ready]):
