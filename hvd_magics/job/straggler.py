@@ -6,8 +6,7 @@ as the slowest rank's: the ranks differ in how they spend it. A rank whose own w
 compute) is longer than the others' while they wait for it in communication holds them back.
 
 A look reads the latest :data:`WINDOW_STEPS` steps every rank has reported (a step far longer
-than the window's usual one, an evaluation or a checkpoint, is left out of it, when such steps
-are few). A rank (or every
+than the window's usual one, an evaluation or a checkpoint, is left out of it). A rank (or every
 rank of one host) is named only when :data:`LOOKS_TO_NAME` looks in a row, one per step, find the
 same one: its own work per step longer than the others' by at least :data:`NAME_SHARE` of
 theirs (and :data:`MIN_EXCESS_S`), and the others waiting for it in communication for at least
@@ -57,10 +56,8 @@ CLEAR_SHARE = NAME_SHARE / 2
 MIN_EXCESS_S = 0.0002
 #: Of that excess, the least share the others must spend waiting in communication.
 WAIT_SHARE = 0.5
-#: A step longer than this many times the window's median is left out of a look...
+#: A step longer than this many times the window's median is left out of a look.
 OUTLIER = 3.0
-#: ...unless more than this share of the window's steps are (see :func:`window_parts`).
-OUTLIERS_KEPT = 0.25
 #: Steps kept per rank for the looks (a rank sends at most 256 at a time)...
 KEPT_STEPS = 288
 #: ...and the most looks one report leads to (with more new steps, every n-th step is looked
@@ -83,6 +80,10 @@ _CAUSE_TEXT = {INPUT: f"{_PART[INPUT]} (waiting for batches)",
                COMPUTE: f"{_PART[COMPUTE]} (forward, backward, optimizer)"}
 _CPU_WAIT_TEXT = {cause: f"{part}, most of it waiting for a CPU (its host's CPUs are busy with "
                          "other work, or its CPU time is limited)" for cause, part in _PART.items()}
+#: ...and a cause on ranks whose CPU time is not read (TensorFlow's).
+_UNREAD_TEXT = {INPUT: _CAUSE_TEXT[INPUT],
+                COMPUTE: f"{_PART[COMPUTE]} (forward, backward, optimizer, or a wait for a CPU on "
+                         "a busy host: TensorFlow's threads' CPU time is not read)"}
 _OFF_CPU_TEXT = ("in its own code but mostly off the CPU, not waiting for one (sleeping, reading "
                  "files, waiting on a lock or a subprocess)")
 
@@ -138,6 +139,9 @@ class Straggler:
     #: Whether its training thread's CPU time is known and its host clock tells its compute
     #: (a CPU rank: on a GPU, the host thread also waits for the device off the CPU).
     cpu_known: bool = False
+    #: Whether the ranks' CPU time was read at all (not on TensorFlow's ranks, which compute
+    #: on threads of their own: a compute excess there may be a host busy with other work).
+    cpu_read: bool = True
 
     @property
     def more_work_s(self) -> float:
@@ -171,7 +175,9 @@ class Straggler:
     def _cause_text(self) -> str:
         if self.waits_for_cpu:
             return _CPU_WAIT_TEXT[self.cause]
-        return _OFF_CPU_TEXT if self.off_cpu else _CAUSE_TEXT[self.cause]
+        if self.off_cpu:
+            return _OFF_CPU_TEXT
+        return _CAUSE_TEXT[self.cause] if self.cpu_read else _UNREAD_TEXT[self.cause]
 
     def text(self, unit: str = "rank") -> str:
         longer = 100 * (self.own_s / self.others_s - 1) if self.others_s > 0 else float("inf")
@@ -200,14 +206,9 @@ Row = tuple[float, float, float, float, float]
 
 def window_parts(rows: list[Row]) -> StepParts:
     """The mean of a window's steps, steps longer than :data:`OUTLIER` times its median left
-    out when they are few (at most :data:`OUTLIERS_KEPT` of them: an evaluation, a checkpoint);
-    more are the job's own rhythm (a pipeline that prefetches a batch while the step before
-    waits for the other: every other step waits), kept, or the mean would leave out the waits
-    that make it slow."""
+    out."""
     limit = OUTLIER * statistics.median(row[0] for row in rows)
     kept = [row for row in rows if row[0] <= limit] or rows
-    if len(rows) - len(kept) > OUTLIERS_KEPT * len(rows):
-        kept = rows
     return StepParts(*(sum(row[i] for row in kept) / len(kept) for i in range(5)))
 
 
@@ -308,12 +309,16 @@ class StepSplits:
         self.gpu: dict[int, dict[str, Any]] = {}
         #: Rank -> whose clock its rows are: ``"gpu"`` or ``"host"``.
         self.clock: dict[int, str] = {}
+        #: Ranks whose CPU time is not read (TensorFlow's: ``cpu_read`` false in their events).
+        self.cpu_unread: set[int] = set()
 
     def observe(self, rank: int, event: dict[str, Any], hosts: dict[int, str]
                 ) -> StepParts | None:
         """Take one rank's ``step_split`` event and look again at every step all ranks have
         now reported; the mean of the steps it reported (``None``: none)."""
         self.clock[rank] = event.get("clock") or "host"
+        if event.get("cpu_read") is False:
+            self.cpu_unread.add(rank)
         if event.get("gpu"):
             peak = max(event["gpu"].get("peak") or 0, self.gpu.get(rank, {}).get("peak") or 0)
             self.gpu[rank] = {**event["gpu"], "peak": peak}
@@ -371,7 +376,8 @@ class StepSplits:
             found = self._over_the_streak(found, hosts, share, step)
             known = all(self.clock.get(r, "host") == "host" and r not in self.gpu
                         and (self._totals.get(r) or [0] * 6)[5] > 0 for r in parts)
-            self.current = dataclasses.replace(found, step=step, cpu_known=known)
+            read = not any(r in self.cpu_unread for r in parts)
+            self.current = dataclasses.replace(found, step=step, cpu_known=known, cpu_read=read)
             self.events.append(("named", self.current))
         self._streak = ((), 0)
 

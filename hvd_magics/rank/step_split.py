@@ -270,7 +270,8 @@ def flush(final: bool = False) -> None:
 
 def _send(split: _Split, final: bool) -> None:
     split.sent = time.monotonic()
-    for row in step_split_tf.new_rows():
+    tf_rows = step_split_tf.new_rows()
+    for row in tf_rows:
         _keep(split, row)
     if split.gpu is not None:
         for row in split.gpu.ready(wait=final):
@@ -282,7 +283,8 @@ def _send(split: _Split, final: bool) -> None:
     rank_events.emit(STEP_SPLIT, rows=[[int(r[0])] + [round(v, 6) for v in r[1:]] for r in rows],
                      totals=[split.totals[0]] + [round(v, 6) for v in split.totals[1:]],
                      dropped=dropped, gpu=gpu_memory.reading(),
-                     clock="gpu" if split.gpu is not None else "host")
+                     clock="gpu" if split.gpu is not None else "host",
+                     **({"cpu_read": False} if tf_rows else {}))
     split.rows, split.totals = [], [0, 0.0, 0.0, 0.0, 0.0, 0.0]
 
 

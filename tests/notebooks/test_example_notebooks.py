@@ -44,7 +44,7 @@ def test_the_main_mnist_notebook(tmp_path):
     assert "[0] Epoch 8/8" in distributed and "[1] Epoch" not in distributed
     accuracy = float(re.search(r"test accuracy after 8 epochs on 2 ranks: (\d\.\d+)", everything).group(1))
     assert accuracy >= 0.85
-    assert "HorovodRun" in everything and "status      succeeded" in everything
+    assert "HorovodRun" in everything and re.search(r"status +succeeded", everything)
     assert "predicted:" in everything
     assert "epoch timing" in everything and re.search(r"\n\s+8\s+\d+\.\d+", everything)
     # live widgets, saved in the notebook's widget state with their final values
@@ -103,7 +103,7 @@ def test_the_failures_notebook(tmp_path):
     nb, texts, everything = _run("failures.ipynb", tmp_path)
     assert "the first was rank 1 on 127.0.0.1: ValueError: shard 1 is empty" in everything
     assert 'File "<%%horovod cell>", line 6, in load_shard' in everything
-    assert "status      failed" in everything
+    assert re.search(r"status +failed", everything)
     assert "exited with code 3 without a Python exception" in everything
     assert "The notebook's own process holds a GPU (TensorFlow holds" in everything
     assert "np=0 runs nothing" in everything
@@ -129,7 +129,8 @@ def test_the_dataframes_notebook(tmp_path):
     assert "[0] <Shard of train_df: rank 0 of 2, 2,121 rows of 4,241; columns: pixels " \
            "list<element: float>, label int32>" in everything
     assert "[1] <Shard of train_df: rank 1 of 2, 2,120 rows of 4,241" in everything
-    assert "data train_df  4,241 rows as 2,121 + 2,120 per rank" in everything
+    # the record's labels are padded to its longest (a rank's split: "steps of rank 0")
+    assert re.search(r"data train_df +4,241 rows as 2,121 \+ 2,120 per rank", everything)
     assert "val_df rows per rank: [380, 379]" in everything
     keras = float(re.search(r"validation accuracy on 2 ranks: (\d\.\d+)", everything).group(1))
     torch = float(re.search(r"PyTorch validation accuracy on 2 ranks: (\d\.\d+)",
@@ -227,7 +228,7 @@ def test_the_tf_distribute_notebook(tmp_path):
     accuracy = float(re.search(r"MultiWorkerMirroredStrategy on 2 workers: (\d\.\d+)",
                                everything).group(1))
     assert accuracy >= 0.85
-    assert "engine      tf.distribute" in everything
+    assert re.search(r"engine +tf\.distribute", everything)
     bars = _widget_models(nb, "IntProgressModel")
     assert len(bars) == 2 and all(b["bar_style"] == "success" and b["value"] == b["max"] > 0
                                   for b in bars)

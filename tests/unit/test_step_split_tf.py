@@ -2,19 +2,29 @@
 process: Horovod's gradient reduction is stood in for by a function of the same shape (a
 ``tf.cond`` around a stateless op, as Horovod's ``_allreduce_cond``) whose reduction waits, as a
 rank waits for its peers; the ranks' tests run Horovod itself (tests/driver/test_straggler.py)."""
+import threading
 import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvd_magics.rank import step_split_tf
+from hvd_magics.rank import step_split, step_split_tf
 
 
 @pytest.fixture
 def recorder(monkeypatch):
+    """A recorder of this test's own, read by the test alone: no reader thread is started, and
+    one an earlier test in this process started (through ``step_split.install()``) is stopped,
+    or it would take the rows."""
     from tensorflow.python.data.ops import iterator_ops
 
+    step_split._stopped.set()
+    for thread in threading.enumerate():
+        if thread.name == "hvd_magics step split":
+            thread.join(timeout=10)
+    step_split._stopped.clear()
+    monkeypatch.setattr(step_split_tf, "_on_first_step", lambda: None)
     monkeypatch.setattr(step_split_tf, "_recorder", step_split_tf._Recorder())
     monkeypatch.setattr(iterator_ops.OwnedIterator, "_next_internal",
                         iterator_ops.OwnedIterator._next_internal)
