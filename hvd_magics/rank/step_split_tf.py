@@ -32,8 +32,9 @@ a strategy's), which a thread of the rank reads every ``SEND_EVERY_S`` seconds
 the graph (and a write per batch taken eagerly), nothing read by Python, no device
 synchronised. A step run eagerly under Horovod (no ``tf.function``) is timed by Python's clock
 around the same calls. The CPU time of a rank's work is not read (TensorFlow computes on
-threads of its own), so the straggler's cause is never said to be a wait for a CPU. On a GPU
-the clock is the host's, as for Horovod's torch ops: where the graph's executor sees a kernel
+threads of its own), so the straggler's cause is never said to be a wait for a CPU, and a
+compute verdict says that a busy host is not told apart (the rows' events say
+``cpu_read: false``). On a GPU the clock is the host's, as for Horovod's torch ops: where the graph's executor sees a kernel
 done.
 
 Not covered: other ``tf.distribute`` strategies (several replicas in one process), Keras 3's
