@@ -27,7 +27,7 @@ def test_links_that_moved_alike_or_did_not_answer_name_no_host():
 
 def test_the_probe_times_each_host_one_way_then_the_other_through_the_orders(monkeypatch):
     monkeypatch.setattr(link_probe, "PROBE_BYTES", 3 * 100_000)
-    delays = {0: 0.01, 2: 0.2}  # rank 2's host answers twenty times slower
+    delays = {0: 0.01, 2: 1.0}  # rank 2's host answers a hundred times slower
     sent = []
 
     def send(rank, order):
@@ -47,7 +47,8 @@ def test_the_probe_times_each_host_one_way_then_the_other_through_the_orders(mon
     assert sent == [(0, 400_000, 0), (0, 0, 300_000), (2, 400_000, 0), (2, 0, 300_000)]
     fast, slow = probe.speeds
     assert fast.host == "h1" and slow.host == "h2"
-    # twenty times slower at most; under a loaded machine's thread scheduling the fast host's
-    # 10 ms answers come late, so the figure is only known to exceed the verdict's two times
-    assert 2 < fast.slower / slow.slower < 25
+    # a hundred times slower at most; under a loaded machine's thread scheduling the fast
+    # host's 10 ms answers come late (a CI run: 275 ms late, when the slow host answered in
+    # 200 ms), so the figure is only known to exceed the verdict's two times
+    assert 2 < fast.slower / slow.slower < 120
     assert "the link of host h2 is the slowest" in verdict(probe.speeds, 0.9)
