@@ -9,7 +9,7 @@ A look reads the latest :data:`WINDOW_STEPS` steps every rank has reported (a st
 than the window's usual one, an evaluation or a checkpoint, is left out of it). A rank (or every
 rank of one host) is named only when :data:`LOOKS_TO_NAME` looks in a row, one per step, find the
 same one: its own work per step longer than the others' by at least :data:`NAME_SHARE` of
-theirs (and :data:`MIN_EXCESS_S`), and the others waiting for it in communication for at least
+theirs (and :data:`MIN_EXCESS_S`; :data:`MIN_EXCESS_UNREAD_S` on TensorFlow's ranks), and the others waiting for it in communication for at least
 half of that. It is cleared when as
 many looks in a row no longer find it by half that margin. Its cause and figures are read over
 all the steps those looks read (:data:`STREAK_STEPS`). The cause is the part of its own work
@@ -54,6 +54,10 @@ CLEAR_SHARE = NAME_SHARE / 2
 #: ...and never less than this many seconds a step: a smaller difference is within what timing
 #: a step's parts costs and how much a step of a fraction of a millisecond varies.
 MIN_EXCESS_S = 0.0002
+#: ...and on ranks whose CPU time is not read (TensorFlow's, whose threads the host schedules
+#: in turn: a clean Keras fit of 1.5 ms of own work a step on two cores named ranks 0.27 to
+#: 0.7 ms longer, none of them slowed).
+MIN_EXCESS_UNREAD_S = 0.002
 #: Of that excess, the least share the others must spend waiting in communication.
 WAIT_SHARE = 0.5
 #: A step longer than this many times the window's median is left out of a look.
@@ -80,10 +84,9 @@ _CAUSE_TEXT = {INPUT: f"{_PART[INPUT]} (waiting for batches)",
                COMPUTE: f"{_PART[COMPUTE]} (forward, backward, optimizer)"}
 _CPU_WAIT_TEXT = {cause: f"{part}, most of it waiting for a CPU (its host's CPUs are busy with "
                          "other work, or its CPU time is limited)" for cause, part in _PART.items()}
-#: ...and a cause on ranks whose CPU time is not read (TensorFlow's).
-_UNREAD_TEXT = {INPUT: _CAUSE_TEXT[INPUT],
-                COMPUTE: f"{_PART[COMPUTE]} (forward, backward, optimizer, or a wait for a CPU on "
-                         "a busy host: TensorFlow's threads' CPU time is not read)"}
+#: ...and compute on ranks whose CPU time is not read (TensorFlow's).
+_UNREAD_COMPUTE_TEXT = (f"{_PART[COMPUTE]} (forward, backward, optimizer, or a wait for a CPU "
+                        "on a busy host: TensorFlow's threads' CPU time is not read)")
 _OFF_CPU_TEXT = ("in its own code but mostly off the CPU, not waiting for one (sleeping, reading "
                  "files, waiting on a lock or a subprocess)")
 
@@ -177,7 +180,9 @@ class Straggler:
             return _CPU_WAIT_TEXT[self.cause]
         if self.off_cpu:
             return _OFF_CPU_TEXT
-        return _CAUSE_TEXT[self.cause] if self.cpu_read else _UNREAD_TEXT[self.cause]
+        if self.cause == COMPUTE and not self.cpu_read:
+            return _UNREAD_COMPUTE_TEXT
+        return _CAUSE_TEXT[self.cause]
 
     def text(self, unit: str = "rank") -> str:
         longer = 100 * (self.own_s / self.others_s - 1) if self.others_s > 0 else float("inf")
@@ -224,16 +229,16 @@ def _cause(parts: dict[int, StepParts], named: list[int], others: list[int]) -> 
 
 
 def _holds_back(parts: dict[int, StepParts], named: list[int], others: list[int],
-                share: float) -> bool:
+                share: float, least: float) -> bool:
     base = statistics.median(parts[r].own_s for r in others)
     excess = min(parts[r].own_s for r in named) - base
     waited = statistics.median(parts[r].comm_s for r in others) - max(
         parts[r].comm_s for r in named)
-    return (excess >= max(share * base, MIN_EXCESS_S) and waited >= WAIT_SHARE * excess)
+    return (excess >= max(share * base, least) and waited >= WAIT_SHARE * excess)
 
 
 def look(parts: dict[int, StepParts], hosts: dict[int, str],
-         share: float = NAME_SHARE) -> Straggler | None:
+         share: float = NAME_SHARE, least: float = MIN_EXCESS_S) -> Straggler | None:
     """The rank, or the ranks of one host, that hold the others back in one window's
     ``parts`` (rank -> mean step), their own work longer than the others' by ``share`` of it;
     ``None`` when none does."""
@@ -243,11 +248,11 @@ def look(parts: dict[int, StepParts], hosts: dict[int, str],
     host = hosts.get(slowest, "")
     mates = sorted(r for r in parts if host and hosts.get(r) == host)
     elsewhere = [r for r in parts if r not in mates]
-    if len(mates) > 1 and elsewhere and _holds_back(parts, mates, elsewhere, share):
+    if len(mates) > 1 and elsewhere and _holds_back(parts, mates, elsewhere, share, least):
         named, others, whole = mates, elsewhere, True
     else:
         named, others, whole = [slowest], [r for r in parts if r != slowest], False
-        if not _holds_back(parts, named, others, share):
+        if not _holds_back(parts, named, others, share, least):
             return None
     ran = statistics.median(parts[r].cpu_s for r in others)
     return Straggler(tuple(named), host, whole, _cause(parts, named, others),
@@ -259,7 +264,8 @@ def look(parts: dict[int, StepParts], hosts: dict[int, str],
                      else 0.0)
 
 
-def steady(window: dict[int, list[Row]], named: tuple[int, ...], share: float) -> bool:
+def steady(window: dict[int, list[Row]], named: tuple[int, ...], share: float,
+           least: float = MIN_EXCESS_S) -> bool:
     """Whether ``named``'s own work was longer than the others' (by half ``share`` of theirs)
     in at least :data:`STEADY_SHARE` of the ``window``'s steps (rank -> its rows, step by step),
     not in a step or two far longer (a busy host's scheduler starving the rank for a tenth of a
@@ -270,7 +276,7 @@ def steady(window: dict[int, list[Row]], named: tuple[int, ...], share: float) -
     for i in range(steps):
         base = statistics.median(window[r][i][0] - window[r][i][2] for r in others)
         own = min(window[r][i][0] - window[r][i][2] for r in named)
-        longer += own - base >= max(share * base, MIN_EXCESS_S) / 2
+        longer += own - base >= max(share * base, least) / 2
     return longer >= STEADY_SHARE * steps
 
 
@@ -358,8 +364,8 @@ class StepSplits:
     def _judge(self, parts: dict[int, StepParts], hosts: dict[int, str], step: int,
                window: dict[int, list[Row]]) -> None:
         share = CLEAR_SHARE if self.current is not None else NAME_SHARE
-        found = look(parts, hosts, share)
-        if found is not None and not steady(window, found.ranks, share):
+        found = look(parts, hosts, share, self._least())
+        if found is not None and not steady(window, found.ranks, share, self._least()):
             found = None
         key = found.ranks if found is not None else ()
         if self.current is not None and key == self.current.ranks:
@@ -391,8 +397,13 @@ class StepSplits:
         if not all(all(s in rows for s in steps) for rows in self._rows.values()):
             return found
         longer = look({rank: window_parts([rows[s] for s in steps])
-                       for rank, rows in self._rows.items()}, hosts, share)
+                       for rank, rows in self._rows.items()}, hosts, share, self._least())
         return longer if longer is not None and longer.ranks == found.ranks else found
+
+    def _least(self) -> float:
+        """The least excess a step that names a rank: :data:`MIN_EXCESS_UNREAD_S` when a
+        rank's CPU time is not read."""
+        return MIN_EXCESS_UNREAD_S if self.cpu_unread else MIN_EXCESS_S
 
     def per_rank(self) -> dict[int, StepParts]:
         """Each rank's mean step over the whole job."""

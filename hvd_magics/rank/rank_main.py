@@ -28,9 +28,10 @@ import warnings
 from typing import Any
 
 from hvd_magics.errors import exception_text
-from hvd_magics.protocol import (ENV_CONTROL_FD, ENV_EVERY_RESULT, ENV_HOROVOD_RANK,
-                                 ENV_PREIMPORT, ENV_RANK, ENV_RANK_TMPDIR, ENV_TF_CONFIG, ERROR,
-                                 IMPORTED, LEAVING, RESULT, STARTED, ZYGOTE_MODULES, decode_job)
+from hvd_magics.protocol import (ENGINE_TF, ENV_CONTROL_FD, ENV_ENGINE, ENV_EVERY_RESULT,
+                                 ENV_HOROVOD_RANK, ENV_PREIMPORT, ENV_RANK, ENV_RANK_TMPDIR,
+                                 ERROR, IMPORTED, LEAVING, RESULT, STARTED, ZYGOTE_MODULES,
+                                 decode_job)
 from hvd_magics.rank import rank_events
 from hvd_magics.rank.leave_together import end_engine
 from hvd_magics.rank.process_group import die_with_parent, killpg
@@ -149,7 +150,7 @@ def _tf_distribute_worker() -> bool:
     may read a strategy's variables (a Keras ``History`` holds the model; a variable synced on
     read, a metric's, is read by an all-reduce of every worker), so every worker pickles it,
     or rank 0 alone would wait in that collective for ever."""
-    return bool(os.environ.get(ENV_TF_CONFIG)) and "tensorflow" in sys.modules
+    return os.environ.get(ENV_ENGINE) == ENGINE_TF and "tensorflow" in sys.modules
 
 
 def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,

@@ -417,16 +417,9 @@ def _read_tf_steps() -> None:
 _stopped = threading.Event()
 
 
-def _patch_horovod_tf(module: Any) -> None:
-    step_split_tf.patch_horovod(module, _read_tf_steps)
-
-
-def _patch_keras_optimizers(module: Any) -> None:
-    step_split_tf.patch_keras_optimizers(module, _read_tf_steps)
-
-
 def install() -> None:
-    """Time steps once torch is imported (not with ``HVD_MAGICS_STEP_SPLIT=0``)."""
+    """Time steps once torch, or Horovod's TensorFlow API or Keras 2's optimizers, are imported
+    (not with ``HVD_MAGICS_STEP_SPLIT=0``)."""
     if os.environ.get(ENV_STEP_SPLIT, "1") == "0":
         return
     after_import(("torch.optim.optimizer",), _patch_torch)
@@ -434,5 +427,4 @@ def install() -> None:
     after_import(("torch.distributed",), _patch_distributed)
     after_import(("horovod.torch.mpi_ops", "horovod.torch.optimizer", "horovod.torch"),
                  _patch_horovod)
-    after_import(("horovod.tensorflow",), _patch_horovod_tf)
-    after_import(("tf_keras.src.optimizers.utils",), _patch_keras_optimizers)
+    step_split_tf.install(_read_tf_steps)

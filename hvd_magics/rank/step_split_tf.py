@@ -48,6 +48,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from hvd_magics.rank.import_hooks import after_import
+
 #: Rows the ring keeps: steps shorter than a 1024th of the time between two reads would be lost.
 RING = 1024
 _PATCHED = "_hvd_magics_step_split_tf"
@@ -75,7 +77,6 @@ class _Recorder:
         self.read = -1
         self.last_done: float | None = None
         self.first = 0
-        self.started = False
 
 
 _recorder = _Recorder()
@@ -134,7 +135,7 @@ def _timed_get_next(tf: Any, original: Callable[..., Any]) -> Callable[..., Any]
             try:
                 return original(self)
             finally:
-                if _recorder.started:  # a step was seen: batches are a step's input
+                if _recorder.pending is not None:  # after a step: the next one's input
                     _recorder.pending.assign_add(time.time() - start)
         if not _traceable(tf):
             return original(self)
@@ -279,6 +280,7 @@ def _data_of(tf: Any, tensors: Any) -> list[Any]:
 def _write(tf: Any, waited: Any, ready: Any, done: Any) -> None:
     """Write a step's row into the ring (in the graph being built, or at once when eager),
     with the batches taken eagerly since the last step's in its input."""
+    first = _recorder.ring is None
     _make_ring(tf)
     with tf.device("/cpu:0"):
         waited = waited + _recorder.pending.read_value()
@@ -286,8 +288,7 @@ def _write(tf: Any, waited: Any, ready: Any, done: Any) -> None:
         index = _recorder.count.assign_add(1) - 1
         row = tf.stack([tf.cast(index, tf.float64), waited, ready, done])
         _recorder.ring.scatter_nd_update([[tf.math.floormod(index, RING)]], [row])
-    if not _recorder.started:
-        _recorder.started = True
+    if first:
         _on_first_step()
 
 
@@ -298,10 +299,11 @@ def new_rows() -> list[list[float]]:
     with _recorder.lock:
         if _recorder.ring is None:
             return []
-        found = sorted((int(r[0]), float(r[1]), float(r[2]), float(r[3]))
-                       for r in _recorder.ring.numpy() if r[0] > _recorder.read)
+        ring = _recorder.ring.numpy()
+        fresh = ring[ring[:, 0] > _recorder.read]
         rows = []
-        for index, waited, ready, done in found:
+        for index, waited, ready, done in fresh[fresh[:, 0].argsort()].tolist():
+            index = int(index)
             _recorder.read = index
             if index < _recorder.first:
                 continue
@@ -320,14 +322,20 @@ def reset() -> None:
         _recorder.last_done = None
 
 
-def patch_horovod(module: Any, on_first_step: Callable[[], None]) -> None:
-    """``horovod.tensorflow``: time the steps its gradient reductions end; call
-    ``on_first_step()`` when the first is traced or run."""
+def install(on_first_step: Callable[[], None]) -> None:
+    """Time TensorFlow's steps once Horovod's TensorFlow API or Keras 2's optimizers are
+    imported; call ``on_first_step()`` when the first step is traced or run."""
     global _on_first_step
+    _on_first_step = on_first_step
+    after_import(("horovod.tensorflow",), _patch_horovod)
+    after_import(("tf_keras.src.optimizers.utils",), _patch_keras_optimizers)
+
+
+def _patch_horovod(module: Any) -> None:
+    """``horovod.tensorflow``: time the steps its gradient reductions end."""
     import tensorflow as tf
     from tensorflow.python.data.ops import iterator_ops
 
-    _on_first_step = on_first_step
     make = getattr(module, "_make_allreduce_grads_fn", None)
     if make is None:
         return
@@ -335,17 +343,14 @@ def patch_horovod(module: Any, on_first_step: Callable[[], None]) -> None:
     patch_iterator(tf, iterator_ops.OwnedIterator)
 
 
-def patch_keras_optimizers(module: Any, on_first_step: Callable[[], None]) -> None:
+def _patch_keras_optimizers(module: Any) -> None:
     """A Keras 2 optimizers' ``utils`` module: time the steps whose gradients
-    ``MultiWorkerMirroredStrategy`` reduces; call ``on_first_step()`` when the first is
-    traced."""
-    global _on_first_step
+    ``MultiWorkerMirroredStrategy`` reduces, and the strategy's check for every worker's
+    batch."""
     import tensorflow as tf
     from tensorflow.python.data.ops import iterator_ops
-
     from tensorflow.python.distribute import input_lib
 
-    _on_first_step = on_first_step
     if callable(getattr(module, "all_reduce_sum_gradients", None)):
         module.all_reduce_sum_gradients = _timed_gradient_sum(
             tf, module.all_reduce_sum_gradients)
