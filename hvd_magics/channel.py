@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from hvd_magics.protocol import BEAT, BYE, CHANNEL_CLOSED, HELLO, LINK_PROBE, PROBE_LINK
+from hvd_magics.thread_cpu import ThreadCpu
 
 #: Bytes of the per-connection nonce the server sends first.
 NONCE_BYTES = 32
@@ -417,22 +418,34 @@ class EventClient:
     def _watch(self, on_close: Callable[[], None] | None,
                on_order: Callable[[dict[str, Any]], None] | None) -> None:
         """Read the driver's orders until it closes the connection (or sends a bad frame)."""
-        seq = 0
+        seq, cpu = 0, ThreadCpu()
         try:
-            while (order := read_frame(self._sock, self._address.secret, DOWN + self._nonce,
-                                       seq)) is not None:
+            while True:
+                waited = cpu.seconds()[1]  # blocked in the read below, it waits for no CPU
+                order = read_frame(self._sock, self._address.secret, DOWN + self._nonce, seq)
+                if order is None:
+                    break
                 seq += 1
                 if order.get("kind") == PROBE_LINK:  # the channel's own: answered at once
-                    size = min(int(order.get("answer_bytes") or 0), MAX_PROBE_BYTES)
-                    self.send(LINK_PROBE, request=order.get("request"),
-                              data=base64.b64encode(os.urandom(size)).decode())
+                    self._answer_probe(order, cpu, waited)
                     continue
                 if on_order is not None:
                     on_order(order)
         except (OSError, Rejected, ValueError):
             pass
+        cpu.close()
         if on_close is not None:
             on_close()
+
+    def _answer_probe(self, order: dict[str, Any], cpu: ThreadCpu, waited: float) -> None:
+        """Answer a :data:`PROBE_LINK` order with the bytes it asks for, then say how long this
+        thread waited for a CPU from the order's first byte to the answer's last: a host whose
+        CPUs are busy answers late on any link (hvd_magics.job.link_probe)."""
+        size = min(int(order.get("answer_bytes") or 0), MAX_PROBE_BYTES)
+        self.send(LINK_PROBE, request=order.get("request"),
+                  data=base64.b64encode(os.urandom(size)).decode())
+        self.send(LINK_PROBE, request=order.get("request"),
+                  cpu_wait_s=round(cpu.seconds()[1] - waited, 6) if cpu.readable else None)
 
     def _send_raw(self, event: dict[str, Any]) -> None:
         with self._lock:

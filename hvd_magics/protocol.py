@@ -183,9 +183,11 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
     EventKind(BEAT, "channel", (),
               "the supervisor is there: every BEAT_EVERY_S (hvd_magics.channel); the driver "
               "notes when it last heard each rank's supervisor and queues no event for it"),
-    EventKind(LINK_PROBE, "channel", ("request", "data"),
-              "the answer to a PROBE_LINK order: its request id and the bytes asked for "
-              "(base64), sent by the task's channel itself"),
+    EventKind(LINK_PROBE, "channel", ("request", "data", "cpu_wait_s"),
+              "the answer to a PROBE_LINK order, sent by the task's channel itself: its request "
+              "id and the bytes asked for (base64); then a second one with the request id and "
+              "cpu_wait_s, the seconds the channel's thread waited for a CPU from the order's "
+              "first byte to the answer's last (None where Linux does not say)"),
     EventKind(CHANNEL_CLOSED, "channel", ("clean",),
               "queued by the driver when a connection ends; not clean: its executor was lost"),
 )}

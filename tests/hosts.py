@@ -9,6 +9,7 @@ after a failed test, and at the latest when the process that made it exits.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shlex
 import shutil
@@ -70,6 +71,33 @@ class Host:
 
     def restore(self) -> None:
         _ip("link", "set", self.link, "up")
+
+    def limit_cpu(self, share: float | None) -> None:
+        """Give every process on the host, and every one it starts later, ``share`` of one CPU
+        at most (a cgroup's CPU quota, as a container's CPU limit); ``None`` lifts it."""
+        group = self.cpu_group()
+        if share is None:
+            if group.exists():
+                for pid in self.pids():
+                    with contextlib.suppress(OSError):
+                        (group.parent / "cgroup.procs").write_text(str(pid))
+                group.rmdir()
+            return
+        group.mkdir(exist_ok=True)
+        period = 100_000
+        if (group / "cpu.max").exists():  # cgroup v2
+            (group / "cpu.max").write_text(f"{int(share * period)} {period}")
+        else:
+            (group / "cpu.cfs_period_us").write_text(str(period))
+            (group / "cpu.cfs_quota_us").write_text(str(int(share * period)))
+        for pid in self.pids():
+            with contextlib.suppress(OSError):  # one that ended meanwhile
+                (group / "cgroup.procs").write_text(str(pid))
+
+    def cpu_group(self) -> Path:
+        """The cgroup :meth:`limit_cpu` puts the host's processes in."""
+        v1 = Path("/sys/fs/cgroup/cpu")
+        return (v1 if v1.is_dir() else Path("/sys/fs/cgroup")) / f"hvd-{self.namespace}"
 
     def limit(self, rate: str | None) -> None:
         """Limit what the host receives to ``rate`` (``"100mbit"``: a token bucket on its link's
@@ -244,6 +272,8 @@ class HostCluster:
             deadline = time.monotonic() + 10
             while host.pids() and time.monotonic() < deadline:
                 time.sleep(0.05)
+            with contextlib.suppress(OSError):
+                host.cpu_group().rmdir()
             _ip("netns", "del", host.namespace, check=False)
             _ip("link", "del", host.link, check=False)
         for link in self.links:
@@ -258,6 +288,7 @@ class HostCluster:
         """What of this cluster is still there (namespaces, links): ``[]`` once stopped."""
         names = _ip("netns", "list", check=False).stdout + _ip("link", "show",
                                                                 check=False).stdout
+        groups = [str(group) for group in Path("/sys/fs/cgroup").glob(f"**/hvd-hvn{self.tag}*")]
         return sorted({word.rstrip(":").split("@")[0] for word in names.split()
                        if word.startswith((f"hvn{self.tag}", f"hv{self.tag}", f"hvb{self.tag}",
-                                           f"hvm{self.tag}"))})
+                                           f"hvm{self.tag}"))} | set(groups))

@@ -5,11 +5,18 @@ link's pace), so the step splits cannot say which host's it is (:mod:`hvd_magics
 names no rank then). When every rank of a job on several hosts spends most of its recent steps
 in communication, the driver measures each host's link once: through one rank's event channel
 per host, one host at a time, it sends :data:`PROBE_BYTES` down and asks for as many back
-(``probe_link`` orders, answered by the task's channel itself), and times each round trip. A
-host whose link (the slower of its two ways) is under :data:`SLOW_SHARE` of the others' is
-named; otherwise the verdict says the links measured alike. The probe shares the links with the
-training (it runs while the job does), so its figures are what was left for it, not the
-links' capacity: they compare the hosts, which is what the verdict uses them for.
+(``probe_link`` orders, answered by the task's channel itself), and times each round trip,
+:data:`ROUNDS` times, keeping each way's best. A host whose link (the slower of its two ways) is
+under :data:`SLOW_SHARE` of the others' is named; otherwise the verdict says the links measured
+alike. The probe shares the links with the training (it runs while the job does), so its
+figures are what was left for it, not the links' capacity: they compare the hosts, which is
+what the verdict uses them for.
+
+A host whose CPUs are busy (other work, or a CPU quota) answers late on any link: its channel's
+thread waits for a CPU to read the bytes and to send them back. Each answer says how long that
+thread waited for a CPU (``schedstat``, :mod:`hvd_magics.thread_cpu`); a link's figure is the
+round trip less that wait. A host that answered slowest only because of that wait is not named
+for its link: the verdict says its CPUs are busy.
 """
 from __future__ import annotations
 
@@ -26,8 +33,12 @@ from hvd_magics.protocol import PROBE_LINK
 
 #: Bytes sent each way per host.
 PROBE_BYTES = 4 * 1024 * 1024
+#: Round trips each way per host; the fastest counts (a moment's stall is not the link).
+ROUNDS = 3
 #: How long one round trip may take before the host's probe is given up.
 ANSWER_WAIT_S = 30.0
+#: How long, after an answer, its host's word on its wait for a CPU may take to follow.
+CPU_WAIT_WORD_S = 5.0
 #: A host whose link moved less than this share of the other hosts' median is named.
 SLOW_SHARE = 0.5
 #: Every rank must have spent at least this share of its latest steps in communication.
@@ -35,17 +46,51 @@ COMM_BOUND_SHARE = 0.5
 
 
 @dataclass(frozen=True)
+class RoundTrip:
+    """One round trip to a host: its seconds, and how long the host's channel waited for a CPU
+    in it."""
+
+    seconds: float
+    cpu_wait_s: float = 0.0
+
+    @property
+    def mbit(self) -> float:
+        """Mbit/s as timed."""
+        return _rate(self.seconds)
+
+    @property
+    def link_mbit(self) -> float:
+        """Mbit/s of the link: the round trip less the host's wait for a CPU."""
+        return _rate(max(self.seconds - self.cpu_wait_s, 0.05 * self.seconds))
+
+
+@dataclass(frozen=True)
 class LinkSpeed:
-    """What the probe moved to and from one host, in Mbit/s (``None``: no answer)."""
+    """The round trips to and from one host, :data:`ROUNDS` each way at most (none: no
+    answer); each way's best counts."""
 
     host: str
-    down_mbit: float | None
-    up_mbit: float | None
+    down: tuple[RoundTrip, ...] = ()
+    up: tuple[RoundTrip, ...] = ()
+
+    @property
+    def down_mbit(self) -> float | None:
+        return max((t.link_mbit for t in self.down), default=None)
+
+    @property
+    def up_mbit(self) -> float | None:
+        return max((t.link_mbit for t in self.up), default=None)
 
     @property
     def slower(self) -> float:
-        ways = [w for w in (self.down_mbit, self.up_mbit) if w is not None]
-        return min(ways) if ways else 0.0
+        """The link's slower way, in Mbit/s (0: no answer)."""
+        return min((w for w in (self.down_mbit, self.up_mbit) if w is not None), default=0.0)
+
+    @property
+    def slower_timed(self) -> RoundTrip | None:
+        """The slower way's best round trip as timed, the host's wait for a CPU included."""
+        bests = [max(trips, key=lambda t: t.mbit) for trips in (self.down, self.up) if trips]
+        return min(bests, key=lambda t: t.mbit, default=None)
 
 
 def verdict(speeds: list[LinkSpeed], comm_share: float, unit: str = "rank") -> str:
@@ -63,8 +108,27 @@ def verdict(speeds: list[LinkSpeed], comm_share: float, unit: str = "rank") -> s
                 f"against {others:,.0f} Mbit/s for the other hosts (measured from the driver "
                 "while the job ran)")
     low, high = min(s.slower for s in measured), max(s.slower for s in measured)
+    busy = _busy_host(measured)
+    if busy is not None:
+        return (f"{lead}; no one host's link holds the others back ({low:,.0f} to "
+                f"{high:,.0f} Mbit/s, measured from the driver), but {busy}")
     return (f"{lead}; the hosts' links measured alike from the driver ({low:,.0f} to "
             f"{high:,.0f} Mbit/s): no one host's link holds the others back")
+
+
+def _busy_host(measured: list[LinkSpeed]) -> str | None:
+    """What to say of a host that answered under :data:`SLOW_SHARE` of the others' pace only
+    because it waited for a CPU (``None``: none did)."""
+    timed = {s.host: s.slower_timed for s in measured}
+    slowest = min(measured, key=lambda s: timed[s.host].mbit)
+    trip = timed[slowest.host]
+    others = statistics.median(timed[s.host].mbit for s in measured if s is not slowest)
+    if trip.mbit >= SLOW_SHARE * others:
+        return None
+    return (f"host {slowest.host} answered slowest ({trip.mbit:,.0f} Mbit/s against "
+            f"{others:,.0f} for the other hosts) because it waited for a CPU for "
+            f"{1000 * trip.cpu_wait_s:,.0f} ms of its {1000 * trip.seconds:,.0f} ms: its CPUs "
+            "are busy (other work, or a CPU quota), which slows its ranks' communication too")
 
 
 def _mbit(value: float | None) -> str:
@@ -81,6 +145,7 @@ class LinkProbe:
         self.hosts = dict(hosts)
         self._send = send
         self._answers: dict[str, float] = {}
+        self._cpu_waits: dict[str, float] = {}
         self._arrived = threading.Condition()
         self.speeds: list[LinkSpeed] = []
         self.done = threading.Event()
@@ -89,21 +154,35 @@ class LinkProbe:
         threading.Thread(target=self._run, name="hvd-link-probe", daemon=True).start()
 
     def answer(self, event: dict[str, Any]) -> None:
-        """A ``link_probe`` event arrived (from the job's events)."""
+        """A ``link_probe`` event arrived (from the job's events): the answer's bytes, or then
+        its host's wait for a CPU."""
+        request = str(event.get("request"))
         with self._arrived:
-            self._answers[str(event.get("request"))] = float(event.get("recv", time.monotonic()))
+            if "cpu_wait_s" in event:
+                self._cpu_waits[request] = float(event["cpu_wait_s"] or 0.0)
+            else:
+                self._answers[request] = float(event.get("recv", time.monotonic()))
             self._arrived.notify_all()
 
     def _run(self) -> None:
+        trips: dict[str, tuple[list[RoundTrip], list[RoundTrip]]] = {
+            host: ([], []) for host in self.hosts}
+        silent: set[str] = set()
         try:
-            for host, rank in sorted(self.hosts.items()):
-                down = self._round_trip(rank, PROBE_BYTES, 0)
-                up = self._round_trip(rank, 0, PROBE_BYTES)
-                self.speeds.append(LinkSpeed(host, _rate(down), _rate(up)))
+            for _round in range(ROUNDS):
+                for host, rank in sorted(self.hosts.items()):
+                    for way, (down, up) in enumerate(((PROBE_BYTES, 0), (0, PROBE_BYTES))):
+                        trip = None if host in silent else self._round_trip(rank, down, up)
+                        if trip is None:
+                            silent.add(host)
+                        else:
+                            trips[host][way].append(trip)
+            self.speeds = [LinkSpeed(host, tuple(down), tuple(up))
+                           for host, (down, up) in sorted(trips.items())]
         finally:
             self.done.set()
 
-    def _round_trip(self, rank: int, down: int, up: int) -> float | None:
+    def _round_trip(self, rank: int, down: int, up: int) -> RoundTrip | None:
         request = uuid.uuid4().hex[:12]
         order = {"kind": PROBE_LINK, "request": request, "answer_bytes": up,
                  "data": base64.b64encode(os.urandom(down)).decode()}
@@ -113,11 +192,11 @@ class LinkProbe:
         with self._arrived:
             if not self._arrived.wait_for(lambda: request in self._answers, ANSWER_WAIT_S):
                 return None
-            return self._answers.pop(request) - began
+            seconds = self._answers.pop(request) - began
+            self._arrived.wait_for(lambda: request in self._cpu_waits, CPU_WAIT_WORD_S)
+            return RoundTrip(seconds, self._cpu_waits.pop(request, 0.0)) if seconds > 0 else None
 
 
-def _rate(seconds: float | None) -> float | None:
+def _rate(seconds: float) -> float:
     """Mbit/s of :data:`PROBE_BYTES` (base64 on the wire) in ``seconds``."""
-    if seconds is None or seconds <= 0:
-        return None
     return PROBE_BYTES * 4 / 3 * 8 / 1e6 / seconds

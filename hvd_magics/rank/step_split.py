@@ -52,6 +52,7 @@ from hvd_magics.protocol import ENV_STEP_SPLIT, STEP_SPLIT
 from hvd_magics.rank import gpu_memory, rank_events, step_split_tf
 from hvd_magics.rank.gpu_steps import GpuSteps
 from hvd_magics.rank.import_hooks import after_import, before_call
+from hvd_magics.thread_cpu import ThreadCpu
 
 #: Least seconds between two ``step_split`` events.
 SEND_EVERY_S = 0.25
@@ -103,9 +104,9 @@ class _Split:
         #: Rows not sent yet, and their totals.
         self.rows: list[list[float]] = []
         self.totals = [0, 0.0, 0.0, 0.0, 0.0, 0.0]
-        #: The training thread's ``schedstat`` (``None``: not opened; ``-1``: none on this
-        #: system), and its seconds on a CPU and waiting for one when the step under way began.
-        self.schedstat: int | None = None
+        #: The training thread's CPU time (``None``: not opened yet), and its seconds on a CPU
+        #: and waiting for one when the step under way began.
+        self.cpu: ThreadCpu | None = None
         self.cpu_at = (0.0, 0.0)
         self.sent = time.monotonic()
         #: A DDP module on a CUDA device: its steps timed on the GPU (rank/gpu_steps.py).
@@ -159,18 +160,9 @@ def _timing() -> bool:
 def _cpu_s(split: _Split) -> tuple[float, float]:
     """Seconds the training thread has run on a CPU and waited for one so far (zeros where Linux
     does not say); its ``schedstat`` is opened on that thread, on the first call."""
-    if split.schedstat is None:
-        try:
-            split.schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
-        except OSError:
-            split.schedstat = -1
-    if split.schedstat < 0:
-        return 0.0, 0.0
-    try:
-        ran, waited = os.pread(split.schedstat, 64, 0).split()[:2]
-        return int(ran) / 1e9, int(waited) / 1e9
-    except (OSError, ValueError):
-        return 0.0, 0.0
+    if split.cpu is None:
+        split.cpu = ThreadCpu()
+    return split.cpu.seconds()
 
 
 def _timed(kind: int, original: Callable[..., Any],
@@ -294,7 +286,7 @@ def _grad_ready(param: Any) -> None:
     # read once the hooks are on the parameter whose gradient is last (a read per step, not per
     # parameter), and once opened on the training thread (this may be autograd's)
     hooks = split.hooks
-    split.grad_cpu = (_cpu_s(split) if split.schedstat is not None and hooks is not None
+    split.grad_cpu = (_cpu_s(split) if split.cpu is not None and hooks is not None
                       and len(hooks.handles) == 1 else None)
     split.last_grad = id(param)
     if split.gpu is not None:

@@ -53,6 +53,27 @@ def test_a_host_behind_a_slow_link_is_named_for_its_link_not_a_rank_for_its_work
     assert "links" in str(record)
 
 
+def test_a_host_whose_cpus_are_busy_is_named_for_them_not_for_its_link(hosts_spark,
+                                                                       host_cluster):
+    """A host under a CPU quota (nothing on its link) slows every rank's communication, so the
+    driver times the links; its channel answered late because it waited for a CPU, and the
+    verdict said 'the link of host ... is the slowest: 78 Mbit/s to it ... against 172'. Each
+    answer now says how long the host waited for a CPU."""
+    busy = host_cluster.hosts[1]
+    busy.limit_cpu(0.3)
+    try:
+        HorovodRunner(np=4, engine="torch", timeout=180).run(
+            engine_jobs.straggler_ddp, engine="torch", steps=60, width=4096, base_s=0.01)
+    finally:
+        busy.limit_cpu(None)
+    record = last_run()
+    assert "the link of host" not in record.links, record.links
+    assert f"host {busy.address} answered slowest (" in record.links, record.links
+    assert "because it waited for a CPU for " in record.links, record.links
+    assert all(busy.address in line and "waiting for a CPU" in line
+               for line in record.stragglers), record.stragglers
+
+
 def test_a_checkpoint_folder_the_hosts_do_not_share_is_refused_before_training(hosts_spark):
     """The default folder is under each machine's own /tmp: rank 1 resumed from nothing while
     rank 0 resumed from step 15, and the job hung. Refused at the first checkpoint call."""

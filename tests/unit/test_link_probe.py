@@ -4,13 +4,23 @@ import threading
 import time
 
 from hvd_magics.job import link_probe
-from hvd_magics.job.link_probe import LinkProbe, LinkSpeed, verdict
+from hvd_magics.job.link_probe import LinkProbe, LinkSpeed, RoundTrip, verdict
 from hvd_magics.protocol import PROBE_LINK
+
+#: Seconds :data:`link_probe.PROBE_BYTES` take at 1 Mbit/s.
+AT_1_MBIT = link_probe.PROBE_BYTES * 4 / 3 * 8 / 1e6
+
+
+def _speed(host, down, up, cpu_wait_s=0.0):
+    """A host whose best round trips moved ``down`` and ``up`` Mbit/s as timed, the host
+    waiting ``cpu_wait_s`` for a CPU in each."""
+    return LinkSpeed(host, *((RoundTrip(AT_1_MBIT / mbit, cpu_wait_s),) if mbit else ()
+                             for mbit in (down, up)))
 
 
 def test_the_host_whose_link_moved_least_is_named_with_both_ways():
-    text = verdict([LinkSpeed("10.0.0.2", 900.0, 950.0), LinkSpeed("10.0.0.3", 12.0, 300.0),
-                    LinkSpeed("10.0.0.4", 1000.0, 800.0)], 0.94)
+    text = verdict([_speed("10.0.0.2", 900, 950), _speed("10.0.0.3", 12, 300),
+                    _speed("10.0.0.4", 1000, 800)], 0.94)
     assert text == ("every rank waits in communication for most of its step (at least 94% of "
                     "its latest steps); the link of host 10.0.0.3 is the slowest: 12 Mbit/s to "
                     "it and 300 Mbit/s from it, against 850 Mbit/s for the other hosts "
@@ -18,15 +28,42 @@ def test_the_host_whose_link_moved_least_is_named_with_both_ways():
 
 
 def test_links_that_moved_alike_or_did_not_answer_name_no_host():
-    alike = verdict([LinkSpeed("a", 400.0, 500.0), LinkSpeed("b", 300.0, 520.0)], 0.6)
+    alike = verdict([_speed("a", 400, 500), _speed("b", 300, 520)], 0.6)
     assert alike.endswith("the hosts' links measured alike from the driver (300 to 400 Mbit/s): "
                           "no one host's link holds the others back")
-    silent = verdict([LinkSpeed("a", None, None), LinkSpeed("b", 300.0, 520.0)], 0.6)
+    silent = verdict([_speed("a", None, None), _speed("b", 300, 520)], 0.6)
     assert silent.endswith("the hosts' links could not be measured")
+
+
+def test_a_host_that_answered_late_because_it_waited_for_a_cpu_is_not_named_for_its_link():
+    """100 Mbit/s as timed against 400, but 0.3 s of its 0.45 s round trip waiting for a CPU:
+    its link moved 300 Mbit/s; the verdict names the host's CPUs, not its link."""
+    busy = _speed("10.0.0.3", 100, 100, cpu_wait_s=0.75 * AT_1_MBIT / 100)
+    text = verdict([_speed("10.0.0.2", 400, 400), busy], 0.8)
+    assert "the link of host" not in text
+    assert text.endswith(
+        "no one host's link holds the others back (400 to 400 Mbit/s, measured from the "
+        "driver), but host 10.0.0.3 answered slowest (100 Mbit/s against 400 for the other "
+        f"hosts) because it waited for a CPU for {750 * AT_1_MBIT / 100:,.0f} ms of its "
+        f"{1000 * AT_1_MBIT / 100:,.0f} ms: its CPUs are busy (other work, or a CPU quota), "
+        "which slows its ranks' communication too"), text
+    # the same wait on a host whose link is slow besides: its link is named
+    slow_too = _speed("10.0.0.3", 20, 20, cpu_wait_s=0.5 * AT_1_MBIT / 20)
+    assert "the link of host 10.0.0.3 is the slowest: 40 Mbit/s to it" in verdict(
+        [_speed("10.0.0.2", 400, 400), slow_too], 0.8)
+
+
+def test_each_way_s_best_round_trip_counts():
+    """A moment's stall in one round (the link's figure is the fastest of the rounds)."""
+    stalled = LinkSpeed("a", (RoundTrip(AT_1_MBIT / 10), RoundTrip(AT_1_MBIT / 300)),
+                        (RoundTrip(AT_1_MBIT / 280),))
+    assert round(stalled.down_mbit) == 300 and round(stalled.slower) == 280
+    assert "measured alike" in verdict([stalled, _speed("b", 300, 300)], 0.7)
 
 
 def test_the_probe_times_each_host_one_way_then_the_other_through_the_orders(monkeypatch):
     monkeypatch.setattr(link_probe, "PROBE_BYTES", 3 * 100_000)
+    monkeypatch.setattr(link_probe, "ROUNDS", 2)
     delays = {0: 0.01, 2: 1.0}  # rank 2's host answers a hundred times slower
     sent = []
 
@@ -37,18 +74,40 @@ def test_the_probe_times_each_host_one_way_then_the_other_through_the_orders(mon
         def answer():
             time.sleep(delays[rank])
             probe.answer({"request": order["request"], "recv": time.monotonic()})
+            probe.answer({"request": order["request"], "cpu_wait_s": 0.001 * rank})
 
         threading.Thread(target=answer).start()
         return True
 
     probe = LinkProbe({"h1": 0, "h2": 2}, send)
     probe.start()
-    assert probe.done.wait(10)
-    assert sent == [(0, 400_000, 0), (0, 0, 300_000), (2, 400_000, 0), (2, 0, 300_000)]
+    assert probe.done.wait(20)
+    assert sent == [(0, 400_000, 0), (0, 0, 300_000), (2, 400_000, 0), (2, 0, 300_000)] * 2
     fast, slow = probe.speeds
     assert fast.host == "h1" and slow.host == "h2"
+    assert [t.cpu_wait_s for t in slow.down + slow.up] == [0.002] * 4
     # a hundred times slower at most; under a loaded machine's thread scheduling the fast
     # host's 10 ms answers come late (a CI run: 275 ms late, when the slow host answered in
     # 200 ms), so the figure is only known to exceed the verdict's two times
     assert 2 < fast.slower / slow.slower < 120
     assert "the link of host h2 is the slowest" in verdict(probe.speeds, 0.9)
+
+
+def test_a_host_that_does_not_answer_is_asked_no_more(monkeypatch):
+    monkeypatch.setattr(link_probe, "PROBE_BYTES", 3 * 1000)
+    monkeypatch.setattr(link_probe, "ANSWER_WAIT_S", 0.2)
+    sent = []
+
+    def send(rank, order):
+        sent.append(rank)
+        if rank == 0:
+            probe.answer({"request": order["request"], "recv": time.monotonic() + 0.001})
+            probe.answer({"request": order["request"], "cpu_wait_s": None})
+        return True
+
+    probe = LinkProbe({"h1": 0, "h2": 1}, send)
+    probe.start()
+    assert probe.done.wait(10)
+    assert sent == [0, 0, 1, 0, 0, 0, 0]
+    assert probe.speeds[1] == LinkSpeed("h2") and probe.speeds[1].slower == 0.0
+    assert verdict(probe.speeds, 0.9).endswith("the hosts' links could not be measured")
