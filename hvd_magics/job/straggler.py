@@ -209,11 +209,14 @@ def clock_label(clock: str, on_gpu: bool) -> str:
 Row = tuple[float, float, float, float, float]
 
 
-def window_parts(rows: list[Row]) -> StepParts:
+def window_parts(rows: list[Row], rhythm: bool = False) -> StepParts:
     """The mean of a window's steps, steps longer than :data:`OUTLIER` times its median left
-    out."""
+    out; with ``rhythm``, only when one step is (several are a rhythm of the job: a pipeline
+    that makes every third batch late is not a one-off)."""
     limit = OUTLIER * statistics.median(row[0] for row in rows)
     kept = [row for row in rows if row[0] <= limit] or rows
+    if rhythm and len(rows) - len(kept) > 1:
+        kept = rows
     return StepParts(*(sum(row[i] for row in kept) / len(kept) for i in range(5)))
 
 
@@ -414,19 +417,22 @@ class StepSplits:
         """How many steps ``rank`` reported."""
         return int(self._totals.get(rank, [0])[0])
 
-    def latest(self, rank: int) -> StepParts | None:
-        """``rank``'s mean step over its latest window."""
+    def latest(self, rank: int, rhythm: bool = True) -> StepParts | None:
+        """``rank``'s mean step over its latest window, as the dashboard shows it: a single
+        step far longer than the others left out, several kept (:func:`window_parts`; the
+        looks leave them out, ``rhythm`` false). A rank whose every third step waited 40 ms for
+        its input showed no wait at all."""
         rows = self._rows.get(rank)
         if not rows:
             return None
-        return window_parts([rows[s] for s in sorted(rows)[-WINDOW_STEPS:]])
+        return window_parts([rows[s] for s in sorted(rows)[-WINDOW_STEPS:]], rhythm)
 
     def comm_bound(self, share: float) -> float | None:
         """The least share of its latest steps any rank spent in communication, when every
         rank (of at least two) spent at least ``share`` and no rank is named; else ``None``."""
         if self.current is not None or len(self._rows) < 2:
             return None
-        latest = [self.latest(rank) for rank in self._rows]
+        latest = [self.latest(rank, rhythm=False) for rank in self._rows]
         if any(p is None or p.step_s <= 0 for p in latest):
             return None
         least = min(p.comm_s / p.step_s for p in latest if p is not None)

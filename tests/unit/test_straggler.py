@@ -290,3 +290,19 @@ def test_a_gpu_rank_s_memory_reaches_the_row_and_the_record_and_a_cpu_rank_reads
     assert row["gpu_peak_bytes"] == 4 * gb
     assert describe_split(row) == ("4 steps of 0.05 s: host time: input 0% · compute 80% · "
                                    "comm 20%; GPU memory peak 4.0 GB")
+
+
+def test_the_dashboard_keeps_a_rhythm_of_long_steps_and_leaves_out_a_one_off():
+    """Every third step waiting 40 ms for its input (a pipeline that makes batches in bursts):
+    the bar left the window's long steps out and showed no input wait."""
+    splits = StepSplits(started_at=0.0)
+    bursts = [[s, 0.05 if s % 3 == 0 else 0.01, 0.04 if s % 3 == 0 else 0.0, 0.001]
+              for s in range(1, 9)]
+    one_off = [[s, 2.0 if s == 5 else 0.01, 0.0, 0.001] for s in range(1, 9)]
+    for rank, rows in ((0, bursts), (1, one_off)):
+        splits.observe(rank, {"rows": rows, "totals": [8, 0.1, 0.0, 0.008]}, {})
+    shown = splits.latest(0)
+    assert abs(shown.input_s - 0.08 / 8) < 1e-9 and abs(shown.step_s - 0.16 / 8) < 1e-9
+    assert shown.shares() == "input 50% · compute 45% · comm 5%"
+    assert splits.latest(0, rhythm=False).input_s == 0.0  # the looks leave them out
+    assert splits.latest(1).step_s == 0.01  # a checkpoint's step is left out of the bar
