@@ -21,13 +21,15 @@ in a clean run; and what does timing each step's parts cost.
    1 MB of gradients a step; in ``--link-runs`` runs the link into one host (alternately the
    first and the second) is limited to 50 mbit (tc tbf), in as many it is not. A run is right
    when the limited host's link is named (job/link_probe.py) and no rank is named for its own
-   work; a clean run when no host's link is named.
+   work; a clean run when no host's link is named. In as many, one host's processes are under
+   a CPU quota of 30% of a CPU (a cgroup) and nothing is on the links: right when no link is
+   named (its answers waited for a CPU), and any rank named is that host's, waiting for a CPU.
 
 Usage: .venv/bin/python benchmarks/straggler.py [--runs 5] [--clean 20] [--steps 80]
        [--link-runs 4] [--parts detection,clean,overhead,link] [--loops tiny,medium]
        [--engines torch,horovod,keras]
 Last line: straggler detected=<right>/<runs> clean_named=<n>/<clean> max_delay_steps=<n>
-link_named=<right>/<runs> link_clean=<no link named>/<runs>
+link_named=<right>/<runs> link_clean=<no link named>/<runs> link_busy=<no link named>/<runs>
 ddp_tiny_ratio=... ddp_medium_ratio=... horovod_tiny_ratio=... horovod_medium_ratio=...
 keras_tiny_ratio=... keras_medium_ratio=...
 (steps/s on over off; goals: every run right, 0 clean runs named, ratios >= 0.99)
@@ -49,6 +51,8 @@ from hvd_magics.protocol import ENV_STEP_SPLIT  # noqa: E402
 
 #: The step the slowdown begins at, and how soon after it the rank must be named.
 SLOW_FROM, WITHIN = 20, 20
+#: The CPU quota (a share of one CPU) of the link part's busy host.
+BUSY_SHARE = 0.3
 
 
 def _run(np: int, engine: str, env: dict[str, str] | None = None, job=None, **kwargs):
@@ -217,8 +221,8 @@ def _loop_in_process(engine: str, width: int, batch: int, on: bool) -> float:
     return float(out.strip().splitlines()[-1])
 
 
-def links(runs: int) -> tuple[int, int, int]:
-    """``(right, clean runs that named no link, runs)``."""
+def links(runs: int) -> tuple[int, int, int, int]:
+    """``(right, clean runs that named no link, busy runs that named no link, runs)``."""
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "tests" / "spark-conf"))
     from lost_host import _session
 
@@ -230,35 +234,42 @@ def links(runs: int) -> tuple[int, int, int]:
 
     cloudpickle.register_pickle_by_value(engine_jobs)
     cluster = HostCluster(hosts=2, cores=2)
-    right = clean_ok = 0
+    right = clean_ok = busy_ok = 0
     try:
         spark = _session(cluster)
-        for run in range(2 * runs):
-            slow = cluster.hosts[run // 2 % 2] if run % 2 == 0 else None
-            if slow is not None:
-                slow.limit("50mbit")
+        for run in range(3 * runs):
+            kind, host = ("limited", "clean", "busy")[run % 3], cluster.hosts[run // 3 % 2]
+            if kind == "limited":
+                host.limit("50mbit")
+            elif kind == "busy":
+                host.limit_cpu(BUSY_SHARE)
             try:
                 HorovodRunner(np=4, engine="torch", timeout=300).run(
                     engine_jobs.straggler_ddp, engine="torch", steps=60, width=4096,
                     base_s=0.01)
             finally:
-                if slow is not None:
-                    slow.limit(None)
+                host.limit(None)
+                host.limit_cpu(None)
             record = last_run()
             named = "is the slowest" in record.links
-            if slow is not None:
-                ok = f"link of host {slow.address} is" in record.links and not record.stragglers
+            if kind == "limited":
+                ok = f"link of host {host.address} is" in record.links and not record.stragglers
                 right += ok
+            elif kind == "busy":  # its ranks may be named, for their wait for a CPU
+                ok = not named and all(host.address in line and "waiting for a CPU" in line
+                                       for line in record.stragglers)
+                busy_ok += ok
             else:
                 ok = not named
                 clean_ok += ok
-            print(f"link run {run + 1} {'limited ' + slow.address if slow else 'clean':<22} "
-                  f"{'right' if ok else 'WRONG'}: {record.links or 'no probe'}"
+            what = "clean" if kind == "clean" else f"{kind} {host.address}"
+            print(f"link run {run + 1} {what:<22} {'right' if ok else 'WRONG'}: "
+                  f"{record.links or 'no probe'}"
                   + (f"; {record.stragglers}" if record.stragglers else ""), flush=True)
         spark.stop()
     finally:
         cluster.stop()
-    return right, clean_ok, runs
+    return right, clean_ok, busy_ok, runs
 
 
 def direct_cost(calls: int = 100_000) -> float:
@@ -320,11 +331,13 @@ def main() -> None:
     named = clean(args.clean, args.steps) if "clean" in parts else 0
     ratios = (overhead(args.runs, args.loops.split(","), args.engines.split(","))
               if "overhead" in parts else [])
-    link_right, link_clean, link_runs = links(args.link_runs) if "link" in parts else (0, 0, 0)
+    link_right, link_clean, link_busy, link_runs = (links(args.link_runs) if "link" in parts
+                                                    else (0, 0, 0, 0))
     print(f"({time.monotonic() - began:.0f} s)")
     print(f"straggler detected={right}/{runs} clean_named={named}/{args.clean} "
           f"max_delay_steps={delay} link_named={link_right}/{link_runs} "
-          f"link_clean={link_clean}/{link_runs} {' '.join(ratios)}")
+          f"link_clean={link_clean}/{link_runs} link_busy={link_busy}/{link_runs} "
+          f"{' '.join(ratios)}")
 
 
 if __name__ == "__main__":

@@ -82,11 +82,16 @@ INPUT, COMPUTE = "input", "compute"
 _PART = {INPUT: "in its input pipeline", COMPUTE: "in compute"}
 _CAUSE_TEXT = {INPUT: f"{_PART[INPUT]} (waiting for batches)",
                COMPUTE: f"{_PART[COMPUTE]} (forward, backward, optimizer)"}
-_CPU_WAIT_TEXT = {cause: f"{part}, most of it waiting for a CPU (its host's CPUs are busy with "
-                         "other work, or its CPU time is limited)" for cause, part in _PART.items()}
-#: ...and compute on ranks whose CPU time is not read (TensorFlow's).
-_UNREAD_COMPUTE_TEXT = (f"{_PART[COMPUTE]} (forward, backward, optimizer, or a wait for a CPU "
-                        "on a busy host: TensorFlow's threads' CPU time is not read)")
+_CPU_WAIT_WHY = "(its host's CPUs are busy with other work, or its CPU time is limited)"
+_CPU_WAIT_TEXT = {cause: f"{part}, most of it waiting for a CPU {_CPU_WAIT_WHY}"
+                  for cause, part in _PART.items()}
+#: ...and on ranks whose CPU time is not read (TensorFlow's): a rank starved of a CPU is late
+#: in its input as in its compute (a clean DistributedGradientTape loop beside busy lanes named
+#: a rank "in its input pipeline (waiting for batches)").
+_UNREAD = "on a busy host: TensorFlow's threads' CPU time is not read"
+_UNREAD_TEXT = {INPUT: f"{_PART[INPUT]} (waiting for batches, or for a CPU {_UNREAD})",
+                COMPUTE: f"{_PART[COMPUTE]} (forward, backward, optimizer, or a wait for a CPU "
+                         f"{_UNREAD})"}
 _OFF_CPU_TEXT = ("in its own code but mostly off the CPU, not waiting for one (sleeping, reading "
                  "files, waiting on a lock or a subprocess)")
 
@@ -175,13 +180,26 @@ class Straggler:
                 and self.more_work_s <= CPU_RAN_SHARE * excess
                 and self.starved_s < CPU_WAIT_SHARE * excess)
 
+    @property
+    def partly_waits_for_cpu(self) -> bool:
+        """Whether a good part of its excess (:data:`CPU_RAN_SHARE`) is waiting for a CPU
+        beyond the others' but more time on one says it is not most of it: both are said."""
+        excess = self.own_s - self.others_s
+        return (self.cpu_read and excess > 0 and self.starved_s >= CPU_RAN_SHARE * excess
+                and not self.waits_for_cpu)
+
     def _cause_text(self) -> str:
         if self.waits_for_cpu:
             return _CPU_WAIT_TEXT[self.cause]
         if self.off_cpu:
             return _OFF_CPU_TEXT
-        if self.cause == COMPUTE and not self.cpu_read:
-            return _UNREAD_COMPUTE_TEXT
+        if self.partly_waits_for_cpu:
+            return (f"{_PART[self.cause]}, {_ms(self.starved_s)} a step of it waiting for a CPU "
+                    f"beyond the others' {_CPU_WAIT_WHY} and {_ms(self.more_work_s)} running on "
+                    "one longer (more work, or the same work slowed on a CPU it shares with "
+                    "other work)")
+        if not self.cpu_read:
+            return _UNREAD_TEXT[self.cause]
         return _CAUSE_TEXT[self.cause]
 
     def text(self, unit: str = "rank") -> str:
@@ -197,6 +215,11 @@ class Straggler:
         return (f"{unit} {self.ranks[0]}{where} holds the others back: its own work takes "
                 f"{figures}, {self._cause_text()}; the other {unit}s spend that time "
                 "waiting in communication")
+
+
+def _ms(seconds: float) -> str:
+    """``"15 ms"``, ``"6.7 ms"``, ``"0.35 ms"``."""
+    return f"{1000 * seconds:.2g} ms"
 
 
 def clock_label(clock: str, on_gpu: bool) -> str:

@@ -68,7 +68,10 @@ def test_a_rank_that_shares_its_cpu_with_a_busy_process_is_named_waiting_for_a_c
     record = _run("torch", steps=60, slow_rank=1, how="cpu", base_s=0.03)
     assert record.value == 60
     named = [v for v in record.stragglers if ": rank 1 (host " in v]
-    assert named and "in compute, most of it waiting for a CPU" in named[0], record.stragglers
+    # beside busy lanes its thread also ran longer on the shared core: both are said then
+    assert named and ("in compute, most of it waiting for a CPU" in named[0] or (
+        _busy(record, ranks=[0]) and " a step of it waiting for a CPU beyond the others' " in named[0])), \
+        record.stragglers
     by_rank = {row["rank"]: row for row in record.step_split}
     if not _busy(record, ranks=[0]):
         # over the whole job; when the suite's other lanes starve rank 0 too, it may wait for
@@ -127,7 +130,8 @@ def test_a_keras_rank_slowed_is_named_for_its_cause_from_the_graphs_clock(engine
     named for that within 20 steps, and rank 0 is seen waiting for it."""
     cause = {"compute": "in compute (forward, backward, optimizer, or a wait for a CPU on a "
                         "busy host: TensorFlow's threads' CPU time is not read)",
-             "input": "in its input pipeline (waiting for batches)"}[how]
+             "input": "in its input pipeline (waiting for batches, or for a CPU on a busy "
+                      "host: TensorFlow's threads' CPU time is not read)"}[how]
     # the strategy's iterator prefetches batches before the first step: its first steps take
     # no wait, until the batches it made ahead are gone (within 20 steps of that onset)
     record = _keras(steps=60, slow_rank=1, how=how, engine=engine,
