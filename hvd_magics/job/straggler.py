@@ -18,8 +18,11 @@ rank's training thread waited for a CPU outside collectives (ready to run, not r
 host's CPUs busy with other work, or its CPU time limited) beyond the others' wait for as much
 time on one, and at most a quarter of it the rank's thread ran on one longer than the others'
 threads (with their wait for that time: on a busy host more work waits in proportion), is said
-to be that, not more work or slower input; on a CPU rank, a compute excess its thread neither
-ran nor waited for a CPU (a sleep, a read, a lock) is said to be off the CPU. A look finds a rank
+to be that, not more work or slower input; one whose wait beyond the others' is at least a
+quarter of it, but which ran longer too, is said to be both, with their figures; on a CPU rank,
+a compute excess its thread neither ran nor waited for a CPU (a sleep, a read, a lock) is said
+to be off the CPU. On ranks whose CPU time is not read (TensorFlow's), every verdict says that
+it may be a wait for a CPU. A look finds a rank
 only when its own work was longer in at least half its steps (:func:`steady`): a step or two
 far longer, a busy host's scheduler starving the rank, make a window's mean but not a straggler.
 
