@@ -6,9 +6,9 @@ names no rank then). When every rank of a job on several hosts spends most of it
 in communication, the driver measures each host's link once: through one rank's event channel
 per host, one host at a time, it sends :data:`PROBE_BYTES` down and asks for as many back
 (``probe_link`` orders, answered by the task's channel itself), and times each round trip,
-:data:`ROUNDS` times, keeping each way's best. A host whose link (the slower of its two ways) is
-under :data:`SLOW_SHARE` of the others' is named; otherwise the verdict says the links measured
-alike. The probe shares the links with the training (it runs while the job does), so its
+:data:`ROUNDS` times (once, when it takes a second or more), keeping each way's best. A host
+whose link (the slower of its two ways) is under :data:`SLOW_SHARE` of the others' is named;
+otherwise the verdict says the links measured alike. The probe shares the links with the training (it runs while the job does), so its
 figures are what was left for it, not the links' capacity: they compare the hosts, which is
 what the verdict uses them for.
 
@@ -33,8 +33,11 @@ from hvd_magics.protocol import PROBE_LINK
 
 #: Bytes sent each way per host.
 PROBE_BYTES = 4 * 1024 * 1024
-#: Round trips each way per host; the fastest counts (a moment's stall is not the link).
+#: Round trips each way per host; the fastest counts (a moment's stall is not the link)...
 ROUNDS = 3
+#: ...but a host whose round trip took this long is not asked again: a stall is small beside
+#: it, and a slow link's three rounds outlasted short jobs.
+ONCE_OVER_S = 1.0
 #: How long one round trip may take before the host's probe is given up.
 ANSWER_WAIT_S = 30.0
 #: How long, after an answer, its host's word on its wait for a CPU may take to follow.
@@ -169,8 +172,11 @@ class LinkProbe:
             host: ([], []) for host in self.hosts}
         silent: set[str] = set()
         try:
-            for _round in range(ROUNDS):
+            for round_ in range(ROUNDS):
                 for host, rank in sorted(self.hosts.items()):
+                    if host in silent or (round_ and max(t.seconds for t in sum(
+                            trips[host], [])) >= ONCE_OVER_S):
+                        continue
                     for way, (down, up) in enumerate(((PROBE_BYTES, 0), (0, PROBE_BYTES))):
                         trip = None if host in silent else self._round_trip(rank, down, up)
                         if trip is None:
