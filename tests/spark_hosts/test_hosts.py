@@ -36,18 +36,24 @@ def test_a_keras_fit_under_tf_distribute_across_the_hosts(hosts_spark, host_clus
     assert result["workers"] == 4 and result["summed"] == 4.0
 
 
+def _comm_bound_job(limit, lift):
+    """Four ranks of a DDP loop whose steps are mostly the allreduce of 1 MB of gradients, run
+    between ``limit()`` and ``lift()``; its record."""
+    limit()
+    try:
+        HorovodRunner(np=4, engine="torch", timeout=180).run(
+            engine_jobs.straggler_ddp, engine="torch", steps=60, width=4096, base_s=0.01)
+    finally:
+        lift()
+    return last_run()
+
+
 def test_a_host_behind_a_slow_link_is_named_for_its_link_not_a_rank_for_its_work(
         hosts_spark, host_cluster):
     """Every rank waits alike in communication when one host's link is slow (the splits name
     no rank); the driver then times each host's link and names the slow one."""
     slow = host_cluster.hosts[1]
-    slow.limit("50mbit")
-    try:
-        HorovodRunner(np=4, engine="torch", timeout=180).run(
-            engine_jobs.straggler_ddp, engine="torch", steps=60, width=4096, base_s=0.01)
-    finally:
-        slow.limit(None)
-    record = last_run()
+    record = _comm_bound_job(lambda: slow.limit("50mbit"), lambda: slow.limit(None))
     assert f"the link of host {slow.address} is the slowest: " in record.links, record.links
     assert all(row["comm_s"] > row["compute_s"] for row in record.step_split), record.step_split
     assert "links" in str(record)
@@ -60,13 +66,7 @@ def test_a_host_whose_cpus_are_busy_is_named_for_them_not_for_its_link(hosts_spa
     verdict said 'the link of host ... is the slowest: 78 Mbit/s to it ... against 172'. Each
     answer now says how long the host waited for a CPU."""
     busy = host_cluster.hosts[1]
-    busy.limit_cpu(0.3)
-    try:
-        HorovodRunner(np=4, engine="torch", timeout=180).run(
-            engine_jobs.straggler_ddp, engine="torch", steps=60, width=4096, base_s=0.01)
-    finally:
-        busy.limit_cpu(None)
-    record = last_run()
+    record = _comm_bound_job(lambda: busy.limit_cpu(0.3), lambda: busy.limit_cpu(None))
     assert "the link of host" not in record.links, record.links
     # its ranks are named for their wait for a CPU, or (while none is named) the links are
     # timed and the host's answers are seen waiting for one; beside the suite's busy lanes the
