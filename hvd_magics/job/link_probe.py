@@ -8,9 +8,9 @@ per host, one host at a time, it sends :data:`PROBE_BYTES` down and asks for as 
 (``probe_link`` orders, answered by the task's channel itself), and times each round trip,
 :data:`ROUNDS` times (once, when it takes a second or more), keeping each way's best. A host
 whose link (the slower of its two ways) is under :data:`SLOW_SHARE` of the others' is named;
-otherwise the verdict says the links measured alike. The probe shares the links with the training (it runs while the job does), so its
-figures are what was left for it, not the links' capacity: they compare the hosts, which is
-what the verdict uses them for.
+otherwise the verdict says the links measured alike. The probe shares the links with the
+training (it runs while the job does), so its figures are what was left for it, not the links'
+capacity: they compare the hosts, which is what the verdict uses them for.
 
 A host whose CPUs are busy (other work, or a CPU quota) answers late on any link: its channel's
 thread waits for a CPU to read the bytes and to send them back. Each answer says how long that
