@@ -170,19 +170,20 @@ class LinkProbe:
     def _run(self) -> None:
         trips: dict[str, tuple[list[RoundTrip], list[RoundTrip]]] = {
             host: ([], []) for host in self.hosts}
-        silent: set[str] = set()
+        ended: set[str] = set()  # silent, or slow enough to be asked once
         try:
-            for round_ in range(ROUNDS):
+            for _round in range(ROUNDS):
                 for host, rank in sorted(self.hosts.items()):
-                    if host in silent or (round_ and max(t.seconds for t in sum(
-                            trips[host], [])) >= ONCE_OVER_S):
+                    if host in ended:
                         continue
                     for way, (down, up) in enumerate(((PROBE_BYTES, 0), (0, PROBE_BYTES))):
-                        trip = None if host in silent else self._round_trip(rank, down, up)
+                        trip = self._round_trip(rank, down, up)
                         if trip is None:
-                            silent.add(host)
-                        else:
-                            trips[host][way].append(trip)
+                            ended.add(host)
+                            break
+                        trips[host][way].append(trip)
+                        if trip.seconds >= ONCE_OVER_S:
+                            ended.add(host)
             self.speeds = [LinkSpeed(host, tuple(down), tuple(up))
                            for host, (down, up) in sorted(trips.items())]
         finally:

@@ -9,9 +9,9 @@ A look reads the latest :data:`WINDOW_STEPS` steps every rank has reported (a st
 than the window's usual one, an evaluation or a checkpoint, is left out of it). A rank (or every
 rank of one host) is named only when :data:`LOOKS_TO_NAME` looks in a row, one per step, find the
 same one: its own work per step longer than the others' by at least :data:`NAME_SHARE` of
-theirs (and :data:`MIN_EXCESS_S`; :data:`MIN_EXCESS_UNREAD_S` on TensorFlow's ranks), and the others waiting for it in communication for at least
-half of that. It is cleared when as
-many looks in a row no longer find it by half that margin. Its cause and figures are read over
+theirs (and :data:`MIN_EXCESS_S`; :data:`MIN_EXCESS_UNREAD_S` on TensorFlow's ranks), and the
+others waiting for it in communication for at least half of that. It is cleared when as many
+looks in a row no longer find it by half that margin. Its cause and figures are read over
 all the steps those looks read (:data:`STREAK_STEPS`). The cause is the part of its own work
 (input or compute) that exceeds the others' the more; an excess that is at least half time the
 rank's training thread waited for a CPU outside collectives (ready to run, not running: its
