@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from hvd_magics.errors import SparkSessionLost
+from hvd_magics.launch.spark_log import cancel_quietly
 from hvd_magics.protocol import (ENV_DRIVER_HOST, ENV_LIVE, ENV_PYSPARK_DRIVER_PYTHON,
                                  ENV_PYSPARK_PYTHON)
 from hvd_magics.task.slots import local_addresses
@@ -136,12 +137,14 @@ def cancel_running_jobs(sc: Any, group: str) -> None:
     Cannot find active jobs for it`` into the cell when the group's job ended in the meantime
     (the status tracker, a listener, still calls it running a moment after). A job cancelled by
     its id after it ended is passed over quietly.
+    Spark's warning of each task the cancel kills is kept out of the cell
+    (:func:`~hvd_magics.launch.spark_log.cancel_quietly`).
     """
     tracker = sc.statusTracker()
-    for spark_job in tracker.getJobIdsForGroup(group):
-        info = tracker.getJobInfo(spark_job)
-        if info is not None and info.status == "RUNNING":
-            sc._jsc.sc().cancelJob(spark_job)  # noqa: SLF001 - pyspark has no cancelJob
+    running = [spark_job for spark_job in tracker.getJobIdsForGroup(group)
+               if getattr(tracker.getJobInfo(spark_job), "status", None) == "RUNNING"]
+    if running:
+        cancel_quietly(sc, running)
 
 
 def embedded_spark_log() -> Path:
