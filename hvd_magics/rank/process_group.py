@@ -22,9 +22,29 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         pass
 
 
-def killpg(pgid: int | None) -> None:
-    """Kill process group ``pgid`` with ``SIGKILL`` (nothing when it is gone or ``None``)."""
+def start_time(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, ``/proc/PID/stat``), or ``None``
+    when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return int(fields[19])  # the 22nd field; the name before ")" may hold spaces
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def killpg(pgid: int | None, started: int | None = None) -> None:
+    """Kill process group ``pgid`` with ``SIGKILL`` (nothing when it is gone or ``None``).
+
+    ``started``: the :func:`start_time` of the process that led the group. Linux gives a pid
+    number out again once no process or group holds it (after 32,768 more on many hosts: minutes
+    on a busy one), and ranks and keepers lead groups of their own: when a process of another
+    start time now has that pid, the group ended and the number leads someone else's (another
+    job's rank): nothing is killed.
+    """
     if not pgid:
+        return
+    if started is not None and start_time(pgid) not in (None, started):
         return
     try:
         os.killpg(pgid, signal.SIGKILL)

@@ -214,8 +214,11 @@ def keep(child: int, tmpdir: str | None = None, report: socket.socket | None = N
     A keeper a zygote forked (:mod:`hvd_magics.rank.zygote`) is not its supervisor's child:
     it writes ``exit CODE`` to ``report`` for the supervisor, and stops when the supervisor
     closes its end."""
+    reaped = False
+
     def stop(_sig: int, _frame: object) -> None:
-        killpg(child)
+        if not reaped:  # once reaped, its pid may be another process's
+            killpg(child)
         clean_rank_tmpdir(tmpdir)
         os._exit(128 + signal.SIGTERM)
 
@@ -225,8 +228,12 @@ def keep(child: int, tmpdir: str | None = None, report: socket.socket | None = N
         stop(signal.SIGTERM, None)
     if report is not None:
         threading.Thread(target=_stop_when_closed, args=(report,), daemon=True).start()
-    _, status = os.waitpid(child, 0)
+    # its group killed before it is reaped: until then its pid, which names the group, is
+    # nobody else's
+    os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT)
     killpg(child)
+    _, status = os.waitpid(child, 0)
+    reaped = True
     if report is not None:
         with contextlib.suppress(OSError):
             report.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())

@@ -20,7 +20,7 @@ import uuid
 from typing import Any, Callable
 
 from hvd_magics.rank.cell_timeline import timeline_chunks
-from hvd_magics.rank.process_group import die_with_parent, killpg
+from hvd_magics.rank.process_group import die_with_parent, killpg, start_time
 from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, make_rank_tmpdir
 from hvd_magics.task.zygotes import ZYGOTES, ZygoteRank, package_copy
 from hvd_magics.protocol import (CELL_END, CELL_END_LINE, ENV_CONTROL_FD, ENV_EVENT_FD,
@@ -145,8 +145,11 @@ class RankProcess:
         self._control = os.fdopen(control_write, "wb", buffering=0)
         self._control_lock = threading.Lock()
         self.pid = self._proc.pid
-        #: The rank's own pid (also its process group), known from its ``started`` event.
+        #: The rank's own pid (also its process group), known from its ``started`` event; the
+        #: start times of the rank and the keeper (a pid given out again is not theirs).
         self.rank_pid: int | None = None
+        self._rank_started: int | None = None
+        self._keeper_started = start_time(self.pid)
         self._timeline = env.get(ENV_HOROVOD_TIMELINE)
         if self._timeline:
             sink(TIMELINE_LOCAL, path=self._timeline)
@@ -209,7 +212,7 @@ class RankProcess:
 
     def interrupt(self) -> None:
         """Interrupt what the rank runs now (``SIGINT``: a ``KeyboardInterrupt`` in its cell)."""
-        if self.rank_pid:
+        if self.rank_pid and start_time(self.rank_pid) == self._rank_started:
             try:
                 os.kill(self.rank_pid, signal.SIGINT)
             except OSError:
@@ -274,6 +277,7 @@ class RankProcess:
                     continue
                 if kind == STARTED:
                     self.rank_pid = event.get("pid")
+                    self._rank_started = start_time(self.rank_pid) if self.rank_pid else None
                 if kind == IMPORTED:  # for this process's zygotes, not for the driver
                     ZYGOTES.learn(self._python, self._env, self._preimport,
                                   list(event.get("modules") or ()))
@@ -312,12 +316,12 @@ class RankProcess:
 
     def _kill_rank_group(self) -> None:
         if self.rank_pid:
-            killpg(self.rank_pid)
+            killpg(self.rank_pid, self._rank_started)
 
     def kill(self) -> None:
         """Kill the rank, every process it started (its process group) and its keeper."""
         self._kill_rank_group()
-        killpg(self._proc.pid)
+        killpg(self._proc.pid, self._keeper_started)
         try:
             self._proc.wait(timeout=KILL_WAIT_S)
         except subprocess.TimeoutExpired:
