@@ -46,6 +46,8 @@ class RankFailure:
     output_tail: list[str] = field(default_factory=list)
     #: What ``rank`` counts: ``"rank"``, or ``"task"`` in an elastic job (whose ranks change).
     unit: str = "rank"
+    #: How it ended when its exit code is not known for sure (its keeper went silent).
+    exit_how: str = ""
 
     def place(self) -> str:
         """Which rank and where: ``rank 1 on host``."""
@@ -57,6 +59,8 @@ class RankFailure:
         where = self.place()
         if self.error:
             return f"{where}: {self.error}: {self.message}".rstrip(": ")
+        if self.exit_how:
+            return f"{where}: {self.exit_how}, without a Python exception"
         if self.exit_code is not None and self.exit_code < 0:
             return f"{where}: killed by signal {-self.exit_code} without a Python exception"
         if self.exit_code is not None:

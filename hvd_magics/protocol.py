@@ -139,7 +139,8 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
               "the unfinished line as a terminal shows it (a progress bar drawn with \\r)"),
     EventKind(TIMELINE_LOCAL, "supervisor", ("path",), "where rank 0 writes its timeline"),
     EventKind(TIMELINE_CHUNK, "supervisor", ("data",), "base64 bytes of rank 0's timeline"),
-    EventKind(EXIT, "supervisor", ("code",), "the rank process ended; always its last event"),
+    EventKind(EXIT, "supervisor", ("code", "how"), "the rank process ended; always its last "
+              "event (``how``: only when its keeper could not say the code: what is known)"),
     EventKind(SLOT_OFFER, "supervisor", ("partition", "attempt", "slot_host", "hostname"),
               "an elastic job's Spark task is ready to run a rank; ``slot_host`` is the name "
               "Horovod's elastic driver knows it by (one slot per task attempt)"),
@@ -343,6 +344,10 @@ ENV_SUPERVISOR_PID = "HVD_MAGICS_SUPERVISOR_PID"
 #: by a zygote that imports more, or a module it imported changed on disk); and what asks it
 #: for a zygote that imports more (then the modules), which then serves at its path.
 ZYGOTE_READY, ZYGOTE_RETIRE, ZYGOTE_GROW = b"ready", b"retire", b"grow "
+#: What a zygote's keeper tells its supervisor besides ``pid N`` and ``exit CODE``: that it was
+#: stopped (SIGTERM) before its rank ended, and why: the zygote that forked it ended, or
+#: something else sent it SIGTERM. A keeper that says none of these was killed outright.
+KEEPER_STOPPED, KEEPER_PARENT_GONE, KEEPER_TERMINATED = "stopped", "parent-gone", "sigterm"
 #: The only modules a zygote imports, in this order: installed frameworks that take a second or
 #: more to import. Never the user's own modules, which may change between jobs.
 ZYGOTE_MODULES = ("numpy", "pandas", "pyarrow", "scipy", "sklearn", "torch", "torchvision",

@@ -948,6 +948,20 @@ def _zygote_pid():
     return zygote.pid if zygote else None
 
 
+def kill_own_keeper(sig: int):
+    """Send the rank's keeper ``sig`` when the rank was forked from a zygote (its keeper then
+    kills it); ``"fresh"`` otherwise."""
+    import os
+    import time
+
+    import torch  # noqa: F401 - a framework, so that the next rank of this environment is forked
+
+    if _zygote_of_this_rank() is None:
+        return "fresh"
+    os.kill(os.getppid(), sig)
+    time.sleep(60)  # killed meanwhile
+
+
 def zygote_draws():
     """Every rank's draws from Python's, numpy's and torch's global generators, whether its
     process was forked from a zygote, and that zygote's pid."""

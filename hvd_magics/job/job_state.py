@@ -87,6 +87,8 @@ class RankState:
     unit: str = "rank"
     pid: int | None = None
     exit_code: int | None = None
+    #: How it ended when its exit code is not known for sure (a zygote's keeper gone silent).
+    exit_how: str = ""
     error: dict[str, Any] | None = None
     task_error: str = ""
     lost: str = ""
@@ -161,7 +163,7 @@ class RankState:
         err = self.error or ({"error": LOST, "message": self.lost} if self.lost else {})
         return RankFailure(self.rank, self.host, self.exit_code, err.get("error", ""),
                            err.get("message", ""), err.get("traceback", "") or self.task_error,
-                           list(self.tail), self.unit)
+                           list(self.tail), self.unit, self.exit_how)
 
 
 class JobState:
@@ -463,6 +465,7 @@ class JobState:
 
     def _on_exit(self, state: RankState, event: dict[str, Any]) -> None:
         state.exit_code = event.get("code")
+        state.exit_how = str(event.get("how") or "")
         state.state = state.failed_state if state.failed else DONE
 
     #: Event kind -> how it changes the job (``log`` changes nothing here: views show it).

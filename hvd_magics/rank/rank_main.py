@@ -30,7 +30,8 @@ from typing import Any
 from hvd_magics.errors import exception_text
 from hvd_magics.protocol import (ENGINE_TF, ENV_CONTROL_FD, ENV_ENGINE, ENV_EVERY_RESULT,
                                  ENV_HOROVOD_RANK, ENV_PREIMPORT, ENV_RANK, ENV_RANK_TMPDIR,
-                                 ERROR, IMPORTED, LEAVING, RESULT, STARTED, ZYGOTE_MODULES,
+                                 ERROR, IMPORTED, KEEPER_PARENT_GONE, KEEPER_STOPPED,
+                                 KEEPER_TERMINATED, LEAVING, RESULT, STARTED, ZYGOTE_MODULES,
                                  decode_job)
 from hvd_magics.rank import rank_events
 from hvd_magics.rank.leave_together import end_engine
@@ -215,10 +216,15 @@ def keep(child: int, tmpdir: str | None = None, report: socket.socket | None = N
     it writes ``exit CODE`` to ``report`` for the supervisor, and stops when the supervisor
     closes its end."""
     reaped = False
+    parent = os.getppid()
 
     def stop(_sig: int, _frame: object) -> None:
         if not reaped:  # once reaped, its pid may be another process's
             killpg(child)
+        if report is not None:  # its supervisor learns why (unless it is the one gone)
+            why = (KEEPER_PARENT_GONE if os.getppid() != parent else KEEPER_TERMINATED)
+            with contextlib.suppress(OSError):
+                report.sendall(f"{KEEPER_STOPPED} {why}\n".encode())
         clean_rank_tmpdir(tmpdir)
         os._exit(128 + signal.SIGTERM)
 

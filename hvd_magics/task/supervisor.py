@@ -303,7 +303,8 @@ class RankProcess:
         except OSError as exc:
             self._sink(OUTPUT, lines=[f"hvd_magics: could not send the timeline: {exc}"])
         finally:
-            self._sink(EXIT, code=code)
+            how = getattr(self._proc, "how", "")  # a zygote's keeper that did not say
+            self._sink(EXIT, code=code, **({"how": how} if how else {}))
         return code
 
     def _send_timeline(self) -> None:

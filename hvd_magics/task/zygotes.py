@@ -39,6 +39,7 @@ from typing import IO
 
 from hvd_magics.protocol import (ENV_YARN_CONTAINER, ENV_ZYGOTE, ENV_ZYGOTE_IDLE_S,
                                  ENV_ZYGOTE_IMPORTS, ENV_ZYGOTE_LOCK_FD, ENV_ZYGOTE_SOCKET,
+                                 KEEPER_PARENT_GONE, KEEPER_STOPPED, KEEPER_TERMINATED,
                                  ZYGOTE_GROW, ZYGOTE_LATE_ENV, ZYGOTE_LATE_ENV_PREFIXES,
                                  ZYGOTE_MODULE, ZYGOTE_MODULES, ZYGOTE_READY)
 from hvd_magics.rank.zygote_place import (cuda_mark, socket_path, starting, take_lock,
@@ -113,6 +114,17 @@ def frameworks(names: list[str] | tuple[str, ...], binding: str = "") -> frozens
     return frozenset(name for name in names if name in ZYGOTE_MODULES and name not in others)
 
 
+#: How a rank ended whose keeper did not say its exit code, by what the keeper said instead.
+_KEEPER_ENDED = {
+    KEEPER_PARENT_GONE: "killed with its keeper (pid {pid}), which was stopped because the "
+                        "host's zygote that forked it ended",
+    KEEPER_TERMINATED: "killed with its keeper (pid {pid}), which something on the host "
+                       "stopped (SIGTERM)",
+}
+_KEEPER_KILLED = ("ended with its keeper (pid {pid}), which was killed without a word "
+                  "(SIGKILL, or the host ran out of memory)")
+
+
 class ZygoteRank:
     """A rank a zygote started, as its supervisor holds it (what :class:`subprocess.Popen` gives
     for a fresh one): the keeper's ``pid``, the rank's ``stdin`` and ``stdout``, :meth:`wait`."""
@@ -121,22 +133,29 @@ class ZygoteRank:
                  said: bytes) -> None:
         self.pid, self.stdin, self.stdout = pid, stdin, stdout
         self.returncode: int | None = None
+        #: How the rank ended when its keeper did not say its exit code (``""``: it did).
+        self.how = ""
         self._report = report
         self._ended = threading.Event()
         threading.Thread(target=self._read_exit, args=(said,), name="hvd-rank-exit",
                          daemon=True).start()
 
     def _read_exit(self, said: bytes) -> None:
+        lost = ""
         try:
             while chunk := self._report.recv(256):
                 said += chunk
-        except OSError:
-            pass
-        code = -9  # the keeper was killed before it could tell (SIGKILL, as Popen would say)
+        except OSError as exc:
+            lost = f"; this task lost its socket to the keeper: {exc}"
+        code, stopped = None, None
         for line in said.decode(errors="replace").splitlines():
             if line.startswith("exit "):
                 code = int(line.split()[1])
-        self.returncode = code
+            elif line.startswith(KEEPER_STOPPED + " "):
+                stopped = line.split()[1]
+        if code is None:  # the rank was killed with its keeper (SIGKILL, as Popen would say)
+            self.how = _KEEPER_ENDED.get(stopped, _KEEPER_KILLED).format(pid=self.pid) + lost
+        self.returncode = -9 if code is None else code
         self._report.close()
         self._ended.set()
 

@@ -265,3 +265,30 @@ def test_a_hung_zygote_costs_a_job_seconds_and_another_takes_its_place():
     finally:
         os.kill(hung, signal.SIGCONT)
     assert new != hung
+
+
+def test_a_rank_whose_keeper_died_says_what_is_known_not_a_signal_nobody_saw():
+    """A keeper forked by a zygote is not its supervisor's child: when it ended without writing
+    the rank's exit code, the supervisor made one up (-9), and the job said 'killed by signal 9
+    without a Python exception' as fact (in the hosts tier, of a rank nobody had signalled).
+    Now the keeper says why it was stopped, and a silent one is called silent."""
+    import pytest
+
+    from hvd_magics import HorovodJobError
+
+    runner = HorovodRunner(np=-1)
+    said = {}
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        deadline = time.monotonic() + 120
+        while sig not in said:
+            assert time.monotonic() < deadline, "no rank forked from a zygote within 120 s"
+            try:
+                assert runner.run(jobs.kill_own_keeper, sig=int(sig)) == "fresh"
+            except HorovodJobError as exc:
+                said[sig] = str(exc).splitlines()[0]
+    assert "which was killed without a word (SIGKILL, or the host ran out of memory), without " \
+        "a Python exception" in said[signal.SIGKILL], said
+    assert "which something on the host stopped (SIGTERM)" in said[signal.SIGTERM], said
+    assert not any("killed by signal" in line for line in said.values()), said
+    with pytest.raises(HorovodJobError):  # and the next job runs as before
+        runner.run(jobs.kill_own_keeper, sig=int(signal.SIGKILL))
