@@ -17,7 +17,9 @@ control pipe and a socket to its supervisor). For each, the zygote forks a keepe
 those on and then does what the keeper of a fresh rank process does
 (:func:`hvd_magics.rank.rank_main.main`): it forks the rank into its own process group, waits for
 it and writes ``exit CODE`` to the supervisor's socket; it stops the rank when the supervisor's
-end closes (the supervisor's process died). The zygote reaps its keepers.
+end closes (the supervisor's process died), and, stopped otherwise (its zygote ended, or a
+``SIGTERM``), writes ``stopped WHY`` instead: a keeper that wrote neither was killed outright.
+The zygote reaps its keepers.
 
 What a fork would otherwise share: the global random generators (seeded again in the rank), the
 environment, ``sys.argv`` and ``sys.path[0]`` (the rank's own). It ends after
