@@ -123,6 +123,7 @@ _KEEPER_ENDED = {
 }
 _KEEPER_KILLED = ("ended with its keeper (pid {pid}), which was killed without a word "
                   "(SIGKILL, or the host ran out of memory)")
+_KEEPER_UNHEARD = "ended unheard: this task lost its socket to the rank's keeper (pid {pid})"
 
 
 class ZygoteRank:
@@ -141,21 +142,23 @@ class ZygoteRank:
                          daemon=True).start()
 
     def _read_exit(self, said: bytes) -> None:
-        lost = ""
+        lost: OSError | None = None
         try:
             while chunk := self._report.recv(256):
                 said += chunk
         except OSError as exc:
-            lost = f"; this task lost its socket to the keeper: {exc}"
+            lost = exc
         code, stopped = None, None
         for line in said.decode(errors="replace").splitlines():
             if line.startswith("exit "):
                 code = int(line.split()[1])
             elif line.startswith(KEEPER_STOPPED + " "):
                 stopped = line.split()[1]
-        if code is None:  # the rank was killed with its keeper (SIGKILL, as Popen would say)
-            self.how = _KEEPER_ENDED.get(stopped, _KEEPER_KILLED).format(pid=self.pid) + lost
-        self.returncode = -9 if code is None else code
+        if code is None:  # the keeper did not say: what is known instead
+            known = (_KEEPER_ENDED[stopped] if stopped in _KEEPER_ENDED else
+                     _KEEPER_UNHEARD if lost else _KEEPER_KILLED)
+            self.how = known.format(pid=self.pid) + (f": {lost}" if lost and not stopped else "")
+        self.returncode = -9 if code is None else code  # as Popen says of a SIGKILL
         self._report.close()
         self._ended.set()
 
