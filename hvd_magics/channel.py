@@ -41,7 +41,7 @@ import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from hvd_magics.protocol import BEAT, BYE, CHANNEL_CLOSED, HELLO, LINK_PROBE, PROBE_LINK
@@ -142,6 +142,17 @@ class EventSink(Protocol):
     def put(self, event: dict[str, Any]) -> None: ...
 
 
+@dataclass(eq=False)
+class _Downlink:
+    """The driver's way to one supervisor: its connection, its nonce, the next order's sequence
+    number, and the lock one order holds from its number to its last byte."""
+
+    conn: socket.socket
+    nonce: bytes
+    seq: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
 class EventServer:
     """Accept authenticated event frames from supervisors and put the events on a queue.
 
@@ -161,8 +172,8 @@ class EventServer:
         self._job_id = job_id
         self._sock = socket.create_server((host, 0))
         self._conns: set[socket.socket] = set()
-        #: Per rank (as its hello named it): its connection, nonce and next order's sequence.
-        self._by_rank: dict[int, list[Any]] = {}
+        #: Per rank (as its hello named it): the way down to its supervisor.
+        self._by_rank: dict[int, _Downlink] = {}
         self._dropped: set[int] = set()
         self._readers: set[threading.Thread] = set()
         self._lock = threading.Lock()
@@ -236,7 +247,7 @@ class EventServer:
                     if conn in self._pending:
                         self._pending.remove(conn)
             with self._lock:
-                self._by_rank[rank] = [conn, nonce, 0]
+                self._by_rank[rank] = _Downlink(conn, nonce)
                 self.greeted.add(rank)
             self.heard[rank] = time.monotonic()
             seq = 1
@@ -267,33 +278,37 @@ class EventServer:
             with self._lock:
                 self._conns.discard(conn)
                 self._readers.discard(threading.current_thread())
-                if rank is not None and self._by_rank.get(rank, [None])[0] is conn:
+                down = self._by_rank.get(rank) if rank is not None else None
+                if down is not None and down.conn is conn:
                     del self._by_rank[rank]
 
     def send_order(self, rank: int, order: dict[str, Any]) -> bool:
         """Send ``order`` to the supervisor whose hello named ``rank``; ``False`` when it has no
         open connection (its task ended or was lost)."""
         with self._lock:
-            entry = self._by_rank.get(rank)
-            if entry is None:
-                return False
-            conn, nonce, seq = entry
-            entry[2] += 1
-        try:
-            conn.sendall(encode_frame(self._secret, DOWN + nonce, seq, order))
-        except OSError:
+            down = self._by_rank.get(rank)
+        if down is None:
             return False
+        # The number and the bytes under one lock: from two of the driver's threads (the link
+        # probe, the stacks, the meeting), frames sent out of their order, or interleaved, are
+        # a bad frame to the task, which then takes the driver for gone and kills its rank.
+        with down.lock:
+            try:
+                down.conn.sendall(encode_frame(self._secret, DOWN + down.nonce, down.seq, order))
+            except OSError:
+                return False
+            down.seq += 1
         return True
 
     def drop(self, rank: int) -> None:
         """Close the connection of ``rank``'s supervisor, which takes it as the order to stop
         its rank (its ``channel_closed`` is then clean)."""
         with self._lock:
-            entry = self._by_rank.pop(rank, None)
+            down = self._by_rank.pop(rank, None)
             self._dropped.add(rank)
-        if entry is not None:
+        if down is not None:
             try:
-                entry[0].shutdown(socket.SHUT_RDWR)
+                down.conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
 
@@ -382,13 +397,15 @@ class EventClient:
     host : str or None
         Stamped on every event (``None``: the address of the interface that reaches the driver).
     on_close : callable, optional
-        Called once (from a background thread) when the driver closes the connection.
+        Called once (from a background thread) when the connection from the driver ends, with
+        what ended it (``"the notebook closed the event channel"``, a broken connection, a frame
+        that failed its check).
     on_order : callable, optional
         Called (from that thread) with each order the driver sends (a verified dict).
     """
 
     def __init__(self, address: ChannelAddress, rank: int, host: str | None,
-                 on_close: Callable[[], None] | None = None,
+                 on_close: Callable[[str], None] | None = None,
                  on_order: Callable[[dict[str, Any]], None] | None = None) -> None:
         self._address = address
         self._rank = rank
@@ -415,10 +432,11 @@ class EventClient:
             except OSError:
                 return
 
-    def _watch(self, on_close: Callable[[], None] | None,
+    def _watch(self, on_close: Callable[[str], None] | None,
                on_order: Callable[[dict[str, Any]], None] | None) -> None:
         """Read the driver's orders until it closes the connection (or sends a bad frame)."""
         seq, cpu = 0, ThreadCpu()
+        why = "the notebook closed the event channel"
         try:
             while True:
                 waited = cpu.seconds()[1]  # blocked in the read below, it waits for no CPU
@@ -431,11 +449,13 @@ class EventClient:
                     continue
                 if on_order is not None:
                     on_order(order)
-        except (OSError, Rejected, ValueError):
-            pass
+        except OSError as exc:
+            why = f"the event channel from the notebook broke ({exc})"
+        except (Rejected, ValueError) as exc:
+            why = f"a frame from the notebook failed its check ({exc})"
         cpu.close()
         if on_close is not None:
-            on_close()
+            on_close(why)
 
     def _answer_probe(self, order: dict[str, Any], cpu: ThreadCpu, waited: float) -> None:
         """Answer a :data:`PROBE_LINK` order with the bytes it asks for, then say how long this

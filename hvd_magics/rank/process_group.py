@@ -33,6 +33,12 @@ def start_time(pid: int) -> int | None:
         return None
 
 
+def same_process(pid: int, started: int | None) -> bool:
+    """Whether ``pid`` still names the process that started at ``started`` (:func:`start_time`;
+    ``None``: not known, taken as the same), or no process at all: not someone else's."""
+    return started is None or start_time(pid) in (None, started)
+
+
 def killpg(pgid: int | None, started: int | None = None) -> None:
     """Kill process group ``pgid`` with ``SIGKILL`` (nothing when it is gone or ``None``).
 
@@ -42,9 +48,7 @@ def killpg(pgid: int | None, started: int | None = None) -> None:
     start time now has that pid, the group ended and the number leads someone else's (another
     job's rank): nothing is killed.
     """
-    if not pgid:
-        return
-    if started is not None and start_time(pgid) not in (None, started):
+    if not pgid or not same_process(pgid, started):
         return
     try:
         os.killpg(pgid, signal.SIGKILL)

@@ -109,12 +109,14 @@ class RankHolder:
             with contextlib.suppress(ValueError):  # not a deal id of ours: nothing to drop
                 self.receiver.drop(str(order["deal"]))
 
-    def on_driver_gone(self) -> None:
+    def on_driver_gone(self, why: str = "the notebook closed the event channel") -> None:
+        """The connection from the driver ended (``why``): the rank is killed, and its exit
+        says so (the driver, if it is still there, must not take it for the rank's fault)."""
         self.meeting.cancel()
         with self._lock:
             self.stopped.set()
             if self.proc is not None:
-                self.proc.kill()
+                self.proc.kill(f"killed by its task, which lost the notebook: {why}")
 
     def start(self, env: dict[str, str], sink: Any) -> None:
         """Start the rank process, which imports what the job needs until :meth:`deliver`.

@@ -20,7 +20,7 @@ import uuid
 from typing import Any, Callable
 
 from hvd_magics.rank.cell_timeline import timeline_chunks
-from hvd_magics.rank.process_group import die_with_parent, killpg, start_time
+from hvd_magics.rank.process_group import die_with_parent, killpg, same_process, start_time
 from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, make_rank_tmpdir
 from hvd_magics.task.zygotes import ZYGOTES, ZygoteRank, package_copy
 from hvd_magics.protocol import (CELL_END, CELL_END_LINE, ENV_CONTROL_FD, ENV_EVENT_FD,
@@ -148,6 +148,8 @@ class RankProcess:
         #: The rank's own pid (also its process group), known from its ``started`` event; the
         #: start times of the rank and the keeper (a pid given out again is not theirs).
         self.rank_pid: int | None = None
+        #: Why this task killed the rank itself (:meth:`kill`), ``""`` while it did not.
+        self.killed_because = ""
         self._rank_started: int | None = None
         self._keeper_started = start_time(self.pid)
         self._timeline = env.get(ENV_HOROVOD_TIMELINE)
@@ -212,7 +214,8 @@ class RankProcess:
 
     def interrupt(self) -> None:
         """Interrupt what the rank runs now (``SIGINT``: a ``KeyboardInterrupt`` in its cell)."""
-        if self.rank_pid and start_time(self.rank_pid) == self._rank_started:
+        if self.rank_pid and self._rank_started is not None and \
+                same_process(self.rank_pid, self._rank_started):
             try:
                 os.kill(self.rank_pid, signal.SIGINT)
             except OSError:
@@ -303,9 +306,14 @@ class RankProcess:
         except OSError as exc:
             self._sink(OUTPUT, lines=[f"hvd_magics: could not send the timeline: {exc}"])
         finally:
-            how = getattr(self._proc, "how", "")  # a zygote's keeper that did not say
+            how = self.killed_because or self._keeper_said()
             self._sink(EXIT, code=code, **({"how": how} if how else {}))
         return code
+
+    def _keeper_said(self) -> str:
+        """How the rank ended when a zygote's keeper did not say its code (``""``: it did, or
+        the keeper is this process's own child, whose exit status says it)."""
+        return self._proc.how if isinstance(self._proc, ZygoteRank) else ""
 
     def _send_timeline(self) -> None:
         """Send the trace this rank wrote (rank 0 only) in chunks, then delete the local file."""
@@ -319,8 +327,12 @@ class RankProcess:
         if self.rank_pid:
             killpg(self.rank_pid, self._rank_started)
 
-    def kill(self) -> None:
-        """Kill the rank, every process it started (its process group) and its keeper."""
+    def kill(self, why: str = "") -> None:
+        """Kill the rank, every process it started (its process group) and its keeper; ``why``,
+        when given, is how its ``exit`` event says it ended (not as a signal of unknown
+        origin)."""
+        if why and not self.killed_because:
+            self.killed_because = why
         self._kill_rank_group()
         killpg(self._proc.pid, self._keeper_started)
         try:

@@ -72,3 +72,42 @@ def test_bad_arguments_are_refused_before_any_rank_starts():
     with pytest.raises(RuntimeError, match=r"useGpu=True, but the driver has no GPU\. Fix: .*"
                                            r"or useGpu=False to train on CPU"):
         DeepspeedTorchDistributor(numGpus=2, localMode=True).run(print)
+
+
+def test_a_deepspeed_build_killed_halfway_does_not_hang_the_next_job(tmp_path, monkeypatch,
+                                                                     capsys):
+    """DeepSpeed builds its CPU communication op on the first ``deepspeed.initialize`` of a
+    host, under torch's lock file in the build folder. A rank killed during that build (a job
+    stopped or interrupted then) left the file, and every later DeepSpeed job on the host
+    waited for it for ever, saying nothing (the suite's two DeepSpeed tests ran into their
+    600 s timeouts on a machine where an earlier run had been killed)."""
+    import shutil
+    from pathlib import Path
+
+    from torch.utils import cpp_extension
+
+    from tests.unit.test_torch_extension_locks import _lock_of_a_killed_build
+
+    root = tmp_path / "extensions"
+    built = Path(cpp_extension._get_build_directory("deepspeed_shm_comm", False))
+    if (built / "deepspeed_shm_comm.so").exists():  # an earlier job's build: none again
+        shutil.copytree(built, root / "deepspeed_shm_comm")
+    (root / "deepspeed_shm_comm").mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(root))
+    lock = root / "deepspeed_shm_comm" / "lock"
+    _lock_of_a_killed_build(lock)
+
+    def train():
+        import deepspeed
+        import torch
+        model = torch.nn.Linear(4, 1)
+        engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
+            config={"train_micro_batch_size_per_gpu": 8})
+        return engine.world_size
+
+    assert DeepspeedTorchDistributor(numGpus=2, useGpu=False).run(train) == 2
+    shown = capsys.readouterr()
+    said = [line for line in (shown.out + shown.err).splitlines() if "hvd_magics: removed" in line]
+    assert len(said) == 1 and str(lock) in said[0], said
+    assert not lock.exists()

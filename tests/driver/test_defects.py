@@ -299,3 +299,33 @@ def test_a_tf_distribute_job_whose_value_holds_the_model_ends_on_every_worker():
     same collective calls'): every worker pickles the value now."""
     value = HorovodRunner(np=-2, engine="tf").run(engine_jobs.keras_mwms_history)
     assert type(value).__name__ == "History" and value.history["loss"]
+
+
+def test_a_rank_its_task_killed_on_losing_the_notebook_says_so_not_a_signal():
+    """A task whose read of the driver's orders ended (a bad frame, a broken connection) kills
+    its rank, and the rank's exit said "killed by signal 9" (or, forked from a zygote, "killed
+    without a word"), which the driver, still there, took for the rank's own fault. Now the
+    exit says that its task killed it and why."""
+    import queue
+
+    from hvd_magics.task.spark_task import RankHolder
+    from hvd_magics.task.supervisor import rank_environment
+
+    events: queue.Queue = queue.Queue()
+    holder = RankHolder()
+    holder.start(rank_environment(dict(os.environ), {}),
+                 lambda kind, **event: events.put((kind, event)))
+    holder.deliver(serialize_job(jobs.sleep_forever, {}).blob, {})
+    seen = []
+    while not any(kind == "output" and "sleeping pid=" in " ".join(e.get("lines", []))
+                  for kind, e in seen):
+        seen.append(events.get(timeout=120))
+    holder.on_driver_gone("a frame from the notebook failed its check (bad signature)")
+    assert holder.proc.wait() != 0
+    exits = []
+    while not exits:
+        kind, event = events.get(timeout=30)
+        if kind == "exit":
+            exits.append(event)
+    assert exits[0]["how"] == ("killed by its task, which lost the notebook: a frame from the "
+                               "notebook failed its check (bad signature)"), exits

@@ -1,4 +1,5 @@
 """The event channel: authenticated frames are accepted, anything else costs the driver little."""
+import contextlib
 import queue
 import socket
 import struct
@@ -75,10 +76,10 @@ def test_events_of_another_job_are_refused():
 def test_closing_the_server_tells_clients():
     server = EventServer("127.0.0.1", "job5")
     closed = queue.Queue()
-    EventClient(server.address, 0, "h", on_close=lambda: closed.put(True))
+    EventClient(server.address, 0, "h", on_close=closed.put)
     _wait_for(lambda: server.open_connections == 1)
     server.close()
-    assert closed.get(timeout=5) is True
+    assert closed.get(timeout=5) == "the notebook closed the event channel"
 
 
 def test_a_supervisor_that_vanishes_is_reported_as_an_unclean_close():
@@ -157,7 +158,7 @@ def test_closed_servers_leave_no_thread_and_accept_nothing():
 def test_the_driver_sends_orders_a_client_verifies_and_a_drop_ends_it_cleanly():
     server = EventServer("127.0.0.1", "job-orders")
     orders, closed = queue.Queue(), threading.Event()
-    client = EventClient(server.address, rank=2, host=None, on_close=closed.set,
+    client = EventClient(server.address, rank=2, host=None, on_close=lambda why: closed.set(),
                          on_order=orders.put)
     assert client.local_address == "127.0.0.1"
     client.send("slot_offer", partition=2)
@@ -177,7 +178,7 @@ def test_the_driver_sends_orders_a_client_verifies_and_a_drop_ends_it_cleanly():
 def test_an_order_signed_with_the_wrong_key_is_not_obeyed():
     listener = socket.create_server(("127.0.0.1", 0))
     address = ChannelAddress("127.0.0.1", listener.getsockname()[1], b"k" * 32, "job-forged")
-    orders, closed = queue.Queue(), threading.Event()
+    orders = queue.Queue()
     accepted = []
     threading.Thread(target=lambda: accepted.append(listener.accept()[0]), daemon=True).start()
     nonce = b"n" * NONCE_BYTES
@@ -188,8 +189,10 @@ def test_an_order_signed_with_the_wrong_key_is_not_obeyed():
         accepted[0].sendall(encode_frame(b"x" * 32, b"down" + nonce, 0, {"kind": "start_rank"}))
 
     threading.Thread(target=serve, daemon=True).start()
-    EventClient(address, rank=0, host="h", on_close=closed.set, on_order=orders.put)
-    assert closed.wait(5)  # a bad frame ends the connection: the task stops its rank
+    reasons: queue.Queue = queue.Queue()
+    EventClient(address, rank=0, host="h", on_close=reasons.put, on_order=orders.put)
+    # a bad frame ends the connection: the task stops its rank, and says why
+    assert reasons.get(timeout=5) == "a frame from the notebook failed its check (bad signature)"
     assert orders.empty()
     listener.close()
 
@@ -264,4 +267,37 @@ def test_a_start_timeout_names_the_channel_and_what_it_turned_away():
         "the Spark tasks of ranks 0, 1: Spark did not run them, or they cannot reach this "
         "machine; the channel closed 3 connections that did not authenticate (another process "
         "connecting to it?). ")
+    server.close()
+
+
+def test_orders_sent_to_one_rank_from_several_threads_all_arrive_and_the_task_stays():
+    """Regression: the order's sequence number was taken under the lock but the frame was sent
+    outside it, so two of the driver's threads (the link probe, the stacks or the meeting)
+    could send frames out of order or interleaved; the task read a bad frame, took the driver
+    for gone and killed its rank, which was then reported killed (the estimator on two hosts:
+    "rank 0 ... ended with its keeper (pid N), which was killed without a word")."""
+    server = EventServer("127.0.0.1", "job10")
+    orders, closed = queue.Queue(), threading.Event()
+    client = EventClient(server.address, 0, "h", on_close=lambda why: closed.set(),
+                         on_order=orders.put)
+    _wait_for(lambda: 0 in server._by_rank)
+    blob = "y" * (256 * 1024)  # larger than a socket buffer: a send takes several writes
+
+    def send(thread: int) -> None:
+        for i in range(40):
+            assert server.send_order(0, {"kind": "x", "thread": thread, "i": i, "blob": blob})
+
+    senders = [threading.Thread(target=send, args=(t,), daemon=True) for t in range(4)]
+    for sender in senders:
+        sender.start()
+    got = []
+    deadline = time.monotonic() + 60
+    while len(got) < 160 and not closed.is_set() and time.monotonic() < deadline:
+        with contextlib.suppress(queue.Empty):
+            got.append(orders.get(timeout=0.1))
+    assert not closed.is_set(), "the task took the driver for gone"
+    assert len(got) == 160, f"{len(got)} of 160 orders arrived in 60 s"
+    for thread in range(4):  # each thread's orders in its order
+        assert [o["i"] for o in got if o["thread"] == thread] == list(range(40))
+    client.close()
     server.close()

@@ -10,7 +10,9 @@ or train its rank alone).
 - :mod:`.accelerate`: its launchers (refused) and its state (joined to the job on CPU);
 - :mod:`.plain_loops`: hand-written DDP and Accelerate loops (progress);
 - :mod:`.trackers`: MLflow runs a library or the cell creates itself;
-- :mod:`.deepspeed`: a DeepSpeed script run as pyspark's ``DeepspeedTorchDistributor`` runs it.
+- :mod:`.deepspeed`: a DeepSpeed script run as pyspark's ``DeepspeedTorchDistributor`` runs it;
+- :mod:`.torch_extensions`: PyTorch's C++ extensions built on first use (DeepSpeed's ops): a
+  build killed half-way no longer blocks every later one.
 
 :mod:`.guards` holds what the guards share. Each module's ``install()`` hooks its library
 whenever it is imported (:mod:`hvd_magics.rank.import_hooks`); nothing is imported here.
@@ -21,7 +23,8 @@ from __future__ import annotations
 def install() -> None:
     """Hook every library (in a rank, before the job's code runs)."""
     from hvd_magics.rank.integrations import (accelerate, hugging_face, keras, lightning,
-                                              plain_loops, trackers)
+                                              plain_loops, torch_extensions, trackers)
 
-    for library in (keras, lightning, hugging_face, plain_loops, trackers, accelerate):
+    for library in (keras, lightning, hugging_face, plain_loops, trackers, accelerate,
+                    torch_extensions):
         library.install()

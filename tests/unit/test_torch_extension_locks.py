@@ -1,0 +1,78 @@
+"""The lock of a PyTorch extension's build (DeepSpeed's ops) that a killed build left: taken away
+in a rank, where torch waited for it for ever; a lock still held, or not known to be this
+host's, is left alone."""
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch.utils.file_baton as torch_baton
+
+from hvd_magics.rank.integrations import torch_extensions
+
+
+@pytest.fixture(autouse=True)
+def patched():
+    before = (torch_baton.FileBaton.try_acquire, torch_baton.FileBaton.wait)
+    torch_extensions._patch(torch_baton)
+    yield
+    torch_baton.FileBaton.try_acquire, torch_baton.FileBaton.wait = before
+
+
+def _lock_of_a_killed_build(path):
+    """Take the lock as torch does, in a process then killed (as a rank whose job was
+    stopped halfway through its build)."""
+    proc = subprocess.run([sys.executable, "-c", f"import os, signal; os.open({str(path)!r}, "
+                           "os.O_CREAT | os.O_EXCL); os.kill(os.getpid(), signal.SIGKILL)"])
+    assert proc.returncode == -9 and path.exists()
+
+
+def test_a_lock_left_by_a_killed_build_is_taken_away_and_said(tmp_path, capsys):
+    lock = tmp_path / "lock"
+    _lock_of_a_killed_build(lock)
+    baton = torch_baton.FileBaton(str(lock))
+    assert baton.try_acquire() is True
+    assert f"hvd_magics: removed {lock}, a lock left by a build of this PyTorch extension " \
+           "that was killed half-way" in capsys.readouterr().err
+    # the new holder says who it is, for the processes that wait for it
+    assert lock.read_text() == f"hvd_magics lock of {os.uname().nodename} pid {os.getpid()}\n"
+    baton.release()
+    assert not lock.exists()
+
+
+def test_a_waiter_ends_its_wait_once_the_holder_dies(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch_extensions, "CHECK_EVERY_S", 0.2)
+    lock = tmp_path / "lock"
+    holder = subprocess.Popen([sys.executable, "-c", f"import os, time; os.open({str(lock)!r}, "
+                               "os.O_CREAT | os.O_EXCL); print(1, flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"1\n"
+        baton = torch_baton.FileBaton(str(lock))
+        assert baton.try_acquire() is False  # held open by a live process: not taken
+        waiter = threading.Thread(target=baton.wait, daemon=True)
+        waiter.start()
+        waiter.join(1.0)
+        assert waiter.is_alive() and lock.exists()  # still held: it waits
+        holder.kill()
+        holder.wait()
+        waiter.join(10)
+        assert not waiter.is_alive() and not lock.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_locks_not_known_to_be_this_hosts_are_left_alone(tmp_path):
+    other_host = tmp_path / "other"
+    other_host.write_text("hvd_magics lock of another-host pid 12\n")
+    foreign = tmp_path / "foreign"
+    foreign.write_text("not torch's\n")
+    for lock in (other_host, foreign):
+        assert torch_extensions.stale(str(lock)) is None
+        assert torch_baton.FileBaton(str(lock)).try_acquire() is False
+        assert lock.exists()
+    ours = tmp_path / "ours"
+    ours.write_text(f"hvd_magics lock of {os.uname().nodename} pid 12\n")
+    assert torch_extensions.stale(str(ours)) is not None  # nobody holds it open
