@@ -59,6 +59,26 @@ def test_a_host_behind_a_slow_link_is_named_for_its_link_not_a_rank_for_its_work
     assert "links" in str(record)
 
 
+def test_a_host_whose_cpus_are_busy_is_named_for_them_not_for_its_link(hosts_spark,
+                                                                       host_cluster):
+    """A host under a CPU quota (nothing on its link) slows every rank's communication, so the
+    driver times the links; its channel answered late because it waited for a CPU, and the
+    verdict said 'the link of host ... is the slowest: 78 Mbit/s to it ... against 172'. Each
+    answer now says how long the host waited for a CPU."""
+    busy = host_cluster.hosts[1]
+    record = _comm_bound_job(lambda: busy.limit_cpu(0.3), lambda: busy.limit_cpu(None))
+    assert "the link of host" not in record.links, record.links
+    # its ranks are named for their wait for a CPU, or (while none is named) the links are
+    # timed and the host's answers are seen waiting for one; beside the suite's busy lanes the
+    # ranks stayed named and no probe ran, and the other host's ranks may wait for a CPU too
+    # (both hosts share this machine's two cores)
+    assert all("waiting for a CPU" in line for line in record.stragglers), record.stragglers
+    probed = (f"host {busy.address} answered slowest (" in record.links
+              and "because it waited for a CPU for " in record.links)
+    assert probed or any(busy.address in line for line in record.stragglers), record
+    assert not record.links or probed or "measured alike" in record.links, record.links
+
+
 def test_a_checkpoint_folder_the_hosts_do_not_share_is_refused_before_training(hosts_spark):
     """The default folder is under each machine's own /tmp: rank 1 resumed from nothing while
     rank 0 resumed from step 15, and the job hung. Refused at the first checkpoint call."""
