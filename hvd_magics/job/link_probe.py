@@ -15,8 +15,12 @@ capacity: they compare the hosts, which is what the verdict uses them for.
 A host whose CPUs are busy (other work, or a CPU quota) answers late on any link: its channel's
 thread waits for a CPU to read the bytes and to send them back. Each answer says how long that
 thread waited for a CPU (``schedstat``, :mod:`hvd_magics.thread_cpu`); a link's figure is the
-round trip less that wait. A host that answered slowest only because of that wait is not named
-for its link: the verdict says its CPUs are busy.
+round trip less that wait. A round trip more than half of which its host waited for a CPU says
+too little of the link (what is left is mostly noise, and made such a host's link look up to
+twenty times faster than the others', so that the verdict named another host's link): such a
+way is left out of the comparison, and a host left with no way is compared with no one. A host
+that answered slowest because of that wait is not named for its link: the verdict says its CPUs
+are busy.
 """
 from __future__ import annotations
 
@@ -44,6 +48,8 @@ ANSWER_WAIT_S = 30.0
 CPU_WAIT_WORD_S = 5.0
 #: A host whose link moved less than this share of the other hosts' median is named.
 SLOW_SHARE = 0.5
+#: A round trip its host waited for a CPU for more than this share of says nothing of the link.
+MAX_WAIT_SHARE = 0.5
 #: Every rank must have spent at least this share of its latest steps in communication.
 COMM_BOUND_SHARE = 0.5
 
@@ -56,15 +62,28 @@ class RoundTrip:
     seconds: float
     cpu_wait_s: float = 0.0
 
+    def __post_init__(self) -> None:
+        # the host's thread may have waited before the order's first byte or after its
+        # answer's last (a wait of 246 ms was said of a 216 ms round trip): not in the trip
+        object.__setattr__(self, "cpu_wait_s", min(max(self.cpu_wait_s, 0.0), self.seconds))
+
     @property
     def mbit(self) -> float:
         """Mbit/s as timed."""
         return _rate(self.seconds)
 
     @property
-    def link_mbit(self) -> float:
-        """Mbit/s of the link: the round trip less the host's wait for a CPU."""
-        return _rate(max(self.seconds - self.cpu_wait_s, 0.05 * self.seconds))
+    def waited_mostly(self) -> bool:
+        """Whether the host waited for a CPU for most of it (:data:`MAX_WAIT_SHARE`)."""
+        return self.cpu_wait_s > MAX_WAIT_SHARE * self.seconds
+
+    @property
+    def link_mbit(self) -> float | None:
+        """Mbit/s of the link: the round trip less the host's wait for a CPU (``None`` when
+        that wait was most of it: what is left says nothing of the link)."""
+        if self.waited_mostly:
+            return None
+        return _rate(self.seconds - self.cpu_wait_s)
 
 
 @dataclass(frozen=True)
@@ -78,15 +97,15 @@ class LinkSpeed:
 
     @property
     def down_mbit(self) -> float | None:
-        return max((t.link_mbit for t in self.down), default=None)
+        return _best(self.down)
 
     @property
     def up_mbit(self) -> float | None:
-        return max((t.link_mbit for t in self.up), default=None)
+        return _best(self.up)
 
     @property
     def slower(self) -> float:
-        """The link's slower way, in Mbit/s (0: no answer)."""
+        """The link's slower way, in Mbit/s (0: no answer, or none that says of the link)."""
         return min((w for w in (self.down_mbit, self.up_mbit) if w is not None), default=0.0)
 
     @property
@@ -96,18 +115,26 @@ class LinkSpeed:
         return min(bests, key=lambda t: t.mbit, default=None)
 
 
+def _best(trips: tuple[RoundTrip, ...]) -> float | None:
+    """The fastest of ``trips`` for the link (``None``: none says of the link)."""
+    return max((m for t in trips if (m := t.link_mbit) is not None), default=None)
+
+
 def verdict(speeds: list[LinkSpeed], comm_share: float, unit: str = "rank") -> str:
     """The links' verdict, as the dashboard and the record say it."""
     lead = (f"every {unit} waits in communication for most of its step (at least "
             f"{100 * comm_share:.0f}% of its latest steps)")
     measured = [s for s in speeds if s.slower > 0]
     if len(measured) < 2:
+        busy = _busy_host([s for s in speeds if s.slower_timed is not None])
+        if busy is not None:
+            return f"{lead}; the hosts' links could not be compared: {busy}"
         return f"{lead}; the hosts' links could not be measured"
     slowest = min(measured, key=lambda s: s.slower)
     others = statistics.median(s.slower for s in measured if s is not slowest)
     if slowest.slower < SLOW_SHARE * others:
         return (f"{lead}; the link of host {slowest.host} is the slowest: "
-                f"{_mbit(slowest.down_mbit)} to it and {_mbit(slowest.up_mbit)} from it, "
+                f"{_way(slowest.down)} to it and {_way(slowest.up)} from it, "
                 f"against {others:,.0f} Mbit/s for the other hosts (measured from the driver "
                 "while the job ran)")
     low, high = min(s.slower for s in measured), max(s.slower for s in measured)
@@ -122,11 +149,13 @@ def verdict(speeds: list[LinkSpeed], comm_share: float, unit: str = "rank") -> s
 def _busy_host(measured: list[LinkSpeed]) -> str | None:
     """What to say of a host that answered under :data:`SLOW_SHARE` of the others' pace only
     because it waited for a CPU (``None``: none did)."""
+    if len(measured) < 2:
+        return None
     timed = {s.host: s.slower_timed for s in measured}
     slowest = min(measured, key=lambda s: timed[s.host].mbit)
     trip = timed[slowest.host]
     others = statistics.median(timed[s.host].mbit for s in measured if s is not slowest)
-    if trip.mbit >= SLOW_SHARE * others:
+    if trip.mbit >= SLOW_SHARE * others or not trip.waited_mostly:
         return None
     return (f"host {slowest.host} answered slowest ({trip.mbit:,.0f} Mbit/s against "
             f"{others:,.0f} for the other hosts) because it waited for a CPU for "
@@ -134,8 +163,12 @@ def _busy_host(measured: list[LinkSpeed]) -> str | None:
             "are busy (other work, or a CPU quota), which slows its ranks' communication too")
 
 
-def _mbit(value: float | None) -> str:
-    return "no answer" if value is None else f"{value:,.0f} Mbit/s"
+def _way(trips: tuple[RoundTrip, ...]) -> str:
+    """One way of a host's link as the verdict says it."""
+    best = _best(trips)
+    if best is not None:
+        return f"{best:,.0f} Mbit/s"
+    return "not known (its host waited for a CPU)" if trips else "no answer"
 
 
 class LinkProbe:
