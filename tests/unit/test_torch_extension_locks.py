@@ -76,3 +76,26 @@ def test_locks_not_known_to_be_this_hosts_are_left_alone(tmp_path):
     ours = tmp_path / "ours"
     ours.write_text(f"hvd_magics lock of {os.uname().nodename} pid 12\n")
     assert torch_extensions.stale(str(ours)) is not None  # nobody holds it open
+
+
+def test_a_first_build_is_said_with_where_it_is_kept(tmp_path, capsys):
+    """A first build takes half a minute to minutes without a word (DeepSpeed's CPU op on the
+    first ``deepspeed.initialize``): one line says what it is. Here through torch's own
+    ``load``, of a source that does not compile (the build fails at once)."""
+    from torch.utils import cpp_extension
+
+    before = cpp_extension._jit_compile
+    torch_extensions._patch_builds(cpp_extension)
+    try:
+        (tmp_path / "broken.cpp").write_text("this is not C++\n")
+        with pytest.raises(RuntimeError, match="Error building extension 'hvd_probe_ext'"):
+            cpp_extension.load("hvd_probe_ext", [str(tmp_path / "broken.cpp")],
+                               build_directory=str(tmp_path))
+        said = capsys.readouterr().err
+        assert said.count("hvd_magics: building the PyTorch extension hvd_probe_ext, its first "
+                          f"use on this host (half a minute to minutes, without a word; kept in "
+                          f"{tmp_path} for later jobs)") == 1, said
+        (tmp_path / "hvd_probe_ext.so").write_bytes(b"")  # built before: nothing said
+        assert not torch_extensions.say_first_build("hvd_probe_ext", str(tmp_path))
+    finally:
+        cpp_extension._jit_compile = before

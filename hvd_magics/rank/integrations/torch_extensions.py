@@ -10,10 +10,16 @@ the file, and every later job that loads the extension on that host waits for ev
 keeps the file open for as long as it builds, so a lock that no process holds open was left by
 one that died: it is taken away (and said, once), when the lock was made on this host.
 
-Patched on import of ``torch.utils.file_baton``; nothing is imported here.
+A first build says so in one line (it takes half a minute to minutes, in which the rank says
+nothing): which extension, and where it is kept for later jobs.
+
+Patched on import of ``torch.utils.file_baton`` and ``torch.utils.cpp_extension``; nothing is
+imported here.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import socket
 import sys
@@ -41,8 +47,45 @@ CHECK_EVERY_S = 2.0
 
 
 def install() -> None:
-    """Patch ``FileBaton`` whenever ``torch.utils.file_baton`` is imported."""
+    """Patch ``FileBaton`` and the extensions' builds whenever torch imports them."""
     after_import(["torch.utils.file_baton"], _patch)
+    after_import(["torch.utils.cpp_extension"], _patch_builds)
+
+
+def _patch_builds(module: Any) -> None:
+    """Make ``cpp_extension._jit_compile`` (what ``load`` and ``load_inline`` call) say a first
+    build (:func:`say_first_build`)."""
+    original = getattr(module, "_jit_compile", None)
+    if original is None or getattr(original, MARK, False):
+        return
+    try:
+        signature = inspect.signature(original)
+    except (TypeError, ValueError):
+        return
+    suffix = getattr(module, "LIB_EXT", ".so")
+
+    @functools.wraps(original)
+    def jit_compile(*args: Any, **kwargs: Any) -> Any:
+        try:
+            named = signature.bind_partial(*args, **kwargs).arguments
+            say_first_build(str(named["name"]), str(named["build_directory"]), suffix)
+        except (TypeError, KeyError):
+            pass  # a torch whose builds take other arguments: nothing said
+        return original(*args, **kwargs)
+
+    setattr(jit_compile, MARK, True)
+    module._jit_compile = jit_compile
+
+
+def say_first_build(name: str, folder: str, suffix: str = ".so") -> bool:
+    """Say, on the rank's output, that the extension ``name`` is built now when ``folder`` holds
+    no build of it; whether it was said."""
+    if os.path.exists(os.path.join(folder, name + suffix)):
+        return False
+    print(f"hvd_magics: building the PyTorch extension {name}, its first use on this host (half "
+          f"a minute to minutes, without a word; kept in {folder} for later jobs)",
+          file=sys.stderr, flush=True)
+    return True
 
 
 def _patch(module: Any) -> None:
