@@ -91,7 +91,9 @@ def test_a_deepspeed_build_killed_halfway_does_not_hang_the_next_job(tmp_path, m
     root = tmp_path / "extensions"
     built = Path(cpp_extension._get_build_directory("deepspeed_shm_comm", False))
     if (built / "deepspeed_shm_comm.so").exists():  # an earlier job's build: none again
-        shutil.copytree(built, root / "deepspeed_shm_comm")
+        # (without its lock: a DeepSpeed test of another lane may hold it now)
+        shutil.copytree(built, root / "deepspeed_shm_comm",
+                        ignore=shutil.ignore_patterns("lock"))
     (root / "deepspeed_shm_comm").mkdir(parents=True, exist_ok=True)
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(root))
     lock = root / "deepspeed_shm_comm" / "lock"

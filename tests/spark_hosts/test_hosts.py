@@ -74,7 +74,8 @@ def test_a_host_whose_cpus_are_busy_is_named_for_them_not_for_its_link(hosts_spa
     # (both hosts share this machine's two cores)
     assert all("waiting for a CPU" in line for line in record.stragglers), record.stragglers
     probed = (f"host {busy.address} answered slowest (" in record.links
-              and "because it waited for a CPU for " in record.links)
+              and "because it waited for a CPU for " in record.links
+              or f"could not be compared: host {busy.address} waited for a CPU" in record.links)
     assert probed or any(busy.address in line for line in record.stragglers), record
     assert not record.links or probed or "measured alike" in record.links, record.links
 

@@ -56,6 +56,23 @@ def test_a_host_that_answered_late_because_it_waited_for_a_cpu_is_not_named_for_
         [_speed("10.0.0.2", 400, 400), slow_too], 0.8)
 
 
+def test_a_link_half_as_fast_as_the_others_is_not_named():
+    """A fresh clone's CI run, equal links, host .3 under a 30% CPU quota: its down way came
+    out at 616 Mbit/s (less its wait for a CPU) against 1,268, and its link was named. A
+    quarter of the others' is what names a link now."""
+    busy = LinkSpeed("10.77.146.3", (RoundTrip(AT_1_MBIT / 616),),
+                     (RoundTrip(0.2, 0.15),))
+    text = verdict([_speed("10.77.146.2", 1268, 1300), busy], 0.52)
+    assert "the link of host" not in text, text
+    # a busy host that waited for most of every trip, yet answered as fast as the others
+    waited = LinkSpeed("10.77.146.3", (RoundTrip(0.05, 0.04),), (RoundTrip(0.05, 0.03),))
+    assert verdict([_speed("10.77.146.2", 1268, 1300), waited], 0.52).endswith(
+        "the hosts' links could not be compared: host 10.77.146.3 waited for a CPU for most "
+        "of every round trip (its CPUs are busy: other work, or a CPU quota)")
+    assert "the link of host 10.77.146.3 is the slowest" in verdict(
+        [_speed("10.77.146.2", 1268, 1300), _speed("10.77.146.3", 300, 1000)], 0.52)
+
+
 def test_a_busy_hosts_wait_does_not_make_another_hosts_link_the_slowest():
     """The suite's busy-host test (a 30% CPU quota on host .3, equal links): .3's thread said
     it waited 246 ms in a 216 ms round trip; less that wait, .3's link came out at 3,266
@@ -68,7 +85,7 @@ def test_a_busy_hosts_wait_does_not_make_another_hosts_link_the_slowest():
     text = verdict([idle, busy], 0.63)
     assert "the link of host" not in text, text
     assert "could not be compared: host 10.77.161.3 answered slowest (" in text
-    assert "because it waited for a CPU for 216 ms of its 216 ms" in text
+    assert "because it waited for a CPU for all of its 216 ms" in text
 
 
 def test_each_way_s_best_round_trip_counts():
@@ -82,7 +99,7 @@ def test_each_way_s_best_round_trip_counts():
 def test_the_probe_times_each_host_one_way_then_the_other_through_the_orders(monkeypatch):
     monkeypatch.setattr(link_probe, "PROBE_BYTES", 3 * 100_000)
     monkeypatch.setattr(link_probe, "ROUNDS", 2)
-    delays = {0: 0.01, 2: 1.0}  # rank 2's host answers a hundred times slower
+    delays = {0: 0.01, 2: 2.0}  # rank 2's host answers two hundred times slower
     sent = []
 
     def send(rank, order):
@@ -107,10 +124,10 @@ def test_the_probe_times_each_host_one_way_then_the_other_through_the_orders(mon
     assert fast.host == "h1" and slow.host == "h2"
     assert len(fast.down) == len(fast.up) == 2
     assert [t.cpu_wait_s for t in slow.down + slow.up] == [0.002] * 2
-    # a hundred times slower at most; under a loaded machine's thread scheduling the fast
-    # host's 10 ms answers come late (a CI run: 275 ms late, when the slow host answered in
-    # 200 ms), so the figure is only known to exceed the verdict's two times
-    assert 2 < fast.slower / slow.slower < 120
+    # two hundred times slower at most; under a loaded machine's thread scheduling the fast
+    # host's 10 ms answers come late (a CI run: 275 ms late), so the figure is only known to
+    # exceed the verdict's four times
+    assert 4 < fast.slower / slow.slower < 240
     assert "the link of host h2 is the slowest" in verdict(probe.speeds, 0.9)
 
 
