@@ -73,16 +73,17 @@ def after_call(owner: Any, name: str, then: Callable[[Any], None], mark: str) ->
 
 
 def before_call(owner: Any, name: str, first: Callable[..., None], mark: str) -> None:
-    """Make the method ``owner.name`` call ``first(self, *args, **kwargs)`` before it runs
-    (``first`` may raise to refuse the call), unless a patch marked ``mark`` already did."""
+    """Make the method (or module function) ``owner.name`` call ``first`` with its arguments
+    (``self`` first, for a method) before it runs (``first`` may raise to refuse the call),
+    unless a patch marked ``mark`` already did."""
     original = getattr(owner, name)
     if getattr(original, mark, False):
         return
 
     @functools.wraps(original)
-    def patched(self: Any, *args: Any, **kwargs: Any) -> Any:
-        first(self, *args, **kwargs)
-        return original(self, *args, **kwargs)
+    def patched(*args: Any, **kwargs: Any) -> Any:
+        first(*args, **kwargs)
+        return original(*args, **kwargs)
 
     setattr(patched, mark, True)
     setattr(owner, name, patched)

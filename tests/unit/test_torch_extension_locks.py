@@ -70,12 +70,12 @@ def test_locks_not_known_to_be_this_hosts_are_left_alone(tmp_path):
     foreign = tmp_path / "foreign"
     foreign.write_text("not torch's\n")
     for lock in (other_host, foreign):
-        assert torch_extensions.stale(str(lock)) is None
+        assert torch_extensions.stale_lock_id(str(lock)) is None
         assert torch_baton.FileBaton(str(lock)).try_acquire() is False
         assert lock.exists()
     ours = tmp_path / "ours"
     ours.write_text(f"hvd_magics lock of {os.uname().nodename} pid 12\n")
-    assert torch_extensions.stale(str(ours)) is not None  # nobody holds it open
+    assert torch_extensions.stale_lock_id(str(ours)) is not None  # nobody holds it open
 
 
 def test_a_first_build_is_said_with_where_it_is_kept(tmp_path, capsys):

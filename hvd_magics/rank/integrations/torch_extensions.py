@@ -18,7 +18,6 @@ imported here.
 """
 from __future__ import annotations
 
-import functools
 import inspect
 import os
 import socket
@@ -26,7 +25,7 @@ import sys
 import time
 from typing import Any
 
-from hvd_magics.rank.import_hooks import after_import
+from hvd_magics.rank.import_hooks import after_import, before_call
 
 #: The mark of this module's patches.
 MARK = "_hvd_magics_stale_lock"
@@ -56,7 +55,7 @@ def _patch_builds(module: Any) -> None:
     """Make ``cpp_extension._jit_compile`` (what ``load`` and ``load_inline`` call) say a first
     build (:func:`say_first_build`)."""
     original = getattr(module, "_jit_compile", None)
-    if original is None or getattr(original, MARK, False):
+    if original is None:
         return
     try:
         signature = inspect.signature(original)
@@ -64,17 +63,14 @@ def _patch_builds(module: Any) -> None:
         return
     suffix = getattr(module, "LIB_EXT", ".so")
 
-    @functools.wraps(original)
-    def jit_compile(*args: Any, **kwargs: Any) -> Any:
+    def first(*args: Any, **kwargs: Any) -> None:
         try:
             named = signature.bind_partial(*args, **kwargs).arguments
             say_first_build(str(named["name"]), str(named["build_directory"]), suffix)
         except (TypeError, KeyError):
             pass  # a torch whose builds take other arguments: nothing said
-        return original(*args, **kwargs)
 
-    setattr(jit_compile, MARK, True)
-    module._jit_compile = jit_compile
+    before_call(module, "_jit_compile", first, MARK)
 
 
 def say_first_build(name: str, folder: str, suffix: str = ".so") -> bool:
@@ -96,7 +92,7 @@ def _patch(module: Any) -> None:
 
     def try_acquire(self: Any) -> bool | None:
         taken = original_acquire(self)
-        if not taken and remove(self.lock_file_path, stale(self.lock_file_path)):
+        if not taken and remove(self.lock_file_path, stale_lock_id(self.lock_file_path)):
             taken = original_acquire(self)
         if taken:
             _write_owner(self.lock_file_path)
@@ -108,7 +104,7 @@ def _patch(module: Any) -> None:
             time.sleep(getattr(self, "wait_seconds", WAIT_STEP_S) or WAIT_STEP_S)
             if time.monotonic() - checked >= CHECK_EVERY_S:
                 checked = time.monotonic()
-                if remove(self.lock_file_path, stale(self.lock_file_path)):
+                if remove(self.lock_file_path, stale_lock_id(self.lock_file_path)):
                     return  # its holder died: loading the extension says what is missing
 
     for name, patched in (("try_acquire", try_acquire), ("wait", wait)):
@@ -116,7 +112,7 @@ def _patch(module: Any) -> None:
         setattr(baton, name, patched)
 
 
-def stale(path: str) -> tuple[int, int] | None:
+def stale_lock_id(path: str) -> tuple[int, int] | None:
     """The lock file ``path`` (its device and inode) when a process that died left it: no
     process of this host holds it open, and it was made on this host (its holder wrote so, or,
     written by nobody, it lies on a file system of this host's only); ``None`` otherwise."""
@@ -136,7 +132,7 @@ def stale(path: str) -> tuple[int, int] | None:
 
 
 def remove(path: str, judged: tuple[int, int] | None) -> bool:
-    """Remove the lock ``path`` found stale (``judged``: :func:`stale`'s answer), unless it is
+    """Remove the lock ``path`` found stale (``judged``: :func:`stale_lock_id`'s answer), unless it is
     another file by now (a waiting process removed it first, and a live one took it again);
     say so on the rank's output; whether this process removed it."""
     try:
