@@ -5,7 +5,8 @@ in a clean run; and what does timing each step's parts cost.
    Horovod loop over a DataLoader, each step ~30 ms of compute; from step 20 on, one rank (the
    last) is slowed by 15% or by 30%, in its compute (more work per step) or in its input (its
    Dataset waits); and, with np=2 (each rank pinned to a core of its own, steps of a fixed
-   amount of work), by a process that spins on its core (it waits for a CPU). A run is right
+   amount of work), by a process that spins on its core (it waits for a CPU); and with every
+   third batch of its input 90% late (``bursts``: 30% on average). A run is right
    when that rank, and only it, is named, for that cause, within 20 steps of the slowdown (the
    step the verdict names it at, minus 20).
 2. clean: ``--clean`` runs of the same loops with no rank slowed (np 2 and 4, both engines in
@@ -90,13 +91,15 @@ def detection(steps: int) -> tuple[int, int, int]:
     delays = []
     for np in (2, 4):
         for engine in ("torch", "horovod"):
-            ways = [("compute", 0.15), ("compute", 0.30), ("input", 0.15), ("input", 0.30)]
+            ways = [("compute", 0.15), ("compute", 0.30), ("input", 0.15), ("input", 0.30),
+                    ("bursts", 0.30)]
             for how, slower in ways + ([("cpu", 0.0)] if np == 2 else []):
                 slow = np - 1
                 record = _run(np, engine, steps=steps, slow_rank=slow, how=how,
                               slower=slower, slow_from=SLOW_FROM)
                 named = _named(record)
-                cause = {"input": "input pipeline", "cpu": "waiting for a CPU"}.get(
+                cause = {"input": "input pipeline", "bursts": "input pipeline",
+                         "cpu": "waiting for a CPU"}.get(
                     how, "in compute (")
                 ok = (len(named) == 1 and named[0][1].startswith(f"rank {slow} (host ")
                       and cause in named[0][1] and named[0][0] - SLOW_FROM <= WITHIN)

@@ -1147,7 +1147,8 @@ def straggler_ddp(steps: int = 60, slow_rank: int | None = None, how: str = "com
                   engine: str = "torch", width: int = 64):
     """A DDP (``engine="torch"``) or Horovod (``"horovod"``) loop over a ``DataLoader`` whose
     steps each do ``base_s`` seconds of compute; from step ``slow_from`` on, ``slow_rank``'s
-    steps take ``slower`` times that longer, in compute or in its data loader (``how``). With
+    steps take ``slower`` times that longer, in compute or in its data loader (``how``; with
+    ``"bursts"``, every third batch is three times as late). With
     ``how="cpu"`` a step's compute is a fixed amount of work instead (what ``base_s`` took the
     slowest rank at the start), each rank runs on a CPU of its own and ``slow_rank`` shares its
     CPU with a process that spins from step ``slow_from`` on. Its gradients are ``width`` x 65 floats.
@@ -1201,6 +1202,8 @@ def straggler_ddp(steps: int = 60, slow_rank: int | None = None, how: str = "com
         def __getitem__(self, i):
             if rank == slow_rank and how == "input" and i >= slow_from:
                 time.sleep(extra)
+            if rank == slow_rank and how == "bursts" and i >= slow_from and i % 3 == 2:
+                time.sleep(3 * extra)  # every third batch late: as slow on average as "input"
             x = torch.randn(32, 64, generator=torch.Generator().manual_seed(i * 100 + rank))
             return x, x.sum(1, keepdim=True)
 

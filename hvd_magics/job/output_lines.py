@@ -11,7 +11,8 @@ Every line reaches the run log whatever its sort. The cell is spared:
 - warnings, Python's (``/path/mod.py:12: UserWarning: ...`` and the source line after it) and
   PyTorch's C++ ones (``[rank0]:[W1126 07:05:11.16 reducer.cpp:1529] Warning: ...``): the first
   of each kind is shown as one short line, its copies (from the other ranks, or later) are not;
-- a line that another rank already showed (every rank prints the same banner): shown once.
+- a line that another rank already showed (every rank prints the same banner), the times of
+  day in it aside (a logger's ``[2026-11-29 02:16:43,398] [WARNING] ...``): shown once.
 
 :meth:`OutputSorter.left_out` says in one line what was kept from the cell, where it is.
 """
@@ -41,6 +42,9 @@ _PY_WARNING_SOURCE = re.compile(r"^  \S")
 #: A C++ warning of PyTorch's (``TORCH_WARN``), perhaps after a progress bar's unfinished line.
 _CPP_WARNING = re.compile(r"(?:\[rank\d+\]:)?\[W(?:\d{4} [\d:.]+(?: \d+)? )?"
                           r"(?P<path>[\w.-]+):(?P<line>\d+)\] (?:Warning: )?(?P<message>.+)$")
+#: A date and time of day in a line (a logger's record): ranks print the same record at
+#: different times.
+_DATE_TIME = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?")
 #: Characters of a warning's message the cell shows (the run log has it whole).
 WARNING_CHARS = 240
 #: Characters of the longest line sorted (longer ones are shown, cut, as any line).
@@ -121,12 +125,13 @@ class OutputSorter:
             return Sorted(BAR, text) if text.strip() else Sorted(NOISE, line)
         if _TQDM.match(line):
             return Sorted(BAR, line)
-        first = self._shown.get(line)
+        said = _DATE_TIME.sub("", line)
+        first = self._shown.get(said)
         if first is not None and first != rank:
             self.repeats += 1
             return Sorted(REPEAT, line)
-        self._shown[line] = rank
-        self._shown.move_to_end(line)
+        self._shown[said] = rank
+        self._shown.move_to_end(said)
         if len(self._shown) > REMEMBERED_LINES:
             self._shown.popitem(last=False)
         return Sorted(SHOW, line)

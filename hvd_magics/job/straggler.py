@@ -5,8 +5,9 @@ Each rank sends its steps' time split into input, compute and communication
 as the slowest rank's: the ranks differ in how they spend it. A rank whose own work (input and
 compute) is longer than the others' while they wait for it in communication holds them back.
 
-A look reads the latest :data:`WINDOW_STEPS` steps every rank has reported (a step far longer
-than the window's usual one, an evaluation or a checkpoint, is left out of it). A rank (or every
+A look reads the latest :data:`WINDOW_STEPS` steps every rank has reported (a single step far
+longer than the window's usual one, an evaluation or a checkpoint, is left out of it; several
+are kept: a rhythm of the job). A rank (or every
 rank of one host) is named only when :data:`LOOKS_TO_NAME` looks in a row, one per step, find the
 same one: its own work per step longer than the others' by at least :data:`NAME_SHARE` of
 theirs (and :data:`MIN_EXCESS_S`; :data:`MIN_EXCESS_UNREAD_S` on TensorFlow's ranks), and the
@@ -23,8 +24,12 @@ quarter of it, but which ran longer too, is said to be both, with their figures;
 a compute excess its thread neither ran nor waited for a CPU (a sleep, a read, a lock) is said
 to be off the CPU. On ranks whose CPU time is not read (TensorFlow's), every verdict says that
 it may be a wait for a CPU. A look finds a rank
-only when its own work was longer in at least half its steps (:func:`steady`): a step or two
-far longer, a busy host's scheduler starving the rank, make a window's mean but not a straggler.
+only when its own work was longer in at least half its steps (:func:`steady`), or in every step
+of one phase of a short rhythm (:func:`rhythmic`: a loader that makes every third batch late),
+which the steps of the looks that name it must show too: a step or two far longer, a busy
+host's scheduler starving the rank, make a window's mean but not a straggler. When the named
+rank's own collectives cost most of its step and far more than its excess (a slow link), its
+verdict says so.
 
 A link slower than the others' slows every rank's communication alike: no rank is named then
 (the split shows every rank waiting in communication).
@@ -47,6 +52,13 @@ LOOKS_TO_NAME = 8
 #: The least share of a look's steps in which a rank's own work must be longer than the others'
 #: for the look to find it (see :func:`steady`).
 STEADY_SHARE = 0.5
+#: The periods (in steps) at which a rank late in fewer of a look's steps is found when it
+#: is late in every step of one phase (:func:`rhythmic`), through the look's steps and through
+#: the steps of the looks that name it.
+RHYTHMS = (2, 3, 4)
+#: ...late in at least this many cycles of the steps that name it (three late steps four steps
+#: apart are a host's scheduler as likely as a rhythm).
+STREAK_CYCLES = 4
 #: The steps the looks that name a rank read together: its cause and figures are judged over
 #: them all.
 STREAK_STEPS = WINDOW_STEPS + LOOKS_TO_NAME - 1
@@ -80,6 +92,12 @@ GPU_TIME = "GPU time: "
 #: on a CPU that other threads share with it).
 CPU_WAIT_SHARE = 0.5
 CPU_RAN_SHARE = 0.25
+#: A verdict says that communication costs more than the rank's excess when the rank's own
+#: time in collectives is at least this share of its step and this many times the excess (the
+#: slow-link test named a rank 1.2 ms a step longer in its own work while its steps spent
+#: about 100 ms in collectives).
+COMM_SHARE = 0.5
+COMM_TIMES = 2.0
 #: The causes a verdict names.
 INPUT, COMPUTE = "input", "compute"
 _PART = {INPUT: "in its input pipeline", COMPUTE: "in compute"}
@@ -153,6 +171,12 @@ class Straggler:
     #: Whether the ranks' CPU time was read at all (not on TensorFlow's ranks, which compute
     #: on threads of their own: a compute excess there may be a host busy with other work).
     cpu_read: bool = True
+    #: In how many of how many steps its own work was longer (``(0, 0)``: not counted).
+    longer_in: tuple[int, int] = (0, 0)
+    #: Its own time in collectives per step (it arrives last: the collectives' own cost), and
+    #: its whole step.
+    comm_s: float = 0.0
+    step_s: float = 0.0
 
     @property
     def more_work_s(self) -> float:
@@ -207,22 +231,35 @@ class Straggler:
 
     def text(self, unit: str = "rank") -> str:
         longer = 100 * (self.own_s / self.others_s - 1) if self.others_s > 0 else float("inf")
+        count, steps = self.longer_in
+        often = (f" on average; longer in {count} of its last {steps} steps"
+                 if 0 < count < STEADY_SHARE * steps else "")
         figures = f"{longer:.0f}% longer per step than the others' ({self.own_s:.3g} s against " \
-                  f"{self.others_s:.3g} s)"
+                  f"{self.others_s:.3g} s{often})"
         if self.whole_host:
             who = f"the {unit}s of host {self.host} ({ranks_named(list(self.ranks), unit)})"
             return (f"{who} hold the others back: their own work takes {figures}, "
                     f"{self._cause_text()}; the other {unit}s spend that time waiting in "
-                    "communication")
+                    f"communication{self._comm_text()}")
         where = f" (host {self.host})" if self.host else ""
         return (f"{unit} {self.ranks[0]}{where} holds the others back: its own work takes "
                 f"{figures}, {self._cause_text()}; the other {unit}s spend that time "
-                "waiting in communication")
+                f"waiting in communication{self._comm_text()}")
+
+    def _comm_text(self) -> str:
+        """When the collectives themselves cost most of the step and far more than the excess
+        (a slow link, large gradients), a word that they hold the job back more."""
+        excess = self.own_s - self.others_s
+        if not (self.comm_s >= COMM_SHARE * self.step_s and self.comm_s >= COMM_TIMES * excess):
+            return ""
+        return (f"; communication itself costs more: {_ms(self.comm_s)} of its "
+                f"{_ms(self.step_s)} steps, against {_ms(excess)} of this")
 
 
 def _ms(seconds: float) -> str:
-    """``"15 ms"``, ``"6.7 ms"``, ``"0.35 ms"``."""
-    return f"{1000 * seconds:.2g} ms"
+    """``"105 ms"``, ``"15 ms"``, ``"6.7 ms"``, ``"0.35 ms"``."""
+    ms = 1000 * seconds
+    return f"{ms:.0f} ms" if abs(ms) >= 10 else f"{ms:.2g} ms"
 
 
 def clock_label(clock: str, on_gpu: bool) -> str:
@@ -290,7 +327,28 @@ def look(parts: dict[int, StepParts], hosts: dict[int, str],
                      max(0.0, _excess(parts, named, others, "cpu_wait_s")),
                      _excess(parts, named, others, "cpu_s"),
                      statistics.median(parts[r].cpu_wait_s for r in others) / ran if ran > 0
-                     else 0.0)
+                     else 0.0, comm_s=statistics.mean(parts[r].comm_s for r in named),
+                     step_s=statistics.mean(parts[r].step_s for r in named))
+
+
+def _step_excess(window: dict[int, list[Row]], named: tuple[int, ...]
+                 ) -> tuple[list[float], list[float]]:
+    """Step by step of the ``window``: the others' own work (its median), and how much longer
+    ``named``'s was (the shortest of theirs, when several)."""
+    others = [r for r in window if r not in named]
+    base, excess = [], []
+    for i in range(len(window[named[0]])):
+        base.append(statistics.median(window[r][i][0] - window[r][i][2] for r in others))
+        excess.append(min(window[r][i][0] - window[r][i][2] for r in named) - base[-1])
+    return base, excess
+
+
+def longer_steps(window: dict[int, list[Row]], named: tuple[int, ...], share: float,
+                 least: float = MIN_EXCESS_S) -> int:
+    """In how many of the ``window``'s steps (rank -> its rows, step by step) ``named``'s own
+    work was longer than the others' by half ``share`` of theirs."""
+    base, excess = _step_excess(window, named)
+    return sum(e >= max(share * b, least) / 2 for b, e in zip(base, excess))
 
 
 def steady(window: dict[int, list[Row]], named: tuple[int, ...], share: float,
@@ -299,14 +357,24 @@ def steady(window: dict[int, list[Row]], named: tuple[int, ...], share: float,
     in at least :data:`STEADY_SHARE` of the ``window``'s steps (rank -> its rows, step by step),
     not in a step or two far longer (a busy host's scheduler starving the rank for a tenth of a
     second) that make the window's mean."""
-    others = [r for r in window if r not in named]
-    steps = len(window[named[0]])
-    longer = 0
-    for i in range(steps):
-        base = statistics.median(window[r][i][0] - window[r][i][2] for r in others)
-        own = min(window[r][i][0] - window[r][i][2] for r in named)
-        longer += own - base >= max(share * base, least) / 2
-    return longer >= STEADY_SHARE * steps
+    return longer_steps(window, named, share, least) >= STEADY_SHARE * len(window[named[0]])
+
+
+def rhythmic(window: dict[int, list[Row]], named: tuple[int, ...], share: float,
+             least: float = MIN_EXCESS_S, cycles: int = 2) -> int:
+    """The period (in steps, :data:`RHYTHMS`) at which ``named``'s own work was longer than the
+    others' in every one of the ``window``'s steps of one phase (at least ``cycles`` of them),
+    each by ``share`` of the others' work over the period: a pipeline that makes every third batch late holds the others
+    back as surely as one that makes every batch a little late; ``0`` when none. Steps starved
+    of a CPU now and then come at no period."""
+    base, excess = _step_excess(window, named)
+    for period in RHYTHMS:
+        for phase in range(period):
+            late = range(phase, len(base), period)
+            if len(late) >= cycles and all(
+                    excess[i] >= max(share * period * base[i], least) for i in late):
+                return period
+    return 0
 
 
 def _columns(parts: StepParts) -> dict[str, float]:
@@ -386,15 +454,17 @@ class StepSplits:
             steps = range(step - WINDOW_STEPS + 1, step + 1)
             if all(all(s in rows for s in steps) for rows in self._rows.values()):
                 window = {rank: [rows[s] for s in steps] for rank, rows in self._rows.items()}
-                self._judge({rank: window_parts(w) for rank, w in window.items()}, hosts, step,
-                            window)
+                self._judge({rank: window_parts(w, rhythm=True) for rank, w in window.items()},
+                            hosts, step, window)
         self._looked = max(self._looked, reported)
 
     def _judge(self, parts: dict[int, StepParts], hosts: dict[int, str], step: int,
                window: dict[int, list[Row]]) -> None:
         share = CLEAR_SHARE if self.current is not None else NAME_SHARE
-        found = look(parts, hosts, share, self._least())
-        if found is not None and not steady(window, found.ranks, share, self._least()):
+        least = self._least()
+        found = look(parts, hosts, share, least)
+        if found is not None and not (steady(window, found.ranks, share, least)
+                                      or rhythmic(window, found.ranks, share, least)):
             found = None
         key = found.ranks if found is not None else ()
         if self.current is not None and key == self.current.ranks:
@@ -408,7 +478,12 @@ class StepSplits:
             self.events.append(("cleared", dataclasses.replace(self.current, step=step)))
             self.current = None
         if found is not None:
-            found = self._over_the_streak(found, hosts, share, step)
+            streak = self._streak_window(step)
+            if streak is not None and not (steady(streak, found.ranks, share, least)
+                                           or rhythmic(streak, found.ranks, share, least,
+                                                       cycles=STREAK_CYCLES)):
+                return  # not through the streak's steps (yet): the streak goes on
+            found = self._over_the_streak(found, hosts, share, streak)
             known = all(self.clock.get(r, "host") == "host" and r not in self.gpu
                         and (self._totals.get(r) or [0] * 6)[5] > 0 for r in parts)
             read = not any(r in self.cpu_unread for r in parts)
@@ -416,18 +491,29 @@ class StepSplits:
             self.events.append(("named", self.current))
         self._streak = ((), 0)
 
-    def _over_the_streak(self, found: Straggler, hosts: dict[int, str], share: float,
-                         step: int) -> Straggler:
-        """``found`` judged again over every step its looks read (:data:`STREAK_STEPS`, up to
-        ``step``): its cause and figures from twice the steps one look reads, so that a busy
-        host's noise in one window does not make the cause (``found``, when a rank lacks
-        those steps or the longer look finds another)."""
+    def _streak_window(self, step: int) -> dict[int, list[Row]] | None:
+        """Every rank's rows of the steps the looks up to ``step`` that name a rank read
+        together (:data:`STREAK_STEPS`); ``None`` when a rank lacks some."""
         steps = range(step - STREAK_STEPS + 1, step + 1)
         if not all(all(s in rows for s in steps) for rows in self._rows.values()):
+            return None
+        return {rank: [rows[s] for s in steps] for rank, rows in self._rows.items()}
+
+    def _over_the_streak(self, found: Straggler, hosts: dict[int, str], share: float,
+                         streak: dict[int, list[Row]] | None) -> Straggler:
+        """``found`` judged again over every step its looks read (``streak``,
+        :meth:`_streak_window`): its cause and figures from twice the steps one look reads, so
+        that a busy host's noise in one window does not make the cause (``found``, when a rank
+        lacks those steps or the longer look finds another), and in how many of them its own
+        work was longer."""
+        if streak is None:
             return found
-        longer = look({rank: window_parts([rows[s] for s in steps])
-                       for rank, rows in self._rows.items()}, hosts, share, self._least())
-        return longer if longer is not None and longer.ranks == found.ranks else found
+        longer = look({rank: window_parts(rows, rhythm=True) for rank, rows in streak.items()},
+                      hosts, share, self._least())
+        if longer is None or longer.ranks != found.ranks:
+            return found
+        return dataclasses.replace(longer, longer_in=(
+            longer_steps(streak, found.ranks, share, self._least()), STREAK_STEPS))
 
     def _least(self) -> float:
         """The least excess a step that names a rank: :data:`MIN_EXCESS_UNREAD_S` when a

@@ -64,6 +64,17 @@ def test_a_horovod_rank_slowed_in_its_data_loader_is_named_for_its_input():
     assert by_rank[0]["input_s"] > 0.005 > by_rank[1]["input_s"]
 
 
+def test_a_ddp_rank_whose_every_third_batch_is_late_is_named_for_its_input():
+    """Rank 1's loader makes every third batch 27 ms late (30 ms steps): those steps alone are
+    longer, a third of them, and the rank was not named before."""
+    record = _run("torch", steps=70, slow_rank=1, how="bursts", slower=0.3)
+    busy = _busy(record)
+    step, verdict = _named(record, 1, "in its input pipeline")
+    assert step < (50 if busy else 25), verdict
+    by_rank = {row["rank"]: row for row in record.step_split}
+    assert by_rank[1]["input_s"] > 0.006 > by_rank[0]["input_s"]
+
+
 def test_a_rank_that_shares_its_cpu_with_a_busy_process_is_named_waiting_for_a_cpu():
     record = _run("torch", steps=60, slow_rank=1, how="cpu", base_s=0.03)
     assert record.value == 60

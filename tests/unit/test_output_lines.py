@@ -93,6 +93,19 @@ def test_a_line_another_rank_already_showed_is_folded_and_the_end_says_so(tmp_pa
     assert list(job.ranks[1].tail)[-2:] == ["Loading data...", ACCELERATE_WARNING[0]]
 
 
+def test_a_logger_s_record_another_rank_showed_at_another_time_is_folded():
+    """DeepSpeed's accelerator warning came once per rank: the records differ in their time."""
+    sorter = OutputSorter()
+    record = ("[2026-11-29 02:16:43,{ms}] [WARNING] [real_accelerator.py:213:get_accelerator] "
+              "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable "
+              "to detect it.")
+    assert sorter.sort(0, record.format(ms="398")).sort == SHOW
+    assert sorter.sort(1, record.format(ms="399")).sort == REPEAT
+    assert sorter.sort(1, "2026-11-29T02:16:44.5 epoch 1 done").sort == SHOW
+    assert sorter.sort(1, "2026-11-29T02:16:47.1 epoch 1 done").sort == SHOW  # its own, again
+    assert sorter.sort(0, "2026-11-29T02:16:45.0 epoch 1 done").sort == REPEAT
+
+
 def test_debug_verbosity_shows_every_line_and_a_bar_becomes_the_rank_s_live_line(tmp_path):
     out, debug = io.StringIO(), io.StringIO()
     job = JobState(1, tmp_path / "ranks.log", [TextView(stream=out),

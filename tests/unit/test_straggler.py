@@ -334,3 +334,77 @@ def test_a_rank_that_both_waited_for_a_cpu_and_ran_longer_on_one_is_said_to_do_b
     # more work on a busy host waits in proportion: that is compute alone
     busy = dataclasses.replace(found, cpu_wait_s=0.0048 * 0.39 + 0.002, cpu_s=0.014)
     assert "in compute (forward, backward, optimizer)" in busy.text()
+
+
+def _feed_rows(splits, rank_rows, first, last, ranks=2):
+    """Reports of five steps from ``first`` to ``last``; ``rank_rows(rank, step)`` -> own work
+    of that rank's step (input, compute) and the step's collective time; the step lasts as long
+    as the slowest rank's own work and the collective."""
+    for start in range(first, last + 1, 5):
+        steps = range(start, min(start + 5, last + 1))
+        for rank in range(ranks):
+            rows = []
+            for step in steps:
+                work = {r: rank_rows(r, step) for r in range(ranks)}
+                longest = max(i + c for i, c in work.values())
+                input_s, compute_s = work[rank]
+                rows.append([step, longest + 0.002, input_s, longest - input_s - compute_s
+                             + 0.002])
+            splits.observe(rank, {"rows": rows, "totals": [len(rows), 0.0, 0.0, 0.0]},
+                           {r: f"h{r}" for r in range(ranks)})
+
+
+def test_a_rank_whose_every_third_batch_is_late_is_named_with_how_often():
+    """A pipeline that makes batches in bursts: rank 1's every third step waits 40 ms for its
+    input (10 ms steps), so the job runs at twice the pace it could. Those steps are more than
+    three times the usual one, so the looks left them out as one-offs, and the rank's own work
+    was longer in only a third of the steps: nobody was named."""
+    splits = StepSplits()
+    _feed_rows(splits, lambda r, s: (0.04 if r == 1 and s >= 30 and s % 3 == 0 else 0.0005,
+                                     0.01), 1, 90)
+    named = [found for what, found in splits.events if what == "named"]
+    assert [f.ranks for f in named] == [(1,)] and named[0].cause == INPUT
+    assert named[0].step < 30 + 20
+    assert named[0].longer_in == (5, 15)
+    # (10 steps of 10.5 ms and 5 of 50 ms) / 15 against 10.5 ms
+    assert ("holds the others back: its own work takes 125% longer per step than the others' "
+            "(0.0237 s against 0.0105 s on average; longer in 5 of its last 15 steps), in its "
+            "input pipeline (waiting for batches)") in splits.now()
+
+
+def test_a_rank_starved_of_a_cpu_now_and_then_is_not_named():
+    """A busy host's scheduler keeps a rank from a CPU for 45 ms now and then: three times four
+    steps apart, or in one step of ten at random on either rank, names nobody; the same rank
+    every third step for 50 steps is named."""
+    for spikes in ((40, 44, 48), (40, 43, 46), (40, 42)):
+        splits = StepSplits()
+        _feed_rows(splits, lambda r, s: (0.0005, 0.03 + (0.045 if r == 1 and s in spikes
+                                                         else 0.0)), 1, 100)
+        assert splits.events == [], spikes
+    for seed in range(20):
+        rng = random.Random(seed)
+        starved = {(r, s) for r in range(2) for s in range(1, 201) if rng.random() < 0.1}
+        splits = StepSplits()
+        _feed_rows(splits, lambda r, s: (0.0005, 0.03 + 0.045 * ((r, s) in starved)), 1, 200)
+        assert splits.events == [], (seed, splits.events)
+    splits = StepSplits()
+    _feed_rows(splits, lambda r, s: (0.0005, 0.03 + 0.045 * (r == 1 and 40 <= s < 90
+                                                              and s % 3 == 0)), 1, 100)
+    assert [f.ranks for what, f in splits.events if what == "named"] == [(1,)]
+
+
+def test_a_rank_named_in_a_job_its_collectives_hold_back_more_says_so():
+    """The slow-link test (4 ranks, one host's link at 50 Mbit/s) also named rank 2 for 1.2 ms
+    a step more of its own work, waiting for a CPU, while every step spent about 90 ms in
+    collectives: true, and beside the point unless the verdict says what costs more."""
+    parts = {0: StepParts(0.1046, 0.0005, 0.0912), 1: StepParts(0.1046, 0.0005, 0.0911),
+             2: StepParts(0.1046, 0.0005, 0.0900), 3: StepParts(0.1046, 0.0005, 0.0913)}
+    found = look(parts, {0: "h0", 1: "h0", 2: "h1", 3: "h1"})
+    assert found is not None and found.ranks == (2,)
+    assert found.text().endswith(
+        "the other ranks spend that time waiting in communication; communication itself costs "
+        "more: 90 ms of its 105 ms steps, against 1.2 ms of this")
+    # a rank whose own work makes the others wait, in short collectives: nothing more said
+    plain = look({0: _parts(0.030, 0.012), 1: _parts(0.042, 0.001), 2: _parts(0.031, 0.011)},
+                 {0: "a", 1: "b", 2: "c"})
+    assert plain.text().endswith("the other ranks spend that time waiting in communication")
