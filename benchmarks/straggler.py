@@ -16,7 +16,8 @@ in a clean run; and what does timing each step's parts cost.
    of medium ones (a few ms), with the split on and off (``HVD_MAGICS_STEP_SPLIT=0``),
    interleaved ``--runs`` times: steps/s on over off; and Horovod's Keras ``fit`` (its steps
    timed inside the graph, rank/step_split_tf.py). Then the direct cost of one step's torch
-   hooks. tf.distribute's steps are not split, so they cost nothing.
+   hooks. Steps under tf.distribute are timed by the same ops in the graph as Keras' under
+   Horovod (not measured apart).
 
 4. link (needs root): two real hosts of two cores (tests/hosts.py), a DDP job of 4 ranks with
    1 MB of gradients a step; in ``--link-runs`` runs the link into one host (alternately the

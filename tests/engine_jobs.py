@@ -1322,6 +1322,60 @@ def straggler_keras(steps: int = 60, slow_rank: int | None = None, how: str = "c
     return taken
 
 
+def straggler_keras_3_loop(steps: int = 60, slow_rank: int | None = None,
+                           how: str = "compute", extra_s: float = 0.03):
+    """A Keras 3 model in a custom loop of ``strategy.run`` steps under
+    ``MultiWorkerMirroredStrategy`` (Keras 3's ``fit`` does not train there), in which
+    ``slow_rank``'s steps take ``extra_s`` seconds longer: in its replica's step
+    (``how="compute"``) or in its ``tf.data`` pipeline (``"input"``). Returns the steps run."""
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.python.data.experimental.ops import testing
+
+    import keras
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    rank = strategy.cluster_resolver.task_id
+    slow = rank == slow_rank
+    x = np.random.default_rng(rank).normal(size=(32 * steps, 16)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, x.sum(1, keepdims=True))).batch(
+        32 * strategy.num_replicas_in_sync)  # a global batch: each worker takes 32 of it
+    if slow and how == "input":
+        data = data.apply(testing.sleep(int(extra_s * 1e6)))
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    batches = strategy.experimental_distribute_dataset(data.with_options(options))
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(16),
+                                  keras.layers.Dense(1)])
+        optimizer = keras.optimizers.SGD(0.001)
+        optimizer.build(model.trainable_variables)
+
+    def pause(value):
+        time.sleep(extra_s)
+        return value
+
+    @tf.function
+    def step(xb, yb):
+        def replica(xb, yb):
+            if slow and how == "compute":
+                xb = tf.numpy_function(pause, [xb], tf.float32, stateful=True)
+                xb.set_shape([None, 16])
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(xb, training=True) - yb) ** 2)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        strategy.run(replica, (xb, yb))
+
+    taken = 0
+    for xb, yb in batches:
+        step(xb, yb)
+        taken += 1
+    return taken
+
+
 def pick_local_rank_gpu():
     """``torch.cuda.set_device(LOCAL_RANK)`` as a rank that shares its host's one GPU meets it
     (a stand-in: no GPU here; the message is the one torch 2.11 gave on an H200 with np=-2)."""

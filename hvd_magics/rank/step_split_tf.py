@@ -1,13 +1,15 @@
 """TensorFlow's training steps for :mod:`hvd_magics.rank.step_split`: a Keras ``fit`` or a custom
 loop under Horovod's TensorFlow API (``horovod.tensorflow.keras``'s and ``horovod.keras``'s
 ``DistributedOptimizer``, ``hvd.DistributedGradientTape``, ``horovod.tensorflow``'s
-``DistributedOptimizer``), and a Keras 2 optimizer's steps under ``MultiWorkerMirroredStrategy``
-(the ``tf`` engine: a replica on each worker).
+``DistributedOptimizer``), and a Keras optimizer's steps under ``MultiWorkerMirroredStrategy``
+(the ``tf`` engine: a replica on each worker): Keras 2's, and Keras 3's ``TFOptimizer`` in a
+custom loop of ``strategy.run`` steps.
 
 Such a step runs as one graph call, which hides its parts from Python, so the clock is read
 inside the graph, by ``tf.timestamp`` ops added where the step's gradients are reduced
-(Horovod's ``_make_allreduce_grads_fn``, which each of its APIs calls; Keras's
-``all_reduce_sum_gradients`` under the strategy) and where a ``tf.data`` iterator hands over a
+(Horovod's ``_make_allreduce_grads_fn``, which each of its APIs calls; Keras 2's
+``all_reduce_sum_gradients`` and Keras 3's ``TFOptimizer._all_reduce_sum_gradients`` under the
+strategy) and where a ``tf.data`` iterator hands over a
 batch:
 
 - a step ends when its gradients' reduction completes; it lasts from the end of the one
@@ -37,8 +39,9 @@ compute verdict says that a busy host is not told apart (the rows' events say
 ``cpu_read: false``). On a GPU the clock is the host's, as for Horovod's torch ops: where the graph's executor sees a kernel
 done.
 
-Not covered: other ``tf.distribute`` strategies (several replicas in one process), Keras 3's
-optimizers, a graph compiled by XLA (``jit_compile=True``: ``tf.timestamp`` has no XLA kernel,
+Not covered: other ``tf.distribute`` strategies (several replicas in one process), a custom
+loop that reduces its gradients itself (``ctx.all_reduce``) rather than through a Keras
+optimizer, a graph compiled by XLA (``jit_compile=True``: ``tf.timestamp`` has no XLA kernel,
 so such a graph is left as it is), and TensorFlow 1's sessions.
 """
 from __future__ import annotations
@@ -181,7 +184,7 @@ def _timed_allreduce_grads(tf: Any, make: Callable[..., Any]) -> Callable[..., A
 
 
 def _timed_gradient_sum(tf: Any, original: Callable[..., Any]) -> Callable[..., Any]:
-    """Keras's ``all_reduce_sum_gradients`` (where its optimizers reduce the gradients under a
+    """Keras 2's ``all_reduce_sum_gradients`` (where its optimizers reduce the gradients under a
     ``tf.distribute`` strategy), recording the step's clock under ``MultiWorkerMirroredStrategy``
     (:func:`_workers_in_sync`)."""
     if getattr(original, _PATCHED, False):
@@ -189,16 +192,22 @@ def _timed_gradient_sum(tf: Any, original: Callable[..., Any]) -> Callable[..., 
 
     @functools.wraps(original)
     def timed(grads_and_vars: Any) -> Any:
-        pairs = list(grads_and_vars)
-        if tf.executing_eagerly() or not _traceable(tf) or not _workers_in_sync(tf):
-            return original(pairs)
-        ready = _clock_after(tf, [grad for grad, _ in pairs])
-        reduced = original(pairs)
-        _record(tf, ready, [grad for grad, _ in reduced])
-        return reduced
+        return _timed_reduction(tf, original, grads_and_vars)
 
     setattr(timed, _PATCHED, True)
     return timed
+
+
+def _timed_reduction(tf: Any, reduce: Callable[[list[Any]], Any], grads_and_vars: Any) -> Any:
+    """``reduce(pairs)`` of a step's ``(gradient, variable)`` pairs, with the step's clock
+    recorded around it under ``MultiWorkerMirroredStrategy`` in a graph being traced."""
+    pairs = list(grads_and_vars)
+    if tf.executing_eagerly() or not _traceable(tf) or not _workers_in_sync(tf):
+        return reduce(pairs)
+    ready = _clock_after(tf, [grad for grad, _ in pairs])
+    reduced = reduce(pairs)
+    _record(tf, ready, [grad for grad, _ in reduced])
+    return reduced
 
 
 def _timed_batch_check(tf: Any, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -329,6 +338,7 @@ def install(on_first_step: Callable[[], None]) -> None:
     _on_first_step = on_first_step
     after_import(("horovod.tensorflow",), _patch_horovod)
     after_import(("tf_keras.src.optimizers.utils",), _patch_keras_optimizers)
+    after_import(("keras.src.backend.tensorflow.optimizer",), _patch_keras_3_optimizers)
 
 
 def _patch_horovod(module: Any) -> None:
@@ -348,13 +358,40 @@ def _patch_keras_optimizers(module: Any) -> None:
     ``MultiWorkerMirroredStrategy`` reduces, and the strategy's check for every worker's
     batch."""
     import tensorflow as tf
-    from tensorflow.python.data.ops import iterator_ops
-    from tensorflow.python.distribute import input_lib
 
     if callable(getattr(module, "all_reduce_sum_gradients", None)):
         module.all_reduce_sum_gradients = _timed_gradient_sum(
             tf, module.all_reduce_sum_gradients)
-        patch_iterator(tf, iterator_ops.OwnedIterator)
+        _patch_strategy_input(tf)
+
+
+def _patch_keras_3_optimizers(module: Any) -> None:
+    """Keras 3's TensorFlow optimizers (``TFOptimizer``, whose ``_all_reduce_sum_gradients``
+    reduces a step's gradients under a ``tf.distribute`` strategy: a custom loop of
+    ``strategy.run`` steps, as Keras 3's ``fit`` does not train under two workers): time their
+    steps as Keras 2's, and the strategy's input."""
+    import tensorflow as tf
+
+    owner = getattr(module, "TFOptimizer", None)
+    original = getattr(owner, "_all_reduce_sum_gradients", None)
+    if not callable(original) or getattr(original, _PATCHED, False):
+        return
+
+    @functools.wraps(original)
+    def timed(self: Any, grads_and_vars: Any) -> Any:
+        return _timed_reduction(tf, functools.partial(original, self), grads_and_vars)
+
+    setattr(timed, _PATCHED, True)
+    owner._all_reduce_sum_gradients = timed
+    _patch_strategy_input(tf)
+
+
+def _patch_strategy_input(tf: Any) -> None:
+    """Time ``tf.data``'s batches and the strategy's check for every worker's batch."""
+    from tensorflow.python.data.ops import iterator_ops
+    from tensorflow.python.distribute import input_lib
+
+    patch_iterator(tf, iterator_ops.OwnedIterator)
     if callable(getattr(input_lib, "_calculate_replicas_with_values", None)):
         input_lib._calculate_replicas_with_values = _timed_batch_check(
             tf, input_lib._calculate_replicas_with_values)
