@@ -17,7 +17,8 @@ batch:
 - **communication**: from the moment every gradient of the step was ready to that end (as a DDP
   step's: a rank the others wait for has its last gradient late, and its reduction then ends at
   once); under the strategy, also its check before each step that every worker has a batch
-  (a collective: the others wait there for a worker whose batch is late);
+  (a collective: the others wait there for a worker whose batch is late), in the graph or made
+  eagerly (a custom loop's ``for batch in dist_dataset``: timed by Python's clock);
 - **input**: the time in the step's ``IteratorGetNext`` (the wait for ``tf.data``'s next
   batch), and in batches a custom loop takes eagerly (``for batch in dataset``) since the last
   step;
@@ -73,8 +74,11 @@ class _Recorder:
         self.ring: Any = None
         self.count: Any = None
         #: Seconds of the step under way spent in batches taken eagerly (a custom loop's
-        #: ``for batch in dataset``), until a step's row takes them (a CPU variable).
+        #: ``for batch in dataset``), and in the strategy's check for every worker's batch
+        #: made eagerly (that loop over a distributed dataset), until a step's row takes them
+        #: (CPU variables).
         self.pending: Any = None
+        self.pending_comm: Any = None
         #: The latest index read, the end of that step (``None``: none yet, or a new cell)
         #: and the index below which rows belong to an earlier cell.
         self.read = -1
@@ -101,6 +105,8 @@ def _make_ring(tf: Any) -> None:
                                                name="hvd_magics_step_count")
             _recorder.pending = ResourceVariable(tf.constant(0.0, tf.float64),
                                                  trainable=False, name="hvd_magics_step_input")
+            _recorder.pending_comm = ResourceVariable(
+                tf.constant(0.0, tf.float64), trainable=False, name="hvd_magics_step_comm")
 
 
 def _traceable(tf: Any) -> bool:
@@ -219,7 +225,14 @@ def _timed_batch_check(tf: Any, original: Callable[..., Any]) -> Callable[..., A
 
     @functools.wraps(original)
     def timed(strategy: Any, input_workers: Any, optional_list: Any) -> Any:
-        if tf.executing_eagerly() or not _traceable(tf) or not _workers_in_sync(tf):
+        if tf.executing_eagerly():  # a custom loop's ``for batch in dist_dataset``
+            start = time.time()
+            try:
+                return original(strategy, input_workers, optional_list)
+            finally:
+                if _recorder.pending_comm is not None:  # after a step: the next one's
+                    _recorder.pending_comm.assign_add(time.time() - start)
+        if not _traceable(tf) or not _workers_in_sync(tf):
             return original(strategy, input_workers, optional_list)
         ready = _clock_after(tf, tf.nest.flatten(optional_list, expand_composites=True))
         found = original(strategy, input_workers, optional_list)
@@ -294,6 +307,8 @@ def _write(tf: Any, waited: Any, ready: Any, done: Any) -> None:
     with tf.device("/cpu:0"):
         waited = waited + _recorder.pending.read_value()
         _recorder.pending.assign(tf.constant(0.0, tf.float64))
+        ready = ready - _recorder.pending_comm.read_value()  # its comm grows by the check's
+        _recorder.pending_comm.assign(tf.constant(0.0, tf.float64))
         index = _recorder.count.assign_add(1) - 1
         row = tf.stack([tf.cast(index, tf.float64), waited, ready, done])
         _recorder.ring.scatter_nd_update([[tf.math.floormod(index, RING)]], [row])
