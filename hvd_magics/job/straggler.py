@@ -404,6 +404,8 @@ class StepSplits:
         self._totals: dict[int, list[float]] = {}
         self._looked = 0
         self._streak: tuple[tuple[int, ...], int] = ((), 0)
+        #: Whether a look of the streak found its rank only as a rhythm (:func:`rhythmic`).
+        self._rhythm = False
         self.current: Straggler | None = None
         self.events: list[tuple[str, Straggler]] = []
         self.intervals: list[dict[str, Any]] = []
@@ -454,24 +456,34 @@ class StepSplits:
             steps = range(step - WINDOW_STEPS + 1, step + 1)
             if all(all(s in rows for s in steps) for rows in self._rows.values()):
                 window = {rank: [rows[s] for s in steps] for rank, rows in self._rows.items()}
-                self._judge({rank: window_parts(w, rhythm=True) for rank, w in window.items()},
-                            hosts, step, window)
+                self._judge(hosts, step, window)
         self._looked = max(self._looked, reported)
 
-    def _judge(self, parts: dict[int, StepParts], hosts: dict[int, str], step: int,
-               window: dict[int, list[Row]]) -> None:
-        share = CLEAR_SHARE if self.current is not None else NAME_SHARE
+    def _find(self, hosts: dict[int, str], window: dict[int, list[Row]], share: float
+              ) -> tuple[Straggler | None, bool]:
+        """The rank (or host) one look at ``window`` finds, and whether only as a rhythm:
+        longer in most steps, a long step now and then left out of the mean (:func:`steady`),
+        or late in every step of one phase, its long steps kept (:func:`rhythmic`)."""
         least = self._least()
-        found = look(parts, hosts, share, least)
-        if found is not None and not (steady(window, found.ranks, share, least)
-                                      or rhythmic(window, found.ranks, share, least)):
-            found = None
+        found = look({rank: window_parts(w) for rank, w in window.items()}, hosts, share, least)
+        if found is not None and steady(window, found.ranks, share, least):
+            return found, False
+        found = look({rank: window_parts(w, rhythm=True) for rank, w in window.items()}, hosts,
+                     share, least)
+        if found is not None and rhythmic(window, found.ranks, share, least):
+            return found, True
+        return None, False
+
+    def _judge(self, hosts: dict[int, str], step: int, window: dict[int, list[Row]]) -> None:
+        share = CLEAR_SHARE if self.current is not None else NAME_SHARE
+        found, by_rhythm = self._find(hosts, window, share)
         key = found.ranks if found is not None else ()
         if self.current is not None and key == self.current.ranks:
-            self._streak = ((), 0)
+            self._streak, self._rhythm = ((), 0), False
             return
         ranks, count = self._streak
         self._streak = (key, count + 1 if key == ranks else 1)
+        self._rhythm = by_rhythm or (self._rhythm and key == ranks)
         if self._streak[1] < LOOKS_TO_NAME:
             return
         if self.current is not None:
@@ -479,17 +491,16 @@ class StepSplits:
             self.current = None
         if found is not None:
             streak = self._streak_window(step)
-            if streak is not None and not (steady(streak, found.ranks, share, least)
-                                           or rhythmic(streak, found.ranks, share, least,
-                                                       cycles=STREAK_CYCLES)):
-                return  # not through the streak's steps (yet): the streak goes on
+            if self._rhythm and streak is not None and not rhythmic(
+                    streak, found.ranks, share, self._least(), cycles=STREAK_CYCLES):
+                return  # a rhythm not through the streak's steps (yet): the streak goes on
             found = self._over_the_streak(found, hosts, share, streak)
             known = all(self.clock.get(r, "host") == "host" and r not in self.gpu
-                        and (self._totals.get(r) or [0] * 6)[5] > 0 for r in parts)
-            read = not any(r in self.cpu_unread for r in parts)
+                        and (self._totals.get(r) or [0] * 6)[5] > 0 for r in window)
+            read = not any(r in self.cpu_unread for r in window)
             self.current = dataclasses.replace(found, step=step, cpu_known=known, cpu_read=read)
             self.events.append(("named", self.current))
-        self._streak = ((), 0)
+        self._streak, self._rhythm = ((), 0), False
 
     def _streak_window(self, step: int) -> dict[int, list[Row]] | None:
         """Every rank's rows of the steps the looks up to ``step`` that name a rank read
@@ -504,14 +515,16 @@ class StepSplits:
         """``found`` judged again over every step its looks read (``streak``,
         :meth:`_streak_window`): its cause and figures from twice the steps one look reads, so
         that a busy host's noise in one window does not make the cause (``found``, when a rank
-        lacks those steps or the longer look finds another), and in how many of them its own
-        work was longer."""
+        lacks those steps or the longer look finds another), and, for a rhythm, in how many of
+        them its own work was longer."""
         if streak is None:
             return found
-        longer = look({rank: window_parts(rows, rhythm=True) for rank, rows in streak.items()},
-                      hosts, share, self._least())
+        longer = look({rank: window_parts(rows, rhythm=self._rhythm)
+                       for rank, rows in streak.items()}, hosts, share, self._least())
         if longer is None or longer.ranks != found.ranks:
             return found
+        if not self._rhythm:
+            return longer
         return dataclasses.replace(longer, longer_in=(
             longer_steps(streak, found.ranks, share, self._least()), STREAK_STEPS))
 
