@@ -364,9 +364,9 @@ def rhythmic(window: dict[int, list[Row]], named: tuple[int, ...], share: float,
              least: float = MIN_EXCESS_S, cycles: int = 2) -> int:
     """The period (in steps, :data:`RHYTHMS`) at which ``named``'s own work was longer than the
     others' in every one of the ``window``'s steps of one phase (at least ``cycles`` of them),
-    each by ``share`` of the others' work over the period: a pipeline that makes every third batch late holds the others
-    back as surely as one that makes every batch a little late; ``0`` when none. Steps starved
-    of a CPU now and then come at no period."""
+    each by ``share`` of the others' work over the period: a pipeline that makes every third
+    batch late holds the others back as surely as one that makes every batch a little late;
+    ``0`` when none. Steps starved of a CPU now and then come at no period."""
     base, excess = _step_excess(window, named)
     for period in RHYTHMS:
         for phase in range(period):

@@ -37,8 +37,8 @@ synchronised. A step run eagerly under Horovod (no ``tf.function``) is timed by 
 around the same calls. The CPU time of a rank's work is not read (TensorFlow computes on
 threads of its own), so the straggler's cause is never said to be a wait for a CPU, and a
 compute verdict says that a busy host is not told apart (the rows' events say
-``cpu_read: false``). On a GPU the clock is the host's, as for Horovod's torch ops: where the graph's executor sees a kernel
-done.
+``cpu_read: false``). On a GPU the clock is the host's, as for Horovod's torch ops: where the
+graph's executor sees a kernel done.
 
 Not covered: other ``tf.distribute`` strategies (several replicas in one process), a custom
 loop that reduces its gradients itself (``ctx.all_reduce``) rather than through a Keras

@@ -132,9 +132,9 @@ def stale_lock_id(path: str) -> tuple[int, int] | None:
 
 
 def remove(path: str, judged: tuple[int, int] | None) -> bool:
-    """Remove the lock ``path`` found stale (``judged``: :func:`stale_lock_id`'s answer), unless it is
-    another file by now (a waiting process removed it first, and a live one took it again);
-    say so on the rank's output; whether this process removed it."""
+    """Remove the lock ``path`` found stale (``judged``: :func:`stale_lock_id`'s answer),
+    unless it is another file by now (a waiting process removed it first, and a live one took
+    it again); say so on the rank's output; whether this process removed it."""
     try:
         now = os.stat(path)
         if judged is None or (now.st_dev, now.st_ino) != judged:
