@@ -404,8 +404,9 @@ class StepSplits:
         self._totals: dict[int, list[float]] = {}
         self._looked = 0
         self._streak: tuple[tuple[int, ...], int] = ((), 0)
-        #: Whether a look of the streak found its rank only as a rhythm (:func:`rhythmic`).
-        self._rhythm = False
+        #: How many of the streak's latest looks in a row found its rank in most steps
+        #: (:func:`steady`), not only as a rhythm (:func:`rhythmic`).
+        self._steady_looks = 0
         self.current: Straggler | None = None
         self.events: list[tuple[str, Straggler]] = []
         self.intervals: list[dict[str, Any]] = []
@@ -479,11 +480,12 @@ class StepSplits:
         found, by_rhythm = self._find(hosts, window, share)
         key = found.ranks if found is not None else ()
         if self.current is not None and key == self.current.ranks:
-            self._streak, self._rhythm = ((), 0), False
+            self._streak, self._steady_looks = ((), 0), 0
             return
         ranks, count = self._streak
         self._streak = (key, count + 1 if key == ranks else 1)
-        self._rhythm = by_rhythm or (self._rhythm and key == ranks)
+        self._steady_looks = 0 if by_rhythm else (
+            self._steady_looks + 1 if key == ranks else 1)
         if self._streak[1] < LOOKS_TO_NAME:
             return
         if self.current is not None:
@@ -500,7 +502,13 @@ class StepSplits:
             read = not any(r in self.cpu_unread for r in window)
             self.current = dataclasses.replace(found, step=step, cpu_known=known, cpu_read=read)
             self.events.append(("named", self.current))
-        self._streak, self._rhythm = ((), 0), False
+        self._streak, self._steady_looks = ((), 0), 0
+
+    @property
+    def _rhythm(self) -> bool:
+        """Whether the looks that would name the streak's rank found it as a rhythm: not all of
+        the latest :data:`LOOKS_TO_NAME` in most steps (those name it as they always did)."""
+        return self._steady_looks < LOOKS_TO_NAME
 
     def _streak_window(self, step: int) -> dict[int, list[Row]] | None:
         """Every rank's rows of the steps the looks up to ``step`` that name a rank read

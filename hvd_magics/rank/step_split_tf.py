@@ -131,6 +131,18 @@ def _workers_in_sync(tf: Any) -> bool:
             and len(getattr(strategy.extended, "worker_devices", ())) == 1)
 
 
+def _waited_eagerly(kind: str, call: Callable[..., Any], *args: Any) -> Any:
+    """``call(*args)`` made eagerly, its seconds added to the next step's wait of ``kind``
+    (``"pending"``: input, ``"pending_comm"``: communication; once a step made the ring)."""
+    start = time.time()
+    try:
+        return call(*args)
+    finally:
+        pending = getattr(_recorder, kind)
+        if pending is not None:
+            pending.assign_add(time.time() - start)
+
+
 def _timed_get_next(tf: Any, original: Callable[..., Any]) -> Callable[..., Any]:
     """An iterator's ``_next_internal`` (or ``get_next_as_optional``), adding its time to the
     step's input."""
@@ -140,12 +152,7 @@ def _timed_get_next(tf: Any, original: Callable[..., Any]) -> Callable[..., Any]
     @functools.wraps(original)
     def get_next(self: Any) -> Any:
         if tf.executing_eagerly():
-            start = time.time()
-            try:
-                return original(self)
-            finally:
-                if _recorder.pending is not None:  # after a step: the next one's input
-                    _recorder.pending.assign_add(time.time() - start)
+            return _waited_eagerly("pending", original, self)
         if not _traceable(tf):
             return original(self)
         with tf.device("/cpu:0"):
@@ -226,12 +233,8 @@ def _timed_batch_check(tf: Any, original: Callable[..., Any]) -> Callable[..., A
     @functools.wraps(original)
     def timed(strategy: Any, input_workers: Any, optional_list: Any) -> Any:
         if tf.executing_eagerly():  # a custom loop's ``for batch in dist_dataset``
-            start = time.time()
-            try:
-                return original(strategy, input_workers, optional_list)
-            finally:
-                if _recorder.pending_comm is not None:  # after a step: the next one's
-                    _recorder.pending_comm.assign_add(time.time() - start)
+            return _waited_eagerly("pending_comm", original, strategy, input_workers,
+                                   optional_list)
         if not _traceable(tf) or not _workers_in_sync(tf):
             return original(strategy, input_workers, optional_list)
         ready = _clock_after(tf, tf.nest.flatten(optional_list, expand_composites=True))
