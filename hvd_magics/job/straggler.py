@@ -24,7 +24,10 @@ quarter of it, but which ran longer too, is said to be both, with their figures;
 a compute excess its thread neither ran nor waited for a CPU (a sleep, a read, a lock) is said
 to be off the CPU. On ranks whose CPU time is not read (TensorFlow's), every verdict says that
 it may be a wait for a CPU. A look finds a rank
-only when its own work was longer in at least half its steps (:func:`steady`), or in every step
+only when its own work was longer in at least half its steps (:func:`steady`; the ranks of a
+host when one of them was, for under a CPU quota they take turns to wait for it: seldom longer
+together, they must then be so in two thirds of the steps of the looks that name them,
+:data:`TURNS_SHARE`), or in every step
 of one phase of a short rhythm (:func:`rhythmic`: a loader that makes every third batch late),
 which the steps of the looks that name it must show too: a step or two far longer, a busy
 host's scheduler starving the rank, make a window's mean but not a straggler. When the named
@@ -52,6 +55,11 @@ LOOKS_TO_NAME = 8
 #: The least share of a look's steps in which a rank's own work must be longer than the others'
 #: for the look to find it (see :func:`steady`).
 STEADY_SHARE = 0.5
+#: The least share of the steps of the looks that name a host's ranks in which one of them
+#: must have been longer, when they were seldom longer together (:meth:`StepSplits._shown_by`):
+#: under a CPU quota they take turns to wait for it, in 8 to 15 of 15 steps; ranks starved at
+#: random, each in one step of ten, were so in 8 of 15 by chance.
+TURNS_SHARE = 2 / 3
 #: The periods (in steps) at which a rank late in fewer of a look's steps is found when it
 #: is late in every step of one phase (:func:`rhythmic`), through the look's steps and through
 #: the steps of the looks that name it.
@@ -331,33 +339,38 @@ def look(parts: dict[int, StepParts], hosts: dict[int, str],
                      step_s=statistics.mean(parts[r].step_s for r in named))
 
 
-def _step_excess(window: dict[int, list[Row]], named: tuple[int, ...]
+def _step_excess(window: dict[int, list[Row]], named: tuple[int, ...], every: bool = False
                  ) -> tuple[list[float], list[float]]:
     """Step by step of the ``window``: the others' own work (its median), and how much longer
-    ``named``'s was (the shortest of theirs, when several)."""
+    ``named``'s was: the longest of theirs, when several (the ranks of a host under a CPU quota
+    take turns to wait for a CPU, and the step waits for whichever did), or with ``every`` the
+    shortest (each of them late in that step)."""
     others = [r for r in window if r not in named]
+    pick = min if every else max
     base, excess = [], []
     for i in range(len(window[named[0]])):
         base.append(statistics.median(window[r][i][0] - window[r][i][2] for r in others))
-        excess.append(min(window[r][i][0] - window[r][i][2] for r in named) - base[-1])
+        excess.append(pick(window[r][i][0] - window[r][i][2] for r in named) - base[-1])
     return base, excess
 
 
 def longer_steps(window: dict[int, list[Row]], named: tuple[int, ...], share: float,
-                 least: float = MIN_EXCESS_S) -> int:
+                 least: float = MIN_EXCESS_S, every: bool = False) -> int:
     """In how many of the ``window``'s steps (rank -> its rows, step by step) ``named``'s own
-    work was longer than the others' by half ``share`` of theirs."""
-    base, excess = _step_excess(window, named)
+    work was longer than the others' by half ``share`` of theirs (with ``every``, each of
+    theirs; else the longest)."""
+    base, excess = _step_excess(window, named, every)
     return sum(e >= max(share * b, least) / 2 for b, e in zip(base, excess))
 
 
 def steady(window: dict[int, list[Row]], named: tuple[int, ...], share: float,
-           least: float = MIN_EXCESS_S) -> bool:
+           least: float = MIN_EXCESS_S, every: bool = False) -> bool:
     """Whether ``named``'s own work was longer than the others' (by half ``share`` of theirs)
     in at least :data:`STEADY_SHARE` of the ``window``'s steps (rank -> its rows, step by step),
     not in a step or two far longer (a busy host's scheduler starving the rank for a tenth of a
     second) that make the window's mean."""
-    return longer_steps(window, named, share, least) >= STEADY_SHARE * len(window[named[0]])
+    return (longer_steps(window, named, share, least, every)
+            >= STEADY_SHARE * len(window[named[0]]))
 
 
 def rhythmic(window: dict[int, list[Row]], named: tuple[int, ...], share: float,
@@ -366,8 +379,9 @@ def rhythmic(window: dict[int, list[Row]], named: tuple[int, ...], share: float,
     others' in every one of the ``window``'s steps of one phase (at least ``cycles`` of them),
     each by ``share`` of the others' work over the period: a pipeline that makes every third
     batch late holds the others back as surely as one that makes every batch a little late;
-    ``0`` when none. Steps starved of a CPU now and then come at no period."""
-    base, excess = _step_excess(window, named)
+    ``0`` when none. Steps starved of a CPU now and then come at no period. The ranks of a host
+    must each be late in those steps (their turns at random made a rhythm of noise)."""
+    base, excess = _step_excess(window, named, every=True)
     for period in RHYTHMS:
         for phase in range(period):
             late = range(phase, len(base), period)
@@ -493,9 +507,8 @@ class StepSplits:
             self.current = None
         if found is not None:
             streak = self._streak_window(step)
-            if self._rhythm and streak is not None and not rhythmic(
-                    streak, found.ranks, share, self._least(), cycles=STREAK_CYCLES):
-                return  # a rhythm not through the streak's steps (yet): the streak goes on
+            if streak is not None and not self._shown_by(streak, found.ranks, share):
+                return  # not through the streak's steps (yet): the streak goes on
             found = self._over_the_streak(found, hosts, share, streak)
             known = all(self.clock.get(r, "host") == "host" and r not in self.gpu
                         and (self._totals.get(r) or [0] * 6)[5] > 0 for r in window)
@@ -503,6 +516,19 @@ class StepSplits:
             self.current = dataclasses.replace(found, step=step, cpu_known=known, cpu_read=read)
             self.events.append(("named", self.current))
         self._streak, self._steady_looks = ((), 0), 0
+
+    def _shown_by(self, streak: dict[int, list[Row]], ranks: tuple[int, ...], share: float
+                  ) -> bool:
+        """Whether the steps of the looks that would name ``ranks`` show them as those looks
+        did: in most of those steps, or (when some looks found them as a rhythm) at a period
+        through them (a host's ranks late in turns at random, in 4 of 8 steps in one look after
+        another, were named)."""
+        least = self._least()
+        if self._rhythm:
+            return bool(rhythmic(streak, ranks, share, least, cycles=STREAK_CYCLES))
+        if len(ranks) > 1 and not steady(streak, ranks, share, least, every=True):
+            return longer_steps(streak, ranks, share, least) >= TURNS_SHARE * len(streak[ranks[0]])
+        return True
 
     @property
     def _rhythm(self) -> bool:

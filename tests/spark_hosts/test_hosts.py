@@ -64,7 +64,10 @@ def test_a_host_whose_cpus_are_busy_is_named_for_them_not_for_its_link(hosts_spa
     """A host under a CPU quota (nothing on its link) slows every rank's communication, so the
     driver times the links; its channel answered late because it waited for a CPU, and the
     verdict said 'the link of host ... is the slowest: 78 Mbit/s to it ... against 172'. Each
-    answer now says how long the host waited for a CPU."""
+    answer now says how long the host waited for a CPU. Its two ranks take turns to wait for
+    the quota, so they were seldom longer in the same step and nobody was named (CI at stop 72,
+    the probe's best round trips then alike: 541 to 736 Mbit/s); a host's ranks now count as
+    longer in a step when one of them was."""
     busy = host_cluster.hosts[1]
     record = _comm_bound_job(lambda: busy.limit_cpu(0.3), lambda: busy.limit_cpu(None))
     assert "the link of host" not in record.links, record.links

@@ -336,10 +336,11 @@ def test_a_rank_that_both_waited_for_a_cpu_and_ran_longer_on_one_is_said_to_do_b
     assert "in compute (forward, backward, optimizer)" in busy.text()
 
 
-def _feed_rows(splits, rank_rows, first, last, ranks=2):
+def _feed_rows(splits, rank_rows, first, last, ranks=2, hosts=None):
     """Reports of five steps from ``first`` to ``last``; ``rank_rows(rank, step)`` -> own work
     of that rank's step (input, compute) and the step's collective time; the step lasts as long
-    as the slowest rank's own work and the collective."""
+    as the slowest rank's own work and the collective. Each rank on a host of its own unless
+    ``hosts`` (rank -> host) says."""
     for start in range(first, last + 1, 5):
         steps = range(start, min(start + 5, last + 1))
         for rank in range(ranks):
@@ -351,7 +352,7 @@ def _feed_rows(splits, rank_rows, first, last, ranks=2):
                 rows.append([step, longest + 0.002, input_s, longest - input_s - compute_s
                              + 0.002])
             splits.observe(rank, {"rows": rows, "totals": [len(rows), 0.0, 0.0, 0.0]},
-                           {r: f"h{r}" for r in range(ranks)})
+                           hosts or {r: f"h{r}" for r in range(ranks)})
 
 
 def test_a_rank_whose_every_third_batch_is_late_is_named_with_how_often():
@@ -391,6 +392,30 @@ def test_a_rank_starved_of_a_cpu_now_and_then_is_not_named():
     _feed_rows(splits, lambda r, s: (0.0005, 0.03 + 0.045 * (r == 1 and 40 <= s < 90
                                                               and s % 3 == 0)), 1, 100)
     assert [f.ranks for what, f in splits.events if what == "named"] == [(1,)]
+
+
+def test_a_host_whose_ranks_take_turns_to_wait_for_a_cpu_is_named():
+    """A host under a CPU quota (0.3 CPU for two ranks): in most steps one of its ranks waits
+    for the quota, in turn, and the step waits for it; each rank alone was late in only a third
+    of the steps, so no look found the host (its ranks late together in few steps) and nobody
+    was named, in a job running at half the pace it could."""
+    hosts = {0: "a", 1: "a", 2: "b", 3: "b"}
+    rng = random.Random(7)
+    late = {s: rng.choice((2, 3)) for s in range(1, 101) if rng.random() < 0.7}
+    splits = StepSplits()
+    _feed_rows(splits, lambda r, s: (0.0005, 0.012 + (0.05 if late.get(s) == r else 0.0)),
+               1, 100, ranks=4, hosts=hosts)
+    named = [f for what, f in splits.events if what == "named"]
+    assert [(f.ranks, f.whole_host) for f in named] == [((2, 3), True)], splits.events
+    assert named[0].step <= 30
+    # ranks starved now and then on a busy machine, each in one step of ten on its own: nobody
+    for seed in range(20):
+        rng = random.Random(seed)
+        starved = {(r, s) for r in range(4) for s in range(1, 201) if rng.random() < 0.1}
+        splits = StepSplits()
+        _feed_rows(splits, lambda r, s: (0.0005, 0.012 + 0.045 * ((r, s) in starved)), 1, 200,
+                   ranks=4, hosts=hosts)
+        assert splits.events == [], (seed, splits.events)
 
 
 def test_a_rank_named_in_a_job_its_collectives_hold_back_more_says_so():
