@@ -64,6 +64,31 @@ def test_a_waiter_ends_its_wait_once_the_holder_dies(tmp_path, monkeypatch):
         holder.wait()
 
 
+def test_a_stale_lock_another_rank_took_away_and_took_again_is_left_to_it(tmp_path):
+    """Two ranks find the same stale lock; one removes it and takes the lock anew, and the new
+    file often gets the old one's inode number: the other removed the live lock too, both
+    built, and the one that released last failed with ``FileNotFoundError``."""
+    lock = tmp_path / "lock"
+    _lock_of_a_killed_build(lock)
+    judged = torch_extensions.stale_lock_id(str(lock))
+    assert judged is not None
+    os.remove(lock)  # the first rank takes it away, and takes the lock as torch does
+    holder = subprocess.Popen([sys.executable, "-c", f"import os, time; os.open({str(lock)!r}, "
+                               "os.O_CREAT | os.O_EXCL); print(1, flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"1\n"
+        assert torch_extensions.remove(str(lock), judged) is False
+        assert lock.exists()
+        assert torch_extensions.stale_lock_id(str(lock)) is None  # held open: not stale
+    finally:
+        holder.kill()
+        holder.wait()
+    # once its holder died, it is stale in its turn
+    assert torch_extensions.remove(str(lock), torch_extensions.stale_lock_id(str(lock)))
+    assert not lock.exists()
+
+
 def test_locks_not_known_to_be_this_hosts_are_left_alone(tmp_path):
     other_host = tmp_path / "other"
     other_host.write_text("hvd_magics lock of another-host pid 12\n")

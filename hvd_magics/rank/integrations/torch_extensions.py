@@ -112,10 +112,10 @@ def _patch(module: Any) -> None:
         setattr(baton, name, patched)
 
 
-def stale_lock_id(path: str) -> tuple[int, int] | None:
-    """The lock file ``path`` (its device and inode) when a process that died left it: no
-    process of this host holds it open, and it was made on this host (its holder wrote so, or,
-    written by nobody, it lies on a file system of this host's only); ``None`` otherwise."""
+def stale_lock_id(path: str) -> tuple[int, int, int] | None:
+    """The lock file ``path`` (:func:`_file_id`) when a process that died left it: no process
+    of this host holds it open, and it was made on this host (its holder wrote so, or, written
+    by nobody, it lies on a file system of this host's only); ``None`` otherwise."""
     try:
         with open(path, encoding="utf-8", errors="replace") as file:
             said = file.read(200)
@@ -128,16 +128,24 @@ def stale_lock_id(path: str) -> tuple[int, int] | None:
         made_here = not said.strip() and not _on_shared_file_system(path)
     if not made_here or _held_open(seen):
         return None
-    return seen.st_dev, seen.st_ino
+    return _file_id(seen)
 
 
-def remove(path: str, judged: tuple[int, int] | None) -> bool:
+def _file_id(seen: os.stat_result) -> tuple[int, int, int]:
+    """A file's device, inode and change time: a file made in place of a removed one often
+    gets its inode number (two ranks found the same stale lock; one removed it and took the
+    lock anew, and the other removed that, so both built, and one failed with
+    ``FileNotFoundError`` on releasing it)."""
+    return seen.st_dev, seen.st_ino, seen.st_ctime_ns
+
+
+def remove(path: str, judged: tuple[int, int, int] | None) -> bool:
     """Remove the lock ``path`` found stale (``judged``: :func:`stale_lock_id`'s answer),
-    unless it is another file by now (a waiting process removed it first, and a live one took
-    it again); say so on the rank's output; whether this process removed it."""
+    unless it is another file by now, or held (a waiting process removed it first, and a live
+    one took it again); say so on the rank's output; whether this process removed it."""
     try:
         now = os.stat(path)
-        if judged is None or (now.st_dev, now.st_ino) != judged:
+        if judged is None or _file_id(now) != judged or _held_open(now):
             return False
         os.remove(path)
     except OSError:
