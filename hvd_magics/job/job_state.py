@@ -543,6 +543,20 @@ class JobState:
         failed.sort(key=lambda r: (r.peer_lost or r.stopped_on_notice, r.failed_at or 0.0))
         return [r.failure() for r in failed]
 
+    def failed_count(self) -> str:
+        """How many ranks failed, as a failed job's error says it first: ``"1 of 4 ranks failed
+        (ranks 0, 2, 3 then stopped: they lost a peer)"``. A rank whose collectives failed only
+        because another rank went away is not counted as failed (it was: "2 of 2 ranks failed"
+        of a job in which one rank raised), unless no rank failed otherwise."""
+        failed = [r for r in self.ranks if r.failed]
+        after = [r.rank for r in failed if r.peer_lost]
+        causes = len(failed) - len(after)
+        if not after or not causes:
+            return f"{len(failed)} of {self.size} {self.unit}s failed"
+        them = "it" if len(after) == 1 else "they"
+        return (f"{causes} of {self.size} {self.unit}s failed ({ranks_named(after, self.unit)} "
+                f"then stopped: {them} lost a peer)")
+
     def timeline_so_far(self) -> Path | None:
         """A running job's trace as rank 0 has written it so far, copied beside its destination
         and made valid; ``None`` when rank 0 writes it on another host (it comes at the end)."""

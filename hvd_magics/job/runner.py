@@ -930,8 +930,8 @@ def _watch(job: JobState, backend: Backend, events: queue.Queue, start_timeout: 
     lead = f"{job.lost_host[0].upper()}{job.lost_host[1:]}; the job was stopped. " \
         if job.lost_host else ""
     raise HorovodJobError(
-        f"{lead}{_uneven_note(job, first)}{len(failures)} of {job.size} ranks failed; the first "
-        f"was {first.headline()}{hint_for(first)}", failures, str(job.log_path))
+        f"{lead}{_uneven_note(job, first)}{job.failed_count()}; the first was "
+        f"{first.headline()}{hint_for(first)}", failures, str(job.log_path))
 
 
 def _notice_save_wait() -> float:

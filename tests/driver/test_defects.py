@@ -291,6 +291,28 @@ def test_a_rank_that_picks_a_gpu_it_cannot_see_gets_the_fix():
     assert "NCCL refuses two ranks on one GPU. Fix: at most one rank per GPU" in text
 
 
+def test_a_rank_that_only_lost_its_peer_is_not_counted_among_the_failed():
+    """Rank 1 raised while rank 0 summed with it; rank 0's sum then failed (Horovod shut down),
+    and the error began '2 of 2 ranks failed': a user read that both had a fault."""
+    def train():
+        import time
+
+        import horovod.torch as hvd
+        import torch
+        hvd.init()
+        for step in range(400):
+            if hvd.rank() == 1 and step == 5:
+                raise ValueError("rank 1 could not read its data")
+            hvd.allreduce(torch.ones(10))
+            time.sleep(0.01)
+
+    with pytest.raises(HorovodJobError) as caught:
+        HorovodRunner(np=-2).run(train)
+    assert str(caught.value).startswith(
+        "1 of 2 ranks failed (rank 0 then stopped: it lost a peer); the first was rank 1 on "
+        "localhost: ValueError: rank 1 could not read its data"), str(caught.value)
+
+
 def test_a_tf_distribute_job_whose_value_holds_the_model_ends_on_every_worker():
     """Rank 0 pickles the value it sends back; a Keras ``History`` holds the model, whose
     metrics' variables a pickle reads by an all-reduce of every worker. Rank 0 alone waited

@@ -40,6 +40,17 @@ def test_failures_list_root_causes_first_and_peers_that_lost_them_after(tmp_path
     order = [(f.rank, f.error) for f in job.failures()]
     assert order == [(2, "ValueError"), (1, LOST), (0, "HorovodInternalError")]
     assert "executor was lost or killed" in job.failures()[1].headline()
+    # the rank that lost its peer is not counted among those that failed
+    assert job.failed_count() == "2 of 3 ranks failed (rank 0 then stopped: it lost a peer)"
+    job.end()
+
+
+def test_ranks_that_all_lost_a_peer_are_all_counted(tmp_path):
+    job = JobState(2, tmp_path / "log")
+    for rank in range(2):
+        job.handle(_event(ERROR, rank, 1.0, error="HorovodInternalError",
+                          message="Horovod has been shut down"))
+    assert job.failed_count() == "2 of 2 ranks failed"  # which went first is not known
     job.end()
 
 
