@@ -519,10 +519,11 @@ class StepSplits:
 
     def _shown_by(self, streak: dict[int, list[Row]], ranks: tuple[int, ...], share: float
                   ) -> bool:
-        """Whether the steps of the looks that would name ``ranks`` show them as those looks
-        did: in most of those steps, or (when some looks found them as a rhythm) at a period
-        through them (a host's ranks late in turns at random, in 4 of 8 steps in one look after
-        another, were named)."""
+        """Whether the steps of the looks that would name ``ranks`` show them too: at a period
+        through them when some of those looks found them as a rhythm; one of a host's ranks
+        longer in :data:`TURNS_SHARE` of them when they were seldom longer together (a host's
+        ranks late in turns at random, in 4 of 8 steps in one look after another, were named);
+        else as the looks found them, with nothing more asked."""
         least = self._least()
         if self._rhythm:
             return bool(rhythmic(streak, ranks, share, least, cycles=STREAK_CYCLES))
