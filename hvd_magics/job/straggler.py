@@ -5,17 +5,21 @@ Each rank sends its steps' time split into input, compute and communication
 as the slowest rank's: the ranks differ in how they spend it. A rank whose own work (input and
 compute) is longer than the others' while they wait for it in communication holds them back.
 
-A look reads the latest :data:`WINDOW_STEPS` steps every rank has reported (a single step far
-longer than the window's usual one, an evaluation or a checkpoint, is left out of it; several
-are kept: a rhythm of the job). A rank (or every
-rank of one host) is named only when :data:`LOOKS_TO_NAME` looks in a row, one per step, find the
-same one: its own work per step longer than the others' by at least :data:`NAME_SHARE` of
-theirs (and :data:`MIN_EXCESS_S`; :data:`MIN_EXCESS_UNREAD_S` on TensorFlow's ranks), and the
-others waiting for it in communication for at least half of that. It is cleared when as many
-looks in a row no longer find it by half that margin. Its cause and figures are read over
-all the steps those looks read (:data:`STREAK_STEPS`). The cause is the part of its own work
-(input or compute) that exceeds the others' the more; an excess that is at least half time the
-rank's training thread waited for a CPU outside collectives (ready to run, not running: its
+Who holds the others back is read from what they lose (:mod:`hvd_magics.job.wait_accounting`):
+in each step, the time the slowest rank's own work exceeded the next one's, summed over a window
+of the latest steps every rank reported (:data:`WINDOWS`: the shortest first, the longest for a
+stall every fiftieth step). A rank (or every rank of one host) is named when it accounts for
+most of that time, the time is a meaningful share of the job's, and chance on equal ranks does
+not explain it (slowest in too many of the steps that lost time, or stalling the others at a
+regular period); noise spreads over every rank, a periodic stall counts in full. Where the ranks'
+CPU time is read, a delay that was its wait for a CPU beyond the next rank's is its host's
+condition: on several hosts, a host whose ranks the others wait for that way is named for it;
+otherwise the busy host is said once (:class:`BusyHosts`), and no rank is named for it. A named
+rank is cleared when its delays no longer cost :data:`CLEAR_SHARE` of the latest steps' time.
+
+Its cause and figures are read over the window that named it. The cause is the part of its own
+work (input or compute) that exceeds the others' the more; an excess that is at least half time
+the rank's training thread waited for a CPU outside collectives (ready to run, not running: its
 host's CPUs busy with other work, or its CPU time limited) beyond the others' wait for as much
 time on one, and at most a quarter of it the rank's thread ran on one longer than the others'
 threads (with their wait for that time: on a busy host more work waits in proportion), is said
@@ -23,16 +27,8 @@ to be that, not more work or slower input; one whose wait beyond the others' is 
 quarter of it, but which ran longer too, is said to be both, with their figures; on a CPU rank,
 a compute excess its thread neither ran nor waited for a CPU (a sleep, a read, a lock) is said
 to be off the CPU. On ranks whose CPU time is not read (TensorFlow's), every verdict says that
-it may be a wait for a CPU. A look finds a rank
-only when its own work was longer in at least half its steps (:func:`steady`; the ranks of a
-host when one of them was, for under a CPU quota they take turns to wait for it: seldom longer
-together, they must then be so in two thirds of the steps of the looks that name them,
-:data:`TURNS_SHARE`), or in every step
-of one phase of a short rhythm (:func:`rhythmic`: a loader that makes every third batch late),
-which the steps of the looks that name it must show too: a step or two far longer, a busy
-host's scheduler starving the rank, make a window's mean but not a straggler. When the named
-rank's own collectives cost most of its step and far more than its excess (a slow link), its
-verdict says so.
+it may be a wait for a CPU. When the named rank's own collectives cost most of its step and far
+more than its excess (a slow link), its verdict says so.
 
 A link slower than the others' slows every rank's communication alike: no rank is named then
 (the split shows every rank waiting in communication).
@@ -45,35 +41,24 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from hvd_magics.job.wait_accounting import (COST_SHARE, DOMINANT, SIGNIFICANCE, Finding,
+                                            StepDelay, accuse, binomial_tail, step_delay)
 from hvd_magics.rank_names import ranks_named
 
-#: Steps one look reads...
+#: The windows (steps) a look reads, shortest first: a rank slowed from a step on is named
+#: over the first, a stall every tenth step over the second, one every fiftieth over the last.
+WINDOWS = (15, 60, 240)
+#: The steps the dashboard's bar of a rank reads.
 WINDOW_STEPS = 8
-#: ...and how many looks in a row (one per step) must find the same rank before it is named, or
-#: no longer find it before it is cleared.
-LOOKS_TO_NAME = 8
-#: The least share of a look's steps in which a rank's own work must be longer than the others'
-#: for the look to find it (see :func:`steady`).
+#: A verdict that the rank was longer "in N of its last M steps" is given when that is under
+#: this share of them.
 STEADY_SHARE = 0.5
-#: The least share of the steps of the looks that name a host's ranks in which one of them
-#: must have been longer, when they were seldom longer together (:meth:`StepSplits._shown_by`):
-#: under a CPU quota they take turns to wait for it, in 8 to 15 of 15 steps; ranks starved at
-#: random, each in one step of ten, were so in 8 of 15 by chance.
-TURNS_SHARE = 2 / 3
-#: The periods (in steps) at which a rank late in fewer of a look's steps is found when it
-#: is late in every step of one phase (:func:`rhythmic`), through the look's steps and through
-#: the steps of the looks that name it.
-RHYTHMS = (2, 3, 4)
-#: ...late in at least this many cycles of the steps that name it (three late steps four steps
-#: apart are a host's scheduler as likely as a rhythm).
-STREAK_CYCLES = 4
-#: The steps the looks that name a rank read together: its cause and figures are judged over
-#: them all.
-STREAK_STEPS = WINDOW_STEPS + LOOKS_TO_NAME - 1
 #: How much longer (a share of the others' own work) a rank's own work must be than theirs to be
 #: named, and below which it is cleared.
 NAME_SHARE = 0.08
-CLEAR_SHARE = NAME_SHARE / 2
+#: A named rank is cleared when the others lose less than this share of the latest steps' time
+#: to it (half what names it: :data:`hvd_magics.job.wait_accounting.COST_SHARE`).
+CLEAR_SHARE = COST_SHARE / 2
 #: ...and never less than this many seconds a step: a smaller difference is within what timing
 #: a step's parts costs and how much a step of a fraction of a millisecond varies.
 MIN_EXCESS_S = 0.0002
@@ -185,6 +170,10 @@ class Straggler:
     #: its whole step.
     comm_s: float = 0.0
     step_s: float = 0.0
+    #: The share of the job's time the others lost waiting for it over the latest ``lost_steps``
+    #: steps (``0``: not measured).
+    lost_share: float = 0.0
+    lost_steps: int = 0
 
     @property
     def more_work_s(self) -> float:
@@ -244,15 +233,18 @@ class Straggler:
                  if 0 < count < STEADY_SHARE * steps else "")
         figures = f"{longer:.0f}% longer per step than the others' ({self.own_s:.3g} s against " \
                   f"{self.others_s:.3g} s{often})"
+        lost = (f", {100 * self.lost_share:.0f}% of the job's time over its last "
+                f"{self.lost_steps} steps" if self.lost_steps else "")
         if self.whole_host:
             who = f"the {unit}s of host {self.host} ({ranks_named(list(self.ranks), unit)})"
             return (f"{who} hold the others back: their own work takes {figures}, "
                     f"{self._cause_text()}; the other {unit}s spend that time waiting in "
-                    f"communication{self._comm_text()}")
+                    f"communication{lost}{self._comm_text()}")
         where = f" (host {self.host})" if self.host else ""
         return (f"{unit} {self.ranks[0]}{where} holds the others back: its own work takes "
                 f"{figures}, {self._cause_text()}; the other {unit}s spend that time "
-                f"waiting in communication{self._comm_text()}")
+                f"waiting in communication{lost}{self._comm_text()}")
+
 
     def _comm_text(self) -> str:
         """When the collectives themselves cost most of the step and far more than the excess
@@ -262,6 +254,28 @@ class Straggler:
             return ""
         return (f"; communication itself costs more: {_ms(self.comm_s)} of its "
                 f"{_ms(self.step_s)} steps, against {_ms(excess)} of this")
+
+
+@dataclass(frozen=True)
+class BusyHosts:
+    """A condition, not a verdict on a rank: the ranks of ``hosts`` waited for a CPU (ready to
+    run, not running) beyond one another, and the others waited for them in turn, for
+    ``share`` of the job's time over its latest ``steps`` steps; said once, at ``step``."""
+
+    hosts: tuple[str, ...]
+    share: float
+    steps: int
+    step: int = 0
+    ranks: tuple[int, ...] = ()
+
+    def text(self, unit: str = "rank") -> str:
+        named = [h for h in self.hosts if h]
+        where = (f"host {named[0]}'s CPUs are" if len(named) == 1 else
+                 f"the CPUs of hosts {', '.join(named)} are" if named else "the CPUs are")
+        return (f"{where} busy with other work, or their CPU time is limited: the {unit}s "
+                f"waiting for a CPU beyond one another cost {100 * self.share:.0f}% of the "
+                f"job's time over its last {self.steps} steps, the others waiting for them; "
+                f"that is the host's condition, no {unit} is named for it")
 
 
 def _ms(seconds: float) -> str:
@@ -280,13 +294,13 @@ def clock_label(clock: str, on_gpu: bool) -> str:
 Row = tuple[float, float, float, float, float]
 
 
-def window_parts(rows: list[Row], rhythm: bool = False) -> StepParts:
+def window_parts(rows: list[Row], rhythm: bool = False, keep_all: bool = False) -> StepParts:
     """The mean of a window's steps, steps longer than :data:`OUTLIER` times its median left
     out; with ``rhythm``, only when one step is (several are a rhythm of the job: a pipeline
-    that makes every third batch late is not a one-off)."""
+    that makes every third batch late is not a one-off); with ``keep_all``, none."""
     limit = OUTLIER * statistics.median(row[0] for row in rows)
     kept = [row for row in rows if row[0] <= limit] or rows
-    if rhythm and len(rows) - len(kept) > 1:
+    if keep_all or (rhythm and len(rows) - len(kept) > 1):
         kept = rows
     return StepParts(*(sum(row[i] for row in kept) / len(kept) for i in range(5)))
 
@@ -328,6 +342,15 @@ def look(parts: dict[int, StepParts], hosts: dict[int, str],
         named, others, whole = [slowest], [r for r in parts if r != slowest], False
         if not _holds_back(parts, named, others, share, least):
             return None
+    return verdict(parts, hosts, named, whole)
+
+
+def verdict(parts: dict[int, StepParts], hosts: dict[int, str], named: list[int],
+            whole: bool) -> Straggler:
+    """The verdict on ``named`` (a rank, or the ranks of one host when ``whole``) from a
+    window's ``parts`` (rank -> mean step): its cause and figures against the other ranks'."""
+    others = [r for r in parts if r not in named]
+    host = hosts.get(named[0], "")
     ran = statistics.median(parts[r].cpu_s for r in others)
     return Straggler(tuple(named), host, whole, _cause(parts, named, others),
                      statistics.mean(parts[r].own_s for r in named),
@@ -337,58 +360,6 @@ def look(parts: dict[int, StepParts], hosts: dict[int, str],
                      statistics.median(parts[r].cpu_wait_s for r in others) / ran if ran > 0
                      else 0.0, comm_s=statistics.mean(parts[r].comm_s for r in named),
                      step_s=statistics.mean(parts[r].step_s for r in named))
-
-
-def _step_excess(window: dict[int, list[Row]], named: tuple[int, ...], every: bool = False
-                 ) -> tuple[list[float], list[float]]:
-    """Step by step of the ``window``: the others' own work (its median), and how much longer
-    ``named``'s was: the longest of theirs, when several (the ranks of a host under a CPU quota
-    take turns to wait for a CPU, and the step waits for whichever did), or with ``every`` the
-    shortest (each of them late in that step)."""
-    others = [r for r in window if r not in named]
-    pick = min if every else max
-    base, excess = [], []
-    for i in range(len(window[named[0]])):
-        base.append(statistics.median(window[r][i][0] - window[r][i][2] for r in others))
-        excess.append(pick(window[r][i][0] - window[r][i][2] for r in named) - base[-1])
-    return base, excess
-
-
-def longer_steps(window: dict[int, list[Row]], named: tuple[int, ...], share: float,
-                 least: float = MIN_EXCESS_S, every: bool = False) -> int:
-    """In how many of the ``window``'s steps (rank -> its rows, step by step) ``named``'s own
-    work was longer than the others' by half ``share`` of theirs (with ``every``, each of
-    theirs; else the longest)."""
-    base, excess = _step_excess(window, named, every)
-    return sum(e >= max(share * b, least) / 2 for b, e in zip(base, excess))
-
-
-def steady(window: dict[int, list[Row]], named: tuple[int, ...], share: float,
-           least: float = MIN_EXCESS_S, every: bool = False) -> bool:
-    """Whether ``named``'s own work was longer than the others' (by half ``share`` of theirs)
-    in at least :data:`STEADY_SHARE` of the ``window``'s steps (rank -> its rows, step by step),
-    not in a step or two far longer (a busy host's scheduler starving the rank for a tenth of a
-    second) that make the window's mean."""
-    return (longer_steps(window, named, share, least, every)
-            >= STEADY_SHARE * len(window[named[0]]))
-
-
-def rhythmic(window: dict[int, list[Row]], named: tuple[int, ...], share: float,
-             least: float = MIN_EXCESS_S, cycles: int = 2) -> int:
-    """The period (in steps, :data:`RHYTHMS`) at which ``named``'s own work was longer than the
-    others' in every one of the ``window``'s steps of one phase (at least ``cycles`` of them),
-    each by ``share`` of the others' work over the period: a pipeline that makes every third
-    batch late holds the others back as surely as one that makes every batch a little late;
-    ``0`` when none. Steps starved of a CPU now and then come at no period. The ranks of a host
-    must each be late in those steps (their turns at random made a rhythm of noise)."""
-    base, excess = _step_excess(window, named, every=True)
-    for period in RHYTHMS:
-        for phase in range(period):
-            late = range(phase, len(base), period)
-            if len(late) >= cycles and all(
-                    excess[i] >= max(share * period * base[i], least) for i in late):
-                return period
-    return 0
 
 
 def _columns(parts: StepParts) -> dict[str, float]:
@@ -404,8 +375,9 @@ class StepSplits:
     ----------
     current : Straggler or None
         The rank (or host) holding the others back now.
-    events : list of (str, Straggler)
-        Each time one was named (``"named"``) or caught up (``"cleared"``), in order.
+    events : list of (str, Straggler or BusyHosts)
+        Each time one was named (``"named"``) or caught up (``"cleared"``), and when the hosts
+        were found busy with other work (``"busy"``), in order.
     intervals : list of dict
         One row per rank's report (a few a second): ``rank``, ``time_s`` (since the job
         began), ``steps`` and the mean ``step_s``, ``input_s``, ``compute_s``, ``comm_s``,
@@ -417,12 +389,17 @@ class StepSplits:
         self._rows: dict[int, dict[int, Row]] = {}
         self._totals: dict[int, list[float]] = {}
         self._looked = 0
-        self._streak: tuple[tuple[int, ...], int] = ((), 0)
-        #: How many of the streak's latest looks in a row found its rank in most steps
-        #: (:func:`steady`), not only as a rhythm (:func:`rhythmic`).
-        self._steady_looks = 0
+        #: Step -> who delayed it, by how much (every rank's row of it read).
+        self._delays: dict[int, StepDelay] = {}
+        #: The named rank(s), whether as their host, what named them, and how they delay the
+        #: others ("own": their own work; "cpu": their wait for a CPU).
+        self._named: tuple[tuple[int, ...], bool, Finding, str] | None = None
+        #: The step its verdict was last cleared at.
+        self._since = 0
         self.current: Straggler | None = None
-        self.events: list[tuple[str, Straggler]] = []
+        #: The hosts' condition, said once: busy with other work (:class:`BusyHosts`).
+        self.busy: BusyHosts | None = None
+        self.events: list[tuple[str, Straggler | BusyHosts]] = []
         self.intervals: list[dict[str, Any]] = []
         #: Rank -> its GPU's latest reading (:mod:`hvd_magics.rank.gpu_memory`), and the
         #: highest peak it reported.
@@ -465,107 +442,157 @@ class StepSplits:
         if len(self._rows) < 2 or not all(self._rows.values()):
             return
         reported = min(max(rows) for rows in self._rows.values())
-        first = max(self._looked + 1, reported - KEPT_STEPS + WINDOW_STEPS)
+        read = not self.cpu_unread
+        for step in range(max(self._looked + 1, reported - KEPT_STEPS + 1), reported + 1):
+            if all(step in rows for rows in self._rows.values()):
+                self._delays[step] = step_delay(
+                    step, {rank: rows[step] for rank, rows in self._rows.items()}, hosts, read)
+        for old in [s for s in self._delays if s <= reported - KEPT_STEPS]:
+            del self._delays[old]
+        first = max(self._looked + 1, reported - KEPT_STEPS + WINDOWS[0])
         stride = max(1, -(-(reported + 1 - first) // LOOKS_PER_REPORT))
         for step in range(first, reported + 1, stride):
-            steps = range(step - WINDOW_STEPS + 1, step + 1)
-            if all(all(s in rows for s in steps) for rows in self._rows.values()):
-                window = {rank: [rows[s] for s in steps] for rank, rows in self._rows.items()}
-                self._judge(hosts, step, window)
+            self._judge(hosts, step)
         self._looked = max(self._looked, reported)
 
-    def _find(self, hosts: dict[int, str], window: dict[int, list[Row]], share: float
-              ) -> tuple[Straggler | None, bool]:
-        """The rank (or host) one look at ``window`` finds, and whether only as a rhythm:
-        longer in most steps, a long step now and then left out of the mean (:func:`steady`),
-        or late in every step of one phase, its long steps kept (:func:`rhythmic`)."""
-        least = self._least()
-        found = look({rank: window_parts(w) for rank, w in window.items()}, hosts, share, least)
-        if found is not None and steady(window, found.ranks, share, least):
-            return found, False
-        found = look({rank: window_parts(w, rhythm=True) for rank, w in window.items()}, hosts,
-                     share, least)
-        if found is not None and rhythmic(window, found.ranks, share, least):
-            return found, True
-        return None, False
+    def _recent(self, step: int, steps: int) -> list[StepDelay]:
+        """The delays of the latest ``steps`` steps up to ``step`` that every rank reported,
+        since the last verdict was cleared (what named it is no evidence after that)."""
+        return [self._delays[s] for s in range(max(step - steps, self._since) + 1, step + 1)
+                if s in self._delays]
 
-    def _judge(self, hosts: dict[int, str], step: int, window: dict[int, list[Row]]) -> None:
-        share = CLEAR_SHARE if self.current is not None else NAME_SHARE
-        found, by_rhythm = self._find(hosts, window, share)
-        key = found.ranks if found is not None else ()
-        if self.current is not None and key == self.current.ranks:
-            self._streak, self._steady_looks = ((), 0), 0
-            return
-        ranks, count = self._streak
-        self._streak = (key, count + 1 if key == ranks else 1)
-        self._steady_looks = 0 if by_rhythm else (
-            self._steady_looks + 1 if key == ranks else 1)
-        if self._streak[1] < LOOKS_TO_NAME:
-            return
+    def _judge(self, hosts: dict[int, str], step: int) -> None:
         if self.current is not None:
+            if self._still_holds(hosts, step):
+                return
             self.events.append(("cleared", dataclasses.replace(self.current, step=step)))
-            self.current = None
-        if found is not None:
-            streak = self._streak_window(step)
-            if streak is not None and not self._shown_by(streak, found.ranks, share):
-                return  # not through the streak's steps (yet): the streak goes on
-            found = self._over_the_streak(found, hosts, share, streak)
-            known = all(self.clock.get(r, "host") == "host" and r not in self.gpu
-                        and (self._totals.get(r) or [0] * 6)[5] > 0 for r in window)
-            read = not any(r in self.cpu_unread for r in window)
-            self.current = dataclasses.replace(found, step=step, cpu_known=known, cpu_read=read)
-            self.events.append(("named", self.current))
-        self._streak, self._steady_looks = ((), 0), 0
+            self.current, self._named, self._since = None, None, step
+        for steps in WINDOWS:
+            window = self._recent(step, steps)
+            if len(window) < min(steps, WINDOWS[0]) or (steps > WINDOWS[0]
+                                                        and len(window) < steps // 2):
+                continue
+            found = self._accuse(hosts, window)
+            if found is not None:
+                named, whole, finding, kind = found
+                self._named = (tuple(named), whole, finding, kind)
+                self.current = self._verdict(hosts, step, window)
+                self.events.append(("named", self.current))
+                return
+        self._busy(hosts, step)
 
-    def _shown_by(self, streak: dict[int, list[Row]], ranks: tuple[int, ...], share: float
-                  ) -> bool:
-        """Whether the steps of the looks that would name ``ranks`` show them too: at a period
-        through them when some of those looks found them as a rhythm; one of a host's ranks
-        longer in :data:`TURNS_SHARE` of them when they were seldom longer together (a host's
-        ranks late in turns at random, in 4 of 8 steps in one look after another, were named);
-        else as the looks found them, with nothing more asked."""
-        least = self._least()
-        if self._rhythm:
-            return bool(rhythmic(streak, ranks, share, least, cycles=STREAK_CYCLES))
-        if len(ranks) > 1 and not steady(streak, ranks, share, least, every=True):
-            return longer_steps(streak, ranks, share, least) >= TURNS_SHARE * len(streak[ranks[0]])
+    def _chances(self, hosts: dict[int, str]) -> tuple[dict, dict]:
+        """Each rank's, and each host's, chance to be the slowest of a step on equal ranks."""
+        ranks = list(self._rows)
+        by_host: dict[str, float] = {}
+        for rank in ranks:
+            by_host[hosts.get(rank, "")] = by_host.get(hosts.get(rank, ""), 0.0) + 1 / len(ranks)
+        return {rank: 1 / len(ranks) for rank in ranks}, by_host
+
+    def _accuse(self, hosts: dict[int, str], window: list[StepDelay]
+                ) -> tuple[list[int], bool, Finding, str] | None:
+        """Who the ``window``'s lost time is owed to (:func:`accuse`): a rank, or every rank of
+        a host (when no one of them accounts for most of the host's), for its own work; on
+        several hosts, a host for its ranks' wait for a CPU. ``(ranks, whole host, finding,
+        "own" or "cpu")``; ``None`` when nobody."""
+        least, (by_rank, by_host) = self._least(), self._chances(hosts)
+        several = len(by_host) > 1
+        rank = accuse(window, lambda d: (d.rank, d.own_s), by_rank, least, NAME_SHARE)
+        host = accuse(window, lambda d: (d.host, d.host_own_s), by_host, least,
+                      NAME_SHARE) if several else None
+        if host is not None:
+            mates = sorted(r for r in self._rows if hosts.get(r, "") == host.who)
+            # one of them alone, beyond chance among its host's ranks (under a CPU quota they
+            # take turns to be late)
+            alone = (rank is not None and rank.who in mates
+                     and rank.lost_s >= DOMINANT * host.lost_s and binomial_tail(
+                         rank.delayed, max(rank.delayed, host.delayed), 1 / len(mates))
+                     <= SIGNIFICANCE)
+            if len(mates) > 1 and not alone:
+                return mates, True, host, "own"
+        if rank is not None:
+            return [int(rank.who)], False, rank, "own"
+        if not several:
+            return None
+        host = accuse(window, lambda d: (d.host, d.host_cpu_s), by_host, least, NAME_SHARE)
+        if host is None:
+            return None
+        mates = sorted(r for r in self._rows if hosts.get(r, "") == host.who)
+        return mates, len(mates) > 1, host, "cpu"
+
+    def _lost_to(self, window: list[StepDelay]) -> tuple[float, float]:
+        """The time the ``window``'s steps lost to the named rank (or host), and all they lost
+        in the same way (its own work, or waits for a CPU)."""
+        ranks, whole, finding, kind = self._named
+        if whole or kind == "cpu":
+            pick = (lambda d: (d.host, d.host_own_s)) if kind == "own" else (
+                lambda d: (d.host, d.host_cpu_s))
+            who = finding.who
+        else:
+            pick, who = (lambda d: (d.rank, d.own_s)), ranks[0]
+        mine = sum(pick(d)[1] for d in window if pick(d)[0] == who)
+        return mine, sum(pick(d)[1] for d in window)
+
+    def _still_holds(self, hosts: dict[int, str], step: int) -> bool:
+        """Whether the named rank still costs the others :data:`CLEAR_SHARE` of the latest
+        steps' time (over three of its stalls' periods, at least :data:`WINDOWS`' first), and
+        most of what they lose; its figures brought up to date when it does."""
+        window = self._recent(step, max(WINDOWS[0], 3 * self._named[2].period))
+        if not window:
+            return True
+        mine, lost = self._lost_to(window)
+        if mine < CLEAR_SHARE * sum(d.wall_s for d in window) or mine < lost / 2:
+            return False
+        fresh = self._verdict(hosts, self.current.step, window)
+        if fresh.ranks == self.current.ranks and fresh.lost_share >= COST_SHARE:
+            self.current = fresh
+            for i in range(len(self.events) - 1, -1, -1):
+                if self.events[i][0] == "named":
+                    self.events[i] = ("named", fresh)
+                    break
         return True
 
-    @property
-    def _rhythm(self) -> bool:
-        """Whether the looks that would name the streak's rank found it as a rhythm: not all of
-        the latest :data:`LOOKS_TO_NAME` in most steps (those name it as they always did)."""
-        return self._steady_looks < LOOKS_TO_NAME
+    def _verdict(self, hosts: dict[int, str], step: int, window: list[StepDelay]) -> Straggler:
+        """The named rank's verdict: its cause and figures over the ``window``'s steps (every
+        step kept: a stall is what the others waited for), what the others lost to it."""
+        ranks, whole, finding, _ = self._named
+        steps = [d.step for d in window]
+        parts = {rank: window_parts([rows[s] for s in steps], keep_all=True)
+                 for rank, rows in self._rows.items()}
+        mine, _ = self._lost_to(window)
+        wall = sum(d.wall_s for d in window)
+        found = verdict(parts, hosts, list(ranks), whole)
+        least = self._least()
+        delayed = sum(1 for d in window if d.rank in ranks
+                      and d.own_s + d.cpu_s >= max(least, NAME_SHARE * d.base_s))
+        known = all(self.clock.get(r, "host") == "host" and r not in self.gpu
+                    and (self._totals.get(r) or [0] * 6)[5] > 0 for r in self._rows)
+        return dataclasses.replace(
+            found, step=step, cpu_known=known, cpu_read=not self.cpu_unread,
+            lost_share=mine / wall if wall > 0 else 0.0, lost_steps=len(window),
+            longer_in=(delayed, len(window)))
 
-    def _streak_window(self, step: int) -> dict[int, list[Row]] | None:
-        """Every rank's rows of the steps the looks up to ``step`` that name a rank read
-        together (:data:`STREAK_STEPS`); ``None`` when a rank lacks some."""
-        steps = range(step - STREAK_STEPS + 1, step + 1)
-        if not all(all(s in rows for s in steps) for rows in self._rows.values()):
-            return None
-        return {rank: [rows[s] for s in steps] for rank, rows in self._rows.items()}
-
-    def _over_the_streak(self, found: Straggler, hosts: dict[int, str], share: float,
-                         streak: dict[int, list[Row]] | None) -> Straggler:
-        """``found`` judged again over every step its looks read (``streak``,
-        :meth:`_streak_window`): its cause and figures from twice the steps one look reads, so
-        that a busy host's noise in one window does not make the cause (``found``, when a rank
-        lacks those steps or the longer look finds another), and, for a rhythm, in how many of
-        them its own work was longer."""
-        if streak is None:
-            return found
-        longer = look({rank: window_parts(rows, rhythm=self._rhythm)
-                       for rank, rows in streak.items()}, hosts, share, self._least())
-        if longer is None or longer.ranks != found.ranks:
-            return found
-        if not self._rhythm:
-            return longer
-        return dataclasses.replace(longer, longer_in=(
-            longer_steps(streak, found.ranks, share, self._least()), STREAK_STEPS))
+    def _busy(self, hosts: dict[int, str], step: int) -> None:
+        """Say once that the ranks' hosts are busy with other work, when their waits for a CPU
+        beyond one another cost :data:`COST_SHARE` of the latest steps' time and no rank (or
+        host) accounts for it."""
+        if self.busy is not None:
+            return
+        window = self._recent(step, WINDOWS[1])
+        if len(window) < WINDOWS[0]:
+            return
+        waited = sum(d.cpu_s for d in window)
+        wall = sum(d.wall_s for d in window)
+        if wall <= 0 or waited < COST_SHARE * wall:
+            return
+        where = sorted({hosts.get(d.rank, "") for d in window if d.cpu_s > 0})
+        self.busy = BusyHosts(tuple(where), waited / wall, len(window), step,
+                              tuple(sorted(self._rows)))
+        self.events.append(("busy", self.busy))
 
     def _least(self) -> float:
-        """The least excess a step that names a rank: :data:`MIN_EXCESS_UNREAD_S` when a
-        rank's CPU time is not read."""
+        """The least delay that counts a step as one that lost time:
+        :data:`MIN_EXCESS_UNREAD_S` when a rank's CPU time is not read."""
         return MIN_EXCESS_UNREAD_S if self.cpu_unread else MIN_EXCESS_S
 
     def per_rank(self) -> dict[int, StepParts]:
@@ -599,8 +626,11 @@ class StepSplits:
         return least if least >= share else None
 
     def now(self, unit: str = "rank") -> str:
-        """The verdict on the rank (or host) holding the others back now, ``""`` when none."""
-        return self.current.text(unit) if self.current is not None else ""
+        """The verdict on the rank (or host) holding the others back now; else the hosts'
+        condition when they were found busy (:class:`BusyHosts`); ``""`` when neither."""
+        if self.current is not None:
+            return self.current.text(unit)
+        return self.busy.text(unit) if self.busy is not None else ""
 
     def rank_rows(self, hosts: dict[int, str]) -> list[dict[str, Any]]:
         """Per rank: ``rank``, ``host``, ``steps`` and the mean ``step_s``, ``input_s``,
@@ -627,11 +657,13 @@ class StepSplits:
 
     def verdicts(self, unit: str = "rank") -> list[str]:
         """What was found, one line per rank (or host) named: its verdict, the step it was
-        named at and, once it caught up, that step."""
+        named at and, once it caught up, that step; and the hosts' condition, when said."""
         lines: list[str] = []
+        named = -1
         for what, found in self.events:
-            if what == "named":
+            if what in ("named", "busy"):
                 lines.append(f"from step {found.step}: {found.text(unit)}")
-            elif lines:
-                lines[-1] += f" (caught up by step {found.step})"
+                named = len(lines) - 1 if what == "named" else named
+            elif named >= 0:
+                lines[named] += f" (caught up by step {found.step})"
         return lines

@@ -95,7 +95,7 @@ class TextView:
             self._partials_changed = True
         if kind == STEP_SPLIT and self.epoch_lines:  # no dashboard: its header says it
             for what, found in job.splits.events[self._verdicts_said:]:
-                self._add(None, f"hvd_magics: {found.text(job.unit)}" if what == "named" else
+                self._add(None, f"hvd_magics: {found.text(job.unit)}" if what != "cleared" else
                           f"hvd_magics: {ranks_named(list(found.ranks), job.unit)} caught up "
                           f"by step {found.step}: no {job.unit} holds the others back now")
             self._verdicts_said = len(job.splits.events)

@@ -203,9 +203,10 @@ class WidgetView:
         if job.links:
             self.header.value += (f"<br><b style='color:{_COLOURS[INTERRUPTED]}'>links:</b> "
                                   f"{html.escape(job.links)}")
-        if job.splits.current is not None:
-            self.header.value += (f"<br><b style='color:{_COLOURS[INTERRUPTED]}'>straggler:</b> "
-                                  f"{html.escape(job.splits.current.text(job.unit))}")
+        if verdict := job.splits.now(job.unit):
+            label = "straggler" if job.splits.current is not None else "hosts"
+            self.header.value += (f"<br><b style='color:{_COLOURS[INTERRUPTED]}'>{label}:</b> "
+                                  f"{html.escape(verdict)}")
         for rank, row in zip(job.ranks, self._rows):
             self._refresh_row(rank, row, now, final, job.elastic is not None, job.stall_after)
             gpu = job.splits.gpu_text(rank.rank)

@@ -14,12 +14,12 @@ def _run(engine, **kwargs):
 
 def _named(record, rank, cause):
     """The step at which ``rank`` was first named for ``cause`` and that verdict. A verdict
-    before it must be one of a rank starved of a CPU (the suite's other lanes share these two
-    cores; the slowed rank may be starved too, for a spell): no other cause is ever said."""
+    before it may only say that the host's CPUs are busy (the suite's other lanes share these
+    two cores): no other rank, no other cause is ever said."""
     for verdict in record.stragglers:
         if f": rank {rank} (host " in verdict and cause in verdict:
             return int(verdict.split(":")[0].removeprefix("from step ")), verdict
-        assert "most of it waiting for a CPU" in verdict, record.stragglers
+        assert "CPUs are busy with other work" in verdict, record.stragglers
     raise AssertionError(f"rank {rank} was never named {cause}: {record.stragglers}")
 
 
@@ -75,36 +75,32 @@ def test_a_ddp_rank_whose_every_third_batch_is_late_is_named_for_its_input():
     assert by_rank[1]["input_s"] > 0.006 > by_rank[0]["input_s"]
 
 
-def test_a_rank_that_shares_its_cpu_with_a_busy_process_is_named_waiting_for_a_cpu():
+def test_a_rank_that_shares_its_cpu_with_a_busy_process_is_said_as_its_host_s_condition():
+    """Rank 1 shares its CPU with a process that spins: its waits for that CPU are its host's
+    condition (other work on it), said once; no rank is named for them. Its thread may also
+    run longer on the shared CPU (the same work, slowed): then rank 1 is named for that, in
+    compute, never rank 0."""
     record = _run("torch", steps=60, slow_rank=1, how="cpu", base_s=0.03)
     assert record.value == 60
-    named = [v for v in record.stragglers if ": rank 1 (host " in v]
     by_rank = {row["rank"]: row for row in record.step_split}
-    assert named and "in compute" in named[0], record.stragglers
-    if _busy(record, ranks=[0]):
-        # beside busy lanes the same work on the shared core also ran up to 60% longer on it
-        # (rank 1's thread 27 ms a step against rank 0's 17): both are said, or, where the
-        # longer running is most of it, compute, and the figures show it ran longer
-        assert ("most of it waiting for a CPU" in named[0]
-                or " a step of it waiting for a CPU beyond the others' " in named[0]
-                or by_rank[1]["cpu_s"] > by_rank[0]["cpu_s"]), (named, by_rank)
-    else:
-        assert "in compute, most of it waiting for a CPU" in named[0], record.stragglers
-        # over the whole job; when the suite's other lanes starve rank 0 too, it may wait for
-        # a CPU as long (a suite run: rank 0 95 ms a step, rank 1 74 ms; named rightly)
-        assert by_rank[1]["cpu_wait_s"] > by_rank[0]["cpu_wait_s"] + 0.005
-        waited = record.steps.groupby("rank")["cpu_wait_s"].mean()  # the evidence, for the user
-        assert waited[1] > waited[0]
+    assert not any(": rank 0 (host " in v for v in record.stragglers), record.stragglers
+    busy = [v for v in record.stragglers if "CPUs are busy with other work" in v]
+    named = [v for v in record.stragglers if ": rank 1 (host " in v]
+    assert busy or named, record.stragglers
+    assert all("in compute" in v for v in named), record.stragglers
+    assert len(busy) <= 1 and all("no rank is named for it" in v for v in busy)
+    # the evidence, for the user: rank 1 waited for a CPU longer
+    assert by_rank[1]["cpu_wait_s"] > by_rank[0]["cpu_wait_s"]
 
 
 @pytest.mark.parametrize("engine", ["torch", "horovod"])
 def test_ranks_of_equal_speed_name_nobody(engine):
-    # steps of 60 ms: a burst of the suite's other lanes is a smaller part of each window. A
-    # rank those lanes keep from a CPU for seconds is named, and rightly so, for waiting for a
-    # CPU; more work or input is never said of it.
+    # the suite's other lanes keep these cores busy: that may be said of the host, once; no
+    # rank is ever named
     record = _run(engine, steps=40, base_s=0.06)
-    assert all("waiting for a CPU" in verdict for verdict in record.stragglers), \
+    assert all("CPUs are busy with other work" in verdict for verdict in record.stragglers), \
         record.stragglers
+    assert len(record.stragglers) <= 1
     assert ("none: no rank held the others back" in str(record)) == (not record.stragglers)
     assert len(record.step_split) == 2
 
