@@ -207,10 +207,12 @@ class Straggler:
     @property
     def partly_waits_for_cpu(self) -> bool:
         """Whether a good part of its excess (:data:`CPU_RAN_SHARE`) is waiting for a CPU
-        beyond the others' but more time on one says it is not most of it: both are said."""
+        beyond the others' and as good a part more time on one: both are said. (A rank that
+        sleeps for its batches waits for a CPU each time it wakes, and ran no longer: it was
+        said to run "-1.1 ms" longer.)"""
         excess = self.own_s - self.others_s
         return (self.cpu_read and excess > 0 and self.starved_s >= CPU_RAN_SHARE * excess
-                and not self.waits_for_cpu)
+                and self.more_work_s >= CPU_RAN_SHARE * excess and not self.waits_for_cpu)
 
     def _cause_text(self) -> str:
         if self.waits_for_cpu:
@@ -233,17 +235,18 @@ class Straggler:
                  if 0 < count < STEADY_SHARE * steps else "")
         figures = f"{longer:.0f}% longer per step than the others' ({self.own_s:.3g} s against " \
                   f"{self.others_s:.3g} s{often})"
-        lost = (f", {100 * self.lost_share:.0f}% of the job's time over its last "
-                f"{self.lost_steps} steps" if self.lost_steps else "")
+        spend = (f"lose {100 * self.lost_share:.0f}% of the job's time over its last "
+                 f"{self.lost_steps} steps to {'them' if self.whole_host else 'it'}, waiting in "
+                 f"communication" if self.lost_steps else
+                 "spend that time waiting in communication")
         if self.whole_host:
             who = f"the {unit}s of host {self.host} ({ranks_named(list(self.ranks), unit)})"
             return (f"{who} hold the others back: their own work takes {figures}, "
-                    f"{self._cause_text()}; the other {unit}s spend that time waiting in "
-                    f"communication{lost}{self._comm_text()}")
+                    f"{self._cause_text()}; the other {unit}s {spend}{self._comm_text()}")
         where = f" (host {self.host})" if self.host else ""
         return (f"{unit} {self.ranks[0]}{where} holds the others back: its own work takes "
-                f"{figures}, {self._cause_text()}; the other {unit}s spend that time "
-                f"waiting in communication{lost}{self._comm_text()}")
+                f"{figures}, {self._cause_text()}; the other {unit}s {spend}"
+                f"{self._comm_text()}")
 
 
     def _comm_text(self) -> str:
@@ -467,11 +470,12 @@ class StepSplits:
                 return
             self.events.append(("cleared", dataclasses.replace(self.current, step=step)))
             self.current, self._named, self._since = None, None, step
-        for steps in WINDOWS:
+        read = 0
+        for steps in WINDOWS:  # each window as far as the steps reported reach
             window = self._recent(step, steps)
-            if len(window) < min(steps, WINDOWS[0]) or (steps > WINDOWS[0]
-                                                        and len(window) < steps // 2):
+            if len(window) < WINDOWS[0] or len(window) == read:
                 continue
+            read = len(window)
             found = self._accuse(hosts, window)
             if found is not None:
                 named, whole, finding, kind = found

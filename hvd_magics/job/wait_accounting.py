@@ -140,6 +140,27 @@ def regular_period(steps: Sequence[int]) -> int:
         else 0
 
 
+#: The periods (steps) at which a rank late in every step of one phase is looked for.
+RHYTHMS = (2, 3, 4, 5)
+
+
+def rhythm(delays: Sequence[StepDelay], late: set[int], rate: float) -> int:
+    """The period (:data:`RHYTHMS`) at which every step of one phase of the window's
+    ``delays`` is in ``late`` (its steps that delayed the others), when equal ranks, each step
+    late with chance ``rate``, would be so with a chance under :data:`SIGNIFICANCE` (the
+    periods and phases tried counted in): a loader that makes every third batch late holds
+    the others back as surely as one that makes every batch a little late; ``0`` when none."""
+    steps = [d.step for d in delays]
+    tried = sum(RHYTHMS)
+    for period in RHYTHMS:
+        for phase in range(period):
+            at = [s for s in steps if s % period == phase]
+            if len(at) >= STALLS and all(s in late for s in at) \
+                    and tried * rate ** len(at) <= SIGNIFICANCE:
+                return period
+    return 0
+
+
 def accuse(delays: Sequence[StepDelay], of: Callable[[StepDelay], tuple[Hashable, float]],
            chance: dict[Hashable, float], least: float, share: float) -> Finding | None:
     """Who the window's ``delays`` were lost to, when one accounts for it beyond chance.
@@ -178,6 +199,10 @@ def accuse(delays: Sequence[StepDelay], of: Callable[[StepDelay], tuple[Hashable
     finding = Finding(who, lost[who], window_s, len(delays), len(mine), len(counted))
     if binomial_tail(len(mine), len(counted), chance.get(who, 0.5)) <= SIGNIFICANCE:
         return finding
+    period = rhythm(delays, {d.step for d in mine},
+                    chance.get(who, 0.5) * len(counted) / len(delays))
+    if period:
+        return Finding(who, lost[who], window_s, len(delays), len(mine), len(counted), period)
     stalls = [d for d in counted if of(d)[1] >= STALL_TIMES * d.base_s]
     if len(stalls) < STALLS or any(of(d)[0] != who for d in stalls):
         return None

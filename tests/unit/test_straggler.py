@@ -269,8 +269,8 @@ def test_a_plain_text_cell_prints_each_verdict_once(tmp_path):
     lines = [line for line in out.getvalue().splitlines() if "holds the others back" in line]
     assert lines == ["hvd_magics: rank 0 (host h0) holds the others back: its own work takes 43% "
                      "longer per step than the others' (0.05 s against 0.035 s), in compute "
-                     "(forward, backward, optimizer); the other ranks spend that time waiting in "
-                     "communication, 30% of the job's time over its last 15 steps"]
+                     "(forward, backward, optimizer); the other ranks lose 30% of the job's time over "
+                     "its last 15 steps to it, waiting in communication"]
 
 
 def test_a_gpu_rank_s_memory_reaches_the_row_and_the_record_and_a_cpu_rank_reads_nothing(
