@@ -27,10 +27,18 @@ in a clean run; and what does timing each step's parts cost.
    a CPU quota of 30% of a CPU (a cgroup) and nothing is on the links: right when no link is
    named (its answers waited for a CPU), and any rank named is that host's, waiting for a CPU.
 
+5. stalls: the last rank sleeps 0.25-0.3 s in every 10th or 50th step of ~7 ms (np 2 and 4,
+   both engines): right when it alone is named within three periods of its first stall.
+6. busy: ``--busy-clean`` clean runs (equal ranks, 7 ms steps varying by 20% at random)
+   beside a process spinning on each core: how many name a rank (goal 0, ever); how many say
+   the host busy instead.
+
 Usage: .venv/bin/python benchmarks/straggler.py [--runs 5] [--clean 20] [--steps 80]
-       [--link-runs 4] [--parts detection,clean,overhead,link] [--loops tiny,medium]
+       [--busy-clean 30] [--link-runs 4]
+       [--parts detection,clean,stalls,busy,overhead,link] [--loops tiny,medium]
        [--engines torch,horovod,keras]
 Last line: straggler detected=<right>/<runs> clean_named=<n>/<clean> max_delay_steps=<n>
+stalls=<right>/<runs> stall_periods_max=<periods> busy_named=<n>/<runs> busy_said=<n>/<runs>
 link_named=<right>/<runs> link_clean=<no link named>/<runs> link_busy=<no link named>/<runs>
 ddp_tiny_ratio=... ddp_medium_ratio=... horovod_tiny_ratio=... horovod_medium_ratio=...
 keras_tiny_ratio=... keras_medium_ratio=...
@@ -127,6 +135,60 @@ def clean(count: int, steps: int) -> int:
               + ("; ".join(f"{t[:60]} ... {t.split(' s), ')[-1][:80]}" for _, t in found)
                  or "nobody named"), flush=True)
     return named
+
+
+def _spinners():
+    """One process spinning on each core (a machine busy with other work); stop it with
+    ``.kill()`` on each."""
+    import subprocess
+
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(os.cpu_count() or 2)]
+
+
+def stalls(steps_per: int = 5) -> tuple[int, int, int]:
+    """``(right, runs, most periods to name)``: the last rank sleeps 0.25-0.3 s in every 10th
+    (or 50th) step of ~7 ms from step 10 (50) on, np 2 and 4, both engines. Right when that
+    rank alone is named, at most three periods after its first stall."""
+    right = runs = 0
+    periods = []
+    for every in (10, 50):
+        for np in (2, 4):
+            for engine in ("torch", "horovod"):
+                record = _run(np, engine, steps=every * steps_per, slow_rank=np - 1,
+                              how="stall", base_s=0.007, slow_from=every, every=every)
+                named = [(s, t) for s, t in _named(record) if "CPUs are busy" not in t]
+                first = named[0][0] if named else -1
+                ok = (len(named) == 1 and named[0][1].startswith(f"rank {np - 1} (host ")
+                      and first - every <= 3 * every)
+                runs, right = runs + 1, right + ok
+                if named:
+                    periods.append((first - every) / every)
+                print(f"stall every {every} np={np} {engine:<7}: {'right' if ok else 'WRONG'}; "
+                      + ("; ".join(f"named at step {s}: {t[:70]}..." for s, t in named)
+                         or "nobody named"), flush=True)
+    return right, runs, max(periods, default=-1)
+
+
+def busy_clean(count: int, steps: int) -> tuple[int, int]:
+    """``(runs that named a rank, runs that said the host busy)`` of ``count`` clean runs
+    (equal ranks, 7 ms steps varying by 20% at random) beside a process spinning on each
+    core; np 2 and 4, both engines in turn."""
+    named = busy = 0
+    spinning = _spinners()
+    try:
+        for run in range(count):
+            np, engine = (2, 4)[run % 2], ("torch", "horovod")[(run // 2) % 2]
+            record = _run(np, engine, steps=steps, base_s=0.007, jitter=0.2)
+            found = _named(record)
+            ranks = [t for _, t in found if "CPUs are busy" not in t]
+            named, busy = named + bool(ranks), busy + (len(ranks) < len(found))
+            print(f"busy clean run {run + 1} np={np} {engine}: "
+                  + ("; ".join(t[:90] for _, t in found) or "nobody named"), flush=True)
+    finally:
+        for process in spinning:
+            process.kill()
+    return named, busy
 
 
 #: The overhead's loops: (name, width of the MLP's layers, batch size); tiny steps take about
@@ -318,9 +380,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--clean", type=int, default=20)
+    parser.add_argument("--busy-clean", type=int, default=30)
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--link-runs", type=int, default=4)
-    parser.add_argument("--parts", default="detection,clean,overhead,link",
+    parser.add_argument("--parts", default="detection,clean,stalls,busy,overhead,link",
                         help="which parts to run (comma-separated)")
     parser.add_argument("--engines", default="torch,horovod,keras",
                         help="the overhead's loops' engines (comma-separated: torch (DDP), "
@@ -333,13 +396,18 @@ def main() -> None:
     began = time.monotonic()
     right, runs, delay = detection(args.steps) if "detection" in parts else (0, 0, -1)
     named = clean(args.clean, args.steps) if "clean" in parts else 0
+    stall_right, stall_runs, stall_periods = stalls() if "stalls" in parts else (0, 0, -1)
+    busy_named, busy_said = (busy_clean(args.busy_clean, args.steps) if "busy" in parts
+                             else (0, 0))
     ratios = (overhead(args.runs, args.loops.split(","), args.engines.split(","))
               if "overhead" in parts else [])
     link_right, link_clean, link_busy, link_runs = (links(args.link_runs) if "link" in parts
                                                     else (0, 0, 0, 0))
     print(f"({time.monotonic() - began:.0f} s)")
     print(f"straggler detected={right}/{runs} clean_named={named}/{args.clean} "
-          f"max_delay_steps={delay} link_named={link_right}/{link_runs} "
+          f"max_delay_steps={delay} stalls={stall_right}/{stall_runs} "
+          f"stall_periods_max={stall_periods:.1f} busy_named={busy_named}/{args.busy_clean} "
+          f"busy_said={busy_said}/{args.busy_clean} link_named={link_right}/{link_runs} "
           f"link_clean={link_clean}/{link_runs} link_busy={link_busy}/{link_runs} "
           f"{' '.join(ratios)}")
 

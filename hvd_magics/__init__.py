@@ -16,6 +16,9 @@ rank), ``rank/`` (inside a rank process); ``protocol``, ``channel``, ``options``
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
 from typing import Any
 
 __version__ = "0.1.0"
@@ -53,6 +56,30 @@ _PUBLIC = {
 }
 
 __all__ = sorted([*_PUBLIC, "load_ipython_extension"])
+
+
+#: Modules the docs name at the package's top, imported where they live (``import
+#: hvd_magics.checkpoint`` failed with ModuleNotFoundError: only ``from hvd_magics import
+#: checkpoint`` worked).
+_MODULES = {"hvd_magics.checkpoint": "hvd_magics.rank.checkpoint",
+            "hvd_magics.progress": "hvd_magics.rank.progress"}
+
+
+class _ModuleAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports each name of :data:`_MODULES` as the module it names, loaded on first use."""
+
+    def find_spec(self, name, path=None, target=None):  # noqa: ANN001, ANN201 - importlib's
+        return importlib.util.spec_from_loader(name, self) if name in _MODULES else None
+
+    def create_module(self, spec):  # noqa: ANN001, ANN201
+        return importlib.import_module(_MODULES[spec.name])
+
+    def exec_module(self, module) -> None:  # noqa: ANN001 - loaded by create_module
+        return None
+
+
+if not any(isinstance(finder, _ModuleAlias) for finder in sys.meta_path):
+    sys.meta_path.append(_ModuleAlias())
 
 
 def __getattr__(name: str) -> Any:

@@ -271,6 +271,11 @@ class EnvironmentNotShippable(HorovodMagicsError, ValueError):
     environment, an editable install that cannot travel, or larger than the limit."""
 
 
+class ShardedStateRefused(HorovodMagicsError, TypeError):
+    """``checkpoint.save`` was given sharded tensors (FSDP's DTensors, ShardedTensors), which
+    rank 0 alone cannot write whole."""
+
+
 class CheckpointFolderNotShared(HorovodMagicsError, OSError):
     """A rank does not see the job's checkpoint folder as the driver does: each executor would
     keep checkpoints of its own, and ranks would resume from different steps."""

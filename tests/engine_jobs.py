@@ -1144,16 +1144,20 @@ def small_classifier():
 
 def straggler_ddp(steps: int = 60, slow_rank: int | None = None, how: str = "compute",
                   slower: float = 0.3, base_s: float = 0.03, slow_from: int = 0,
-                  engine: str = "torch", width: int = 64):
+                  engine: str = "torch", width: int = 64, every: int = 10,
+                  jitter: float = 0.0):
     """A DDP (``engine="torch"``) or Horovod (``"horovod"``) loop over a ``DataLoader`` whose
     steps each do ``base_s`` seconds of compute; from step ``slow_from`` on, ``slow_rank``'s
     steps take ``slower`` times that longer, in compute or in its data loader (``how``; with
     ``"bursts"``, every third batch is three times as late). With
     ``how="cpu"`` a step's compute is a fixed amount of work instead (what ``base_s`` took the
     slowest rank at the start), each rank runs on a CPU of its own and ``slow_rank`` shares its
-    CPU with a process that spins from step ``slow_from`` on. Its gradients are ``width`` x 65 floats.
-    Returns the steps each rank took."""
+    CPU with a process that spins from step ``slow_from`` on. With ``how="stall"``,
+    ``slow_rank`` sleeps 0.25 to 0.3 s in every ``every``-th step from ``slow_from`` on. Every
+    rank's compute varies by ``jitter`` (a share, at random each step). Its gradients are
+    ``width`` x 65 floats. Returns the steps each rank took."""
     import os
+    import random
     import subprocess
     import sys
     import time
@@ -1221,8 +1225,10 @@ def straggler_ddp(steps: int = 60, slow_rank: int | None = None, how: str = "com
     for i, (x, y) in enumerate(torch.utils.data.DataLoader(Batches(), batch_size=None)):
         if how == "cpu" and rank == slow_rank and i == slow_from:
             spinner = subprocess.Popen([sys.executable, "-c", spin])
-        busy(base_s + (extra if rank == slow_rank and how == "compute" and i >= slow_from
-                       else 0.0))
+        if how == "stall" and rank == slow_rank and i >= slow_from and (i - slow_from) % every == 0:
+            time.sleep(0.25 + 0.05 * random.random())
+        busy(base_s * (1 + jitter * (2 * random.random() - 1))
+             + (extra if rank == slow_rank and how == "compute" and i >= slow_from else 0.0))
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()

@@ -38,7 +38,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hvd_magics.errors import CheckpointFolderNotShared
+from hvd_magics.errors import CheckpointFolderNotShared, ShardedStateRefused
 from hvd_magics.protocol import (ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_TOKEN, ENV_RANK,
                                  ENV_RESUME_STEP)
 from hvd_magics.rank_names import rank_named
@@ -118,6 +118,49 @@ def _pinned() -> int | None:
     return int(step) if step not in (None, NO_CHECKPOINT) else None
 
 
+#: The classes of sharded tensors, by name, in ``torch.distributed``'s modules: each rank holds
+#: its own part (FSDP2's parameters and optimizer state, FSDP1's sharded state dicts).
+_SHARDED = {"DTensor", "ShardedTensor"}
+
+
+def sharded_tensors(state: Any, where: str = "state") -> list[str]:
+    """Where in ``state`` (dicts, lists and tuples, walked through) sharded tensors are, as
+    ``state["model"]["0.weight"] (DTensor, this rank's part [32, 64] of [64, 64])``."""
+    if isinstance(state, dict):
+        return [found for key, value in state.items()
+                for found in sharded_tensors(value, f"{where}[{key!r}]")]
+    if isinstance(state, (list, tuple)):
+        return [found for i, value in enumerate(state)
+                for found in sharded_tensors(value, f"{where}[{i}]")]
+    kind = next((c.__name__ for c in type(state).__mro__ if c.__name__ in _SHARDED
+                 and c.__module__.startswith("torch.distributed")), None)
+    if kind is None:
+        return []
+    local = getattr(state, "to_local", None) or getattr(state, "local_tensor", None)
+    try:
+        part = f", this rank's part {list(local().shape)} of {list(state.shape)}"
+    except Exception:  # noqa: BLE001 - the shapes only illustrate the error
+        part = ""
+    return [f"{where} ({kind}{part})"]
+
+
+def _refuse_sharded(state: Any) -> None:
+    found = sharded_tensors(state)
+    if not found:
+        return
+    more = f", and {len(found) - 1} more" if len(found) > 1 else ""
+    raise ShardedStateRefused(
+        f"checkpoint.save got sharded tensors: {found[0]}{more}. Rank 0 writes alone, so the "
+        f"checkpoint would hold rank 0's shards only, and a restart would load them on every "
+        f"rank (wrong weights, or a shape error in the optimizer). Fix: save every rank's part "
+        f"with PyTorch's distributed checkpoint, called on every rank: "
+        f"torch.distributed.checkpoint.save(state, checkpoint_id=str(checkpoint.directory() "
+        f"/ f'dcp-{{step}}')); or gather whole tensors first, on every rank: "
+        f"torch.distributed.checkpoint.state_dict.get_model_state_dict(model, "
+        f"options=StateDictOptions(full_state_dict=True, cpu_offload=True)) (and "
+        f"get_optimizer_state_dict(model, optimizer, options=...)), then save that.")
+
+
 def save(state: Any, step: int, keep: int = 2) -> Path | None:
     """On rank 0, write ``state`` (anything pickle takes: state dicts, arrays, numbers) as the
     checkpoint of ``step``, keeping the newest ``keep`` (and the one this attempt resumed
@@ -125,12 +168,16 @@ def save(state: Any, step: int, keep: int = 2) -> Path | None:
 
     Raises
     ------
+    ShardedStateRefused
+        On every rank, ``state`` holds sharded tensors (FSDP's DTensors, ShardedTensors),
+        which rank 0 alone cannot write whole (:func:`sharded_tensors`); nothing is written.
     CheckpointFolderNotShared
         The rank's executor does not see the driver's folder (:func:`shared_folder`).
     Preempted
         On every rank, once saved, when :func:`preempting` said ``True``: the attempt ends
         here, and the next one resumes from this checkpoint.
     """
+    _refuse_sharded(state)
     folder = shared_folder()
     if os.environ.get(ENV_RANK, "0") != "0":
         after_save(step)

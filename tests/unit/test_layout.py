@@ -256,3 +256,16 @@ def test_every_environment_variable_name_is_spelled_once_in_protocol():
     spelled = [f"{path.relative_to(root)}: {match.group(1)}" for path in root.rglob("*.py")
                if path.name != "protocol.py" for match in name.finditer(path.read_text())]
     assert spelled == []
+
+
+def test_the_modules_the_docs_name_at_the_top_import_as_written():
+    """``import hvd_magics.checkpoint`` (the README's name) failed with ModuleNotFoundError;
+    only ``from hvd_magics import checkpoint`` worked."""
+    import importlib
+
+    checkpoint = importlib.import_module("hvd_magics.checkpoint")
+    progress = importlib.import_module("hvd_magics.progress")
+    from hvd_magics import checkpoint as same
+    from hvd_magics.rank import progress as real
+
+    assert checkpoint is same and progress is real and callable(checkpoint.save)
