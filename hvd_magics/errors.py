@@ -276,6 +276,10 @@ class ShardedStateRefused(HorovodMagicsError, TypeError):
     rank 0 alone cannot write whole."""
 
 
+class CheckpointFolderUnusable(HorovodMagicsError, OSError):
+    """The job's checkpoint folder is a file, or a folder the driver may not write in."""
+
+
 class CheckpointFolderNotShared(HorovodMagicsError, OSError):
     """A rank does not see the job's checkpoint folder as the driver does: each executor would
     keep checkpoints of its own, and ranks would resume from different steps."""

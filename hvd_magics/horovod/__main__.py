@@ -42,7 +42,8 @@ def _check() -> int:
         what = ("The Horovod installed in {} was not built by hvd_magics (it lacks our fixes, "
                 "and may not load with this environment's frameworks)" if other else
                 "No Horovod is installed in {}").format(sys.executable)
-        print(f"{what}. Build one: {HOROVOD_BUILD_COMMAND} (or run jobs with --engine torch).")
+        print(f"{what}. Build one: {HOROVOD_BUILD_COMMAND}, after pip install "
+              f"\"hvd_magics[horovod]\" (what the build needs), or run jobs with --engine torch.")
         return 1
     wanted = horovod_build.target("auto")
     built_for = horovod_build.Target(installed["python"], installed["frameworks"],

@@ -32,9 +32,10 @@ GPU_SHARING = FailureHint(
 #: The ranks' Python lacks Horovod (PyPI's does not build against today's frameworks).
 HOROVOD_MISSING = FailureHint(
     ("No module named 'horovod'",),
-    "\nHorovod is not installed in the ranks' Python. Fix: build it for that environment with "
-    f"`{HOROVOD_BUILD_COMMAND}` (in a notebook: `!{{sys.executable}} -m hvd_magics.horovod "
-    "build`, then restart the kernel; on a cluster, in the executors' Python too, or send the "
+    "\nHorovod is not installed in the ranks' Python. Fix: install what its build needs and "
+    f"build it for that environment: `pip install \"hvd_magics[horovod]\"`, then "
+    f"`{HOROVOD_BUILD_COMMAND}` (in a notebook: `%pip install \"hvd_magics[horovod]\"`, then "
+    "`!{sys.executable} -m hvd_magics.horovod build`, then restart the kernel; on a cluster, in the executors' Python too, or send the "
     "notebook's environment with %hvd_env ship), or run the job with --engine torch "
     "(PyTorch DDP, no Horovod needed).")
 

@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from hvd_magics.errors import HorovodJobError, JobInterrupted, Preempted
+from hvd_magics.errors import CheckpointFolderUnusable, HorovodJobError, JobInterrupted, Preempted
 from hvd_magics.job.job_state import LOST
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.session import SESSION
@@ -61,8 +61,8 @@ def checkpoint_folder(name: str | None, given: str | None) -> Path:
     function's source and arguments) under the system's temporary folder, so that the same job
     finds it again after the notebook restarted; a job without a name gets a folder of its own
     (it resumes only across its own restarts)."""
-    if given:
-        return Path(given)
+    if given:  # a relative folder is the notebook's (a rank's working folder is its executor's)
+        return Path(given).expanduser().absolute()
     key = hashlib.sha256(name.encode()).hexdigest()[:12] if name else \
         f"job-{uuid.uuid4().hex[:12]}"
     return Path(tempfile.gettempdir()) / "hvd_magics" / "checkpoints" / key
@@ -233,9 +233,21 @@ def attempt_checkpoints(folder: Path) -> Iterator[dict[str, str]]:
     this attempt's in ``folder``, which a rank that does not share the driver's folder cannot
     find, and the step of the checkpoint they all resume from (the newest now). The file goes
     with the attempt, and the folder too when nothing else was written in it."""
-    folder.mkdir(parents=True, exist_ok=True)
     token = folder / f".hvd_magics-attempt-{uuid.uuid4().hex[:12]}"
-    token.write_text("the driver's mark: ranks that see it share this folder\n")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        token.write_text("the driver's mark: ranks that see it share this folder\n")
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise CheckpointFolderUnusable(
+            f"the job's checkpoint folder {folder} cannot be made: {exc.filename or folder} is "
+            f"a file. Fix: name a folder with %%horovod --checkpoint-dir DIR "
+            f"(HorovodRunner(checkpoint_dir=DIR)), one every executor shares") from None
+    except OSError as exc:
+        raise CheckpointFolderUnusable(
+            f"the job's checkpoint folder {folder} is not writable from the notebook "
+            f"({type(exc).__name__}: {exc.strerror or exc}). Fix: name a folder you may write "
+            f"in with %%horovod --checkpoint-dir DIR (HorovodRunner(checkpoint_dir=DIR)), one "
+            f"every executor shares") from None
     found = latest_checkpoint(folder)
     try:
         yield {ENV_CHECKPOINT_TOKEN: token.name,

@@ -1,4 +1,6 @@
 """Which failures a restart can get past, and how a job's checkpoint folder is named."""
+from pathlib import Path
+
 from hvd_magics.errors import HorovodJobError, RankFailure
 from hvd_magics.job.restarts import checkpoint_folder, job_name, loss
 
@@ -137,3 +139,23 @@ def test_preempted_attempts_start_again_without_counting_and_without_restarts_sa
             r"^The job was preempted: the checkpoint of step 45 .*\. Fit again with "
             r"modelDir='/m' to resume from it, or set restarts=N\.$")):
         launch_with_restarts(request, launch, 0, tmp_path / "c", fresh=False, resume_fix=fix)
+
+
+def test_a_checkpoint_folder_that_is_a_file_or_unwritable_is_said_so_and_a_relative_one_is_the_notebooks(
+        tmp_path, monkeypatch):
+    """An existing file as --checkpoint-dir raised FileExistsError's traceback from
+    job/restarts.py; a folder nobody may write in, PermissionError's."""
+    import pytest
+
+    from hvd_magics.errors import CheckpointFolderUnusable
+    from hvd_magics.job.restarts import attempt_checkpoints
+
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(CheckpointFolderUnusable, match="is a file. Fix: name a folder"):
+        with attempt_checkpoints(checkpoint_folder(None, str(tmp_path / "a-file"))):
+            pass
+    with pytest.raises(CheckpointFolderUnusable, match="not writable from the notebook"):
+        with attempt_checkpoints(Path("/proc/hvd_magics-no-such/checkpoints")):
+            pass
+    monkeypatch.chdir(tmp_path)
+    assert checkpoint_folder(None, "ckpt") == tmp_path / "ckpt"

@@ -133,3 +133,4 @@ def test_the_wheel_runs_the_quick_start_in_a_fresh_venv(venv, tmp_path, monkeypa
     failed = texts[-1]
     assert "No module named 'horovod'" in failed, failed
     assert "python -m hvd_magics.horovod build" in failed and "--engine torch" in failed, failed
+    assert 'pip install "hvd_magics[horovod]"' in failed, failed  # pyyaml and cmake come with it
