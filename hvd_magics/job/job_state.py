@@ -187,8 +187,10 @@ class JobState:
     def __init__(self, size: int, log_path: Path, views: list[JobView] | None = None,
                  where: str = "", elastic: ElasticSize | None = None,
                  timeline_dest: Path | None = None,
-                 stall_after: float = STALL_AFTER_S) -> None:
+                 stall_after: float = STALL_AFTER_S, engine: str = "horovod") -> None:
         self.size = size
+        #: What the ranks run on: ``"horovod"``, ``"torch"`` or ``"tf"``.
+        self.engine = engine
         self.where = where
         self.elastic = elastic
         self.unit = unit_of(elastic)

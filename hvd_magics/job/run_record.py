@@ -200,7 +200,7 @@ class RunRecord:
 
     def __str__(self) -> str:
         width = max(len(k) for k, _ in self._rows())
-        text = "\n".join([f"HorovodRun {self.job_id}"] +
+        text = "\n".join([f"{run_title(self.engine)} {self.job_id}"] +
                          [f"  {k:<{width}}  {v}" for k, v in self._rows()])
         if self.epochs:
             text += "\nepoch timing\n" + format_table(self.epochs)
@@ -216,8 +216,8 @@ class RunRecord:
         body = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
                        f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
                        for k, v in self._rows())
-        return (f"<div class='hvd-run-record'><b style='color:{colour}'>HorovodRun "
-                f"{html.escape(self.status)}</b><table>{body}</table>{self.charts_html}"
+        return (f"<div class='hvd-run-record'><b style='color:{colour}'>"
+                f"{run_title(self.engine)} {html.escape(self.status)}</b><table>{body}</table>{self.charts_html}"
                 f"{self._epochs_html()}</div>")
 
     def _epochs_html(self) -> str:
@@ -254,6 +254,18 @@ def describe_reset(reset: dict[str, Any]) -> str:
 
 #: How the record names each engine.
 _ENGINE_NAMES = {"torch": "torch.distributed", "tf": "tf.distribute"}
+
+
+def run_title(engine: str) -> str:
+    """What a job of ``engine`` is called: ``"HorovodRun"``, ``"torch.distributed run"``, ...
+    (a torch job's record said "HorovodRun succeeded")."""
+    return f"{_ENGINE_NAMES[engine]} run" if engine in _ENGINE_NAMES else "HorovodRun"
+
+
+def job_title(engine: str) -> str:
+    """The dashboard's name of a job of ``engine``: ``"Horovod job"``, ``"torch.distributed
+    job"``, ``"tf.distribute job"``."""
+    return f"{_ENGINE_NAMES.get(engine, 'Horovod')} job"
 
 
 def _short(text: str, limit: int = 120) -> str:

@@ -493,7 +493,7 @@ def launch(request: LaunchRequest) -> RunRecord:
     tracker = _tracker(request, job_id, backend.where, engine)
     job = JobState(abs(size), log_path, request.views + ([tracker] if tracker else []),
                    backend.where, elastic, timeline_dest=request.timeline,
-                   stall_after=request.stall_after)
+                   stall_after=request.stall_after, engine=engine)
     job.earlier_attempts = request.earlier_attempts
     record = RunRecord(job_id=job_id, np=size, where=backend.where, log_path=str(log_path),
                        elastic=str(elastic) if elastic else None, engine=engine)

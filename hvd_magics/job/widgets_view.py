@@ -15,6 +15,7 @@ from typing import Any
 from hvd_magics.job.job_state import (DONE, FAILED, INTERRUPTED, KEPT, PREEMPTED, READY,
                                       RUNNING, SHARDING_DATA, STALL_AFTER_S, STARTING, STOPPED,
                                       WAITING, JobState)
+from hvd_magics.job.run_record import job_title
 from hvd_magics.job.straggler import StepParts
 from hvd_magics.protocol import OUTPUT
 from hvd_magics.rank_names import RANK, TASK, rank_named
@@ -196,7 +197,7 @@ class WidgetView:
         colour = (_COLOURS[INTERRUPTED] if overall in (INTERRUPTED, PREEMPTED) else
                   _COLOURS[FAILED] if failed
                   else _COLOURS[DONE] if final else _COLOURS[RUNNING])
-        self.header.value = (f"<b>Horovod job</b>, {_size_text(job)} on "
+        self.header.value = (f"<b>{job_title(job.engine)}</b>, {_size_text(job)} on "
                              f"{html.escape(job.where)}: <b style='color:{colour}'>{overall}</b>, "
                              f"{elapsed:.1f} s{_attempts_html(job)}{_resets_html(job)}" +
                              (f"<br>{html.escape(nodes)}" if (nodes := nodes_text(job)) else ""))

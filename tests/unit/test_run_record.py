@@ -78,3 +78,22 @@ def test_a_ranks_own_exception_can_be_raised_again_as_its_type():
     for index in (2, 3):  # a type not imported here, a rank killed without one
         with pytest.raises(HorovodJobError):
             err.raise_exception(index)
+
+
+def test_a_torch_or_tf_job_is_called_by_its_engine_not_horovod(tmp_path):
+    """A torch job's dashboard said "Horovod job" and its record "HorovodRun succeeded"."""
+    from hvd_magics.job.job_state import JobState
+    from hvd_magics.job.widgets_view import WidgetView
+
+    for engine, title, run in (("torch", "torch.distributed job", "torch.distributed run"),
+                               ("tf", "tf.distribute job", "tf.distribute run"),
+                               ("horovod", "Horovod job", "HorovodRun")):
+        record = RunRecord(job_id="x1", np=2, where="spark local[2]", log_path="l",
+                           engine=engine, status="succeeded")
+        assert str(record).startswith(f"{run} x1") and f">{run} succeeded</b>" in \
+            record._repr_html_()
+        job = JobState(2, tmp_path / engine / "ranks.log", where="spark local[2]", engine=engine)
+        view = WidgetView()
+        view.on_end(job)  # outside a kernel, display() prints the box's repr
+        assert view.header.value.startswith(f"<b>{title}</b>, 2 ranks on spark local[2]"), \
+            view.header.value
