@@ -52,6 +52,7 @@ _PUBLIC = {
     "progress": "hvd_magics.rank",  # the module hvd_magics.rank.progress
     "checkpoint": "hvd_magics.rank",  # the module hvd_magics.rank.checkpoint
     "attempt": "hvd_magics.rank.checkpoint",
+    "alone": "hvd_magics.rank.integrations.guards",
     "ship_environment": "hvd_magics.job.environment",
 }
 

@@ -615,6 +615,9 @@ def _lightning_linear(**log):
             super().__init__()
             self.layer = torch.nn.Linear(4, 1)
 
+        def forward(self, x):
+            return self.layer(x)
+
         def training_step(self, batch, _index):
             x, y = batch
             loss = torch.nn.functional.mse_loss(self.layer(x), y)
@@ -765,8 +768,14 @@ def library_alone(library: str):
         return hf_trainer_fit(os.getcwd())
     if library == "lightning":
         import pytorch_lightning as pl
+        import torch
 
-        return pl.Trainer(accelerator="cpu", logger=False).world_size
+        data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+        trainer = pl.Trainer(accelerator="cpu", logger=False, max_epochs=1,
+                             enable_progress_bar=False, enable_checkpointing=False)
+        trainer.fit(_lightning_linear(on_step=False, on_epoch=True),
+                    torch.utils.data.DataLoader(data, batch_size=8))
+        return trainer.world_size
     import numpy as np
     import tf_keras
 
@@ -774,6 +783,55 @@ def library_alone(library: str):
     model.compile("sgd", "mse")
     model.fit(np.zeros((8, 4)), np.zeros((8, 1)), verbose=0)
     return 1
+
+
+def work_alone(library: str, fit_alone: bool = False):
+    """The job's model trained on every rank as the library's docs write it (Lightning DDP
+    under the torch engine, Keras under ``MultiWorkerMirroredStrategy`` under the tf engine),
+    then single-process work of one rank's own: rank 0 predicting with a ``Trainer(devices=1)``,
+    a small probe model fitted outside the strategy on every worker; with ``fit_alone``, a
+    ``Trainer(devices=1).fit`` on every rank, inside ``hvd_magics.alone()`` when ``fit_alone``
+    is ``"said"``. Returns what that work made (the predictions' rows, the probe's loss)."""
+    import os
+
+    import hvd_magics
+
+    rank = int(os.environ["RANK"]) if library == "lightning" else None
+    if library == "keras":
+        import numpy as np
+        import tensorflow as tf
+        import tf_keras
+
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        with strategy.scope():
+            model = tf_keras.Sequential([tf_keras.layers.Dense(1)])
+            model.compile("sgd", "mse")
+        model.fit(np.ones((16, 4)), np.ones((16, 1)), batch_size=8, verbose=0)
+        probe = tf_keras.Sequential([tf_keras.layers.Dense(1)])  # outside: this worker's own
+        probe.compile("sgd", "mse")
+        return float(probe.fit(np.ones((8, 4)), np.ones((8, 1)), verbose=0).history["loss"][-1])
+    import pytorch_lightning as pl
+    import torch
+
+    quiet = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False,
+             "enable_checkpointing": False, "enable_model_summary": False}
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(
+        torch.randn(16, 4), torch.randn(16, 1)), batch_size=8)
+    model = _lightning_linear(on_step=False, on_epoch=True)
+    pl.Trainer(max_epochs=1, **quiet).fit(model, loader)  # the job's model, on every rank
+    if fit_alone:
+        probe = _lightning_linear(on_step=False, on_epoch=True)
+        if fit_alone == "said":
+            with hvd_magics.alone():
+                pl.Trainer(devices=1, max_epochs=1, **quiet).fit(probe, loader)
+        else:
+            pl.Trainer(devices=1, max_epochs=1, **quiet).fit(probe, loader)
+        return "fitted"
+    if rank != 0:
+        return None
+    rows = pl.Trainer(devices=1, **quiet).predict(model, torch.utils.data.DataLoader(
+        torch.randn(12, 4), batch_size=4))
+    return sum(len(r) for r in rows)
 
 
 def accelerate_notebook_launcher():

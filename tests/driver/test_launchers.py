@@ -65,3 +65,21 @@ def test_a_library_that_would_train_each_rank_alone_is_refused(engine, library, 
     with pytest.raises(HorovodJobError, match=r"RunsAloneError: " + says):
         HorovodRunner(np=-2, engine=engine, timeout=120).run(engine_jobs.library_alone,
                                                              library=library)
+
+
+def test_a_rank_s_own_single_process_work_runs_and_training_each_rank_alone_is_refused():
+    """After DDP training, rank 0 alone predicting with ``Trainer(devices=1)`` was refused
+    (LaunchMismatchError, with a fix that would hang on one rank); a probe model fitted outside
+    the strategy on a tf job's workers was refused too (RunsAloneError). Only training the job
+    alone on each rank is refused, and ``hvd_magics.alone()`` says that is meant."""
+    torch_job = HorovodRunner(np=-2, engine="torch", timeout=120)
+    assert torch_job.run(engine_jobs.work_alone, library="lightning") == 12
+    with pytest.raises(HorovodJobError, match=r"RunsAloneError: Lightning's Trainer runs this "
+                       r"rank as 1 process of its own while the job has 2 ranks.*inside `with "
+                       r"hvd_magics\.alone\(\):`"):
+        torch_job.run(engine_jobs.work_alone, library="lightning", fit_alone=True)
+    assert torch_job.run(engine_jobs.work_alone, library="lightning", fit_alone="said") == \
+        "fitted"
+    loss = HorovodRunner(np=-2, engine="tf", timeout=120).run(engine_jobs.work_alone,
+                                                                library="keras")
+    assert loss >= 0.0

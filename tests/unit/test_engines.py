@@ -188,7 +188,7 @@ def test_the_stall_diagnosis_names_the_engine_whose_collective_a_rank_waits_in()
 def test_a_lightning_trainer_of_another_shape_than_the_jobs_is_named_with_the_fix(monkeypatch):
     from types import SimpleNamespace
 
-    from hvd_magics.rank.integrations.lightning import lightning_message
+    from hvd_magics.rank.integrations.lightning import fit_alone_message, lightning_message
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
@@ -198,9 +198,15 @@ def test_a_lightning_trainer_of_another_shape_than_the_jobs_is_named_with_the_fi
 
     fits = Trainer(strategy=SimpleNamespace(num_processes=4, num_nodes=2))
     assert lightning_message(fits) is None
-    alone = Trainer(strategy=SimpleNamespace())  # Trainer(devices=1) on a CPU: one device
-    assert lightning_message(alone) == (
-        "Lightning's Trainer(devices=1, num_nodes=1) plans 1 process, 1 per node, and the job "
+    # Trainer(devices=1) on a CPU, one process: a rank's own work (predicting on rank 0);
+    # only its fit is refused, by fit_alone_message
+    alone = Trainer(strategy=SimpleNamespace(), world_size=1)
+    assert lightning_message(alone) is None
+    assert fit_alone_message(alone).startswith(
+        "Lightning's Trainer runs this rank as 1 process of its own while the job has 8 ranks")
+    other = Trainer(strategy=SimpleNamespace(num_processes=2, num_nodes=1))
+    assert lightning_message(other) == (
+        "Lightning's Trainer(devices=2, num_nodes=1) plans 2 processes, 2 per node, and the job "
         "runs 8 ranks as 2 nodes of 4. Fix: leave devices and num_nodes out of Trainer(...) "
         "(they then take the job's shape), or write Trainer(devices=4, num_nodes=2, "
         "strategy='ddp').")

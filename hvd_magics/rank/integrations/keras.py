@@ -46,8 +46,9 @@ from typing import Any
 from hvd_magics.protocol import ENGINE_HOROVOD, ENGINE_TF, ENV_ENGINE, ENV_KERAS_PROGRESS, ENV_RANK
 from hvd_magics.rank import preemption, progress
 from hvd_magics.rank.checkpoint import newest_saved_on_notice, notice_folder
-from hvd_magics.rank.import_hooks import after_import, before_call, refusing
-from hvd_magics.rank.integrations.guards import ALONE_MARK, RunsAloneError, job_size
+from hvd_magics.rank.import_hooks import after_call, after_import, before_call, refusing
+from hvd_magics.rank.integrations.guards import (ALONE_FIX, ALONE_MARK, RunsAloneError, job_size,
+                                                 mine_alone)
 
 _KERAS_MODULES = ("tf_keras", "keras")
 _PATCHED = "_hvd_magics_progress"
@@ -303,20 +304,44 @@ def progress_callback(module: Any, batch_size: int | None, epochs: int | None = 
     return kind(batch_size, epochs, steps) if kind is not None else None
 
 
+#: Whether this worker made a ``MultiWorkerMirroredStrategy`` (then a model it fits outside
+#: the strategy's scope is its own on purpose: a probe, a small model of its own).
+_STRATEGY_MADE = "_hvd_magics_strategy_made"
+
+
 def keras_message(model: Any, *_args: Any, **_kwargs: Any) -> str | None:
-    """Why a Keras ``model.fit`` on a tf job's worker would train it alone, or ``None``."""
+    """Why a Keras ``model.fit`` on a tf job's worker would train the job's model alone (no
+    ``MultiWorkerMirroredStrategy`` made in this worker at all), or ``None``: a model fitted
+    outside the strategy of a worker that made one, or inside :func:`alone`, is its own."""
     import tensorflow as tf
 
     strategy = getattr(model, "distribute_strategy", None) or tf.distribute.get_strategy()
     replicas = int(getattr(strategy, "num_replicas_in_sync", 1))
     size = job_size()
-    if replicas >= size or size <= 1:
+    if replicas >= size or size <= 1 or mine_alone() or _strategy_made():
         return None
     return (f"Keras trains this worker's model alone ({replicas} replica"
             f"{'s' if replicas != 1 else ''}) while the job has {size} workers: the model was "
-            f"built outside tf.distribute.MultiWorkerMirroredStrategy().scope(). Fix: strategy = "
+            f"built outside tf.distribute.MultiWorkerMirroredStrategy().scope(), and this worker "
+            f"made no such strategy. Fix: strategy = "
             f"tf.distribute.MultiWorkerMirroredStrategy(), then build and compile the model "
-            f"inside `with strategy.scope():`.")
+            f"inside `with strategy.scope():`. {ALONE_FIX}")
+
+
+#: Where TensorFlow defines ``MultiWorkerMirroredStrategy``.
+_STRATEGY_MODULE = "tensorflow.python.distribute.collective_all_reduce_strategy"
+
+
+def _mark_strategy(strategy: Any) -> None:  # noqa: ARG001 - made: the mark is the module's
+    setattr(sys.modules[_STRATEGY_MODULE], _STRATEGY_MADE, True)
+
+
+def _strategy_made() -> bool:
+    return getattr(sys.modules.get(_STRATEGY_MODULE), _STRATEGY_MADE, False)
+
+
+def _watch_strategies(module: Any) -> None:
+    after_call(module.CollectiveAllReduceStrategy, "__init__", _mark_strategy, _STRATEGY_MADE)
 
 
 def _guard_alone(module: Any) -> None:
@@ -332,4 +357,5 @@ def install() -> None:
     if os.environ.get(ENV_KERAS_PROGRESS, "1") != "0":
         after_import(_KERAS_MODULES, patch_keras)
     if os.environ.get(ENV_ENGINE) == ENGINE_TF and job_size() > 1:
+        after_import((_STRATEGY_MODULE,), _watch_strategies)
         after_import(_KERAS_MODULES, _guard_alone)

@@ -33,10 +33,11 @@ from hvd_magics.rank import preemption, progress
 from hvd_magics.rank.checkpoint import newest_saved_on_notice, notice_folder
 from hvd_magics.protocol import (ENGINE_TORCH, ENV_ENGINE, ENV_GROUP_WORLD_SIZE,
                                  ENV_LOCAL_WORLD_SIZE, ENV_SIZE)
-from hvd_magics.rank.import_hooks import after_call, after_import, refusing, with_kwargs
+from hvd_magics.rank.import_hooks import (after_call, after_import, before_call, refusing,
+                                          with_kwargs)
 from hvd_magics.rank.integrations.guards import (ALONE_MARK, LAUNCH_MARK, LaunchMismatchError,
                                                  RunsAloneError, alone_message, in_a_job,
-                                                 job_size)
+                                                 job_size, mine_alone)
 
 _FABRIC_MODULES = ("lightning_fabric.fabric", "lightning.fabric.fabric")
 _SHAPED = "_hvd_magics_job_shape"
@@ -176,7 +177,9 @@ def with_job_shape(_self: Any, _args: tuple, kwargs: dict[str, Any]) -> dict[str
 
 def lightning_message(trainer: Any) -> str | None:
     """Why ``trainer`` (a Lightning ``Trainer`` or ``Fabric``) cannot run as this rank of the
-    job, or ``None`` when it can."""
+    job, or ``None`` when it can. One of a single process (``devices=1``) is this rank's own
+    work (predicting on rank 0 after training): only its ``fit`` is refused
+    (:func:`fit_alone_message`)."""
     strategy = getattr(trainer, "_strategy", None) or trainer.strategy
     local, nodes = job_shape()
     kind = type(trainer).__name__
@@ -188,13 +191,20 @@ def lightning_message(trainer: Any) -> str | None:
                 f"already runs as each of the job's ranks. Fix: {spelling}.")
     devices = getattr(strategy, "num_processes", 1)
     planned = getattr(strategy, "num_nodes", 1)
-    if (devices, planned) == (local, nodes):
+    if (devices, planned) == (local, nodes) or devices * planned == 1 or mine_alone():
         return None
     size = os.environ.get(ENV_SIZE, "?")
     total = devices * planned
     return (f"Lightning's {kind}(devices={devices}, num_nodes={planned}) plans {total} "
             f"process{'es' if total != 1 else ''}, {devices} per node, and the job runs {size} ranks "
             f"as {nodes} node{'s' if nodes != 1 else ''} of {local}. Fix: {spelling}.")
+
+
+def fit_alone_message(trainer: Any, *_args: Any, **_kwargs: Any) -> str | None:
+    """Why ``trainer.fit`` would train this rank's model alone (a ``Trainer`` of one process in
+    a job of several ranks), or ``None``: predicting, validating and testing alone are left
+    to the rank."""
+    return alone_message("Lightning's Trainer", getattr(trainer, "world_size", 1))
 
 
 def _guard_launch(module: Any) -> None:
@@ -204,14 +214,13 @@ def _guard_launch(module: Any) -> None:
             after_call(owner, "__init__", refusing(lightning_message, LaunchMismatchError),
                        LAUNCH_MARK)
             with_kwargs(owner, "__init__", with_job_shape, _SHAPED)
+    _guard_alone(module)
 
 
 def _guard_alone(module: Any) -> None:
     trainer = getattr(module, "Trainer", None)
     if trainer is not None:
-        after_call(trainer, "__init__", refusing(
-            lambda made: alone_message("Lightning's Trainer", made.world_size), RunsAloneError),
-            ALONE_MARK)
+        before_call(trainer, "fit", refusing(fit_alone_message, RunsAloneError), ALONE_MARK)
 
 
 def install() -> None:
