@@ -19,7 +19,8 @@ those on and then does what the keeper of a fresh rank process does
 it and writes ``exit CODE`` to the supervisor's socket; it stops the rank when the supervisor's
 end closes (the supervisor's process died), and, stopped otherwise (its zygote ended, or a
 ``SIGTERM``), writes ``stopped WHY`` instead: a keeper that wrote neither was killed outright.
-The zygote reaps its keepers.
+The zygote reaps its keepers. A zygote it grew is no keeper of its: once retired, it ends when
+its own ranks have, and the grown one serves on by itself.
 
 What a fork would otherwise share: the global random generators (seeded again in the rank), the
 environment, ``sys.argv`` and ``sys.path[0]`` (the rank's own). It ends after
@@ -185,8 +186,9 @@ def begin(path: str, names: list[str], idle_s: float, first_path: str,
     os._exit(0)
 
 
-def _reap(keepers: set[int]) -> bool:
-    """Reap the children that ended; whether a keeper was among them."""
+def _reap(keepers: set[int], grown: set[int]) -> bool:
+    """Reap the children that ended (keepers, and zygotes it grew); whether a keeper was among
+    them."""
     ended = False
     while True:
         try:
@@ -197,6 +199,7 @@ def _reap(keepers: set[int]) -> bool:
             return ended
         ended |= pid in keepers
         keepers.discard(pid)
+        grown.discard(pid)
 
 
 class Zygote:
@@ -209,6 +212,9 @@ class Zygote:
         self.path, self.greeting, self.idle_s, self.first_path = path, greeting, idle_s, first_path
         self.owners: list[socket.socket] = []
         self.keepers: set[int] = set()
+        #: The zygotes it grew: its children, not its ranks' keepers (a retired zygote that
+        #: waited for them lived as long as they did, in chains of 4 to 6 per host).
+        self.grown: set[int] = set()
         self.retired = False
         self.marks = module_marks()
 
@@ -267,7 +273,7 @@ class Zygote:
             if wake_read in readable:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_read, 4096)
-            if _reap(self.keepers):
+            if _reap(self.keepers, self.grown):
                 last_used = time.monotonic()
             if self.taken_over() or (not self.keepers and
                                      time.monotonic() - last_used >= self.idle_s):
@@ -279,7 +285,7 @@ class Zygote:
                 if owner not in self.owners:  # retired meanwhile (closed)
                     continue
                 pid = self._answer(owner, in_child)
-                if pid:
+                if pid and pid not in self.grown:
                     self.keepers.add(pid)
                     last_used = time.monotonic()
         os.close(wake_read)
@@ -322,7 +328,8 @@ class Zygote:
                     in_child()
                     begin(self.path, names, self.idle_s, self.first_path, lock)
                 os.close(lock)  # the grown one holds it until it serves at the path; until
-                return pid  # then this one serves, and retires once it sees it taken over
+                self.grown.add(pid)  # then this one serves, and retires once it sees it taken
+                return pid  # over, ending once its own ranks have
             if len(fds) == 5:
                 if (pid := os.fork()) == 0:
                     in_child()
