@@ -252,4 +252,15 @@ def task_layout(conf: Callable[[str], str | None], master: str, np: int,
             f"stage's tasks more (stage-level scheduling needs it off). Fix: start the session "
             f"with spark.task.cpus={chosen * cpus}, or with spark.dynamicAllocation.enabled="
             "false.")
+    cores = conf("spark.executor.cores")
+    if cores and cores.isdigit() and int(cores) < chosen * cpus:
+        # Spark would refuse the stage with "The number of cores per executor (=1) has to be
+        # >= the number of cpus per task = 2"
+        raise NotEnoughSlotsError(
+            f"ranks_per_task={chosen} needs each Spark task to hold {chosen * cpus} CPUs "
+            f"({chosen} ranks of spark.task.cpus={cpus}), and the executors have "
+            f"spark.executor.cores={cores}: no executor can run such a task. Fix: "
+            f"ranks_per_task={max(1, int(cores) // cpus)} (--ranks-per-task), or executors of "
+            f"at least {chosen * cpus} cores (spark.executor.cores={chosen * cpus} when the "
+            f"session starts).")
     return TaskLayout(np, chosen, chosen * cpus, gpus, slots=np // chosen)

@@ -43,6 +43,14 @@ def test_a_layout_spark_cannot_give_is_refused_with_the_fix():
         task_layout(_conf(spark_task_resource_gpu_amount=4), "spark://m:7077", 6, None)
     with pytest.raises(NotEnoughSlotsError, match="dynamic allocation on.*spark.task.cpus=2"):
         task_layout(_conf(spark_dynamicAllocation_enabled="true"), "yarn", 4, 2)
+    # executors of one core: Spark's raw "The number of cores per executor (=1) has to be >=
+    # the number of cpus per task = 2" at submission, said in our words before it
+    with pytest.raises(NotEnoughSlotsError, match=r"ranks_per_task=2 needs each Spark task to "
+                       r"hold 2 CPUs .* spark.executor.cores=1: no executor can run such a "
+                       r"task\. Fix: ranks_per_task=1 \(--ranks-per-task\), or executors of at "
+                       r"least 2 cores"):
+        task_layout(_conf(spark_executor_cores=1), "spark://m:7077", 4, 2)
+    assert task_layout(_conf(spark_executor_cores=2), "spark://m:7077", 4, 2).task_cpus == 2
 
 
 def test_the_option_is_checked_against_np():
