@@ -7,9 +7,12 @@ import re
 #: What to do when the executors' Python lacks a package the job needs.
 MISSING_PACKAGES_FIX = (
     "\nFix: ship the notebook's environment with every job: hvd_magics.ship_environment() "
-    "(%hvd_env ship); or install the frameworks and pyarrow on every executor, or point "
-    "PYSPARK_PYTHON (spark.pyspark.python) at an interpreter that has them, then start the "
-    "SparkSession again (hvd_magics itself travels with the job).")
+    "(%hvd_env ship); or install the frameworks and pyarrow on every executor, or point the "
+    "executors at an interpreter that has them: in the notebook, os.environ[\"PYSPARK_PYTHON\"] "
+    "= \"/path/to/python\" before the SparkSession starts (pyspark reads that variable when "
+    "its context starts; spark.pyspark.python set on the session builder of a running notebook "
+    "does not reach the executors, only spark-submit reads it), then start the SparkSession "
+    "again (hvd_magics itself travels with the job).")
 #: The same when the notebook's environment is shipped: it lacks the package.
 SHIPPED_MISSING_FIX = (
     "\nFix: install it in the notebook (%pip install ...); the next job ships the environment "
