@@ -27,7 +27,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from hvd_magics.errors import CheckpointFolderUnusable, HorovodJobError, JobInterrupted, Preempted
+from hvd_magics.errors import (CheckpointFolderUnusable, HorovodJobError, JobInterrupted,
+                               NotEnoughSlotsError, Preempted)
 from hvd_magics.job.job_state import LOST
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.session import SESSION
@@ -174,6 +175,16 @@ def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
                                                     mlflow_run_id=run_id, **wait))
         except JobInterrupted:
             raise
+        except NotEnoughSlotsError as exc:  # a later attempt, or a job with a checkpoint
+            kept = latest_checkpoint(folder)
+            if not attempt and kept is None:
+                raise
+            if causes and SESSION.last_run is not None:
+                SESSION.last_run.attempts = [*causes, f"not started: {exc}"]
+            what = (f"The job's checkpoint of step {kept[0].global_step:,} in {folder} stays: "
+                    f"{fix.again}, once the cluster has the task slots" if kept else
+                    f"No checkpoint was written in {folder}")
+            raise NotEnoughSlotsError(f"{exc}\n{what}.") from None
         except KeyboardInterrupt:  # before its ranks started (waiting for task slots, say)
             what = f"attempt {attempt + 1} of the job" if attempt else "the job"
             raise JobInterrupted(f"interrupted while {what} was being set up, before any of its "

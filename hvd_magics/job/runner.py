@@ -455,7 +455,8 @@ def _make_backend(request: LaunchRequest) -> Backend:
     return SparkBackend(spark, np, env, slot_wait_s=request.slot_wait_s,
                         held_slots=SESSION.held_slots(request.live),
                         background=request.live is not None,
-                        environment=SESSION.environment, ranks_per_task=request.ranks_per_task)
+                        environment=SESSION.environment, ranks_per_task=request.ranks_per_task,
+                        gone_wait_s=request.start_timeout)
 
 
 def source_of(main: Callable) -> str | None:

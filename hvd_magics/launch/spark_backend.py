@@ -19,6 +19,7 @@ import cloudpickle
 from hvd_magics.task import task_entry
 from hvd_magics.errors import HorovodMagicsError
 from hvd_magics.channel import EventServer
+from hvd_magics.options import DEFAULT_START_TIMEOUT_S
 from hvd_magics.launch import console_bar, interrupt_guard
 from hvd_magics.launch.dataframe_input import DataFrameSources, sharded_input
 from hvd_magics.launch.environment_shipping import EnvironmentChoice, say
@@ -129,8 +130,11 @@ class SparkBackend:
                  sources: DataFrameSources | None = None, pool: bool = False,
                  slot_wait_s: float = SLOT_WAIT_S, held_slots: int = 0,
                  background: bool = False, environment: EnvironmentChoice | None = None,
-                 ranks_per_task: int | None = None) -> None:
+                 ranks_per_task: int | None = None,
+                 gone_wait_s: float = DEFAULT_START_TIMEOUT_S) -> None:
         self.spark = spark
+        #: How long a job short of slots waits for an executor gone lately (its start timeout).
+        self.gone_wait_s = gone_wait_s
         self.environment = environment
         #: Bytes of the environment's archive this job sent the executors (0: none new).
         self.sent_archive = 0
@@ -246,7 +250,7 @@ class SparkBackend:
         """Raise at once when the cluster cannot run ``np`` tasks at the same time."""
         if self.sc is not None:
             check_slots(self.sc, np, self.slot_wait_s, self.reads_data, self.held_slots,
-                        self.layout)
+                        self.layout, self.gone_wait_s)
         else:  # Spark Connect: only a local master tells its size
             master = self.spark.conf.get("spark.master", "")
             cpus = self.spark.conf.get("spark.task.cpus", "1")

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from hvd_magics.errors import NotEnoughSlotsError
+from hvd_magics.notices import say
 from hvd_magics.protocol import ENV_DRIVER_HOST
-from hvd_magics.options import multiple_fix
+from hvd_magics.options import DEFAULT_START_TIMEOUT_S, multiple_fix
 from hvd_magics.launch.spark_session import is_connect, is_local
 
 #: How long to wait for executors to register before saying the cluster is too small.
@@ -39,12 +40,41 @@ def task_slots(sc: Any) -> tuple[int, int]:
     return max(total - busy, 0), total
 
 
+#: An executor seen this recently that is gone now may come back or be replaced: a job short
+#: of slots waits for it (up to its start timeout), saying so every :data:`SAY_EVERY_S`.
+GONE_RECENTLY_S = 600.0
+SAY_EVERY_S = 5.0
+#: Per application: each executor (``host:port``) seen, and when last (``time.monotonic()``).
+_SEEN: dict[str, dict[str, float]] = {}
+
+
+def gone_executors(sc: Any, now: float) -> list[tuple[str, float]]:
+    """Note the executors ``sc``'s application has now; ``(host, seconds since last seen)`` of
+    each seen in the last :data:`GONE_RECENTLY_S` that is gone (lost, or decommissioned, and
+    maybe coming back or being replaced), the most recent first."""
+    try:
+        infos = sc._jsc.sc().statusTracker().getExecutorInfos()
+        present = {f"{info.host()}:{info.port()}" for info in infos}
+        seen = _SEEN.setdefault(sc.applicationId, {})
+    except Exception:  # noqa: BLE001 - internal API: then nothing is known to be gone
+        return []
+    for key in present:
+        seen[key] = now
+    gone = [(key.rsplit(":", 1)[0], now - at) for key, at in seen.items()
+            if key not in present and now - at <= GONE_RECENTLY_S]
+    return sorted(gone, key=lambda item: item[1])
+
+
 def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool = False,
-                held: int = 0, layout: "TaskLayout | None" = None) -> None:
+                held: int = 0, layout: "TaskLayout | None" = None,
+                gone_wait_s: float = DEFAULT_START_TIMEOUT_S) -> None:
     """Raise at once (not after Spark's ten minutes of retries) when ``np`` tasks cannot run.
 
-    On a cluster, executors may still be registering: wait up to ``wait_s`` for them. On a
-    local master, slots still busy are waited for up to :data:`LOCAL_SETTLE_S`.
+    On a cluster, executors may still be registering: wait up to ``wait_s`` for them, and up
+    to ``gone_wait_s`` (the job's start timeout) when an executor seen in the last
+    :data:`GONE_RECENTLY_S` is gone (lost, or decommissioned: it may come back or be
+    replaced), saying every :data:`SAY_EVERY_S` what it waits for. On a local master, slots
+    still busy are waited for up to :data:`LOCAL_SETTLE_S`.
     ``reads_data``: the job reads DataFrames (so the error offers no driver-only fallback).
     ``held``: slots that warm pools of this process hold, busy whatever Spark's status says.
     ``layout``: a job of several ranks per task (``np`` is then its :attr:`TaskLayout.slots`);
@@ -54,14 +84,25 @@ def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool 
     if local:  # no executor will register; a job that just ended may still hold its slots
         wait_s = LOCAL_SETTLE_S
     several = layout is not None and layout.ranks_per_task > 1
-    deadline = time.monotonic() + wait_s
+    began = time.monotonic()
+    deadline, said = began + wait_s, began
+    gone: list[tuple[str, float]] = []
     while True:
         free, total = task_slots(sc)
         free = min(free, max(total - held, 0))
         fitting = profile_slots(sc, layout) if several else None
         if free >= np and (fitting is None or fitting >= layout.tasks):
             return
-        if time.monotonic() >= deadline or (local and total - held < np):
+        now = time.monotonic()
+        gone = [] if local else gone_executors(sc, now)
+        if gone:
+            deadline = max(deadline, began + gone_wait_s)
+            if now - said >= SAY_EVERY_S:
+                said = now
+                say(f"waiting for {np} task slots: {free} free; executor on {gone[0][0]} gone "
+                    f"{gone[0][1]:.0f} s ago (it may come back or be replaced; up to "
+                    f"{deadline - now:.0f} s more, --start-timeout)")
+        if now >= deadline or (local and total - held < np):
             break  # (a local master never grows)
         time.sleep(0.05 if local else 0.25)
     cpus = sc.getConf().get("spark.task.cpus", "1")
@@ -69,7 +110,11 @@ def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool 
         raise no_executor(np, wait_s, sc.master, sc.getConf().get("spark.driver.host", "?"),
                           sc.getConf().get("spark.driver.port", "?"))
     if not several:
-        raise not_enough_slots(np, free, total, sc.master, cpus, reads_data, held=held)
+        error = not_enough_slots(np, free, total, sc.master, cpus, reads_data, held=held)
+        if gone:
+            error.args = (f"{error.args[0]} Waited {time.monotonic() - began:.0f} s for the "
+                          f"executor on {gone[0][0]}, gone {gone[0][1]:.0f} s ago.",)
+        raise error
     where = f"(master {sc.master}, spark.task.cpus={cpus})"
     if free < np:
         raise NotEnoughSlotsError(

@@ -159,3 +159,37 @@ def test_a_checkpoint_folder_that_is_a_file_or_unwritable_is_said_so_and_a_relat
             pass
     monkeypatch.chdir(tmp_path)
     assert checkpoint_folder(None, "ckpt") == tmp_path / "ckpt"
+
+
+def test_a_restart_that_finds_no_slots_names_the_checkpoint_to_resume_from(tmp_path):
+    """A restart with no replacement executor waited in silence, then NotEnoughSlotsError,
+    ``attempts == []``, and neither the error nor the record named the checkpoint (step 26)."""
+    import pytest
+
+    from hvd_magics.errors import NotEnoughSlotsError
+    from hvd_magics.job.restarts import launch_with_restarts
+    from hvd_magics.job.run_record import RunRecord
+    from hvd_magics.job.runner import LaunchRequest
+    from hvd_magics.job.session import SESSION
+    from hvd_magics.launch.payload import JobPayload
+    from hvd_magics.rank.checkpoints import Position, write_checkpoint
+
+    folder = tmp_path / "c"
+    tries = []
+
+    def launch(request):
+        tries.append(request.attempt)
+        if request.attempt == 0:
+            write_checkpoint(folder, Position(0, 0, 26), "pkl",
+                             lambda path: path.write_bytes(b"x"), 2)
+            SESSION.last_run = RunRecord(job_id="j", np=2, where="driver", log_path="")
+            raise _error(RankFailure(1, "h", -9), summary="1 of 2 ranks failed")
+        raise NotEnoughSlotsError("np=2 needs 2 free Spark task slots at once, but 1 free of 1.")
+
+    request = LaunchRequest(JobPayload(b""), 2, {}, 10.0, [])
+    with pytest.raises(NotEnoughSlotsError, match=r"(?s)1 free of 1\..*The job's checkpoint of "
+                       r"step 26 in .* stays: Run it again to resume from that checkpoint"):
+        launch_with_restarts(request, launch, 2, folder, fresh=False)
+    assert tries == [0, 1]
+    assert SESSION.last_run.attempts[0].startswith("rank 1 on h: killed by signal 9")
+    assert SESSION.last_run.attempts[1].startswith("not started: np=2 needs 2 free")
