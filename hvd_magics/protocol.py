@@ -418,3 +418,8 @@ def decode_job(stream: BinaryIO) -> tuple[dict[str, str], bytes] | None:
     late_env = json.loads(stream.read(int.from_bytes(head, "big")) or b"{}")
     size = int.from_bytes(stream.read(8), "big")
     return late_env, stream.read(size)
+
+
+#: How a rank's line that a PyTorch extension's first build begins starts (DeepSpeed's CPU
+#: ops: half a minute to minutes without a word): the driver's stall notice reads it.
+FIRST_BUILD = "hvd_magics: building the PyTorch extension"

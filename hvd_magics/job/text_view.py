@@ -16,8 +16,8 @@ from typing import IO, Any
 from hvd_magics.job.job_state import SHOWN, JobState, display_line
 from hvd_magics.options import (VERBOSITY_ALL, VERBOSITY_DEBUG, VERBOSITY_LOG_CALLBACK_ONLY,
                                     validate_verbosity)
-from hvd_magics.protocol import (EPOCH_END, LOG, OUTPUT, OUTPUT_PARTIAL, PROGRESS, RESIZE,
-                                 STEP_SPLIT)
+from hvd_magics.protocol import (EPOCH_END, FIRST_BUILD, LOG, OUTPUT, OUTPUT_PARTIAL, PROGRESS,
+                                 RESIZE, STEP_SPLIT)
 from hvd_magics.rank_names import TASK, line_tag, rank_named, ranks_named
 
 #: Lines are written at most this often...
@@ -159,6 +159,10 @@ class TextView:
             if silent is not None and due is not None and (rank.stalled_at or now >= due):
                 del self._where_due[rank.rank]  # said once, with where it is when known
                 where = f", in {rank.stalled_at}" if rank.stalled_at else ""
+                if rank.tail and rank.tail[-1].startswith(FIRST_BUILD):  # it said why
+                    self._add(rank.rank, f"still building the PyTorch extension after "
+                                         f"{silent:.0f} s (it says nothing until it is built)")
+                    continue
                 self._add(rank.rank, f"no output or progress for {silent:.0f} s{where}: stalled? "
                                      "(it still runs; interrupt the kernel to stop the job)")
             elif silent is None and rank.rank in self._stalled:

@@ -17,7 +17,7 @@ from hvd_magics.job.job_state import (DONE, FAILED, INTERRUPTED, KEPT, PREEMPTED
                                       WAITING, JobState)
 from hvd_magics.job.run_record import job_title
 from hvd_magics.job.straggler import StepParts
-from hvd_magics.protocol import OUTPUT
+from hvd_magics.protocol import FIRST_BUILD, OUTPUT
 from hvd_magics.rank_names import RANK, TASK, rank_named
 
 #: Least seconds between two refreshes of the widgets.
@@ -231,7 +231,9 @@ class WidgetView:
         if state in (WAITING, READY) and final:
             state, label = (WAITING, "not needed") if elastic else (FAILED, _STATE_LABELS[FAILED])
         stalled = None if final else rank.stalled_for(now, stall_after)
-        if stalled is not None:
+        if stalled is not None and rank.tail and rank.tail[-1].startswith(FIRST_BUILD):
+            label = f"building an extension, {stalled:.0f} s"  # as it said: no word until built
+        elif stalled is not None:
             label, state = f"stalled {stalled:.0f} s", "stalled"
             if rank.stalled_at:
                 label += (f"</b> <span style='font-weight:normal'>in "

@@ -395,6 +395,25 @@ def test_a_stalled_rank_that_never_says_where_is_still_shown(tmp_path):
     assert "[0] no output or progress for 6" in out.getvalue() and ", in " not in out.getvalue()
 
 
+def test_a_rank_silent_in_a_first_build_it_announced_is_said_to_build_not_to_stall(tmp_path):
+    """During DeepSpeed's first build the cell said 'no output or progress for 60 s ...
+    stalled?' although the rank had said it was building and that it would say nothing."""
+    from hvd_magics.protocol import FIRST_BUILD
+
+    out = io.StringIO()
+    view = TextView(stream=out)
+    job = _job(tmp_path, 1, [view])
+    job.handle({"kind": "started", "rank": 0, "host": "h", "pid": 1})
+    job.handle(_output(0, f"{FIRST_BUILD} deepspeed_shm_comm, its first use on this host"))
+    job.ranks[0].last_seen -= STALL_AFTER_S + 5
+    job.tick()
+    view._where_due[0] = 0.0  # its wait for the stacks is over
+    job.tick()
+    view._flush(job)
+    assert "[0] still building the PyTorch extension after 6" in out.getvalue()
+    assert "stalled?" not in out.getvalue()
+
+
 def test_a_restarted_jobs_dashboard_says_its_attempt_and_why_each_earlier_one_ended(tmp_path):
     from hvd_magics.job.widgets_view import WidgetView
 

@@ -25,6 +25,7 @@ import sys
 import time
 from typing import Any
 
+from hvd_magics.protocol import FIRST_BUILD
 from hvd_magics.rank.import_hooks import after_import, before_call
 
 #: The mark of this module's patches.
@@ -78,7 +79,7 @@ def say_first_build(name: str, folder: str, suffix: str = ".so") -> bool:
     no build of it; whether it was said."""
     if os.path.exists(os.path.join(folder, name + suffix)):
         return False
-    print(f"hvd_magics: building the PyTorch extension {name}, its first use on this host (half "
+    print(f"{FIRST_BUILD} {name}, its first use on this host (half "
           f"a minute to minutes, without a word; kept in {folder} for later jobs)",
           file=sys.stderr, flush=True)
     return True
