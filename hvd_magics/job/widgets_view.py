@@ -59,10 +59,10 @@ class _RankRow:
         self.epoch = widgets.Label(layout=width(90))
         self.bar = widgets.IntProgress(min=0, max=1, value=0, layout=width(180))
         self.metrics = widgets.Label(layout=width(260))
-        self.rate = widgets.Label(layout=width(110))
+        self.rate = widgets.Label(layout=width(150))  # "17,479 samples/s" was cut
         self.seen = widgets.Label(layout=width(110))
         #: Where its latest steps' time went (a bar of input, compute, communication).
-        self.split = widgets.HTML(layout=width(240))
+        self.split = widgets.HTML(layout=width(270))
         self.box = widgets.HBox([self.name, self.state, self.epoch, self.bar, self.metrics,
                                  self.rate, self.split, self.seen])
 
@@ -279,7 +279,7 @@ def split_bar(parts: StepParts | None, clock: str = "") -> str:
                     for w, colour in zip(widths, SPLIT_COLOURS) if w >= 0.5)
     shares = html.escape(parts.shares(clock))
     return (f"<span title='{shares} of a {parts.step_s:.3g} s step'>"
-            f"{cells}</span> <span style='font-size:smaller'>{shares}</span>")
+            f"{cells}</span> <span style='font-size:smaller;white-space:nowrap'>{shares}</span>")
 
 
 def _size_text(job: JobState) -> str:

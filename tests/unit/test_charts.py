@@ -63,3 +63,20 @@ def test_the_dashboard_draws_charts_and_shows_the_log_once(tmp_path: Path):
     job.end()
     assert "<svg" in with_text.charts.value and with_text.log not in with_text.box.children
     assert alone.log in alone.box.children
+
+
+def test_ticks_close_together_are_labelled_apart_and_one_epoch_draws_no_epoch_chart():
+    """Seen in JupyterLab: a loss chart's y-axis said 2.32 three times, and a one-epoch loop
+    drew a per-epoch chart of one dot."""
+    import re
+
+    from hvd_magics.job.charts import MetricHistory, svg_chart
+
+    chart = svg_chart({"loss": [(1, 2.3151), (2, 2.3156), (3, 2.3153)]}, "loss", "step")
+    labels = re.findall(r"text-anchor='end'>([^<]+)</text>", chart)
+    assert len(labels) >= 3 and len(set(labels)) == len(labels), labels
+    history = MetricHistory(0.0)
+    history.epochs = {"loss": [(1.0, 0.5)]}
+    assert "per epoch" not in history.html()
+    history.epochs = {"loss": [(1.0, 0.5), (2.0, 0.4)]}
+    assert "per epoch" in history.html()
