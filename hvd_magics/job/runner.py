@@ -529,9 +529,11 @@ def launch(request: LaunchRequest) -> RunRecord:
             where_they_were = ""
     except BaseException as exc:  # noqa: BLE001 - recorded, then raised as it is
         # an attempt every rank ended on a preemption notice, on purpose, is not a failure
-        record.status = (PREEMPTED if isinstance(exc, HorovodJobError) and preempted(exc)
-                         else "failed")
-        record.error = f"{type(exc).__name__}: {exc}"
+        notice = preempted(exc) if isinstance(exc, HorovodJobError) else None
+        record.status = PREEMPTED if notice else "failed"
+        # its error says the same (it said "2 of 2 ranks failed" of a preempted attempt)
+        record.error = (f"preempted: {notice} (every rank stopped at the notice, on purpose)"
+                        if notice else f"{type(exc).__name__}: {exc}")
         failure = exc
     finally:
         try:

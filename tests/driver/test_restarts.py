@@ -174,3 +174,7 @@ def test_a_job_preempted_without_restarts_says_how_to_resume_and_is_not_a_failur
                             "preemption notice (executor 1 is going). Run it again to resume "
                             f"from that checkpoint in {tmp_path}"), first
     assert last_run().status == "preempted"  # the ranks ended on purpose (it said "failed")
+    # and its error says the same (it said "2 of 2 ranks failed")
+    assert last_run().error.startswith("preempted: the checkpoint of step 8 was saved"), \
+        last_run().error
+    assert "ranks failed" not in last_run().error
