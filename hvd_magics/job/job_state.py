@@ -200,7 +200,7 @@ class JobState:
         self.formations: list[dict[str, Any]] = []
         self.views = list(views or [])
         #: Sorts the ranks' output lines for the cell (see :mod:`hvd_magics.job.output_lines`).
-        self.output = OutputSorter()
+        self.output = OutputSorter(size)
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in end()

@@ -14,6 +14,7 @@ import time
 from typing import IO, Any
 
 from hvd_magics.job.job_state import SHOWN, JobState, display_line
+from hvd_magics.job.output_lines import FEW_RANKS, SHOW, OutputSorter
 from hvd_magics.options import (VERBOSITY_ALL, VERBOSITY_DEBUG, VERBOSITY_LOG_CALLBACK_ONLY,
                                     validate_verbosity)
 from hvd_magics.protocol import (EPOCH_END, FIRST_BUILD, LOG, OUTPUT, OUTPUT_PARTIAL, PROGRESS,
@@ -62,6 +63,8 @@ class TextView:
         self._open_len = 0  # the ranks' unfinished lines are on screen as the last line
         self._erased = False  # that line was cleared for complete lines: draw it again
         self._stalled: dict[int, float] = {}
+        #: Folds the ranks' epoch lines past a few ranks (made at the first).
+        self._epoch_sorter: OutputSorter | None = None
         #: Straggler verdicts printed so far (JobState.splits.events).
         self._verdicts_said = 0
         self._links_said = False
@@ -80,7 +83,13 @@ class TextView:
         if kind == LOG:
             return [event.get("text", "")]
         if kind == EPOCH_END and self.epoch_lines:
-            return [_epoch_line(event)]
+            line = _epoch_line(event)
+            if job.size <= FEW_RANKS:
+                return [line]
+            # past a few ranks, rank 0's line and one of what differs on the others
+            self._epoch_sorter = self._epoch_sorter or OutputSorter(job.size)
+            sort, text = self._epoch_sorter.sort(event["rank"], line)
+            return [text] if sort == SHOW else []
         return []
 
     def on_event(self, job: JobState, event: dict[str, Any]) -> None:

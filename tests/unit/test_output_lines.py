@@ -159,3 +159,25 @@ def test_without_a_dashboard_a_terminal_shows_each_rank_s_steps_as_its_live_line
         shown.getvalue(), shown.getvalue()
     job.end()
     assert "step 3/10" not in piped.getvalue()  # a file would pile the redraws up
+
+
+def test_lines_alike_but_for_their_numbers_are_one_line_of_what_differs_past_a_few_ranks():
+    """A 16-rank job of 3 epochs printed 66 lines, a line per rank per epoch: past a few
+    ranks, the cell shows rank 0's and then one line of what differs between the others."""
+    from hvd_magics.job.output_lines import ALIKE, FEW_RANKS, OutputSorter
+
+    sorter = OutputSorter(16)
+    shown = []
+    for epoch in (1, 2, 3):
+        for rank in range(16):
+            for line in (f"Epoch {epoch}/3",
+                         f"32/32 - 1s - loss: {0.3 + 0.001 * rank:.4f} - accuracy: 0.9000"):
+                sort, text = sorter.sort(rank, line)
+                if sort not in (ALIKE, "repeat"):
+                    shown.append(text)
+    assert len(shown) == 9, shown  # 3 x (Epoch, rank 0's line, the others' line)
+    assert shown[2] == ("ranks 1-15 alike: 32/32 - 1s - loss: 0.3010 to 0.3150 - accuracy: "
+                        "0.9000")
+    assert "lines alike to another rank's but for their numbers" in sorter.left_out("the log")
+    few = OutputSorter(FEW_RANKS)  # a few ranks: each rank's own line, as before
+    assert [few.sort(r, f"loss {r}.5").sort for r in range(FEW_RANKS)] == ["show"] * FEW_RANKS

@@ -429,3 +429,15 @@ def test_a_restarted_jobs_dashboard_says_its_attempt_and_why_each_earlier_one_en
     once.tick()
     once.end()
     assert "attempt" not in first.header.value
+
+
+def test_a_plain_cell_of_many_ranks_prints_one_epoch_line_of_what_differs(tmp_path):
+    out = io.StringIO()
+    job = _job(tmp_path, 8, [TextView(stream=out, epoch_lines=True)])
+    for rank in range(8):
+        job.handle({"kind": "epoch_end", "rank": rank, "host": "h", "epoch": 1, "epochs": 2,
+                    "duration": 1.5, "metrics": {"loss": 0.3 + 0.01 * rank}})
+    job.end()
+    lines = [line for line in out.getvalue().splitlines() if "epoch 1/2" in line]
+    assert lines == ["[0] epoch 1/2 done in 1.50 s: loss 0.3",
+                     "[7] ranks 1-7 alike: epoch 1/2 done in 1.50 s: loss 0.31 to 0.37"], lines
