@@ -13,7 +13,8 @@ for most of the time lost (:data:`DOMINANT`), when that time is a meaningful sha
 window's (:data:`COST_SHARE`), and only when chance does not explain it: on equal ranks the
 slowest of each step is any of them, so a rank slowest in most of the steps that lost time is
 named only when so many would be that improbable (:data:`SIGNIFICANCE`, a binomial tail over
-those steps), or when it stalled the others for several times a usual step's work at a regular
+those steps, or over the steps it stalled them for twice a usual step's work or more, which
+noise spreads over every rank too), or when it stalled the others for several times a usual step's work at a regular
 period, :data:`RECUR` times (a loader that blocks every tenth batch; a one-off evaluation or a
 stall at random intervals is neither). Noise spreads over every rank; a stall that recurs counts
 in full.
@@ -204,7 +205,11 @@ def accuse(delays: Sequence[StepDelay], of: Callable[[StepDelay], tuple[Hashable
     if period:
         return Finding(who, lost[who], window_s, len(delays), len(mine), len(counted), period)
     stalls = [d for d in counted if of(d)[1] >= STALL_TIMES * d.base_s]
-    if len(stalls) < STALLS or any(of(d)[0] != who for d in stalls):
+    own = [d for d in stalls if of(d)[0] == who]
+    if len(own) >= RECUR and binomial_tail(len(own), len(stalls), chance.get(who, 0.5)) \
+            <= SIGNIFICANCE:  # the stalls alone, by one rank beyond chance (at no one period)
+        return Finding(who, lost[who], window_s, len(delays), len(own), len(counted))
+    if len(stalls) < STALLS or len(own) < len(stalls):
         return None
     period = regular_period([d.step for d in stalls])
     if not period or len(stalls) < max(STALLS, math.ceil(SPAN / period) + 1):
