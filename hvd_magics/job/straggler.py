@@ -275,9 +275,9 @@ class BusyHosts:
         named = [h for h in self.hosts if h]
         where = (f"host {named[0]}'s CPUs are" if len(named) == 1 else
                  f"the CPUs of hosts {', '.join(named)} are" if named else "the CPUs are")
-        return (f"{where} busy with other work, or their CPU time is limited: the {unit}s "
-                f"waiting for a CPU beyond one another cost {100 * self.share:.0f}% of the "
-                f"job's time over its last {self.steps} steps, the others waiting for them; "
+        return (f"{where} busy (other work, more {unit}s than CPUs, or a CPU quota): the "
+                f"{unit}s waiting for a CPU beyond one another cost {100 * self.share:.0f}% of "
+                f"the job's time over its last {self.steps} steps, the others waiting for them; "
                 f"that is the host's condition, no {unit} is named for it")
 
 

@@ -209,9 +209,11 @@ def accuse(delays: Sequence[StepDelay], of: Callable[[StepDelay], tuple[Hashable
     if len(own) >= RECUR and binomial_tail(len(own), len(stalls), chance.get(who, 0.5)) \
             <= SIGNIFICANCE:  # the stalls alone, by one rank beyond chance (at no one period)
         return Finding(who, lost[who], window_s, len(delays), len(own), len(counted))
-    if len(stalls) < STALLS or len(own) < len(stalls):
+    # at one period: most of the window's stalls its, its own at exactly one period (a stall
+    # of another rank's now and then, a busy host's, does not hide a rhythm)
+    if len(own) < STALLS or len(own) < DOMINANT * len(stalls):
         return None
-    period = regular_period([d.step for d in stalls])
-    if not period or len(stalls) < max(STALLS, math.ceil(SPAN / period) + 1):
+    period = regular_period([d.step for d in own])
+    if not period or len(own) < max(STALLS, math.ceil(SPAN / period) + 1):
         return None
-    return Finding(who, lost[who], window_s, len(delays), len(stalls), len(counted), period)
+    return Finding(who, lost[who], window_s, len(delays), len(own), len(counted), period)

@@ -469,7 +469,7 @@ def test_equal_ranks_starved_of_a_cpu_in_turn_name_nobody_and_the_host_is_said_b
     _feed_rows(splits, work, 1, 300, hosts=hosts)
     assert [what for what, _ in splits.events] == ["busy"], splits.events
     assert splits.current is None and splits.verdicts()[0].startswith("from step ")
-    assert ("host localhost's CPUs are busy with other work, or their CPU time is limited"
+    assert ("host localhost's CPUs are busy (other work, more ranks than CPUs, or a CPU quota)"
             in splits.now()) and "no rank is named for it" in splits.now()
 
 
