@@ -213,7 +213,7 @@ class JobState:
         #: What the charts draw (loss and metrics, samples/s per rank).
         self.history = MetricHistory(self.started_at)
         #: Each rank's steps split into input, compute and communication, and the straggler.
-        self.splits = StepSplits(self.started_at)
+        self.splits = StepSplits(self.started_at, size if elastic is None else None)
         #: The measure of the hosts' links, once every rank waited in communication
         #: (:mod:`hvd_magics.job.link_probe`), the least share of a step they did, and the
         #: verdict once it is done (``""`` before).

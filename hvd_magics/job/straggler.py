@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from hvd_magics.job.wait_accounting import (COST_SHARE, DOMINANT, SIGNIFICANCE, Finding,
+from hvd_magics.job.wait_accounting import (COST_SHARE, SIGNIFICANCE, Finding,
                                             StepDelay, accuse, binomial_tail, step_delay)
 from hvd_magics.rank_names import ranks_named
 
@@ -387,13 +387,17 @@ class StepSplits:
         ``cpu_wait_s``, ``cpu_s`` of those steps.
     """
 
-    def __init__(self, started_at: float | None = None) -> None:
+    def __init__(self, started_at: float | None = None, ranks: int | None = None) -> None:
         self.started_at = time.monotonic() if started_at is None else started_at
+        #: The job's ranks, when known: no step is judged before every one of them reported.
+        self.ranks = ranks
         self._rows: dict[int, dict[int, Row]] = {}
         self._totals: dict[int, list[float]] = {}
         self._looked = 0
-        #: Step -> who delayed it, by how much (every rank's row of it read).
+        #: Step -> who delayed it, by how much (every rank's row of it read), and the ranks
+        #: whose rows those were.
         self._delays: dict[int, StepDelay] = {}
+        self._delayed_ranks: set[int] = set()
         #: The named rank(s), whether as their host, what named them, and how they delay the
         #: others ("own": their own work; "cpu": their wait for a CPU).
         self._named: tuple[tuple[int, ...], bool, Finding, str] | None = None
@@ -442,12 +446,17 @@ class StepSplits:
         return parts
 
     def _look_up_to(self, hosts: dict[int, str]) -> None:
-        if len(self._rows) < 2 or not all(self._rows.values()):
+        if len(self._rows) < max(2, self.ranks or 0) or not all(self._rows.values()):
             return
+        if set(self._rows) != self._delayed_ranks:  # a rank reported late: its steps count
+            self._delays.clear()
+            self._delayed_ranks = set(self._rows)
         reported = min(max(rows) for rows in self._rows.values())
         read = not self.cpu_unread
-        for step in range(max(self._looked + 1, reported - KEPT_STEPS + 1), reported + 1):
-            if all(step in rows for rows in self._rows.values()):
+        # every step up to the reported one that all ranks have now (a rank's row of a step
+        # may come after the others' of later steps: a stall's step was missing from the looks)
+        for step in range(max(1, reported - KEPT_STEPS + 1), reported + 1):
+            if step not in self._delays and all(step in rows for rows in self._rows.values()):
                 self._delays[step] = step_delay(
                     step, {rank: rows[step] for rank, rows in self._rows.items()}, hosts, read)
         for old in [s for s in self._delays if s <= reported - KEPT_STEPS]:
@@ -504,17 +513,12 @@ class StepSplits:
         rank = accuse(window, lambda d: (d.rank, d.own_s), by_rank, least, NAME_SHARE)
         host = accuse(window, lambda d: (d.host, d.host_own_s), by_host, least,
                       NAME_SHARE) if several else None
+        alone = rank is not None and (not several or self._alone(hosts, window, int(rank.who)))
         if host is not None:
             mates = sorted(r for r in self._rows if hosts.get(r, "") == host.who)
-            # one of them alone, beyond chance among its host's ranks (under a CPU quota they
-            # take turns to be late)
-            alone = (rank is not None and rank.who in mates
-                     and rank.lost_s >= DOMINANT * host.lost_s and binomial_tail(
-                         rank.delayed, max(rank.delayed, host.delayed), 1 / len(mates))
-                     <= SIGNIFICANCE)
-            if len(mates) > 1 and not alone:
+            if len(mates) > 1 and not (alone and rank.who in mates):
                 return mates, True, host, "own"
-        if rank is not None:
+        if rank is not None and alone:
             return [int(rank.who)], False, rank, "own"
         if not several:
             return None
@@ -523,6 +527,20 @@ class StepSplits:
             return None
         mates = sorted(r for r in self._rows if hosts.get(r, "") == host.who)
         return mates, len(mates) > 1, host, "cpu"
+
+    def _alone(self, hosts: dict[int, str], window: list[StepDelay], rank: int) -> bool:
+        """Whether ``rank`` delayed the others beyond chance among its host's ranks, when it
+        has host mates: under a CPU quota they take turns to be late, and one of them, late in
+        11 of its host's 13 late steps by chance, was named before the host was."""
+        host = hosts.get(rank, "")
+        mates = [r for r in self._rows if hosts.get(r, "") == host]
+        if len(mates) < 2:
+            return True
+        least = self._least()
+        late = [d for d in window if d.host == host
+                and d.host_own_s >= max(least, NAME_SHARE * d.base_s)]
+        mine = sum(1 for d in late if d.rank == rank)
+        return binomial_tail(mine, len(late), 1 / len(mates)) <= SIGNIFICANCE
 
     def _lost_to(self, window: list[StepDelay]) -> tuple[float, float]:
         """The time the ``window``'s steps lost to the named rank (or host), and all they lost

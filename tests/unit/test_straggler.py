@@ -486,3 +486,22 @@ def test_a_host_whose_ranks_wait_for_a_cpu_is_named_for_it_among_several_hosts()
     named = [f for what, f in splits.events if what == "named"]
     assert [(f.ranks, f.whole_host) for f in named] == [((2, 3), True)], splits.events
     assert "most of it waiting for a CPU" in named[0].text()
+
+
+@pytest.mark.parametrize("ranks", [None, 4])
+def test_a_rank_whose_first_report_comes_last_has_its_steps_counted(ranks):
+    """Rank 3's first report (steps 1 to 10, its stall at step 10) came after the others' of
+    the same steps: step 10 was judged among three ranks and never again, so its stall was not
+    one of the four a period names: a rank sleeping 0.25 s every tenth step was named by
+    nobody in the benchmark's 4-rank Horovod runs."""
+    splits = StepSplits(ranks=ranks)
+    hosts = {r: "h" for r in range(4)}
+    for first in range(1, 50, 10):
+        for rank in (0, 1, 2, 3):
+            rows = []
+            for step in range(first, first + 10):
+                own = 0.008 + (0.26 if rank == 3 and step % 10 == 0 else 0.0)
+                wall = 0.27 if step % 10 == 0 else 0.01
+                rows.append([step, wall, 0.0001, wall - own])
+            splits.observe(rank, {"rows": rows, "totals": [0] * 4}, hosts)
+    assert [(what, f.ranks, f.step) for what, f in splits.events] == [("named", (3,), 40)]
