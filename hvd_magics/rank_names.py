@@ -25,6 +25,20 @@ def ranks_named(ranks: Iterable[int], unit: str = RANK) -> str:
     return f"{unit}{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
+def rank_spans(ranks: Iterable[int], unit: str = RANK) -> str:
+    """``ranks 1-15``, ``ranks 1, 2, 5``, ``rank 2``: runs of three or more as spans."""
+    ranks = sorted(ranks)
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    spans = [f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run))
+             for run in runs]
+    return f"{unit}{'s' if len(ranks) > 1 else ''} {', '.join(spans)}"
+
+
 def line_tag(rank: int, unit: str = RANK, host: str | None = None) -> str:
     """The tag of a rank's output line, as ``horovodrun`` tags them: ``[1]``, ``[task1]`` in an
     elastic job, with ``@host`` when the job's ranks run on more than one host."""

@@ -27,6 +27,7 @@ import re
 from typing import NamedTuple
 
 from hvd_magics.job.noise import is_noise
+from hvd_magics.rank_names import rank_spans
 
 #: The sorts of a line.
 SHOW, BAR, NOISE, WARNING, REPEAT = "show", "bar", "noise", "warning", "repeat"
@@ -218,20 +219,7 @@ def alike_line(shape: str, numbers: dict[int, list[str]]) -> str:
         values = sorted(set(column), key=float)
         text += values[0] if len(values) == 1 else f"{values[0]} to {values[-1]}"
         text += after
-    return f"{_spans(sorted(numbers))} alike: {text}"
-
-
-def _spans(ranks: list[int]) -> str:
-    """``ranks 1-15``, ``ranks 1-3, 5``, ``rank 2``."""
-    runs: list[list[int]] = []
-    for rank in ranks:
-        if runs and rank == runs[-1][-1] + 1:
-            runs[-1].append(rank)
-        else:
-            runs.append([rank])
-    text = ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run))
-                     for run in runs)
-    return f"rank{'s' if len(ranks) > 1 else ''} {text}"
+    return f"{rank_spans(numbers)} alike: {text}"
 
 
 def _plural(count: int, word: str) -> str:
