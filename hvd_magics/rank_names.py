@@ -26,7 +26,7 @@ def ranks_named(ranks: Iterable[int], unit: str = RANK) -> str:
 
 
 def rank_spans(ranks: Iterable[int], unit: str = RANK) -> str:
-    """``ranks 1-15``, ``ranks 1, 2, 5``, ``rank 2``: runs of three or more as spans."""
+    """``ranks 1-15``, ``ranks 1-2, 5``, ``rank 2``: runs as spans."""
     ranks = sorted(ranks)
     runs: list[list[int]] = []
     for rank in ranks:
@@ -34,8 +34,7 @@ def rank_spans(ranks: Iterable[int], unit: str = RANK) -> str:
             runs[-1].append(rank)
         else:
             runs.append([rank])
-    spans = [f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run))
-             for run in runs]
+    spans = [f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs]
     return f"{unit}{'s' if len(ranks) > 1 else ''} {', '.join(spans)}"
 
 

@@ -18,7 +18,7 @@ from hvd_magics.job.job_state import (DONE, FAILED, INTERRUPTED, KEPT, PREEMPTED
 from hvd_magics.job.run_record import job_title
 from hvd_magics.job.straggler import StepParts
 from hvd_magics.protocol import FIRST_BUILD, OUTPUT
-from hvd_magics.rank_names import RANK, TASK, rank_named
+from hvd_magics.rank_names import TASK, rank_named, rank_spans
 
 #: Least seconds between two refreshes of the widgets.
 REFRESH_INTERVAL_S = 0.25
@@ -305,17 +305,7 @@ def nodes_text(job: JobState) -> str:
     if not nodes:
         return ""
 
-    def spans(ranks: list[int]) -> str:
-        runs: list[list[int]] = []
-        for rank in ranks:
-            if runs and rank == runs[-1][-1] + 1:
-                runs[-1].append(rank)
-            else:
-                runs.append([rank])
-        return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
-
-    listed = ", ".join(f"{host} {RANK}{'s' if len(ranks) > 1 else ''} {spans(ranks)}"
-                       for host, ranks in nodes.items())
+    listed = ", ".join(f"{host} {rank_spans(ranks)}" for host, ranks in nodes.items())
     return f"{len(nodes)} node{'s' if len(nodes) > 1 else ''}: {listed}"
 
 
