@@ -44,22 +44,30 @@ def task_slots(sc: Any) -> tuple[int, int]:
 #: of slots waits for it (up to its start timeout), saying so every :data:`SAY_EVERY_S`.
 GONE_RECENTLY_S = 600.0
 SAY_EVERY_S = 5.0
-#: Per application: each executor (``host:port``) seen, and when last (``time.monotonic()``).
+#: Per application: each executor (``host:port``) seen, and when last (``time.monotonic()``);
+#: and how many it had, when.
 _SEEN: dict[str, dict[str, float]] = {}
+_COUNTS: dict[str, list[tuple[float, int]]] = {}
 
 
 def gone_executors(sc: Any, now: float) -> list[tuple[str, float]]:
-    """Note the executors ``sc``'s application has now; ``(host, seconds since last seen)`` of
-    each seen in the last :data:`GONE_RECENTLY_S` that is gone (lost, or decommissioned, and
-    maybe coming back or being replaced), the most recent first."""
+    """Note the executors ``sc``'s application has now; when it has fewer than it had in the
+    last :data:`GONE_RECENTLY_S` (one lost or decommissioned, and maybe coming back or being
+    replaced: a replacement that came already is no loss), ``(host, seconds since last seen)``
+    of each gone in that time, the most recent first."""
     try:
         infos = sc._jsc.sc().statusTracker().getExecutorInfos()
         present = {f"{info.host()}:{info.port()}" for info in infos}
         seen = _SEEN.setdefault(sc.applicationId, {})
+        counts = _COUNTS.setdefault(sc.applicationId, [])
     except Exception:  # noqa: BLE001 - internal API: then nothing is known to be gone
         return []
     for key in present:
         seen[key] = now
+    counts[:] = [(at, count) for at, count in counts if now - at <= GONE_RECENTLY_S]
+    counts.append((now, len(present)))
+    if len(present) >= max(count for _, count in counts):
+        return []
     gone = [(key.rsplit(":", 1)[0], now - at) for key, at in seen.items()
             if key not in present and now - at <= GONE_RECENTLY_S]
     return sorted(gone, key=lambda item: item[1])
