@@ -35,6 +35,10 @@ SHOW, BAR, NOISE, WARNING, REPEAT = "show", "bar", "noise", "warning", "repeat"
 ALIKE = "alike"
 #: Up to this many ranks, every rank's own line is shown.
 FEW_RANKS = 4
+#: Rounds of one shape of line kept waiting for every rank's line.
+ROUNDS_KEPT = 8
+#: What stands for each number in a line's shape (no line holds it).
+_SLOT = "\x00"
 #: A number in a line (what may differ between ranks' lines alike).
 _NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 
@@ -113,8 +117,9 @@ class OutputSorter:
         self._after_warning: set[int] = set()
         #: The job's ranks (lines alike are folded above :data:`FEW_RANKS`).
         self.ranks = ranks
-        #: Shape (a line's text, numbers left out) -> the ranks' numbers in it so far.
-        self._alike: collections.OrderedDict[str, dict[int, list[str]]] = \
+        #: Shape (a line's text, numbers left out) -> its rounds, oldest first: each rank's
+        #: numbers in its line of that round so far.
+        self._alike: collections.OrderedDict[str, list[dict[int, list[str]]]] = \
             collections.OrderedDict()
         self.alike = 0
 
@@ -158,26 +163,31 @@ class OutputSorter:
 
     def _fold(self, rank: int, line: str) -> Sorted | None:
         """A line alike but for its numbers to one another rank showed: held back (``ALIKE``)
-        until every other rank printed its own, then one line of what differs (``SHOW``);
-        ``None`` for a line of a new shape (shown, and its numbers kept) or with no number."""
+        until every rank printed its own of that round, then one line of what differs
+        (``SHOW``); ``None`` for the first line of a round (shown) or a line with no number.
+        A rank that prints the next round's line before the others printed this one's starts
+        that round: each rank's lines join the oldest round it is not in yet."""
         numbers = _NUMBER.findall(line)
         if not numbers:
             return None
-        shape = _NUMBER.sub("#", line)
-        seen = self._alike.get(shape)
-        if seen is None or rank in seen:  # a new shape, or this rank's next round of it
-            self._alike[shape] = {rank: numbers}
-            self._alike.move_to_end(shape)
-            if len(self._alike) > REMEMBERED_LINES:
-                self._alike.popitem(last=False)
-            return None
-        seen[rank] = numbers
-        self.alike += 1
-        if len(seen) < self.ranks:
-            return Sorted(ALIKE, line)
-        first = next(iter(seen))
-        del self._alike[shape]
-        return Sorted(SHOW, alike_line(shape, {r: n for r, n in seen.items() if r != first}))
+        shape = _NUMBER.sub(_SLOT, line)
+        rounds = self._alike.setdefault(shape, [])
+        self._alike.move_to_end(shape)
+        if len(self._alike) > REMEMBERED_LINES:
+            self._alike.popitem(last=False)
+        for i, group in enumerate(rounds):
+            if rank in group:
+                continue
+            group[rank] = numbers
+            self.alike += 1
+            if len(group) < self.ranks:
+                return Sorted(ALIKE, line)
+            del rounds[i]
+            first = next(iter(group))
+            return Sorted(SHOW, alike_line(shape, {r: n for r, n in group.items() if r != first}))
+        rounds.append({rank: numbers})  # a new round, its first line shown
+        del rounds[:-ROUNDS_KEPT]  # one a rank never finished (it ended) is given up
+        return None
 
     def _warning(self, category: str, match: re.Match[str]) -> Sorted:
         where = f"{_short_path(match.group('path'))}:{match.group('line')}"
@@ -209,11 +219,11 @@ class OutputSorter:
 
 
 def alike_line(shape: str, numbers: dict[int, list[str]]) -> str:
-    """What the ranks' lines of ``shape`` (``#`` for each number) say, ``numbers`` being each
+    """What the ranks' lines of ``shape`` (:data:`_SLOT` for each number) say, ``numbers`` being each
     rank's: ``ranks 1-15 alike: 32/32 - 1s - loss: 0.3011 to 0.3312``, a number the same on
     every rank as it is."""
     columns = list(zip(*numbers.values()))
-    parts = shape.split("#")
+    parts = shape.split(_SLOT)
     text = parts[0]
     for column, after in zip(columns, parts[1:]):
         values = sorted(set(column), key=float)

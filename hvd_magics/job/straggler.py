@@ -406,6 +406,8 @@ class StepSplits:
         self.current: Straggler | None = None
         #: The hosts' condition, said once: busy with other work (:class:`BusyHosts`).
         self.busy: BusyHosts | None = None
+        #: Whether the latest look found the hosts so (the live line says it only then).
+        self.busy_now = False
         self.events: list[tuple[str, Straggler | BusyHosts]] = []
         self.intervals: list[dict[str, Any]] = []
         #: Rank -> its GPU's latest reading (:mod:`hvd_magics.rank.gpu_memory`), and the
@@ -459,7 +461,8 @@ class StepSplits:
             if step not in self._delays and all(step in rows for rows in self._rows.values()):
                 self._delays[step] = step_delay(
                     step, {rank: rows[step] for rank, rows in self._rows.items()}, hosts, read)
-        for old in [s for s in self._delays if s <= reported - KEPT_STEPS]:
+        kept = max(min(rows) for rows in self._rows.values())  # every rank still has its row
+        for old in [s for s in self._delays if s <= reported - KEPT_STEPS or s < kept]:
             del self._delays[old]
         first = max(self._looked + 1, reported - KEPT_STEPS + WINDOWS[0])
         stride = max(1, -(-(reported + 1 - first) // LOOKS_PER_REPORT))
@@ -559,7 +562,9 @@ class StepSplits:
         """Whether the named rank still costs the others :data:`CLEAR_SHARE` of the latest
         steps' time (over three of its stalls' periods, at least :data:`WINDOWS`' first), and
         most of what they lose; its figures brought up to date when it does."""
-        window = self._recent(step, max(WINDOWS[0], 3 * self._named[2].period))
+        finding = self._named[2]  # over three of its stalls' periods, or as long as it was
+        window = self._recent(step, max(WINDOWS[0], 3 * finding.period,  # named over
+                                        0 if finding.period else finding.steps))
         if not window:
             return True
         mine, lost = self._lost_to(window)
@@ -578,8 +583,10 @@ class StepSplits:
         """The named rank's verdict: its cause and figures over the ``window``'s steps (every
         step kept: a stall is what the others waited for), what the others lost to it."""
         ranks, whole, finding, _ = self._named
-        steps = [d.step for d in window]
-        parts = {rank: window_parts([rows[s] for s in steps], keep_all=True)
+        steps = [d.step for d in window if all(d.step in rows for rows in self._rows.values())]
+        steps = steps or [max(min(rows) for rows in self._rows.values())]
+        parts = {rank: window_parts([rows[s] for s in steps if s in rows] or
+                                    [rows[max(rows)]], keep_all=True)
                  for rank, rows in self._rows.items()}
         mine, _ = self._lost_to(window)
         wall = sum(d.wall_s for d in window)
@@ -598,14 +605,13 @@ class StepSplits:
         """Say once that the ranks' hosts are busy with other work, when their waits for a CPU
         beyond one another cost :data:`COST_SHARE` of the latest steps' time and no rank (or
         host) accounts for it."""
-        if self.busy is not None:
-            return
         window = self._recent(step, WINDOWS[1])
         if len(window) < WINDOWS[0]:
             return
         waited = sum(d.cpu_s for d in window)
         wall = sum(d.wall_s for d in window)
-        if wall <= 0 or waited < COST_SHARE * wall:
+        self.busy_now = wall > 0 and waited >= COST_SHARE * wall
+        if self.busy is not None or not self.busy_now:
             return
         where = sorted({hosts.get(d.rank, "") for d in window if d.cpu_s > 0})
         self.busy = BusyHosts(tuple(where), waited / wall, len(window), step,
@@ -652,7 +658,7 @@ class StepSplits:
         condition when they were found busy (:class:`BusyHosts`); ``""`` when neither."""
         if self.current is not None:
             return self.current.text(unit)
-        return self.busy.text(unit) if self.busy is not None else ""
+        return self.busy.text(unit) if self.busy is not None and self.busy_now else ""
 
     def rank_rows(self, hosts: dict[int, str]) -> list[dict[str, Any]]:
         """Per rank: ``rank``, ``host``, ``steps`` and the mean ``step_s``, ``input_s``,

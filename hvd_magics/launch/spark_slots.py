@@ -99,10 +99,10 @@ def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool 
         free, total = task_slots(sc)
         free = min(free, max(total - held, 0))
         fitting = profile_slots(sc, layout) if several else None
+        now = time.monotonic()
+        gone = [] if local else gone_executors(sc, now)  # noted at every job, to be compared
         if free >= np and (fitting is None or fitting >= layout.tasks):
             return
-        now = time.monotonic()
-        gone = [] if local else gone_executors(sc, now)
         if gone:
             deadline = max(deadline, began + gone_wait_s)
             if now - said >= SAY_EVERY_S:

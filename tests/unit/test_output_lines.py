@@ -181,3 +181,20 @@ def test_lines_alike_but_for_their_numbers_are_one_line_of_what_differs_past_a_f
     assert "lines alike to another rank's but for their numbers" in sorter.left_out("the log")
     few = OutputSorter(FEW_RANKS)  # a few ranks: each rank's own line, as before
     assert [few.sort(r, f"loss {r}.5").sort for r in range(FEW_RANKS)] == ["show"] * FEW_RANKS
+
+
+def test_alike_lines_of_a_rank_ahead_join_their_own_round_and_a_hash_is_text():
+    """A rank that printed its next line before the others printed this one's reset the
+    round (the others' held lines were never said, and rounds mixed: 'step 1 to 2'); a '#'
+    in a line shifted every value."""
+    from hvd_magics.job.output_lines import ALIKE, OutputSorter
+
+    sorter = OutputSorter(6)
+    order = [(0, 1), (1, 1), (2, 1), (0, 2), (3, 1), (4, 1), (5, 1), (1, 2), (2, 2), (3, 2),
+             (4, 2), (5, 2)]
+    said = [text for rank, k in order
+            for sort, text in [sorter.sort(rank, f"batch #{k}: loss {k + 0.01 * rank:.2f}")]
+            if sort != ALIKE]
+    assert said == ["batch #1: loss 1.00", "batch #2: loss 2.00",
+                    "ranks 1-5 alike: batch #1: loss 1.01 to 1.05",
+                    "ranks 1-5 alike: batch #2: loss 2.01 to 2.05"], said

@@ -505,3 +505,20 @@ def test_a_rank_whose_first_report_comes_last_has_its_steps_counted(ranks):
                 rows.append([step, wall, 0.0001, wall - own])
             splits.observe(rank, {"rows": rows, "totals": [0] * 4}, hosts)
     assert [(what, f.ranks, f.step) for what, f in splits.events] == [("named", (3,), 40)]
+
+
+def test_a_rank_whose_reports_run_far_ahead_is_judged_without_error():
+    """Rank 0 reported 400 steps more while rank 1 reported 200: the looks read steps whose
+    rows rank 0 no longer kept (KeyError in the verdict's figures)."""
+    splits = StepSplits(ranks=2)
+    hosts = {0: "a", 1: "b"}
+
+    def rows(rank, steps):
+        return [[s, 0.02, 0.0005, 0.008 if rank == 0 else 0.0005] for s in steps]
+
+    for rank in (0, 1):
+        splits.observe(rank, {"rows": rows(rank, range(1, 101)), "totals": [0] * 4}, hosts)
+    assert splits.current is not None and splits.current.ranks == (1,)
+    splits.observe(0, {"rows": rows(0, range(101, 501)), "totals": [0] * 4}, hosts)
+    splits.observe(1, {"rows": rows(1, range(101, 301)), "totals": [0] * 4}, hosts)
+    assert splits.current is not None and splits.current.ranks == (1,)
