@@ -269,7 +269,6 @@ class BusyHosts:
     share: float
     steps: int
     step: int = 0
-    ranks: tuple[int, ...] = ()
 
     def text(self, unit: str = "rank") -> str:
         named = [h for h in self.hosts if h]
@@ -582,11 +581,9 @@ class StepSplits:
     def _verdict(self, hosts: dict[int, str], step: int, window: list[StepDelay]) -> Straggler:
         """The named rank's verdict: its cause and figures over the ``window``'s steps (every
         step kept: a stall is what the others waited for), what the others lost to it."""
-        ranks, whole, finding, _ = self._named
-        steps = [d.step for d in window if all(d.step in rows for rows in self._rows.values())]
-        steps = steps or [max(min(rows) for rows in self._rows.values())]
-        parts = {rank: window_parts([rows[s] for s in steps if s in rows] or
-                                    [rows[max(rows)]], keep_all=True)
+        ranks, whole, _, _ = self._named
+        # every rank still has its row of each step judged (_look_up_to drops the others)
+        parts = {rank: window_parts([rows[d.step] for d in window], keep_all=True)
                  for rank, rows in self._rows.items()}
         mine, _ = self._lost_to(window)
         wall = sum(d.wall_s for d in window)
@@ -614,8 +611,7 @@ class StepSplits:
         if self.busy is not None or not self.busy_now:
             return
         where = sorted({hosts.get(d.rank, "") for d in window if d.cpu_s > 0})
-        self.busy = BusyHosts(tuple(where), waited / wall, len(window), step,
-                              tuple(sorted(self._rows)))
+        self.busy = BusyHosts(tuple(where), waited / wall, len(window), step)
         self.events.append(("busy", self.busy))
 
     def _least(self) -> float:

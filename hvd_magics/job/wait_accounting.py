@@ -14,9 +14,9 @@ window's (:data:`COST_SHARE`), and only when chance does not explain it: on equa
 slowest of each step is any of them, so a rank slowest in most of the steps that lost time is
 named only when so many would be that improbable (:data:`SIGNIFICANCE`, a binomial tail over
 those steps, or over the steps it stalled them for twice a usual step's work or more, which
-noise spreads over every rank too), or when it stalled the others for several times a usual step's work at a regular
-period, :data:`RECUR` times (a loader that blocks every tenth batch; a one-off evaluation or a
-stall at random intervals is neither). Noise spreads over every rank; a stall that recurs counts
+noise spreads over every rank too), or when its own steps of one phase of a short rhythm were
+all late, or it stalled the others for twice a usual step's work at one exact period,
+:data:`STALLS` times (a loader that blocks every tenth batch; a one-off evaluation is neither). Noise spreads over every rank; a stall that recurs counts
 in full.
 """
 from __future__ import annotations
@@ -114,10 +114,6 @@ class Finding:
     counted: int
     period: int = 0
 
-    @property
-    def share(self) -> float:
-        """The share of the window's time the others lost to it."""
-        return self.lost_s / self.window_s if self.window_s > 0 else 0.0
 
 
 def binomial_tail(hits: int, trials: int, chance: float) -> float:
