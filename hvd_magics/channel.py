@@ -57,7 +57,7 @@ HANDSHAKE_TIMEOUT_S = 5.0
 MAX_PENDING_HANDSHAKES = 64
 #: Largest frame from an authenticated connection (a rank's result is one frame).
 MAX_FRAME_BYTES = 512 * 1024 * 1024
-#: The most bytes a link probe's answer carries (hvd_magics.job.link_probe).
+#: The most bytes a link probe's answer carries (hvd_magics.job.verdicts.link_probe).
 MAX_PROBE_BYTES = 64 * 1024 * 1024
 #: Seconds a supervisor tries to reach the driver before it gives up.
 CONNECT_TIMEOUT_S = 30.0
@@ -460,7 +460,7 @@ class EventClient:
     def _answer_probe(self, order: dict[str, Any], cpu: ThreadCpu, waited: float) -> None:
         """Answer a :data:`PROBE_LINK` order with the bytes it asks for, then say how long this
         thread waited for a CPU from the order's first byte to the answer's last: a host whose
-        CPUs are busy answers late on any link (hvd_magics.job.link_probe)."""
+        CPUs are busy answers late on any link (hvd_magics.job.verdicts.link_probe)."""
         size = min(int(order.get("answer_bytes") or 0), MAX_PROBE_BYTES)
         self.send(LINK_PROBE, request=order.get("request"),
                   data=base64.b64encode(os.urandom(size)).decode())

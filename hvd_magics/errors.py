@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from hvd_magics.rank_names import rank_named
 
@@ -19,7 +20,12 @@ class HorovodMagicsError(Exception):
 
     Its message says what went wrong and the fix, so IPython shows that line, not a traceback
     through hvd_magics (subclasses with more to show render more).
+
+    ``record`` is the record (:class:`hvd_magics.job.run_record.RunRecord`) of the job the
+    error ended, once the driver finished it; ``None`` for an error raised before a job began.
     """
+
+    record: Any = None
 
     def _render_traceback_(self) -> list[str]:
         return [f"{type(self).__name__}: {self}"]

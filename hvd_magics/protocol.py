@@ -175,7 +175,7 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
     EventKind(PROBE_LINK, "driver", ("request", "data", "answer_bytes"),
               "an order to a task's channel: answer at once with a LINK_PROBE carrying "
               "answer_bytes bytes; data (base64) is what the driver sends down "
-              "(hvd_magics.job.link_probe measures each host's link by the round trip)"),
+              "(hvd_magics.job.verdicts.link_probe measures each host's link by the round trip)"),
     EventKind(CELL_END, "supervisor", (),
               "a warm pool's rank ended a cell (its RESULT or ERROR was sent before): every "
               "line the cell printed came before this"),

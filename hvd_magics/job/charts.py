@@ -45,7 +45,7 @@ class MetricHistory:
     own : dict
         Rank -> ``(seconds since the job started, ms of its own work per step)``: input and
         compute, what is left of a step without the wait in collectives
-        (:mod:`hvd_magics.job.straggler`).
+        (:mod:`hvd_magics.job.verdicts.straggler`).
     """
 
     def __init__(self, started_at: float) -> None:

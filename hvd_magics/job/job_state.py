@@ -15,8 +15,8 @@ from hvd_magics.job.epoch_timing import EPOCH_LINE, EpochTimer
 from hvd_magics.errors import OUTPUT_TAIL_LINES, Preempted, RankFailure
 from hvd_magics.options import ElasticSize
 from hvd_magics.job.stacks import where as stack_where
-from hvd_magics.job.preemption import PreemptionWatch
-from hvd_magics.job.straggler import StepSplits
+from hvd_magics.job.verdicts.preemption import PreemptionWatch
+from hvd_magics.job.verdicts.straggler import StepSplits
 from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, EPOCH_BEGIN, EPOCH_END, ERROR, EXIT,
                                  LEAVING, LINK_PROBE, OUTPUT, OUTPUT_PARTIAL, PREEMPT_CALLS,
                                  PROGRESS, RESIZE, RESULT, RUN_LOG, SHARDING, SLOT_OFFER, STACKS,
@@ -215,7 +215,7 @@ class JobState:
         #: Each rank's steps split into input, compute and communication, and the straggler.
         self.splits = StepSplits(self.started_at, size if elastic is None else None)
         #: The measure of the hosts' links, once every rank waited in communication
-        #: (:mod:`hvd_magics.job.link_probe`), the least share of a step they did, and the
+        #: (:mod:`hvd_magics.job.verdicts.link_probe`), the least share of a step they did, and the
         #: verdict once it is done (``""`` before).
         self.link_probe: Any = None
         self.link_share = 0.0
@@ -242,7 +242,7 @@ class JobState:
         #: The verdict on a host whose supervisors went silent (:meth:`lose_host`), or ``""``.
         self.lost_host = ""
         #: The ranks' ``checkpoint.preempting()`` calls and the preemption notice sent
-        #: (:mod:`hvd_magics.job.preemption`).
+        #: (:mod:`hvd_magics.job.verdicts.preemption`).
         self.preemption = PreemptionWatch()
 
     def handle(self, event: dict[str, Any]) -> None:

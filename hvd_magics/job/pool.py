@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping
 
 from hvd_magics.errors import HorovodJobError, PayloadError, PoolError, StartTimeoutError
 from hvd_magics.job.runner import HorovodRunner
-from hvd_magics.job.preemption import notice_text
+from hvd_magics.job.verdicts.preemption import notice_text
 from hvd_magics.job.session import SESSION
 from hvd_magics.launch.driver_backend import DriverBackend
 from hvd_magics.launch.local_ranks import reap_local_ranks

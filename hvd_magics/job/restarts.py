@@ -31,7 +31,7 @@ from hvd_magics.errors import (CheckpointFolderUnusable, HorovodJobError, JobInt
                                NotEnoughSlotsError, Preempted)
 from hvd_magics.job.job_state import LOST
 from hvd_magics.job.run_record import RunRecord
-from hvd_magics.job.session import SESSION
+from hvd_magics.job.launch_request import LaunchRequest
 from hvd_magics.notices import say
 from hvd_magics.protocol import (ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_TOKEN,
                                  ENV_MAX_PREEMPTIONS, ENV_RESUME_STEP)
@@ -144,12 +144,15 @@ def pool_resume_fix(folder: Path) -> ResumeFix:
                      "HorovodRunner(np, restarts=N)) to resume by itself")
 
 
-def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
+def launch_with_restarts(request: LaunchRequest, launch: Callable[[LaunchRequest], RunRecord],
                          restarts: int, folder: Path, fresh: bool,
                          resume_fix: ResumeFix | None = None) -> RunRecord:
     """Run ``launch(request)`` and, after a loss, again (``restarts`` times at most), each
     attempt with its number and the checkpoint folder in the ranks' environment; a preempted
-    job without ``restarts`` ends with ``resume_fix`` (default: :func:`job_resume_fix`)."""
+    job without ``restarts`` ends with ``resume_fix`` (default: :func:`job_resume_fix`).
+
+    A failed attempt's record comes on its error (``exc.record``); the last one's tells every
+    attempt when they are used up."""
     fix = resume_fix or job_resume_fix(folder)
     if fresh:
         shutil.rmtree(folder, ignore_errors=True)
@@ -162,6 +165,7 @@ def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
     attempt = losses = preemptions = 0
     run_id: str | None = None  # the attempts' one MLflow run, once the first created it
     epochs: list[dict[str, Any]] = []  # the epochs the earlier attempts timed
+    last: RunRecord | None = None  # the record of the latest attempt that failed
     began = datetime.now()
     while True:
         env = {**request.env, ENV_ATTEMPT: str(attempt), ENV_CHECKPOINT_DIR: str(folder)}
@@ -179,8 +183,9 @@ def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
             kept = latest_checkpoint(folder)
             if not attempt and kept is None:
                 raise
-            if causes and SESSION.last_run is not None:
-                SESSION.last_run.attempts = [*causes, f"not started: {exc}"]
+            last = exc.record if exc.record is not None else last
+            if causes and last is not None:
+                last.attempts = [*causes, f"not started: {exc}"]
             what = (f"The job's checkpoint of step {kept[0].global_step:,} in {folder} stays: "
                     f"{fix.again}, once the cluster has the task slots" if kept else
                     f"No checkpoint was written in {folder}")
@@ -209,13 +214,14 @@ def launch_with_restarts(request: Any, launch: Callable[[Any], RunRecord],
             cause = loss(exc)
             if cause is None or not restarts:
                 raise
-            run_id = run_id or getattr(SESSION.last_run, "mlflow_run_id", None)
-            epochs = one_timing(epochs, getattr(SESSION.last_run, "epochs", []))
+            last = exc.record if exc.record is not None else last
+            run_id = run_id or getattr(last, "mlflow_run_id", None)
+            epochs = one_timing(epochs, getattr(last, "epochs", []))
             ended = time.strftime("%H:%M:%S")
             if losses >= restarts:
                 causes.append(f"{cause} (ended {ended})")
-                if SESSION.last_run is not None:  # the record tells every attempt
-                    SESSION.last_run.attempts, SESSION.last_run.started_at = list(causes), began
+                if last is not None:  # the record tells every attempt
+                    last.attempts, last.started_at = list(causes), began
                 exc.add_summary(f"the job was started {attempt + 1} times, and each ended with "
                                 "a loss: " + "; ".join(f"attempt {i + 1}: {c}"
                                                       for i, c in enumerate(causes)))

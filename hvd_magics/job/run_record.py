@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from hvd_magics.job.epoch_timing import format_html_table, format_table
-from hvd_magics.job.straggler import StepParts, clock_label
+from hvd_magics.job.verdicts.straggler import StepParts, clock_label
 
 
 @dataclass
@@ -79,10 +79,10 @@ class RunRecord:
         what :attr:`steps` gives as a DataFrame.
     stragglers : list of str
         Each rank (or host) found holding the others back, from which step, and when it
-        caught up (:mod:`hvd_magics.job.straggler`); empty when none was.
+        caught up (:mod:`hvd_magics.job.verdicts.straggler`); empty when none was.
     links : str
         When every rank waited in communication for most of its steps, the hosts' links as
-        the driver measured them (:mod:`hvd_magics.job.link_probe`); else ``""``.
+        the driver measured them (:mod:`hvd_magics.job.verdicts.link_probe`); else ``""``.
     """
 
     job_id: str

@@ -143,7 +143,7 @@ class JobStacks:
         Ranks whose process had not started yet (nothing to ask).
     straggler : str
         The rank (or host) the others wait for, as its steps' split found it when the stacks
-        were taken (:mod:`hvd_magics.job.straggler`); ``""`` when none was found.
+        were taken (:mod:`hvd_magics.job.verdicts.straggler`); ``""`` when none was found.
     """
 
     ranks: dict[int, dict[str, Any]] = field(default_factory=dict)

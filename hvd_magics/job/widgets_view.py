@@ -16,7 +16,7 @@ from hvd_magics.job.job_state import (DONE, FAILED, INTERRUPTED, KEPT, PREEMPTED
                                       RUNNING, SHARDING_DATA, STALL_AFTER_S, STARTING, STOPPED,
                                       WAITING, JobState)
 from hvd_magics.job.run_record import job_title
-from hvd_magics.job.straggler import StepParts
+from hvd_magics.job.verdicts.straggler import StepParts
 from hvd_magics.protocol import FIRST_BUILD, OUTPUT
 from hvd_magics.rank_names import TASK, rank_named, rank_spans
 

@@ -1,6 +1,6 @@
 """Each training step's time on this rank, split into waiting for input, compute and waiting in
 collectives, with no line added to the user's loop (the driver names the straggler from it:
-:mod:`hvd_magics.job.straggler`).
+:mod:`hvd_magics.job.verdicts.straggler`).
 
 A step is the time from one optimizer step to the next (``torch.optim``'s global step hook: a
 plain loop, DDP, Horovod's ``DistributedOptimizer``, Accelerate, Lightning and the Hugging Face

@@ -197,8 +197,9 @@ def test_every_backend_has_what_the_runner_asks_of_a_backend():
         assert not missing, f"{kind.__name__} lacks {sorted(missing)}"
     from pathlib import Path
 
-    runner = (Path(hvd_magics.__file__).parent / "job" / "runner.py").read_text()
-    assert "hasattr(backend" not in runner and "isinstance(backend" not in runner
+    for path in (Path(hvd_magics.__file__).parent / "job").rglob("*.py"):
+        text = path.read_text()
+        assert "hasattr(backend" not in text and "isinstance(backend" not in text, path
 
 
 def test_no_module_uses_an_undefined_name_or_imports_what_it_does_not_use():

@@ -1,11 +1,11 @@
-"""Which host the driver takes for lost (hvd_magics/job/runner.py: ``lost_host``): the one
+"""Which host the driver takes for lost (hvd_magics/job/verdicts/lost_host.py): the one
 whose rank supervisors went silent while another host's still beat, never when the driver
 itself stalled (every host silent) or the job has one host. The silences here are given; the
 cut links are in tests/spark_hosts."""
 import time
 
 from hvd_magics.job.job_state import JobState
-from hvd_magics.job.runner import lost_host
+from hvd_magics.job.verdicts.lost_host import lost_host
 
 
 class Heard:

@@ -58,13 +58,15 @@ def test_a_loss_without_restarts_is_raised_as_it_is_and_used_up_restarts_keep_ea
 
     from hvd_magics.job.restarts import launch_with_restarts
     from hvd_magics.job.run_record import RunRecord
-    from hvd_magics.job.runner import LaunchRequest
+    from hvd_magics.job.launch_request import LaunchRequest
     from hvd_magics.job.session import SESSION
     from hvd_magics.launch.payload import JobPayload
 
-    def launch(request):
-        SESSION.last_run = RunRecord(job_id="j", np=2, where="driver", log_path="")
-        raise _error(RankFailure(1, "h", -9), summary="1 of 2 ranks failed")
+    def launch(request):  # as job_life.launch: the session's last run, carried on the error
+        error = _error(RankFailure(1, "h", -9), summary="1 of 2 ranks failed")
+        SESSION.last_run = error.record = RunRecord(job_id="j", np=2, where="driver",
+                                                    log_path="")
+        raise error
 
     request = LaunchRequest(JobPayload(b""), 2, {}, 10.0, [])
     with pytest.raises(HorovodJobError) as info:
@@ -85,7 +87,7 @@ def test_an_interrupt_while_the_next_attempt_is_set_up_is_a_job_interrupted(tmp_
 
     from hvd_magics.errors import JobInterrupted
     from hvd_magics.job.restarts import launch_with_restarts
-    from hvd_magics.job.runner import LaunchRequest
+    from hvd_magics.job.launch_request import LaunchRequest
     from hvd_magics.launch.payload import JobPayload
 
     attempts = []
@@ -110,7 +112,7 @@ def test_preempted_attempts_start_again_without_counting_and_without_restarts_sa
 
     from hvd_magics.job.restarts import launch_with_restarts
     from hvd_magics.job.run_record import RunRecord
-    from hvd_magics.job.runner import LaunchRequest
+    from hvd_magics.job.launch_request import LaunchRequest
     from hvd_magics.launch.payload import JobPayload
 
     saved = "the checkpoint of step 45 was saved on a preemption notice (executor 1 ...)"
@@ -169,7 +171,7 @@ def test_a_restart_that_finds_no_slots_names_the_checkpoint_to_resume_from(tmp_p
     from hvd_magics.errors import NotEnoughSlotsError
     from hvd_magics.job.restarts import launch_with_restarts
     from hvd_magics.job.run_record import RunRecord
-    from hvd_magics.job.runner import LaunchRequest
+    from hvd_magics.job.launch_request import LaunchRequest
     from hvd_magics.job.session import SESSION
     from hvd_magics.launch.payload import JobPayload
     from hvd_magics.rank.checkpoints import Position, write_checkpoint
@@ -182,8 +184,10 @@ def test_a_restart_that_finds_no_slots_names_the_checkpoint_to_resume_from(tmp_p
         if request.attempt == 0:
             write_checkpoint(folder, Position(0, 0, 26), "pkl",
                              lambda path: path.write_bytes(b"x"), 2)
-            SESSION.last_run = RunRecord(job_id="j", np=2, where="driver", log_path="")
-            raise _error(RankFailure(1, "h", -9), summary="1 of 2 ranks failed")
+            error = _error(RankFailure(1, "h", -9), summary="1 of 2 ranks failed")
+            SESSION.last_run = error.record = RunRecord(job_id="j", np=2, where="driver",
+                                                        log_path="")
+            raise error
         raise NotEnoughSlotsError("np=2 needs 2 free Spark task slots at once, but 1 free of 1.")
 
     request = LaunchRequest(JobPayload(b""), 2, {}, 10.0, [])

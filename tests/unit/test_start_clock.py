@@ -1,5 +1,5 @@
 """The start timeout of a job whose executors first fetch and unpack the notebook's shipped
-environment (hvd_magics/job/runner.py): a 2 GB archive's first job failed after 120 s with a
+environment (hvd_magics/job/verdicts/startup.py): a 2 GB archive's first job failed after 120 s with a
 StartTimeoutError while the executors were still unpacking it. The backend here is the smallest
 one the runner takes (a Spark stage whose tasks are never heard from), not a cluster: a real
 archive large enough to need the allowance takes minutes to unpack."""
@@ -10,7 +10,7 @@ import pytest
 
 from hvd_magics.errors import StartTimeoutError
 from hvd_magics.job.job_state import JobState
-from hvd_magics.job.runner import _watch
+from hvd_magics.job.watch.loop import watch as _watch
 
 
 class SilentStage:

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from hvd_magics.job.job_state import JobState
-from hvd_magics.job.straggler import (WINDOWS, COMPUTE, INPUT, StepParts,
+from hvd_magics.job.verdicts.straggler import (WINDOWS, COMPUTE, INPUT, StepParts,
                                       StepSplits, Straggler, look)
 from hvd_magics.job.text_view import TextView
 from hvd_magics.protocol import STEP_SPLIT

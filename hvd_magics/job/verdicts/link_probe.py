@@ -1,7 +1,7 @@
 """Each host's link, measured from the driver when every rank waits in communication.
 
 A link slower than the others' slows every rank's collectives alike (a ring moves at its slowest
-link's pace), so the step splits cannot say which host's it is (:mod:`hvd_magics.job.straggler`
+link's pace), so the step splits cannot say which host's it is (:mod:`hvd_magics.job.verdicts.straggler`
 names no rank then). When every rank of a job on several hosts spends most of its recent steps
 in communication, the driver measures each host's link once: through one rank's event channel
 per host, one host at a time, it sends :data:`PROBE_BYTES` down and asks for as many back

@@ -5,7 +5,7 @@ Each rank sends its steps' time split into input, compute and communication
 as the slowest rank's: the ranks differ in how they spend it. A rank whose own work (input and
 compute) is longer than the others' while they wait for it in communication holds them back.
 
-Who holds the others back is read from what they lose (:mod:`hvd_magics.job.wait_accounting`):
+Who holds the others back is read from what they lose (:mod:`hvd_magics.job.verdicts.wait_accounting`):
 in each step, the time the slowest rank's own work exceeded the next one's, summed over a window
 of the latest steps every rank reported (:data:`WINDOWS`: the shortest first, the longest for a
 stall every fiftieth step). A rank (or every rank of one host) is named when it accounts for
@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from hvd_magics.job.wait_accounting import (COST_SHARE, SIGNIFICANCE, Finding,
+from hvd_magics.job.verdicts.wait_accounting import (COST_SHARE, SIGNIFICANCE, Finding,
                                             StepDelay, accuse, binomial_tail, step_delay)
 from hvd_magics.rank_names import ranks_named
 
@@ -57,7 +57,7 @@ STEADY_SHARE = 0.5
 #: named, and below which it is cleared.
 NAME_SHARE = 0.08
 #: A named rank is cleared when the others lose less than this share of the latest steps' time
-#: to it (half what names it: :data:`hvd_magics.job.wait_accounting.COST_SHARE`).
+#: to it (half what names it: :data:`hvd_magics.job.verdicts.wait_accounting.COST_SHARE`).
 CLEAR_SHARE = COST_SHARE / 2
 #: ...and never less than this many seconds a step: a smaller difference is within what timing
 #: a step's parts costs and how much a step of a fraction of a millisecond varies.

@@ -1,0 +1,28 @@
+"""The one small protocol every verdict of a running job answers to, turn by turn."""
+from __future__ import annotations
+
+import queue
+from dataclasses import dataclass
+from typing import Protocol
+
+from hvd_magics.errors import HorovodJobError
+from hvd_magics.job.job_state import JobState
+from hvd_magics.launch.backend import Backend
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn of the watch: the job as its events left it, at ``now`` (monotonic)."""
+
+    job: JobState
+    backend: Backend
+    events: queue.Queue
+    now: float
+
+
+class Monitor(Protocol):
+    """Looks at the job once a turn: may act on it (ask stacks, tell the ranks, lose a host)
+    and returns the error that ends the job, or ``None``."""
+
+    def check(self, turn: Turn) -> HorovodJobError | None:
+        """This turn's verdict, or ``None`` to go on."""
