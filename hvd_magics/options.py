@@ -5,13 +5,18 @@ names the option and the fix (the magic turns it into a one-line ``UsageError``)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
 
-from hvd_magics.protocol import ENGINE_HOROVOD, ENGINES
+from hvd_magics.protocol import (ENGINE_HOROVOD, ENGINES, ENV_ENGINE, ENV_STALL_CHECK,
+                                 ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE)
 
 #: Default seconds to wait for every rank process to start (Spark scheduling included).
 DEFAULT_START_TIMEOUT_S = 120.0
+#: Default seconds of silence after which a rank is shown as stalled, with where it is.
+STALL_AFTER_S = 60.0
 #: ``driver_log_verbosity`` values: HorovodRunner's two, and ``debug`` (framework chatter too).
 VERBOSITY_ALL = "all"
 VERBOSITY_LOG_CALLBACK_ONLY = "log_callback_only"
@@ -186,3 +191,103 @@ def validate_ranks_per_task(ranks_per_task: Any, np: Any) -> int | None:
                          f"Spark task runs {ranks_per_task} ranks. Fix: "
                          f"{multiple_fix(np, ranks_per_task)}")
     return ranks_per_task
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """A job's options as the driver uses them, checked once (:meth:`checked`) from
+    :class:`hvd_magics.HorovodRunner`'s keywords or ``%%horovod``'s arguments, and carried as
+    they are to the job's launch.
+
+    ``ranks`` is how many ranks run (an elastic job's most), ``on_driver`` where: processes on
+    the driver, or Spark tasks. ``env`` is the user's environment for the ranks; what the job
+    itself sets there is :meth:`rank_env`.
+    """
+
+    ranks: int
+    on_driver: bool = False
+    elastic: ElasticSize | None = None
+    engine: str = ENGINE_HOROVOD
+    verbosity: str = VERBOSITY_ALL
+    start_timeout: float = DEFAULT_START_TIMEOUT_S
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeline: Path | None = None
+    timeline_mark_cycles: bool = False
+    mlflow: bool | str | None = None
+    elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT_S
+    reset_limit: int | None = None
+    timeout: float | None = None
+    stall_after: float = STALL_AFTER_S
+    restarts: int = 0
+    checkpoint_dir: str | None = None
+    fresh: bool = False
+    ranks_per_task: int | None = None
+
+    @property
+    def np(self) -> int:
+        """HorovodRunner's ``np``: the number of ranks, negative on the driver."""
+        return -self.ranks if self.on_driver else self.ranks
+
+    @property
+    def size(self) -> int | ElasticSize:
+        """An elastic job's :class:`ElasticSize`, else :attr:`np`."""
+        return self.elastic or self.np
+
+    def rank_env(self) -> dict[str, str]:
+        """The ranks' environment: the user's, the engine, Horovod's stall check (the stall
+        time, unless the user set it) and the timeline's switches."""
+        env = dict(self.env)
+        if self.engine == ENGINE_HOROVOD:
+            env.setdefault(ENV_STALL_CHECK, str(max(1, round(self.stall_after))))
+        env[ENV_ENGINE] = self.engine
+        if self.timeline is not None:
+            env[ENV_WANT_TIMELINE] = "1"
+            if self.timeline_mark_cycles:
+                env[ENV_TIMELINE_MARK_CYCLES] = "1"
+        return env
+
+    @classmethod
+    def checked(cls, np: Any, driver_log_verbosity: Any = VERBOSITY_ALL,
+                start_timeout: Any = DEFAULT_START_TIMEOUT_S,
+                env: Mapping[str, Any] | None = None,
+                timeline: str | os.PathLike | None = None, timeline_mark_cycles: bool = False,
+                mlflow: bool | str | None = None,
+                elastic_timeout: Any = DEFAULT_ELASTIC_TIMEOUT_S, reset_limit: Any = None,
+                timeout: Any = None, stall_after: Any = STALL_AFTER_S, engine: Any = None,
+                restarts: Any = 0, checkpoint_dir: str | os.PathLike | None = None,
+                fresh: bool = False, ranks_per_task: Any = None,
+                default_engine: str = ENGINE_HOROVOD, on_pool: bool = False) -> JobOptions:
+        """Every option checked (a ``ValueError`` names the option and the fix), in
+        HorovodRunner's keywords; ``default_engine`` and ``on_pool`` say what a warm pool the
+        job runs on decides."""
+        size = validate_size(np)
+        elastic = size if isinstance(size, ElasticSize) else None
+        per_task = validate_ranks_per_task(ranks_per_task, size)
+        restarts = validate_restarts(restarts, elastic=elastic is not None, pool=on_pool)
+        engine = default_engine if engine is None else validate_engine(engine)
+        if elastic is not None:
+            horovod_only(f"an elastic job (np={np})", engine,
+                         "Fix: give a fixed np, or use engine='horovod' with hvd.elastic "
+                         "(torch's elastic agent restarts every worker at each change, which "
+                         "a notebook's job cannot follow).")
+        if timeline is not None:
+            horovod_only("the Horovod Timeline (timeline=, %hvd_timeline)", engine,
+                         "Fix: record a trace with torch.profiler or tf.profiler in the job; "
+                         "epoch timing, charts and %hvd_stacks work on every engine.")
+        timeout = None if timeout is None else positive_seconds(timeout, "timeout (--timeout)")
+        stall_after = positive_seconds(stall_after, "stall_after (--stall-after)")
+        elastic_timeout = validate_elastic_timeout(elastic_timeout)
+        reset_limit = validate_reset_limit(reset_limit)
+        verbosity = validate_verbosity(driver_log_verbosity)
+        start_timeout = validate_start_timeout(start_timeout)
+        fixed = size.max_np if isinstance(size, ElasticSize) else size
+        return cls(
+            ranks=abs(fixed), on_driver=fixed < 0, elastic=elastic, engine=engine,
+            verbosity=verbosity, start_timeout=start_timeout,
+            env={str(k): str(v) for k, v in (env or {}).items()},
+            timeline=Path(timeline) if timeline is not None else None,
+            timeline_mark_cycles=bool(timeline_mark_cycles), mlflow=mlflow,
+            elastic_timeout=elastic_timeout, reset_limit=reset_limit, timeout=timeout,
+            stall_after=stall_after, restarts=restarts,
+            checkpoint_dir=None if checkpoint_dir is None else os.fspath(checkpoint_dir),
+            fresh=bool(fresh), ranks_per_task=per_task)

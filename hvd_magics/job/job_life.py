@@ -55,7 +55,7 @@ def make_backend(request: LaunchRequest) -> Backend:
 
         spark = active_session() or start_local_session(np.max_np)
         return ElasticSparkBackend(spark, np, env, request.start_timeout,
-                                   request.elastic_timeout, request.reset_limit,
+                                   request.options.elastic_timeout, request.options.reset_limit,
                                    SESSION.environment)
     if sources:
         if np < 0:
@@ -70,14 +70,15 @@ def make_backend(request: LaunchRequest) -> Backend:
                             held_slots=SESSION.held_slots(request.live),
                             background=request.live is not None,
                             environment=SESSION.environment,
-                            ranks_per_task=request.ranks_per_task)
+                            ranks_per_task=request.options.ranks_per_task)
     if np < 0:
         return DriverBackend(-np, env)
     spark = active_session() or start_local_session(np)
     return SparkBackend(spark, np, env, slot_wait_s=request.slot_wait_s,
                         held_slots=SESSION.held_slots(request.live),
                         background=request.live is not None,
-                        environment=SESSION.environment, ranks_per_task=request.ranks_per_task,
+                        environment=SESSION.environment,
+                        ranks_per_task=request.options.ranks_per_task,
                         gone_wait_s=request.start_timeout)
 
 
@@ -109,8 +110,8 @@ def launch(request: LaunchRequest) -> RunRecord:
     engine = engine_of(request.env)
     tracker = _tracker(request, job_id, backend.where, engine)
     job = JobState(abs(size), log_path, request.views + ([tracker] if tracker else []),
-                   backend.where, elastic, timeline_dest=request.timeline,
-                   stall_after=request.stall_after, engine=engine)
+                   backend.where, elastic, timeline_dest=request.options.timeline,
+                   stall_after=request.options.stall_after, engine=engine)
     job.earlier_attempts = request.earlier_attempts
     record = RunRecord(job_id=job_id, np=size, where=backend.where, log_path=str(log_path),
                        elastic=str(elastic) if elastic else None, engine=engine)
@@ -126,7 +127,7 @@ def launch(request: LaunchRequest) -> RunRecord:
             request.live.started.set()
         stop = request.live.stop if request.live is not None else None
         (watch_elastic(job, backend, events, stop) if elastic else
-         watch(job, backend, events, request.start_timeout, request.timeout, stop))
+         watch(job, backend, events, request.start_timeout, request.options.timeout, stop))
         clean = True
         try:
             record.value, record.returned = request.decode(job.result_parts)

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from hvd_magics.job.charts import MetricHistory
 from hvd_magics.job.epoch_timing import EPOCH_LINE, EpochTimer
 from hvd_magics.errors import OUTPUT_TAIL_LINES, Preempted, RankFailure
-from hvd_magics.options import ElasticSize
+from hvd_magics.options import STALL_AFTER_S, ElasticSize
 from hvd_magics.job.stacks import where as stack_where
 from hvd_magics.job.verdicts.preemption import PreemptionWatch
 from hvd_magics.job.verdicts.straggler import StepSplits
@@ -41,8 +41,6 @@ INTERRUPTED, STOPPED = "interrupted", "stopped"
 #: The last state of a rank that saved (its part) and ended on a preemption notice, on purpose;
 #: also how such an attempt ended (the record's ``status``).
 PREEMPTED = "preempted"
-#: A running rank silent for this long is shown as stalled (``--stall-after``).
-STALL_AFTER_S = 60.0
 #: The prefix of the stack requests the driver makes for a rank found stalled.
 STALL_REQUEST = "stall-"
 #: Characters of one output line kept in memory for display (the log file has every line whole).

@@ -2,17 +2,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
-from hvd_magics.job.job_state import STALL_AFTER_S, JobView
+from hvd_magics.job.job_state import JobView
 from hvd_magics.job.live_job import LiveJob
 from hvd_magics.job.mlflow_run import MlflowSettings
 from hvd_magics.launch.backend import Backend
 from hvd_magics.launch.dataframe_input import DataFrameSources
 from hvd_magics.launch.payload import JobPayload
 from hvd_magics.launch.spark_slots import SLOT_WAIT_S
-from hvd_magics.options import DEFAULT_ELASTIC_TIMEOUT_S, ElasticSize
+from hvd_magics.options import ElasticSize, JobOptions
 from hvd_magics.protocol import ENV_PREIMPORT
 from hvd_magics.result_codec import VALUE, decode_strict
 
@@ -39,31 +38,24 @@ class WarmRanks(Protocol):
 
 @dataclass(frozen=True)
 class LaunchRequest:
-    """Everything one job needs to start, as :class:`HorovodRunner` settled it.
+    """Everything one job needs to start: its options as checked once (:class:`JobOptions`),
+    and what this run of it adds.
 
-    ``size`` is an :class:`ElasticSize` for an elastic job, whose ``elastic_timeout`` and
-    ``reset_limit`` then apply. ``preimport`` names the modules a rank imports while the launch
+    ``env`` is the ranks' environment for this attempt (the options' :meth:`JobOptions.rank_env`
+    and what a restart adds); ``preimport`` names the modules a rank imports while the launch
     goes on (the leading imports of ``source``, the cell's or the function's).
     """
 
     payload: JobPayload
-    size: int | ElasticSize
+    options: JobOptions
     env: Mapping[str, str]
-    start_timeout: float
     views: list[JobView]
-    timeline: Path | None = None
     decode: Decoder = decode_value
     tracking: MlflowSettings | None = None
     source: str | None = None
     preimport: tuple[str, ...] = ()
-    elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT_S
-    reset_limit: int | None = None
     #: A warm pool to run on instead of new ranks.
     pool: WarmRanks | None = None
-    #: Seconds after which the job is stopped, saying where each rank was (``None``: never).
-    timeout: float | None = None
-    #: Seconds of silence after which a rank is shown as stalled, with where it is.
-    stall_after: float = STALL_AFTER_S
     #: Filled in as the job starts, for another thread (a background job's handle).
     live: LiveJob | None = None
     #: On a cluster, how long to wait for executors to register (longer for a restart, while
@@ -74,20 +66,27 @@ class LaunchRequest:
     attempt: int = 0
     earlier_attempts: tuple[str, ...] = ()
     mlflow_run_id: str | None = None
-    #: Rank processes per Spark task (``None``: one per GPU the session gives a task, else one).
-    ranks_per_task: int | None = None
+
+    @property
+    def size(self) -> int | ElasticSize:
+        return self.options.size
 
     @property
     def elastic(self) -> ElasticSize | None:
-        return self.size if isinstance(self.size, ElasticSize) else None
+        return self.options.elastic
 
     @property
     def np(self) -> int:
         """The number of ranks (an elastic job's maximum); negative on the driver."""
-        return self.size.max_np if isinstance(self.size, ElasticSize) else self.size
+        return self.options.np
+
+    @property
+    def start_timeout(self) -> float:
+        return self.options.start_timeout
 
     def rank_env(self) -> dict[str, str]:
-        """The ranks' environment: the user's, plus what to import early unless the user said."""
+        """The ranks' environment: this attempt's, plus what to import early unless the user
+        said."""
         env = dict(self.env)
         if self.preimport and ENV_PREIMPORT not in env:
             env[ENV_PREIMPORT] = ",".join(self.preimport)

@@ -9,13 +9,12 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from hvd_magics.job.background import BackgroundJob
 from hvd_magics.job.job_life import launch
-from hvd_magics.job.job_state import STALL_AFTER_S, JobView
-from hvd_magics.job.launch_request import Decoder, LaunchRequest, decode_value
+from hvd_magics.job.job_state import JobView
+from hvd_magics.job.launch_request import Decoder, LaunchRequest, WarmRanks, decode_value
 from hvd_magics.job.live_job import LiveJob
 from hvd_magics.job.mlflow_run import requested
 from hvd_magics.job.restarts import (ResumeFix, checkpoint_folder, job_name,
@@ -28,13 +27,8 @@ from hvd_magics.launch import interrupt_guard
 from hvd_magics.launch.payload import JobPayload, leading_imports, serialize_job
 from hvd_magics.launch.spark_session import active_session, is_connect
 from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S,
-                                VERBOSITY_ALL, ElasticSize, horovod_only, positive_seconds,
-                                validate_elastic_timeout, validate_engine,
-                                validate_ranks_per_task, validate_reset_limit,
-                                validate_restarts, validate_size, validate_start_timeout,
-                                validate_verbosity)
-from hvd_magics.protocol import (ENGINE_HOROVOD, ENV_ENGINE, ENV_STALL_CHECK,
-                                 ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE)
+                                STALL_AFTER_S, VERBOSITY_ALL, ElasticSize, JobOptions)
+from hvd_magics.protocol import ENGINE_HOROVOD
 
 __all__ = ["HorovodRunner", "LaunchRequest", "Decoder", "decode_value", "default_views",
            "last_run", "source_of"]
@@ -153,65 +147,55 @@ class HorovodRunner:
                  timeline: str | os.PathLike | None = None,
                  timeline_mark_cycles: bool = False, mlflow: bool | str | None = None,
                  elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT_S,
-                 reset_limit: int | None = None, pool: Any = None,
+                 reset_limit: int | None = None, pool: WarmRanks | None = None,
                  timeout: float | None = None, stall_after: float = STALL_AFTER_S,
                  engine: str | None = None, restarts: int = 0,
                  checkpoint_dir: str | os.PathLike | None = None, fresh: bool = False,
                  ranks_per_task: int | None = None) -> None:
-        size = validate_size(np)
-        self.ranks_per_task = validate_ranks_per_task(ranks_per_task, size)
-        if pool is not None and self.ranks_per_task not in (None, pool.ranks_per_task):
-            raise ValueError(f"ranks_per_task={ranks_per_task} is not the warm pool's "
-                             f"({pool.ranks_per_task}). Fix: leave it out to run on the pool.")
-        self.restarts = validate_restarts(restarts, elastic=isinstance(size, ElasticSize),
-                                          pool=pool is not None)
-        self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
-        self.fresh = bool(fresh)
+        self.options = JobOptions.checked(
+            np, driver_log_verbosity, start_timeout, env, timeline, timeline_mark_cycles,
+            mlflow, elastic_timeout, reset_limit, timeout, stall_after, engine, restarts,
+            checkpoint_dir, fresh, ranks_per_task,
+            default_engine=getattr(pool, "engine", ENGINE_HOROVOD), on_pool=pool is not None)
+        if pool is not None:
+            _check_pool(self.options, pool, np, engine, ranks_per_task)
+        self.pool = pool
         #: How a preempted job without restarts tells the user to resume (``None``: a job's
         #: own way; the HorovodEstimator says its modelDir and setRestarts).
         self.resume_fix: ResumeFix | None = None
-        pool_engine = getattr(pool, "engine", ENGINE_HOROVOD)
-        self.engine = pool_engine if engine is None else validate_engine(engine)
-        if pool is not None and self.engine != pool_engine:
-            raise ValueError(f"engine={engine!r} is not the warm pool's engine "
-                             f"({pool_engine!r}). Fix: leave engine out to run on the pool, or "
-                             "leave the pool out for a cold job on another engine.")
-        if isinstance(size, ElasticSize):
-            horovod_only(f"an elastic job (np={np})", self.engine,
-                         "Fix: give a fixed np, or use engine='horovod' with hvd.elastic "
-                         "(torch's elastic agent restarts every worker at each change, which "
-                         "a notebook's job cannot follow).")
-        if timeline is not None:
-            horovod_only("the Horovod Timeline (timeline=, %hvd_timeline)", self.engine,
-                         "Fix: record a trace with torch.profiler or tf.profiler in the job; "
-                         "epoch timing, charts and %hvd_stacks work on every engine.")
-        self.timeout = None if timeout is None else positive_seconds(timeout,
-                                                                     "timeout (--timeout)")
-        self.stall_after = positive_seconds(stall_after, "stall_after (--stall-after)")
-        if pool is not None and size != pool.np:
-            raise ValueError(f"np={np} is not the warm pool's np={pool.np}. Fix: use np={pool.np} "
-                             "on the pool, or leave the pool out for a cold job.")
-        self.pool = pool
-        #: The number of ranks (sparkdl's attribute); an elastic job's maximum.
-        self.num_processor = size.max_np if isinstance(size, ElasticSize) else size
-        #: ``MIN:MAX`` of an elastic job, else ``None``.
-        self.elastic = size if isinstance(size, ElasticSize) else None
-        self.elastic_timeout = validate_elastic_timeout(elastic_timeout)
-        self.reset_limit = validate_reset_limit(reset_limit)
-        self.driver_log_verbosity = validate_verbosity(driver_log_verbosity)
-        self.start_timeout = validate_start_timeout(start_timeout)
-        self.env = {str(k): str(v) for k, v in (env or {}).items()}
-        if self.engine == ENGINE_HOROVOD:
-            self.env.setdefault(ENV_STALL_CHECK, str(max(1, round(self.stall_after))))
-        self.env[ENV_ENGINE] = self.engine
-        self.timeline = Path(timeline) if timeline is not None else None
-        self.mlflow = mlflow
         if mlflow:
             requested(mlflow, None)  # says how to install MLflow now, not at the first run
-        if self.timeline is not None:
-            self.env[ENV_WANT_TIMELINE] = "1"
-            if timeline_mark_cycles:
-                self.env[ENV_TIMELINE_MARK_CYCLES] = "1"
+
+    @classmethod
+    def from_options(cls, options: JobOptions, pool: WarmRanks | None = None) -> HorovodRunner:
+        """A runner of options checked already (``%%horovod``'s)."""
+        runner = cls.__new__(cls)
+        runner.options, runner.pool, runner.resume_fix = options, pool, None
+        return runner
+
+    @property
+    def num_processor(self) -> int:
+        """The number of ranks, negative on the driver (sparkdl's attribute); an elastic
+        job's most."""
+        return self.options.np
+
+    @property
+    def elastic(self) -> ElasticSize | None:
+        """``MIN:MAX`` of an elastic job, else ``None``."""
+        return self.options.elastic
+
+    @property
+    def engine(self) -> str:
+        return self.options.engine
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The ranks' environment: the user's and what the job sets there."""
+        return self.options.rank_env()
+
+    @property
+    def driver_log_verbosity(self) -> str:
+        return self.options.verbosity
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return what it returned on rank 0.
@@ -253,9 +237,11 @@ class HorovodRunner:
     def _launch(self, request: LaunchRequest, name: str | None = None) -> RunRecord:
         """One job, started again after a loss up to ``restarts`` times (never on a pool:
         its cell runs once, in its own checkpoint folder as a cold job's)."""
-        folder = checkpoint_folder(name or request.source, self.checkpoint_dir)
+        options = self.options
+        folder = checkpoint_folder(name or request.source, options.checkpoint_dir)
         fix = self.resume_fix or (pool_resume_fix(folder) if request.pool is not None else None)
-        return launch_with_restarts(request, launch, self.restarts, folder, self.fresh, fix)
+        return launch_with_restarts(request, launch, options.restarts, folder, options.fresh,
+                                    fix)
 
     def start(self, main: Callable[..., Any], **kwargs: Any) -> BackgroundJob:
         """Start ``main(**kwargs)`` on every rank in the background; return its handle at once.
@@ -295,12 +281,25 @@ class HorovodRunner:
         if preimport is None:
             preimport = tuple(leading_imports(source)) if source else ()
         return LaunchRequest(
-            payload if isinstance(payload, JobPayload) else JobPayload(payload),
-            self.elastic or self.num_processor, self.env, self.start_timeout,
-            default_views(self.driver_log_verbosity) if views is None else views,
-            self.timeline, decode, requested(self.mlflow, SESSION.mlflow), source, preimport,
-            self.elastic_timeout, self.reset_limit, self.pool, self.timeout, self.stall_after,
-            ranks_per_task=self.ranks_per_task)
+            payload if isinstance(payload, JobPayload) else JobPayload(payload), self.options,
+            self.options.rank_env(),
+            default_views(self.options.verbosity) if views is None else views, decode,
+            requested(self.options.mlflow, SESSION.mlflow), source, preimport, self.pool)
+
+
+def _check_pool(options: JobOptions, pool: WarmRanks, np: Any, engine: str | None,
+                ranks_per_task: Any) -> None:
+    """Refuse what differs from the warm pool's ranks a job would run on."""
+    if options.ranks_per_task not in (None, pool.ranks_per_task):
+        raise ValueError(f"ranks_per_task={ranks_per_task} is not the warm pool's "
+                         f"({pool.ranks_per_task}). Fix: leave it out to run on the pool.")
+    if options.engine != pool.engine:
+        raise ValueError(f"engine={engine!r} is not the warm pool's engine "
+                         f"({pool.engine!r}). Fix: leave engine out to run on the pool, or "
+                         "leave the pool out for a cold job on another engine.")
+    if options.size != pool.np:
+        raise ValueError(f"np={np} is not the warm pool's np={pool.np}. Fix: use np={pool.np} "
+                         "on the pool, or leave the pool out for a cold job.")
 
 
 def source_of(main: Callable) -> str | None:

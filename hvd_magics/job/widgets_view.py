@@ -13,10 +13,11 @@ import time
 from typing import Any
 
 from hvd_magics.job.job_state import (DONE, FAILED, INTERRUPTED, KEPT, PREEMPTED, READY,
-                                      RUNNING, SHARDING_DATA, STALL_AFTER_S, STARTING, STOPPED,
+                                      RUNNING, SHARDING_DATA, STARTING, STOPPED,
                                       WAITING, JobState)
 from hvd_magics.job.run_record import job_title
 from hvd_magics.job.verdicts.straggler import StepParts
+from hvd_magics.options import STALL_AFTER_S
 from hvd_magics.protocol import FIRST_BUILD, OUTPUT
 from hvd_magics.rank_names import TASK, rank_named, rank_spans
 

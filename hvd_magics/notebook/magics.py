@@ -14,11 +14,10 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from hvd_magics.errors import CellError, HorovodMagicsError, MlflowMissing, PayloadError, PoolError
-from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S, VERBOSITIES,
+from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, STALL_AFTER_S, VERBOSITIES,
                                 validate_engine)
 from hvd_magics.job.background import BackgroundJob, jobs
 from hvd_magics.job.environment import environment_status, ship_environment
-from hvd_magics.job.job_state import STALL_AFTER_S
 from hvd_magics.job.mlflow_run import requested
 from hvd_magics.job.pool import DEFAULT_IDLE_TIMEOUT_S, HorovodPool
 from hvd_magics.job.runner import HorovodRunner, default_views
@@ -27,6 +26,7 @@ from hvd_magics.job.timeline import COST_WARNING, summarize
 from hvd_magics.job.widgets_view import WidgetView
 from hvd_magics.notebook.cell_capture import capture, keras_3_values
 from hvd_magics.notebook.gpu_guard import driver_gpu_holders, driver_gpu_message
+from hvd_magics.notebook.job_arguments import ranks_arguments, runner_keywords
 from hvd_magics.launch.payload import serialize_job
 from hvd_magics.rank.cell_runner import run_captured_cell
 from hvd_magics.rank.engine_guard import KERAS_3_MESSAGE
@@ -148,11 +148,7 @@ class HorovodMagics(Magics):
                    "%%hvd_pool start.")
     @argument("--cold", action="store_true",
               help="Run on new ranks even while a warm pool (%%hvd_pool) runs.")
-    @argument("--engine", default=None, metavar="ENGINE",
-              help="What the ranks run on: horovod (default; hvd.init()), torch "
-                   "(torch.distributed.init_process_group() from the environment, as under "
-                   "torchrun) or tf (tf.distribute.MultiWorkerMirroredStrategy() from "
-                   "TF_CONFIG). engine=torch works too.")
+    @ranks_arguments()
     @argument("--elastic-timeout", type=float, default=DEFAULT_ELASTIC_TIMEOUT_S,
               metavar="SECONDS",
               help="Elastic jobs: stop when fewer than MIN ranks are left for this long "
@@ -167,23 +163,11 @@ class HorovodMagics(Magics):
                    "handle: NAME.wait(), NAME.stop(), %%hvd_stacks NAME).")
     @argument("--return", dest="return_names", metavar="NAME[,NAME...]", default="",
               help="After a successful run, copy these variables from rank 0 into the notebook.")
-    @argument("--start-timeout", type=float, default=DEFAULT_START_TIMEOUT_S, metavar="SECONDS",
-              help=f"Seconds to wait for every rank to start (default {DEFAULT_START_TIMEOUT_S:.0f}).")
-    @argument("--env", action="append", metavar="NAME=VALUE",
-              help="An environment variable for the ranks (repeat for more).")
     @argument("--timeout", type=float, default=None, metavar="SECONDS",
               help="Stop the job after SECONDS; the error says where each rank was.")
     @argument("--stall-after", type=float, default=STALL_AFTER_S, metavar="SECONDS",
               help=f"Show a rank silent this long as stalled, with the line it is in "
                    f"(default {STALL_AFTER_S:.0f}).")
-    @argument("--ranks-per-task", default=None, metavar="K",
-              help="Run K ranks in each Spark task (np/K tasks, ranks numbered node by node; "
-                   "each task holds K CPUs). Default: one per GPU the session gives a task "
-                   "(spark.task.resource.gpu.amount), else 1.")
-    @argument("--restarts", type=int, default=0, metavar="N",
-              help="Start the job again when a rank or its executor is lost, up to N times; "
-                   "it resumes from hvd_magics.checkpoint's latest (a rank's own error is not "
-                   "retried).")
     @argument("--checkpoint-dir", default=None, metavar="DIR",
               help="The job's checkpoint folder (default: one per cell, under the driver's "
                    "temporary folder; on a cluster, a folder every executor shares).")
@@ -191,7 +175,8 @@ class HorovodMagics(Magics):
               help="Remove the job's checkpoints first: start over.")
     @argument("-q", "--quiet", action="store_true",
               help="Do not print the ranks' output (widgets and the log file still have it).")
-    @argument("--verbosity", choices=VERBOSITIES, default=VERBOSITIES[0],
+    @argument("--verbosity", dest="driver_log_verbosity", choices=VERBOSITIES,
+              default=VERBOSITIES[0],
               help="'all' shows every rank's output; 'log_callback_only' only log_to_driver().")
     @argument("--allow-driver-gpu", action="store_true",
               help="Run even when the notebook's own process holds a GPU.")
@@ -214,18 +199,12 @@ class HorovodMagics(Magics):
             raise UsageError(f"%%horovod: --return takes variable names, got {', '.join(bad)}")
         timeline = SESSION.timeline
         try:  # the runner checks every option, once
-            runner = HorovodRunner(pool.np if pool is not None else args.np,
-                                   driver_log_verbosity=args.verbosity,
-                                   start_timeout=args.start_timeout, env=env,
-                                   timeline=timeline.next_path() if timeline.enabled else None,
-                                   timeline_mark_cycles=timeline.mark_cycles,
-                                   mlflow=False if args.no_mlflow else args.mlflow,
-                                   elastic_timeout=args.elastic_timeout,
-                                   reset_limit=args.reset_limit, pool=pool,
-                                   timeout=args.timeout, stall_after=args.stall_after,
-                                   engine=args.engine, restarts=args.restarts,
-                                   checkpoint_dir=args.checkpoint_dir, fresh=args.fresh,
-                                   ranks_per_task=args.ranks_per_task)
+            runner = HorovodRunner(
+                pool.np if pool is not None else args.np, pool=pool, **{
+                    **runner_keywords(args), "env": env,
+                    "timeline": timeline.next_path() if timeline.enabled else None,
+                    "timeline_mark_cycles": timeline.mark_cycles,
+                    "mlflow": False if args.no_mlflow else args.mlflow})
         except ValueError as exc:
             raise UsageError(f"%%horovod: {exc}") from None
         except MlflowMissing as exc:
@@ -260,7 +239,7 @@ class HorovodMagics(Magics):
             raise UsageError(f"%%horovod: {exc}") from None
         if args.background:
             return self._start_background(runner, payload, args, cell, plan.preimport)
-        views = default_views(args.verbosity, show_output=not args.quiet)
+        views = default_views(runner.driver_log_verbosity, show_output=not args.quiet)
         try:
             record = runner.run_payload(payload, views, decode_cell_result, cell, plan.preimport)
         finally:
@@ -275,7 +254,8 @@ class HorovodMagics(Magics):
 
     def _start_background(self, runner: HorovodRunner, payload: Any, args: Any, cell: str,
                           preimport: tuple[str, ...]) -> BackgroundJob:
-        views = default_views(args.verbosity, show_output=not args.quiet, background=True)
+        views = default_views(runner.driver_log_verbosity, show_output=not args.quiet,
+                              background=True)
         job = runner.start_payload(payload, views, decode_cell_result, cell, preimport,
                                    on_success=lambda record: self.shell.user_ns.update(
                                        record.returned))
@@ -325,21 +305,10 @@ class HorovodMagics(Magics):
     @argument("-np", "--np", default=None,
               help="start: number of ranks (N>0 Spark tasks held by the pool, N<0 processes on "
                    "the driver); np=N works too.")
-    @argument("--env", action="append", metavar="NAME=VALUE",
-              help="start: an environment variable for the ranks (repeat for more).")
-    @argument("--start-timeout", type=float, default=DEFAULT_START_TIMEOUT_S, metavar="SECONDS",
-              help="start: seconds to wait for every rank to start.")
+    @ranks_arguments(prefix="start: ", engine="horovod")
     @argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT_S, metavar="SECONDS",
               help="start: end the pool (and free its slots) after this long without a cell "
                    f"(default {DEFAULT_IDLE_TIMEOUT_S:.0f}).")
-    @argument("--engine", default="horovod", metavar="ENGINE",
-              help="start: what the ranks run on: horovod (default), torch or tf (as for "
-                   "%%horovod --engine).")
-    @argument("--ranks-per-task", default=None, metavar="K",
-              help="start: K ranks in each Spark task (as for %%horovod --ranks-per-task).")
-    @argument("--restarts", type=int, default=0, metavar="N",
-              help="not for a pool (it replaces a lost rank at its next cell): refused with "
-                   "the way, a cold job (%%horovod --cold --restarts N).")
     @line_magic
     def hvd_pool(self, line: str) -> Any:
         """Warm ranks that live across cells: ``%hvd_pool start np=2``, then ``%%horovod``."""

@@ -59,6 +59,7 @@ def test_a_loss_without_restarts_is_raised_as_it_is_and_used_up_restarts_keep_ea
     from hvd_magics.job.restarts import launch_with_restarts
     from hvd_magics.job.run_record import RunRecord
     from hvd_magics.job.launch_request import LaunchRequest
+    from hvd_magics.options import JobOptions
     from hvd_magics.job.session import SESSION
     from hvd_magics.launch.payload import JobPayload
 
@@ -68,7 +69,7 @@ def test_a_loss_without_restarts_is_raised_as_it_is_and_used_up_restarts_keep_ea
                                                     log_path="")
         raise error
 
-    request = LaunchRequest(JobPayload(b""), 2, {}, 10.0, [])
+    request = LaunchRequest(JobPayload(b""), JobOptions(ranks=2, start_timeout=10.0), {}, [])
     with pytest.raises(HorovodJobError) as info:
         launch_with_restarts(request, launch, 0, tmp_path / "c", fresh=False)
     assert "started 1 times" not in str(info.value)
@@ -88,6 +89,7 @@ def test_an_interrupt_while_the_next_attempt_is_set_up_is_a_job_interrupted(tmp_
     from hvd_magics.errors import JobInterrupted
     from hvd_magics.job.restarts import launch_with_restarts
     from hvd_magics.job.launch_request import LaunchRequest
+    from hvd_magics.options import JobOptions
     from hvd_magics.launch.payload import JobPayload
 
     attempts = []
@@ -101,8 +103,9 @@ def test_an_interrupt_while_the_next_attempt_is_set_up_is_a_job_interrupted(tmp_
     with pytest.raises(JobInterrupted, match=r"^interrupted while attempt 2 of the job was being "
                                              r"set up, before any of its ranks started: nothing "
                                              r"is left running$"):
-        launch_with_restarts(LaunchRequest(JobPayload(b""), 2, {}, 10.0, []), launch, 3,
-                             tmp_path / "c", fresh=False)
+        launch_with_restarts(LaunchRequest(JobPayload(b""), JobOptions(ranks=2,
+                                                                       start_timeout=10.0),
+                                           {}, []), launch, 3, tmp_path / "c", fresh=False)
     assert attempts == [0, 1]
 
 
@@ -113,6 +116,7 @@ def test_preempted_attempts_start_again_without_counting_and_without_restarts_sa
     from hvd_magics.job.restarts import launch_with_restarts
     from hvd_magics.job.run_record import RunRecord
     from hvd_magics.job.launch_request import LaunchRequest
+    from hvd_magics.options import JobOptions
     from hvd_magics.launch.payload import JobPayload
 
     saved = "the checkpoint of step 45 was saved on a preemption notice (executor 1 ...)"
@@ -123,7 +127,7 @@ def test_preempted_attempts_start_again_without_counting_and_without_restarts_sa
                          RankFailure(1, "h", 1, "Preempted", saved))
         return RunRecord(job_id="j", np=2, where="driver", log_path="")
 
-    request = LaunchRequest(JobPayload(b""), 2, {}, 10.0, [])
+    request = LaunchRequest(JobPayload(b""), JobOptions(ranks=2, start_timeout=10.0), {}, [])
     record = launch_with_restarts(request, launch, 1, tmp_path / "c", fresh=False)
     assert [a.split(" (ended")[0] for a in record.attempts] == [f"preempted: {saved}"] * 2 + [
         "succeeded"]  # restarts=1 and two preemptions: they do not count
@@ -172,6 +176,7 @@ def test_a_restart_that_finds_no_slots_names_the_checkpoint_to_resume_from(tmp_p
     from hvd_magics.job.restarts import launch_with_restarts
     from hvd_magics.job.run_record import RunRecord
     from hvd_magics.job.launch_request import LaunchRequest
+    from hvd_magics.options import JobOptions
     from hvd_magics.job.session import SESSION
     from hvd_magics.launch.payload import JobPayload
     from hvd_magics.rank.checkpoints import Position, write_checkpoint
@@ -190,7 +195,7 @@ def test_a_restart_that_finds_no_slots_names_the_checkpoint_to_resume_from(tmp_p
             raise error
         raise NotEnoughSlotsError("np=2 needs 2 free Spark task slots at once, but 1 free of 1.")
 
-    request = LaunchRequest(JobPayload(b""), 2, {}, 10.0, [])
+    request = LaunchRequest(JobPayload(b""), JobOptions(ranks=2, start_timeout=10.0), {}, [])
     with pytest.raises(NotEnoughSlotsError, match=r"(?s)1 free of 1\..*The job's checkpoint of "
                        r"step 26 in .* stays: Run it again to resume from that checkpoint"):
         launch_with_restarts(request, launch, 2, folder, fresh=False)
