@@ -6,12 +6,12 @@ compatible with Databricks' ``sparkdl.HorovodRunner`` (with :class:`HorovodPool`
 :class:`TorchDistributor` and :class:`HorovodEstimator` beside it).
 
 The package is split by where code runs, each floor importing only its own and the ones below
-(``tests/unit/test_layout.py`` holds the table): ``notebook/`` (the kernel's magics),
-``estimator/`` (the MLlib estimator, on the driver), ``job/`` (the driver while a job runs),
-``launch/`` (starting ranks and bringing them data), ``task/`` (a Spark task supervising its
-rank), ``rank/`` (inside a rank process); ``protocol``, ``channel``, ``options``,
-``result_codec`` and ``errors`` are shared by all. The public names below are loaded on first use, so that a rank importing
-``hvd_magics.rank`` never loads the driver side.
+(``tests/unit/test_layout.py`` holds the table): ``notebook/`` (the kernel's magics), ``estimator/``
+(the MLlib estimator, on the driver), ``job/`` (the driver while a job runs), ``launch/`` (starting
+ranks and bringing them data), ``task/`` (a Spark task supervising its rank), ``rank/`` (inside a
+rank process); ``protocol``, ``channel``, ``options``, ``result_codec`` and ``errors`` are shared by
+all. The public names below are loaded on first use, so that a rank importing ``hvd_magics.rank``
+never loads the driver side.
 """
 from __future__ import annotations
 

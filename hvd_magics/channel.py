@@ -42,7 +42,8 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
+from collections.abc import Callable
 
 from hvd_magics.protocol import BEAT, BYE, CHANNEL_CLOSED, HELLO, LINK_PROBE, PROBE_LINK
 from hvd_magics.thread_cpu import ThreadCpu

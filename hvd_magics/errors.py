@@ -1,4 +1,5 @@
-"""Errors a user sees. Remote failures read like local ones: one error, one labelled block per rank."""
+"""Errors a user sees. Remote failures read like local ones: one error, one labelled block per
+rank."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from hvd_magics.protocol import (ENGINE_HOROVOD, ENGINES, ENV_ENGINE, ENV_STALL_CHECK,
                                  ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE)
@@ -88,7 +89,8 @@ def validate_size(np: Any) -> int | ElasticSize:
             try:
                 whole = int(text)
             except ValueError:
-                raise ValueError(f"np must be a whole number of ranks or MIN:MAX, got {np!r}") from None
+                raise ValueError(f"np must be a whole number of ranks or MIN:MAX, "
+                                 f"got {np!r}") from None
             return validate_np(whole)
         low, _, high = text.partition(":")
         try:

@@ -100,8 +100,8 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
               "second: rows [step, step_s, input_s, comm_s, cpu_wait_s, cpu_s] of the steps since "
               "the last such event (the latest STEP_ROWS_SENT; dropped: how many earlier ones "
               "were left out; cpu_wait_s, cpu_s: the training thread's wait for a CPU and "
-              "time on one outside collectives), totals [steps, step_s, input_s, comm_s, cpu_wait_s, cpu_s] of "
-              "them all; gpu: the rank's "
+              "time on one outside collectives), totals [steps, step_s, input_s, comm_s, "
+              "cpu_wait_s, cpu_s] of them all; gpu: the rank's "
               "CUDA device's memory and utilisation (hvd_magics.rank.gpu_memory), else None; "
               "clock: 'gpu' when the rows are the GPU's time (hvd_magics.rank.gpu_steps), "
               "else 'host'"),
@@ -230,7 +230,8 @@ ENV_RANK_PYTHON = "HVD_MAGICS_RANK_PYTHON"
 ENV_WANT_TIMELINE = "HVD_MAGICS_TIMELINE"
 #: ``0`` turns off the progress callback added to every Keras ``Model.fit``.
 ENV_KERAS_PROGRESS = "HVD_MAGICS_KERAS_PROGRESS"
-#: ``0``: a plain DDP or Accelerate loop's progress is not inferred (rank/integrations/plain_loops.py).
+#: ``0``: a plain DDP or Accelerate loop's progress is not inferred
+#: (rank/integrations/plain_loops.py).
 ENV_LOOP_PROGRESS = "HVD_MAGICS_LOOP_PROGRESS"
 #: ``0``: a rank does not time its steps' input, compute and communication
 #: (rank/step_split.py; the overhead benchmark's "off").
@@ -385,7 +386,8 @@ ZYGOTE_LATE_ENV = (ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_TF_CONFIG, ENV_TORCH_RA
 SOURCE_COLUMN, KEY_COLUMN, ROW_COLUMN, ORDER_COLUMN = "__source", "__key", "__s{}", "__order"
 
 
-# -- building Horovod (hvd_magics.horovod.build) ----------------------------------------------------
+# -- building Horovod (hvd_magics.horovod.build)
+# ----------------------------------------------------
 #: Where built Horovod wheels and their logs are kept (default ``~/.cache/hvd_magics``).
 ENV_CACHE = "HVD_MAGICS_CACHE"
 #: Where CUDA is, when ``nvcc`` is not on the PATH.

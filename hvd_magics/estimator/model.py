@@ -3,7 +3,8 @@ model in Spark tasks (:mod:`hvd_magics.task.predict`), so inference is distribut
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pyarrow as pa
 from pyspark.ml import Model

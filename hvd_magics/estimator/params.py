@@ -136,7 +136,8 @@ class EstimatorParams(HasOutputCols, HasLabelCol, HasSeed):
                          metrics=[], classifier=None, batchSize=32, epochs=1, maxSteps=None,
                          validationFraction=0.0, isValidationCol=None, np=None, modelDir=None,
                          saveCheckpointsSecs=None, keepCheckpoints=3, shuffle=True,
-                         startTimeout=600.0, restarts=0, mlflow=None, featureMapping=None, model=None,
+                         startTimeout=600.0, restarts=0, mlflow=None, featureMapping=None,
+                         model=None,
                          loss=None, seed=DEFAULT_SEED)
 
 

@@ -8,7 +8,8 @@ DBFS), and a ``PipelineModel`` that contains our model saves and loads it like a
 from __future__ import annotations
 
 import shutil
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 

@@ -23,7 +23,7 @@ import tarfile
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from hvd_magics.horovod import patches
 from hvd_magics.protocol import (CUDA_HOME_VARIABLES, ENV_CACHE, ENV_GPU_OPERATIONS,
@@ -125,7 +125,7 @@ def installed_target() -> dict | None:
     spec = importlib.util.find_spec("horovod")
     if spec is None or not spec.submodule_search_locations:
         return None
-    stamp = Path(list(spec.submodule_search_locations)[0]) / STAMP
+    stamp = Path(next(iter(spec.submodule_search_locations))) / STAMP
     try:
         return json.loads(stamp.read_text())
     except (OSError, ValueError):
@@ -293,6 +293,6 @@ def check(wanted: Target) -> None:
 def _write_stamp(wanted: Target, key: str) -> None:
     importlib.invalidate_caches()
     spec = importlib.util.find_spec("horovod")
-    folder = Path(list(spec.submodule_search_locations)[0])
+    folder = Path(next(iter(spec.submodule_search_locations)))
     (folder / STAMP).write_text(json.dumps({"key": key, **asdict(wanted),
                                             "horovod": HOROVOD_VERSION}, indent=1))

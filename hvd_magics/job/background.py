@@ -11,7 +11,8 @@ from __future__ import annotations
 import atexit
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from hvd_magics.job.live_job import HANDLE_STOP_WAIT_S, LiveJob
 from hvd_magics.job.run_record import RunRecord

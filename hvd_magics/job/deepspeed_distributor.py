@@ -10,7 +10,8 @@ and a file is run with ``--deepspeed --deepspeed_config PATH`` after its own arg
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, ClassVar
+from collections.abc import Callable
 
 from hvd_magics.job.torch_distributor import TorchDistributor
 from hvd_magics.rank.integrations.deepspeed import run_deepspeed_script
@@ -50,7 +51,7 @@ class DeepspeedTorchDistributor(TorchDistributor):
     >>> output = distributor.run(train, 0.01)                       # doctest: +SKIP
     """
 
-    _NAMES = {"use_gpu": "useGpu", "num_processes": "numGpus * nnodes"}
+    _NAMES: ClassVar[dict[str, str]] = {"use_gpu": "useGpu", "num_processes": "numGpus * nnodes"}
 
     def __init__(self, numGpus: int = 1, nnodes: int = 1, localMode: bool = True,
                  useGpu: bool = True, deepspeedConfig: str | dict[str, Any] | None = None,

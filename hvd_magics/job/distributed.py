@@ -9,7 +9,8 @@ rank order. Calling ``train(...)`` itself runs it here, once, as a plain functio
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from hvd_magics.job.torch_distributor import TorchDistributor, task_gpu_amount
 from hvd_magics.notices import say

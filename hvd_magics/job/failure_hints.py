@@ -35,7 +35,8 @@ HOROVOD_MISSING = FailureHint(
     "\nHorovod is not installed in the ranks' Python. Fix: install what its build needs and "
     f"build it for that environment: `pip install \"hvd_magics[horovod]\"`, then "
     f"`{HOROVOD_BUILD_COMMAND}` (in a notebook: `%pip install \"hvd_magics[horovod]\"`, then "
-    "`!{sys.executable} -m hvd_magics.horovod build`, then restart the kernel; on a cluster, in the executors' Python too, or send the "
+    "`!{sys.executable} -m hvd_magics.horovod build`, then restart the kernel; on a cluster, "
+    "in the executors' Python too, or send the "
     "notebook's environment with %hvd_env ship), or run the job with --engine torch "
     "(PyTorch DDP, no Horovod needed).")
 

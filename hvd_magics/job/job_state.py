@@ -8,7 +8,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol
 
 from hvd_magics.job.charts import MetricHistory
 from hvd_magics.job.epoch_timing import EPOCH_LINE, EpochTimer
@@ -63,11 +64,11 @@ def display_line(line: str, limit: int = DISPLAY_LINE_CHARS) -> str:
 class JobView(Protocol):
     """Something that shows a job to the user (text printer, widgets)."""
 
-    def on_event(self, job: "JobState", event: dict[str, Any]) -> None: ...
+    def on_event(self, job: JobState, event: dict[str, Any]) -> None: ...
 
-    def on_tick(self, job: "JobState") -> None: ...
+    def on_tick(self, job: JobState) -> None: ...
 
-    def on_end(self, job: "JobState") -> None: ...
+    def on_end(self, job: JobState) -> None: ...
 
 
 @dataclass
@@ -469,7 +470,7 @@ class JobState:
         state.state = state.failed_state if state.failed else DONE
 
     #: Event kind -> how it changes the job (``log`` changes nothing here: views show it).
-    _HANDLERS = {
+    _HANDLERS: ClassVar[dict[str, Callable[[JobState, dict], None]]] = {
         OUTPUT: _on_output, OUTPUT_PARTIAL: _on_output_partial, RUN_LOG: _on_run_log,
         CHANNEL_CLOSED: _on_channel_closed, SHARDING: _on_sharding,
         TASK_STARTED: _on_task_started, SLOT_OFFER: _on_slot_offer,

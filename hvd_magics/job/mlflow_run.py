@@ -26,7 +26,8 @@ import urllib.request
 import warnings
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from hvd_magics.errors import MlflowMissing
 from hvd_magics.protocol import ENV_MLFLOW_RETRY_S, EPOCH_BEGIN, EPOCH_END, TRACKER

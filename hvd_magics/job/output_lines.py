@@ -219,9 +219,9 @@ class OutputSorter:
 
 
 def alike_line(shape: str, numbers: dict[int, list[str]]) -> str:
-    """What the ranks' lines of ``shape`` (:data:`_SLOT` for each number) say, ``numbers`` being each
-    rank's: ``ranks 1-15 alike: 32/32 - 1s - loss: 0.3011 to 0.3312``, a number the same on
-    every rank as it is."""
+    """What the ranks' lines of ``shape`` (:data:`_SLOT` for each number) say, ``numbers``
+    being each rank's: ``ranks 1-15 alike: 32/32 - 1s - loss: 0.3011 to 0.3312``, a number the
+    same on every rank as it is."""
     columns = list(zip(*numbers.values()))
     parts = shape.split(_SLOT)
     text = parts[0]

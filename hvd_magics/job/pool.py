@@ -22,7 +22,8 @@ import threading
 import time
 import uuid
 from datetime import datetime
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from hvd_magics.errors import HorovodJobError, PayloadError, PoolError, StartTimeoutError
 from hvd_magics.job.runner import HorovodRunner
@@ -39,7 +40,8 @@ from hvd_magics.launch.spark_slots import SLOT_WAIT_S
 from hvd_magics.options import (DEFAULT_START_TIMEOUT_S, ElasticSize, positive_seconds,
                                 validate_engine, validate_ranks_per_task, validate_restarts,
                                 validate_size, validate_start_timeout)
-from hvd_magics.protocol import (CELL_END, CHANNEL_CLOSED, ENGINE_HOROVOD, ENV_ENGINE, ENV_HOROVOD_TIMELINE, ENV_SHARDS, ERROR,
+from hvd_magics.protocol import (CELL_END, CHANNEL_CLOSED, ENGINE_HOROVOD, ENV_ENGINE,
+                                 ENV_HOROVOD_TIMELINE, ENV_SHARDS, ERROR,
                                  EXIT, RESULT, STARTED, TASK_ERROR, TASK_STARTED, TIMELINE_DYNAMIC,
                                  encode_job)
 from hvd_magics.rank.kept_values import SentValue
@@ -307,7 +309,7 @@ class HorovodPool:
                 raise
             self.ended = None
 
-    def __enter__(self) -> "HorovodPool":
+    def __enter__(self) -> HorovodPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -339,7 +341,7 @@ class HorovodPool:
                             f"run the cell cold with %%horovod np={self.np}.")
 
     def cell(self, env: Mapping[str, str], sources: DataFrameSources | None = None
-             ) -> "PoolCell":
+             ) -> PoolCell:
         """The backend of the next cell (``env``: set on the ranks for it; ``sources``: the
         DataFrames it reads, dealt to the ranks now unless the pool holds them); refused while
         another cell runs on the pool."""

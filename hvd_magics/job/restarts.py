@@ -25,7 +25,8 @@ import time
 from datetime import datetime
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from hvd_magics.errors import (CheckpointFolderUnusable, HorovodJobError, JobInterrupted,
                                NotEnoughSlotsError, Preempted)

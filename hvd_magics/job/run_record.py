@@ -1,4 +1,5 @@
-"""One record per run: what ran where, how it ended, what it returned. Prints well as text and HTML."""
+"""One record per run: what ran where, how it ended, what it returned. Prints well as text and
+HTML."""
 from __future__ import annotations
 
 import html
@@ -159,8 +160,9 @@ class RunRecord:
             else f"elastic {self.elastic}")
         rows = [("job", self.job_id), ("status", self.status), ("ranks", ranks),
                 ("where", self.where)] + ([("engine", _ENGINE_NAMES.get(self.engine, self.engine))]
-                                          if self.engine != "horovod" else []) + [("started", self.started_at.strftime("%Y-%m-%d %H:%M:%S")),
-                ("wall time", wall), ("exit codes", codes)]
+                                          if self.engine != "horovod" else []) + [
+                    ("started", self.started_at.strftime("%Y-%m-%d %H:%M:%S")),
+                    ("wall time", wall), ("exit codes", codes)]
         for reset in self.resets:
             rows.append((f"reset {reset['reset']}", describe_reset(reset)))
         rows.extend((f"attempt {i + 1}", why) for i, why in enumerate(self.attempts))
@@ -217,7 +219,8 @@ class RunRecord:
                        f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
                        for k, v in self._rows())
         return (f"<div class='hvd-run-record'><b style='color:{colour}'>"
-                f"{run_title(self.engine)} {html.escape(self.status)}</b><table>{body}</table>{self.charts_html}"
+                f"{run_title(self.engine)} {html.escape(self.status)}</b><table>{body}</table>"
+                f"{self.charts_html}"
                 f"{self._epochs_html()}</div>")
 
     def _epochs_html(self) -> str:

@@ -1,4 +1,5 @@
-"""HorovodRunner: run a function as a Horovod job, on Spark (``np > 0``) or on the driver (``np < 0``).
+"""HorovodRunner: run a function as a Horovod job, on Spark (``np > 0``) or on the driver
+(``np < 0``).
 
 The runner settles the job's options and its request; the job's life is
 :mod:`hvd_magics.job.job_life`, its watch :mod:`hvd_magics.job.watch`, its verdicts
@@ -9,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from hvd_magics.job.background import BackgroundJob
 from hvd_magics.job.job_life import launch
@@ -30,8 +32,15 @@ from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT
                                 STALL_AFTER_S, VERBOSITY_ALL, ElasticSize, JobOptions)
 from hvd_magics.protocol import ENGINE_HOROVOD
 
-__all__ = ["HorovodRunner", "LaunchRequest", "Decoder", "decode_value", "default_views",
-           "last_run", "source_of"]
+__all__ = [
+    "Decoder",
+    "HorovodRunner",
+    "LaunchRequest",
+    "decode_value",
+    "default_views",
+    "last_run",
+    "source_of",
+]
 
 
 def last_run() -> RunRecord | None:
@@ -55,7 +64,8 @@ def default_views(verbosity: str = VERBOSITY_ALL, show_output: bool = True,
 
 
 class HorovodRunner:
-    """Run a Horovod training function on Spark, compatible with Databricks' ``sparkdl.HorovodRunner``.
+    """Run a Horovod training function on Spark, compatible with Databricks'
+    ``sparkdl.HorovodRunner``.
 
     Parameters
     ----------

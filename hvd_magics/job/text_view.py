@@ -1,10 +1,10 @@
 """Show a running job as plain text: each rank's lines with a rank prefix.
 
-What it shows: the ranks' output as :mod:`hvd_magics.job.output_lines` sorts it (without
-framework start-up chatter, each kind of warning once, a line other ranks repeat once), progress
-bars (drawn with carriage returns or cursor codes) redrawn in place as one live line, a line when a rank stalls, and, when
-ranks print faster than a person reads, the first and the last lines of each burst with a count of
-what was left out. Every line is always in the job's log file.
+What it shows: the ranks' output as :mod:`hvd_magics.job.output_lines` sorts it (without framework
+start-up chatter, each kind of warning once, a line other ranks repeat once), progress bars (drawn
+with carriage returns or cursor codes) redrawn in place as one live line, a line when a rank stalls,
+and, when ranks print faster than a person reads, the first and the last lines of each burst with a
+count of what was left out. Every line is always in the job's log file.
 """
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ class TextView:
 
     def _dropped_note(self, job: JobState) -> str:
         total = sum(self._dropped.values())
-        ranks = sorted((r for r in self._dropped if r is not None and self._dropped[r]))
+        ranks = sorted(r for r in self._dropped if r is not None and self._dropped[r])
         each = ", ".join(f"{job.unit} {r}: {self._dropped[r]:,}" for r in ranks)
         return (f"... {total:,} more lines not shown here ({each}; all are in {job.log_path})"
                 if len(ranks) > 1 else

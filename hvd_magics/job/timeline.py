@@ -18,7 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 #: Bytes read at a time while scanning a trace.
 CHUNK_BYTES = 1 << 20

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Any, Callable
+from typing import Any, ClassVar
+from collections.abc import Callable
 
 from hvd_magics.job.run_record import RunRecord
 from hvd_magics.job.runner import HorovodRunner, source_of
@@ -80,7 +81,7 @@ class TorchDistributor:
         return HorovodRunner(np, engine=ENGINE_TORCH, **{**layout, **self.options})
 
     #: How the constructor spells its GPU and process-count arguments (in its errors).
-    _NAMES = {"use_gpu": "use_gpu", "num_processes": "num_processes"}
+    _NAMES: ClassVar[dict[str, str]] = {"use_gpu": "use_gpu", "num_processes": "num_processes"}
 
     def _check_gpus(self) -> None:
         """``use_gpu=True`` needs GPUs where the ranks run; say how to get them or train on

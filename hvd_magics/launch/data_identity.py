@@ -15,11 +15,12 @@ What counts as proof, leaf by leaf of the optimized plan (with Spark's cached da
 - files (Parquet, CSV, JSON, ORC, a catalog table's folder): every file under the source's root
   paths listed now, with its size and modification time (Delta's log is a file there too);
 
-and the whole plan deterministic (no ``rand()`` above the leaves; Spark ML's transformers mark
-their UDFs non-deterministic for the optimizer's sake only, and count as deterministic).
-Anything else (a v2 source, a Hive table, JDBC, a stream) cannot be proven unchanged: it is dealt
-again, and the cell says why and how to keep it (cache or checkpoint it). On Spark Connect the server's plan is out of reach:
-only a DataFrame of local rows or a checkpoint (``df.localCheckpoint()``) is provably unchanged.
+and the whole plan deterministic (no ``rand()`` above the leaves; Spark ML's transformers mark their
+UDFs non-deterministic for the optimizer's sake only, and count as deterministic). Anything else (a
+v2 source, a Hive table, JDBC, a stream) cannot be proven unchanged: it is dealt again, and the cell
+says why and how to keep it (cache or checkpoint it). On Spark Connect the server's plan is out of
+reach: only a DataFrame of local rows or a checkpoint (``df.localCheckpoint()``) is provably
+unchanged.
 """
 from __future__ import annotations
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 import functools
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from hvd_magics.errors import PayloadError
 from hvd_magics.protocol import KEY_COLUMN, ORDER_COLUMN, ROW_COLUMN, SOURCE_COLUMN
@@ -184,7 +185,8 @@ def spark_hash_int(value: int, seed: int = SPARK_HASH_SEED) -> int:
 
 @functools.lru_cache(maxsize=64)
 def partition_keys(np: int) -> tuple[int, ...]:
-    """For each partition ``p < np``, an ``int`` key that ``repartition(np, key)`` sends to ``p``."""
+    """For each partition ``p < np``, an ``int`` key that ``repartition(np, key)`` sends to
+    ``p``."""
     keys: dict[int, int] = {}
     candidate = 0
     while len(keys) < np:

@@ -5,7 +5,8 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from hvd_magics.protocol import CUDA_VISIBLE_DEVICES, ENGINE_HOROVOD, TASK_STARTED
 from hvd_magics.task.engines import PortOffer, engine_of, meet_env, offers_port, start_env

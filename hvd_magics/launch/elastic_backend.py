@@ -140,7 +140,7 @@ def _horovod_driver_class() -> type:
     from horovod.runner.elastic.driver import ElasticDriver
 
     class ReportingDriver(ElasticDriver):
-        def __init__(self, backend: "ElasticSparkBackend", *args: Any, **kwargs: Any) -> None:
+        def __init__(self, backend: ElasticSparkBackend, *args: Any, **kwargs: Any) -> None:
             self._backend = backend
             super().__init__(*args, **kwargs)
 

@@ -30,7 +30,8 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from hvd_magics.errors import EnvironmentNotShippable
 from hvd_magics.launch.package_shipping import cache_folder

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 from hvd_magics.protocol import RANK_MODULE, ZYGOTE_MODULE
 from hvd_magics.task.slots import local_addresses

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from hvd_magics.protocol import MEET, MEET_OFFER
 

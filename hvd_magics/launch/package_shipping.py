@@ -12,8 +12,8 @@ zip itself when it was imported from one). It is sent once per Spark application
 session) and content; nothing is sent to a local master, whose executors run this machine's
 Python (:func:`~hvd_magics.launch.spark_session.local_workers_use_this_python`).
 
-The frameworks the ranks import (Horovod, PyTorch, TensorFlow) and hvd_magics' own few
-dependencies (numpy, pyarrow; psutil where installed) must still be on the executors, or travel in a shipped
+The frameworks the ranks import (Horovod, PyTorch, TensorFlow) and hvd_magics' own few dependencies
+(numpy, pyarrow; psutil where installed) must still be on the executors, or travel in a shipped
 environment.
 """
 from __future__ import annotations

@@ -16,7 +16,8 @@ import threading
 import types
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 import cloudpickle
 
@@ -159,7 +160,7 @@ def serialize_job(main: Callable, kwargs: Mapping[str, Any],
     if culprit is None:
         try:
             blob = dumps((main, dict(kwargs)), sources)
-        except Exception as exc:  # noqa: BLE001 - named below, value by value
+        except Exception as exc:
             culprit = next(((label, reason) for label, value in labels.items()
                             if (reason := why_not_shippable(value)) is not None), None)
             if culprit is None:

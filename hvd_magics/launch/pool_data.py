@@ -49,7 +49,7 @@ class DealtFrame:
     #: Null values per column over every rank's shard (a column without any is left out).
     nulls: dict[str, int] = field(default_factory=dict)
     #: What its data was when it was dealt (taken just before).
-    identity: DataIdentity = DataIdentity(None, "not identified")
+    identity: DataIdentity = field(default_factory=lambda: DataIdentity(None, "not identified"))
 
     def shard_entry(self, index: int, rank: int, name: str) -> dict[str, Any]:
         """Rank ``rank``'s ``HVD_MAGICS_SHARDS`` entry for this job's source ``index``."""

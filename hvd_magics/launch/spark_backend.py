@@ -12,7 +12,8 @@ import queue
 import sys
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import cloudpickle
 

@@ -14,7 +14,8 @@ printed every ``INFO`` line. When log4j 2 is not there, nothing is changed.
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 #: How many cancelled Spark jobs the filter names (the latest).
 KEPT_JOBS = 100

@@ -10,7 +10,8 @@ import socket
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from hvd_magics.errors import SparkSessionLost
 from hvd_magics.launch.spark_log import cancel_quietly
@@ -164,7 +165,8 @@ def start_local_session(np: int) -> Any:
         from pyspark.sql import SparkSession
     except ImportError as exc:
         raise ImportError("np > 0 runs ranks as Spark tasks and needs pyspark: "
-                          "pip install 'pyspark>=4' (or use np < 0 to run on the driver only)") from exc
+                          "pip install 'pyspark>=4' (or use np < 0 to run on the driver "
+                          "only)") from exc
     # Spark's Python workers must use this interpreter, which has horovod and hvd_magics.
     os.environ.setdefault(ENV_PYSPARK_PYTHON, sys.executable)
     os.environ.setdefault(ENV_PYSPARK_DRIVER_PYTHON, sys.executable)

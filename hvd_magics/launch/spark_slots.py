@@ -8,7 +8,8 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from hvd_magics.errors import NotEnoughSlotsError
 from hvd_magics.notices import say
@@ -28,7 +29,8 @@ def task_slots(sc: Any) -> tuple[int, int]:
     """``(free task slots, total task slots)`` of the cluster behind ``sc``."""
     jsc = sc._jsc.sc()
     try:
-        total = int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        total = int(jsc.maxNumConcurrentTasks(profile))
     except Exception:  # noqa: BLE001 - internal API; fall back to the public estimate
         total = int(sc.defaultParallelism)
     busy = 0
@@ -74,7 +76,7 @@ def gone_executors(sc: Any, now: float) -> list[tuple[str, float]]:
 
 
 def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool = False,
-                held: int = 0, layout: "TaskLayout | None" = None,
+                held: int = 0, layout: TaskLayout | None = None,
                 gone_wait_s: float = DEFAULT_START_TIMEOUT_S) -> None:
     """Raise at once (not after Spark's ten minutes of retries) when ``np`` tasks cannot run.
 
@@ -136,7 +138,7 @@ def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool 
         "(spark.executor.cores), or fewer ranks per task (ranks_per_task).")
 
 
-def profile_slots(sc: Any, layout: "TaskLayout") -> int | None:
+def profile_slots(sc: Any, layout: TaskLayout) -> int | None:
     """How many of ``layout``'s tasks the executors can run at once under its resource profile
     (``None``: it has none, or Spark does not say)."""
     profile = layout.resource_profile
@@ -171,8 +173,9 @@ def not_enough_slots(np: int, free: int, total: int, master: str, cpus: str,
     """The error for ``np`` ranks on a cluster with ``free`` of ``total`` task slots (a job that
     reads DataFrames cannot fall back to ranks on the driver, so that fix is not offered).
 
-    ``elastic_max``: the job is elastic, ``np:elastic_max``; ``np`` is the slots it needs to
-    start, and the fix is said in its terms. ``held``: slots this process's warm pools and background jobs hold.
+    ``elastic_max``: the job is elastic, ``np:elastic_max``; ``np`` is the slots it needs to start,
+    and the fix is said in its terms. ``held``: slots this process's warm pools and background jobs
+    hold.
     """
     where = f"(master {master}, spark.task.cpus={cpus})"
     if elastic_max is not None:

@@ -11,7 +11,8 @@ import builtins
 import re
 import types
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from hvd_magics.errors import CellError
 from hvd_magics.launch.payload import leading_imports

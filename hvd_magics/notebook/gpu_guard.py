@@ -1,4 +1,5 @@
-"""Does the driver (the kernel process) hold a GPU? Checked without importing or initialising anything.
+"""Does the driver (the kernel process) hold a GPU? Checked without importing or initialising
+anything.
 
 A notebook that opened a TensorFlow session or touched ``torch.cuda`` keeps a GPU (and its
 memory) for as long as the kernel lives, so the ranks cannot use it. This module only looks at

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from IPython.core.magic_arguments import argument
 

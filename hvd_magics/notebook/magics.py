@@ -395,7 +395,8 @@ class HorovodMagics(Magics):
             try:
                 return summarize(path)
             except OSError as exc:
-                raise UsageError(f"%hvd_timeline show: cannot read {path}: {exc.strerror}") from None
+                raise UsageError(f"%hvd_timeline show: cannot read {path}: "
+                                 f"{exc.strerror}") from None
         print(settings)
         return None
 

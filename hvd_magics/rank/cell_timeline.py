@@ -18,7 +18,8 @@ import os
 import sys
 import tempfile
 import uuid
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from hvd_magics.protocol import (ENV_HOROVOD_TIMELINE, ENV_RANK_TMPDIR, ENV_TIMELINE_MARK_CYCLES,
                                  ENV_WANT_TIMELINE, TIMELINE_CHUNK)

@@ -13,7 +13,7 @@ import re
 import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 CHECKPOINT_FOLDER = "checkpoints"
 LATEST_FILE = "latest.json"

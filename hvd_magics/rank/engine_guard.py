@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from hvd_magics.protocol import ENGINE_HOROVOD, ENGINE_TF, ENGINE_TORCH, ENV_ENGINE, ENV_SIZE
 from hvd_magics.rank.import_hooks import after_import, before_call, refusing

@@ -6,7 +6,8 @@ import io
 import warnings
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import sys
-from typing import Any, Callable, Iterable
+from typing import Any
+from collections.abc import Callable, Iterable
 
 #: Per module name, the patches to run once it has loaded.
 _PATCHES: dict[str, list[Callable[[Any], None]]] = {}

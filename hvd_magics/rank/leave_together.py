@@ -15,7 +15,8 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from hvd_magics.errors import exception_text
 from hvd_magics.protocol import ENV_TF_CONFIG
@@ -24,11 +25,11 @@ from hvd_magics.protocol import ENV_TF_CONFIG
 def _end_horovod() -> None:
     """Leave Horovod together: wait until every rank is done (``join``), then shut down.
 
-    Without this, a rank that exits while a peer's background loop still talks to it makes that
-    peer print ``Horovod background loop uncaught exception ... Connection reset by peer``.
-    The Join is marked as this rank's last (our patch of Horovod, ``hvd_magics/horovod/patches.py``):
-    a peer that still submits a collective gets an error naming this rank and the tensor,
-    where a plain ``hvd.join()`` would hand it zeros in this rank's place.
+    Without this, a rank that exits while a peer's background loop still talks to it makes that peer
+    print ``Horovod background loop uncaught exception ... Connection reset by peer``. The Join is
+    marked as this rank's last (our patch of Horovod, ``hvd_magics/horovod/patches.py``): a peer
+    that still submits a collective gets an error naming this rank and the tensor, where a plain
+    ``hvd.join()`` would hand it zeros in this rank's place.
     """
     for name in ("horovod.torch", "horovod.tensorflow"):
         module = sys.modules.get(name)

@@ -1,15 +1,15 @@
 """What a warm pool's rank runs: cell after cell, each read from stdin, in one process.
 
 A pool is a job whose function is :func:`serve_cells`. Each further frame on the rank's stdin
-(:func:`hvd_magics.protocol.encode_job`) is a ``(main, kwargs)`` to run: a ``%%horovod`` cell
-(run in :func:`hvd_magics.rank.cell_runner.rank_namespace`) or a function given to
+(:func:`hvd_magics.protocol.encode_job`) is a ``(main, kwargs)`` to run: a ``%%horovod`` cell (run
+in :func:`hvd_magics.rank.cell_runner.rank_namespace`) or a function given to
 :meth:`hvd_magics.HorovodPool.run`. Per cell the rank sends ``started``, then ``result`` (rank 0's
 value) or ``error``, then prints :data:`hvd_magics.protocol.CELL_END_LINE`, which its supervisor
-turns into ``cell_end`` after the cell's output. A cell's environment (``--env``, its shards) is
-its own: what it set is undone when it ends. A cell that asks for Horovod Timeline gets one
-(:mod:`hvd_magics.rank.cell_timeline`), sent before its result. The driver interrupts a cell with ``SIGINT``;
-between cells the rank ignores it. The end of stdin ends the pool: :func:`serve_cells` returns and
-the rank leaves Horovod as a cold job's rank does.
+turns into ``cell_end`` after the cell's output. A cell's environment (``--env``, its shards) is its
+own: what it set is undone when it ends. A cell that asks for Horovod Timeline gets one
+(:mod:`hvd_magics.rank.cell_timeline`), sent before its result. The driver interrupts a cell with
+``SIGINT``; between cells the rank ignores it. The end of stdin ends the pool: :func:`serve_cells`
+returns and the rank leaves Horovod as a cold job's rank does.
 """
 from __future__ import annotations
 

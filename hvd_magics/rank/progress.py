@@ -16,7 +16,9 @@ Examples
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Iterator, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from collections.abc import Iterable, Iterator
 
 from hvd_magics.protocol import EPOCH_BEGIN, EPOCH_END, PROGRESS
 from hvd_magics.rank import rank_events
@@ -27,15 +29,16 @@ MIN_INTERVAL_S = 0.25
 T = TypeVar("T")
 
 
+@dataclass
 class _Epoch:
-    epoch = 0
+    epoch: int = 0
     epochs: int | None = None
     steps: int | None = None
     batch_size: int | None = None
-    started = 0.0
-    last_emit = 0.0
-    metrics: dict[str, Any] = {}
-    inferred = False
+    started: float = 0.0
+    last_emit: float = 0.0
+    metrics: dict[str, Any] = field(default_factory=dict)
+    inferred: bool = False
 
 
 _current = _Epoch()

@@ -1,8 +1,8 @@
 """Entry point of one rank process: ``python -m hvd_magics.rank.rank_main``.
 
-The supervisor (:mod:`hvd_magics.task.supervisor`) writes the cloudpickled ``(main, kwargs)`` to this
-process's stdin and reads structured events from the pipe named by ``HVD_MAGICS_EVENT_FD``. This
-process needs no network access to the driver and holds no secret: the supervisor signs what it
+The supervisor (:mod:`hvd_magics.task.supervisor`) writes the cloudpickled ``(main, kwargs)`` to
+this process's stdin and reads structured events from the pipe named by ``HVD_MAGICS_EVENT_FD``.
+This process needs no network access to the driver and holds no secret: the supervisor signs what it
 forwards. The engine's own environment (Horovod's ``HOROVOD_RANK``, torch's ``MASTER_ADDR``,
 ``TF_CONFIG``, ...) is already set (:mod:`hvd_magics.task.engines`).
 
@@ -111,7 +111,8 @@ def _preimport(names: str) -> None:
 
 def run_job(payload: bytes) -> tuple[Any, BaseException | None, int]:
     """Run one shipped ``(main, kwargs)``: ``(parts, None, 0)`` with rank 0's encoded value
-    (``None`` on other ranks, unless the job asked for every rank's), or ``(None, exception, exit code)`` when it failed.
+    (``None`` on other ranks, unless the job asked for every rank's), or ``(None, exception, exit
+    code)`` when it failed.
     ``sys.exit(0)`` is a successful end."""
     import cloudpickle
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Iterator, Sequence
+from typing import Any
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -171,8 +172,8 @@ class Shard:
         width = int(lengths[0]) if len(lengths) else 0
         if len(lengths) and (lengths != width).any():
             raise ShardError(f"array column {column!r} of {self.name} has rows of different "
-                             f"lengths ({lengths.min()} to {lengths.max()}); pad them in Spark to one "
-                             "length")
+                             f"lengths ({lengths.min()} to {lengths.max()}); pad them in "
+                             "Spark to one length")
         return width
 
     def _lists(self, column: str, data: Any) -> np.ndarray:
@@ -180,7 +181,7 @@ class Shard:
         values = data.flatten().to_numpy(zero_copy_only=False)
         return values.reshape(len(data), width).astype(np.float32, copy=False)
 
-    def _rows_of(self, column: str) -> "np.ndarray | _MappedRows":
+    def _rows_of(self, column: str) -> np.ndarray | _MappedRows:
         """Column ``column`` to gather rows from by index (``array[rows]``): a list or dense
         vector column of a file written in several batches where it lies in the mapped file
         (:class:`_MappedRows`), any other as :meth:`to_numpy` gives it."""
@@ -385,7 +386,7 @@ class _MappedRows:
         self.ndim = 2
 
     @classmethod
-    def over(cls, mapped: Any, lists: Sequence[Any], width: int) -> "_MappedRows | None":
+    def over(cls, mapped: Any, lists: Sequence[Any], width: int) -> _MappedRows | None:
         """The rows of the list arrays ``lists`` (each of rows of ``width`` values) that lie in
         the buffer ``mapped``; ``None`` when they cannot be read in place (nulls, values that
         are not numbers, not in ``mapped``), and the caller joins them."""

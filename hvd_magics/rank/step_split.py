@@ -46,7 +46,8 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from hvd_magics.protocol import ENV_STEP_SPLIT, STEP_SPLIT
 from hvd_magics.rank import gpu_memory, rank_events, step_split_tf
@@ -115,7 +116,8 @@ class _Split:
 
 _split = _Split()
 #: ``torch.is_grad_enabled``, once DDP is loaded (rank/step_split reads it every forward).
-_grad_enabled: Callable[[], bool] = lambda: True
+def _grad_enabled() -> bool:
+    return True
 
 
 class _GradHooks:
@@ -143,7 +145,7 @@ class _GradHooks:
 #: Backward passes in a row that must end on the same parameter before only its hook is kept.
 NARROW_AFTER = 3
 #: DDP module -> the hooks on its parameters.
-_hooks: "weakref.WeakKeyDictionary[Any, _GradHooks]" = weakref.WeakKeyDictionary()
+_hooks: weakref.WeakKeyDictionary[Any, _GradHooks] = weakref.WeakKeyDictionary()
 
 
 def reset() -> None:

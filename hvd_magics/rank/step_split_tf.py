@@ -50,7 +50,8 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from hvd_magics.rank.import_hooks import after_import
 
@@ -87,7 +88,8 @@ class _Recorder:
 
 
 _recorder = _Recorder()
-_on_first_step: Callable[[], None] = lambda: None
+def _on_first_step() -> None:
+    return None
 
 
 def _make_ring(tf: Any) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import runpy
 import sys
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 
 def call_with(function: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:

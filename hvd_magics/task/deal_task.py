@@ -13,7 +13,8 @@ import pickle
 import socket
 import traceback
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 
 @dataclass(frozen=True)

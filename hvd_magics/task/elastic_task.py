@@ -15,13 +15,15 @@ from __future__ import annotations
 import queue
 import socket
 import traceback
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from hvd_magics.channel import EventClient
 from hvd_magics.protocol import (ENV_HOROVOD_GLOO_IFACE, ENV_HOROVOD_HOSTNAME, SLOT_OFFER,
                                  START_RANK)
 from hvd_magics.task.slots import iface_for_address
-from hvd_magics.task.spark_task import DriverUnreachable, RankHolder, TaskSpec, supervise, task_rank_env
+from hvd_magics.task.spark_task import (DriverUnreachable, RankHolder, TaskSpec, supervise,
+                                        task_rank_env)
 
 #: Seconds between two looks at whether the driver went away while the task waits for an order.
 ORDER_POLL_S = 0.2

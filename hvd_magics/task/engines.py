@@ -19,7 +19,8 @@ from __future__ import annotations
 import json
 import random
 import socket
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from hvd_magics.protocol import (ENGINE_HOROVOD, ENGINE_TF, ENGINE_TORCH, ENGINES, ENV_ENGINE,
                                  ENV_GLOO_SOCKET_IFNAME, ENV_GROUP_RANK, ENV_GROUP_WORLD_SIZE,

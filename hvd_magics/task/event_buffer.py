@@ -12,7 +12,8 @@ from __future__ import annotations
 import collections
 import json
 import threading
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from hvd_magics.channel import stamp
 from hvd_magics.protocol import OUTPUT, OUTPUT_PARTIAL, PROGRESS

@@ -7,7 +7,7 @@ pyspark's TorchDistributor maps them (``_get_gpus_owned``).
 from __future__ import annotations
 
 import os
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from hvd_magics.protocol import CUDA_VISIBLE_DEVICES, ENGINE_TF
 

@@ -16,7 +16,8 @@ import socketserver
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 #: Seconds a request may take (Horovod's own server allows 3).
 REQUEST_TIMEOUT_S = 3

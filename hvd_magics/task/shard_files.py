@@ -19,7 +19,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from hvd_magics.errors import ShardSpaceError
 from hvd_magics.protocol import ENV_SHARD_DIR, ROW_COLUMN, SOURCE_COLUMN
@@ -49,8 +50,8 @@ class ShardFile:
 def shard_folder(job_id: str, partition: int, job_env: dict[str, str] | None = None) -> Path:
     """The folder of one task's shard files (made here; removed by :func:`remove_shards`):
     under ``HVD_MAGICS_SHARD_DIR`` of the job's ``env`` or of the executor, else the temp dir."""
-    root = (job_env or {}).get(ENV_SHARD_DIR) or os.environ.get(ENV_SHARD_DIR) or os.path.join(tempfile.gettempdir(), "hvd_magics",
-                                                          "shards")
+    root = ((job_env or {}).get(ENV_SHARD_DIR) or os.environ.get(ENV_SHARD_DIR)
+            or os.path.join(tempfile.gettempdir(), "hvd_magics", "shards"))
     folder = Path(root) / f"{job_id}-{partition}"
     folder.mkdir(parents=True, exist_ok=True)
     return folder

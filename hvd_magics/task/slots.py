@@ -10,7 +10,7 @@ import ipaddress
 import socket
 import threading
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 
 from hvd_magics.protocol import (ENV_HOROVOD_CONTROLLER, ENV_HOROVOD_CPU_OPERATIONS,

@@ -17,7 +17,8 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from hvd_magics.rank.cell_timeline import timeline_chunks
 from hvd_magics.rank.process_group import die_with_parent, killpg, same_process, start_time
@@ -232,7 +233,8 @@ class RankProcess:
         since_cr: bytes | None = None  # what a terminal shows of the unfinished line
         sent_partial, unsent = 0.0, False
         while True:
-            wait = max(PARTIAL_INTERVAL_S - (time.monotonic() - sent_partial), 0) if unsent else None
+            wait = (max(PARTIAL_INTERVAL_S - (time.monotonic() - sent_partial), 0) if unsent
+                    else None)
             if not select.select([fd], [], [], wait)[0]:
                 chunk = b""  # quiet for a while: show the bar as it stands
             elif not (chunk := os.read(fd, 65536)):

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 
 def guarded_barrier_task(spec_blob: bytes, rows):  # noqa: ANN001, ANN201 - runs on executors
-    """Import hvd_magics and run :func:`hvd_magics.task.spark_task.barrier_task`, or report why not."""
+    """Import hvd_magics and run :func:`hvd_magics.task.spark_task.barrier_task`, or report why
+    not."""
     import json
     import pickle
     import socket

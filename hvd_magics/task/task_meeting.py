@@ -2,13 +2,13 @@
 a setup error, its shards) before any rank runs (executor side; the driver's side is
 :class:`hvd_magics.launch.meeting_point.MeetingPoint`).
 
-Spark's ``allGather`` answers a second after the last task called it at the earliest: its JVM
-side polls once a second (``BarrierTaskContext.runBarrier``). That was half of a small job's
-launch, and it is paid again at the end, since a task must not end before its barrier call
-returns. So when the job has an event channel each task offers its message to the driver
-(``meet_offer``), one offer per rank when a task runs several; once every rank has offered, the
-driver sends each the list in position order (``meet``): a round trip of milliseconds. Only a job without a channel (``HVD_MAGICS_LIVE=0``)
-meets through ``allGather``.
+Spark's ``allGather`` answers a second after the last task called it at the earliest: its JVM side
+polls once a second (``BarrierTaskContext.runBarrier``). That was half of a small job's launch, and
+it is paid again at the end, since a task must not end before its barrier call returns. So when the
+job has an event channel each task offers its message to the driver (``meet_offer``), one offer per
+rank when a task runs several; once every rank has offered, the driver sends each the list in
+position order (``meet``): a round trip of milliseconds. Only a job without a channel
+(``HVD_MAGICS_LIVE=0``) meets through ``allGather``.
 
 Either way every task must take part, or the others wait for it forever: a task of a job with a
 channel that cannot offer (it cannot reach the driver, or cannot even import hvd_magics) raises,
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from hvd_magics.protocol import MEET_OFFER
 

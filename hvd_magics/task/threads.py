@@ -16,7 +16,8 @@ notebook's own.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from hvd_magics.protocol import ENV_OMP_THREADS
 

@@ -189,7 +189,7 @@ class Zygote:
         try:
             connection.connect(path)
             said = connection.recv(65536)
-        except socket.timeout:  # connected (the system accepts for it) but never greeted
+        except TimeoutError:  # connected (the system accepts for it) but never greeted
             with contextlib.suppress(OSError):
                 os.unlink(path)  # the hung zygote sees it gone and retires, if it ever wakes
             said = b""

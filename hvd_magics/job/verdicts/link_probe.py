@@ -1,16 +1,16 @@
 """Each host's link, measured from the driver when every rank waits in communication.
 
 A link slower than the others' slows every rank's collectives alike (a ring moves at its slowest
-link's pace), so the step splits cannot say which host's it is (:mod:`hvd_magics.job.verdicts.straggler`
-names no rank then). When every rank of a job on several hosts spends most of its recent steps
-in communication, the driver measures each host's link once: through one rank's event channel
-per host, one host at a time, it sends :data:`PROBE_BYTES` down and asks for as many back
-(``probe_link`` orders, answered by the task's channel itself), and times each round trip,
-:data:`ROUNDS` times (once, when it takes a second or more), keeping each way's best. A host
-whose link (the slower of its two ways) is under :data:`SLOW_SHARE` of the others' is named;
-otherwise the verdict says the links measured alike. The probe shares the links with the
-training (it runs while the job does), so its figures are what was left for it, not the links'
-capacity: they compare the hosts, which is what the verdict uses them for.
+link's pace), so the step splits cannot say which host's it is
+(:mod:`hvd_magics.job.verdicts.straggler` names no rank then). When every rank of a job on several
+hosts spends most of its recent steps in communication, the driver measures each host's link once:
+through one rank's event channel per host, one host at a time, it sends :data:`PROBE_BYTES` down and
+asks for as many back (``probe_link`` orders, answered by the task's channel itself), and times each
+round trip, :data:`ROUNDS` times (once, when it takes a second or more), keeping each way's best. A
+host whose link (the slower of its two ways) is under :data:`SLOW_SHARE` of the others' is named;
+otherwise the verdict says the links measured alike. The probe shares the links with the training
+(it runs while the job does), so its figures are what was left for it, not the links' capacity: they
+compare the hosts, which is what the verdict uses them for.
 
 A host whose CPUs are busy (other work, or a CPU quota) answers late on any link: its channel's
 thread waits for a CPU to read the bytes and to send them back. Each answer says how long that
@@ -31,7 +31,8 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from hvd_magics.protocol import PROBE_LINK
 

@@ -5,17 +5,18 @@ Each rank sends its steps' time split into input, compute and communication
 as the slowest rank's: the ranks differ in how they spend it. A rank whose own work (input and
 compute) is longer than the others' while they wait for it in communication holds them back.
 
-Who holds the others back is read from what they lose (:mod:`hvd_magics.job.verdicts.wait_accounting`):
-in each step, the time the slowest rank's own work exceeded the next one's, summed over a window
-of the latest steps every rank reported (:data:`WINDOWS`: the shortest first, the longest for a
-stall every fiftieth step). A rank (or every rank of one host) is named when it accounts for
-most of that time, the time is a meaningful share of the job's, and chance on equal ranks does
-not explain it (slowest in too many of the steps that lost time, or stalling the others at a
-regular period); noise spreads over every rank, a periodic stall counts in full. Where the ranks'
-CPU time is read, a delay that was its wait for a CPU beyond the next rank's is its host's
-condition: on several hosts, a host whose ranks the others wait for that way is named for it;
-otherwise the busy host is said once (:class:`BusyHosts`), and no rank is named for it. A named
-rank is cleared when its delays no longer cost :data:`CLEAR_SHARE` of the latest steps' time.
+Who holds the others back is read from what they lose
+(:mod:`hvd_magics.job.verdicts.wait_accounting`): in each step, the time the slowest rank's own work
+exceeded the next one's, summed over a window of the latest steps every rank reported
+(:data:`WINDOWS`: the shortest first, the longest for a stall every fiftieth step). A rank (or every
+rank of one host) is named when it accounts for most of that time, the time is a meaningful share of
+the job's, and chance on equal ranks does not explain it (slowest in too many of the steps that lost
+time, or stalling the others at a regular period); noise spreads over every rank, a periodic stall
+counts in full. Where the ranks' CPU time is read, a delay that was its wait for a CPU beyond the
+next rank's is its host's condition: on several hosts, a host whose ranks the others wait for that
+way is named for it; otherwise the busy host is said once (:class:`BusyHosts`), and no rank is named
+for it. A named rank is cleared when its delays no longer cost :data:`CLEAR_SHARE` of the latest
+steps' time.
 
 Its cause and figures are read over the window that named it. The cause is the part of its own
 work (input or compute) that exceeds the others' the more; an excess that is at least half time

@@ -8,23 +8,24 @@ is read, the part of it that rank spent waiting for a CPU beyond the next one's 
 not running) is kept apart: it is its host's condition (other work on its CPUs, a CPU quota),
 not the rank's code.
 
-A window's delays are summed per rank (and per host): :func:`accuse` names the one that accounts
-for most of the time lost (:data:`DOMINANT`), when that time is a meaningful share of the
-window's (:data:`COST_SHARE`), and only when chance does not explain it: on equal ranks the
-slowest of each step is any of them, so a rank slowest in most of the steps that lost time is
-named only when so many would be that improbable (:data:`SIGNIFICANCE`, a binomial tail over
-those steps, or over the steps it stalled them for twice a usual step's work or more, which
-noise spreads over every rank too), or when its own steps of one phase of a short rhythm were
-all late, or it stalled the others for twice a usual step's work at one exact period,
-:data:`STALLS` times (a loader that blocks every tenth batch; a one-off evaluation is neither). Noise spreads over every rank; a stall that recurs counts
-in full.
+A window's delays are summed per rank (and per host): :func:`accuse` names the one that accounts for
+most of the time lost (:data:`DOMINANT`), when that time is a meaningful share of the window's
+(:data:`COST_SHARE`), and only when chance does not explain it: on equal ranks the slowest of each
+step is any of them, so a rank slowest in most of the steps that lost time is named only when so
+many would be that improbable (:data:`SIGNIFICANCE`, a binomial tail over those steps, or over the
+steps it stalled them for twice a usual step's work or more, which noise spreads over every rank
+too), or when its own steps of one phase of a short rhythm were all late, or it stalled the others
+for twice a usual step's work at one exact period, :data:`STALLS` times (a loader that blocks every
+tenth batch; a one-off evaluation is neither). Noise spreads over every rank; a stall that recurs
+counts in full.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 #: The least share of a window's time the others must have lost to one rank (or host).
 COST_SHARE = 0.05
@@ -47,8 +48,9 @@ SPAN = 15
 @dataclass(frozen=True)
 class StepDelay:
     """One step: how long it lasted (``wall_s``, its longest rank's), the usual own work of its
-    ranks (``base_s``, the median of all but the slowest), and who delayed it by how much beyond the next slowest:
-    ``rank``, by ``own_s`` of its own work and ``cpu_s`` of waiting for a CPU; the same of hosts
+    ranks (``base_s``, the median of all but the slowest), and who delayed it by how much beyond the
+    next slowest: ``rank``, by ``own_s`` of its own work and ``cpu_s`` of waiting for a CPU; the
+    same of hosts
     (``host``, ``host_own_s``, ``host_cpu_s``; ``""`` with fewer than two hosts)."""
 
     step: int
@@ -126,7 +128,7 @@ def regular_period(steps: Sequence[int]) -> int:
     """The period of ``steps`` (ascending) when they come at one, at least two steps apart,
     every gap the same (a loader late every tenth batch is late at steps 10, 20, 30; four
     stalls at random in 240 steps fall so with a chance of about 7e-5); ``0`` when not."""
-    gaps = [b - a for a, b in zip(steps, steps[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(steps)]
     if not gaps:
         return 0
     period = gaps[0]

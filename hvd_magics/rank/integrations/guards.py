@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 from hvd_magics.protocol import ENGINE_TORCH, ENV_ENGINE, ENV_SIZE
 

@@ -1,14 +1,14 @@
 """Hugging Face's ``Trainer`` reports its progress with no change to the user's code.
 
-A rank installs an import hook (:func:`install`); when ``transformers.trainer`` is imported,
-every ``Trainer`` made gains a ``TrainerCallback`` that reports each training epoch (its number,
-of ``num_train_epochs``, and its optimizer steps), the steps with the latest logged values
-(loss, learning rate, gradient norm), and at the epoch's end those values and the last
-evaluation's (``eval_*``) through :mod:`hvd_magics.rank.progress`: the dashboard's rows, epoch
-timing and charts. An evaluation due at an epoch's end belongs to that epoch (its ``eval_*``
-values are drawn beside their training twins). It reads only what the ``Trainer`` logs (its ``logging_steps``): nothing is
-computed for it. The ``Trainer``'s own bar and printed logs give way to the dashboard: its logs
-go to the run's log file.
+A rank installs an import hook (:func:`install`); when ``transformers.trainer`` is imported, every
+``Trainer`` made gains a ``TrainerCallback`` that reports each training epoch (its number, of
+``num_train_epochs``, and its optimizer steps), the steps with the latest logged values (loss,
+learning rate, gradient norm), and at the epoch's end those values and the last evaluation's
+(``eval_*``) through :mod:`hvd_magics.rank.progress`: the dashboard's rows, epoch timing and charts.
+An evaluation due at an epoch's end belongs to that epoch (its ``eval_*`` values are drawn beside
+their training twins). It reads only what the ``Trainer`` logs (its ``logging_steps``): nothing is
+computed for it. The ``Trainer``'s own bar and printed logs give way to the dashboard: its logs go
+to the run's log file.
 
 On a preemption notice (:mod:`hvd_magics.rank.preemption`: an executor of the job is being
 decommissioned) the callback asks ``checkpoint.preempting()`` once an optimizer step, on every

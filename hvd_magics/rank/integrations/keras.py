@@ -15,13 +15,13 @@ The broadcast's time is taken off the hook time Keras measured; a user's own slo
 still reported.
 
 On a preemption notice (:mod:`hvd_magics.rank.preemption`) in a Horovod job, the callback asks
-``checkpoint.preempting()`` after each training batch, on every rank: from the call it turns
-True, rank 0 writes the model's and the optimizer's variables and where the ``fit`` was (epoch,
-batch) in the job's checkpoint folder, ``keras_on_notice/step-<global step>`` (under a
-temporary name renamed into place), and the attempt ends (``Preempted``). The next attempt's
-``fit``, when not told where to start (``initial_epoch``), restores the newest one and starts at the next batch
-of that epoch, its input advanced past the batches done (tf_keras's own ``BackupAndRestore``
-starts that epoch's input from its first batch again), so no step is redone.
+``checkpoint.preempting()`` after each training batch, on every rank: from the call it turns True,
+rank 0 writes the model's and the optimizer's variables and where the ``fit`` was (epoch, batch) in
+the job's checkpoint folder, ``keras_on_notice/step-<global step>`` (under a temporary name renamed
+into place), and the attempt ends (``Preempted``). The next attempt's ``fit``, when not told where
+to start (``initial_epoch``), restores the newest one and starts at the next batch of that epoch,
+its input advanced past the batches done (tf_keras's own ``BackupAndRestore`` starts that epoch's
+input from its first batch again), so no step is redone.
 
 Under ``tf.distribute`` (the tf engine) the same, every worker writing (the others into a
 folder of their own, removed): a variable synchronised on read is read by a collective. Keras 3's

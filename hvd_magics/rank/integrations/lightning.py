@@ -4,9 +4,9 @@ A rank installs an import hook (:func:`install`); when Lightning's ``Trainer`` i
 (``pytorch_lightning`` or ``lightning.pytorch``), every ``Trainer`` made gains a callback that
 reports each training epoch (its number, of ``max_epochs``, and its batches), the steps with the
 latest loss, and at the epoch's end every metric the module logged (``self.log``: training and
-validation) through :mod:`hvd_magics.rank.progress`: the dashboard's rows, epoch timing and
-charts; Lightning's own progress bar gives way to them. The loss stays a tensor until a report leaves the rank (a few times a second), so no
-step waits for the device.
+validation) through :mod:`hvd_magics.rank.progress`: the dashboard's rows, epoch timing and charts;
+Lightning's own progress bar gives way to them. The loss stays a tensor until a report leaves the
+rank (a few times a second), so no step waits for the device.
 
 On a preemption notice (:mod:`hvd_magics.rank.preemption`) the callback asks
 ``checkpoint.preempting()`` before each training batch, on every rank: from the call it turns
@@ -196,7 +196,8 @@ def lightning_message(trainer: Any) -> str | None:
     size = os.environ.get(ENV_SIZE, "?")
     total = devices * planned
     return (f"Lightning's {kind}(devices={devices}, num_nodes={planned}) plans {total} "
-            f"process{'es' if total != 1 else ''}, {devices} per node, and the job runs {size} ranks "
+            f"process{'es' if total != 1 else ''}, {devices} per node, and the job runs "
+            f"{size} ranks "
             f"as {nodes} node{'s' if nodes != 1 else ''} of {local}. Fix: {spelling}.")
 
 
