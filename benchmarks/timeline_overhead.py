@@ -51,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     from hvd_magics import HorovodRunner
     from hvd_magics.launch.payload import serialize_job
-    from hvd_magics.job.timeline import summarize
+    from hvd_magics.job.records.timeline import summarize
 
     payload = serialize_job(synthetic_training, {})
     folder = Path(tempfile.mkdtemp())

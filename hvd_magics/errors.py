@@ -22,7 +22,7 @@ class HorovodMagicsError(Exception):
     Its message says what went wrong and the fix, so IPython shows that line, not a traceback
     through hvd_magics (subclasses with more to show render more).
 
-    ``record`` is the record (:class:`hvd_magics.job.run_record.RunRecord`) of the job the
+    ``record`` is the record (:class:`hvd_magics.job.records.run_record.RunRecord`) of the job the
     error ended, once the driver finished it; ``None`` for an error raised before a job began.
     """
 

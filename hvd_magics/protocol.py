@@ -222,7 +222,7 @@ ENV_CHECKPOINT_DIR = "HVD_MAGICS_CHECKPOINT_DIR"
 ENV_CHECKPOINT_TOKEN = "HVD_MAGICS_CHECKPOINT_TOKEN"
 ENV_RESUME_STEP = "HVD_MAGICS_RESUME_STEP"
 #: How often MLflow writes a lost tracking server missed are tried again, in seconds (a setting,
-#: read when the retrying starts; :data:`hvd_magics.job.mlflow_run.RETRY_S` by default).
+#: read when the retrying starts; :data:`hvd_magics.job.records.mlflow_run.RETRY_S` by default).
 ENV_MLFLOW_RETRY_S = "HVD_MAGICS_MLFLOW_RETRY_S"
 #: The interpreter a task starts its rank with (the shipped environment's; else its own).
 ENV_RANK_PYTHON = "HVD_MAGICS_RANK_PYTHON"

@@ -33,7 +33,7 @@ def log_fitted_model(model: Any, example: Any) -> str | None:
         import mlflow
         from mlflow.models import infer_signature
 
-        from hvd_magics.job.mlflow_run import url_not_printed
+        from hvd_magics.job.records.mlflow_run import url_not_printed
         from hvd_magics.task.predict import predictor
 
         network = model.get_model()

@@ -15,9 +15,9 @@ from typing import Any
 from collections.abc import Callable
 
 from hvd_magics.job.live_job import HANDLE_STOP_WAIT_S, LiveJob
-from hvd_magics.job.run_record import RunRecord
+from hvd_magics.job.records.run_record import RunRecord
 from hvd_magics.job.session import SESSION
-from hvd_magics.job.stacks import STACKS_WAIT_S, JobStacks
+from hvd_magics.job.verdicts.stacks import STACKS_WAIT_S, JobStacks
 
 
 
@@ -26,7 +26,7 @@ class BackgroundJob:
 
     Like a future: :meth:`done`, :meth:`wait` (the value, or the job's error raised),
     :meth:`stop`; and where its ranks are now, :meth:`stacks`. :attr:`record` is the job's
-    :class:`~hvd_magics.job.run_record.RunRecord`, ``running`` until it ends.
+    :class:`~hvd_magics.job.records.run_record.RunRecord`, ``running`` until it ends.
 
     Examples
     --------

@@ -12,10 +12,10 @@ from hvd_magics.errors import HorovodJobError, HorovodMagicsError, JobInterrupte
 from hvd_magics.job.job_state import PREEMPTED, JobState
 from hvd_magics.job.launch_request import LaunchRequest
 from hvd_magics.job.live_job import STOP_WAIT_S
-from hvd_magics.job.mlflow_run import MlflowTracker
+from hvd_magics.job.records.mlflow_run import MlflowTracker
 from hvd_magics.job.restarts import preempted
-from hvd_magics.job.run_logs import prune_old_runs, runs_dir
-from hvd_magics.job.run_record import RunRecord
+from hvd_magics.job.records.run_logs import prune_old_runs, runs_dir
+from hvd_magics.job.records.run_record import RunRecord
 from hvd_magics.job.session import SESSION
 from hvd_magics.job.verdicts.links import say_links
 from hvd_magics.job.watch.following import collect_stacks, drain

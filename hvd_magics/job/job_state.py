@@ -11,11 +11,11 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
-from hvd_magics.job.charts import MetricHistory
-from hvd_magics.job.epoch_timing import EPOCH_LINE, EpochTimer
+from hvd_magics.job.views.charts import MetricHistory
+from hvd_magics.job.records.epoch_timing import EPOCH_LINE, EpochTimer
 from hvd_magics.errors import OUTPUT_TAIL_LINES, Preempted, RankFailure
 from hvd_magics.options import STALL_AFTER_S, ElasticSize
-from hvd_magics.job.stacks import where as stack_where
+from hvd_magics.job.verdicts.stacks import where as stack_where
 from hvd_magics.job.verdicts.preemption import PreemptionWatch
 from hvd_magics.job.verdicts.straggler import StepSplits
 from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, EPOCH_BEGIN, EPOCH_END, ERROR, EXIT,
@@ -25,7 +25,7 @@ from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, EPOCH_BEGIN, EPOCH_
                                  TIMELINE_LOCAL)
 from hvd_magics.launch.backend import Backend
 from hvd_magics.rank_names import ranks_named, unit_of
-from hvd_magics.job.output_lines import (BAR, NOISE, SHOW, WARNING, OutputSorter, bar_count,
+from hvd_magics.job.views.output_lines import (BAR, NOISE, SHOW, WARNING, OutputSorter, bar_count,
                                          plain)
 
 #: Error texts of a rank that failed only because a peer went away (not the root cause).
@@ -198,7 +198,8 @@ class JobState:
         #: sent them: ``reset``, ``size``, ``ranks`` (task -> rank), ``causes``, ``time``.
         self.formations: list[dict[str, Any]] = []
         self.views = list(views or [])
-        #: Sorts the ranks' output lines for the cell (see :mod:`hvd_magics.job.output_lines`).
+        #: Sorts the ranks' output lines for the cell
+        #: (see :mod:`hvd_magics.job.views.output_lines`).
         self.output = OutputSorter(size)
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -561,7 +562,7 @@ class JobState:
     def timeline_so_far(self) -> Path | None:
         """A running job's trace as rank 0 has written it so far, copied beside its destination
         and made valid; ``None`` when rank 0 writes it on another host (it comes at the end)."""
-        from hvd_magics.job.timeline import repair
+        from hvd_magics.job.records.timeline import repair
 
         if self.timeline_dest is None or not self._timeline_local:
             return None
@@ -577,7 +578,7 @@ class JobState:
     def finish_timeline(self) -> Path | None:
         """Close the trace sent by rank 0; if none came (the job was stopped) but rank 0 wrote it
         on this host, copy it. Then make it valid JSON. Return its path, or ``None``."""
-        from hvd_magics.job.timeline import repair
+        from hvd_magics.job.records.timeline import repair
 
         if self.timeline_dest is None:
             return None

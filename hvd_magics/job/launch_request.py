@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 
 from hvd_magics.job.job_state import JobView
 from hvd_magics.job.live_job import LiveJob
-from hvd_magics.job.mlflow_run import MlflowSettings
+from hvd_magics.job.records.mlflow_run import MlflowSettings
 from hvd_magics.launch.backend import Backend
 from hvd_magics.launch.dataframe_input import DataFrameSources
 from hvd_magics.launch.payload import JobPayload

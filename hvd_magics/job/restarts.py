@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from hvd_magics.errors import (CheckpointFolderUnusable, HorovodJobError, JobInterrupted,
                                NotEnoughSlotsError, Preempted)
 from hvd_magics.job.job_state import LOST
-from hvd_magics.job.run_record import RunRecord
+from hvd_magics.job.records.run_record import RunRecord
 from hvd_magics.job.launch_request import LaunchRequest
 from hvd_magics.notices import say
 from hvd_magics.protocol import (ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_TOKEN,

@@ -18,13 +18,13 @@ from hvd_magics.job.job_life import launch
 from hvd_magics.job.job_state import JobView
 from hvd_magics.job.launch_request import Decoder, LaunchRequest, WarmRanks, decode_value
 from hvd_magics.job.live_job import LiveJob
-from hvd_magics.job.mlflow_run import requested
+from hvd_magics.job.records.mlflow_run import requested
 from hvd_magics.job.restarts import (ResumeFix, checkpoint_folder, job_name,
                                      launch_with_restarts, pool_resume_fix)
-from hvd_magics.job.run_record import RunRecord
+from hvd_magics.job.records.run_record import RunRecord
 from hvd_magics.job.session import SESSION
-from hvd_magics.job.text_view import TextView
-from hvd_magics.job.widgets_view import WidgetView, widgets_available
+from hvd_magics.job.views.text_view import TextView
+from hvd_magics.job.views.widgets_view import WidgetView, widgets_available
 from hvd_magics.launch import interrupt_guard
 from hvd_magics.launch.payload import JobPayload, leading_imports, serialize_job
 from hvd_magics.launch.spark_session import active_session, is_connect
@@ -87,7 +87,8 @@ class HorovodRunner:
         Extra environment variables for the rank processes.
     timeline : str or path, optional
         Record Horovod Timeline into this file on the driver (whichever host rank 0 runs on).
-        The record's ``timeline_path`` names it; ``hvd_magics.job.timeline.summarize`` reads it.
+        The record's ``timeline_path`` names it; ``hvd_magics.job.records.timeline.summarize``
+        reads it.
         (A constructor keyword, so that ``run(main, **kwargs)`` passes every keyword to ``main``.)
     timeline_mark_cycles : bool
         Mark Horovod's cycles in the timeline (``HOROVOD_TIMELINE_MARK_CYCLES``).

@@ -10,9 +10,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from hvd_magics.job.mlflow_run import MlflowSettings
-from hvd_magics.job.run_record import RunRecord
-from hvd_magics.job.timeline import TimelineSettings
+from hvd_magics.job.records.mlflow_run import MlflowSettings
+from hvd_magics.job.records.run_record import RunRecord
+from hvd_magics.job.records.timeline import TimelineSettings
 from hvd_magics.launch.environment_shipping import EnvironmentChoice
 
 

@@ -18,12 +18,12 @@ from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, STALL_AFTER_S, VERBOS
                                 validate_engine)
 from hvd_magics.job.background import BackgroundJob, jobs
 from hvd_magics.job.environment import environment_status, ship_environment
-from hvd_magics.job.mlflow_run import requested
+from hvd_magics.job.records.mlflow_run import requested
 from hvd_magics.job.pool import DEFAULT_IDLE_TIMEOUT_S, HorovodPool
 from hvd_magics.job.runner import HorovodRunner, default_views
 from hvd_magics.job.session import SESSION
-from hvd_magics.job.timeline import COST_WARNING, summarize
-from hvd_magics.job.widgets_view import WidgetView
+from hvd_magics.job.records.timeline import COST_WARNING, summarize
+from hvd_magics.job.views.widgets_view import WidgetView
 from hvd_magics.notebook.cell_capture import capture, keras_3_values
 from hvd_magics.notebook.gpu_guard import driver_gpu_holders, driver_gpu_message
 from hvd_magics.notebook.job_arguments import ranks_arguments, runner_keywords

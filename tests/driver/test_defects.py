@@ -13,7 +13,7 @@ import pytest
 from hvd_magics import HorovodJobError, HorovodRunner, last_run
 from hvd_magics.launch.payload import serialize_job
 from hvd_magics.result_codec import ENV_MAX_RESULT_MB
-from hvd_magics.job.text_view import TextView
+from hvd_magics.job.views.text_view import TextView
 from tests import engine_jobs, jobs
 from tests.conftest import ROOT, processes_left, rank_processes_alive
 

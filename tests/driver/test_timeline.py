@@ -4,7 +4,7 @@ import json
 import pytest
 
 from hvd_magics import HorovodJobError, HorovodPool, HorovodRunner, last_run
-from hvd_magics.job.timeline import repair, summarize
+from hvd_magics.job.records.timeline import repair, summarize
 from tests import jobs
 
 

@@ -4,7 +4,7 @@ import sys
 from pathlib import Path
 
 
-from hvd_magics.job.noise import is_noise
+from hvd_magics.job.views.noise import is_noise
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))

@@ -56,7 +56,7 @@ def test_an_elastic_job_goes_on_when_a_rank_process_dies(local_spark, tmp_path):
 def test_an_elastic_job_that_loses_a_rank_brings_rank_0s_timeline_back(local_spark, tmp_path):
     import json
 
-    from hvd_magics.job.timeline import summarize
+    from hvd_magics.job.records.timeline import summarize
 
     marks, trace = tmp_path / "marks", tmp_path / "trace.json"
     marks.mkdir()

@@ -2,9 +2,9 @@
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from hvd_magics.job.charts import MetricHistory, svg_chart
+from hvd_magics.job.views.charts import MetricHistory, svg_chart
 from hvd_magics.job.job_state import JobState
-from hvd_magics.job.run_record import RunRecord
+from hvd_magics.job.records.run_record import RunRecord
 
 
 def _progress(rank, epoch, step, loss, rate):
@@ -54,7 +54,7 @@ def test_nothing_reported_draws_nothing_and_one_point_is_a_dot():
 
 
 def test_the_dashboard_draws_charts_and_shows_the_log_once(tmp_path: Path):
-    from hvd_magics.job.widgets_view import WidgetView
+    from hvd_magics.job.views.widgets_view import WidgetView
 
     with_text, alone = WidgetView(show_log=False), WidgetView()
     job = JobState(2, tmp_path / "ranks.log", [with_text, alone])
@@ -70,7 +70,7 @@ def test_ticks_close_together_are_labelled_apart_and_one_epoch_draws_no_epoch_ch
     drew a per-epoch chart of one dot."""
     import re
 
-    from hvd_magics.job.charts import MetricHistory, svg_chart
+    from hvd_magics.job.views.charts import MetricHistory, svg_chart
 
     chart = svg_chart({"loss": [(1, 2.3151), (2, 2.3156), (3, 2.3153)]}, "loss", "step")
     labels = re.findall(r"text-anchor='end'>([^<]+)</text>", chart)

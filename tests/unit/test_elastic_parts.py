@@ -9,8 +9,8 @@ import pytest
 
 from hvd_magics.job.job_state import DONE, FAILED, READY, RUNNING, JobState
 from hvd_magics.options import ElasticSize, validate_size
-from hvd_magics.job.run_record import RunRecord
-from hvd_magics.job.text_view import TextView
+from hvd_magics.job.records.run_record import RunRecord
+from hvd_magics.job.views.text_view import TextView
 from hvd_magics.launch.elastic_backend import LOST_CODE, TaskSlots
 from hvd_magics.protocol import (CHANNEL_CLOSED, EXIT, OUTPUT, RESIZE, RESULT,
                                  SLOT_OFFER, STARTED)

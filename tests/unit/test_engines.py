@@ -166,7 +166,7 @@ def test_torch_distributor_checks_its_input_as_pyspark_does():
 
 
 def test_the_stall_diagnosis_names_the_engine_whose_collective_a_rank_waits_in():
-    from hvd_magics.job.stacks import JobStacks
+    from hvd_magics.job.verdicts.stacks import JobStacks
 
     def stacks(file):
         return {"threads": [{"main": True, "frames": [

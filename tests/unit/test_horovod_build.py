@@ -9,7 +9,7 @@ import pytest
 
 from hvd_magics.errors import HOROVOD_BUILD_COMMAND, RankFailure
 from hvd_magics.horovod import build, patches
-from hvd_magics.job.failure_hints import hint_for
+from hvd_magics.job.verdicts.failure_hints import hint_for
 
 
 def test_a_build_is_keyed_on_python_frameworks_and_gpu_operations():

@@ -89,8 +89,10 @@ def test_every_event_kind_is_written_down_once():
 #: ``shared`` is the package's own top-level modules). The entry point ``hvd_magics/__init__``
 #: names the public API and may import any floor.
 MAY_IMPORT = {
-    "notebook": {"notebook", "estimator", "job", "launch", "task", "rank", "shared"},
+    "notebook": {"notebook", "estimator", "dropins", "job", "launch", "task", "rank", "shared"},
     "estimator": {"estimator", "job", "launch", "task", "rank", "shared"},
+    # the peers' launchers (TorchDistributor, @distributed) on our runner, beside estimator/
+    "dropins": {"dropins", "job", "launch", "task", "rank", "shared"},
     "job": {"job", "launch", "task", "rank", "shared"},
     "launch": {"launch", "task", "rank", "shared"},
     "task": {"task", "rank", "shared"},

@@ -57,7 +57,7 @@ def test_a_loss_without_restarts_is_raised_as_it_is_and_used_up_restarts_keep_ea
     import pytest
 
     from hvd_magics.job.restarts import launch_with_restarts
-    from hvd_magics.job.run_record import RunRecord
+    from hvd_magics.job.records.run_record import RunRecord
     from hvd_magics.job.launch_request import LaunchRequest
     from hvd_magics.options import JobOptions
     from hvd_magics.job.session import SESSION
@@ -114,7 +114,7 @@ def test_preempted_attempts_start_again_without_counting_and_without_restarts_sa
     import pytest
 
     from hvd_magics.job.restarts import launch_with_restarts
-    from hvd_magics.job.run_record import RunRecord
+    from hvd_magics.job.records.run_record import RunRecord
     from hvd_magics.job.launch_request import LaunchRequest
     from hvd_magics.options import JobOptions
     from hvd_magics.launch.payload import JobPayload
@@ -174,7 +174,7 @@ def test_a_restart_that_finds_no_slots_names_the_checkpoint_to_resume_from(tmp_p
 
     from hvd_magics.errors import NotEnoughSlotsError
     from hvd_magics.job.restarts import launch_with_restarts
-    from hvd_magics.job.run_record import RunRecord
+    from hvd_magics.job.records.run_record import RunRecord
     from hvd_magics.job.launch_request import LaunchRequest
     from hvd_magics.options import JobOptions
     from hvd_magics.job.session import SESSION

@@ -1,7 +1,7 @@
 """How many run log folders the driver keeps."""
 import os
 
-from hvd_magics.job import run_logs
+from hvd_magics.job.records import run_logs
 
 
 def _runs(root, count):

@@ -2,7 +2,7 @@
 from datetime import timedelta
 
 from hvd_magics.errors import HorovodJobError, RankFailure
-from hvd_magics.job.run_record import RunRecord
+from hvd_magics.job.records.run_record import RunRecord
 
 
 def test_record_text_and_html():
@@ -83,7 +83,7 @@ def test_a_ranks_own_exception_can_be_raised_again_as_its_type():
 def test_a_torch_or_tf_job_is_called_by_its_engine_not_horovod(tmp_path):
     """A torch job's dashboard said "Horovod job" and its record "HorovodRun succeeded"."""
     from hvd_magics.job.job_state import JobState
-    from hvd_magics.job.widgets_view import WidgetView
+    from hvd_magics.job.views.widgets_view import WidgetView
 
     for engine, title, run in (("torch", "torch.distributed job", "torch.distributed run"),
                                ("tf", "tf.distribute job", "tf.distribute run"),

@@ -9,7 +9,7 @@ import pytest
 from hvd_magics.job.job_state import JobState
 from hvd_magics.job.verdicts.straggler import (WINDOWS, COMPUTE, INPUT, StepParts,
                                       StepSplits, Straggler, look)
-from hvd_magics.job.text_view import TextView
+from hvd_magics.job.views.text_view import TextView
 from hvd_magics.protocol import STEP_SPLIT
 
 HOSTS = {0: "10.0.0.2", 1: "10.0.0.2", 2: "10.0.0.3", 3: "10.0.0.3"}
@@ -280,7 +280,7 @@ def test_a_gpu_rank_s_memory_reaches_the_row_and_the_record_and_a_cpu_rank_reads
     import sys
     import types
 
-    from hvd_magics.job.run_record import describe_split
+    from hvd_magics.job.records.run_record import describe_split
     from hvd_magics.rank import gpu_memory
 
     assert gpu_memory.reading() is None  # CPU torch (or none): nothing read, no context made

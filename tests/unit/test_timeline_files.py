@@ -3,7 +3,7 @@ import json
 import subprocess
 import sys
 
-from hvd_magics.job.timeline import CHUNK_BYTES, repair, summarize
+from hvd_magics.job.records.timeline import CHUNK_BYTES, repair, summarize
 
 
 def _write_trace(path, tensors: int, ops: int) -> None:
@@ -31,7 +31,7 @@ def test_a_large_trace_is_summarised_in_bounded_memory(tmp_path):
     # in a process of its own: the growth of its peak resident memory while it summarises (a
     # whole-file json.load of this trace grows it by about 180 MB; tracemalloc took 9 s more)
     code = ("import json, resource, sys\n"
-            "from hvd_magics.job.timeline import summarize\n"
+            "from hvd_magics.job.records.timeline import summarize\n"
             "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
             "s = summarize(sys.argv[1])\n"
             "grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024\n"

@@ -9,12 +9,12 @@ import pytest
 
 from hvd_magics.task import gpus
 from hvd_magics.job.job_state import STALL_AFTER_S, JobState
-from hvd_magics.job.noise import is_noise
+from hvd_magics.job.views.noise import is_noise
 from hvd_magics.task.supervisor import terminal_text
 from hvd_magics.result_codec import (Parts, RemoteValue, ResultDecodeError, decode_guarded,
                                      decode_strict, encode_parts)
 from hvd_magics.options import VERBOSITY_DEBUG
-from hvd_magics.job.text_view import MAX_LINES_PER_FLUSH, TextView
+from hvd_magics.job.views.text_view import MAX_LINES_PER_FLUSH, TextView
 
 TF_STARTUP = [
     "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
@@ -184,7 +184,7 @@ def test_long_lines_are_cut_for_display_and_whole_in_the_log(tmp_path):
 
 def test_finished_dashboards_keep_little(tmp_path):
     """Five runs that printed a 20 MB line grew the kernel by 300 MB: widgets kept every line."""
-    from hvd_magics.job.widgets_view import LOG_LINES_KEPT_AFTER, WidgetView
+    from hvd_magics.job.views.widgets_view import LOG_LINES_KEPT_AFTER, WidgetView
 
     view = WidgetView()
     job = _job(tmp_path, 2, [view])
@@ -199,7 +199,7 @@ def test_finished_dashboards_keep_little(tmp_path):
 
 def test_a_saved_dashboard_says_in_plain_text_what_it_was(tmp_path):
     """A notebook opened where widgets do not render showed VBox(children=(HTML(value=''), ..."""
-    from hvd_magics.job.widgets_view import WidgetView
+    from hvd_magics.job.views.widgets_view import WidgetView
 
     view = WidgetView()
     job = _job(tmp_path, 2, [view])
@@ -219,7 +219,7 @@ def test_a_saved_dashboard_says_in_plain_text_what_it_was(tmp_path):
 
 
 def test_the_dashboard_groups_many_ranks_by_node(tmp_path):
-    from hvd_magics.job.widgets_view import WidgetView, nodes_text
+    from hvd_magics.job.views.widgets_view import WidgetView, nodes_text
 
     view = WidgetView()
     job = _job(tmp_path, 6, [view])
@@ -363,7 +363,7 @@ def test_a_pool_ranks_end_of_cell_comes_after_the_cells_lines_and_is_not_shown()
 ])
 def test_the_dashboards_last_state_agrees_with_the_record(tmp_path, outcome, header, rows):
     """After an interrupt the header said 'failed' and both rows 'running, seen 1 s ago'."""
-    from hvd_magics.job.widgets_view import WidgetView
+    from hvd_magics.job.views.widgets_view import WidgetView
 
     view = WidgetView()
     job = _job(tmp_path, 2, [view])
@@ -415,7 +415,7 @@ def test_a_rank_silent_in_a_first_build_it_announced_is_said_to_build_not_to_sta
 
 
 def test_a_restarted_jobs_dashboard_says_its_attempt_and_why_each_earlier_one_ended(tmp_path):
-    from hvd_magics.job.widgets_view import WidgetView
+    from hvd_magics.job.views.widgets_view import WidgetView
 
     view = WidgetView()
     job = _job(tmp_path, 2, [view])

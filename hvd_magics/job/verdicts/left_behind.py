@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from hvd_magics.errors import HorovodJobError
 from hvd_magics.job.job_state import JobState
-from hvd_magics.job.stacks import DDP_ALLREDUCE, UNEVEN_DDP_FIX, UNEVEN_FIX, collective_waited
-from hvd_magics.job.stacks import where as stack_where
+from hvd_magics.job.verdicts.stacks import (DDP_ALLREDUCE, UNEVEN_DDP_FIX, UNEVEN_FIX,
+                                            collective_waited)
+from hvd_magics.job.verdicts.stacks import where as stack_where
 from hvd_magics.job.verdicts.notice import stuck_in_the_save
 from hvd_magics.job.watch.following import collect_stacks
 from hvd_magics.job.watch.monitor import Turn

@@ -7,7 +7,7 @@ import os
 
 from hvd_magics.errors import HorovodJobError
 from hvd_magics.job.job_state import JobState
-from hvd_magics.job.stacks import where as stack_where
+from hvd_magics.job.verdicts.stacks import where as stack_where
 from hvd_magics.job.verdicts.preemption import CHECK_EVERY_S, notice_text
 from hvd_magics.job.watch.following import collect_stacks
 from hvd_magics.job.watch.monitor import Turn

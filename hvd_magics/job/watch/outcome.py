@@ -3,7 +3,7 @@ it ends with, naming the rank or host that caused it, or nothing when it succeed
 from __future__ import annotations
 
 from hvd_magics.errors import DataRefused, HorovodJobError, RankFailure
-from hvd_magics.job.failure_hints import hint_for
+from hvd_magics.job.verdicts.failure_hints import hint_for
 from hvd_magics.job.job_state import LOST, JobState
 from hvd_magics.launch.backend import Backend
 from hvd_magics.rank_names import ranks_named

@@ -1,10 +1,11 @@
 """Show a running job as plain text: each rank's lines with a rank prefix.
 
-What it shows: the ranks' output as :mod:`hvd_magics.job.output_lines` sorts it (without framework
-start-up chatter, each kind of warning once, a line other ranks repeat once), progress bars (drawn
-with carriage returns or cursor codes) redrawn in place as one live line, a line when a rank stalls,
-and, when ranks print faster than a person reads, the first and the last lines of each burst with a
-count of what was left out. Every line is always in the job's log file.
+What it shows: the ranks' output as :mod:`hvd_magics.job.views.output_lines` sorts it (without
+framework start-up chatter, each kind of warning once, a line other ranks repeat once), progress
+bars (drawn with carriage returns or cursor codes) redrawn in place as one live line, a line
+when a rank stalls, and, when ranks print faster than a person reads, the first and the last
+lines of each burst with a count of what was left out. Every line is always in the job's log
+file.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import time
 from typing import IO, Any
 
 from hvd_magics.job.job_state import SHOWN, JobState, display_line
-from hvd_magics.job.output_lines import FEW_RANKS, SHOW, OutputSorter
+from hvd_magics.job.views.output_lines import FEW_RANKS, SHOW, OutputSorter
 from hvd_magics.options import (VERBOSITY_ALL, VERBOSITY_DEBUG, VERBOSITY_LOG_CALLBACK_ONLY,
                                     validate_verbosity)
 from hvd_magics.protocol import (EPOCH_END, FIRST_BUILD, LOG, OUTPUT, OUTPUT_PARTIAL, PROGRESS,

@@ -12,7 +12,7 @@ import os
 from typing import Any, ClassVar
 from collections.abc import Callable
 
-from hvd_magics.job.run_record import RunRecord
+from hvd_magics.job.records.run_record import RunRecord
 from hvd_magics.job.runner import HorovodRunner, source_of
 from hvd_magics.launch.payload import function_references, serialize_job
 from hvd_magics.launch.spark_session import active_session

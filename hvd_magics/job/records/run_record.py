@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from hvd_magics.job.epoch_timing import format_html_table, format_table
+from hvd_magics.job.records.epoch_timing import format_html_table, format_table
 from hvd_magics.job.verdicts.straggler import StepParts, clock_label
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 from collections.abc import Callable
 
-from hvd_magics.job.torch_distributor import TorchDistributor
+from hvd_magics.dropins.torch_distributor import TorchDistributor
 from hvd_magics.rank.integrations.deepspeed import run_deepspeed_script
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from hvd_magics.job.job_state import (DONE, FAILED, INTERRUPTED, KEPT, PREEMPTED, READY,
                                       RUNNING, SHARDING_DATA, STARTING, STOPPED,
                                       WAITING, JobState)
-from hvd_magics.job.run_record import job_title
+from hvd_magics.job.records.run_record import job_title
 from hvd_magics.job.verdicts.straggler import StepParts
 from hvd_magics.options import STALL_AFTER_S
 from hvd_magics.protocol import FIRST_BUILD, OUTPUT
@@ -321,7 +321,7 @@ def _attempts_html(job: JobState) -> str:
 
 def _resets_html(job: JobState) -> str:
     """Each reset of an elastic job and its cause, one line each."""
-    from hvd_magics.job.run_record import describe_reset
+    from hvd_magics.job.records.run_record import describe_reset
 
     return "".join(f"<br>reset {r['reset']}: {html.escape(describe_reset(r))}"
                    for r in job.resets)

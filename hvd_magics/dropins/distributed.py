@@ -12,7 +12,7 @@ import functools
 from typing import Any
 from collections.abc import Callable
 
-from hvd_magics.job.torch_distributor import TorchDistributor, task_gpu_amount
+from hvd_magics.dropins.torch_distributor import TorchDistributor, task_gpu_amount
 from hvd_magics.notices import say
 from hvd_magics.protocol import ENV_EVERY_RESULT
 from hvd_magics.task.gpus import local_gpu_count
