@@ -90,7 +90,7 @@ def worker_jvm(pid: int):
 def one_run(cluster, notice: bool, grace: float, state_mb: int) -> tuple[int, float, float]:
     """``(steps redone, seconds from the SIGPWR to the checkpoint resumed from, wall time)``."""
     from hvd_magics import HorovodRunner
-    from hvd_magics.rank.checkpoints import checkpoint_at
+    from hvd_magics.common.checkpoints import checkpoint_at
 
     folder = tempfile.mkdtemp(prefix="hvd-preempt-bench-")
     signalled: list[float] = []

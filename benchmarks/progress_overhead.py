@@ -96,7 +96,7 @@ def torch_per_step_costs(calls: int = 100_000) -> dict[str, float]:
     import pytorch_lightning as pl
     from transformers import TrainerCallback
 
-    from hvd_magics.rank import progress
+    from hvd_magics.rank.api import progress
     from hvd_magics.rank.integrations import hugging_face as hf_progress
     from hvd_magics.rank.integrations import lightning as lightning_progress
     from hvd_magics.rank.integrations import plain_loops as loop_progress

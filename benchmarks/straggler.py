@@ -16,7 +16,7 @@ in a clean run; and what does timing each step's parts cost.
    other rank shares the two cores and swings its time by 20%), of tiny steps (~0.3 ms) and
    of medium ones (a few ms), with the split on and off (``HVD_MAGICS_STEP_SPLIT=0``),
    interleaved ``--runs`` times: steps/s on over off; and Horovod's Keras ``fit`` (its steps
-   timed inside the graph, rank/step_split_tf.py). Then the direct cost of one step's torch
+   timed inside the graph, rank/instruments/step_split_tf.py). Then the direct cost of one step's torch
    hooks. Steps under tf.distribute are timed by the same ops in the graph as Keras' under
    Horovod (not measured apart).
 
@@ -206,7 +206,7 @@ def one_loop(engine: str, width: int, batch: int, steps: int = 3000) -> float:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(20000 + os.getpid() % 20000),
                       RANK="0", WORLD_SIZE="1")
     if os.environ.get(ENV_STEP_SPLIT, "1") != "0":
-        from hvd_magics.rank import step_split
+        from hvd_magics.rank.instruments import step_split
 
         step_split.install()
     import torch
@@ -243,10 +243,10 @@ def one_loop(engine: str, width: int, batch: int, steps: int = 3000) -> float:
 def one_keras_loop(width: int, batch: int, steps: int = 3000) -> float:
     """In this process, one rank (world of 1) of Horovod's Keras ``fit`` over a ``tf.data``
     pipeline: seconds per step after 300 warm-up steps (its steps are timed in the graph,
-    rank/step_split_tf.py)."""
+    rank/instruments/step_split_tf.py)."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     if os.environ.get(ENV_STEP_SPLIT, "1") != "0":
-        from hvd_magics.rank import step_split
+        from hvd_magics.rank.instruments import step_split
 
         step_split.install()
     import numpy as np
@@ -345,7 +345,7 @@ def links(runs: int) -> tuple[int, int, int, int]:
 def direct_cost(calls: int = 100_000) -> float:
     """Seconds of one step's own hooks, called directly: an optimizer step's two, a batch's
     wait, a DDP backward of 4 parameters' gradients."""
-    from hvd_magics.rank import step_split
+    from hvd_magics.rank.instruments import step_split
 
     step_split.reset()
     step_split._before_optimizer_step()

@@ -48,10 +48,10 @@ _PUBLIC = {
     "StartTimeoutError": "hvd_magics.errors",
     "EnvironmentNotShippable": "hvd_magics.errors",
     "JobTimeoutError": "hvd_magics.errors",
-    "log_to_driver": "hvd_magics.rank.reporting",
-    "progress": "hvd_magics.rank",  # the module hvd_magics.rank.progress
-    "checkpoint": "hvd_magics.rank",  # the module hvd_magics.rank.checkpoint
-    "attempt": "hvd_magics.rank.checkpoint",
+    "log_to_driver": "hvd_magics.rank.api.reporting",
+    "progress": "hvd_magics.rank.api",  # the module hvd_magics.rank.api.progress
+    "checkpoint": "hvd_magics.rank.api",  # the module hvd_magics.rank.api.checkpoint
+    "attempt": "hvd_magics.rank.api.checkpoint",
     "alone": "hvd_magics.rank.integrations.guards",
     "ship_environment": "hvd_magics.job.environment",
 }
@@ -62,8 +62,8 @@ __all__ = sorted([*_PUBLIC, "load_ipython_extension"])
 #: Modules the docs name at the package's top, imported where they live (``import
 #: hvd_magics.checkpoint`` failed with ModuleNotFoundError: only ``from hvd_magics import
 #: checkpoint`` worked).
-_MODULES = {"hvd_magics.checkpoint": "hvd_magics.rank.checkpoint",
-            "hvd_magics.progress": "hvd_magics.rank.progress"}
+_MODULES = {"hvd_magics.checkpoint": "hvd_magics.rank.api.checkpoint",
+            "hvd_magics.progress": "hvd_magics.rank.api.progress"}
 
 
 class _ModuleAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):

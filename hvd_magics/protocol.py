@@ -82,7 +82,8 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
     EventKind(LEAVING, "rank", ("steps",),
               "the job's function returned; the rank now leaves its engine with the others (a "
               "peer still in a collective then waits for one this rank will never enter); "
-              "steps: the DDP training steps it took (hvd_magics.rank.ddp_watch), else None"),
+              "steps: the DDP training steps it took (hvd_magics.rank.instruments.ddp_watch), "
+              "else None"),
     EventKind(LOG, "rank", ("text",), "hvd_magics.log_to_driver(text)"),
     EventKind(RUN_LOG, "rank", ("lines",),
               "lines for the run's log file only: what a library would have printed that the "
@@ -96,21 +97,22 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
     EventKind(EPOCH_END, "rank", ("epoch", "epochs", "duration", "samples", "metrics"),
               "an epoch ended"),
     EventKind(STEP_SPLIT, "rank", ("rows", "totals", "dropped", "gpu", "clock"),
-              "each training step's time split (hvd_magics.rank.step_split), at most 4 a "
-              "second: rows [step, step_s, input_s, comm_s, cpu_wait_s, cpu_s] of the steps since "
-              "the last such event (the latest STEP_ROWS_SENT; dropped: how many earlier ones "
-              "were left out; cpu_wait_s, cpu_s: the training thread's wait for a CPU and "
-              "time on one outside collectives), totals [steps, step_s, input_s, comm_s, "
+              "each training step's time split (hvd_magics.rank.instruments.step_split), at "
+              "most 4 a second: rows [step, step_s, input_s, comm_s, cpu_wait_s, cpu_s] of the "
+              "steps since the last such event (the latest STEP_ROWS_SENT; dropped: how many "
+              "earlier ones were left out; cpu_wait_s, cpu_s: the training thread's wait for a "
+              "CPU and time on one outside collectives), totals [steps, step_s, input_s, comm_s, "
               "cpu_wait_s, cpu_s] of them all; gpu: the rank's "
-              "CUDA device's memory and utilisation (hvd_magics.rank.gpu_memory), else None; "
-              "clock: 'gpu' when the rows are the GPU's time (hvd_magics.rank.gpu_steps), "
-              "else 'host'"),
+              "CUDA device's memory and utilisation (hvd_magics.rank.instruments.gpu_memory), "
+              "else None; clock: 'gpu' when the rows are the GPU's time "
+              "(hvd_magics.rank.instruments.gpu_steps), else 'host'"),
     EventKind(PREEMPT_CALLS, "rank", ("calls",),
               "how many times the rank has called checkpoint.preempting() (at most twice a "
-              "second, once it has; hvd_magics.rank.preemption)"),
+              "second, once it has; hvd_magics.rank.api.preemption)"),
     EventKind(STACKS, "rank", ("request", "threads", "others", "ddp"),
               "the rank's Python stacks, taken on request while it runs "
-              "(hvd_magics.rank.stack_report): per thread its name and frames, outermost first, "
+              "(hvd_magics.rank.instruments.stack_report): per thread its name and frames, "
+              "outermost first, "
               "each [file, line, function, code, kind] with kind 'user' or 'library' (hvd_magics' "
               "own frames left out); others: how many threads showed no frame of the user's; "
               "ddp: {steps, syncing} when it took DDP training steps (syncing: inside the "
@@ -170,7 +172,7 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
               "as allGather would return them (hvd_magics.task.task_meeting)"),
     EventKind(PREEMPT, "driver", ("at", "notice"),
               "the job's executors are being decommissioned: checkpoint.preempting() is True "
-              "on every rank from its call number 'at' on (hvd_magics.rank.preemption); "
+              "on every rank from its call number 'at' on (hvd_magics.rank.api.preemption); "
               "notice: why, in words"),
     EventKind(PROBE_LINK, "driver", ("request", "data", "answer_bytes"),
               "an order to a task's channel: answer at once with a LINK_PROBE carrying "
@@ -213,7 +215,7 @@ ENV_SHARDS = "HVD_MAGICS_SHARDS"
 ENV_SHIPPED_ENVIRONMENT = "HVD_MAGICS_SHIPPED_ENVIRONMENT"
 ENV_SHIPPED_PYTHON = "HVD_MAGICS_SHIPPED_PYTHON"
 #: Which attempt of a job with restarts this is (0 first) and where its checkpoints are
-#: (:mod:`hvd_magics.rank.checkpoint`, :mod:`hvd_magics.job.restarts`).
+#: (:mod:`hvd_magics.rank.api.checkpoint`, :mod:`hvd_magics.job.restarts`).
 ENV_ATTEMPT = "HVD_MAGICS_ATTEMPT"
 ENV_CHECKPOINT_DIR = "HVD_MAGICS_CHECKPOINT_DIR"
 #: The name of the file the driver wrote into the checkpoint folder for this attempt (a rank
@@ -234,7 +236,7 @@ ENV_KERAS_PROGRESS = "HVD_MAGICS_KERAS_PROGRESS"
 #: (rank/integrations/plain_loops.py).
 ENV_LOOP_PROGRESS = "HVD_MAGICS_LOOP_PROGRESS"
 #: ``0``: a rank does not time its steps' input, compute and communication
-#: (rank/step_split.py; the overhead benchmark's "off").
+#: (rank/instruments/step_split.py; the overhead benchmark's "off").
 ENV_STEP_SPLIT = "HVD_MAGICS_STEP_SPLIT"
 #: Seconds a host's rank supervisors may be silent before the driver takes the host for lost
 #: (hvd_magics.job.runner.HOST_SILENT_S by default); read in the notebook's process.

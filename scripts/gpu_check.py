@@ -131,7 +131,7 @@ def gpu_loop(width: int, batch: int, steps: int) -> float:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(20000 + os.getpid() % 20000),
                       RANK="0", WORLD_SIZE="1")
     if os.environ.get("HVD_MAGICS_STEP_SPLIT", "1") != "0":
-        from hvd_magics.rank import gpu_steps, step_split
+        from hvd_magics.rank.instruments import gpu_steps, step_split
 
         step_split.install()
         variant = os.environ.get("GPU_CHECK_VARIANT", "")

@@ -1078,7 +1078,7 @@ def ddp_on_a_shard_per_epoch(folder: str, rows: int = 1001, epochs: int = 2):
     import torch
     import torch.distributed as dist
 
-    from hvd_magics.rank.shard import Shard
+    from hvd_magics.rank.api.shard import Shard
 
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -1455,7 +1455,7 @@ def keras_mwms_spot(order_at: int = 12, epochs: int = 3, steps: int = 16):
     """A Keras ``fit`` under ``MultiWorkerMirroredStrategy`` (Adam, a ``BatchNormalization``,
     whose moving statistics are synchronised on read), nothing of preemption in it. On the
     first attempt every worker gets the driver's preemption order after global step
-    ``order_at`` (as the supervisor hands it on: :func:`hvd_magics.rank.preemption.on_order`),
+    ``order_at`` (as the supervisor hands it on: :func:`hvd_magics.rank.api.preemption.on_order`),
     for the call two batches on. Returns the attempt, the global steps it ran and the weights
     (as lists)."""
     import json
@@ -1464,7 +1464,7 @@ def keras_mwms_spot(order_at: int = 12, epochs: int = 3, steps: int = 16):
     import tensorflow as tf
 
     from hvd_magics import checkpoint
-    from hvd_magics.rank import preemption
+    from hvd_magics.rank.api import preemption
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     with strategy.scope():
@@ -1518,7 +1518,7 @@ def ddp_slow_save_on_notice(save_s: float, order_after: int = 5, steps: int = 20
     import torch.distributed as dist
 
     from hvd_magics import checkpoint
-    from hvd_magics.rank import preemption
+    from hvd_magics.rank.api import preemption
 
     dist.init_process_group("gloo")
     found = checkpoint.latest()

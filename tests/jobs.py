@@ -116,10 +116,10 @@ def keras_epochs(epochs: int = 3):
 
 
 def torch_tracked_loop(epochs: int = 2, steps: int = 20):
-    """A custom loop that reports through hvd_magics.rank.progress.track."""
+    """A custom loop that reports through hvd_magics.rank.api.progress.track."""
     import time
 
-    from hvd_magics.rank import progress
+    from hvd_magics.rank.api import progress
 
     for epoch in range(1, epochs + 1):
         for step, _batch in enumerate(progress.track(range(steps), epoch=epoch, epochs=epochs,
@@ -477,7 +477,7 @@ def rank_metrics(epochs: int = 2):
     ``epoch + 0.5``) and a last ``loss`` through ``report``."""
     import os
 
-    from hvd_magics.rank import progress
+    from hvd_magics.rank.api import progress
 
     rank = int(os.environ["HOROVOD_RANK"])
     for epoch in range(1, epochs + 1):
@@ -710,7 +710,7 @@ def rank_metrics_held(marks: str, epochs: int = 3):
     import os
     import time
 
-    from hvd_magics.rank import progress
+    from hvd_magics.rank.api import progress
 
     rank = int(os.environ["HOROVOD_RANK"])
     for epoch in range(1, epochs + 1):

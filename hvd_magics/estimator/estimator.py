@@ -18,8 +18,8 @@ from hvd_magics.estimator.model import HorovodModel
 from hvd_magics.estimator.params import OBJECT_PARAMS, EstimatorParams, add_accessors
 from hvd_magics.estimator.persistence import BlobReader, BlobWriter
 from hvd_magics.protocol import KERAS, TORCH
-from hvd_magics.rank.estimator_fit import framework_of
-from hvd_magics.rank.fit_spec import FitSpec, OptimizerRecipe
+from hvd_magics.rank.fits.estimator_fit import framework_of
+from hvd_magics.common.fit_spec import FitSpec, OptimizerRecipe
 
 #: What a fit's ranks import while the data arrives, per framework. PyTorch's ``torch._dynamo``
 #: is what rank 0's ``torch.export`` of ``model.pt2`` needs at the end: 1.5 s to import.
@@ -148,7 +148,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
         from hvd_magics.job.restarts import ResumeFix
         from hvd_magics.job.runner import HorovodRunner
         from hvd_magics.launch.payload import serialize_job
-        from hvd_magics.rank.estimator_fit import fit_on_rank
+        from hvd_magics.rank.fits.estimator_fit import fit_on_rank
 
         get = self.getOrDefault
         columns, names = self.feature_columns()
@@ -178,7 +178,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
             record = runner.run_payload(payload, preimport=rank_imports(get(self.model)))
         except DataRefused as exc:  # nulls, or fewer rows than ranks: before any rank trained
             raise EstimatorInputError(exc.summary) from None
-        result = record.value  # a hvd_magics.rank.fit_common.FitResult
+        result = record.value  # a hvd_magics.rank.fits.fit_common.FitResult
         model = self._copy_to_model(HorovodModel(result.framework, result.model,
                                                  {**asdict(result), "model_dir": model_dir},
                                                  record))

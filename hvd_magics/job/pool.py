@@ -44,7 +44,7 @@ from hvd_magics.protocol import (CELL_END, CHANNEL_CLOSED, ENGINE_HOROVOD, ENV_E
                                  ENV_HOROVOD_TIMELINE, ENV_SHARDS, ERROR,
                                  EXIT, RESULT, STARTED, TASK_ERROR, TASK_STARTED, TIMELINE_DYNAMIC,
                                  encode_job)
-from hvd_magics.rank.kept_values import SentValue
+from hvd_magics.common.kept_values import SentValue
 from hvd_magics.rank_names import ranks_named
 from hvd_magics.rank.pool_loop import serve_cells
 
@@ -208,7 +208,7 @@ class HorovodPool:
     def _start(self, slot_wait_s: float = SLOT_WAIT_S) -> None:
         self.job_id = uuid.uuid4().hex[:12]
         self.events = CellEvents(abs(self.np))
-        # a cell can then record a timeline (hvd_magics.rank.cell_timeline)
+        # a cell can then record a timeline (hvd_magics.rank.instruments.cell_timeline)
         env = ({ENV_HOROVOD_TIMELINE: TIMELINE_DYNAMIC, **self.env}
                if self.engine == ENGINE_HOROVOD else dict(self.env))
         if self.np < 0:
@@ -370,7 +370,7 @@ class HorovodPool:
 
     def pack_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """A cell's notebook values as they travel: each the ranks hold unchanged (same name,
-        same pickle) as its digest only (:mod:`hvd_magics.rank.kept_values`)."""
+        same pickle) as its digest only (:mod:`hvd_magics.common.kept_values`)."""
         packed: dict[str, Any] = {}
         self._sending_values = {}
         for name, value in values.items():

@@ -1,6 +1,6 @@
 """A job that survives a lost rank or executor: started again on a new stage, up to ``restarts``
 times, each attempt told its number and the job's checkpoint folder
-(:mod:`hvd_magics.rank.checkpoint`), so that it resumes from the last checkpoint.
+(:mod:`hvd_magics.rank.api.checkpoint`), so that it resumes from the last checkpoint.
 
 Only a loss is retried: a rank that died without a Python exception (killed, its executor lost)
 or that failed in the collective library because a peer went away (Gloo or NCCL connection
@@ -8,7 +8,7 @@ errors, Horovod's "has been shut down"). A rank's own exception (a ``ValueError`
 error) fails the job at once, as without restarts: running it again gives the same error.
 
 An attempt that ended on a preemption notice (every rank saved and raised ``Preempted``:
-:mod:`hvd_magics.rank.preemption`) starts again too, from the checkpoint it saved, and does not
+:mod:`hvd_magics.rank.api.preemption`) starts again too, from the checkpoint it saved, and does not
 count against ``restarts``: at most ``HVD_MAGICS_MAX_PREEMPTIONS`` (10) of them per job. Without
 ``restarts`` it ends with an error that names the checkpoint and how to resume.
 """
@@ -36,8 +36,8 @@ from hvd_magics.job.launch_request import LaunchRequest
 from hvd_magics.notices import say
 from hvd_magics.protocol import (ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_TOKEN,
                                  ENV_MAX_PREEMPTIONS, ENV_RESUME_STEP)
-from hvd_magics.rank.checkpoint import NO_CHECKPOINT
-from hvd_magics.rank.checkpoints import latest_checkpoint
+from hvd_magics.rank.api.checkpoint import NO_CHECKPOINT
+from hvd_magics.common.checkpoints import latest_checkpoint
 
 #: What a rank's error says when a peer of it went away (the loss is elsewhere).
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
@@ -247,7 +247,7 @@ def launch_with_restarts(request: LaunchRequest, launch: Callable[[LaunchRequest
 
 @contextlib.contextmanager
 def attempt_checkpoints(folder: Path) -> Iterator[dict[str, str]]:
-    """What every rank of one attempt agrees on (:mod:`hvd_magics.rank.checkpoint`): a file of
+    """What every rank of one attempt agrees on (:mod:`hvd_magics.rank.api.checkpoint`): a file of
     this attempt's in ``folder``, which a rank that does not share the driver's folder cannot
     find, and the step of the checkpoint they all resume from (the newest now). The file goes
     with the attempt, and the folder too when nothing else was written in it."""

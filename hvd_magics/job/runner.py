@@ -212,7 +212,7 @@ class HorovodRunner:
         """Run ``main(**kwargs)`` on every rank; return what it returned on rank 0.
 
         A Spark DataFrame among ``kwargs`` (or among the globals ``main`` uses) arrives on each
-        rank as its :class:`hvd_magics.rank.shard.Shard`: the rows that rank trains on, read
+        rank as its :class:`hvd_magics.rank.api.shard.Shard`: the rows that rank trains on, read
         from a local file its Spark task wrote. The driver never collects the DataFrame.
 
         Raises

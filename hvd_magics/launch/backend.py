@@ -83,7 +83,7 @@ class Backend(Protocol):
 
     def preempt(self, at: int, notice: str) -> None:
         """Tell every rank its executors are being taken away: ``checkpoint.preempting()`` is
-        True from its call ``at`` on (:mod:`hvd_magics.rank.preemption`)."""
+        True from its call ``at`` on (:mod:`hvd_magics.rank.api.preemption`)."""
 
     def lose_host(self, host: str) -> None:
         """The host ``host`` (an executor's address) was taken for lost: give it no more work

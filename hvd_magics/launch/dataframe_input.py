@@ -15,7 +15,7 @@ the driver or through Python before the barrier stage, in one Spark shuffle:
    order is what a seeded shuffle of its batches permutes (a resumed fit, a second run, must
    see the same batches). The barrier stage runs on them. Each task
    writes its rows of each source to a local Arrow file (:mod:`hvd_magics.task.shard_files`), and
-   its rank reads that file as a :class:`hvd_magics.rank.shard.Shard`.
+   its rank reads that file as a :class:`hvd_magics.rank.api.shard.Shard`.
 
 Only the rows' placement depends on Spark's hash function: were it ever to differ, the shards
 would still be disjoint and cover every row once, only less even.

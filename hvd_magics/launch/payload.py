@@ -1,7 +1,7 @@
 """Serialising what a job ships to its ranks, with errors that name what cannot travel.
 
 A Spark DataFrame among the values travels as a reference: the pickle calls
-:func:`hvd_magics.rank.shard.open_shard` on the rank, which gives that rank's shard of it; the
+:func:`hvd_magics.rank.api.shard.open_shard` on the rank, which gives that rank's shard of it; the
 DataFrame itself becomes a source of the job's barrier stage
 (:mod:`hvd_magics.launch.dataframe_input`).
 """
@@ -23,8 +23,8 @@ import cloudpickle
 
 from hvd_magics.errors import PayloadError
 from hvd_magics.launch.dataframe_input import DataFrameSources, is_dataframe, names_by_id
-from hvd_magics.rank.kept_values import SentValue
-from hvd_magics.rank.shard import open_shard
+from hvd_magics.common.kept_values import SentValue
+from hvd_magics.rank.api.shard import open_shard
 
 #: A payload larger than this gets a warning with its size.
 LARGE_PAYLOAD_BYTES = 10 * 1024 * 1024

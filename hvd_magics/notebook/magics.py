@@ -29,7 +29,7 @@ from hvd_magics.notebook.gpu_guard import driver_gpu_holders, driver_gpu_message
 from hvd_magics.notebook.job_arguments import ranks_arguments, runner_keywords
 from hvd_magics.launch.payload import serialize_job
 from hvd_magics.rank.cell_runner import run_captured_cell
-from hvd_magics.rank.engine_guard import KERAS_3_MESSAGE
+from hvd_magics.rank.guards.engine_guard import KERAS_3_MESSAGE
 from hvd_magics.protocol import ENGINE_HOROVOD
 from hvd_magics.result_codec import RETURN_PREFIX, VALUE, decode_guarded, decode_strict
 

@@ -15,7 +15,7 @@ import linecache
 from dataclasses import dataclass, field
 from typing import Any
 
-from hvd_magics.rank.kept_values import unpack_values
+from hvd_magics.common.kept_values import unpack_values
 from hvd_magics.result_codec import RETURN_PREFIX, VALUE, Parts
 
 #: Traceback file name of a captured cell.

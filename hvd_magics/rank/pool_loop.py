@@ -7,9 +7,9 @@ in :func:`hvd_magics.rank.cell_runner.rank_namespace`) or a function given to
 value) or ``error``, then prints :data:`hvd_magics.protocol.CELL_END_LINE`, which its supervisor
 turns into ``cell_end`` after the cell's output. A cell's environment (``--env``, its shards) is its
 own: what it set is undone when it ends. A cell that asks for Horovod Timeline gets one
-(:mod:`hvd_magics.rank.cell_timeline`), sent before its result. The driver interrupts a cell with
-``SIGINT``; between cells the rank ignores it. The end of stdin ends the pool: :func:`serve_cells`
-returns and the rank leaves Horovod as a cold job's rank does.
+(:mod:`hvd_magics.rank.instruments.cell_timeline`), sent before its result. The driver interrupts a
+cell with ``SIGINT``; between cells the rank ignores it. The end of stdin ends the pool:
+:func:`serve_cells` returns and the rank leaves Horovod as a cold job's rank does.
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ import signal
 import sys
 
 from hvd_magics.protocol import CELL_END_LINE, ENV_RANK, RESULT, STARTED, decode_job
-from hvd_magics.rank import cell_timeline, rank_events, torch_group_hold
+from hvd_magics.rank.instruments import cell_timeline
+from hvd_magics.rank import rank_events, torch_group_hold
 from hvd_magics.rank.module_reload import ModuleWatch
 
 

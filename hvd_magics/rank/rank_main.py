@@ -11,7 +11,7 @@ of its own, waits for it, then kills that group, so whatever the user's code sta
 rank. When the supervisor dies (the kernel was killed, the executor was lost) the keeper gets
 ``SIGTERM`` and kills the group too. It exits as the rank did.
 
-The rank's temporary folder is a private one (:mod:`hvd_magics.rank.rank_tmpdir`): the supervisor
+The rank's temporary folder is a private one (:mod:`hvd_magics.common.rank_tmpdir`): the supervisor
 tidies it when the rank ends, the keeper when the supervisor is gone.
 """
 from __future__ import annotations
@@ -35,8 +35,8 @@ from hvd_magics.protocol import (ENGINE_TF, ENV_CONTROL_FD, ENV_ENGINE, ENV_EVER
                                  decode_job)
 from hvd_magics.rank import rank_events
 from hvd_magics.rank.leave_together import end_engine
-from hvd_magics.rank.process_group import die_with_parent, killpg
-from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, use_tmpdir
+from hvd_magics.common.process_group import die_with_parent, killpg
+from hvd_magics.common.rank_tmpdir import clean_rank_tmpdir, use_tmpdir
 
 #: Exit code of a rank whose keeper went away (the job was stopped).
 ORPHANED_EXIT = 113
@@ -116,7 +116,8 @@ def run_job(payload: bytes) -> tuple[Any, BaseException | None, int]:
     ``sys.exit(0)`` is a successful end."""
     import cloudpickle
 
-    from hvd_magics.rank import ddp_watch, preemption, step_split
+    from hvd_magics.rank.instruments import ddp_watch, step_split
+    from hvd_magics.rank.api import preemption
     from hvd_magics.rank.integrations import plain_loops
     from hvd_magics.result_codec import encode_parts
 
@@ -168,8 +169,9 @@ def show_warning(message: Warning | str, category: type[Warning], filename: str,
 
 def run_rank() -> None:
     """Run the shipped function and report its result or its exception (never returns)."""
-    from hvd_magics.rank import (ddp_watch, engine_guard, integrations, shard_guard,
-                                 stack_report, step_split, torch_group_hold, whole_writes)
+    from hvd_magics.rank import integrations, torch_group_hold, whole_writes
+    from hvd_magics.rank.guards import engine_guard, shard_guard
+    from hvd_magics.rank.instruments import ddp_watch, stack_report, step_split
 
     whole_writes.install()
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()

@@ -35,7 +35,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from hvd_magics.rank.import_hooks import after_import
+from hvd_magics.rank.guards.import_hooks import after_import
 
 #: The modules whose ``destroy_process_group`` and ``init_process_group`` are wrapped (the
 #: package re-exports the functions of ``distributed_c10d``).

@@ -30,7 +30,7 @@ themselves) until that one takes its path over, then retires; it retires itself
 when a file of a module it imported changed (a ``pip install -U`` between jobs), refusing the
 rank, which its supervisor then starts fresh. A zygote that finds a CUDA driver loaded in itself
 never serves (a forked child cannot use a CUDA context made before the fork), and marks its path
-so that no zygote is started there again (:func:`~hvd_magics.rank.zygote_place.cuda_mark`).
+so that no zygote is started there again (:func:`~hvd_magics.common.zygote_place.cuda_mark`).
 """
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ from hvd_magics.protocol import (ENV_CONTROL_FD, ENV_EVENT_FD, ENV_ZYGOTE_IDLE_S
                                  ZYGOTE_COMPANIONS, ZYGOTE_GROW, ZYGOTE_MODULES, ZYGOTE_READY,
                                  ZYGOTE_RETIRE)
 from hvd_magics.rank import pool_loop, rank_main
-from hvd_magics.rank.process_group import die_with_parent
-from hvd_magics.rank.zygote_place import cuda_mark, take_lock
+from hvd_magics.common.process_group import die_with_parent
+from hvd_magics.common.zygote_place import cuda_mark, take_lock
 
 #: Seconds a zygote without ranks waits for a request before it ends, unless set.
 IDLE_S = 600.0

@@ -2,13 +2,13 @@
 
 The rows arrive as Arrow batches of ``(__source, __key, __s0, __s1, ...)`` (see
 :mod:`hvd_magics.launch.dataframe_input`): a row of source ``s`` holds its columns in the struct
-``__s<s>``. Each source's rows are appended, as Arrow record batches and never as Python objects,
-to ``<folder>/<source>.arrow`` in Arrow's file format, which the rank memory-maps
-(:class:`hvd_magics.rank.shard.Shard`). Before each write the free space of the folder is checked,
-so a shard that does not fit fails before training, with the figures, instead of filling the
-executor's disk. Each write also counts the null values per column (Arrow keeps the count), so
-a job whose columns must hold none (a :class:`HorovodEstimator`'s features and label) is refused
-when the tasks meet, without a query of its own over the data.
+``__s<s>``. Each source's rows are appended, as Arrow record batches and never as Python objects, to
+``<folder>/<source>.arrow`` in Arrow's file format, which the rank memory-maps
+(:class:`hvd_magics.rank.api.shard.Shard`). Before each write the free space of the folder is
+checked, so a shard that does not fit fails before training, with the figures, instead of filling
+the executor's disk. Each write also counts the null values per column (Arrow keeps the count), so a
+job whose columns must hold none (a :class:`HorovodEstimator`'s features and label) is refused when
+the tasks meet, without a query of its own over the data.
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Start one rank process and forward what it says, in order, to an event sink.
 
-Used in two places: inside a Spark barrier task (the sink signs events and sends them to the
-driver) and on the driver for ``np < 0`` (the sink puts them straight on the driver's queue).
-The rank runs under a keeper process (:mod:`hvd_magics.rank.process_group`): when the rank ends, its
-supervisor dies, or :meth:`RankProcess.kill` is called, the rank's whole process group dies.
+Used in two places: inside a Spark barrier task (the sink signs events and sends them to the driver)
+and on the driver for ``np < 0`` (the sink puts them straight on the driver's queue). The rank runs
+under a keeper process (:mod:`hvd_magics.common.process_group`): when the rank ends, its supervisor
+dies, or :meth:`RankProcess.kill` is called, the rank's whole process group dies.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ import uuid
 from typing import Any
 from collections.abc import Callable
 
-from hvd_magics.rank.cell_timeline import timeline_chunks
-from hvd_magics.rank.process_group import die_with_parent, killpg, same_process, start_time
-from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir, make_rank_tmpdir
+from hvd_magics.rank.instruments.cell_timeline import timeline_chunks
+from hvd_magics.common.process_group import die_with_parent, killpg, same_process, start_time
+from hvd_magics.common.rank_tmpdir import clean_rank_tmpdir, make_rank_tmpdir
 from hvd_magics.task.zygotes import ZYGOTES, ZygoteRank, package_copy
 from hvd_magics.protocol import (CELL_END, CELL_END_LINE, ENV_CONTROL_FD, ENV_EVENT_FD,
                                  ENV_HOROVOD_TIMELINE, ENV_LEGACY_KERAS, ENV_PREIMPORT,
@@ -197,13 +197,13 @@ class RankProcess:
                 pass
 
     def request_stacks(self, request: str) -> None:
-        """Ask the rank for its stacks (:mod:`hvd_magics.rank.stack_report`): it answers with a
-        ``stacks`` event carrying ``request``, without stopping what it runs."""
+        """Ask the rank for its stacks (:mod:`hvd_magics.rank.instruments.stack_report`): it
+        answers with a ``stacks`` event carrying ``request``, without stopping what it runs."""
         self._control_line(request)
 
     def preempt(self, at: int, notice: str) -> None:
         """Tell the rank its executors are being taken away: ``checkpoint.preempting()`` is True
-        from its call ``at`` on (:mod:`hvd_magics.rank.preemption`)."""
+        from its call ``at`` on (:mod:`hvd_magics.rank.api.preemption`)."""
         self._control_line(PREEMPT_LINE + json.dumps({"at": at, "notice": notice}))
 
     def _control_line(self, line: str) -> None:

@@ -4,7 +4,7 @@ A process that starts ranks (a notebook's kernel for ``np < 0``, a Spark Python 
 task) asks this host's zygote of the rank's environment (:mod:`hvd_magics.rank.zygote`) for each
 rank; one that is ready forks it in milliseconds. A zygote serves every process of its user on
 the host (every kernel, every Spark application's workers, a Connect server's), at a socket in
-the user's own folder (:mod:`hvd_magics.rank.zygote_place`), and outlives the process that
+the user's own folder (:mod:`hvd_magics.common.zygote_place`), and outlives the process that
 started it until it has been idle ``HVD_MAGICS_ZYGOTE_IDLE_S`` (600 s). The first rank of an
 environment no zygote serves starts one when its job's leading imports name frameworks, and the
 job's ranks wait for it and fork: one import for the job, not one per rank. A rank without a
@@ -42,7 +42,7 @@ from hvd_magics.protocol import (ENV_YARN_CONTAINER, ENV_ZYGOTE, ENV_ZYGOTE_IDLE
                                  KEEPER_PARENT_GONE, KEEPER_STOPPED, KEEPER_TERMINATED,
                                  ZYGOTE_GROW, ZYGOTE_LATE_ENV, ZYGOTE_LATE_ENV_PREFIXES,
                                  ZYGOTE_MODULE, ZYGOTE_MODULES, ZYGOTE_READY)
-from hvd_magics.rank.zygote_place import (cuda_mark, socket_path, starting, take_lock,
+from hvd_magics.common.zygote_place import (cuda_mark, socket_path, starting, take_lock,
                                           zygote_dir)
 
 #: Seconds a supervisor waits for a zygote to fork a keeper (a zygote alive answers in

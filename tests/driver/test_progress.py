@@ -52,7 +52,7 @@ def test_the_track_api_reports_a_custom_loop_and_is_throttled():
     view = Collect()
     record = _run(jobs.torch_tracked_loop, view, epochs=2, steps=40)
     progress = [e for e in view.events if e["kind"] == "progress"]
-    from hvd_magics.rank.progress import MIN_INTERVAL_S
+    from hvd_magics.rank.api.progress import MIN_INTERVAL_S
 
     for rank in (0, 1):  # at most one report per MIN_INTERVAL_S of each epoch, whatever its speed
         mine = [e for e in progress if e["rank"] == rank]

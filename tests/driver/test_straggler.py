@@ -156,7 +156,7 @@ def _machine_busy(before: tuple[float, float]) -> bool:
                                         ("tf", "input")])
 def test_a_keras_rank_slowed_is_named_for_its_cause_from_the_graphs_clock(engine, how):
     """A Keras step is one graph call: its parts are timed inside the graph
-    (rank/step_split_tf.py). Rank 1's 30 ms more a step, in a layer or in its tf.data
+    (rank/instruments/step_split_tf.py). Rank 1's 30 ms more a step, in a layer or in its tf.data
     pipeline, under Horovod or under ``MultiWorkerMirroredStrategy`` (where the others wait
     for its batch in the strategy's check that every worker has one, before the step), is
     named for that within 20 steps, and rank 0 is seen waiting for it."""

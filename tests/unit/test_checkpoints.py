@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from hvd_magics.rank.checkpoints import (Position, checkpoint_folder, epoch_plan,
+from hvd_magics.common.checkpoints import (Position, checkpoint_folder, epoch_plan,
                                          latest_checkpoint, write_checkpoint)
 
 
@@ -70,7 +70,7 @@ def test_a_rank_killed_while_it_saves_leaves_the_last_checkpoint_whole(tmp_path,
         "        os.kill(os.getpid(), signal.SIGKILL)  # halfway through pickling the state\n"
         "checkpoint.save({'step': 10, 'data': b'y' * 10_000_000, 'slow': Slow()}, 10)\n")
     from hvd_magics.protocol import ENV_CHECKPOINT_DIR, ENV_RANK
-    from hvd_magics.rank import checkpoint
+    from hvd_magics.rank.api import checkpoint
 
     monkeypatch.setenv(ENV_CHECKPOINT_DIR, str(tmp_path))
     monkeypatch.setenv(ENV_RANK, "0")

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from hvd_magics.options import horovod_only, validate_engine
-from hvd_magics.rank.engine_guard import wrong_engine_message
+from hvd_magics.rank.guards.engine_guard import wrong_engine_message
 from hvd_magics.task.engines import PortOffer, engine_of, meet_env, offers_port, start_env
 from hvd_magics.task.slots import node_ranks, plan_ranks
 
@@ -109,7 +109,7 @@ def test_the_wrong_engine_message_is_one_line_naming_both():
 _GUARDED = """
 import os, sys
 os.environ["HVD_MAGICS_ENGINE"] = sys.argv[1]
-from hvd_magics.rank import engine_guard
+from hvd_magics.rank.guards import engine_guard
 engine_guard.install()
 call = sys.argv[2]
 try:

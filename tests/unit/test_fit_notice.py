@@ -6,10 +6,10 @@ import json
 import pytest
 
 from hvd_magics.errors import Preempted
-from hvd_magics.rank import preemption
-from hvd_magics.rank.checkpoints import Position, latest_checkpoint
-from hvd_magics.rank.fit_common import FitBook
-from hvd_magics.rank.fit_spec import FitSpec, OptimizerRecipe
+from hvd_magics.rank.api import preemption
+from hvd_magics.common.checkpoints import Position, latest_checkpoint
+from hvd_magics.rank.fits.fit_common import FitBook
+from hvd_magics.common.fit_spec import FitSpec, OptimizerRecipe
 
 
 def _book(tmp_path, rank):

@@ -1,6 +1,6 @@
 """A DDP step's GPU time from CUDA events (no GPU here: the events are stand-ins that carry the
 time they stand for, the only mock; what is checked is which marks make which row)."""
-from hvd_magics.rank import gpu_steps
+from hvd_magics.rank.instruments import gpu_steps
 
 
 class FakeEvent:

@@ -2,8 +2,8 @@
 import pytest
 
 from hvd_magics.launch.payload import sent_value
-from hvd_magics.rank import kept_values
-from hvd_magics.rank.kept_values import SentValue, unpack_values
+from hvd_magics.common import kept_values
+from hvd_magics.common.kept_values import SentValue, unpack_values
 
 
 def test_a_value_sent_once_comes_back_by_digest_as_a_fresh_object(monkeypatch):

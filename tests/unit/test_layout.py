@@ -18,11 +18,13 @@ def _loaded_by(code: str) -> set[str]:
 def test_the_rank_entry_point_loads_only_the_rank_side():
     loaded = _loaded_by("import hvd_magics.rank.rank_main, hvd_magics.rank.cell_runner\n"
                         "from hvd_magics import progress, log_to_driver\n"
-                        "import hvd_magics.rank.integrations.keras, hvd_magics.rank.shard")
-    assert "hvd_magics.rank.rank_main" in loaded and "hvd_magics.rank.progress" in loaded
+                        "import hvd_magics.rank.integrations.keras, hvd_magics.rank.api.shard")
+    assert "hvd_magics.rank.rank_main" in loaded and "hvd_magics.rank.api.progress" in loaded
     allowed = {"hvd_magics", "hvd_magics.protocol", "hvd_magics.result_codec", "hvd_magics.errors",
                "hvd_magics.thread_cpu"}
-    outside = {m for m in loaded if not m.startswith("hvd_magics.rank") and m not in allowed}
+    # hvd_magics.common: what the driver and the ranks both use (a floor below both)
+    outside = {m for m in loaded if not m.startswith(("hvd_magics.rank", "hvd_magics.common"))
+               and m not in allowed}
     assert outside == set(), outside
 
 
@@ -31,8 +33,9 @@ def test_a_rank_starts_without_importing_a_package_the_executor_may_lack():
     executor whose Python lacks numpy every rank failed before the job's code ran."""
     out = subprocess.run(
         [sys.executable, "-c",
-         "from hvd_magics.rank import (ddp_watch, engine_guard, integrations, shard_guard,"
-         " rank_main)\n"
+         "from hvd_magics.rank import integrations, rank_main\n"
+         "from hvd_magics.rank.guards import engine_guard, shard_guard\n"
+         "from hvd_magics.rank.instruments import ddp_watch\n"
          "for hook in (integrations, ddp_watch, engine_guard, shard_guard):\n"
          "    hook.install()\n"
          "import sys; print(sorted(m for m in ('numpy', 'torch', 'tensorflow', 'cloudpickle',"
@@ -269,6 +272,6 @@ def test_the_modules_the_docs_name_at_the_top_import_as_written():
     checkpoint = importlib.import_module("hvd_magics.checkpoint")
     progress = importlib.import_module("hvd_magics.progress")
     from hvd_magics import checkpoint as same
-    from hvd_magics.rank import progress as real
+    from hvd_magics.rank.api import progress as real
 
     assert checkpoint is same and progress is real and callable(checkpoint.save)

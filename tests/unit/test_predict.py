@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from hvd_magics.rank.fit_common import classifier_output
+from hvd_magics.rank.fits.fit_common import classifier_output
 from hvd_magics.task.predict import PredictConfig, column_matrix, output_struct, probabilities
 
 

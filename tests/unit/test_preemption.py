@@ -8,7 +8,7 @@ import pytest
 from hvd_magics.errors import HorovodJobError, Preempted, RankFailure
 from hvd_magics.job.verdicts.preemption import EXTRA_CALLS, MARGIN_S, PreemptionWatch, notice_text
 from hvd_magics.job.restarts import preempted
-from hvd_magics.rank import preemption
+from hvd_magics.rank.api import preemption
 
 
 @pytest.fixture(autouse=True)

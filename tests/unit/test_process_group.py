@@ -2,7 +2,7 @@
 import subprocess
 import sys
 
-from hvd_magics.rank.process_group import killpg, start_time
+from hvd_magics.common.process_group import killpg, start_time
 
 
 def _group_leader() -> subprocess.Popen:

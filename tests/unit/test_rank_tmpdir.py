@@ -1,7 +1,7 @@
 """The keeper's tidying of a rank's private temporary folder."""
 import os
 
-from hvd_magics.rank.rank_tmpdir import clean_rank_tmpdir
+from hvd_magics.common.rank_tmpdir import clean_rank_tmpdir
 
 
 def _touch(path):
@@ -39,7 +39,7 @@ def test_the_rank_keeps_the_shared_inductor_cache(tmp_path, monkeypatch):
     import getpass
     import tempfile
 
-    from hvd_magics.rank.rank_tmpdir import use_tmpdir
+    from hvd_magics.common.rank_tmpdir import use_tmpdir
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

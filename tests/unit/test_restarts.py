@@ -179,7 +179,7 @@ def test_a_restart_that_finds_no_slots_names_the_checkpoint_to_resume_from(tmp_p
     from hvd_magics.options import JobOptions
     from hvd_magics.job.session import SESSION
     from hvd_magics.launch.payload import JobPayload
-    from hvd_magics.rank.checkpoints import Position, write_checkpoint
+    from hvd_magics.common.checkpoints import Position, write_checkpoint
 
     folder = tmp_path / "c"
     tries = []

@@ -38,7 +38,7 @@ def test_one_error_of_every_rank_is_said_once():
     last line of each rank's traceback."""
     message = "hvd.init() was called, but this job runs on the torch engine. Fix: ..."
     trace = ("Traceback (most recent call last):\n  File \"cell\", line 2, in <module>\n"
-             f"    hvd.init()\nhvd_magics.rank.engine_guard.WrongEngineError: {message}")
+             f"    hvd.init()\nhvd_magics.rank.guards.engine_guard.WrongEngineError: {message}")
     failures = [RankFailure(r, "h", 1, "WrongEngineError", message, trace, [f"out {r}"])
                 for r in range(2)]
     failures.append(RankFailure(2, "h", 1, "ValueError", "other", "Traceback...\nValueError: other"))
@@ -49,7 +49,7 @@ def test_one_error_of_every_rank_is_said_once():
     assert rendered.startswith("HorovodJobError: 3 of 3 ranks failed; the first was rank 0 on h: "
                                "WrongEngineError (its traceback below)\n"), rendered
     assert "[rank 0]     hvd.init()" in rendered  # where it was called, still shown
-    assert f"[rank 0] hvd_magics.rank.engine_guard.WrongEngineError: {message}" in rendered
+    assert f"[rank 0] hvd_magics.rank.guards.engine_guard.WrongEngineError: {message}" in rendered
     assert "[rank 1] rank 1 on h: the same WrongEngineError" in rendered
     assert "[rank 1]   out 1" in rendered  # each rank's own output stays
     assert "[rank 2] rank 2 on h: ValueError: other" in rendered

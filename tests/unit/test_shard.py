@@ -4,7 +4,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from hvd_magics.rank.shard import Shard, ShardError
+from hvd_magics.rank.api.shard import Shard, ShardError
 
 VECTOR = pa.struct([("type", pa.int8()), ("size", pa.int32()),
                     ("indices", pa.list_(pa.int32())), ("values", pa.list_(pa.float64()))])

@@ -4,7 +4,7 @@ import secrets
 import pyarrow as pa
 import pytest
 
-from hvd_magics.rank.shard import Shard
+from hvd_magics.rank.api.shard import Shard
 from hvd_magics.task.shard_receiver import ShardReceiver, send_rows
 
 SECRET = secrets.token_bytes(32)

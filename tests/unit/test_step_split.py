@@ -4,7 +4,7 @@ import os
 
 import torch
 
-from hvd_magics.rank import step_split
+from hvd_magics.rank.instruments import step_split
 
 
 def test_the_gradient_hooks_narrow_to_the_parameter_whose_gradient_is_ready_last():

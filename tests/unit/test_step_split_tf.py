@@ -1,4 +1,4 @@
-"""TensorFlow's steps timed inside the graph (rank/step_split_tf.py), with real TensorFlow in one
+"""TensorFlow's steps timed inside the graph (rank/instruments/step_split_tf.py), with real TensorFlow in one
 process: Horovod's gradient reduction is stood in for by a function of the same shape (a
 ``tf.cond`` around a stateless op, as Horovod's ``_allreduce_cond``) whose reduction waits, as a
 rank waits for its peers; the ranks' tests run Horovod itself (tests/driver/test_straggler.py)."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvd_magics.rank import step_split, step_split_tf
+from hvd_magics.rank.instruments import step_split, step_split_tf
 
 
 @pytest.fixture

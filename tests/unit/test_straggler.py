@@ -281,7 +281,7 @@ def test_a_gpu_rank_s_memory_reaches_the_row_and_the_record_and_a_cpu_rank_reads
     import types
 
     from hvd_magics.job.records.run_record import describe_split
-    from hvd_magics.rank import gpu_memory
+    from hvd_magics.rank.instruments import gpu_memory
 
     assert gpu_memory.reading() is None  # CPU torch (or none): nothing read, no context made
     gb = 1024 ** 3

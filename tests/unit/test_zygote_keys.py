@@ -2,7 +2,7 @@
 differ in what a framework reads once the job runs."""
 import os
 
-from hvd_magics.rank.zygote_place import socket_path, starting, take_lock, zygote_dir
+from hvd_magics.common.zygote_place import socket_path, starting, take_lock, zygote_dir
 from hvd_magics.task.zygotes import frameworks, key_of
 
 
@@ -128,7 +128,7 @@ def test_a_zygote_whose_imports_load_cuda_never_serves_and_none_starts_there_aga
     import subprocess
     import sys
 
-    from hvd_magics.rank.zygote_place import cuda_mark
+    from hvd_magics.common.zygote_place import cuda_mark
     from hvd_magics.task.zygotes import start_zygote
 
     path = str(tmp_path / "z.sock")

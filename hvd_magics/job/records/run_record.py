@@ -74,7 +74,7 @@ class RunRecord:
         Per rank that stepped an optimizer (PyTorch): ``rank``, ``host``, ``steps`` and its
         mean step's seconds ``step_s`` split into ``input_s`` (waiting for batches),
         ``compute_s`` and ``comm_s`` (waiting in collectives); see
-        :mod:`hvd_magics.rank.step_split`.
+        :mod:`hvd_magics.rank.instruments.step_split`.
     step_intervals : list of dict
         The same, per rank every quarter second or so (with ``time_s`` since the job began):
         what :attr:`steps` gives as a DataFrame.

@@ -1,6 +1,6 @@
 """The driver's side of a preemption notice: when Spark starts decommissioning an executor of a
 running job, pick the call of ``checkpoint.preempting()`` at which every rank saves, and tell
-them (:mod:`hvd_magics.rank.preemption` is the ranks' side).
+them (:mod:`hvd_magics.rank.api.preemption` is the ranks' side).
 
 The ranks report how many calls they have made, at most twice a second. The call picked is the
 most any rank reported, plus what each rank makes in the time since its report and in

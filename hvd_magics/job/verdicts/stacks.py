@@ -1,9 +1,10 @@
 """Where each rank is: the stacks the ranks sent on request, read as a person would.
 
-A ``stacks`` event (:mod:`hvd_magics.rank.stack_report`) gives a rank's threads, each a list of
-frames ``[file, line, function, code, kind]`` from outermost to innermost. :class:`JobStacks`
-keeps one per rank and prints them (the user's frames marked ``>``); :func:`where` says in a few
-words where a rank is: its innermost frame of the user's, and the library call it waits in.
+A ``stacks`` event (:mod:`hvd_magics.rank.instruments.stack_report`) gives a rank's threads, each a
+list of frames ``[file, line, function, code, kind]`` from outermost to innermost.
+:class:`JobStacks` keeps one per rank and prints them (the user's frames marked ``>``);
+:func:`where` says in a few words where a rank is: its innermost frame of the user's, and the
+library call it waits in.
 """
 from __future__ import annotations
 
@@ -107,7 +108,7 @@ def collective_of(threads: list[dict[str, Any]]) -> str:
 def collective_waited(answer: dict[str, Any]) -> str:
     """What a rank's ``stacks`` answer waits in: an engine's collective (:func:`collective_of`),
     or :data:`DDP_ALLREDUCE` when it is inside the ``backward()`` of a DDP training step
-    (:mod:`hvd_magics.rank.ddp_watch`); else ``""``."""
+    (:mod:`hvd_magics.rank.instruments.ddp_watch`); else ``""``."""
     threads = answer.get("threads", [])
     engine = collective_of(threads)
     if engine:

@@ -1,9 +1,9 @@
 """Which rank holds the others back, and why: the driver's reading of the ranks' step splits.
 
 Each rank sends its steps' time split into input, compute and communication
-(:mod:`hvd_magics.rank.step_split`). In data-parallel training every rank's step lasts as long
-as the slowest rank's: the ranks differ in how they spend it. A rank whose own work (input and
-compute) is longer than the others' while they wait for it in communication holds them back.
+(:mod:`hvd_magics.rank.instruments.step_split`). In data-parallel training every rank's step lasts
+as long as the slowest rank's: the ranks differ in how they spend it. A rank whose own work (input
+and compute) is longer than the others' while they wait for it in communication holds them back.
 
 Who holds the others back is read from what they lose
 (:mod:`hvd_magics.job.verdicts.wait_accounting`): in each step, the time the slowest rank's own work
@@ -79,7 +79,8 @@ LOOKS_PER_REPORT = 64
 #: What a GPU rank's split is prefixed with: its clock is the host thread's (the GPU's kernels
 #: run asynchronously; where the thread waits for them is where their time shows).
 HOST_TIME = "host time: "
-#: ...and a DDP rank's on a CUDA device, timed by the GPU's own events (rank/gpu_steps.py).
+#: ...and a DDP rank's on a CUDA device, timed by the GPU's own events
+#: (rank/instruments/gpu_steps.py).
 GPU_TIME = "GPU time: "
 #: Of a compute excess, the least share of waiting for a CPU that makes it "waiting for a CPU",
 #: and the most share of running on one longer than the others (more work runs longer, even
@@ -410,7 +411,7 @@ class StepSplits:
         self.busy_now = False
         self.events: list[tuple[str, Straggler | BusyHosts]] = []
         self.intervals: list[dict[str, Any]] = []
-        #: Rank -> its GPU's latest reading (:mod:`hvd_magics.rank.gpu_memory`), and the
+        #: Rank -> its GPU's latest reading (:mod:`hvd_magics.rank.instruments.gpu_memory`), and the
         #: highest peak it reported.
         self.gpu: dict[int, dict[str, Any]] = {}
         #: Rank -> whose clock its rows are: ``"gpu"`` or ``"host"``.

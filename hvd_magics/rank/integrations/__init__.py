@@ -15,7 +15,7 @@ or train its rank alone).
   build killed half-way no longer blocks every later one.
 
 :mod:`.guards` holds what the guards share. Each module's ``install()`` hooks its library
-whenever it is imported (:mod:`hvd_magics.rank.import_hooks`); nothing is imported here.
+whenever it is imported (:mod:`hvd_magics.rank.guards.import_hooks`); nothing is imported here.
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 from hvd_magics.protocol import ENGINE_TORCH, ENV_ENGINE, ENV_SIZE
-from hvd_magics.rank.import_hooks import after_call, after_import, refusing
+from hvd_magics.rank.guards.import_hooks import after_call, after_import, refusing
 from hvd_magics.rank.integrations.guards import (ALONE_MARK, LAUNCH_MARK, LaunchMismatchError,
                                                  RunsAloneError, alone_message, in_a_job,
                                                  job_size)

@@ -4,13 +4,13 @@ A rank installs an import hook (:func:`install`); when ``transformers.trainer`` 
 ``Trainer`` made gains a ``TrainerCallback`` that reports each training epoch (its number, of
 ``num_train_epochs``, and its optimizer steps), the steps with the latest logged values (loss,
 learning rate, gradient norm), and at the epoch's end those values and the last evaluation's
-(``eval_*``) through :mod:`hvd_magics.rank.progress`: the dashboard's rows, epoch timing and charts.
-An evaluation due at an epoch's end belongs to that epoch (its ``eval_*`` values are drawn beside
-their training twins). It reads only what the ``Trainer`` logs (its ``logging_steps``): nothing is
-computed for it. The ``Trainer``'s own bar and printed logs give way to the dashboard: its logs go
-to the run's log file.
+(``eval_*``) through :mod:`hvd_magics.rank.api.progress`: the dashboard's rows, epoch timing and
+charts. An evaluation due at an epoch's end belongs to that epoch (its ``eval_*`` values are drawn
+beside their training twins). It reads only what the ``Trainer`` logs (its ``logging_steps``):
+nothing is computed for it. The ``Trainer``'s own bar and printed logs give way to the dashboard:
+its logs go to the run's log file.
 
-On a preemption notice (:mod:`hvd_magics.rank.preemption`: an executor of the job is being
+On a preemption notice (:mod:`hvd_magics.rank.api.preemption`: an executor of the job is being
 decommissioned) the callback asks ``checkpoint.preempting()`` once an optimizer step, on every
 rank: from the call it turns True, the ``Trainer`` saves a checkpoint at that step (its own, in
 ``output_dir``) and the attempt ends there (``Preempted``, raised once it saved); the next
@@ -27,9 +27,10 @@ import os
 from typing import Any
 
 from hvd_magics.protocol import RUN_LOG
-from hvd_magics.rank import preemption, progress, rank_events
-from hvd_magics.rank.checkpoint import attempt
-from hvd_magics.rank.import_hooks import after_call, after_import, refusing, with_kwargs
+from hvd_magics.rank.api import preemption, progress
+from hvd_magics.rank import rank_events
+from hvd_magics.rank.api.checkpoint import attempt
+from hvd_magics.rank.guards.import_hooks import after_call, after_import, refusing, with_kwargs
 from hvd_magics.rank.integrations.guards import (ALONE_MARK, RunsAloneError, alone_message,
                                                  in_a_job, job_size)
 

@@ -2,7 +2,7 @@
 
 A rank installs an import hook (:func:`install`); when ``tf_keras`` or ``keras`` is imported, its
 ``Model.fit`` gains a callback that reports epochs, steps and metrics through
-:mod:`hvd_magics.rank.progress`. The callback keeps Keras from converting batch logs to numpy
+:mod:`hvd_magics.rank.api.progress`. The callback keeps Keras from converting batch logs to numpy
 (``_supports_tf_logs``) and converts only the few it sends. Set ``HVD_MAGICS_KERAS_PROGRESS=0``
 in the ranks' environment to turn it off.
 
@@ -14,7 +14,7 @@ so every Keras job that used it, the README's included, printed ``Callback metho
 The broadcast's time is taken off the hook time Keras measured; a user's own slow callback is
 still reported.
 
-On a preemption notice (:mod:`hvd_magics.rank.preemption`) in a Horovod job, the callback asks
+On a preemption notice (:mod:`hvd_magics.rank.api.preemption`) in a Horovod job, the callback asks
 ``checkpoint.preempting()`` after each training batch, on every rank: from the call it turns True,
 rank 0 writes the model's and the optimizer's variables and where the ``fit`` was (epoch, batch) in
 the job's checkpoint folder, ``keras_on_notice/step-<global step>`` (under a temporary name renamed
@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from hvd_magics.protocol import ENGINE_HOROVOD, ENGINE_TF, ENV_ENGINE, ENV_KERAS_PROGRESS, ENV_RANK
-from hvd_magics.rank import preemption, progress
-from hvd_magics.rank.checkpoint import newest_saved_on_notice, notice_folder
-from hvd_magics.rank.import_hooks import after_call, after_import, before_call, refusing
+from hvd_magics.rank.api import preemption, progress
+from hvd_magics.rank.api.checkpoint import newest_saved_on_notice, notice_folder
+from hvd_magics.rank.guards.import_hooks import after_call, after_import, before_call, refusing
 from hvd_magics.rank.integrations.guards import (ALONE_FIX, ALONE_MARK, RunsAloneError, job_size,
                                                  mine_alone)
 

@@ -4,11 +4,11 @@ A rank installs an import hook (:func:`install`); when Lightning's ``Trainer`` i
 (``pytorch_lightning`` or ``lightning.pytorch``), every ``Trainer`` made gains a callback that
 reports each training epoch (its number, of ``max_epochs``, and its batches), the steps with the
 latest loss, and at the epoch's end every metric the module logged (``self.log``: training and
-validation) through :mod:`hvd_magics.rank.progress`: the dashboard's rows, epoch timing and charts;
-Lightning's own progress bar gives way to them. The loss stays a tensor until a report leaves the
-rank (a few times a second), so no step waits for the device.
+validation) through :mod:`hvd_magics.rank.api.progress`: the dashboard's rows, epoch timing and
+charts; Lightning's own progress bar gives way to them. The loss stays a tensor until a report
+leaves the rank (a few times a second), so no step waits for the device.
 
-On a preemption notice (:mod:`hvd_magics.rank.preemption`) the callback asks
+On a preemption notice (:mod:`hvd_magics.rank.api.preemption`) the callback asks
 ``checkpoint.preempting()`` before each training batch, on every rank: from the call it turns
 True, every rank saves the ``Trainer``'s checkpoint (``trainer.save_checkpoint``: rank 0 writes
 it, under a temporary name renamed into place) in the job's checkpoint folder,
@@ -29,11 +29,11 @@ import math
 import os
 from typing import Any
 
-from hvd_magics.rank import preemption, progress
-from hvd_magics.rank.checkpoint import newest_saved_on_notice, notice_folder
+from hvd_magics.rank.api import preemption, progress
+from hvd_magics.rank.api.checkpoint import newest_saved_on_notice, notice_folder
 from hvd_magics.protocol import (ENGINE_TORCH, ENV_ENGINE, ENV_GROUP_WORLD_SIZE,
                                  ENV_LOCAL_WORLD_SIZE, ENV_SIZE)
-from hvd_magics.rank.import_hooks import (after_call, after_import, before_call, refusing,
+from hvd_magics.rank.guards.import_hooks import (after_call, after_import, before_call, refusing,
                                           with_kwargs)
 from hvd_magics.rank.integrations.guards import (ALONE_MARK, LAUNCH_MARK, LaunchMismatchError,
                                                  RunsAloneError, alone_message, in_a_job,

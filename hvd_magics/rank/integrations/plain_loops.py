@@ -4,7 +4,7 @@ What a hand-written loop does already says where it is: each training step calls
 ``DistributedDataParallel`` module (in training mode, with gradients), each epoch begins with
 ``DistributedSampler.set_epoch`` or a new pass over the training ``DataLoader``, and the loss is
 the scalar tensor ``backward()`` is called on. A rank installs hooks on those (:func:`install`,
-when ``torch`` is imported) and reports through :mod:`hvd_magics.rank.progress`: steps and
+when ``torch`` is imported) and reports through :mod:`hvd_magics.rank.api.progress`: steps and
 samples per step from the module's calls, epochs (an epoch ends when the next one begins, or
 with the job), the latest loss. The loss stays a tensor until a report leaves the rank (at most
 a few times a second): no step waits for the device.
@@ -32,8 +32,8 @@ import weakref
 from typing import Any
 
 from hvd_magics.protocol import ENV_LOOP_PROGRESS
-from hvd_magics.rank import progress
-from hvd_magics.rank.import_hooks import after_import, before_call
+from hvd_magics.rank.api import progress
+from hvd_magics.rank.guards.import_hooks import after_import, before_call
 
 _DDP_MODULE = "torch.nn.parallel.distributed"
 _ACCELERATE_MODULE = "accelerate.accelerator"

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from hvd_magics.protocol import FIRST_BUILD
-from hvd_magics.rank.import_hooks import after_import, before_call
+from hvd_magics.rank.guards.import_hooks import after_import, before_call
 
 #: The mark of this module's patches.
 MARK = "_hvd_magics_stale_lock"

@@ -14,7 +14,7 @@ from typing import Any
 
 from hvd_magics.protocol import TRACKER
 from hvd_magics.rank import rank_events
-from hvd_magics.rank.import_hooks import after_import, before_call
+from hvd_magics.rank.guards.import_hooks import after_import, before_call
 
 _CLIENT_MODULE = "mlflow.tracking.client"
 _PATCHED = "_hvd_magics_tracker_watch"

@@ -1,5 +1,5 @@
 """One rank of a PyTorch :class:`~hvd_magics.estimator.HorovodEstimator` fit (see
-:mod:`hvd_magics.rank.estimator_fit` for the common plan)."""
+:mod:`hvd_magics.rank.fits.estimator_fit` for the common plan)."""
 from __future__ import annotations
 
 import io
@@ -11,12 +11,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hvd_magics.rank import progress
+from hvd_magics.rank.api import progress
 from hvd_magics.protocol import TORCH
-from hvd_magics.rank.checkpoints import Position
-from hvd_magics.rank.fit_common import (FitBook, FitResult, classifier_output, labels_of,
+from hvd_magics.common.checkpoints import Position
+from hvd_magics.rank.fits.fit_common import (FitBook, FitResult, classifier_output, labels_of,
                                         start_state, step_seed)
-from hvd_magics.rank.fit_spec import DEFAULT_LEARNING_RATE, FitSpec, OptimizerRecipe
+from hvd_magics.common.fit_spec import DEFAULT_LEARNING_RATE, FitSpec, OptimizerRecipe
 
 _LOSSES = {"cross_entropy": "CrossEntropyLoss", "nll": "NLLLoss", "nll_loss": "NLLLoss",
            "mse": "MSELoss", "mean_squared_error": "MSELoss", "l1": "L1Loss", "mae": "L1Loss",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hvd_magics.rank.import_hooks import after_call, after_import, before_call, refusing
+from hvd_magics.rank.guards.import_hooks import after_call, after_import, before_call, refusing
 
 _HF_TRAINER = "transformers.trainer"
 _LIGHTNING_TRAINERS = ("pytorch_lightning.trainer.trainer", "lightning.pytorch.trainer.trainer")
@@ -30,7 +30,7 @@ def shard_of(dataset: Any) -> Any:
     """The shard of this rank that ``dataset`` holds the rows of (``None`` if none): its rows
     are the shard's (``Shard.to_torch``), or it is as long as a shard of a job of several
     ranks."""
-    from hvd_magics.rank import shard as shards  # numpy: only once a Trainer is made
+    from hvd_magics.rank.api import shard as shards  # numpy: only once a Trainer is made
 
     rows = getattr(dataset, "shard", None)
     if isinstance(rows, shards.Shard):

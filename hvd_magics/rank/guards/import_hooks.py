@@ -1,7 +1,7 @@
 """Patch a module right after it is imported, whenever the user's code imports it.
 
 Used by the libraries' integrations (:mod:`hvd_magics.rank.integrations`: progress, guards)
-and the engines' guards (:mod:`hvd_magics.rank.engine_guard`, ...). Several may patch one
+and the engines' guards (:mod:`hvd_magics.rank.guards.engine_guard`, ...). Several may patch one
 module: each patch runs, in the order they were asked for. :func:`after_call` and
 :func:`before_call` hook one method; :func:`refusing` makes a guard's check of a message
 function.

@@ -9,7 +9,7 @@ restarted::
     checkpoint.save({"model": model.state_dict(), ...}, step)   # rank 0 writes; others skip
 
 On spot or preemptible executors, save also when :func:`preempting` says the job's executors
-are being taken away (:mod:`hvd_magics.rank.preemption`): that save ends the attempt on every
+are being taken away (:mod:`hvd_magics.rank.api.preemption`): that save ends the attempt on every
 rank at the same step, and the next attempt resumes from it, redoing no step::
 
     if step % 500 == 0 or checkpoint.preempting():
@@ -17,7 +17,7 @@ rank at the same step, and the next attempt resumes from it, redoing no step::
 
 :func:`save` writes under a temporary name and renames it into place (a rename is atomic): a rank
 killed while it saves leaves the previous checkpoint whole, never a torn one read as whole
-(:mod:`hvd_magics.rank.checkpoints` is the writer the estimator's fits use too). The folder is
+(:mod:`hvd_magics.common.checkpoints` is the writer the estimator's fits use too). The folder is
 the job's (:func:`directory`): one per cell or function, under the system's temporary folder on
 the driver's machine by default; give ``checkpoint_dir=`` (``--checkpoint-dir``) a folder every
 executor shares (a DBFS or NFS mount) on a cluster.
@@ -42,9 +42,9 @@ from hvd_magics.errors import CheckpointFolderNotShared, ShardedStateRefused
 from hvd_magics.protocol import (ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_TOKEN, ENV_RANK,
                                  ENV_RESUME_STEP)
 from hvd_magics.rank_names import rank_named
-from hvd_magics.rank.checkpoints import (Position, checkpoint_at, latest_checkpoint,
+from hvd_magics.common.checkpoints import (Position, checkpoint_at, latest_checkpoint,
                                          write_checkpoint)
-from hvd_magics.rank.preemption import after_save, preempting
+from hvd_magics.rank.api.preemption import after_save, preempting
 
 __all__ = ["NO_CHECKPOINT", "attempt", "directory", "latest", "preempting", "save",
            "shared_folder"]

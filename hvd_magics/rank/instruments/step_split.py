@@ -21,22 +21,21 @@ because its host's CPUs are busy with other work, or its CPU time is limited, is
 with more to compute. A wait for a CPU inside a collective (a rank woken when its peers are
 done, on a busy host) is left out: it is not what holds the others back.
 
-On a rank the others wait for, communication is short and its own work (input and compute) long;
-on the others it is the reverse. Nothing synchronises a device: the clock is read where the
-Python code already waits. On a GPU the host runs ahead of the kernels (and NCCL's waits do not
-block it), so a DDP module on a CUDA device is timed by CUDA events on the GPU instead
-(:mod:`hvd_magics.rank.gpu_steps`); other GPU ranks (Horovod's, whose ``synchronize`` does
-block) keep the host's clock. A step costs a few clock reads, two reads of ``schedstat`` (about
-4 us each) per blocking collective (one for all of ``DistributedOptimizer``'s gradients) and,
-for DDP, a Python call and a ``schedstat`` read when its last gradient is ready (a call per
-parameter's gradient in its first steps, until the same parameter's gradient was last three
-times in a row), and three CUDA events on a GPU.
-``HVD_MAGICS_STEP_SPLIT=0`` turns it off.
+On a rank the others wait for, communication is short and its own work (input and compute) long; on
+the others it is the reverse. Nothing synchronises a device: the clock is read where the Python code
+already waits. On a GPU the host runs ahead of the kernels (and NCCL's waits do not block it), so a
+DDP module on a CUDA device is timed by CUDA events on the GPU instead
+(:mod:`hvd_magics.rank.instruments.gpu_steps`); other GPU ranks (Horovod's, whose ``synchronize``
+does block) keep the host's clock. A step costs a few clock reads, two reads of ``schedstat`` (about
+4 us each) per blocking collective (one for all of ``DistributedOptimizer``'s gradients) and, for
+DDP, a Python call and a ``schedstat`` read when its last gradient is ready (a call per parameter's
+gradient in its first steps, until the same parameter's gradient was last three times in a row), and
+three CUDA events on a GPU. ``HVD_MAGICS_STEP_SPLIT=0`` turns it off.
 
-TensorFlow's steps under Horovod (a Keras ``fit``, a ``DistributedGradientTape`` loop) and
-under ``MultiWorkerMirroredStrategy`` run as one graph call, which hides their parts from
-Python: they are timed inside the graph (:mod:`hvd_magics.rank.step_split_tf`) and read by a
-thread of the rank.
+TensorFlow's steps under Horovod (a Keras ``fit``, a ``DistributedGradientTape`` loop) and under
+``MultiWorkerMirroredStrategy`` run as one graph call, which hides their parts from Python: they are
+timed inside the graph (:mod:`hvd_magics.rank.instruments.step_split_tf`) and read by a thread of
+the rank.
 """
 from __future__ import annotations
 
@@ -50,9 +49,10 @@ from typing import Any
 from collections.abc import Callable, Iterator
 
 from hvd_magics.protocol import ENV_STEP_SPLIT, STEP_SPLIT
-from hvd_magics.rank import gpu_memory, rank_events, step_split_tf
-from hvd_magics.rank.gpu_steps import GpuSteps
-from hvd_magics.rank.import_hooks import after_import, before_call
+from hvd_magics.rank.instruments import gpu_memory, step_split_tf
+from hvd_magics.rank import rank_events
+from hvd_magics.rank.instruments.gpu_steps import GpuSteps
+from hvd_magics.rank.guards.import_hooks import after_import, before_call
 from hvd_magics.thread_cpu import ThreadCpu
 
 #: Least seconds between two ``step_split`` events.
@@ -110,12 +110,13 @@ class _Split:
         self.cpu: ThreadCpu | None = None
         self.cpu_at = (0.0, 0.0)
         self.sent = time.monotonic()
-        #: A DDP module on a CUDA device: its steps timed on the GPU (rank/gpu_steps.py).
+        #: A DDP module on a CUDA device: its steps timed on the GPU
+        #: (rank/instruments/gpu_steps.py).
         self.gpu: GpuSteps | None = None
 
 
 _split = _Split()
-#: ``torch.is_grad_enabled``, once DDP is loaded (rank/step_split reads it every forward).
+#: ``torch.is_grad_enabled``, once DDP is loaded (step_split reads it every forward).
 def _grad_enabled() -> bool:
     return True
 

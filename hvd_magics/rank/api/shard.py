@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from hvd_magics.errors import ShardError
-from hvd_magics.rank import step_split
+from hvd_magics.rank.instruments import step_split
 from hvd_magics.rank.integrations import plain_loops
 
 #: What :meth:`Shard.steps_per_epoch` does with the rows by which shards differ.

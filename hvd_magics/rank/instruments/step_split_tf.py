@@ -1,9 +1,9 @@
-"""TensorFlow's training steps for :mod:`hvd_magics.rank.step_split`: a Keras ``fit`` or a custom
-loop under Horovod's TensorFlow API (``horovod.tensorflow.keras``'s and ``horovod.keras``'s
-``DistributedOptimizer``, ``hvd.DistributedGradientTape``, ``horovod.tensorflow``'s
-``DistributedOptimizer``), and a Keras optimizer's steps under ``MultiWorkerMirroredStrategy``
-(the ``tf`` engine: a replica on each worker): Keras 2's, and Keras 3's ``TFOptimizer`` in a
-custom loop of ``strategy.run`` steps.
+"""TensorFlow's training steps for :mod:`hvd_magics.rank.instruments.step_split`: a Keras ``fit``
+or a custom loop under Horovod's TensorFlow API (``horovod.tensorflow.keras``'s and
+``horovod.keras``'s ``DistributedOptimizer``, ``hvd.DistributedGradientTape``,
+``horovod.tensorflow``'s ``DistributedOptimizer``), and a Keras optimizer's steps under
+``MultiWorkerMirroredStrategy`` (the ``tf`` engine: a replica on each worker): Keras 2's, and
+Keras 3's ``TFOptimizer`` in a custom loop of ``strategy.run`` steps.
 
 Such a step runs as one graph call, which hides its parts from Python, so the clock is read
 inside the graph, by ``tf.timestamp`` ops added where the step's gradients are reduced
@@ -29,16 +29,15 @@ A clock waits for the tensors' values, not for the ops that make them (a control
 ops), and is made before the reduction it precedes (TensorFlow runs stateful ops, clocks and
 the strategy's collectives among them, in the order they were made).
 
-The readings go into a ring of :data:`RING` rows in a variable on the CPU (a plain one, never
-a strategy's), which a thread of the rank reads every ``SEND_EVERY_S`` seconds
-(:mod:`hvd_magics.rank.step_split`): per step, four clock reads and a few small writes inside
-the graph (and a write per batch taken eagerly), nothing read by Python, no device
+The readings go into a ring of :data:`RING` rows in a variable on the CPU (a plain one, never a
+strategy's), which a thread of the rank reads every ``SEND_EVERY_S`` seconds
+(:mod:`hvd_magics.rank.instruments.step_split`): per step, four clock reads and a few small writes
+inside the graph (and a write per batch taken eagerly), nothing read by Python, no device
 synchronised. A step run eagerly under Horovod (no ``tf.function``) is timed by Python's clock
-around the same calls. The CPU time of a rank's work is not read (TensorFlow computes on
-threads of its own), so the straggler's cause is never said to be a wait for a CPU, and a
-compute verdict says that a busy host is not told apart (the rows' events say
-``cpu_read: false``). On a GPU the clock is the host's, as for Horovod's torch ops: where the
-graph's executor sees a kernel done.
+around the same calls. The CPU time of a rank's work is not read (TensorFlow computes on threads of
+its own), so the straggler's cause is never said to be a wait for a CPU, and a compute verdict says
+that a busy host is not told apart (the rows' events say ``cpu_read: false``). On a GPU the clock is
+the host's, as for Horovod's torch ops: where the graph's executor sees a kernel done.
 
 Not covered: other ``tf.distribute`` strategies (several replicas in one process), a custom
 loop that reduces its gradients itself (``ctx.all_reduce``) rather than through a Keras
@@ -53,7 +52,7 @@ import time
 from typing import Any
 from collections.abc import Callable
 
-from hvd_magics.rank.import_hooks import after_import
+from hvd_magics.rank.guards.import_hooks import after_import
 
 #: Rows the ring keeps: steps shorter than a 1024th of the time between two reads would be lost.
 RING = 1024
@@ -322,9 +321,10 @@ def _write(tf: Any, waited: Any, ready: Any, done: Any) -> None:
 
 
 def new_rows() -> list[list[float]]:
-    """The steps completed since the last call, as :mod:`hvd_magics.rank.step_split`'s rows
-    ``[step, step_s, input_s, comm_s, 0, 0]`` (a step's CPU times are not read); the first
-    step of a cell has no start and makes no row."""
+    """The steps completed since the last call, as
+    :mod:`hvd_magics.rank.instruments.step_split`'s rows ``[step, step_s, input_s, comm_s, 0,
+    0]`` (a step's CPU times are not read); the first step of a cell has no start and makes no
+    row."""
     with _recorder.lock:
         if _recorder.ring is None:
             return []

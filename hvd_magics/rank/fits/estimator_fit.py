@@ -1,11 +1,12 @@
 """The function every rank of a :class:`~hvd_magics.estimator.HorovodEstimator` fit runs.
 
 :func:`fit_on_rank` builds the model, finds the framework (tf_keras or PyTorch) and hands over to
-:mod:`hvd_magics.rank.fit_keras` or :mod:`hvd_magics.rank.fit_torch`. Both train the same way:
-rank 0 reads the latest checkpoint of the model directory (or takes its freshly built model) and
-every rank starts from that state; epochs run by :func:`~hvd_magics.rank.checkpoints.epoch_plan`
-over the rank's shard; validation metrics are averaged over the ranks every epoch; rank 0 writes
-checkpoints, event files and the final model, and sends back the model for ``transform``.
+:mod:`hvd_magics.rank.fits.fit_keras` or :mod:`hvd_magics.rank.fits.fit_torch`. Both train the same
+way: rank 0 reads the latest checkpoint of the model directory (or takes its freshly built model)
+and every rank starts from that state; epochs run by
+:func:`~hvd_magics.common.checkpoints.epoch_plan` over the rank's shard; validation metrics are
+averaged over the ranks every epoch; rank 0 writes checkpoints, event files and the final model, and
+sends back the model for ``transform``.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import os
 from typing import Any
 
 from hvd_magics.protocol import KERAS, TORCH
-from hvd_magics.rank.fit_common import FitResult
-from hvd_magics.rank.fit_spec import FitSpec
+from hvd_magics.rank.fits.fit_common import FitResult
+from hvd_magics.common.fit_spec import FitSpec
 
 
 def framework_of(model: Any) -> str | None:
@@ -54,9 +55,9 @@ def fit_on_rank(spec: FitSpec, train: Any, val: Any = None) -> FitResult | None:
     if spec.model_dir:
         os.makedirs(spec.model_dir, exist_ok=True)
     if framework == KERAS:
-        from hvd_magics.rank.fit_keras import fit_keras
+        from hvd_magics.rank.fits.fit_keras import fit_keras
 
         return fit_keras(spec, model, train, val)
-    from hvd_magics.rank.fit_torch import fit_torch
+    from hvd_magics.rank.fits.fit_torch import fit_torch
 
     return fit_torch(spec, model, train, val)

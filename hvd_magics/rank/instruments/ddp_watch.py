@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from hvd_magics.rank.import_hooks import after_import, before_call
+from hvd_magics.rank.guards.import_hooks import after_import, before_call
 
 _DDP_MODULE = "torch.nn.parallel.distributed"
 _PATCHED = "_hvd_magics_ddp_watch"

@@ -20,7 +20,7 @@ from typing import Any
 from collections.abc import Callable
 
 from hvd_magics.protocol import ENGINE_HOROVOD, ENGINE_TF, ENGINE_TORCH, ENV_ENGINE, ENV_SIZE
-from hvd_magics.rank.import_hooks import after_import, before_call, refusing
+from hvd_magics.rank.guards.import_hooks import after_import, before_call, refusing
 
 #: How a user picks each engine: the magic's option and the Python keyword.
 _HOW = {ENGINE_HOROVOD: "%%horovod without --engine (engine='horovod')",

@@ -3,7 +3,7 @@
 The supervisor writes a request id, one line, to the pipe named by ``HVD_MAGICS_CONTROL_FD``; a
 thread of the rank (:func:`serve`) answers each with a ``stacks`` event (a line that begins
 with :data:`~hvd_magics.protocol.PREEMPT_LINE` is a preemption notice instead:
-:mod:`hvd_magics.rank.preemption`): every thread's frames
+:mod:`hvd_magics.rank.api.preemption`): every thread's frames
 from :func:`sys._current_frames`, hvd_magics' own frames left out, each frame marked ``user``
 (the cell, the user's files) or ``library`` (the standard library and installed packages). The
 thread needs the GIL for a moment, which a rank waiting in a Horovod collective, in ``sleep`` or
@@ -21,7 +21,9 @@ from types import FrameType
 from typing import Any
 
 from hvd_magics.protocol import ENV_CONTROL_FD, PREEMPT_LINE, STACKS
-from hvd_magics.rank import ddp_watch, preemption, rank_events
+from hvd_magics.rank.instruments import ddp_watch
+from hvd_magics.rank.api import preemption
+from hvd_magics.rank import rank_events
 
 #: Most frames reported per thread (the innermost ones).
 MAX_FRAMES = 40

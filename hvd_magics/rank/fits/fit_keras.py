@@ -1,9 +1,9 @@
 """One rank of a tf_keras :class:`~hvd_magics.estimator.HorovodEstimator` fit (see
-:mod:`hvd_magics.rank.estimator_fit` for the common plan).
+:mod:`hvd_magics.rank.fits.estimator_fit` for the common plan).
 
 Each epoch (or the rest of one, after a resume) is one ``model.fit`` call over a ``tf.data``
 pipeline that gathers the epoch's batches from the shard in the order
-:meth:`~hvd_magics.rank.shard.Shard.epoch_order` gives, so a resumed fit sees the batches it has
+:meth:`~hvd_magics.rank.api.shard.Shard.epoch_order` gives, so a resumed fit sees the batches it has
 not seen yet. Horovod's ``DistributedOptimizer`` averages the gradients and its
 ``MetricAverageCallback`` the epoch's metrics.
 """
@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from hvd_magics.protocol import KERAS
-from hvd_magics.rank.checkpoints import Position
-from hvd_magics.rank.fit_common import (FitBook, FitResult, classifier_output, inputs_of,
+from hvd_magics.common.checkpoints import Position
+from hvd_magics.rank.fits.fit_common import (FitBook, FitResult, classifier_output, inputs_of,
                                         labels_of, scaled_learning_rate, start_state, step_seed)
-from hvd_magics.rank.fit_spec import DEFAULT_LEARNING_RATE, FitSpec
+from hvd_magics.common.fit_spec import DEFAULT_LEARNING_RATE, FitSpec
 from hvd_magics.rank.integrations.keras import progress_callback
 
 

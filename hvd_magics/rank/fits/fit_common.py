@@ -16,10 +16,10 @@ import numpy as np
 
 from hvd_magics.protocol import (OUTPUT_EXP, OUTPUT_PROBABILITY, OUTPUT_SIGMOID,
                                  OUTPUT_SOFTMAX)
-from hvd_magics.rank import preemption
-from hvd_magics.rank.checkpoints import Position, epoch_plan, latest_checkpoint, write_checkpoint
-from hvd_magics.rank.event_files import EventFiles
-from hvd_magics.rank.fit_spec import FitSpec
+from hvd_magics.rank.api import preemption
+from hvd_magics.common.checkpoints import Position, epoch_plan, latest_checkpoint, write_checkpoint
+from hvd_magics.rank.fits.event_files import EventFiles
+from hvd_magics.common.fit_spec import FitSpec
 
 SOFTMAX, SIGMOID, EXP, PROBABILITY = OUTPUT_SOFTMAX, OUTPUT_SIGMOID, OUTPUT_EXP, OUTPUT_PROBABILITY
 
@@ -99,7 +99,7 @@ class FitBook:
 
     def plan(self, steps: int) -> list[tuple[int, int, int]]:
         """The ``(epoch, first step, steps)`` still to run (see
-        :func:`~hvd_magics.rank.checkpoints.epoch_plan`)."""
+        :func:`~hvd_magics.common.checkpoints.epoch_plan`)."""
         return epoch_plan(self.position, steps, self.spec.epochs, self.spec.max_steps)
 
     def checkpoint_due(self, done: int, steps: int) -> bool:

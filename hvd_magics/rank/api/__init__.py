@@ -1,0 +1,2 @@
+"""What a job's code calls on a rank: ``checkpoint`` (and ``checkpoint.preempting()``),
+``progress``, ``log_to_driver``, a DataFrame's ``Shard``."""
