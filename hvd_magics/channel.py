@@ -137,8 +137,9 @@ class ChannelAddress:
 
 
 class EventSink(Protocol):
-    """Where an :class:`EventServer` puts the events it verified: a ``queue.Queue``, or a
-    job's :class:`hvd_magics.launch.meeting_point.MeetingPoint` in front of one."""
+    """Where events go (those an :class:`EventServer` verified, a backend's): a ``queue.Queue``,
+    a job's :class:`hvd_magics.launch.meeting_point.MeetingPoint` in front of one, or a warm
+    pool's :class:`hvd_magics.job.pool.CellEvents`."""
 
     def put(self, event: dict[str, Any]) -> None: ...
 
@@ -279,9 +280,10 @@ class EventServer:
             with self._lock:
                 self._conns.discard(conn)
                 self._readers.discard(threading.current_thread())
-                down = self._by_rank.get(rank) if rank is not None else None
-                if down is not None and down.conn is conn:
-                    del self._by_rank[rank]
+                if rank is not None:
+                    down = self._by_rank.get(rank)
+                    if down is not None and down.conn is conn:
+                        del self._by_rank[rank]
 
     def send_order(self, rank: int, order: dict[str, Any]) -> bool:
         """Send ``order`` to the supervisor whose hello named ``rank``; ``False`` when it has no

@@ -65,7 +65,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
+def _replace_atomically(path: Path, write: Callable[[Path], object]) -> None:
     temporary = path.with_name(f".{path.name}.{_temporary_mark()}")
     try:
         write(temporary)

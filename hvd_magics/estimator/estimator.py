@@ -23,8 +23,9 @@ from hvd_magics.common.fit_spec import FitSpec, OptimizerRecipe
 
 #: What a fit's ranks import while the data arrives, per framework. PyTorch's ``torch._dynamo``
 #: is what rank 0's ``torch.export`` of ``model.pt2`` needs at the end: 1.5 s to import.
-FIT_IMPORTS = {TORCH: ("torch", "horovod.torch", "torch._dynamo"),
-               KERAS: ("tensorflow", "tf_keras", "horovod.tensorflow.keras")}
+FIT_IMPORTS: dict[str, tuple[str, ...]] = {TORCH: ("torch", "horovod.torch", "torch._dynamo"),
+                                           KERAS: ("tensorflow", "tf_keras",
+                                                   "horovod.tensorflow.keras")}
 
 _MODEL_FIX = ("Fix: pass a function that builds the model (model=build_model), so that each rank "
               "builds its own")
@@ -41,7 +42,7 @@ def rank_imports(model: Any) -> tuple[str, ...]:
                                       for n in c.co_names}
         framework = TORCH if "torch" in names else (
             KERAS if names & {"tf_keras", "tensorflow", "keras", "tf"} else None)
-    return FIT_IMPORTS.get(framework, ())
+    return FIT_IMPORTS.get(framework, ()) if framework is not None else ()
 
 
 class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):

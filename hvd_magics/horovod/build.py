@@ -293,6 +293,8 @@ def check(wanted: Target) -> None:
 def _write_stamp(wanted: Target, key: str) -> None:
     importlib.invalidate_caches()
     spec = importlib.util.find_spec("horovod")
+    # just installed into this Python and imported by check(): a package it finds
+    assert spec is not None and spec.submodule_search_locations is not None
     folder = Path(next(iter(spec.submodule_search_locations)))
     (folder / STAMP).write_text(json.dumps({"key": key, **asdict(wanted),
                                             "horovod": HOROVOD_VERSION}, indent=1))

@@ -192,7 +192,7 @@ class JobState:
         self.engine = engine
         self.where = where
         self.elastic = elastic
-        self.unit = unit_of(elastic)
+        self.unit = unit_of(elastic is not None)
         self.ranks = [RankState(r, unit=self.unit) for r in range(size)]
         #: Every formation of an elastic job's ranks (the first is its start), as the driver
         #: sent them: ``reset``, ``size``, ``ranks`` (task -> rank), ``causes``, ``time``.
@@ -471,7 +471,7 @@ class JobState:
         state.state = state.failed_state if state.failed else DONE
 
     #: Event kind -> how it changes the job (``log`` changes nothing here: views show it).
-    _HANDLERS: ClassVar[dict[str, Callable[[JobState, dict], None]]] = {
+    _HANDLERS: ClassVar[dict[str, Callable[[JobState, RankState, dict[str, Any]], None]]] = {
         OUTPUT: _on_output, OUTPUT_PARTIAL: _on_output_partial, RUN_LOG: _on_run_log,
         CHANNEL_CLOSED: _on_channel_closed, SHARDING: _on_sharding,
         TASK_STARTED: _on_task_started, SLOT_OFFER: _on_slot_offer,

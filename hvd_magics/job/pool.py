@@ -22,9 +22,10 @@ import threading
 import time
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 from collections.abc import Callable, Mapping
 
+from hvd_magics.channel import EventSink
 from hvd_magics.errors import HorovodJobError, PayloadError, PoolError, StartTimeoutError
 from hvd_magics.job.runner import HorovodRunner
 from hvd_magics.job.verdicts.preemption import notice_text
@@ -66,7 +67,7 @@ class CellEvents:
         self.size = size
         self.idle: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
-        self._target: queue.Queue | None = None
+        self._target: EventSink | None = None
         self._outcome: dict[int, int] = {}
         self._closed: set[int] = set()
         #: Ranks whose process ended (the pool is broken), with their exit codes.
@@ -74,7 +75,7 @@ class CellEvents:
         #: Ranks whose cell ended (``exit`` sent to the cell).
         self.done: set[int] = set()
 
-    def begin(self, target: queue.Queue) -> None:
+    def begin(self, target: EventSink) -> None:
         """A cell starts: its events go to ``target`` from now on (what came between cells,
         such as a library's late warning, is dropped)."""
         with self._lock:
@@ -100,7 +101,9 @@ class CellEvents:
         return len(self.done) == self.size or bool(self.exited)
 
     def put(self, event: dict[str, Any]) -> None:
-        kind, rank = event.get("kind"), event.get("rank")
+        # the events that end a rank or its cell (exit, result, error, cell_end, its channel
+        # closed) carry its rank
+        kind, rank = event.get("kind"), cast(int, event.get("rank"))
         out = [event]
         with self._lock:
             if kind == EXIT:
@@ -464,7 +467,7 @@ class PoolCell:
         #: Said after the cell's error when the ranks had to be restarted.
         self.restart_note = ""
 
-    def start(self, payload: bytes, job_id: str, events: queue.Queue) -> None:  # noqa: ARG002
+    def start(self, payload: bytes, job_id: str, events: EventSink) -> None:  # noqa: ARG002
         self.pool._busy = True
         self.pool.events.begin(events)
         self.pool.backend.send_cell([encode_job(payload, {**self.env, **extra})

@@ -171,7 +171,7 @@ def launch_with_restarts(request: LaunchRequest, launch: Callable[[LaunchRequest
     while True:
         env = {**request.env, ENV_ATTEMPT: str(attempt), ENV_CHECKPOINT_DIR: str(folder)}
         # a restart waits for the cluster to replace the executor it lost, up to start_timeout
-        wait = {"slot_wait_s": request.start_timeout} if attempt else {}
+        wait: dict[str, Any] = {"slot_wait_s": request.start_timeout} if attempt else {}
         try:
             with attempt_checkpoints(folder) as agreed:
                 record = launch(dataclasses.replace(request, env={**env, **agreed},

@@ -7,8 +7,9 @@ driver (:class:`~hvd_magics.launch.driver_backend.DriverBackend`) and one cell o
 """
 from __future__ import annotations
 
-import queue
 from typing import Any, Protocol
+
+from hvd_magics.channel import EventSink
 
 
 class Backend(Protocol):
@@ -21,7 +22,7 @@ class Backend(Protocol):
     #: What a warm pool says after a cell's error when it restarted its ranks (else ``""``).
     restart_note: str
 
-    def start(self, payload: bytes, job_id: str, events: queue.Queue) -> None:
+    def start(self, payload: bytes, job_id: str, events: EventSink) -> None:
         """Start the ranks on ``payload``; their events go to ``events``."""
 
     @property

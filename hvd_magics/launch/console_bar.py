@@ -16,7 +16,7 @@ from typing import Any
 
 _lock = threading.Lock()
 #: Jobs and pools that asked for the bar to be off, and the context it was taken from.
-_paused = {"count": 0, "sc": None}
+_paused: dict[str, Any] = {"count": 0, "sc": None}
 
 
 def _field(jsc: Any) -> Any:

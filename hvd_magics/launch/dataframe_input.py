@@ -26,7 +26,7 @@ import functools
 import sys
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from hvd_magics.errors import PayloadError
 from hvd_magics.protocol import KEY_COLUMN, ORDER_COLUMN, ROW_COLUMN, SOURCE_COLUMN
@@ -88,7 +88,7 @@ class DataFrameSources:
         return iter(self.sources)
 
 
-def names_by_id(named: dict[str, Any]) -> dict[int, str]:
+def names_by_id(named: Mapping[str, Any]) -> dict[int, str]:
     """``id(DataFrame) -> name`` for the DataFrames among ``named`` values."""
     return {id(value): name for name, value in named.items() if is_dataframe(value)}
 

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
 from typing import Any
 from collections.abc import Sequence
 
+from hvd_magics.channel import EventSink
 from hvd_magics.protocol import CUDA_VISIBLE_DEVICES, ENGINE_HOROVOD, TASK_STARTED
 from hvd_magics.task.engines import PortOffer, engine_of, meet_env, offers_port, start_env
 from hvd_magics.task.gpus import local_gpu_count, rank_devices, visible_devices
@@ -46,7 +46,7 @@ class DriverBackend:
         self._waiters: list[threading.Thread] = []
         self._server: Any = None
 
-    def start(self, payload: bytes, job_id: str, events: queue.Queue) -> None:
+    def start(self, payload: bytes, job_id: str, events: EventSink) -> None:
         """Start the rendezvous and the ranks (from the calling thread, which outlives them)."""
         slots = plan_ranks([_HOST] * self.size)
         engine = engine_of(self.env)
@@ -165,7 +165,7 @@ class DriverBackend:
 class _QueueSink:
     """Stamp a rank's events the way the channel does and put them on the driver's queue."""
 
-    def __init__(self, events: queue.Queue, rank: int) -> None:
+    def __init__(self, events: EventSink, rank: int) -> None:
         self._events = events
         self._rank = rank
 

@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Any
 
+from hvd_magics.channel import EventSink
 from hvd_magics.errors import HorovodMagicsError
 from hvd_magics.options import ElasticSize
 from hvd_magics.launch.spark_backend import (CANCEL_AFTER_S, STATUS_SCHEMA, SparkBackend,
@@ -174,7 +175,7 @@ class HorovodLogToJob(logging.Filter):
     2 -> stop running')``), which a kernel prints into the cell: while the job runs, its records
     go to the job's log file instead (as ``driver_log`` events)."""
 
-    def __init__(self, events: queue.Queue) -> None:
+    def __init__(self, events: EventSink) -> None:
         super().__init__()
         self._events = events
 
@@ -233,7 +234,7 @@ class ElasticSparkBackend(SparkBackend):
         self._cancelled = False  # the stage was cancelled by us, once the job was over
 
     # -- start ---------------------------------------------------------------------------------
-    def start(self, payload: bytes, job_id: str, events: queue.Queue) -> None:
+    def start(self, payload: bytes, job_id: str, events: EventSink) -> None:
         """Check the cluster can ever run ``MIN`` ranks, start Horovod's elastic driver and
         rendezvous, open the channel and submit the stage of ``MAX`` tasks."""
         if not self.live:
@@ -246,30 +247,30 @@ class ElasticSparkBackend(SparkBackend):
         self._log_filter = HorovodLogToJob(events)
         logging.getLogger().addFilter(self._log_filter)
         try:
-            self._start_elastic(payload, job_id)
+            self._start_elastic(payload, job_id, events)
         except BaseException:
             logging.getLogger().removeFilter(self._log_filter)
             if self._driver is not None:
                 self._driver.stop()
             raise
 
-    def _start_elastic(self, payload: bytes, job_id: str) -> None:
+    def _start_elastic(self, payload: bytes, job_id: str, events: EventSink) -> None:
         from horovod.runner.elastic.rendezvous import create_rendezvous_handler
         from horovod.runner.http.http_server import RendezvousServer
 
         inbox: queue.Queue = queue.Queue()
-        self._open_channel(job_id, inbox)
-        self._address = self._server.address.host
+        server = self._open_channel(job_id, inbox)
+        self._address = server.address.host
         self._rendezvous = RendezvousServer(verbose=0)
         self._driver = _horovod_driver_class()(
             self, self._rendezvous, self.slots, self.size.min_np, self.size.max_np,
             timeout=self.elastic_timeout, reset_limit=self.reset_limit)
         self._rendezvous_port = self._rendezvous.start(create_rendezvous_handler(self._driver))
-        quiet_request_errors(self._rendezvous, lambda text: self._events.put(
+        quiet_request_errors(self._rendezvous, lambda text: events.put(
             {"kind": DRIVER_LOG, "rank": None, "time": time.time(), "text": text}))
         threading.Thread(target=self._pump, args=(inbox,), name="hvd-elastic-events",
                          daemon=True).start()
-        self._submit(TaskSpec(payload, self._server.address, self.env, job_id, elastic=True))
+        self._submit(TaskSpec(payload, server.address, self.env, job_id, elastic=True))
         self._conductor = threading.Thread(target=self._conduct, name="hvd-elastic-driver",
                                            daemon=True)
         self._conductor.start()
@@ -315,6 +316,7 @@ class ElasticSparkBackend(SparkBackend):
                 if self.slots.ended(task, 0 if clean else LOST_CODE) and not clean:
                     self._causes.append(
                         f"{rank_named(task, TASK)} was lost (its executor went away)")
+            assert self._events is not None  # start() gave them before it started this thread
             self._events.put(event)
 
     def on_ranks_assigned(self, ranks: dict[int, Any]) -> None:
@@ -332,6 +334,7 @@ class ElasticSparkBackend(SparkBackend):
         formation = {"reset": len(self.formations), "size": len(ranks), "ranks": by_task,
                      "causes": causes, "time": time.time()}
         self.formations.append(formation)
+        assert self._events is not None  # Horovod's driver forms ranks only after start()
         self._events.put({"kind": RESIZE, "rank": None, "recv": time.monotonic(), **formation})
 
     def on_resume_failed(self, exc: BaseException) -> None:
@@ -355,11 +358,13 @@ class ElasticSparkBackend(SparkBackend):
         env = slot_env(slot_info, self._address, self._rendezvous_port)
         env.pop(ENV_HOROVOD_GLOO_IFACE)  # the task knows its own interface
         env[ENV_HOROVOD_ELASTIC] = "1"
-        if task is None or not self._server.send_order(task, {"kind": START_RANK, "env": env}):
+        server = self._server
+        assert server is not None  # Horovod's driver starts workers only after start()
+        if task is None or not server.send_order(task, {"kind": START_RANK, "env": env}):
             return LOST_CODE, time.time()
         code = self.slots.wait_exit(slot_info.hostname, stop_when)
         if code is None:  # the driver stopped this slot (job over, or its host blacklisted)
-            self._server.drop(task)
+            server.drop(task)
             code = self.slots.exit_of(slot_info.hostname, EXIT_WAIT_S)
         return (code if code is not None else LOST_CODE), time.time()
 
@@ -375,7 +380,7 @@ class ElasticSparkBackend(SparkBackend):
                                               self._stopping)
                 if ready >= initial:
                     break
-                if SparkBackend.finished.fget(self) and ready < self.size.min_np:
+                if super().finished and ready < self.size.min_np:
                     self.failure = self._stage_ended_early()  # e.g. executors lack our packages
                     return
             if self._stopping.is_set():
@@ -401,7 +406,8 @@ class ElasticSparkBackend(SparkBackend):
             if self._server is not None:
                 self._server.close()  # tasks still waiting for a rank end now
             self._end_stage()
-            logging.getLogger().removeFilter(self._log_filter)
+            if self._log_filter is not None:  # (set by start(), before this thread began)
+                logging.getLogger().removeFilter(self._log_filter)
             self._done.set()
 
     def _end_stage(self) -> None:
@@ -471,6 +477,7 @@ class ElasticSparkBackend(SparkBackend):
             if self.slots.ended(task, LOST_CODE):
                 self._causes.append(f"{rank_named(task, TASK)} on {host} stopped answering: "
                                     "its link or machine was lost")
+            assert self._server is not None  # its tasks offered their slots over the channel
             self._server.drop(task)
 
     def describe_failure(self) -> str | None:

@@ -82,7 +82,8 @@ class EnvironmentFacts:
         not counted) and its largest parts."""
         if self.size >= 0:
             return self
-        size, parts = 0, {}
+        size = 0
+        parts: dict[str, int] = {}
         for folder, subfolders, files in os.walk(self.prefix):
             subfolders[:] = [d for d in subfolders if not left_out(os.path.join(folder, d))]
             part = _part_of(self.prefix, folder)

@@ -8,11 +8,11 @@ would have returned.
 """
 from __future__ import annotations
 
-import queue
 import threading
 from typing import Any
 from collections.abc import Callable
 
+from hvd_magics.channel import EventSink
 from hvd_magics.protocol import MEET, MEET_OFFER
 
 
@@ -21,7 +21,7 @@ class MeetingPoint:
 
     Parameters
     ----------
-    events : queue.Queue
+    events : EventSink
         The job's events, where every other event goes.
     tasks : int
         The barrier stage's tasks.
@@ -29,7 +29,7 @@ class MeetingPoint:
         ``order_all(order)`` sends an order to every task.
     """
 
-    def __init__(self, events: queue.Queue, tasks: int,
+    def __init__(self, events: EventSink, tasks: int,
                  order_all: Callable[[dict[str, Any]], None]) -> None:
         self._events = events
         self._tasks = tasks

@@ -23,7 +23,7 @@ import os
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import cloudpickle
 
@@ -37,7 +37,9 @@ def cache_folder(name: str) -> Path:
 
 def shipped_packages() -> list[Path]:
     """The folders of the packages that travel: hvd_magics and cloudpickle, as they run here."""
-    return [Path(module.__file__).resolve().parent for module in (hvd_magics, cloudpickle)]
+    # regular packages imported from their files: each has its __file__
+    return [Path(cast(str, module.__file__)).resolve().parent
+            for module in (hvd_magics, cloudpickle)]
 
 
 def _sources(roots: list[Path]) -> list[tuple[Path, str]]:

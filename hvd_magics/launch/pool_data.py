@@ -73,6 +73,7 @@ class DealStage(SparkBackend):
 
 def free_slot_problem(backend: SparkBackend, held: int) -> str | None:
     """Why no task slot is free beside the pools to deal a DataFrame, or ``None``."""
+    total: int | None
     if backend.sc is not None:
         free, total = task_slots(backend.sc)
         master = backend.sc.master
@@ -216,7 +217,9 @@ class PoolShards:
                         tuple(self.targets[rank] for rank in range(self.backend.np)))
         stage = DealStage(self.backend, sources, spec)
         began = time.monotonic()
-        stage._submit(spec)  # noqa: SLF001 - the cold job's submission, for this stage
+        # the cold job's submission, for this stage: with no environment to ship, it reads only
+        # the spec's job_id, which a DealSpec has too
+        stage._submit(spec)  # type: ignore[arg-type]  # a DealSpec  # noqa: SLF001
         try:
             while not stage.join(0.2) and stage.server_gone is None:
                 pass

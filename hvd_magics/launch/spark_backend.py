@@ -8,7 +8,6 @@ import base64
 import functools
 import heapq
 import json
-import queue
 import sys
 import threading
 import time
@@ -19,7 +18,7 @@ import cloudpickle
 
 from hvd_magics.task import task_entry
 from hvd_magics.errors import HorovodMagicsError
-from hvd_magics.channel import EventServer
+from hvd_magics.channel import EventServer, EventSink
 from hvd_magics.options import DEFAULT_START_TIMEOUT_S
 from hvd_magics.launch import console_bar, interrupt_guard
 from hvd_magics.launch.dataframe_input import DataFrameSources, sharded_input
@@ -154,7 +153,7 @@ class SparkBackend:
         self.sc = None if self.connect else spark.sparkContext
         self.np = np
         self.env = env
-        master = check_connect_session(spark) if self.connect else self.sc.master
+        master = check_connect_session(spark) if self.sc is None else self.sc.master
         #: How the ranks sit in the stage's tasks.
         self.layout = task_layout(self._conf, master, np, ranks_per_task)
         self.where = (f"spark {master}" + (" (Connect)" if self.connect else "") +
@@ -166,7 +165,7 @@ class SparkBackend:
         self.results: list[dict[str, Any]] = []
         self._server: EventServer | None = None
         self._thread: threading.Thread | None = None
-        self._events: queue.Queue | None = None
+        self._events: EventSink | None = None
         self._group = ""
         #: Why the Spark Connect server counts as gone (``None``: it answers, or not checked).
         self.server_gone: str | None = None
@@ -181,7 +180,7 @@ class SparkBackend:
             return self.sc.getConf().get(key, None)
         return self.spark.conf.get(key, None)
 
-    def start(self, payload: bytes, job_id: str, events: queue.Queue) -> None:
+    def start(self, payload: bytes, job_id: str, events: EventSink) -> None:
         """Check the slots, open the event channel and submit the stage.
 
         (A Connect session can count only a local master's slots, and not the busy ones:
@@ -260,8 +259,9 @@ class SparkBackend:
                 raise not_enough_slots(np, max(total - self.held_slots, 0), total, master, cpus,
                                        self.reads_data, self.elastic_max, self.held_slots)
 
-    def _open_channel(self, job_id: str, events: queue.Queue) -> None:
-        """Listen for the tasks' events on the address the executors reach."""
+    def _open_channel(self, job_id: str, events: EventSink) -> EventServer:
+        """Listen for the tasks' events on the address the executors reach; the channel (also
+        kept as the job's)."""
         address = driver_address(self.spark)
         try:
             self._server = EventServer(address, job_id,
@@ -270,6 +270,7 @@ class SparkBackend:
             raise OSError(f"cannot listen for the ranks' events on {address} ({exc}); set "
                           f"{ENV_DRIVER_HOST} to an address of this machine, or {ENV_LIVE}=0 "
                           "to run without a live view") from None
+        return self._server
 
     def _submit(self, spec: TaskSpec) -> None:
         """Run the stage of ``spec`` in a background thread, in the job's group (or tag), with
@@ -300,6 +301,7 @@ class SparkBackend:
             if self.connect:
                 self.spark.addTag(self._group)  # this thread's operations carry the tag
             else:
+                assert self.sc is not None  # classic Spark: the session's SparkContext
                 self.sc.setJobGroup(self._group, f"hvd_magics Horovod job, {self.np} ranks",
                                     interruptOnCancel=True)
             with local_workers_use_this_python(self.sc):  # the UDFs are wrapped here
@@ -310,6 +312,8 @@ class SparkBackend:
             for line in sorted((ln for ln in lines if "events" in ln), key=lambda ln: ln["chunk"]):
                 kept.setdefault(line["partition"], []).append(line["events"])
             for event in replay_order({p: replay(chunks) for p, chunks in kept.items()}):
+                # kept events come only from a job's tasks, whose start() gave the events
+                assert self._events is not None
                 self._events.put(event)
         except BaseException as exc:  # noqa: BLE001 - surfaced by the launcher
             self.error = exc
@@ -486,6 +490,8 @@ class SparkBackend:
         """Ask Spark to remove ``executors`` from the application, keeping its number of
         executors (the cluster starts others in their place)."""
         try:
+            # executors known from the SparkContext's scheduler (none on Spark Connect)
+            assert self.sc is not None
             jsc = self.sc._jsc.sc()  # noqa: SLF001 - Spark's own kill call
             ids = self.sc._jvm.java.util.ArrayList()  # noqa: SLF001
             for executor in executors:

@@ -80,8 +80,8 @@ def spark_error_text(exc: BaseException) -> str:
     """A Spark-side failure as a user should see it: the executor's Python traceback when there
     is one, else the Spark message's own lines without JVM frames."""
     text = str(exc)
-    traceback_text = python_traceback(text)
-    said = list(_OWN_SETUP_ERROR.finditer(traceback_text or ""))
+    traceback_text = python_traceback(text) or ""
+    said = list(_OWN_SETUP_ERROR.finditer(traceback_text))
     if said:  # our frames add nothing to what the task said
         return traceback_text[said[-1].end():].strip()
     if traceback_text:

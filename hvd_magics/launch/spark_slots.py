@@ -100,10 +100,11 @@ def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool 
     while True:
         free, total = task_slots(sc)
         free = min(free, max(total - held, 0))
-        fitting = profile_slots(sc, layout) if several else None
+        # (several ranks per task: there is a layout)
+        fitting = profile_slots(sc, layout) if several and layout is not None else None
         now = time.monotonic()
         gone = [] if local else gone_executors(sc, now)  # noted at every job, to be compared
-        if free >= np and (fitting is None or fitting >= layout.tasks):
+        if free >= np and (fitting is None or layout is None or fitting >= layout.tasks):
             return
         if gone:
             deadline = max(deadline, began + gone_wait_s)
@@ -125,6 +126,7 @@ def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool 
             error.args = (f"{error.args[0]} Waited {time.monotonic() - began:.0f} s for the "
                           f"executor on {gone[0][0]}, gone {gone[0][1]:.0f} s ago.",)
         raise error
+    assert layout is not None  # several ranks per task: there is a layout
     where = f"(master {sc.master}, spark.task.cpus={cpus})"
     if free < np:
         raise NotEnoughSlotsError(

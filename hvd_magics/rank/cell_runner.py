@@ -65,8 +65,10 @@ def run_captured_cell(cell: CapturedCell, kept: bool = False) -> Parts:
     tree = ast.parse(cell.source, filename)
     ast.increment_lineno(tree, 1)  # the %%horovod line is line 1 of the cell
     last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
+    final = tree.body[-1] if tree.body else None
+    if isinstance(final, ast.Expr):
+        tree.body.pop()
+        last = ast.Expression(final.value)
     exec(compile(tree, filename, "exec"), namespace)  # noqa: S102 - running the user's cell
     value = eval(compile(last, filename, "eval"), namespace) if last else None  # noqa: S307
     missing = [n for n in cell.return_names if n not in namespace]

@@ -269,7 +269,8 @@ class Zygote:
             if not self.keepers:
                 wait = min(wait, max(self.idle_s - (time.monotonic() - last_used), 0.0))
             listening = [self.listener] if self.listener is not None else []
-            readable = select.select([*listening, wake_read, *self.owners], [], [], wait)[0]
+            watched: list[socket.socket | int] = [*listening, wake_read, *self.owners]
+            readable = select.select(watched, [], [], wait)[0]
             if wake_read in readable:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_read, 4096)
@@ -280,7 +281,7 @@ class Zygote:
                 self.retire()  # another serves at its path, or idle
                 continue
             if self.listener is not None and self.listener in readable:
-                self._accept()
+                self._accept(self.listener)
             for owner in [owner for owner in self.owners if owner in readable]:
                 if owner not in self.owners:  # retired meanwhile (closed)
                     continue
@@ -290,9 +291,9 @@ class Zygote:
                     last_used = time.monotonic()
         os.close(wake_read)
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket) -> None:
         try:
-            owner, _ = self.listener.accept()
+            owner, _ = listener.accept()
         except OSError:
             return
         if not same_user(owner):

@@ -13,7 +13,7 @@ import pickle
 import socket
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from collections.abc import Iterator
 
 
@@ -36,7 +36,7 @@ def deal_partition(spec: DealSpec, partition: int, batches: Any) -> dict[str, An
     error)."""
     from hvd_magics.task.shard_receiver import send_rows
 
-    target = tuple(spec.targets[partition])
+    target = cast("tuple[str, int]", tuple(spec.targets[partition]))
     try:
         shards = send_rows(target, spec.secret, spec.job_id, spec.names, batches)
         return {"rank": partition, "shards": shards}

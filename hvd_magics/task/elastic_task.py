@@ -52,6 +52,7 @@ def elastic_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
     orders: queue.Queue[dict[str, Any]] = queue.Queue()
     client: EventClient | None = None
     try:
+        assert spec.channel is not None  # an elastic job runs only over its event channel
         try:
             client = EventClient(spec.channel, partition, None, on_close=holder.on_driver_gone,
                                  on_order=orders.put)

@@ -84,6 +84,7 @@ class ShardReceiver:
                 return
             if header is None:
                 return
+            reply: dict[str, Any]
             try:
                 reply = {"shards": self._receive(conn, header)}
             except ShardSpaceError as exc:

@@ -10,6 +10,7 @@ import ipaddress
 import socket
 import threading
 from dataclasses import dataclass
+from typing import Any
 from collections.abc import Callable, Sequence
 
 
@@ -148,7 +149,7 @@ def iface_for_address(host: str) -> str:
     return ""
 
 
-def stop_rendezvous(server: object) -> None:
+def stop_rendezvous(server: RendezvousServer) -> None:
     """Stop a rendezvous server without waiting: its ``shutdown`` waits out the half-second
     poll of ``serve_forever``, which would otherwise end every job half a second later."""
     threading.Thread(target=server.stop, name="hvd-rendezvous-stop", daemon=True).start()
@@ -160,7 +161,7 @@ def start_rendezvous(slots: Sequence[RankSlot]) -> tuple[RendezvousServer, int]:
     return server, server.port
 
 
-def quiet_request_errors(server: object, log: Callable[[str], None] | None = None) -> None:
+def quiet_request_errors(server: Any, log: Callable[[str], None] | None = None) -> None:
     """A request that fails on a started Horovod rendezvous ``server`` (a rank killed while it
     talked to it) becomes one line for ``log`` (dropped without one), not the traceback
     ``socketserver`` prints to stderr, which a notebook shows in the cell. The rank's own exit

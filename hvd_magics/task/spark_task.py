@@ -277,6 +277,7 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
                 env[CUDA_VISIBLE_DEVICES] = devices
             lane.holder.start(env, lane.client.send)
         if spec.sources:
+            assert lanes[0].client is not None  # every lane connected just above
             lanes[0].client.send(SHARDING, partition=partition, hostname=socket.gethostname())
             folder = shard_folder(spec.job_id, partition, spec.env)
             written = write_shards(rows, folder, spec.sources)
@@ -299,8 +300,11 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
                                                 for lane in lanes):
             # the others offer to the driver and wait for it: fail the stage, Spark stops them
             raise TaskSetupError(error)
+        # with a channel, every lane's client is an EventClient (checked above): none left out
+        sends = ([lane.client.send for lane in lanes if lane.client is not None]
+                 if spec.channel is not None else None)
         meet(ctx, [(lane.holder.meeting, lane.position, lane.message(error)) for lane in lanes],
-             [lane.client.send for lane in lanes] if spec.channel is not None else None)
+             sends)
         gathered = lanes[0].holder.meeting.wait()
         if gathered is None:  # the driver went away before the tasks met
             for lane in lanes:
@@ -365,6 +369,7 @@ def _run_lanes(spec: TaskSpec, ctx: Any, engine: str, lanes: list[RankLane], hos
             lane.offer.release()  # the rank listens on it
         data = ([hosts[lane.position], lane.holder.receiver.port]
                 if lane.holder.receiver is not None else None)
+        assert lane.client is not None  # connected in the setup, which every task passed
         statuses[i] = supervise(spec, ctx, lane.slot.rank, lane.slot.local_rank, lane.client,
                                 lane.holder, _late_env(spec, engine, lane, hosts, slots, gathered),
                                 lane.shards, data)

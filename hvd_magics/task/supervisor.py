@@ -135,7 +135,7 @@ class RankProcess:
             read_fd, write_fd = os.pipe()
             control_read, control_write = os.pipe()
             env[ENV_EVENT_FD], env[ENV_CONTROL_FD] = str(write_fd), str(control_read)
-        self._proc: subprocess.Popen | ZygoteRank = forked or subprocess.Popen(
+        self._proc: subprocess.Popen[bytes] | ZygoteRank = forked or subprocess.Popen(
             [self._python, "-u", "-m", RANK_MODULE],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             env=env, pass_fds=(write_fd, control_read), start_new_session=True,
@@ -181,9 +181,11 @@ class RankProcess:
     def send_frame(self, frame: bytes) -> bool:
         """Write one stdin frame (a warm pool's next cell); ``False`` when the rank is gone."""
         with self._stdin_lock:
+            stdin = self._proc.stdin
+            assert stdin is not None  # a pipe: started with stdin=PIPE, or by a zygote
             try:
-                self._proc.stdin.write(frame)
-                self._proc.stdin.flush()
+                stdin.write(frame)
+                stdin.flush()
             except (BrokenPipeError, OSError, ValueError):
                 return False
         return True
@@ -191,8 +193,10 @@ class RankProcess:
     def end_input(self) -> None:
         """Close the rank's stdin: a warm pool's rank then ends (after leaving Horovod)."""
         with self._stdin_lock:
+            stdin = self._proc.stdin
+            assert stdin is not None  # a pipe: started with stdin=PIPE, or by a zygote
             try:
-                self._proc.stdin.close()
+                stdin.close()
             except (BrokenPipeError, OSError):
                 pass
 
@@ -228,7 +232,9 @@ class RankProcess:
         A line still being written that holds a carriage return (a tqdm or Keras progress bar) is
         sent as ``output_partial`` at most every ``PARTIAL_INTERVAL_S``, so bars show live.
         """
-        fd = self._proc.stdout.fileno()
+        stdout = self._proc.stdout
+        assert stdout is not None  # a pipe: started with stdout=PIPE, or by a zygote
+        fd = stdout.fileno()
         pending: list[bytes] = []  # pieces of the unfinished line
         since_cr: bytes | None = None  # what a terminal shows of the unfinished line
         sent_partial, unsent = 0.0, False
@@ -253,6 +259,7 @@ class RankProcess:
                     since_cr += chunk
                 unsent = True
             if unsent and time.monotonic() - sent_partial >= PARTIAL_INTERVAL_S:
+                assert since_cr is not None  # unsent is set only with the line it holds
                 sent_partial, unsent = time.monotonic(), False
                 self._sink(OUTPUT_PARTIAL,
                            text=since_cr[:PARTIAL_MAX_BYTES].decode(errors="replace"))

@@ -296,7 +296,10 @@ def package_copy(path: str, env: dict[str, str]) -> str:
         if mark in _COPIES:
             return _COPIES[mark]
         with open(path, "rb") as source:
-            digest = hashlib.file_digest(source, "sha256").hexdigest()[:24]
+            hashed = hashlib.sha256()  # read in blocks (hashlib.file_digest is Python 3.11's)
+            for block in iter(lambda: source.read(1 << 20), b""):
+                hashed.update(block)
+            digest = hashed.hexdigest()[:24]
         packages = os.path.join(folder, "packages")
         os.makedirs(packages, mode=0o700, exist_ok=True)
         copy = os.path.join(packages, f"{digest}-{os.path.basename(path)}")

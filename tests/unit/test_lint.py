@@ -15,3 +15,9 @@ def _run(*command: str) -> subprocess.CompletedProcess:
 def test_ruff_finds_nothing_in_the_package():
     out = _run("ruff", "check", "--no-cache", "hvd_magics")
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_mypy_finds_nothing_in_the_package():
+    out = _run("mypy", "--no-incremental")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.startswith("Success: no issues found"), out.stdout

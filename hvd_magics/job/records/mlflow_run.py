@@ -358,7 +358,7 @@ class MlflowTracker:
         names = sorted({name for metrics in by_rank for name in metrics})
         values = {name: sum(m[name] for m in by_rank if name in m)
                   / sum(1 for m in by_rank if name in m) for name in names}
-        row = next((r for r in job.timer.rows() if r["epoch"] == epoch), {})
+        row: dict[str, Any] = next((r for r in job.timer.rows() if r["epoch"] == epoch), {})
         if row.get("wall_s") is not None:
             values["epoch_wall_s"] = row["wall_s"]
         if row.get("samples_per_s") is not None:

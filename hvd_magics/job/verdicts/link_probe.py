@@ -166,7 +166,8 @@ def _busy_host(measured: list[LinkSpeed]) -> str | None:
     waiting for a CPU (``None``: none did)."""
     if len(measured) < 2:
         return None
-    timed = {s.host: s.slower_timed for s in measured}
+    # every host here answered (a way measured, or timed only): each has its slower way timed
+    timed = {s.host: trip for s in measured if (trip := s.slower_timed) is not None}
     slowest = min(measured, key=lambda s: timed[s.host].mbit)
     trip = timed[slowest.host]
     others = statistics.median(timed[s.host].mbit for s in measured if s is not slowest)

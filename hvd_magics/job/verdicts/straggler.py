@@ -40,7 +40,7 @@ import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from hvd_magics.job.verdicts.wait_accounting import (COST_SHARE, SIGNIFICANCE, Finding,
                                             StepDelay, accuse, binomial_tail, step_delay)
@@ -401,7 +401,7 @@ class StepSplits:
         self._delayed_ranks: set[int] = set()
         #: The named rank(s), whether as their host, what named them, and how they delay the
         #: others ("own": their own work; "cpu": their wait for a CPU).
-        self._named: tuple[tuple[int, ...], bool, Finding, str] | None = None
+        self._named: tuple[tuple[int, ...], bool, Finding[int] | Finding[str], str] | None = None
         #: The step its verdict was last cleared at.
         self._since = 0
         self.current: Straggler | None = None
@@ -431,7 +431,7 @@ class StepSplits:
             self.gpu[rank] = {**event["gpu"], "peak": peak}
         rows = self._rows.setdefault(rank, {})
         for step, *columns in event.get("rows") or []:
-            rows[int(step)] = tuple(float(v) for v in (columns + [0.0, 0.0])[:5])
+            rows[int(step)] = cast(Row, tuple(float(v) for v in (columns + [0.0, 0.0])[:5]))
         for old in sorted(rows)[:-KEPT_STEPS]:
             del rows[old]
         parts = None
@@ -498,7 +498,7 @@ class StepSplits:
                 return
         self._busy(hosts, step)
 
-    def _chances(self, hosts: dict[int, str]) -> tuple[dict, dict]:
+    def _chances(self, hosts: dict[int, str]) -> tuple[dict[int, float], dict[str, float]]:
         """Each rank's, and each host's, chance to be the slowest of a step on equal ranks."""
         ranks = list(self._rows)
         by_host: dict[str, float] = {}
@@ -507,7 +507,7 @@ class StepSplits:
         return {rank: 1 / len(ranks) for rank in ranks}, by_host
 
     def _accuse(self, hosts: dict[int, str], window: list[StepDelay]
-                ) -> tuple[list[int], bool, Finding, str] | None:
+                ) -> tuple[list[int], bool, Finding[int] | Finding[str], str] | None:
         """Who the ``window``'s lost time is owed to (:func:`accuse`): a rank, or every rank of
         a host (when no one of them accounts for most of the host's), for its own work; on
         several hosts, a host for its ranks' wait for a CPU. ``(ranks, whole host, finding,
@@ -520,7 +520,7 @@ class StepSplits:
         alone = rank is not None and (not several or self._alone(hosts, window, int(rank.who)))
         if host is not None:
             mates = sorted(r for r in self._rows if hosts.get(r, "") == host.who)
-            if len(mates) > 1 and not (alone and rank.who in mates):
+            if len(mates) > 1 and not (alone and rank is not None and rank.who in mates):
                 return mates, True, host, "own"
         if rank is not None and alone:
             return [int(rank.who)], False, rank, "own"
@@ -549,6 +549,7 @@ class StepSplits:
     def _lost_to(self, window: list[StepDelay]) -> tuple[float, float]:
         """The time the ``window``'s steps lost to the named rank (or host), and all they lost
         in the same way (its own work, or waits for a CPU)."""
+        assert self._named is not None  # asked only while a rank (or host) is named
         ranks, whole, finding, kind = self._named
         if whole or kind == "cpu":
             pick = (lambda d: (d.host, d.host_own_s)) if kind == "own" else (
@@ -563,6 +564,8 @@ class StepSplits:
         """Whether the named rank still costs the others :data:`CLEAR_SHARE` of the latest
         steps' time (over three of its stalls' periods, at least :data:`WINDOWS`' first), and
         most of what they lose; its figures brought up to date when it does."""
+        # asked only while one is named: _judge sets both, and clears both
+        assert self._named is not None and self.current is not None
         finding = self._named[2]  # over three of its stalls' periods, or as long as it was
         window = self._recent(step, max(WINDOWS[0], 3 * finding.period,  # named over
                                         0 if finding.period else finding.steps))
@@ -583,6 +586,7 @@ class StepSplits:
     def _verdict(self, hosts: dict[int, str], step: int, window: list[StepDelay]) -> Straggler:
         """The named rank's verdict: its cause and figures over the ``window``'s steps (every
         step kept: a stall is what the others waited for), what the others lost to it."""
+        assert self._named is not None  # _judge named them just before
         ranks, whole, _, _ = self._named
         # every rank still has its row of each step judged (_look_up_to drops the others)
         parts = {rank: window_parts([rows[d.step] for d in window], keep_all=True)

@@ -25,6 +25,7 @@ import itertools
 import math
 import statistics
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 from collections.abc import Callable, Hashable, Sequence
 
 #: The least share of a window's time the others must have lost to one rank (or host).
@@ -67,11 +68,15 @@ class StepDelay:
 #: One rank's row of a step: ``(step_s, input_s, comm_s, cpu_wait_s, cpu_s)``.
 Row = tuple[float, float, float, float, float]
 
+#: Who delayed the others: a rank (``int``) or a host (``str``).
+Who = TypeVar("Who", bound=Hashable)
 
-def _split(own: dict, waits: dict, cpu_read: bool) -> tuple[Hashable, float, float]:
+
+def _split(own: dict[Who, float], waits: dict[Who, float], cpu_read: bool
+           ) -> tuple[Who, float, float]:
     """The slowest of ``own`` (who -> own work), how much longer than the next, and of that,
     its wait for a CPU beyond the next one's (``0`` when the CPU time is not read)."""
-    order = sorted(own, key=own.get, reverse=True)
+    order = sorted(own, key=own.__getitem__, reverse=True)
     first, second = order[0], order[1]
     delay = own[first] - own[second]
     cpu = min(delay, max(0.0, waits[first] - waits[second])) if cpu_read else 0.0
@@ -90,7 +95,7 @@ def step_delay(step: int, rows: dict[int, Row], hosts: dict[int, str], cpu_read:
     if len(names) < 2:
         return delay
     # a host's step waits for the slowest of its ranks (under a CPU quota they take turns)
-    longest = {}
+    longest: dict[str, int] = {}
     for r in rows:
         host = hosts.get(r, "")
         if host not in longest or own[r] > own[longest[host]]:
@@ -102,13 +107,13 @@ def step_delay(step: int, rows: dict[int, Row], hosts: dict[int, str], cpu_read:
 
 
 @dataclass(frozen=True)
-class Finding:
+class Finding(Generic[Who]):
     """Who the others waited for over a window: ``who`` (a rank or a host), the time they lost
     to it (``lost_s``) of the window's ``window_s`` over its ``steps`` steps, in how many steps
     it delayed them (``delayed``, of ``counted`` steps that lost time), and the ``period`` of its
     stalls (``0``: it was slowest in most steps instead)."""
 
-    who: Hashable
+    who: Who
     lost_s: float
     window_s: float
     steps: int
@@ -156,8 +161,8 @@ def rhythm(delays: Sequence[StepDelay], late: set[int], rate: float) -> int:
     return 0
 
 
-def accuse(delays: Sequence[StepDelay], of: Callable[[StepDelay], tuple[Hashable, float]],
-           chance: dict[Hashable, float], least: float, share: float) -> Finding | None:
+def accuse(delays: Sequence[StepDelay], of: Callable[[StepDelay], tuple[Who, float]],
+           chance: dict[Who, float], least: float, share: float) -> Finding[Who] | None:
     """Who the window's ``delays`` were lost to, when one accounts for it beyond chance.
 
     Parameters
@@ -177,7 +182,7 @@ def accuse(delays: Sequence[StepDelay], of: Callable[[StepDelay], tuple[Hashable
         See ``least``.
     """
     window_s = sum(d.wall_s for d in delays)
-    lost: dict[Hashable, float] = {}
+    lost: dict[Who, float] = {}
     for d in delays:
         who, seconds = of(d)
         lost[who] = lost.get(who, 0.0) + seconds

@@ -98,9 +98,9 @@ class MetricHistory:
                 changed = True
             return changed
         if kind == EPOCH_END and rank == 0 and metrics:
-            epoch = float(event.get("epoch") or len(next(iter(self.epochs.values()), [])) + 1)
+            ended = float(event.get("epoch") or len(next(iter(self.epochs.values()), [])) + 1)
             for name, value in metrics.items():
-                self.epochs.setdefault(name, []).append((epoch, value))
+                self.epochs.setdefault(name, []).append((ended, value))
             return True
         return False
 

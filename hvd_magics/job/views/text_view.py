@@ -15,6 +15,7 @@ import time
 from typing import IO, Any
 
 from hvd_magics.job.job_state import SHOWN, JobState, display_line
+from hvd_magics.job.verdicts.straggler import Straggler
 from hvd_magics.job.views.output_lines import FEW_RANKS, SHOW, OutputSorter
 from hvd_magics.options import (VERBOSITY_ALL, VERBOSITY_DEBUG, VERBOSITY_LOG_CALLBACK_ONLY,
                                     validate_verbosity)
@@ -54,7 +55,7 @@ class TextView:
         self.verbosity = validate_verbosity(verbosity)
         self.epoch_lines = epoch_lines
         self._stream = stream
-        self._head: list[tuple[int, str]] = []
+        self._head: list[tuple[int | None, str]] = []
         #: After the head is full: each rank's latest lines, numbered in arrival order.
         self._tails: dict[int | None, collections.deque[tuple[int, str]]] = {}
         self._dropped: collections.Counter[int | None] = collections.Counter()
@@ -105,9 +106,12 @@ class TextView:
             self._partials_changed = True
         if kind == STEP_SPLIT and self.epoch_lines:  # no dashboard: its header says it
             for what, found in job.splits.events[self._verdicts_said:]:
-                self._add(None, f"hvd_magics: {found.text(job.unit)}" if what != "cleared" else
-                          f"hvd_magics: {ranks_named(list(found.ranks), job.unit)} caught up "
-                          f"by step {found.step}: no {job.unit} holds the others back now")
+                if what == "cleared" and isinstance(found, Straggler):  # (never BusyHosts)
+                    said = (f"{ranks_named(list(found.ranks), job.unit)} caught up by step "
+                            f"{found.step}: no {job.unit} holds the others back now")
+                else:
+                    said = found.text(job.unit)
+                self._add(None, f"hvd_magics: {said}")
             self._verdicts_said = len(job.splits.events)
         for line in self._lines_of(job, event):
             self._add(rank, display_line(line))
@@ -193,8 +197,8 @@ class TextView:
         self._head = []
         self._dropped.clear()
         steps = self._progress_lines()
-        live = [(r.rank, r.partial or (steps and r.progress_line())) for r in job.ranks]
-        live = [(rank, text) for rank, text in live if text]
+        drawn = [(r.rank, r.partial or (steps and r.progress_line())) for r in job.ranks]
+        live = [(rank, text) for rank, text in drawn if text]
         if (self._partials_changed or self._erased) and live:
             out.append(self._status_line(job, live))
         self._partials_changed = self._erased = False

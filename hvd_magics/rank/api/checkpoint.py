@@ -138,7 +138,8 @@ def sharded_tensors(state: Any, where: str = "state") -> list[str]:
         return []
     local = getattr(state, "to_local", None) or getattr(state, "local_tensor", None)
     try:
-        part = f", this rank's part {list(local().shape)} of {list(state.shape)}"
+        part = (f", this rank's part {list(local().shape)} of {list(state.shape)}"
+                if local is not None else "")
     except Exception:  # noqa: BLE001 - the shapes only illustrate the error
         part = ""
     return [f"{where} ({kind}{part})"]

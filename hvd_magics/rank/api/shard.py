@@ -207,7 +207,7 @@ class Shard:
         width = int(max((len(values[i]) for i in np.flatnonzero(dense_rows)[:1]), default=0))
         if (~dense_rows).any():
             width = max(width, int(np.nanmax(sizes[~dense_rows])))
-        out = np.zeros((len(data), width), dtype=np.float32)
+        out: np.ndarray = np.zeros((len(data), width), dtype=np.float32)
         indices = data.field("indices")
         for row in range(len(data)):
             row_values = values[row].values.to_numpy(zero_copy_only=False)

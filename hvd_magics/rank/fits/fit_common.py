@@ -89,7 +89,8 @@ class FitBook:
     def __post_init__(self) -> None:
         self.history = list(self.state.get("history") or [])  # of earlier fits too
         self.position = Position(**self.state["position"])
-        self.events = EventFiles(self.spec.model_dir) if self.writes else None
+        model_dir = self.spec.model_dir  # (set where this rank writes)
+        self.events = EventFiles(model_dir) if self.writes and model_dir is not None else None
         self.saved_at = time.monotonic()
 
     @property
@@ -125,6 +126,7 @@ class FitBook:
             self.save(Position(epoch, done, global_step))
 
     def save(self, at: Position) -> None:
+        assert self.spec.model_dir is not None  # only a rank that writes saves
         write_checkpoint(self.spec.model_dir, at, self.extension,
                          lambda path: self.write(path, at, self.history),
                          self.spec.keep_checkpoints)
@@ -166,7 +168,7 @@ def classifier_output(loss: Any, classifier: bool | None) -> str | None:
     if not isinstance(loss, str) and getattr(loss, "__name__", None):
         name = loss.__name__  # a loss function
     kind = _CLASSIFICATION_LOSSES.get(str(name).lower())
-    config = getattr(loss, "get_config", lambda: {})()
+    config: Any = getattr(loss, "get_config", lambda: {})()
     if kind == PROBABILITY and isinstance(config, dict) and config.get("from_logits"):
         kind = SIGMOID if "binary" in str(name).lower() else SOFTMAX
     if classifier is False:

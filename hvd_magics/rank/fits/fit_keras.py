@@ -103,7 +103,7 @@ def fit_keras(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | No
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
-    keras = importlib.import_module(type(model).__module__.split(".")[0])
+    keras: Any = importlib.import_module(type(model).__module__.split(".")[0])
     hvd.init()
     output_kind = classifier_output(spec.loss, spec.classifier)
     optimizer = keras_optimizer(spec, keras, hvd.size())

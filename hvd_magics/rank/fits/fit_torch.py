@@ -217,7 +217,7 @@ def fit_torch(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | No
             progress.report(first + index + 1, loss=loss.detach())
             book.after_step(epoch, first + index + 1, steps, global_step)
         logs = sums.averages(hvd)
-        if val is not None:
+        if val_xs is not None:  # (a validation set)
             logs.update(_evaluate(model, loss_fn, val_xs, val_ys, spec, output_kind, hvd))
         progress.end_epoch(samples=count * size, **logs)
         book.end_epoch(epoch, first, count, steps, global_step, logs)

@@ -37,7 +37,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
                     for patch in list(_PATCHES.get(fullname, ())):
                         patch(module)
 
-                spec.loader.exec_module = exec_module
+                # the loader's own method, wrapped for this module only
+                spec.loader.exec_module = exec_module  # type: ignore[method-assign]  # wrapped
                 return spec
         return None
 

@@ -394,7 +394,7 @@ def _patch_keras_3_optimizers(module: Any) -> None:
 
     owner = getattr(module, "TFOptimizer", None)
     original = getattr(owner, "_all_reduce_sum_gradients", None)
-    if not callable(original) or getattr(original, _PATCHED, False):
+    if owner is None or not callable(original) or getattr(original, _PATCHED, False):
         return
 
     @functools.wraps(original)

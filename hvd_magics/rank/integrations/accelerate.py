@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from types import FrameType
 from typing import Any
 
 from hvd_magics.protocol import ENGINE_TORCH, ENV_ENGINE, ENV_SIZE
@@ -84,7 +85,7 @@ def _guard_state(module: Any) -> None:
 def _accelerate_user() -> str:
     """Whom Accelerate's state is made for: Hugging Face's ``Trainer`` when its frames are on
     the stack (it runs on Accelerate), else Accelerate itself."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if str(frame.f_globals.get("__name__", "")).startswith("transformers."):
             return "Hugging Face's Trainer (on Accelerate)"

@@ -69,7 +69,7 @@ def _rows_per_rank(loader: Any, args: Any) -> int | None:
 
 
 def _callback_class(base: type) -> type:
-    class HorovodMagicsProgress(base):  # type: ignore[misc, valid-type]
+    class HorovodMagicsProgress(base):
         def __init__(self) -> None:
             self.steps_done = 0
             self.logged: dict[str, float] = {}
@@ -94,7 +94,10 @@ def _callback_class(base: type) -> type:
 
         def on_step_end(self, args: Any, state: Any, control: Any, **_kwargs: Any) -> None:
             self.steps_done += 1
-            progress.report(self.steps_done, **self.logged)
+            # the logged values go as metrics, by name (one named "total" would be taken for the
+            # epoch's steps: Trainer logs none so named)
+            progress.report(self.steps_done,
+                            **self.logged)  # type: ignore[arg-type]  # metrics, by name
             if preemption.preempting():
                 control.should_save = self.preempted = True
 

@@ -165,7 +165,7 @@ def _batch_size(args: tuple, kwargs: dict[str, Any]) -> int | None:
 
 
 def _callback_class(base: type) -> type:
-    class HorovodMagicsProgress(base):  # type: ignore[misc, valid-type]
+    class HorovodMagicsProgress(base):
         _supports_tf_logs = True
 
         def __init__(self, batch_size: int | None, epochs: int | None = None,
@@ -237,7 +237,7 @@ def _patch_timing_check(callbacks: Any) -> None:
     (its ``_hook_times``; Keras 3 has no such check and nothing is patched there)."""
     callback_list = getattr(callbacks, "CallbackList", None)
     helper = getattr(callback_list, "_call_batch_hook_helper", None)
-    if helper is None or getattr(helper, _PATCHED, False):
+    if callback_list is None or helper is None or getattr(helper, _PATCHED, False):
         return
 
     @functools.wraps(helper)

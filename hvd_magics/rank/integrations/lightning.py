@@ -78,7 +78,7 @@ def _resume_saved(trainer: Any, args: tuple, kwargs: dict[str, Any]) -> dict[str
 def _loss(outputs: Any) -> Any:
     """The training step's loss, detached (``None`` when the step returned none)."""
     loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-    return loss.detach() if hasattr(loss, "detach") else loss
+    return loss.detach() if loss is not None and hasattr(loss, "detach") else loss
 
 
 def _batch_rows(batch: Any) -> int | None:
@@ -98,7 +98,7 @@ def _loader_batch_size(trainer: Any) -> int | None:
 
 
 def _callback_class(base: type) -> type:
-    class HorovodMagicsProgress(base):  # type: ignore[misc, valid-type]
+    class HorovodMagicsProgress(base):
         def __init__(self) -> None:
             super().__init__()
             self.samples = 0

@@ -10,6 +10,7 @@ too, says so in the run's summary: one job, two runs, and how to keep one.
 from __future__ import annotations
 
 import sys
+from types import FrameType
 from typing import Any
 
 from hvd_magics.protocol import TRACKER
@@ -27,7 +28,7 @@ _said: set[str] = set()
 def recorder() -> str:
     """Who asks for the run: the first library of :data:`LIBRARIES` on the stack, else the
     cell."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         package = str(frame.f_globals.get("__name__", "")).split(".", 1)[0]
         if package in LIBRARIES:
