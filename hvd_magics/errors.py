@@ -283,6 +283,11 @@ class ShardedStateRefused(HorovodMagicsError, TypeError):
     rank 0 alone cannot write whole."""
 
 
+class ShardedCheckpointNeedsState(HorovodMagicsError, TypeError):
+    """A sharded checkpoint is read into the job's state: ``checkpoint.latest()`` was called
+    without it (the message says how to give it)."""
+
+
 class CheckpointFolderUnusable(HorovodMagicsError, OSError):
     """The job's checkpoint folder is a file, or a folder the driver may not write in."""
 

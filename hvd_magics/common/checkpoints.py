@@ -4,12 +4,17 @@ A checkpoint is one file, ``checkpoints/ckpt-<global step>-e<epoch>-s<step>.<ext
 under a temporary name and renamed into place (a rename is atomic), then ``checkpoints/latest.json``
 is replaced the same way. A fit killed at any moment leaves every ``ckpt-*`` file complete, and
 :func:`latest_checkpoint` finds the newest even when ``latest.json`` is behind.
+
+A sharded checkpoint (every rank's part, PyTorch's distributed checkpoint) is a folder,
+``ckpt-<...>.dcp``: the ranks write it as ``.ckpt-<...>.dcp.partial-<attempt's mark>``, and once
+all have, it is renamed into place the same way (:func:`publish_folder`).
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -89,9 +94,57 @@ def write_checkpoint(model_dir: str | os.PathLike, position: Position, extension
     _replace_atomically(path, save)
     _replace_atomically(folder / LATEST_FILE, lambda p: p.write_text(
         json.dumps({"file": path.name, **asdict(position)})))
+    _prune(folder, keep, spare)
+    return path
+
+
+def _remove(path: Path) -> None:
+    """Remove a checkpoint: a file, or a sharded checkpoint's folder."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _prune(folder: Path, keep: int, spare: int | None) -> None:
+    """Keep the newest ``keep`` checkpoints (and the one of global step ``spare``)."""
     for old in _complete(folder)[keep:]:
         if old[0].global_step != spare:
-            old[1].unlink(missing_ok=True)
+            _remove(old[1])
+
+
+#: A sharded checkpoint's folder while its ranks write it.
+_PARTIAL = re.compile(r"^\.ckpt-.+\.dcp\.partial-(?P<mark>.+)$")
+
+
+def partial_folder(model_dir: str | os.PathLike, position: Position, mark: str) -> Path:
+    """Where the ranks of one attempt (``mark``) write the sharded checkpoint of ``position``
+    until it is whole; made, with the checkpoints' folder."""
+    folder = checkpoint_folder(model_dir)
+    partial = folder / (f".ckpt-{position.global_step}-e{position.epoch}-s{position.step}.dcp"
+                        f".partial-{mark}")
+    partial.mkdir(parents=True, exist_ok=True)
+    return partial
+
+
+def publish_folder(model_dir: str | os.PathLike, partial: Path, position: Position, mark: str,
+                   keep: int = 2, spare: int | None = None) -> Path:
+    """Once every rank wrote its part into ``partial``, rename it into place as the sharded
+    checkpoint of ``position``, point ``latest.json`` at it, keep the newest ``keep`` (and the
+    one of ``spare``) and remove what other attempts left partly written; its path. Called by
+    one rank."""
+    folder = checkpoint_folder(model_dir)
+    path = folder / f"ckpt-{position.global_step}-e{position.epoch}-s{position.step}.dcp"
+    if path.exists():  # the same step saved again: the older one goes, then the new one in
+        _remove(path)
+    os.replace(partial, path)
+    _replace_atomically(folder / LATEST_FILE, lambda p: p.write_text(
+        json.dumps({"file": path.name, **asdict(position)})))
+    _prune(folder, keep, spare)
+    for left in folder.glob(".ckpt-*.dcp.partial-*"):
+        match = _PARTIAL.match(left.name)
+        if match and match["mark"] != mark:
+            shutil.rmtree(left, ignore_errors=True)
     return path
 
 

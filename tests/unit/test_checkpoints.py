@@ -6,7 +6,8 @@ import json
 import pytest
 
 from hvd_magics.common.checkpoints import (Position, checkpoint_folder, epoch_plan,
-                                         latest_checkpoint, write_checkpoint)
+                                           latest_checkpoint, partial_folder, publish_folder,
+                                           write_checkpoint)
 
 
 def _writer(text: str):
@@ -41,6 +42,25 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path):
         write_checkpoint(tmp_path, Position(step, 0, step * 10), "pt", _writer(str(step)), keep=2)
     assert sorted(p.name for p in checkpoint_folder(tmp_path).glob("ckpt-*")) == [
         "ckpt-40-e4-s0.pt", "ckpt-50-e5-s0.pt"]
+
+
+def test_a_sharded_checkpoint_counts_only_once_every_rank_wrote_it(tmp_path):
+    """The ranks write a sharded checkpoint into a partial folder that no reader takes for a
+    checkpoint; renamed into place, it is the newest; an older attempt's partial one goes."""
+    write_checkpoint(tmp_path, Position(0, 0, 5), "pkl", _writer("five"))
+    left = partial_folder(tmp_path, Position(0, 0, 9), "a0")  # an attempt killed mid-save
+    (left / "__0_0.distcp").write_text("part")
+    partial = partial_folder(tmp_path, Position(0, 0, 10), "a1")
+    (partial / "__0_0.distcp").write_text("part")
+    assert latest_checkpoint(tmp_path)[0] == Position(0, 0, 5)  # partial: not a checkpoint
+    path = publish_folder(tmp_path, partial, Position(0, 0, 10), "a1", keep=1)
+    assert latest_checkpoint(tmp_path) == (Position(0, 0, 10), path) and path.is_dir()
+    assert sorted(p.name for p in checkpoint_folder(tmp_path).iterdir()) == [
+        "ckpt-10-e0-s0.dcp", "latest.json"]  # the older one pruned, the partial ones gone
+    again = partial_folder(tmp_path, Position(0, 0, 10), "a2")  # the same step saved again
+    (again / "__0_0.distcp").write_text("new")
+    publish_folder(tmp_path, again, Position(0, 0, 10), "a2")
+    assert (path / "__0_0.distcp").read_text() == "new"
 
 
 @pytest.mark.parametrize("position, epochs, max_steps, plan", [

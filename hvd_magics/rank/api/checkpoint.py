@@ -15,6 +15,17 @@ rank at the same step, and the next attempt resumes from it, redoing no step::
     if step % 500 == 0 or checkpoint.preempting():
         checkpoint.save(state, step)
 
+Sharded training (FSDP2's ``fully_shard``, FSDP1, any model whose state each rank holds a part
+of) saves through PyTorch's distributed checkpoint: give the model and the optimizer themselves
+(or state dicts of sharded tensors), and every rank writes its part; ``latest`` reads it into the
+job's state in place, on any number of ranks (:mod:`hvd_magics.rank.integrations.torch_dcp`)::
+
+    state = {"model": model, "optimizer": optimizer, "step": 0}
+    found = checkpoint.latest(state)         # loaded into model and optimizer, or None
+    start = 0 if found is None else found[1] + 1
+    ...
+    checkpoint.save(state, step)             # on every rank: each writes its part
+
 :func:`save` writes under a temporary name and renames it into place (a rename is atomic): a rank
 killed while it saves leaves the previous checkpoint whole, never a torn one read as whole
 (:mod:`hvd_magics.common.checkpoints` is the writer the estimator's fits use too). The folder is
@@ -35,16 +46,21 @@ import os
 import pickle
 import socket
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
-from hvd_magics.errors import CheckpointFolderNotShared, ShardedStateRefused
+from hvd_magics.common.checkpoints import (Position, checkpoint_at, latest_checkpoint,
+                                           partial_folder, publish_folder, write_checkpoint)
+from hvd_magics.errors import (CheckpointFolderNotShared, ShardedCheckpointNeedsState,
+                               ShardedStateRefused)
 from hvd_magics.protocol import (ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_TOKEN, ENV_RANK,
                                  ENV_RESUME_STEP)
+from hvd_magics.rank.api.preemption import after_save, noticed, preempting
+from hvd_magics.rank.integrations.torch_dcp import load as load_sharded
+from hvd_magics.rank.integrations.torch_dcp import needs_dcp, save_in_background
+from hvd_magics.rank.integrations.torch_dcp import save as save_sharded
 from hvd_magics.rank_names import rank_named
-from hvd_magics.common.checkpoints import (Position, checkpoint_at, latest_checkpoint,
-                                         write_checkpoint)
-from hvd_magics.rank.api.preemption import after_save, preempting
 
 __all__ = ["NO_CHECKPOINT", "attempt", "directory", "latest", "preempting", "save",
            "shared_folder"]
@@ -145,41 +161,120 @@ def sharded_tensors(state: Any, where: str = "state") -> list[str]:
     return [f"{where} ({kind}{part})"]
 
 
-def _refuse_sharded(state: Any) -> None:
-    found = sharded_tensors(state)
-    if not found:
-        return
+def _refuse_sharded_outside_a_dict(state: Any, found: list[str]) -> None:
+    """Sharded tensors in a ``state`` that is not a dict: PyTorch's distributed checkpoint,
+    which writes them, takes a dict of them."""
     more = f", and {len(found) - 1} more" if len(found) > 1 else ""
     raise ShardedStateRefused(
-        f"checkpoint.save got sharded tensors: {found[0]}{more}. Rank 0 writes alone, so the "
-        f"checkpoint would hold rank 0's shards only, and a restart would load them on every "
-        f"rank (wrong weights, or a shape error in the optimizer). Fix: save every rank's part "
-        f"with PyTorch's distributed checkpoint, called on every rank: "
-        f"torch.distributed.checkpoint.save(state, checkpoint_id=str(checkpoint.directory() "
-        f"/ f'dcp-{{step}}')); or gather whole tensors first, on every rank: "
-        f"torch.distributed.checkpoint.state_dict.get_model_state_dict(model, "
-        f"options=StateDictOptions(full_state_dict=True, cpu_offload=True)) (and "
-        f"get_optimizer_state_dict(model, optimizer, options=...)), then save that.")
+        f"checkpoint.save got sharded tensors: {found[0]}{more}, in a {type(state).__name__}. "
+        f"Each rank writes its own part of them through PyTorch's distributed checkpoint, "
+        f"which takes a dict. Fix: save a dict, on every rank: checkpoint.save({{'model': "
+        f"model, 'optimizer': optimizer, 'step': step}}, step)")
 
 
-def save(state: Any, step: int, keep: int = 2) -> Path | None:
-    """On rank 0, write ``state`` (anything pickle takes: state dicts, arrays, numbers) as the
-    checkpoint of ``step``, keeping the newest ``keep`` (and the one this attempt resumed
-    from, which a peer may still be reading); its path. ``None`` on other ranks.
+def _mark() -> str:
+    """What names this attempt's partly written sharded checkpoints (its driver's token)."""
+    return os.environ.get(ENV_CHECKPOINT_TOKEN) or f"a{attempt()}"
+
+
+class _PendingSave:
+    """A sharded save going on in the background (``save(..., asynchronous=True)``): its
+    checkpoint is put in place once every rank's part is written; its error, if any, is raised
+    by the next :func:`save` or :func:`wait`."""
+
+    def __init__(self, future: Any, step: int) -> None:
+        self.future, self.step = future, step
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+
+_pending: _PendingSave | None = None
+
+
+def wait() -> None:
+    """Wait until the background save (``save(..., asynchronous=True)``) is in place; raise
+    its error. The rank waits for it by itself when the job's code returns."""
+    global _pending
+    pending, _pending = _pending, None
+    if pending is None:
+        return
+    pending.done.wait()
+    if pending.error is not None:
+        raise pending.error
+
+
+def _save_sharded(state: dict[str, Any], step: int, keep: int, folder: Path,
+                  asynchronous: bool) -> Path:
+    """Every rank writes its part of ``state``; rank 0 then puts the checkpoint in place (in
+    the background when ``asynchronous``, once every part is written)."""
+    global _pending
+    wait()  # one save at a time: the one before is in place first
+    position = Position(0, 0, int(step))
+    partial = partial_folder(folder, position, _mark())
+    path = folder / "checkpoints" / f"ckpt-{position.global_step}-e0-s0.dcp"
+    first = os.environ.get(ENV_RANK, "0") == "0"
+    mark, spare = _mark(), _pinned()
+
+    def publish() -> None:
+        if first:
+            publish_folder(folder, partial, position, mark, keep, spare=spare)
+
+    if not asynchronous:
+        save_sharded(state, partial)  # returns once every part and the metadata are there
+        publish()
+        return path
+    pending = _PendingSave(save_in_background(state, partial), step)
+
+    def finished(future: Any) -> None:
+        try:
+            future.result()
+            publish()
+        except BaseException as exc:  # noqa: BLE001 - raised by the next save or wait()
+            pending.error = exc
+        finally:
+            pending.done.set()
+
+    pending.future.add_done_callback(finished)
+    _pending = pending
+    return path
+
+
+def save(state: Any, step: int, keep: int = 2, asynchronous: bool = False) -> Path | None:
+    """Write ``state`` as the checkpoint of ``step``, keeping the newest ``keep`` (and the one
+    this attempt resumed from, which a peer may still be reading); its path.
+
+    State that each rank holds a part of (a dict holding the job's modules and optimizers
+    themselves, or sharded tensors: FSDP's DTensors, ShardedTensors) is written by every rank,
+    its own part, through PyTorch's distributed checkpoint; call it on every rank. Other state
+    (anything pickle takes: state dicts, arrays, numbers) is written by rank 0; ``None`` on
+    the other ranks. Either way a checkpoint is whole or absent: it is renamed into place once
+    written.
+
+    ``asynchronous=True`` (sharded state only) returns once the state is copied to this
+    host's memory, and writes it while training goes on; the checkpoint is in place once every
+    rank's part is written. The next save, :func:`wait`, the end of the job's code and a
+    preemption notice wait for it.
 
     Raises
     ------
     ShardedStateRefused
-        On every rank, ``state`` holds sharded tensors (FSDP's DTensors, ShardedTensors),
-        which rank 0 alone cannot write whole (:func:`sharded_tensors`); nothing is written.
+        On every rank, sharded tensors in a ``state`` that is not a dict; nothing is written.
     CheckpointFolderNotShared
         The rank's executor does not see the driver's folder (:func:`shared_folder`).
     Preempted
         On every rank, once saved, when :func:`preempting` said ``True``: the attempt ends
         here, and the next one resumes from this checkpoint.
     """
-    _refuse_sharded(state)
+    found = sharded_tensors(state)
+    if found and not isinstance(state, dict):
+        _refuse_sharded_outside_a_dict(state, found)
     folder = shared_folder()
+    if isinstance(state, dict) and needs_dcp(state, found):
+        path: Path | None = _save_sharded(state, step, keep, folder, asynchronous)
+        if noticed():
+            wait()  # the attempt ends at this save: it is whole first
+        after_save(step)
+        return path
     if os.environ.get(ENV_RANK, "0") != "0":
         after_save(step)
         return None
@@ -194,13 +289,21 @@ def save(state: Any, step: int, keep: int = 2) -> Path | None:
     return path
 
 
-def latest() -> tuple[Any, int] | None:
+def latest(state: dict[str, Any] | None = None) -> tuple[Any, int] | None:
     """``(state, step)`` of the checkpoint this attempt resumes from, the same on every rank:
     the newest whole one when the attempt started (outside a job of ours: the newest now);
     ``None`` when there was none.
 
+    A sharded checkpoint is read into ``state``, the job's current state as it saves it (its
+    modules and optimizers themselves, an optimizer also before its first step; tensors are
+    copied into, other values replaced), on any number of ranks: each reads the part its
+    sharding holds. It returns ``(state, step)``; call it on every rank. A checkpoint rank 0
+    wrote alone is returned as it was saved, whether ``state`` is given or not.
+
     Raises
     ------
+    ShardedCheckpointNeedsState
+        The checkpoint is sharded and no ``state`` was given to read it into.
     CheckpointFolderNotShared
         The rank's executor does not see the driver's folder (:func:`shared_folder`).
     """
@@ -216,5 +319,14 @@ def latest() -> tuple[Any, int] | None:
                 f"{folder} (removed while the job ran); every rank must resume from one step. "
                 f"Fix: run the job again (--fresh starts over)")
         return None
+    if found[1].is_dir():  # every rank's part (PyTorch's distributed checkpoint)
+        if state is None:
+            raise ShardedCheckpointNeedsState(
+                f"the checkpoint of step {found[0].global_step:,} in {folder} is sharded (each "
+                f"rank wrote its part), and is read into the job's state, which latest() was not "
+                f"given. Fix: give it the state as the job saves it, on every rank: "
+                f"checkpoint.latest({{'model': model, 'optimizer': optimizer, 'step': 0}})")
+        load_sharded(state, found[1])
+        return state, found[0].global_step
     with open(found[1], "rb") as handle:
         return pickle.load(handle), found[0].global_step

@@ -95,6 +95,11 @@ def on_order(text: str) -> None:
         state.at = at
 
 
+def noticed() -> bool:
+    """Whether :func:`preempting` has said ``True`` in this attempt (its next save ends it)."""
+    return _state.told
+
+
 def after_save(step: int) -> None:
     """End the attempt (on every rank) once a save followed a ``True`` :func:`preempting`.
 

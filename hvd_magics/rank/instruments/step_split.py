@@ -10,8 +10,9 @@ plain loop, DDP, Horovod's ``DistributedOptimizer``, Accelerate, Lightning and t
   ``to_torch`` loader and ``batches`` included): the wait for the next batch;
 - **communication**: time blocked in a collective: Horovod's ``synchronize`` (what
   ``DistributedOptimizer.step`` and every blocking ``hvd`` collective wait in), a synchronous
-  ``torch.distributed`` collective, and the end of a DDP step's ``backward()``, from the moment
-  the last gradient was ready (a hook per parameter) to the moment the allreduce completes;
+  ``torch.distributed`` collective or the wait for an asynchronous one (FSDP's all-gathers and
+  reduce-scatters), and the end of a DDP step's ``backward()``, from the moment the last
+  gradient was ready (a hook per parameter) to the moment the allreduce completes;
 - **compute**: the rest (forward, backward, optimizer, the loop's own Python).
 
 Besides, how long in its own work (the step outside collectives) the training thread ran on a
@@ -64,9 +65,10 @@ _PATCHED = "_hvd_magics_step_split"
 _INPUT, _COMM = 0, 1
 #: ``torch.distributed`` collectives that block unless called with ``async_op=True``.
 _COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
-                "all_to_all", "all_to_all_single", "barrier", "broadcast",
+                "all_gather_single", "all_to_all", "all_to_all_single", "barrier", "broadcast",
                 "broadcast_object_list", "gather", "gather_object", "reduce", "reduce_scatter",
-                "reduce_scatter_tensor", "scatter", "scatter_object_list")
+                "reduce_scatter_single", "reduce_scatter_tensor", "scatter",
+                "scatter_object_list")
 
 
 class _Split:
@@ -365,9 +367,15 @@ def _patch_ddp(module: Any) -> None:
 
 
 def _patch_distributed(module: Any) -> None:
+    """``torch.distributed``'s collectives, timed when they block (FSDP2's all-gathers and
+    reduce-scatters among them: ``all_gather_single``, ``reduce_scatter_single``), and the
+    wait for one started with ``async_op=True`` (``Work.wait``: FSDP's, a loop's own)."""
     for name in _COLLECTIVES:
         if callable(getattr(module, name, None)):
             setattr(module, name, _timed(_COMM, getattr(module, name), _synchronous))
+    work = getattr(getattr(module, "distributed_c10d", None), "Work", None)
+    if work is not None and callable(getattr(work, "wait", None)):
+        work.wait = _timed(_COMM, work.wait)
 
 
 def _patch_horovod(module: Any) -> None:

@@ -1,0 +1,158 @@
+"""PyTorch's distributed checkpoint (``torch.distributed.checkpoint``, DCP) behind
+``checkpoint.save`` and ``checkpoint.latest(state)`` for sharded training: every rank writes its
+own part of the state, and any number of ranks reads it back, resharded (saved by 4 ranks,
+resumed by 2, the same full weights).
+
+The state is a dict. Its values may be the job's modules and optimizers themselves (an FSDP2
+``fully_shard`` model, an FSDP1 ``FullyShardedDataParallel``, or any ``nn.Module``): they are
+saved and loaded through ``torch.distributed.checkpoint.state_dict``'s ``get_model_state_dict``
+and ``get_optimizer_state_dict`` (an optimizer with each module that holds its parameters), which
+also gives an optimizer before its first step the state to load into. Other values (state dicts
+of sharded tensors, tensors, numbers, strings) go as DCP takes them; a load replaces them in the
+dict.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+#: Class names of the wrappers and tensors whose parameters each rank holds a part of.
+_SHARDED_TENSORS = {"DTensor", "ShardedTensor"}
+_SHARDED_MODULES = {"FSDPModule", "FullyShardedDataParallel"}
+
+
+def _torch() -> Any:
+    """``torch`` when the job has imported it (a rank without it has no sharded state)."""
+    return sys.modules.get("torch")
+
+
+def _named(value: Any, names: set[str]) -> bool:
+    return any(c.__name__ in names and c.__module__.startswith("torch.distributed")
+               for c in type(value).__mro__)
+
+
+def modules_and_optimizers(state: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The top-level values of ``state`` that are ``nn.Module``s and ``Optimizer``s, by key."""
+    torch = _torch()
+    if torch is None or not isinstance(state, dict):
+        return {}, {}
+    modules = {k: v for k, v in state.items() if isinstance(v, torch.nn.Module)}
+    optimizers = {k: v for k, v in state.items() if isinstance(v, torch.optim.Optimizer)}
+    return modules, optimizers
+
+
+def sharded_module(module: Any) -> bool:
+    """Whether ``module`` (or a submodule) is sharded by FSDP2 or FSDP1, or holds DTensors."""
+    return any(_named(sub, _SHARDED_MODULES) for sub in module.modules()) or any(
+        _named(parameter, _SHARDED_TENSORS) for parameter in module.parameters())
+
+
+def needs_dcp(state: Any, sharded_paths: list[str]) -> bool:
+    """Whether ``state`` is saved through DCP: it holds sharded tensors (``sharded_paths``) or
+    the job's modules or optimizers themselves."""
+    modules, optimizers = modules_and_optimizers(state)
+    return bool(sharded_paths or modules or optimizers)
+
+
+class _ModuleState:
+    """A module as DCP's ``Stateful``: its state dict as sharded as the module is."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(self.module)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(self.module, state_dict)
+
+
+class _OptimizerState:
+    """An optimizer as DCP's ``Stateful``, with the module whose parameters it steps (its
+    state is keyed by their names, so that another sharding can read it)."""
+
+    def __init__(self, module: Any, optimizer: Any) -> None:
+        self.module, self.optimizer = module, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.module, self.optimizer)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(self.module, self.optimizer, state_dict)
+
+
+def _module_of(optimizer: Any, modules: dict[str, Any], key: str) -> Any:
+    """The module among ``modules`` whose parameters ``optimizer`` steps."""
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for module in modules.values():
+        if stepped & {id(p) for p in module.parameters()}:
+            return module
+    raise ValueError(
+        f"checkpoint: the optimizer state[{key!r}] steps parameters of no module in the state, "
+        "and its state is saved by the names of its module's parameters (so that another "
+        "number of ranks can read it). Fix: put the model beside it, e.g. "
+        f"{{'model': model, {key!r}: optimizer}}")
+
+
+def stateful(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with each module and optimizer as DCP's ``Stateful``; other values as they
+    are (a load puts what it read into this dict, and from it into ``state``)."""
+    modules, optimizers = modules_and_optimizers(state)
+    view = dict(state)
+    for key, module in modules.items():
+        view[key] = _ModuleState(module)
+    for key, optimizer in optimizers.items():
+        view[key] = _OptimizerState(_module_of(optimizer, modules, key), optimizer)
+    return view
+
+
+def save(state: dict[str, Any], folder: Path) -> None:
+    """Every rank writes its part of ``state`` into ``folder`` (a collective: every rank of
+    the job calls it); returns once rank 0 has written the checkpoint's metadata."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(stateful(state), checkpoint_id=str(folder))
+
+
+#: The Gloo group of the saves in the background: their collectives run in a thread of their
+#: own, beside the training's in the default group (two threads' collectives in one group may
+#: meet in a different order on each rank), with the default group it was made beside (a warm
+#: pool's cell makes another).
+_background_group: tuple[Any, Any] = (None, None)
+
+
+def save_in_background(state: dict[str, Any], folder: Path) -> Any:
+    """:func:`save`, returning once ``state`` is copied to this host's memory; the writing
+    goes on in a thread. Its ``concurrent.futures.Future``. Every rank calls it, at the same
+    saves (the first makes the saves' own Gloo group, a collective)."""
+    global _background_group
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    world = dist.group.WORLD if dist.is_initialized() else None
+    if world is not None and _background_group[0] is not world:
+        _background_group = (world, dist.new_group(backend="gloo"))
+    return dcp.async_save(stateful(state), checkpoint_id=str(folder),
+                          process_group=_background_group[1])
+
+
+def load(state: dict[str, Any], folder: Path) -> None:
+    """Read the checkpoint in ``folder`` into ``state`` in place, on any number of ranks:
+    modules and optimizers through ``load_state_dict``, tensors copied into, other values
+    replaced."""
+    import torch.distributed.checkpoint as dcp
+
+    view = stateful(state)
+    dcp.load(view, checkpoint_id=str(folder))
+    for key, value in view.items():
+        if not isinstance(value, (_ModuleState, _OptimizerState)):
+            state[key] = value
