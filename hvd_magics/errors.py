@@ -288,6 +288,11 @@ class ShardedCheckpointNeedsState(HorovodMagicsError, TypeError):
     without it (the message says how to give it)."""
 
 
+class CheckpointMismatch(HorovodMagicsError, ValueError):
+    """A sharded checkpoint does not fit the state it is read into (another model, or another
+    shape of it)."""
+
+
 class CheckpointFolderUnusable(HorovodMagicsError, OSError):
     """The job's checkpoint folder is a file, or a folder the driver may not write in."""
 

@@ -14,9 +14,14 @@ docs/development.md, "A GPU machine"). Each part prints what it found; the last 
    NVML utilisation) a row shows.
 4. overhead: one DDP rank on the GPU (NCCL), a small and a wide MLP, steps/s with the split on
    over off (each in a fresh process, in turn, three times).
+5. fsdp: FSDP2 (``fully_shard``) over NCCL, a rank per GPU (``np=-G`` for the G GPUs: two ranks
+   on one GPU are refused by NCCL), trained, saved with ``checkpoint.save`` (every rank's part,
+   PyTorch's distributed checkpoint) and in the background, read back by a second job with
+   ``checkpoint.latest(state)``: the full weights' digests, each rank's part files, the step
+   split's communication share (FSDP's all-gathers and reduce-scatters) and the GPU's memory.
 
 Usage (on the GPU machine, from the repository's root, after installing .gpu_wheels):
-    python3 scripts/gpu_check.py [guard,nccl,gloo,overhead,profile]
+    python3 scripts/gpu_check.py [guard,nccl,gloo,overhead,fsdp,profile]
 (the parts whose names begin so; all but profile when none is named)
 """
 from __future__ import annotations
@@ -284,6 +289,89 @@ def nccl(np: int, share: bool = False) -> dict:
             f"np{-np}_stragglers": record.stragglers}
 
 
+def fsdp_on_gpu(steps: int, save_at: int | None = None, resume: bool = False,
+                asynchronous: bool = False) -> dict:
+    """An FSDP2 model on this rank's GPU (NCCL), trained ``steps`` steps on data seeded by the
+    step, saved at ``save_at`` (or resumed from the job's checkpoint); rank 0's digest of the
+    full weights and where it started."""
+    import hashlib
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    from hvd_magics import checkpoint
+
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl")
+    torch.manual_seed(0 if not resume else 7)
+    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(4)]).cuda()
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    state = {"model": model, "optimizer": optimizer, "step": 0}
+    start = 0
+    if resume:
+        found = checkpoint.latest(state)
+        assert found is not None, "nothing to resume from"
+        start = found[1] + 1
+    for step in range(start, steps):
+        data = torch.Generator().manual_seed(step)
+        batch = torch.randn(32, 2048, generator=data).cuda()
+        optimizer.zero_grad()
+        model(batch).pow(2).mean().backward()
+        optimizer.step()
+        state["step"] = step
+        if step == save_at:
+            checkpoint.save(state, step, asynchronous=asynchronous)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                cpu_offload=True))
+    hashed = hashlib.sha256()
+    for name in sorted(full):
+        hashed.update(full[name].float().numpy().tobytes())
+    return {"start": start, "weights": hashed.hexdigest()[:16],
+            "peak_gb": torch.cuda.max_memory_allocated() / 2**30}
+
+
+def fsdp() -> dict:
+    import tempfile
+
+    import torch
+
+    from hvd_magics import HorovodRunner, last_run
+    from hvd_magics.launch.payload import serialize_job
+
+    np = -torch.cuda.device_count()
+    folder = tempfile.mkdtemp(prefix="gpu-check-fsdp-")
+    found: dict = {}
+    for name, kwargs in (("saved", {"steps": 20, "save_at": 9}),
+                         ("resumed", {"steps": 20, "resume": True}),
+                         ("async", {"steps": 20, "save_at": 9, "asynchronous": True})):
+        began = time.monotonic()
+        try:
+            record = HorovodRunner(np=np, engine="torch", checkpoint_dir=folder).run_payload(
+                serialize_job(fsdp_on_gpu, kwargs), views=[])
+        except Exception as exc:  # noqa: BLE001 - what a user would see is the finding
+            found[f"fsdp_{name}"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            print(f"fsdp {name}: {exc}")
+            continue
+        parts = sorted(p.name for p in Path(folder, "checkpoints").glob("ckpt-*/*"))
+        split = last_run().step_split
+        print(f"fsdp {name}: {time.monotonic() - began:.1f} s; {record.value}; parts {parts}; "
+              f"split {split}")
+        found[f"fsdp_{name}"] = {**record.value, "parts": parts,
+                                 "comm_share": [round(r["comm_s"] / r["step_s"], 3)
+                                                for r in split if r.get("step_s")]}
+    saved, resumed = found.get("fsdp_saved"), found.get("fsdp_resumed")
+    if isinstance(saved, dict) and isinstance(resumed, dict):
+        found["fsdp_resumed_same_weights"] = saved["weights"] == resumed["weights"]
+    return found
+
+
 def _payload(share: bool) -> bytes:
     from hvd_magics.launch.payload import serialize_job
 
@@ -303,6 +391,7 @@ def main() -> None:
                        ("nccl np=-2 sharing", lambda: nccl(-2, share=True)),
                        ("gloo straggler on the GPU", straggler_on_gpu),
                        ("overhead of the split on the GPU", overhead),
+                       ("fsdp over nccl with sharded checkpoints", fsdp),
                        ("profile", profile)):
         if only and not any(name.startswith(part) for part in only) or (
                 not only and name == "profile"):

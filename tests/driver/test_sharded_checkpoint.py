@@ -10,7 +10,7 @@ from hvd_magics import HorovodJobError, HorovodRunner
 
 def _fsdp_steps(steps: int, save_at: int | None = None, resume: bool = False,
                 seed: int = 0, asynchronous: bool = False, save_every: int | None = None,
-                kill_at: int | None = None) -> dict:
+                kill_at: int | None = None, width: int = 64) -> dict:
     """An FSDP2 model of two layers trained ``steps`` steps of Adam on data seeded by the step
     (from the checkpoint's step when ``resume``, or when there is one and ``save_every`` is
     given), saved at ``save_at`` or every ``save_every`` steps; rank 1 of the first attempt
@@ -30,7 +30,8 @@ def _fsdp_steps(steps: int, save_at: int | None = None, resume: bool = False,
 
     dist.init_process_group("gloo")
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.ReLU(),
+                                torch.nn.Linear(width, 1))
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)
@@ -166,3 +167,43 @@ def test_fsdp2_all_gathers_and_reduce_scatters_are_timed_as_communication(tmp_pa
     assert sorted(rows) == [0, 1] and all(row["steps"] == 29 for row in rows.values()), rows
     for row in rows.values():  # each step gathers both layers twice and scatters them once
         assert row["comm_s"] > 0.0, row
+
+
+def test_a_sharded_checkpoint_of_another_shape_is_refused_with_the_fix(tmp_path):
+    folder = tmp_path / "checkpoints"
+    HorovodRunner(np=-2, engine="torch", checkpoint_dir=folder).run(_fsdp_steps, steps=2,
+                                                                    save_at=1)
+    with pytest.raises(HorovodJobError) as raised:
+        HorovodRunner(np=-2, engine="torch", checkpoint_dir=folder).run(
+            _fsdp_steps, steps=4, resume=True, width=32)
+    text = str(raised.value)
+    assert "CheckpointMismatch" in text and "Size mismatch between saved torch.Size([64, 64]) " \
+        "and current: torch.Size([32, 64]) for model.0.weight" in text, text
+    assert "Fix: give the model and optimizer it was saved from" in text, text
+
+
+def _fsdp_rank_1_leaves_early() -> None:
+    """Rank 1 ends after one step; rank 0 takes another, whose all-gather waits for it."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo")
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 1))
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    for _ in range(1 if dist.get_rank() == 1 else 2):
+        model(torch.randn(4, 16)).sum().backward()
+
+
+def test_a_rank_that_left_while_its_peer_waits_in_an_fsdp_all_gather_is_named():
+    import time
+
+    began = time.monotonic()
+    with pytest.raises(HorovodJobError) as raised:
+        HorovodRunner(np=-2, engine="torch", timeout=120).run(_fsdp_rank_1_leaves_early)
+    text = str(raised.value)
+    assert text.startswith("rank 0 waits in a torch.distributed collective that rank 1 will "
+                           "never enter"), text
+    assert time.monotonic() - began < 60, text

@@ -51,7 +51,8 @@ UNEVEN_FIX = ("The ranks made different collective calls (a different number of 
 #: Collective calls whose names say which collective a rank is in (a rank waiting on an
 #: asynchronous one's ``wait`` may be in any).
 _NAMED_CALLS = frozenset({"all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
-                          "reduce_scatter", "reduce_scatter_tensor", "reduce", "gather",
+                          "all_gather_single", "reduce_scatter", "reduce_scatter_tensor",
+                          "reduce_scatter_single", "reduce", "gather",
                           "scatter", "all_to_all", "all_to_all_single", "barrier",
                           "broadcast_object_list", "all_gather_object", "gather_object",
                           "scatter_object_list", "allreduce", "allgather", "alltoall",

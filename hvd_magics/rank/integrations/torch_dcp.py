@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hvd_magics.errors import CheckpointMismatch
+
 #: Class names of the wrappers and tensors whose parameters each rank holds a part of.
 _SHARDED_TENSORS = {"DTensor", "ShardedTensor"}
 _SHARDED_MODULES = {"FSDPModule", "FullyShardedDataParallel"}
@@ -150,9 +152,23 @@ def load(state: dict[str, Any], folder: Path) -> None:
     modules and optimizers through ``load_state_dict``, tensors copied into, other values
     replaced."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     view = stateful(state)
-    dcp.load(view, checkpoint_id=str(folder))
+    try:
+        dcp.load(view, checkpoint_id=str(folder))
+    except (CheckpointException, ValueError, KeyError, RuntimeError) as exc:
+        # DCP's own error is a BaseException holding each rank's: the first says what differs
+        failures = getattr(exc, "failures", None) or {}
+        cause = next(iter(failures.values()), exc)
+        if isinstance(cause, tuple):  # (the rank's exception, its traceback)
+            cause = cause[0]
+        said = " ".join(str(cause).split()) or type(cause).__name__
+        raise CheckpointMismatch(
+            f"the checkpoint {folder} does not fit the state it is read into: {said[:300]}. "
+            f"Fix: give the model and optimizer it was saved from (the same layers and "
+            f"shapes; any number of ranks reads it), or start over without it: --fresh "
+            f"(HorovodRunner(..., fresh=True))") from None
     for key, value in view.items():
         if not isinstance(value, (_ModuleState, _OptimizerState)):
             state[key] = value
