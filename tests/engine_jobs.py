@@ -855,15 +855,16 @@ def _tiny_bert_and_sequences():
     return model, [{"input_ids": ids[i], "labels": ids[i, 0] % 2} for i in range(64)]
 
 
-def hf_trainer_fit(out: str, report_to: tuple = ()):
+def hf_trainer_fit(out: str, report_to: tuple = (), fsdp: str = ""):
     """Hugging Face's Trainer, two epochs of a one-layer BERT built from its config (nothing
-    downloaded) on 64 generated sequences; returns the world size and steps it saw."""
+    downloaded) on 64 generated sequences (``fsdp``: its ``fsdp=`` argument); returns the world
+    size and steps it saw."""
     from transformers import Trainer, TrainingArguments
 
     model, data = _tiny_bert_and_sequences()
     args = TrainingArguments(output_dir=out, num_train_epochs=2, per_device_train_batch_size=8,
                              logging_steps=1, report_to=list(report_to), use_cpu=True,
-                             save_strategy="no", disable_tqdm=True)
+                             save_strategy="no", disable_tqdm=True, fsdp=fsdp)
     trainer = Trainer(model=model, args=args, train_dataset=data)
     trainer.train()
     return trainer.args.world_size, trainer.state.global_step

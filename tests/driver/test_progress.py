@@ -130,6 +130,24 @@ def test_a_hugging_face_trainer_reports_epochs_and_what_it_logs(tmp_path):
     assert {"loss", "learning_rate", "grad_norm"} <= set(end["metrics"]), end
 
 
+def test_a_hugging_face_trainer_asked_for_fsdp_on_cpu_ranks_says_it_trains_without_it(
+        tmp_path, capsys):
+    """``TrainingArguments(fsdp="full_shard")`` on CPU ranks: Accelerate shards only on GPUs,
+    and the Trainer trained with DDP, every rank holding the whole model, saying nothing (under
+    torchrun it fails: 'Using fsdp only works in distributed training'). It is said once."""
+    from hvd_magics.job.runner import default_views
+    from hvd_magics.launch.payload import serialize_job
+    from tests import engine_jobs
+
+    record = HorovodRunner(np=-2, engine="torch").run_payload(
+        serialize_job(engine_jobs.hf_trainer_fit, {"out": str(tmp_path), "fsdp": "full_shard"}),
+        views=default_views())
+    assert record.value == (2, 8)
+    shown = _cell_text(capsys)
+    said = "and trains without FSDP here: Accelerate shards a model only on GPUs"
+    assert shown.count(said) == 1, shown
+
+
 def _cell_text(capsys) -> str:
     return capsys.readouterr().out
 

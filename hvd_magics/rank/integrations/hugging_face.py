@@ -138,8 +138,28 @@ def _callback_class(base: type) -> type:
     return HorovodMagicsProgress
 
 
+#: Said once when a Trainer asked for FSDP trains without it (Accelerate shards only on GPUs).
+FSDP_ON_CPU = ("the Trainer was given fsdp= (or an fsdp_config), and trains without FSDP here: "
+               "Accelerate shards a model only on GPUs, so on these CPU ranks it trains with "
+               "DDP, every rank holding the whole model and its optimizer state. It runs as "
+               "FSDP on GPU ranks; to shard on CPU ranks, use torch's fully_shard in your own "
+               "loop (hvd_magics.checkpoint saves its shards)")
+
+
+def _say_fsdp_not_used(trainer: Any) -> None:
+    """A Trainer told to use FSDP that Accelerate runs without it: said once, as a warning
+    (the job goes on: DDP trains the same model, without sharding its memory)."""
+    import warnings
+
+    asked = bool(getattr(trainer.args, "fsdp", None))
+    if asked and not getattr(trainer, "is_fsdp_enabled", True):
+        warnings.warn(FSDP_ON_CPU, UserWarning, stacklevel=4)  # the line making the Trainer
+
+
 def _add_callback(trainer: Any) -> None:
     from transformers import trainer_callback
+
+    _say_fsdp_not_used(trainer)
 
     if not _CALLBACK:
         _CALLBACK.append(_callback_class(trainer_callback.TrainerCallback))
