@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
-import os
 import sys
 import time
 from typing import Any
 from collections.abc import Callable
 
 from hvd_magics.errors import exception_text
-from hvd_magics.protocol import ENV_TF_CONFIG
+from hvd_magics.rank.rank_job import rank_job
 
 
 def _end_horovod() -> None:
@@ -162,7 +160,7 @@ def _end_tf() -> None:
         config = context.coordination_service
         if config is None or not context._context_handle:  # noqa: SLF001 - TF's own check
             return  # no multi-worker strategy was made: nothing to leave
-        task = json.loads(os.environ.get(ENV_TF_CONFIG, "{}")).get("task", {})
+        task = rank_job().tf_task
         me = f"/job:{task.get('type')}/replica:0/task:{task.get('index')}"
         everyone = [f"/job:{job.name}/replica:0/task:{index}"
                     for job in config.coordinated_job_list for index in range(job.num_tasks)]

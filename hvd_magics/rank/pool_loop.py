@@ -17,7 +17,8 @@ import os
 import signal
 import sys
 
-from hvd_magics.protocol import CELL_END_LINE, ENV_RANK, RESULT, STARTED, decode_job
+from hvd_magics.protocol import CELL_END_LINE, RESULT, STARTED, decode_job
+from hvd_magics.rank.rank_job import rank_job
 from hvd_magics.rank.instruments import cell_timeline
 from hvd_magics.rank import rank_events, torch_group_hold
 from hvd_magics.rank.module_reload import ModuleWatch
@@ -38,7 +39,7 @@ def _reload_user_modules() -> None:
     """Reload the user's modules whose files changed since the rank imported them; rank 0 says
     so (raises what a module's new code raised)."""
     reloaded = _MODULES.reload_changed()
-    if reloaded and os.environ.get(ENV_RANK, "0") == "0":
+    if reloaded and rank_job().first:
         print(f"hvd_magics: reloaded {', '.join(reloaded)} on the pool's ranks (changed since "
               "they imported it; its module-level state starts again)", file=sys.stderr,
               flush=True)

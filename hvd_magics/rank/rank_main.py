@@ -28,12 +28,11 @@ import warnings
 from typing import Any
 
 from hvd_magics.errors import exception_text
-from hvd_magics.protocol import (ENGINE_TF, ENV_CONTROL_FD, ENV_ENGINE, ENV_EVERY_RESULT,
-                                 ENV_HOROVOD_RANK, ENV_PREIMPORT, ENV_RANK, ENV_RANK_TMPDIR,
-                                 ERROR, IMPORTED, KEEPER_PARENT_GONE, KEEPER_STOPPED,
-                                 KEEPER_TERMINATED, LEAVING, RESULT, STARTED, ZYGOTE_MODULES,
-                                 decode_job)
+from hvd_magics.protocol import (ENGINE_TF, ENV_CONTROL_FD, ERROR, IMPORTED, KEEPER_PARENT_GONE,
+                                 KEEPER_STOPPED, KEEPER_TERMINATED, LEAVING, RESULT, STARTED,
+                                 ZYGOTE_MODULES, decode_job)
 from hvd_magics.rank import rank_events
+from hvd_magics.rank.rank_job import rank_job
 from hvd_magics.rank.leave_together import end_engine
 from hvd_magics.common.process_group import die_with_parent, killpg
 from hvd_magics.common.rank_tmpdir import clean_rank_tmpdir, use_tmpdir
@@ -73,7 +72,7 @@ def final_rank() -> int:
                 return int(module.rank())
         except Exception:  # noqa: BLE001,S112 - fall back to the environment
             continue
-    return int(os.environ.get(ENV_RANK, os.environ.get(ENV_HOROVOD_RANK, "0")))
+    return rank_job().rank
 
 
 def report_error(exc: BaseException) -> None:
@@ -97,12 +96,12 @@ def _fail(exc: BaseException, code: int = 1) -> None:
     os._exit(code)
 
 
-def _preimport(names: str) -> None:
+def _preimport(names: tuple[str, ...]) -> None:
     """Import the job's leading imports while the launch goes on (what fails is left for the
     job itself to fail on, with its own traceback)."""
     import importlib
 
-    for name in filter(None, names.split(",")):
+    for name in names:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001,S112 - the job imports it again and reports it
@@ -141,7 +140,7 @@ def run_job(payload: bytes) -> tuple[Any, BaseException | None, int]:
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver
         return None, exc, 1
     try:
-        every = os.environ.get(ENV_EVERY_RESULT) == "1"
+        every = rank_job().every_result
         if every or final_rank() == 0:
             return encode_parts(value), None, 0
         if _tf_distribute_worker():
@@ -156,7 +155,7 @@ def _tf_distribute_worker() -> bool:
     may read a strategy's variables (a Keras ``History`` holds the model; a variable synced on
     read, a metric's, is read by an all-reduce of every worker), so every worker pickles it,
     or rank 0 alone would wait in that collective for ever."""
-    return os.environ.get(ENV_ENGINE) == ENGINE_TF and "tensorflow" in sys.modules
+    return rank_job().engine == ENGINE_TF and "tensorflow" in sys.modules
 
 
 def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
@@ -186,7 +185,7 @@ def run_rank() -> None:
     engine_guard.install()
     shard_guard.install()
     torch_group_hold.install()
-    _preimport(os.environ.get(ENV_PREIMPORT, ""))
+    _preimport(rank_job().preimport)
     late_env, payload = decode_job(sys.stdin.buffer) or ({}, b"")
     os.environ.update(late_env)
     rank_events.emit(STARTED, pid=os.getpid())
@@ -283,7 +282,7 @@ def _fresh_random_state() -> None:
 def main(report: socket.socket | None = None) -> None:
     """Fork the rank into its own process group and keep it (``report``: see :func:`keep`)."""
     keeper = os.getpid()
-    tmpdir = os.environ.get(ENV_RANK_TMPDIR)
+    tmpdir = rank_job().tmpdir
     child = os.fork()
     if child == 0:
         if report is not None:

@@ -42,10 +42,8 @@ it trains, naming the fix, rather than keep checkpoints of its own.
 """
 from __future__ import annotations
 
-import os
 import pickle
 import socket
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -54,12 +52,11 @@ from hvd_magics.common.checkpoints import (Position, checkpoint_at, latest_check
                                            partial_folder, publish_folder, write_checkpoint)
 from hvd_magics.errors import (CheckpointFolderNotShared, ShardedCheckpointNeedsState,
                                ShardedStateRefused)
-from hvd_magics.protocol import (ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_TOKEN, ENV_RANK,
-                                 ENV_RESUME_STEP)
 from hvd_magics.rank.api.preemption import after_save, noticed, preempting
 from hvd_magics.rank.integrations.torch_dcp import load as load_sharded
 from hvd_magics.rank.integrations.torch_dcp import needs_dcp, save_in_background
 from hvd_magics.rank.integrations.torch_dcp import save as save_sharded
+from hvd_magics.rank.rank_job import rank_job
 from hvd_magics.rank_names import rank_named
 
 __all__ = ["NO_CHECKPOINT", "attempt", "directory", "latest", "preempting", "save",
@@ -73,13 +70,12 @@ _seen: set[str] = set()
 
 def directory() -> Path:
     """This job's checkpoint folder (what ``checkpoint_dir=`` or the job's name made it)."""
-    return Path(os.environ.get(ENV_CHECKPOINT_DIR) or
-                Path(tempfile.gettempdir()) / "hvd_magics" / "checkpoints" / "default")
+    return rank_job().checkpoint_dir
 
 
 def attempt() -> int:
     """Which attempt of the job this is: 0 first, 1 after the first restart, ..."""
-    return int(os.environ.get(ENV_ATTEMPT, "0") or 0)
+    return rank_job().attempt
 
 
 def shared_folder() -> Path:
@@ -92,12 +88,13 @@ def shared_folder() -> Path:
         The rank's executor does not see the driver's folder.
     """
     folder = directory()
-    token = os.environ.get(ENV_CHECKPOINT_TOKEN)
+    job = rank_job()
+    token = job.checkpoint_token
     if token is None or str(folder) in _seen:
         return folder
     if not (folder / token).is_file():
         raise CheckpointFolderNotShared(
-            f"{rank_named(int(os.environ.get(ENV_RANK, '0')))} on {socket.gethostname()} does "
+            f"{rank_named(job.rank)} on {socket.gethostname()} does "
             f"not see the "
             f"job's checkpoint folder {folder} as the notebook's machine does (a folder of this "
             f"machine's own disk): each executor would keep checkpoints of its own, and after a "
@@ -130,7 +127,7 @@ def newest_saved_on_notice(library: str) -> Path | None:
 
 def _pinned() -> int | None:
     """The global step this attempt resumes from, which saves must keep (``None``: none)."""
-    step = os.environ.get(ENV_RESUME_STEP)
+    step = rank_job().resume_step
     return int(step) if step not in (None, NO_CHECKPOINT) else None
 
 
@@ -174,7 +171,8 @@ def _refuse_sharded_outside_a_dict(state: Any, found: list[str]) -> None:
 
 def _mark() -> str:
     """What names this attempt's partly written sharded checkpoints (its driver's token)."""
-    return os.environ.get(ENV_CHECKPOINT_TOKEN) or f"a{attempt()}"
+    job = rank_job()
+    return job.checkpoint_token or f"a{job.attempt}"
 
 
 class _PendingSave:
@@ -212,7 +210,7 @@ def _save_sharded(state: dict[str, Any], step: int, keep: int, folder: Path,
     position = Position(0, 0, int(step))
     partial = partial_folder(folder, position, _mark())
     path = folder / "checkpoints" / f"ckpt-{position.global_step}-e0-s0.dcp"
-    first = os.environ.get(ENV_RANK, "0") == "0"
+    first = rank_job().first
     mark, spare = _mark(), _pinned()
 
     def publish() -> None:
@@ -275,7 +273,7 @@ def save(state: Any, step: int, keep: int = 2, asynchronous: bool = False) -> Pa
             wait()  # the attempt ends at this save: it is whole first
         after_save(step)
         return path
-    if os.environ.get(ENV_RANK, "0") != "0":
+    if not rank_job().first:
         after_save(step)
         return None
 
@@ -308,7 +306,7 @@ def latest(state: dict[str, Any] | None = None) -> tuple[Any, int] | None:
         The rank's executor does not see the driver's folder (:func:`shared_folder`).
     """
     folder = shared_folder()
-    if os.environ.get(ENV_RESUME_STEP) == NO_CHECKPOINT:
+    if rank_job().resume_step == NO_CHECKPOINT:
         return None
     pinned = _pinned()
     found = latest_checkpoint(folder) if pinned is None else checkpoint_at(folder, pinned)

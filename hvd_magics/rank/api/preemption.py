@@ -24,15 +24,15 @@ others and the attempt ends as a loss does, resuming from the last checkpoint th
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import time
 from typing import Any
 
 from hvd_magics.errors import Preempted
-from hvd_magics.protocol import ENV_RANK, PREEMPT_CALLS
+from hvd_magics.protocol import PREEMPT_CALLS
 from hvd_magics.rank import rank_events
+from hvd_magics.rank.rank_job import rank_job
 
 #: Least seconds between two ``preempt_calls`` events of a rank.
 REPORT_EVERY_S = 0.5
@@ -111,7 +111,7 @@ def after_save(step: int) -> None:
     state = _state
     if not state.told:
         return
-    if os.environ.get(ENV_RANK, "0") == "0":
+    if rank_job().first:
         raise Preempted(f"the checkpoint of step {step:,} was saved on a preemption notice "
                         f"({state.notice})")
     raise Preempted(f"this rank's part of the checkpoint of step {step:,} is done, on a "

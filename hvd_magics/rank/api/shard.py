@@ -26,8 +26,10 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from hvd_magics.errors import ShardError
+from hvd_magics.protocol import ENV_SHARDS
 from hvd_magics.rank.instruments import step_split
 from hvd_magics.rank.integrations import plain_loops
+from hvd_magics.rank.rank_job import rank_job
 
 #: What :meth:`Shard.steps_per_epoch` does with the rows by which shards differ.
 REPEAT, DROP = "repeat", "drop"
@@ -462,22 +464,15 @@ _OPENED: dict[str, Shard] = {}
 
 def opened() -> list[Shard]:
     """The shards of this job (a warm pool's cell) that this rank has opened."""
-    import json
-
-    from hvd_magics.protocol import ENV_SHARDS
-
-    paths = {d["path"] for d in json.loads(os.environ.get(ENV_SHARDS, "[]"))}
+    paths = {d["path"] for d in rank_job().shards}
     return [shard for path, shard in _OPENED.items() if path in paths]
 
 
 def open_shard(index: int) -> Shard:
     """The shard of the job's DataFrame number ``index`` on this rank (what a DataFrame in the
     job's function or cell becomes when the rank unpickles it)."""
-    import json
-
-    from hvd_magics.protocol import ENV_RANK, ENV_SHARDS
-
-    described = {d["index"]: d for d in json.loads(os.environ.get(ENV_SHARDS, "[]"))}
+    job = rank_job()
+    described = {d["index"]: d for d in job.shards}
     if index not in described:
         raise RuntimeError("this process is not a rank of a job that sharded DataFrames "
                            f"(no {ENV_SHARDS} entry {index})")
@@ -486,6 +481,6 @@ def open_shard(index: int) -> Shard:
     # one DataFrame read in several cells stays one Shard.
     if d["path"] not in _OPENED:
         _OPENED[d["path"]] = Shard(d["path"], d["name"],
-                                   int(os.environ.get(ENV_RANK, "0")),
+                                   job.rank,
                                    len(d["rows_per_rank"]), d["rows_per_rank"])
     return _OPENED[d["path"]]

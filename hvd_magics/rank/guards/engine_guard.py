@@ -15,12 +15,12 @@ rank alone.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 from collections.abc import Callable
 
-from hvd_magics.protocol import ENGINE_HOROVOD, ENGINE_TF, ENGINE_TORCH, ENV_ENGINE, ENV_SIZE
+from hvd_magics.protocol import ENGINE_HOROVOD, ENGINE_TF, ENGINE_TORCH
 from hvd_magics.rank.guards.import_hooks import after_import, before_call, refusing
+from hvd_magics.rank.rank_job import rank_job
 
 #: How a user picks each engine: the magic's option and the Python keyword.
 _HOW = {ENGINE_HOROVOD: "%%horovod without --engine (engine='horovod')",
@@ -79,7 +79,7 @@ def _keras_3_refusal(engine: str, model: Any, args: tuple, kwargs: dict) -> str 
     """Why Keras 3's ``model.fit(*args, **kwargs)`` cannot train on a rank of ``engine``
     (``None`` when it can)."""
     backend = _keras_backend()
-    size = int(os.environ.get(ENV_SIZE, "1") or 1)
+    size = rank_job().size
     if backend in ("torch", "jax") and size > 1 and not _jax_distributed(backend):
         return KERAS_3_BACKEND_MESSAGE.format(backend=backend, size=size)
     if engine == ENGINE_HOROVOD:
@@ -126,7 +126,7 @@ def guard_keras_3(module: Any) -> None:
     model = getattr(module, "Model", None)
     if model is None:
         return
-    engine = os.environ.get(ENV_ENGINE, "")
+    engine = rank_job().engine or ""
 
     def refusal(self: Any, *args: Any, **kwargs: Any) -> str | None:
         return _keras_3_refusal(engine, self, args, kwargs)
@@ -155,7 +155,7 @@ def _refuse(original: Callable, called: str, engine: str) -> Callable:
 
 def install() -> None:
     """Guard every engine but the rank's own (nothing outside a rank of ours)."""
-    engine = os.environ.get(ENV_ENGINE)
+    engine = rank_job().engine
     if engine not in _STARTS:
         return
     after_import(("keras",), guard_keras_3)

@@ -21,10 +21,11 @@ import uuid
 from typing import Any
 from collections.abc import Iterator
 
-from hvd_magics.protocol import (ENV_HOROVOD_TIMELINE, ENV_RANK_TMPDIR, ENV_TIMELINE_MARK_CYCLES,
-                                 ENV_WANT_TIMELINE, TIMELINE_CHUNK)
+from hvd_magics.protocol import (ENV_HOROVOD_TIMELINE, ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE,
+                                 TIMELINE_CHUNK)
 from hvd_magics.notices import say
 from hvd_magics.rank import rank_events
+from hvd_magics.rank.rank_job import rank_job
 
 #: Bytes of the trace per ``timeline_chunk`` event (before base64).
 TIMELINE_CHUNK_BYTES = 1 << 20
@@ -64,7 +65,7 @@ def recording() -> Iterator[None]:
         yield
         return
     mark_cycles = os.environ.pop(ENV_TIMELINE_MARK_CYCLES, "") == "1"
-    folder = os.environ.get(ENV_RANK_TMPDIR) or tempfile.gettempdir()
+    folder = rank_job().tmpdir or tempfile.gettempdir()
     path = os.path.join(folder, f"timeline-{uuid.uuid4().hex}.json")
     started = _initialised_horovod()
     for module in started:

@@ -42,19 +42,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import threading
 import time
 import weakref
 from typing import Any
 from collections.abc import Callable, Iterator
 
-from hvd_magics.protocol import ENV_STEP_SPLIT, STEP_SPLIT
+from hvd_magics.protocol import STEP_SPLIT
 from hvd_magics.rank.instruments import gpu_memory, step_split_tf
 from hvd_magics.rank import rank_events
 from hvd_magics.rank.instruments.gpu_steps import GpuSteps
 from hvd_magics.rank.guards.import_hooks import after_import, before_call
 from hvd_magics.thread_cpu import ThreadCpu
+from hvd_magics.rank.rank_job import rank_job
 
 #: Least seconds between two ``step_split`` events.
 SEND_EVERY_S = 0.25
@@ -423,7 +423,7 @@ _stopped = threading.Event()
 def install() -> None:
     """Time steps once torch, or Horovod's TensorFlow API or Keras 2's optimizers, are imported
     (not with ``HVD_MAGICS_STEP_SPLIT=0``)."""
-    if os.environ.get(ENV_STEP_SPLIT, "1") == "0":
+    if not rank_job().step_split:
         return
     after_import(("torch.optim.optimizer",), _patch_torch)
     after_import(("torch.nn.parallel.distributed",), _patch_ddp)

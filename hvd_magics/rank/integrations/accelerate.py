@@ -17,16 +17,16 @@ Accelerate's training loops report their progress through :mod:`.plain_loops`.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from types import FrameType
 from typing import Any
 
-from hvd_magics.protocol import ENGINE_TORCH, ENV_ENGINE, ENV_SIZE
+from hvd_magics.protocol import ENGINE_TORCH
 from hvd_magics.rank.guards.import_hooks import after_call, after_import, refusing
 from hvd_magics.rank.integrations.guards import (ALONE_MARK, LAUNCH_MARK, LaunchMismatchError,
                                                  RunsAloneError, alone_message, in_a_job,
                                                  job_size)
+from hvd_magics.rank.rank_job import rank_job
 
 _ACCELERATE = ("accelerate", "accelerate.launchers")
 _ACCELERATE_STATE = "accelerate.state"
@@ -34,8 +34,8 @@ _ACCELERATE_STATE = "accelerate.state"
 
 def accelerate_message(name: str) -> str:
     """What calling accelerate's ``name`` launcher in a rank fails with."""
-    size = os.environ.get(ENV_SIZE, "?")
-    engine = os.environ.get(ENV_ENGINE)
+    job = rank_job()
+    size, engine = job.size, job.engine
     how = "" if engine == ENGINE_TORCH else " (run the cell with --engine torch)"
     return (f"accelerate's {name} starts processes of its own on this machine, and this code "
             f"already runs as each of the job's {size} ranks. Fix: call the training function "
@@ -63,7 +63,7 @@ def _cpu_when_alone(prepare: Any) -> Any:
     def prepare_backend(self: Any, cpu: bool = False, *args: Any, **kwargs: Any) -> Any:
         backend, distributed = prepare(self, cpu, *args, **kwargs)
         if (not cpu and str(distributed).endswith(".NO") and job_size() > 1
-                and os.environ.get(ENV_ENGINE) == ENGINE_TORCH):
+                and rank_job().engine == ENGINE_TORCH):
             self._cpu = True  # noqa: SLF001 - what PartialState(cpu=True) sets
             backend, distributed = prepare(self, True, *args, **kwargs)
         return backend, distributed

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 from collections.abc import Iterator
 
-from hvd_magics.protocol import ENGINE_TORCH, ENV_ENGINE, ENV_SIZE
+from hvd_magics.protocol import ENGINE_TORCH
+from hvd_magics.rank.rank_job import rank_job
 
 #: The marks of the two kinds of guard patches (one method may carry both).
 ALONE_MARK = "_hvd_magics_alone_guard"
@@ -52,11 +52,11 @@ def mine_alone() -> bool:
 
 def job_size() -> int:
     """The job's ranks (1 outside a rank of ours)."""
-    return int(os.environ.get(ENV_SIZE, "1"))
+    return rank_job().size
 
 
 def _engine_fix(library: str) -> str:
-    engine = os.environ.get(ENV_ENGINE)
+    engine = rank_job().engine
     if engine != ENGINE_TORCH:
         return (f"{library} joins a torch.distributed group, which only the torch engine's ranks "
                 f"have. Fix: run the cell with --engine torch (engine='torch').")
@@ -82,4 +82,4 @@ ALONE_FIX = ("If this rank's own work is meant (a probe model, predicting on one
 
 def in_a_job() -> bool:
     """Whether this process is a rank of ours (the guards change nothing elsewhere)."""
-    return os.environ.get(ENV_ENGINE) is not None
+    return rank_job().in_a_job

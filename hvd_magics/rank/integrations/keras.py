@@ -43,12 +43,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hvd_magics.protocol import ENGINE_HOROVOD, ENGINE_TF, ENV_ENGINE, ENV_KERAS_PROGRESS, ENV_RANK
+from hvd_magics.protocol import ENGINE_HOROVOD, ENGINE_TF
 from hvd_magics.rank.api import preemption, progress
 from hvd_magics.rank.api.checkpoint import newest_saved_on_notice, notice_folder
 from hvd_magics.rank.guards.import_hooks import after_call, after_import, before_call, refusing
 from hvd_magics.rank.integrations.guards import (ALONE_FIX, ALONE_MARK, RunsAloneError, job_size,
                                                  mine_alone)
+from hvd_magics.rank.rank_job import rank_job
 
 _KERAS_MODULES = ("tf_keras", "keras")
 _PATCHED = "_hvd_magics_progress"
@@ -63,7 +64,7 @@ SAVED_ON_NOTICE = "keras_on_notice"  # beside a BackupAndRestore folder "keras" 
 def _saves_on_notice() -> bool:
     """Whether a ``fit`` here saves on a preemption notice: a Horovod job's ranks or a
     ``tf.distribute`` job's workers (every one holds the same variables)."""
-    return os.environ.get(ENV_ENGINE) in (ENGINE_HOROVOD, ENGINE_TF)
+    return rank_job().engine in (ENGINE_HOROVOD, ENGINE_TF)
 
 
 def _save_on_notice(model: Any, epoch: int, batch: int, step: int) -> None:
@@ -74,7 +75,7 @@ def _save_on_notice(model: Any, epoch: int, batch: int, step: int) -> None:
     ``BatchNormalization``'s moving mean) is a collective of every worker, and rank 0 writing
     alone waited in it forever while the others had ended. A write that fails raises its own
     error (the attempt then ends as a failure, never as a saved step)."""
-    if os.environ.get(ENV_RANK, "0") == "0":
+    if rank_job().first:
         folder = notice_folder(SAVED_ON_NOTICE)
         final, partial = folder / f"step-{step}", folder / f".step-{step}.partial"
         shutil.rmtree(partial, ignore_errors=True)
@@ -83,7 +84,7 @@ def _save_on_notice(model: Any, epoch: int, batch: int, step: int) -> None:
         (partial / "position.json").write_text(json.dumps(
             {"epoch": epoch, "batch": batch, "step": step}))
         os.replace(partial, final)
-    elif os.environ.get(ENV_ENGINE) == ENGINE_TF:
+    elif rank_job().engine == ENGINE_TF:
         scratch = Path(tempfile.mkdtemp())
         try:
             _write_variables(model, scratch)
@@ -354,8 +355,8 @@ def install() -> None:
     """Patch Keras now if it is already imported, and whenever it is imported later: its
     progress (not with ``HVD_MAGICS_KERAS_PROGRESS=0``), and on a tf job of several workers the
     guard."""
-    if os.environ.get(ENV_KERAS_PROGRESS, "1") != "0":
+    if rank_job().keras_progress:
         after_import(_KERAS_MODULES, patch_keras)
-    if os.environ.get(ENV_ENGINE) == ENGINE_TF and job_size() > 1:
+    if rank_job().engine == ENGINE_TF and job_size() > 1:
         after_import((_STRATEGY_MODULE,), _watch_strategies)
         after_import(_KERAS_MODULES, _guard_alone)

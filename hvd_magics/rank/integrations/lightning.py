@@ -31,13 +31,13 @@ from typing import Any
 
 from hvd_magics.rank.api import preemption, progress
 from hvd_magics.rank.api.checkpoint import newest_saved_on_notice, notice_folder
-from hvd_magics.protocol import (ENGINE_TORCH, ENV_ENGINE, ENV_GROUP_WORLD_SIZE,
-                                 ENV_LOCAL_WORLD_SIZE, ENV_SIZE)
+from hvd_magics.protocol import ENGINE_TORCH
 from hvd_magics.rank.guards.import_hooks import (after_call, after_import, before_call, refusing,
                                           with_kwargs)
 from hvd_magics.rank.integrations.guards import (ALONE_MARK, LAUNCH_MARK, LaunchMismatchError,
                                                  RunsAloneError, alone_message, in_a_job,
                                                  job_size, mine_alone)
+from hvd_magics.rank.rank_job import rank_job
 
 _FABRIC_MODULES = ("lightning_fabric.fabric", "lightning.fabric.fabric")
 _SHAPED = "_hvd_magics_job_shape"
@@ -160,8 +160,8 @@ def patch_trainer(module: Any) -> None:
 
 def job_shape() -> tuple[int, int]:
     """``(ranks per host, hosts)`` of this rank's job, as torchrun's variables say them."""
-    return (int(os.environ.get(ENV_LOCAL_WORLD_SIZE, "1")),
-            int(os.environ.get(ENV_GROUP_WORLD_SIZE, "1")))
+    job = rank_job()
+    return job.local_size, job.group_size
 
 
 def with_job_shape(_self: Any, _args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -193,7 +193,7 @@ def lightning_message(trainer: Any) -> str | None:
     planned = getattr(strategy, "num_nodes", 1)
     if (devices, planned) == (local, nodes) or devices * planned == 1 or mine_alone():
         return None
-    size = os.environ.get(ENV_SIZE, "?")
+    size = rank_job().size
     total = devices * planned
     return (f"Lightning's {kind}(devices={devices}, num_nodes={planned}) plans {total} "
             f"process{'es' if total != 1 else ''}, {devices} per node, and the job runs "
@@ -228,7 +228,7 @@ def install() -> None:
     """Patch Lightning's ``Trainer`` (and ``Fabric``) now if imported, and whenever it is later:
     progress always; in a rank of ours, the job's shape and the guards."""
     after_import(_TRAINER_MODULES, patch_trainer)
-    engine = os.environ.get(ENV_ENGINE)
+    engine = rank_job().engine
     if not in_a_job():
         return
     if engine == ENGINE_TORCH:

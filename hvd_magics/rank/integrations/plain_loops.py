@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import weakref
 from typing import Any
 
-from hvd_magics.protocol import ENV_LOOP_PROGRESS
 from hvd_magics.rank.api import progress
 from hvd_magics.rank.guards.import_hooks import after_import, before_call
+from hvd_magics.rank.rank_job import rank_job
 
 _DDP_MODULE = "torch.nn.parallel.distributed"
 _ACCELERATE_MODULE = "accelerate.accelerator"
@@ -269,7 +268,7 @@ def _accumulating(accelerator: Any, *_args: Any, **_kwargs: Any) -> None:
 def install() -> None:
     """Hook DDP, its sampler, the DataLoader and ``backward`` once ``torch`` has loaded DDP,
     and Accelerate's ``log`` once it is imported (not with ``HVD_MAGICS_LOOP_PROGRESS=0``)."""
-    if os.environ.get(ENV_LOOP_PROGRESS, "1") == "0":
+    if not rank_job().loop_progress:
         return
     after_import((_DDP_MODULE,), _patch_ddp)
     after_import((_ACCELERATE_MODULE,), _patch_accelerate)
