@@ -18,7 +18,7 @@ from hvd_magics.job.records.run_logs import prune_old_runs, runs_dir
 from hvd_magics.job.records.run_record import RunRecord
 from hvd_magics.job.session import SESSION
 from hvd_magics.job.verdicts.links import say_links
-from hvd_magics.job.watch.following import collect_stacks, drain
+from hvd_magics.job.following import collect_stacks, drain
 from hvd_magics.job.watch.loop import watch, watch_elastic
 from hvd_magics.launch.backend import Backend
 from hvd_magics.launch.dataframe_input import check_columns, common_session

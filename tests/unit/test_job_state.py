@@ -95,7 +95,7 @@ def test_stacks_of_ranks_that_have_not_started_say_so(tmp_path):
     import time
 
     from hvd_magics.job.job_state import JobState
-    from hvd_magics.job.watch.following import collect_stacks
+    from hvd_magics.job.following import collect_stacks
 
     class Backend:
         asked = 0

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from hvd_magics.errors import HorovodJobError, JobTimeoutError
-from hvd_magics.job.watch.following import collect_stacks
-from hvd_magics.job.watch.monitor import Turn
+from hvd_magics.job.following import collect_stacks
+from hvd_magics.job.verdicts.monitor import Turn
 
 
 class Deadline:

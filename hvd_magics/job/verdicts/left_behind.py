@@ -12,8 +12,8 @@ from hvd_magics.job.verdicts.stacks import (DDP_ALLREDUCE, UNEVEN_DDP_FIX, UNEVE
                                             collective_waited)
 from hvd_magics.job.verdicts.stacks import where as stack_where
 from hvd_magics.job.verdicts.notice import stuck_in_the_save
-from hvd_magics.job.watch.following import collect_stacks
-from hvd_magics.job.watch.monitor import Turn
+from hvd_magics.job.following import collect_stacks
+from hvd_magics.job.verdicts.monitor import Turn
 from hvd_magics.rank_names import rank_named, ranks_named
 
 #: After a rank finished the job's code, how long a peer may wait in a collective before its

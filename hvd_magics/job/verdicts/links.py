@@ -6,7 +6,7 @@ from hvd_magics.errors import HorovodJobError
 from hvd_magics.job.job_state import JobState
 from hvd_magics.job.verdicts.link_probe import COMM_BOUND_SHARE, LinkProbe
 from hvd_magics.job.verdicts.link_probe import verdict as link_verdict
-from hvd_magics.job.watch.monitor import Turn
+from hvd_magics.job.verdicts.monitor import Turn
 
 
 class Links:

@@ -6,7 +6,7 @@ import os
 
 from hvd_magics.errors import HorovodJobError
 from hvd_magics.job.job_state import JobState
-from hvd_magics.job.watch.monitor import Turn
+from hvd_magics.job.verdicts.monitor import Turn
 from hvd_magics.launch.backend import Backend
 from hvd_magics.options import positive_seconds
 from hvd_magics.protocol import ENV_HOST_SILENT

@@ -9,8 +9,8 @@ from hvd_magics.errors import HorovodJobError
 from hvd_magics.job.job_state import JobState
 from hvd_magics.job.verdicts.stacks import where as stack_where
 from hvd_magics.job.verdicts.preemption import CHECK_EVERY_S, notice_text
-from hvd_magics.job.watch.following import collect_stacks
-from hvd_magics.job.watch.monitor import Turn
+from hvd_magics.job.following import collect_stacks
+from hvd_magics.job.verdicts.monitor import Turn
 from hvd_magics.notices import say
 from hvd_magics.protocol import ENV_NOTICE_SAVE_WAIT
 from hvd_magics.rank_names import rank_named, ranks_named

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from hvd_magics.errors import HorovodJobError
 from hvd_magics.job.job_state import STALL_REQUEST
-from hvd_magics.job.watch.monitor import Turn
+from hvd_magics.job.verdicts.monitor import Turn
 
 
 class StalledRanks:

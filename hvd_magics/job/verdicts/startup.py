@@ -6,7 +6,7 @@ import sys
 
 from hvd_magics.errors import HorovodJobError, StartTimeoutError
 from hvd_magics.job.job_state import WAITING
-from hvd_magics.job.watch.monitor import Turn
+from hvd_magics.job.verdicts.monitor import Turn
 from hvd_magics.notices import say
 
 #: How often the cell's line says the executors still fetch and unpack the environment.

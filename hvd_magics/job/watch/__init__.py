@@ -1,2 +1,3 @@
-"""Following a job from the driver: its events applied, its monitors asked each turn, its end
-judged (the verdicts themselves are in :mod:`hvd_magics.job.verdicts`)."""
+"""The watch of a running job from the driver: its monitors asked each turn and its phase moved
+on (:mod:`.loop`), its end judged (:mod:`.outcome`); the monitors and their protocol are in
+:mod:`hvd_magics.job.verdicts`, the events' following in :mod:`hvd_magics.job.following`."""

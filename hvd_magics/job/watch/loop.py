@@ -23,8 +23,8 @@ from hvd_magics.job.verdicts.notice import (PreemptionNotice, notice_save_wait, 
                                             saving_on_notice)
 from hvd_magics.job.verdicts.stalled import StalledRanks
 from hvd_magics.job.verdicts.startup import Startup
-from hvd_magics.job.watch.following import drain, follow
-from hvd_magics.job.watch.monitor import Monitor, Turn
+from hvd_magics.job.following import drain, follow
+from hvd_magics.job.verdicts.monitor import Monitor, Turn
 from hvd_magics.job.watch.outcome import elastic_failure_of, failure_of
 from hvd_magics.launch.backend import Backend
 
