@@ -220,11 +220,14 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 
 def _stop_active() -> None:
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
         active.stop()
+    elif SparkContext._active_spark_context is not None:  # a context no longer this thread's
+        SparkContext._active_spark_context.stop()
     _state["master"] = None
 
 
@@ -246,7 +249,9 @@ def _session(master: str, **conf: str):
     from pyspark.sql import SparkSession
 
     wanted = (master, tuple(sorted(conf.items())))
-    if _state["master"] != wanted:
+    # the session itself is asked too: in one fresh-clone run a lane's session was no longer
+    # this thread's active one though the record said it ran (6 tests got None)
+    if _state["master"] != wanted or SparkSession.getActiveSession() is None:
         _stop_active()
         _forget_settings(_state.get("keys", ()))
         settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
