@@ -18,7 +18,9 @@ docs/development.md, "A GPU machine"). Each part prints what it found; the last 
    on one GPU are refused by NCCL), trained, saved with ``checkpoint.save`` (every rank's part,
    PyTorch's distributed checkpoint) and in the background, read back by a second job with
    ``checkpoint.latest(state)``: the full weights' digests, each rank's part files, the step
-   split's communication share (FSDP's all-gathers and reduce-scatters) and the GPU's memory.
+   split's communication share (FSDP's all-gathers and reduce-scatters) and the GPU's memory;
+   then the same with FSDP1 (``FullyShardedDataParallel``, which torch 2.13 refuses on CPU:
+   "FSDP needs a non-CPU accelerator device").
 
 Usage (on the GPU machine, from the repository's root, after installing .gpu_wheels):
     python3 scripts/gpu_check.py [guard,nccl,gloo,overhead,fsdp,profile]
@@ -290,8 +292,9 @@ def nccl(np: int, share: bool = False) -> dict:
 
 
 def fsdp_on_gpu(steps: int, save_at: int | None = None, resume: bool = False,
-                asynchronous: bool = False) -> dict:
-    """An FSDP2 model on this rank's GPU (NCCL), trained ``steps`` steps on data seeded by the
+                asynchronous: bool = False, version: int = 2) -> dict:
+    """An FSDP2 model (``version=1``: FSDP1's ``FullyShardedDataParallel``, which torch 2.13
+    refuses on CPU) on this rank's GPU (NCCL), trained ``steps`` steps on data seeded by the
     step, saved at ``save_at`` (or resumed from the job's checkpoint); rank 0's digest of the
     full weights and where it started."""
     import hashlib
@@ -309,9 +312,14 @@ def fsdp_on_gpu(steps: int, save_at: int | None = None, resume: bool = False,
     dist.init_process_group("nccl")
     torch.manual_seed(0 if not resume else 7)
     model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(4)]).cuda()
-    for layer in model:
-        fully_shard(layer)
-    fully_shard(model)
+    if version == 1:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        model = FullyShardedDataParallel(model, device_id=local)
+    else:
+        for layer in model:
+            fully_shard(layer)
+        fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     state = {"model": model, "optimizer": optimizer, "step": 0}
     start = 0
@@ -350,7 +358,9 @@ def fsdp() -> dict:
     found: dict = {}
     for name, kwargs in (("saved", {"steps": 20, "save_at": 9}),
                          ("resumed", {"steps": 20, "resume": True}),
-                         ("async", {"steps": 20, "save_at": 9, "asynchronous": True})):
+                         ("async", {"steps": 20, "save_at": 9, "asynchronous": True}),
+                         ("fsdp1_saved", {"steps": 20, "save_at": 9, "version": 1}),
+                         ("fsdp1_resumed", {"steps": 20, "resume": True, "version": 1})):
         began = time.monotonic()
         try:
             record = HorovodRunner(np=np, engine="torch", checkpoint_dir=folder).run_payload(
@@ -366,9 +376,11 @@ def fsdp() -> dict:
         found[f"fsdp_{name}"] = {**record.value, "parts": parts,
                                  "comm_share": [round(r["comm_s"] / r["step_s"], 3)
                                                 for r in split if r.get("step_s")]}
-    saved, resumed = found.get("fsdp_saved"), found.get("fsdp_resumed")
-    if isinstance(saved, dict) and isinstance(resumed, dict):
-        found["fsdp_resumed_same_weights"] = saved["weights"] == resumed["weights"]
+    for first, then in (("fsdp_saved", "fsdp_resumed"),
+                        ("fsdp_fsdp1_saved", "fsdp_fsdp1_resumed")):
+        saved, resumed = found.get(first), found.get(then)
+        if isinstance(saved, dict) and isinstance(resumed, dict):
+            found[f"{then}_same_weights"] = saved["weights"] == resumed["weights"]
     return found
 
 
