@@ -127,6 +127,12 @@ def partial_folder(model_dir: str | os.PathLike, position: Position, mark: str) 
     return partial
 
 
+def folder_checkpoint(model_dir: str | os.PathLike, position: Position) -> Path:
+    """Where the sharded checkpoint of ``position`` stands once whole."""
+    return (checkpoint_folder(model_dir)
+            / f"ckpt-{position.global_step}-e{position.epoch}-s{position.step}.dcp")
+
+
 def publish_folder(model_dir: str | os.PathLike, partial: Path, position: Position, mark: str,
                    keep: int = 2, spare: int | None = None) -> Path:
     """Once every rank wrote its part into ``partial``, rename it into place as the sharded
@@ -134,7 +140,7 @@ def publish_folder(model_dir: str | os.PathLike, partial: Path, position: Positi
     one of ``spare``) and remove what other attempts left partly written; its path. Called by
     one rank."""
     folder = checkpoint_folder(model_dir)
-    path = folder / f"ckpt-{position.global_step}-e{position.epoch}-s{position.step}.dcp"
+    path = folder_checkpoint(model_dir, position)
     if path.exists():  # the same step saved again: the older one goes, then the new one in
         _remove(path)
     os.replace(partial, path)

@@ -48,8 +48,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from hvd_magics.common.checkpoints import (Position, checkpoint_at, latest_checkpoint,
-                                           partial_folder, publish_folder, write_checkpoint)
+from hvd_magics.common.checkpoints import (Position, checkpoint_at, folder_checkpoint,
+                                           latest_checkpoint, partial_folder, publish_folder,
+                                           write_checkpoint)
 from hvd_magics.errors import (CheckpointFolderNotShared, ShardedCheckpointNeedsState,
                                ShardedStateRefused)
 from hvd_magics.rank.api.preemption import after_save, noticed, preempting
@@ -208,10 +209,10 @@ def _save_sharded(state: dict[str, Any], step: int, keep: int, folder: Path,
     global _pending
     wait()  # one save at a time: the one before is in place first
     position = Position(0, 0, int(step))
-    partial = partial_folder(folder, position, _mark())
-    path = folder / "checkpoints" / f"ckpt-{position.global_step}-e0-s0.dcp"
-    first = rank_job().first
     mark, spare = _mark(), _pinned()
+    partial = partial_folder(folder, position, mark)
+    path = folder_checkpoint(folder, position)
+    first = rank_job().first
 
     def publish() -> None:
         if first:

@@ -53,8 +53,7 @@ def sharded_module(module: Any) -> bool:
 def needs_dcp(state: Any, sharded_paths: list[str]) -> bool:
     """Whether ``state`` is saved through DCP: it holds sharded tensors (``sharded_paths``) or
     the job's modules or optimizers themselves."""
-    modules, optimizers = modules_and_optimizers(state)
-    return bool(sharded_paths or modules or optimizers)
+    return bool(sharded_paths) or any(modules_and_optimizers(state))
 
 
 class _ModuleState:
