@@ -148,7 +148,8 @@ def validate_engine(engine: Any) -> str:
     name = aliases.get(name, name)
     if name not in ENGINES:
         raise ValueError(f"engine={engine!r} is not an engine: use 'horovod' (hvd.init()), "
-                         "'torch' (torch.distributed.init_process_group()) or 'tf' "
+                         "'torch' (torch.distributed.init_process_group(); FSDP, DeepSpeed, "
+                         "Accelerate and Lightning run on it) or 'tf' "
                          "(tf.distribute.MultiWorkerMirroredStrategy())")
     return name
 
