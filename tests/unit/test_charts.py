@@ -80,3 +80,16 @@ def test_ticks_close_together_are_labelled_apart_and_one_epoch_draws_no_epoch_ch
     assert "per epoch" not in history.html()
     history.epochs = {"loss": [(1.0, 0.5), (2.0, 0.4)]}
     assert "per epoch" in history.html()
+
+
+def test_values_equal_but_for_the_last_bit_draw_one_tick_not_an_error():
+    """A Keras job on two driver ranks failed as it ended (suite, stop 77): its chart's values
+    were 328.21999999999997 and 328.22, the ticks between them repeated one float, and the
+    labels' spacing took the logarithm of 0 (``ValueError: math domain error``)."""
+    import re
+
+    chart = svg_chart({"[0]": [(1, 328.21999999999997), (2, 328.22)],
+                       "[1]": [(1, 328.22), (2, 328.22)]}, "seconds", "step")
+    labels = re.findall(r"text-anchor='end'>([^<]+)</text>", chart)
+    # drawn as one flat value is (its axis half of it either side)
+    assert labels == ["200", "300", "400"], labels

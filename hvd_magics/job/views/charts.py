@@ -155,7 +155,7 @@ def _epoch_lines(epochs: dict[str, list[tuple[float, float]]]) -> dict[str, list
 
 def _ticks(low: float, high: float, whole: bool = False) -> list[float]:
     """A few round values between ``low`` and ``high`` (whole numbers only, with ``whole``)."""
-    if high <= low:
+    if high - low <= 1e-9 * max(abs(low), abs(high)):  # one value, as floats can tell
         return [low]
     step = 10 ** math.floor(math.log10((high - low) / 3))
     if whole:
@@ -176,7 +176,7 @@ def _labels(ticks: list[float]) -> list[str]:
     """The ticks' labels: three significant digits, or as many decimals as they need to differ
     (a loss between 2.3151 and 2.3156 was labelled 2.32 three times)."""
     labels = [_number(tick) for tick in ticks]
-    if len(set(labels)) == len(labels) or len(ticks) < 2:
+    if len(set(labels)) == len(labels) or len(ticks) < 2 or ticks[1] <= ticks[0]:
         return labels
     decimals = max(0, -math.floor(math.log10(ticks[1] - ticks[0]) + 1e-9))
     return [f"{tick:.{decimals}f}" for tick in ticks]
@@ -194,7 +194,7 @@ def svg_chart(series: dict[str, list[tuple[float, float]]], title: str, x_label:
     y_low, y_high = min(p[1] for p in points), max(p[1] for p in points)
     if x_high == x_low:
         x_high = x_low + 1
-    if y_high == y_low:
+    if y_high - y_low <= 1e-9 * max(abs(y_low), abs(y_high)):  # one value, as floats tell
         y_low, y_high = y_low - 0.5 * abs(y_low or 1), y_high + 0.5 * abs(y_high or 1)
 
     def sx(x: float) -> float:
