@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from hvd_magics import DeepspeedTorchDistributor, last_run
+from hvd_magics import DeepspeedTorchDistributor, HorovodRunner, last_run
 
 
 def test_the_drop_in_runs_pysparks_docstring_example_with_a_deepspeed_function():
@@ -113,3 +113,74 @@ def test_a_deepspeed_build_killed_halfway_does_not_hang_the_next_job(tmp_path, m
     said = [line for line in (shown.out + shown.err).splitlines() if "hvd_magics: removed" in line]
     assert len(said) == 1 and str(lock) in said[0], said
     assert not lock.exists()
+
+
+def _zero_steps(steps: int, stage: int = 3, kill_at: int | None = None) -> dict:
+    """A DeepSpeed engine (ZeRO ``stage``, Adam) trained ``steps`` steps on data seeded by the
+    step and rank, saved with the step beside it every 5 steps through ``checkpoint.save`` and
+    resumed from ``checkpoint.latest``; rank 1 of the first attempt killed after step
+    ``kill_at``. Returns where it started, the step the dict got back, the model's output on a
+    fixed batch, and what a dict with the optimizer beside the engine and a load on this number
+    of ranks said."""
+    import os
+    import signal
+
+    import deepspeed
+    import torch
+
+    from hvd_magics import checkpoint
+    from hvd_magics.errors import CheckpointMismatch, ShardedStateRefused
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    engine, optimizer, _, _ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(),
+        config={"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": stage},
+                "optimizer": {"type": "Adam", "params": {"lr": 0.01, "torch_adam": True}}})
+    said = {}
+    try:
+        checkpoint.save({"engine": engine, "optimizer": optimizer}, 0)
+    except ShardedStateRefused as refused:
+        said["refused"] = str(refused)
+    state = {"engine": engine, "step": -1}
+    try:
+        found = checkpoint.latest(state)
+    except CheckpointMismatch as mismatch:  # saved by another number of ranks
+        return {"mismatch": str(mismatch)}
+    start, loaded = (0, None) if found is None else (found[1] + 1, state["step"])
+    for step in range(start, steps):
+        data = torch.Generator().manual_seed(step * 10 + engine.global_rank)
+        engine.backward(engine(torch.randn(8, 16, generator=data)).pow(2).mean())
+        engine.step()
+        if step % 5 == 4:
+            state["step"] = step
+            checkpoint.save(state, step)
+        if step == kill_at and engine.global_rank == 1 and checkpoint.attempt() == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+    with torch.no_grad():
+        probe = engine(torch.ones(4, 16)).sum().item()
+    return {"start": start, "step": loaded, "probe": probe, **said}
+
+
+def test_a_zero_3_engine_saved_by_every_rank_resumes_after_a_lost_rank_as_an_unbroken_run(
+        tmp_path):
+    """ZeRO stage 3 (each rank holds a part of the parameters and of Adam's state): saved
+    through checkpoint.save(engine) at steps 4 and 9, rank 1 killed at step 12; the next
+    attempt resumes from step 9 and ends with the model's output of a run that never stopped,
+    bit for bit. One rank cannot read two ranks' ZeRO partitions: said with the fix."""
+    folder = tmp_path / "lost"
+    resumed = HorovodRunner(np=-2, engine="torch", restarts=1, checkpoint_dir=folder).run(
+        _zero_steps, steps=15, kill_at=12)
+    assert "rank 1" in last_run().attempts[0] and last_run().attempts[-1] == "succeeded"
+    assert (resumed["start"], resumed["step"]) == (10, 9), resumed
+    assert "saves its model and its optimizer itself" in resumed["refused"], resumed
+    saved = sorted(p.name for p in (folder / "checkpoints" / "ckpt-14-e0-s0.dcp" / "deepspeed")
+                   .iterdir())
+    assert saved == [f"zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt"
+                     for r in (0, 1) for kind in ("model", "optim")], saved
+    unbroken = HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path / "whole").run(
+        _zero_steps, steps=15)
+    assert resumed["probe"] == unbroken["probe"], (resumed, unbroken)
+    one = HorovodRunner(np=-1, engine="torch", checkpoint_dir=folder).run(_zero_steps, steps=20)
+    assert "saved by 2 ranks, and this job has 1" in one["mismatch"], one
+    assert "Fix:" in one["mismatch"], one

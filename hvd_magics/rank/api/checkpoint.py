@@ -26,6 +26,15 @@ job's state in place, on any number of ranks (:mod:`hvd_magics.rank.integrations
     ...
     checkpoint.save(state, step)             # on every rank: each writes its part
 
+A DeepSpeed engine (ZeRO stages 1-3) saves through its own ``save_checkpoint``, every rank its
+partition, put in place whole as the others are; values beside it in a dict come back with it
+(:mod:`hvd_magics.rank.integrations.deepspeed`)::
+
+    state = {"engine": engine, "epoch": 0}
+    found = checkpoint.latest(state)         # loaded into the engine, or None
+    ...
+    checkpoint.save(state, step)             # on every rank
+
 :func:`save` writes under a temporary name and renames it into place (a rename is atomic): a rank
 killed while it saves leaves the previous checkpoint whole, never a torn one read as whole
 (:mod:`hvd_magics.common.checkpoints` is the writer the estimator's fits use too). The folder is
@@ -45,15 +54,17 @@ from __future__ import annotations
 import pickle
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hvd_magics.common.checkpoints import (Position, checkpoint_at, folder_checkpoint,
                                            latest_checkpoint, partial_folder, publish_folder,
                                            write_checkpoint)
-from hvd_magics.errors import (CheckpointFolderNotShared, ShardedCheckpointNeedsState,
-                               ShardedStateRefused)
+from hvd_magics.errors import (CheckpointFolderNotShared, CheckpointMismatch,
+                               ShardedCheckpointNeedsState, ShardedStateRefused)
 from hvd_magics.rank.api.preemption import after_save, noticed, preempting
+from hvd_magics.rank.integrations import deepspeed
 from hvd_magics.rank.integrations.torch_dcp import load as load_sharded
 from hvd_magics.rank.integrations.torch_dcp import needs_dcp, save_in_background
 from hvd_magics.rank.integrations.torch_dcp import save as save_sharded
@@ -202,10 +213,12 @@ def wait() -> None:
         raise pending.error
 
 
-def _save_sharded(state: dict[str, Any], step: int, keep: int, folder: Path,
-                  asynchronous: bool) -> Path:
-    """Every rank writes its part of ``state``; rank 0 then puts the checkpoint in place (in
-    the background when ``asynchronous``, once every part is written)."""
+def _save_parts(write: Callable[[Path], Any], step: int, keep: int, folder: Path,
+                asynchronous: bool = False) -> Path:
+    """Every rank writes its part of the checkpoint of ``step`` by ``write(partial folder)`` (a
+    collective that returns once every part is written; with ``asynchronous``, once the state
+    is copied, giving a ``Future``); rank 0 then puts the folder in place (in the background
+    when ``asynchronous``, once the future is done)."""
     global _pending
     wait()  # one save at a time: the one before is in place first
     position = Position(0, 0, int(step))
@@ -219,10 +232,10 @@ def _save_sharded(state: dict[str, Any], step: int, keep: int, folder: Path,
             publish_folder(folder, partial, position, mark, keep, spare=spare)
 
     if not asynchronous:
-        save_sharded(state, partial)  # returns once every part and the metadata are there
+        write(partial)
         publish()
         return path
-    pending = _PendingSave(save_in_background(state, partial), step)
+    pending = _PendingSave(write(partial), step)
 
     def finished(future: Any) -> None:
         try:
@@ -238,6 +251,21 @@ def _save_sharded(state: dict[str, Any], step: int, keep: int, folder: Path,
     return path
 
 
+def _save_engine(found: tuple[Any, dict[str, Any], str | None], step: int, keep: int,
+                 folder: Path, asynchronous: bool) -> Path:
+    """A DeepSpeed engine's checkpoint: every rank writes its ZeRO partition through the
+    engine's ``save_checkpoint``, with the values beside it."""
+    if asynchronous:
+        raise ValueError(
+            "checkpoint.save(..., asynchronous=True) writes PyTorch's distributed checkpoint in "
+            "the background, and was given a DeepSpeed engine, which writes its own files. Fix: "
+            "asynchronous=False (DeepSpeed's own asynchronous writer is set in its config: "
+            "'checkpoint': {'writer': ...})")
+    engine, others, _ = found
+    return _save_parts(lambda partial: deepspeed.save_engine(engine, others, partial), step,
+                       keep, folder)
+
+
 def save(state: Any, step: int, keep: int = 2, asynchronous: bool = False) -> Path | None:
     """Write ``state`` as the checkpoint of ``step``, keeping the newest ``keep`` (and the one
     this attempt resumed from, which a peer may still be reading); its path.
@@ -248,6 +276,11 @@ def save(state: Any, step: int, keep: int = 2, asynchronous: bool = False) -> Pa
     (anything pickle takes: state dicts, arrays, numbers) is written by rank 0; ``None`` on
     the other ranks. Either way a checkpoint is whole or absent: it is renamed into place once
     written.
+
+    A DeepSpeed engine (or a dict holding one, with plain values beside it) is written by every
+    rank through the engine's ``save_checkpoint``: each rank its ZeRO partition, DeepSpeed's
+    own files (in ``deepspeed/`` of the checkpoint's folder), the other values as its
+    ``client_state``; call it on every rank.
 
     ``asynchronous=True`` (sharded state only) returns once the state is copied to this
     host's memory, and writes it while training goes on; the checkpoint is in place once every
@@ -268,8 +301,13 @@ def save(state: Any, step: int, keep: int = 2, asynchronous: bool = False) -> Pa
     if found and not isinstance(state, dict):
         _refuse_sharded_outside_a_dict(state, found)
     folder = shared_folder()
-    if isinstance(state, dict) and needs_dcp(state, found):
-        path: Path | None = _save_sharded(state, step, keep, folder, asynchronous)
+    engine = deepspeed.engine_in(state)
+    if engine is not None or (isinstance(state, dict) and needs_dcp(state, found)):
+        path: Path | None = (
+            _save_engine(engine, step, keep, folder, asynchronous) if engine is not None
+            else _save_parts(lambda partial: (save_in_background if asynchronous
+                                              else save_sharded)(state, partial),
+                             step, keep, folder, asynchronous))
         if noticed():
             wait()  # the attempt ends at this save: it is whole first
         after_save(step)
@@ -288,7 +326,7 @@ def save(state: Any, step: int, keep: int = 2, asynchronous: bool = False) -> Pa
     return path
 
 
-def latest(state: dict[str, Any] | None = None) -> tuple[Any, int] | None:
+def latest(state: Any = None) -> tuple[Any, int] | None:
     """``(state, step)`` of the checkpoint this attempt resumes from, the same on every rank:
     the newest whole one when the attempt started (outside a job of ours: the newest now);
     ``None`` when there was none.
@@ -296,13 +334,18 @@ def latest(state: dict[str, Any] | None = None) -> tuple[Any, int] | None:
     A sharded checkpoint is read into ``state``, the job's current state as it saves it (its
     modules and optimizers themselves, an optimizer also before its first step; tensors are
     copied into, other values replaced), on any number of ranks: each reads the part its
-    sharding holds. It returns ``(state, step)``; call it on every rank. A checkpoint rank 0
-    wrote alone is returned as it was saved, whether ``state`` is given or not.
+    sharding holds. It returns ``(state, step)``; call it on every rank. A DeepSpeed engine's
+    checkpoint is read into the engine given (or the dict holding it, whose other values are
+    replaced), on the number of ranks that wrote it. A checkpoint rank 0 wrote alone is
+    returned as it was saved, whether ``state`` is given or not.
 
     Raises
     ------
     ShardedCheckpointNeedsState
         The checkpoint is sharded and no ``state`` was given to read it into.
+    CheckpointMismatch
+        The checkpoint does not fit ``state`` (another model or shape; a DeepSpeed engine's
+        read without one, or on another number of ranks).
     CheckpointFolderNotShared
         The rank's executor does not see the driver's folder (:func:`shared_folder`).
     """
@@ -324,7 +367,21 @@ def latest(state: dict[str, Any] | None = None) -> tuple[Any, int] | None:
                 f"the checkpoint of step {found[0].global_step:,} in {folder} is sharded (each "
                 f"rank wrote its part), and is read into the job's state, which latest() was not "
                 f"given. Fix: give it the state as the job saves it, on every rank: "
-                f"checkpoint.latest({{'model': model, 'optimizer': optimizer, 'step': 0}})")
+                f"checkpoint.latest({{'model': model, 'optimizer': optimizer, 'step': 0}}), or "
+                f"a DeepSpeed engine: checkpoint.latest(engine)")
+        engine = deepspeed.engine_in(state)
+        if engine is not None:
+            saved = deepspeed.load_engine(engine[0], found[1])
+            if engine[2] is None:
+                return engine[0], found[0].global_step
+            # the dict's own values only (DeepSpeed adds its metadata's keys to what it gives)
+            state.update({key: saved[key] for key in engine[1] if key in saved})
+            return state, found[0].global_step
+        if (found[1] / deepspeed.TAG).is_dir():
+            raise CheckpointMismatch(
+                f"the checkpoint {found[1]} was written from a DeepSpeed engine, and latest() "
+                f"was given no engine. Fix: give it the engine, on every rank: "
+                f"checkpoint.latest(engine) (or the dict it was saved as, with the engine in it)")
         load_sharded(state, found[1])
         return state, found[0].global_step
     with open(found[1], "rb") as handle:
