@@ -418,12 +418,10 @@ class SlowToPickle:
 
 
 def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engine="torch",
-                           pause_on=None, hold_on=None, step_s=0.0, spot=None, torn_save=None):
+                           hold_on=None, step_s=0.0, spot=None, torn_save=None):
     """A regression trained ``steps`` steps from seeded data under DDP (``engine="torch"``) or
     Horovod, saving a checkpoint every ``every`` steps and resuming from the latest one.
     ``kill_on``: ``(step, attempts)``, rank 1 SIGKILLs itself after that step on those attempts;
-    ``pause_on``: ``(step, folder)``, on the first attempt rank 1 writes its pid to
-    ``folder/rank1`` after that step and waits (for the test to kill its executor);
     ``bad_rank`` raises a ValueError; ``hold_on``: ``(attempt, folder)``, on that attempt every
     rank writes ``folder/<rank>`` once it resumed and waits (for the test's interrupt);
     ``step_s``: seconds each step takes more; ``spot``: ``(step, folder[, attempts])``, every
@@ -482,12 +480,6 @@ def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engin
         optimizer.step()
         if kill_on and rank == 1 and step == kill_on[0] and checkpoint.attempt() in kill_on[1]:
             os.kill(os.getpid(), signal.SIGKILL)
-        if pause_on and rank == 1 and step == pause_on[0] and checkpoint.attempt() == 0:
-            import time
-
-            with open(os.path.join(pause_on[1], "rank1"), "w") as out:
-                out.write(str(os.getpid()))
-            time.sleep(600)
         if spot:
             with open(os.path.join(spot[1], f"steps-{rank}"), "a") as out:
                 out.write(f"{checkpoint.attempt()} {step}\n")

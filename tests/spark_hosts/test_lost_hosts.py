@@ -54,7 +54,7 @@ def test_a_cut_host_restarts_the_job_on_the_other_hosts(three_hosts_spark, three
     """A torch job resumed 93 s after the cut blaming a survivor; a Horovod job did not restart
     (the survivors' HorovodInternalError was taken for the user's own error)."""
     job = HorovodRunner(np=2, engine=engine, restarts=1, checkpoint_dir=shared_folder).start(
-        engine_jobs.steps_with_checkpoints, steps=400, every=5, engine=engine, step_s=0.05)
+        engine_jobs.steps_with_checkpoints, steps=150, every=5, engine=engine, step_s=0.05)
     try:
         deadline = time.monotonic() + 120
         while not list((shared_folder / "checkpoints").glob("ckpt-1[05]-*")):
