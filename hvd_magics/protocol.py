@@ -96,7 +96,7 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
               "progress within an epoch (at most 4 a second)"),
     EventKind(EPOCH_END, "rank", ("epoch", "epochs", "duration", "samples", "metrics"),
               "an epoch ended"),
-    EventKind(STEP_SPLIT, "rank", ("rows", "totals", "dropped", "gpu", "clock"),
+    EventKind(STEP_SPLIT, "rank", ("rows", "totals", "dropped", "gpu", "memory", "clock"),
               "each training step's time split (hvd_magics.rank.instruments.step_split), at "
               "most 4 a second: rows [step, step_s, input_s, comm_s, cpu_wait_s, cpu_s] of the "
               "steps since the last such event (the latest STEP_ROWS_SENT; dropped: how many "
@@ -104,8 +104,10 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
               "CPU and time on one outside collectives), totals [steps, step_s, input_s, comm_s, "
               "cpu_wait_s, cpu_s] of them all; gpu: the rank's "
               "CUDA device's memory and utilisation (hvd_magics.rank.instruments.gpu_memory), "
-              "else None; clock: 'gpu' when the rows are the GPU's time "
-              "(hvd_magics.rank.instruments.gpu_steps), else 'host'"),
+              "else None; memory: the rank's resident and peak host memory, and in sharded "
+              "training the bytes of parameters it holds and of the whole "
+              "(hvd_magics.rank.instruments.rank_memory); clock: 'gpu' when the rows are the "
+              "GPU's time (hvd_magics.rank.instruments.gpu_steps), else 'host'"),
     EventKind(PREEMPT_CALLS, "rank", ("calls",),
               "how many times the rank has called checkpoint.preempting() (at most twice a "
               "second, once it has; hvd_magics.rank.api.preemption)"),

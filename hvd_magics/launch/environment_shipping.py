@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterator
 
+from hvd_magics.common.sizes import byte_size
 from hvd_magics.errors import EnvironmentNotShippable
 from hvd_magics.launch.package_shipping import cache_folder
 from hvd_magics.launch.spark_session import executors_run_this_python, is_connect, send_once
@@ -74,7 +75,7 @@ class EnvironmentFacts:
         return f"hvd_env_{self.key}"
 
     def describe(self) -> str:
-        size = f"{_size(self.size)} unpacked, " if self.size >= 0 else ""
+        size = f"{byte_size(self.size)} unpacked, " if self.size >= 0 else ""
         return f"{self.kind} {self.prefix} (Python {self.python}, {size}key {self.key})"
 
     def measured(self) -> EnvironmentFacts:
@@ -111,14 +112,6 @@ def _part_of(prefix: str, folder: str) -> str:
         at = pieces.index("site-packages")
         return "/".join(pieces[:at + 2])
     return pieces[0] if relative != "." else "."
-
-
-def _size(count: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if count < 1000 or unit == "GB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1000
-    return f"{count:.1f} GB"
 
 
 def _site_packages(prefix: Path) -> list[Path]:
@@ -302,9 +295,10 @@ def packed_environment(facts: EnvironmentFacts, say: Callable[..., None],
             + "; ".join(facts.editable) + ". Fix: install them without -e (pip install .), or "
             "add their folders with spark.sparkContext.addPyFile, then ship_environment() again.")
     if facts.size > limit_gb * 1e9:
-        largest = ", ".join(f"{part} {_size(count)}" for part, count in facts.largest)
+        largest = ", ".join(f"{part} {byte_size(count)}" for part, count in facts.largest)
         raise EnvironmentNotShippable(
-            f"the environment is {_size(facts.size)} unpacked, over the limit of {limit_gb:g} GB "
+            f"the environment is {byte_size(facts.size)} unpacked, over the limit of "
+            f"{limit_gb:g} GB "
             f"that every executor would download and unpack (largest: {largest}). Fix: remove "
             "what the job does not need, or raise the limit: "
             f"ship_environment(limit_gb={max(facts.size / 1e9 * 1.2, 1):.0f}).")
@@ -314,8 +308,9 @@ def packed_environment(facts: EnvironmentFacts, say: Callable[..., None],
     try:
         while not packing.finished.wait(PROGRESS_EVERY_S):
             done = packing.done[0]
-            what = (f"{_size(done)} of {_size(facts.size)}" if facts.kind == "venv" else
-                    f"{_size(_written(packing.part))} written, {_size(facts.size)} unpacked")
+            what = (f"{byte_size(done)} of {byte_size(facts.size)}" if facts.kind == "venv"
+                    else f"{byte_size(_written(packing.part))} written, "
+                         f"{byte_size(facts.size)} unpacked")
             say(f"packing {facts.prefix} with {tool}: {what}, "
                 f"{time.monotonic() - packing.started:.0f} s", redraw=True)
     except KeyboardInterrupt:
@@ -330,7 +325,7 @@ def packed_environment(facts: EnvironmentFacts, say: Callable[..., None],
         failure = packing.failure[0]
         raise EnvironmentNotShippable(f"{tool} could not pack {facts.prefix}: "
                                       f"{type(failure).__name__}: {failure}") from failure
-    say(f"packed {facts.prefix} with {tool}: {_size(target.stat().st_size)} in "
+    say(f"packed {facts.prefix} with {tool}: {byte_size(target.stat().st_size)} in "
         f"{time.monotonic() - packing.started:.1f} s")
     return target
 
@@ -391,7 +386,7 @@ class EnvironmentChoice:
         self.sent_now = 0
         if send_once(spark, f"{archive}#{facts.alias}", "archive"):
             self.sent_now = archive.stat().st_size
-            say(f"sent the environment to the executors ({_size(self.sent_now)}, "
+            say(f"sent the environment to the executors ({byte_size(self.sent_now)}, "
                 f"{time.monotonic() - started:.1f} s; Spark unpacks it on each)")
         self.shipped = facts
         return {ENV_SHIPPED_ENVIRONMENT: facts.alias, ENV_SHIPPED_PYTHON: facts.python}

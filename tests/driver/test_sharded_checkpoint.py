@@ -167,6 +167,16 @@ def test_fsdp2_all_gathers_and_reduce_scatters_are_timed_as_communication(tmp_pa
     assert sorted(rows) == [0, 1] and all(row["steps"] == 29 for row in rows.values()), rows
     for row in rows.values():  # each step gathers both layers twice and scatters them once
         assert row["comm_s"] > 0.0, row
+    # each rank's part of the parameters (64x64 + 64 + 64 + 1 floats, split by rows), and its
+    # host memory's peak, as the dashboard and the record show them
+    full = (64 * 64 + 64 + 64 + 1) * 4
+    assert all(row["params_full_bytes"] == full for row in rows.values()), rows
+    assert [rows[r]["param_bytes"] for r in (0, 1)] == [(32 * 64 + 32 + 64 + 1) * 4,
+                                                        (32 * 64 + 32) * 4], rows
+    assert all(100 * 2 ** 20 < row["peak_bytes"] < 8 * 2 ** 30 for row in rows.values()), rows
+    from hvd_magics.job.records.run_record import describe_split
+
+    assert describe_split(rows[1]).endswith("; parameters 8.1 KB of 16.5 KB"), rows[1]
 
 
 def test_a_sharded_checkpoint_of_another_shape_is_refused_with_the_fix(tmp_path):

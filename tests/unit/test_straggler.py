@@ -298,7 +298,8 @@ def test_a_gpu_rank_s_memory_reaches_the_row_and_the_record_and_a_cpu_rank_reads
     splits.observe(0, {"rows": rows, "totals": [4, 0.2, 0.0, 0.04], "gpu": reading}, {})
     splits.observe(0, {"rows": [], "totals": [0, 0, 0, 0], "gpu": {**reading, "peak": 2 * gb}},
                    {})
-    assert splits.gpu_text(0) == "GPU 3.0/80 GB (peak 4.0), 97% busy" and splits.gpu_text(1) == ""
+    assert splits.memory_text(0) == "GPU 3.0/80 GB (peak 4.0), 97% busy"
+    assert splits.memory_text(1) == ""
     row = splits.rank_rows({})[0]
     assert row["gpu_peak_bytes"] == 4 * gb
     assert describe_split(row) == ("4 steps of 0.05 s: host time: input 0% · compute 80% · "
@@ -522,3 +523,26 @@ def test_a_rank_whose_reports_run_far_ahead_is_judged_without_error():
     splits.observe(0, {"rows": rows(0, range(101, 501)), "totals": [0] * 4}, hosts)
     splits.observe(1, {"rows": rows(1, range(101, 301)), "totals": [0] * 4}, hosts)
     assert splits.current is not None and splits.current.ranks == (1,)
+
+
+def test_a_cpu_rank_shows_its_host_memory_and_its_shard_of_the_parameters():
+    """Issue 74: the dashboard showed memory for GPU ranks only, and nothing of a sharded
+    model's parameters."""
+    from hvd_magics.job.records.run_record import describe_split
+    from hvd_magics.rank.instruments import rank_memory
+
+    reading = rank_memory.reading()  # this process's own: no FSDP2 module, no shard
+    assert 0 < reading["rss"] <= reading["peak"] and "params" not in reading, reading
+    splits = StepSplits()
+    gb = 1024 ** 3
+    memory = {"rss": int(1.2 * gb), "peak": int(1.5 * gb), "params": 8320,
+              "params_full": 16900}
+    rows = [[s, 0.05, 0.0, 0.01] for s in range(1, 5)]
+    splits.observe(1, {"rows": rows, "totals": [4, 0.2, 0.0, 0.04], "memory": memory}, {})
+    splits.observe(1, {"rows": [], "totals": [0, 0, 0, 0],
+                       "memory": {**memory, "peak": gb}}, {})  # the peak kept is the highest
+    assert splits.memory_text(1) == "memory 1.2 GB (peak 1.5) · parameters 8.1 KB of 16.5 KB"
+    row = splits.rank_rows({})[0]
+    assert (row["peak_bytes"], row["param_bytes"]) == (int(1.5 * gb), 8320), row
+    assert describe_split(row).endswith("comm 20%; memory peak 1.5 GB; parameters 8.1 KB of "
+                                        "16.5 KB"), describe_split(row)

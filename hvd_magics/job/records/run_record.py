@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from hvd_magics.common.sizes import byte_size
 from hvd_magics.job.records.epoch_timing import format_html_table, format_table
 from hvd_magics.job.verdicts.straggler import StepParts, clock_label
 
@@ -236,7 +237,12 @@ def describe_split(row: dict[str, Any]) -> str:
     shares = StepParts(row["step_s"], row["input_s"], row["comm_s"]).shares(
         clock_label(row.get("clock", "host"), "gpu_peak_bytes" in row))
     peak = (f"; GPU memory peak {row['gpu_peak_bytes'] / 1024 ** 3:.1f} GB"
-            if row.get("gpu_peak_bytes") else "")
+            if row.get("gpu_peak_bytes") else
+            f"; memory peak {row['peak_bytes'] / 1024 ** 3:.1f} GB" if row.get("peak_bytes")
+            else "")
+    if row.get("params_full_bytes"):
+        peak += (f"; parameters {byte_size(row['param_bytes'], binary=True)} of "
+                 f"{byte_size(row['params_full_bytes'], binary=True)}")
     return f"{row['steps']:,} steps of {row['step_s']:.3g} s: {shares}{peak}"
 
 

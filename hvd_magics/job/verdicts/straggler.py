@@ -42,6 +42,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, cast
 
+from hvd_magics.common.sizes import byte_size
 from hvd_magics.job.verdicts.wait_accounting import (COST_SHARE, SIGNIFICANCE, Finding,
                                             StepDelay, accuse, binomial_tail, step_delay)
 from hvd_magics.rank_names import ranks_named
@@ -414,6 +415,9 @@ class StepSplits:
         #: Rank -> its GPU's latest reading (:mod:`hvd_magics.rank.instruments.gpu_memory`), and the
         #: highest peak it reported.
         self.gpu: dict[int, dict[str, Any]] = {}
+        #: Rank -> its host memory's latest reading
+        #: (:mod:`hvd_magics.rank.instruments.rank_memory`), with the highest peak it reported.
+        self.memory: dict[int, dict[str, Any]] = {}
         #: Rank -> whose clock its rows are: ``"gpu"`` or ``"host"``.
         self.clock: dict[int, str] = {}
         #: Ranks whose CPU time is not read (TensorFlow's: ``cpu_read`` false in their events).
@@ -429,6 +433,10 @@ class StepSplits:
         if event.get("gpu"):
             peak = max(event["gpu"].get("peak") or 0, self.gpu.get(rank, {}).get("peak") or 0)
             self.gpu[rank] = {**event["gpu"], "peak": peak}
+        if event.get("memory"):
+            peak = max(event["memory"].get("peak") or 0,
+                       self.memory.get(rank, {}).get("peak") or 0)
+            self.memory[rank] = {**event["memory"], "peak": peak}
         rows = self._rows.setdefault(rank, {})
         for step, *columns in event.get("rows") or []:
             rows[int(step)] = cast(Row, tuple(float(v) for v in (columns + [0.0, 0.0])[:5]))
@@ -667,23 +675,42 @@ class StepSplits:
         ``compute_s``, ``comm_s``, ``cpu_wait_s``, ``cpu_s`` over the job."""
         return [{"rank": rank, "host": hosts.get(rank, ""), "steps": self.steps_of(rank),
                  **_columns(parts), "clock": self.clock.get(rank, "host"),
-                 **({"gpu_peak_bytes": self.gpu[rank]["peak"]} if rank in self.gpu else {})}
+                 **({"gpu_peak_bytes": self.gpu[rank]["peak"]} if rank in self.gpu else {}),
+                 **self._memory_columns(rank)}
                 for rank, parts in self.per_rank().items()]
+
+    def _memory_columns(self, rank: int) -> dict[str, int]:
+        """``peak_bytes`` (host memory), and ``param_bytes`` and ``params_full_bytes`` of a
+        sharded model, for the record's row of ``rank``."""
+        memory = self.memory.get(rank) or {}
+        columns = {"peak_bytes": memory["peak"]} if memory.get("peak") else {}
+        if memory.get("params_full"):
+            columns.update(param_bytes=memory["params"], params_full_bytes=memory["params_full"])
+        return columns
 
     def clock_of(self, rank: int) -> str:
         """What ``rank``'s shares are prefixed with: :data:`GPU_TIME`, :data:`HOST_TIME` on a
         GPU rank timed by its host, else ``""``."""
         return clock_label(self.clock.get(rank, "host"), rank in self.gpu)
 
-    def gpu_text(self, rank: int) -> str:
-        """``"GPU 3.1/80 GB (peak 4.0), 97% busy"``, ``""`` on a rank without a GPU."""
-        gpu = self.gpu.get(rank)
-        if not gpu:
-            return ""
+    def memory_text(self, rank: int) -> str:
+        """``"GPU 3.1/80 GB (peak 4.0), 97% busy"`` on a GPU rank, ``"memory 1.2 GB (peak
+        1.5)"`` on a CPU rank, with ``" · parameters 12 MB of 24 MB"`` (its shard of the
+        whole) in sharded training; ``""`` before the rank reported any."""
         gb = 1024 ** 3
-        busy = f", {gpu['util']}% busy" if gpu.get("util") is not None else ""
-        return (f"GPU {gpu['used'] / gb:.1f}/{gpu['total'] / gb:.0f} GB "
-                f"(peak {gpu['peak'] / gb:.1f}){busy}")
+        gpu, memory = self.gpu.get(rank), self.memory.get(rank) or {}
+        if gpu:
+            busy = f", {gpu['util']}% busy" if gpu.get("util") is not None else ""
+            text = (f"GPU {gpu['used'] / gb:.1f}/{gpu['total'] / gb:.0f} GB "
+                    f"(peak {gpu['peak'] / gb:.1f}){busy}")
+        elif memory.get("rss"):
+            text = f"memory {memory['rss'] / gb:.1f} GB (peak {memory['peak'] / gb:.1f})"
+        else:
+            return ""
+        if memory.get("params_full"):
+            text += (f" · parameters {byte_size(memory['params'], binary=True)} of "
+                     f"{byte_size(memory['params_full'], binary=True)}")
+        return text
 
     def verdicts(self, unit: str = "rank") -> list[str]:
         """What was found, one line per rank (or host) named: its verdict, the step it was

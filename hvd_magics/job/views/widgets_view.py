@@ -211,7 +211,7 @@ class WidgetView:
                                   f"{html.escape(verdict)}")
         for rank, row in zip(job.ranks, self._rows):
             self._refresh_row(rank, row, now, final, job.elastic is not None, job.stall_after)
-            gpu = job.splits.gpu_text(rank.rank)
+            gpu = job.splits.memory_text(rank.rank)
             row.split.value = split_bar(job.splits.latest(rank.rank),
                                         job.splits.clock_of(rank.rank)) + (
                 f"<br><span style='font-size:smaller'>{html.escape(gpu)}</span>" if gpu else "")

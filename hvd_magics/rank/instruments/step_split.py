@@ -49,7 +49,7 @@ from typing import Any
 from collections.abc import Callable, Iterator
 
 from hvd_magics.protocol import STEP_SPLIT
-from hvd_magics.rank.instruments import gpu_memory, step_split_tf
+from hvd_magics.rank.instruments import gpu_memory, rank_memory, step_split_tf
 from hvd_magics.rank import rank_events
 from hvd_magics.rank.instruments.gpu_steps import GpuSteps
 from hvd_magics.rank.guards.import_hooks import after_import, before_call
@@ -279,7 +279,7 @@ def _send(split: _Split, final: bool) -> None:
     dropped = len(split.rows) - len(rows)
     rank_events.emit(STEP_SPLIT, rows=[[int(r[0])] + [round(v, 6) for v in r[1:]] for r in rows],
                      totals=[split.totals[0]] + [round(v, 6) for v in split.totals[1:]],
-                     dropped=dropped, gpu=gpu_memory.reading(),
+                     dropped=dropped, gpu=gpu_memory.reading(), memory=rank_memory.reading(),
                      clock="gpu" if split.gpu is not None else "host",
                      **({"cpu_read": False} if tf_rows else {}))
     split.rows, split.totals = [], [0, 0.0, 0.0, 0.0, 0.0, 0.0]

@@ -1,0 +1,71 @@
+"""A rank's host memory and, in sharded training, the part of the model's parameters it holds.
+
+Memory is the process's resident set now and its peak (the kernel's high-water mark, which a
+rank forked from a zygote starts at the pages it shares with it). The parameter shard is read
+from FSDP2's modules (``fully_shard``): each parameter is a DTensor whose local part is this
+rank's; it is ``None`` when the job shards no module that way (DDP, Horovod, FSDP1's flat
+parameters, DeepSpeed's partitions). Nothing here imports a framework: a rank that has not
+imported ``torch.distributed.fsdp`` reads no shard.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from typing import Any
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _resident_bytes() -> int | None:
+    """The process's resident set now (``/proc/self/statm``; ``None`` where there is none)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _peak_bytes() -> int:
+    """The process's peak resident set (``ru_maxrss``: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def parameter_shard() -> tuple[int, int] | None:
+    """``(bytes this rank holds, bytes of the whole)`` of the parameters of the job's FSDP2
+    modules, or ``None`` when there are none."""
+    if "torch.distributed.fsdp" not in sys.modules:
+        return None
+    try:
+        from torch.distributed import _composable_state
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.tensor import DTensor
+
+        modules = [m for m in list(_composable_state._module_state_mapping)
+                   if isinstance(m, FSDPModule)]
+    except (ImportError, AttributeError, RuntimeError):  # another torch: no shard to read
+        return None
+    seen: set[int] = set()
+    local = full = 0
+    for module in modules:
+        for parameter in module.parameters():
+            if id(parameter) in seen or not isinstance(parameter, DTensor):
+                continue
+            seen.add(id(parameter))
+            size = parameter.element_size()
+            local += parameter.to_local().numel() * size
+            full += parameter.numel() * size
+    return (local, full) if full else None
+
+
+def reading() -> dict[str, Any]:
+    """``{"rss", "peak"}`` (bytes), with ``"params"`` and ``"params_full"`` (bytes) in sharded
+    training."""
+    rss = _resident_bytes()
+    # (the kernel raises its high-water mark lazily: the resident set read now may be above it)
+    found: dict[str, Any] = {"rss": rss, "peak": max(_peak_bytes(), rss or 0)}
+    shard = parameter_shard()
+    if shard is not None:
+        found["params"], found["params_full"] = shard
+    return found
