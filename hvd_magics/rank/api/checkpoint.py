@@ -64,7 +64,8 @@ from hvd_magics.common.checkpoints import (Position, checkpoint_at, folder_check
 from hvd_magics.errors import (CheckpointFolderNotShared, CheckpointMismatch,
                                ShardedCheckpointNeedsState, ShardedStateRefused)
 from hvd_magics.rank.api.preemption import after_save, noticed, preempting
-from hvd_magics.rank.integrations import deepspeed
+from hvd_magics.rank.integrations.deepspeed import TAG as DEEPSPEED_TAG
+from hvd_magics.rank.integrations.deepspeed import engine_in, load_engine, save_engine
 from hvd_magics.rank.integrations.torch_dcp import load as load_sharded
 from hvd_magics.rank.integrations.torch_dcp import needs_dcp, save_in_background
 from hvd_magics.rank.integrations.torch_dcp import save as save_sharded
@@ -262,7 +263,7 @@ def _save_engine(found: tuple[Any, dict[str, Any], str | None], step: int, keep:
             "asynchronous=False (DeepSpeed's own asynchronous writer is set in its config: "
             "'checkpoint': {'writer': ...})")
     engine, others, _ = found
-    return _save_parts(lambda partial: deepspeed.save_engine(engine, others, partial), step,
+    return _save_parts(lambda partial: save_engine(engine, others, partial), step,
                        keep, folder)
 
 
@@ -301,7 +302,7 @@ def save(state: Any, step: int, keep: int = 2, asynchronous: bool = False) -> Pa
     if found and not isinstance(state, dict):
         _refuse_sharded_outside_a_dict(state, found)
     folder = shared_folder()
-    engine = deepspeed.engine_in(state)
+    engine = engine_in(state)
     if engine is not None or (isinstance(state, dict) and needs_dcp(state, found)):
         path: Path | None = (
             _save_engine(engine, step, keep, folder, asynchronous) if engine is not None
@@ -369,15 +370,15 @@ def latest(state: Any = None) -> tuple[Any, int] | None:
                 f"given. Fix: give it the state as the job saves it, on every rank: "
                 f"checkpoint.latest({{'model': model, 'optimizer': optimizer, 'step': 0}}), or "
                 f"a DeepSpeed engine: checkpoint.latest(engine)")
-        engine = deepspeed.engine_in(state)
+        engine = engine_in(state)
         if engine is not None:
-            saved = deepspeed.load_engine(engine[0], found[1])
+            saved = load_engine(engine[0], found[1])
             if engine[2] is None:
                 return engine[0], found[0].global_step
             # the dict's own values only (DeepSpeed adds its metadata's keys to what it gives)
             state.update({key: saved[key] for key in engine[1] if key in saved})
             return state, found[0].global_step
-        if (found[1] / deepspeed.TAG).is_dir():
+        if (found[1] / DEEPSPEED_TAG).is_dir():
             raise CheckpointMismatch(
                 f"the checkpoint {found[1]} was written from a DeepSpeed engine, and latest() "
                 f"was given no engine. Fix: give it the engine, on every rank: "
