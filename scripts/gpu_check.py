@@ -22,8 +22,13 @@ docs/development.md, "A GPU machine"). Each part prints what it found; the last 
    then the same with FSDP1 (``FullyShardedDataParallel``, which torch 2.13 refuses on CPU:
    "FSDP needs a non-CPU accelerator device").
 
+6. zero: DeepSpeed ZeRO-3 over NCCL, a rank per GPU, saved through ``checkpoint.save(state)``
+   with the engine in it (every rank its partition, DeepSpeed's own files), resumed by a second
+   job with ``checkpoint.latest(state)``, against an unbroken run's output; each rank's part
+   files, the step split and the GPU's peak memory. Needs DeepSpeed's wheel carried in.
+
 Usage (on the GPU machine, from the repository's root, after installing .gpu_wheels):
-    python3 scripts/gpu_check.py [guard,nccl,gloo,overhead,fsdp,profile]
+    python3 scripts/gpu_check.py [guard,nccl,gloo,overhead,fsdp,zero,profile]
 (the parts whose names begin so; all but profile when none is named)
 """
 from __future__ import annotations
@@ -384,6 +389,78 @@ def fsdp() -> dict:
     return found
 
 
+def zero_on_gpu(steps: int, stage: int = 3, resume: bool = False) -> dict:
+    """A DeepSpeed engine (ZeRO ``stage``) on this rank's GPU (NCCL), trained ``steps`` steps
+    on data seeded by the step and rank, saved at step 9 with ``checkpoint.save(state)`` (or
+    resumed with ``checkpoint.latest(state)``); the model's output on a fixed batch."""
+    import os
+
+    import deepspeed
+    import torch
+
+    from hvd_magics import checkpoint
+
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    torch.manual_seed(0 if not resume else 7)
+    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)])
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(),
+        config={"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": stage},
+                "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}})
+    state = {"engine": engine, "step": -1}
+    found = checkpoint.latest(state) if resume else None
+    start = 0 if found is None else found[1] + 1
+    for step in range(start, steps):
+        data = torch.Generator().manual_seed(step * 10 + engine.global_rank)
+        batch = torch.randn(8, 1024, generator=data).to(engine.device)
+        engine.backward(engine(batch).pow(2).mean())
+        engine.step()
+        if step == 9 and not resume:
+            state["step"] = step
+            checkpoint.save(state, step)
+    with torch.no_grad():
+        probe = engine(torch.ones(2, 1024, device=engine.device)).sum().item()
+    return {"start": start, "probe": probe,
+            "peak_gb": torch.cuda.max_memory_allocated() / 2**30}
+
+
+def zero() -> dict:
+    """DeepSpeed ZeRO-3 over NCCL through checkpoint.save(engine) and latest(engine): saved
+    at step 9 of 20, resumed at 10 by a second job; the same output as an unbroken run."""
+    import tempfile
+
+    import torch
+
+    try:
+        import deepspeed  # noqa: F401 - carried in .gpu_wheels when it is to be checked
+    except ImportError as exc:
+        print(f"zero: DeepSpeed is not installed here ({exc}): carry its wheel to check it")
+        return {"zero": "DeepSpeed not installed"}
+    from hvd_magics import HorovodRunner, last_run
+    from hvd_magics.launch.payload import serialize_job
+
+    np = -torch.cuda.device_count()
+    folder = tempfile.mkdtemp(prefix="gpu-check-zero-")
+    found: dict = {}
+    for name, kwargs, where in (("saved", {"steps": 20}, folder),
+                                ("resumed", {"steps": 20, "resume": True}, folder),
+                                ("unbroken", {"steps": 20}, tempfile.mkdtemp())):
+        try:
+            record = HorovodRunner(np=np, engine="torch", checkpoint_dir=where).run_payload(
+                serialize_job(zero_on_gpu, kwargs), views=[])
+        except Exception as exc:  # noqa: BLE001 - what a user would see is the finding
+            found[f"zero_{name}"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            print(f"zero {name}: {exc}")
+            continue
+        parts = sorted(p.name for p in Path(folder, "checkpoints").glob("ckpt-*/deepspeed/*"))
+        print(f"zero {name}: {record.value}; parts {parts}; split {last_run().step_split}")
+        found[f"zero_{name}"] = {**record.value, "parts": parts}
+    resumed, unbroken = found.get("zero_resumed"), found.get("zero_unbroken")
+    if isinstance(resumed, dict) and isinstance(unbroken, dict):
+        found["zero_resumed_as_unbroken"] = resumed["probe"] == unbroken["probe"]
+    return found
+
+
 def _payload(share: bool) -> bytes:
     from hvd_magics.launch.payload import serialize_job
 
@@ -404,6 +481,7 @@ def main() -> None:
                        ("gloo straggler on the GPU", straggler_on_gpu),
                        ("overhead of the split on the GPU", overhead),
                        ("fsdp over nccl with sharded checkpoints", fsdp),
+                       ("zero: deepspeed over nccl with its checkpoints", zero),
                        ("profile", profile)):
         if only and not any(name.startswith(part) for part in only) or (
                 not only and name == "profile"):
