@@ -184,3 +184,67 @@ def test_a_zero_3_engine_saved_by_every_rank_resumes_after_a_lost_rank_as_an_unb
     one = HorovodRunner(np=-1, engine="torch", checkpoint_dir=folder).run(_zero_steps, steps=20)
     assert "saved by 2 ranks, and this job has 1" in one["mismatch"], one
     assert "Fix:" in one["mismatch"], one
+
+
+def _trainer_with_zero_2(output_dir: str, kill_at: int | None = None) -> dict:
+    """A small BERT classifier trained by the Hugging Face Trainer with DeepSpeed ZeRO-2 (its
+    config as users write it, "auto" values filled by the Trainer), 2 epochs of 16 steps,
+    saved every 8; rank 1 of the first attempt killed after step ``kill_at``. Returns the
+    steps done, the step this attempt resumed from and a digest of the final weights."""
+    import hashlib
+    import os
+    import signal
+
+    import torch
+    from transformers import (BertConfig, BertForSequenceClassification, Trainer,
+                              TrainerCallback, TrainingArguments)
+
+    from hvd_magics import checkpoint
+
+    class KillRank1(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if (state.global_step == kill_at and int(os.environ["RANK"]) == 1
+                    and checkpoint.attempt() == 0):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64))
+    data = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": torch.randint(0, 64, (12,), generator=data), "labels": i % 2}
+            for i in range(256)]
+    zero = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+            "gradient_accumulation_steps": "auto", "zero_optimization": {"stage": 2},
+            "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}}}
+    args = TrainingArguments(output_dir=output_dir, per_device_train_batch_size=8,
+                             num_train_epochs=2, save_steps=8, report_to=[], use_cpu=True,
+                             deepspeed=zero, seed=0)
+    trainer = Trainer(model=model, args=args, train_dataset=rows, callbacks=[KillRank1()])
+    resumed = []
+    trainer.add_callback(type("Start", (TrainerCallback,), {
+        "on_train_begin": lambda self, a, state, c, **k: resumed.append(state.global_step)}))
+    result = trainer.train()
+    hashed = hashlib.sha256()
+    for name, value in sorted(trainer.model.state_dict().items()):
+        hashed.update(value.detach().float().numpy().tobytes())
+    return {"steps": result.global_step, "resumed_at": resumed[0],
+            "weights": hashed.hexdigest()[:16]}
+
+
+def test_a_trainer_with_zero_2_restarts_after_a_lost_rank_from_its_checkpoint_as_unbroken(
+        tmp_path):
+    """The Trainer as users configure DeepSpeed (``TrainingArguments(deepspeed=...)``, ZeRO-2
+    on CPU ranks): rank 1 killed at step 20 of 32; the next attempt's train() resumes by itself
+    from checkpoint-16 (DeepSpeed's partitions of Adam's state, each rank's) and ends with the
+    weights of a run that never stopped, bit for bit."""
+    resumed = HorovodRunner(np=-2, engine="torch", restarts=1).run(
+        _trainer_with_zero_2, output_dir=str(tmp_path / "lost"), kill_at=20)
+    assert "rank 1" in last_run().attempts[0] and last_run().attempts[-1] == "succeeded"
+    assert (resumed["steps"], resumed["resumed_at"]) == (32, 16), resumed
+    parts = sorted(p.name for p in (tmp_path / "lost" / "checkpoint-16" / "global_step16")
+                   .iterdir())
+    assert "zero_pp_rank_1_mp_rank_00_optim_states.pt" in parts, parts
+    unbroken = HorovodRunner(np=-2, engine="torch").run(
+        _trainer_with_zero_2, output_dir=str(tmp_path / "whole"))
+    assert resumed["weights"] == unbroken["weights"], (resumed, unbroken)
