@@ -83,3 +83,40 @@ def test_a_rank_s_own_single_process_work_runs_and_training_each_rank_alone_is_r
     loss = HorovodRunner(np=-2, engine="tf", timeout=120).run(engine_jobs.work_alone,
                                                                 library="keras")
     assert loss >= 0.0
+
+
+def _accelerators_with_plugins() -> list:
+    """An Accelerator given an FSDP plugin, then one with cpu=True given a DeepSpeed plugin
+    (which sets Accelerate's variable for DeepSpeed: it goes first): what each runs and what
+    was said."""
+    import os
+    import warnings
+
+    from accelerate import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin
+    from accelerate.state import AcceleratorState
+
+    made = []
+    for kwargs in ({"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2)},
+                   {"cpu": True, "deepspeed_plugin": DeepSpeedPlugin(zero_stage=2)}):
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            runs = Accelerator(**kwargs).distributed_type.value
+        made.append((runs, [str(w.message) for w in said if "plugin" in str(w.message)]))
+        AcceleratorState._reset_state(True)  # the next Accelerator is made anew, and the
+        for variable in ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED"):  # plugins' marks
+            os.environ.pop(variable, None)  # go, as in a process of its own
+    return made
+
+
+def test_an_accelerator_that_leaves_out_its_deepspeed_or_fsdp_plugin_says_so_with_the_fix():
+    """Accelerate trained with DDP, saying nothing, an Accelerator(cpu=True) given a DeepSpeed
+    plugin and one given an FSDP plugin on CPU ranks (Accelerate 1.15): the user believed the
+    model's state was sharded."""
+    (fsdp_runs, fsdp_said), (ds_runs, ds_said) = HorovodRunner(np=-2, engine="torch").run(
+        _accelerators_with_plugins)
+    assert (ds_runs, fsdp_runs) == ("MULTI_CPU", "MULTI_CPU")
+    assert len(ds_said) == 1 and ds_said[0].startswith(
+        "Accelerator(cpu=True) was given a DeepSpeed plugin and trains without DeepSpeed"), ds_said
+    assert "Fix: leave out cpu=True" in ds_said[0], ds_said
+    assert len(fsdp_said) == 1 and "Accelerate shards a model only on GPUs" in fsdp_said[0], \
+        fsdp_said

@@ -12,17 +12,26 @@
   joins the job on CPU, as ``accelerate launch`` would; one that still counts other processes
   than the job's ranks (another engine: no process group to join) is refused.
 
+- ``Accelerator``: given a DeepSpeed or FSDP plugin (or told to use them by Accelerate's
+  variables) that it then leaves out, it trains with DDP, every rank holding the whole model
+  and its optimizer state, and said nothing: ``cpu=True`` drops a DeepSpeed plugin (DeepSpeed
+  itself runs on CPU ranks), and Accelerate shards with FSDP only on GPUs. What it runs is
+  read once it is made, and a plugin it left out is said once, with the fix, as a warning.
+
 Accelerate's training loops report their progress through :mod:`.plain_loops`.
 """
 from __future__ import annotations
 
 import functools
+import os
 import sys
+import warnings
 from types import FrameType
 from typing import Any
 
 from hvd_magics.protocol import ENGINE_TORCH
-from hvd_magics.rank.guards.import_hooks import after_call, after_import, refusing
+from hvd_magics.rank.guards.import_hooks import (after_call, after_import, before_call,
+                                                 refusing)
 from hvd_magics.rank.integrations.guards import (ALONE_MARK, LAUNCH_MARK, LaunchMismatchError,
                                                  RunsAloneError, alone_message, in_a_job,
                                                  job_size)
@@ -30,6 +39,9 @@ from hvd_magics.rank.rank_job import rank_job
 
 _ACCELERATE = ("accelerate", "accelerate.launchers")
 _ACCELERATE_STATE = "accelerate.state"
+_ACCELERATOR = "accelerate.accelerator"
+#: Marks the patches of ``Accelerator.__init__``; the plugins it was asked to use, on it.
+_PLUGINS_MARK, _ASKED = "_hvd_magics_plugins", "_hvd_magics_asked_plugins"
 
 
 def accelerate_message(name: str) -> str:
@@ -93,6 +105,59 @@ def _accelerate_user() -> str:
     return "Accelerate"
 
 
+def _plugins_asked(accelerator: Any, *_args: Any, **kwargs: Any) -> None:
+    """Note on ``accelerator`` (before its ``__init__`` runs) which plugins it is asked to
+    use, and whether ``cpu=True``."""
+    def wanted(plugin: str, variable: str) -> bool:
+        return (kwargs.get(plugin) is not None
+                or os.environ.get(variable, "").lower() in ("true", "1"))
+
+    asked = [kind for kind, plugin, variable in (
+        ("DEEPSPEED", "deepspeed_plugin", "ACCELERATE_USE_DEEPSPEED"),
+        ("FSDP", "fsdp_plugin", "ACCELERATE_USE_FSDP")) if wanted(plugin, variable)]
+    cpu = bool(kwargs.get("cpu")) or os.environ.get("ACCELERATE_USE_CPU", "").lower() in (
+        "true", "1")
+    accelerator.__dict__[_ASKED] = (asked, cpu, _accelerate_user())
+
+
+def plugin_left_out(kind: str, runs: str, cpu: bool) -> str:
+    """What is said when an ``Accelerator`` asked to use ``kind`` (``"DEEPSPEED"``,
+    ``"FSDP"``) runs ``runs`` without it."""
+    ddp = (f"it runs {runs} (DDP: every rank holds the whole model and its optimizer state)"
+           if runs == "MULTI_CPU" else f"it runs {runs}")
+    if kind == "DEEPSPEED" and cpu:
+        return (f"Accelerator(cpu=True) was given a DeepSpeed plugin and trains without "
+                f"DeepSpeed: with cpu=True Accelerate leaves the plugin out, and {ddp}. Fix: "
+                f"leave out cpu=True: DeepSpeed runs on CPU ranks (its CPU accelerator, over "
+                f"Gloo)")
+    if kind == "FSDP" and runs == "MULTI_CPU":
+        return (f"Accelerator was given an FSDP plugin and trains without FSDP here: "
+                f"Accelerate shards a model only on GPUs, so on these CPU ranks {ddp}. It runs "
+                f"as FSDP on GPU ranks; to shard on CPU ranks, use torch's fully_shard in your "
+                f"own loop (hvd_magics.checkpoint saves its shards)")
+    name = {"DEEPSPEED": "a DeepSpeed", "FSDP": "an FSDP"}[kind]
+    return f"Accelerator was given {name} plugin and trains without it: {ddp}"
+
+
+def _say_plugins_left_out(accelerator: Any) -> None:
+    """Once the ``Accelerator`` is made: each plugin it was asked to use and does not, said
+    once as a warning (a Trainer's own is said by the Trainer's integration)."""
+    asked, cpu, user = accelerator.__dict__.pop(_ASKED, ([], False, ""))
+    kind = getattr(accelerator, "distributed_type", None)
+    runs = str(getattr(kind, "value", kind))
+    for wanted in asked:
+        if runs != wanted and not (wanted == "FSDP" and user.startswith("Hugging Face")):
+            warnings.warn(plugin_left_out(wanted, runs, cpu), UserWarning, stacklevel=3)
+
+
+def _guard_plugins(module: Any) -> None:
+    accelerator = getattr(module, "Accelerator", None)
+    if accelerator is None:
+        return
+    before_call(accelerator, "__init__", _plugins_asked, _PLUGINS_MARK)
+    after_call(accelerator, "__init__", _say_plugins_left_out, _PLUGINS_MARK + "_said")
+
+
 def install() -> None:
     """Guard Accelerate's launchers and state in a rank of ours (nothing elsewhere)."""
     if not in_a_job():
@@ -100,3 +165,4 @@ def install() -> None:
     after_import(_ACCELERATE, _guard_launchers)
     if job_size() > 1:
         after_import((_ACCELERATE_STATE,), _guard_state)
+        after_import((_ACCELERATOR,), _guard_plugins)
