@@ -27,8 +27,13 @@ docs/development.md, "A GPU machine"). Each part prints what it found; the last 
    job with ``checkpoint.latest(state)``, against an unbroken run's output; each rank's part
    files, the step split and the GPU's peak memory. Needs DeepSpeed's wheel carried in.
 
+7. trainer_fsdp: the Hugging Face Trainer as users configure FSDP
+   (``TrainingArguments(fsdp="full_shard")``) over NCCL, a rank per GPU: whether Accelerate ran
+   FSDP (on CPU ranks it runs DDP, and the job says so), its checkpoints, resumed from
+   checkpoint-8 by a second job; the split and the GPU's peak memory.
+
 Usage (on the GPU machine, from the repository's root, after installing .gpu_wheels):
-    python3 scripts/gpu_check.py [guard,nccl,gloo,overhead,fsdp,zero,profile]
+    python3 scripts/gpu_check.py [guard,nccl,gloo,overhead,fsdp,zero,trainer_fsdp,profile]
 (the parts whose names begin so; all but profile when none is named)
 """
 from __future__ import annotations
@@ -461,6 +466,73 @@ def zero() -> dict:
     return found
 
 
+def trainer_fsdp_on_gpu(output_dir: str, steps_done: int | None = None) -> dict:
+    """A small BERT classifier trained by the Hugging Face Trainer with
+    ``TrainingArguments(fsdp="full_shard")`` on this rank's GPU, saved every 8 steps; with
+    ``steps_done``, the checkpoints after that step removed first (rank 0) and training resumed
+    from the newest left. Whether Accelerate ran FSDP, the steps and the final loss."""
+    import os
+    import shutil
+
+    import torch
+    from transformers import (BertConfig, BertForSequenceClassification, Trainer,
+                              TrainingArguments)
+
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    if steps_done is not None and int(os.environ["RANK"]) == 0:
+        for folder in os.listdir(output_dir):
+            if folder.startswith("checkpoint-") and int(folder.split("-")[1]) > steps_done:
+                shutil.rmtree(os.path.join(output_dir, folder))
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=512, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+        intermediate_size=1024))
+    data = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": torch.randint(0, 512, (64,), generator=data), "labels": i % 2}
+            for i in range(512)]
+    args = TrainingArguments(output_dir=output_dir, per_device_train_batch_size=16,
+                             num_train_epochs=1, save_steps=8, report_to=[], fsdp="full_shard",
+                             seed=0)
+    trainer = Trainer(model=model, args=args, train_dataset=rows)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()  # rank 0 removed what it removes before any rank looks
+    result = trainer.train(resume_from_checkpoint=steps_done is not None or None)
+    return {"fsdp": bool(trainer.is_fsdp_enabled), "steps": result.global_step,
+            "loss": float(result.training_loss),
+            "peak_gb": torch.cuda.max_memory_allocated() / 2**30}
+
+
+def trainer_fsdp() -> dict:
+    """The Hugging Face Trainer with fsdp="full_shard" over NCCL, a rank per GPU: trained and
+    saved every 8 steps, then resumed from checkpoint-8 by a second job."""
+    import tempfile
+
+    import torch
+
+    from hvd_magics import HorovodRunner, last_run
+    from hvd_magics.launch.payload import serialize_job
+
+    np = -torch.cuda.device_count()
+    folder = tempfile.mkdtemp(prefix="gpu-check-trainer-fsdp-")
+    found: dict = {}
+    for name, kwargs in (("trained", {"output_dir": folder}),
+                         ("resumed", {"output_dir": folder, "steps_done": 8})):
+        try:
+            record = HorovodRunner(np=np, engine="torch").run_payload(
+                serialize_job(trainer_fsdp_on_gpu, kwargs), views=[])
+        except Exception as exc:  # noqa: BLE001 - what a user would see is the finding
+            found[f"trainer_fsdp_{name}"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            print(f"trainer fsdp {name}: {exc}")
+            continue
+        saved = sorted(p.name for p in Path(folder).glob("checkpoint-*/*"))[:12]
+        print(f"trainer fsdp {name}: {record.value}; files {saved}; split "
+              f"{last_run().step_split}")
+        found[f"trainer_fsdp_{name}"] = record.value
+    return found
+
+
 def _payload(share: bool) -> bytes:
     from hvd_magics.launch.payload import serialize_job
 
@@ -482,6 +554,7 @@ def main() -> None:
                        ("overhead of the split on the GPU", overhead),
                        ("fsdp over nccl with sharded checkpoints", fsdp),
                        ("zero: deepspeed over nccl with its checkpoints", zero),
+                       ("trainer_fsdp: the hugging face trainer with fsdp", trainer_fsdp),
                        ("profile", profile)):
         if only and not any(name.startswith(part) for part in only) or (
                 not only and name == "profile"):
