@@ -523,7 +523,8 @@ def trainer_fsdp() -> dict:
             record = HorovodRunner(np=np, engine="torch").run_payload(
                 serialize_job(trainer_fsdp_on_gpu, kwargs), views=[])
         except Exception as exc:  # noqa: BLE001 - what a user would see is the finding
-            found[f"trainer_fsdp_{name}"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            found[f"trainer_fsdp_{name}"] = (f"{type(exc).__name__}: "
+                                              f"{str(exc).splitlines()[0][:300]}")
             print(f"trainer fsdp {name}: {exc}")
             continue
         saved = sorted(p.name for p in Path(folder).glob("checkpoint-*/*"))[:12]
