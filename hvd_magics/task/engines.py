@@ -93,8 +93,10 @@ class PortOffer:
     outside the host's ephemeral range when one is free there (:func:`offered_ports`)."""
 
     def __init__(self) -> None:
+        # without SO_REUSEADDR: with it on two offers' sockets, both bound one port (neither
+        # listens), and two ranks of a tf job were given it; one bound and never connected
+        # leaves no TIME_WAIT for the rank's listener to wait out
         self._sock: socket.socket | None = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         low, high = offered_ports()
         for port in random.sample(range(low, high + 1), min(50, high - low + 1)):
             try:

@@ -86,6 +86,23 @@ def test_a_port_is_offered_from_outside_the_range_outgoing_connections_take_thei
         offer.release()
 
 
+def test_two_offers_that_draw_the_same_port_first_hold_two_ports(monkeypatch):
+    """Two driver ranks of one tf job were both offered port 29444 (each offer's socket let
+    the other bind it too, SO_REUSEADDR on both): rank 0 listened on it and rank 1 failed,
+    "Could not start gRPC server" (seen in the driver tier)."""
+    from hvd_magics.task import engines
+
+    first = PortOffer()
+    drawn = [first.port] + list(range(*engines.offered_ports()))[:49]
+    monkeypatch.setattr(engines.random, "sample", lambda population, k: drawn[:k])
+    second = PortOffer()
+    try:
+        assert second.port != first.port
+    finally:
+        first.release()
+        second.release()
+
+
 def test_engine_options_name_the_choices():
     assert [validate_engine(e) for e in ("horovod", "Torch", "ddp", "tensorflow", "tf")] == [
         "horovod", "torch", "torch", "tf", "tf"]
