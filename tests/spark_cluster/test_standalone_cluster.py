@@ -125,8 +125,11 @@ def test_executors_without_our_packages_get_the_cause_and_the_fix(cluster_spark,
     assert HorovodRunner(np=2).run(jobs.print_lines, count=1) == 0
 
 
-def test_two_executors_get_disjoint_shards_and_train_a_torch_model(cluster_spark, tmp_path):
-    from tests.frames import MIXED_IDS, check_cover, digits_frames, mixed_frame, read_reports
+def test_two_executors_get_disjoint_shards_in_the_same_order_in_every_job(cluster_spark,
+                                                                          tmp_path):
+    """(Training on shards across hosts, and the estimator there:
+    tests/spark_hosts/test_hosts.py; on shards in local mode: tests/spark_local.)"""
+    from tests.frames import MIXED_IDS, check_cover, mixed_frame, read_reports
 
     train = mixed_frame(cluster_spark)
     HorovodRunner(np=2).run(jobs.shard_report, out=str(tmp_path), train=train)
@@ -140,27 +143,6 @@ def test_two_executors_get_disjoint_shards_and_train_a_torch_model(cluster_spark
     HorovodRunner(np=2).run(jobs.shard_report, out=str(tmp_path / "again"), train=train)
     assert [report["train"]["ids"] for report in read_reports(tmp_path / "again", 2)] == first
     assert len(set(last_run().hosts.values())) >= 1 and len(last_run().shards) == 1
-    digits_train, digits_val = digits_frames(cluster_spark)
-    result = HorovodRunner(np=2).run(jobs.torch_digits, train=digits_train, val=digits_val)
-    assert result["accuracy"] >= 0.9, result
-    assert result["steps"] == 8 * result["steps_per_epoch"]
-
-
-def test_the_estimator_fits_and_transforms_on_two_executors(cluster_spark, tmp_path):
-    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
-
-    from hvd_magics.estimator import HorovodEstimator
-    from tests.estimator_models import keras_mlp
-    from tests.frames import digits_frames
-
-    train, val = digits_frames(cluster_spark)
-    model = HorovodEstimator(model=keras_mlp(), loss="sparse_categorical_crossentropy",
-                             metrics=["accuracy"], learningRate=0.003, epochs=3,
-                             featuresCol="pixels", modelDir=str(tmp_path / "m")).fit(train)
-    assert len(set(model.run_record.hosts.values())) >= 1 and model.run_record.np == 2
-    scored = model.transform(val)
-    assert MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored) >= 0.9
-    assert (tmp_path / "m" / "model.keras").exists()
 
 
 def test_a_warm_pool_spans_two_executors_and_survives_losing_one_between_runs(cluster_spark,
