@@ -14,10 +14,11 @@ from hvd_magics.rank.integrations import torch_extensions
 
 @pytest.fixture(autouse=True)
 def patched():
-    before = (torch_baton.FileBaton.try_acquire, torch_baton.FileBaton.wait)
+    baton = torch_baton.FileBaton
+    before = (baton.try_acquire, baton.wait, baton.release)
     torch_extensions._patch(torch_baton)
     yield
-    torch_baton.FileBaton.try_acquire, torch_baton.FileBaton.wait = before
+    baton.try_acquire, baton.wait, baton.release = before
 
 
 def _lock_of_a_killed_build(path):
@@ -124,3 +125,15 @@ def test_a_first_build_is_said_with_where_it_is_kept(tmp_path, capsys):
         assert not torch_extensions.say_first_build("hvd_probe_ext", str(tmp_path))
     finally:
         cpp_extension._jit_compile = before
+
+
+def test_a_lock_already_gone_is_released_without_an_error(tmp_path):
+    """A DeepSpeed job failed with FileNotFoundError as a rank released its lock after
+    building, its peer having found the same stale lock at that moment (suite, stop 77): the
+    lock gone is what releasing it asks."""
+    lock = tmp_path / "lock"
+    baton = torch_baton.FileBaton(str(lock))
+    assert baton.try_acquire() is True
+    lock.unlink()
+    baton.release()
+    assert baton.fd is None and not lock.exists()
