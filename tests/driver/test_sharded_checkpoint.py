@@ -10,12 +10,15 @@ from hvd_magics import HorovodJobError, HorovodRunner
 
 def _fsdp_steps(steps: int, save_at: int | None = None, resume: bool = False,
                 seed: int = 0, asynchronous: bool = False, save_every: int | None = None,
-                kill_at: int | None = None, width: int = 64) -> dict:
+                kill_at: int | None = None, width: int = 64,
+                notice_after: int | None = None) -> dict:
     """An FSDP2 model of two layers trained ``steps`` steps of Adam on data seeded by the step
     (from the checkpoint's step when ``resume``, or when there is one and ``save_every`` is
     given), saved at ``save_at`` or every ``save_every`` steps; rank 1 of the first attempt
-    killed at step ``kill_at``. Rank 0 returns a digest of the full weights and of the
-    optimizer's full state, and where it started."""
+    killed at step ``kill_at``; with ``notice_after``, every rank of the first attempt gets the
+    driver's preemption order after that step (as its supervisor hands it on) and saves when
+    ``checkpoint.preempting()`` says so. Rank 0 returns a digest of the full weights and of the
+    optimizer's full state, where it started, and every step this rank took."""
     import hashlib
     import os
     import signal
@@ -46,6 +49,7 @@ def _fsdp_steps(steps: int, save_at: int | None = None, resume: bool = False,
             assert found[0] is state and state["step"] == found[1], (found, state["step"])
             start = found[1] + 1
     rank, size = dist.get_rank(), dist.get_world_size()
+    taken: list[int] = []
     for step in range(start, steps):
         data = torch.Generator().manual_seed(step)
         batch = torch.randn(8, 64, generator=data)  # the same global batch whatever the size
@@ -58,6 +62,17 @@ def _fsdp_steps(steps: int, save_at: int | None = None, resume: bool = False,
             checkpoint.save(state, step, asynchronous=asynchronous)
         if step == kill_at and rank == 1 and checkpoint.attempt() == 0:
             os.kill(os.getpid(), signal.SIGKILL)
+        taken.append(step)
+        if notice_after is not None:
+            if step == notice_after and checkpoint.attempt() == 0:
+                import json
+
+                from hvd_magics.rank.api import preemption
+
+                at = preemption._state.calls + 3  # noqa: SLF001 - the driver's pick
+                preemption.on_order(json.dumps({"at": at, "notice": "executor 1 is going"}))
+            if checkpoint.preempting():
+                checkpoint.save(state, step)
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(model, options=full)
     # (offloaded to the CPU, the full state is rank 0's: the other ranks get empty dicts)
@@ -72,7 +87,7 @@ def _fsdp_steps(steps: int, save_at: int | None = None, resume: bool = False,
     flat = {f"{name}.{key}": value for name, entry in moments.items()
             for key, value in entry.items() if torch.is_tensor(value)}
     return {"weights": digest(weights), "moments": digest(flat), "start": start,
-            "sum": round(float(sum(t.sum() for t in weights.values())), 4)}
+            "sum": round(float(sum(t.sum() for t in weights.values())), 4), "taken": taken}
 
 
 def test_fsdp2_state_saved_by_two_ranks_resumes_on_one_and_on_two_as_an_unbroken_run(tmp_path):
@@ -132,6 +147,28 @@ def test_a_lost_rank_restarts_from_the_last_sharded_step_and_ends_as_an_unbroken
     assert resumed["start"] == 6, resumed  # step 5 was the last saved
     unbroken = HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path / "whole").run(
         _fsdp_steps, steps=10, save_every=2)
+    assert (resumed["weights"], resumed["moments"]) == (unbroken["weights"],
+                                                        unbroken["moments"])
+
+
+def test_a_preemption_notice_saves_every_ranks_shards_at_one_step_and_redoes_none(tmp_path):
+    """Issue 74: the notice's save of sharded state. Every rank saves its part at the step the
+    driver picked; the next attempt starts at the step after it (none redone) and ends with the
+    weights and Adam's moments of a run that never stopped, bit for bit."""
+    from hvd_magics import last_run
+
+    resumed = HorovodRunner(np=-2, engine="torch", restarts=1,
+                            checkpoint_dir=tmp_path / "spot").run(
+        _fsdp_steps, steps=14, save_every=100, notice_after=4)
+    saved = last_run().attempts[0]
+    assert saved.startswith("preempted: the checkpoint of step "), last_run().attempts
+    step = int(saved.split("step ")[1].split()[0])
+    assert 4 < step < 14 and resumed["start"] == step + 1, (saved, resumed)
+    assert resumed["taken"] == list(range(step + 1, 14)), resumed
+    parts = sorted(p.name for p in (tmp_path / "spot" / "checkpoints").glob("ckpt-*/*"))
+    assert parts == [".metadata", "__0_0.distcp", "__1_0.distcp"], parts
+    unbroken = HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path / "whole").run(
+        _fsdp_steps, steps=14)
     assert (resumed["weights"], resumed["moments"]) == (unbroken["weights"],
                                                         unbroken["moments"])
 
