@@ -37,6 +37,10 @@ EPOCH_BEGIN = "epoch_begin"
 PROGRESS = "progress"
 EPOCH_END = "epoch_end"
 STEP_SPLIT = "step_split"
+#: The columns of a ``step_split`` row after its step number (TensorFlow's rows may end after
+#: ``comm_s``: the rest are zero).
+STEP_COLUMNS = ("step_s", "input_s", "comm_s", "cpu_wait_s", "cpu_s", "input_cpu_wait_s",
+                "input_cpu_s")
 PREEMPT_CALLS = "preempt_calls"
 STACKS = "stacks"
 IMPORTED = "imported"
@@ -98,13 +102,15 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
               "an epoch ended"),
     EventKind(STEP_SPLIT, "rank", ("rows", "totals", "dropped", "gpu", "memory", "clock"),
               "each training step's time split (hvd_magics.rank.instruments.step_split), at "
-              "most 4 a second: rows [step, step_s, input_s, comm_s, cpu_wait_s, cpu_s] of the "
-              "steps since the last such event (the latest STEP_ROWS_SENT; dropped: how many "
-              "earlier ones were left out; cpu_wait_s, cpu_s: the training thread's wait for a "
-              "CPU and time on one outside collectives), totals [steps, step_s, input_s, comm_s, "
-              "cpu_wait_s, cpu_s] of them all; gpu: the rank's "
-              "CUDA device's memory and utilisation (hvd_magics.rank.instruments.gpu_memory), "
-              "else None; memory: the rank's resident and peak host memory, and in sharded "
+              "most 4 a second: rows [step, step_s, input_s, comm_s, cpu_wait_s, cpu_s, "
+              "input_cpu_wait_s, input_cpu_s] of the steps since the last such event (the latest "
+              "STEP_ROWS_SENT; dropped: how many earlier ones were left out; cpu_wait_s, cpu_s: "
+              "the training thread's wait for a CPU and time on one outside collectives, "
+              "input_cpu_wait_s, input_cpu_s: of those, in waits for input; TensorFlow's rows "
+              "may end after comm_s), totals [steps, and the sum of each column] of them all; "
+              "gpu: the rank's CUDA device's memory and utilisation "
+              "(hvd_magics.rank.instruments.gpu_memory), else None; memory: the rank's "
+              "resident and peak host memory, and in sharded "
               "training the bytes of parameters it holds and of the whole "
               "(hvd_magics.rank.instruments.rank_memory); clock: 'gpu' when the rows are the "
               "GPU's time (hvd_magics.rank.instruments.gpu_steps), else 'host'"),

@@ -4,7 +4,9 @@ namespace with its own address on a bridge the test made, its own hostname, ``/e
 (see ``../shared/notes/several-hosts.md``). Needs root, ``ip`` and ``unshare``.
 
 Everything made here (namespaces, links, processes) is removed by :meth:`HostCluster.stop`, also
-after a failed test, and at the latest when the process that made it exits.
+after a failed test, and at the latest when the process that made it exits; what a killed
+process left (it never exits) is removed by the next cluster made, its owner's pid and start
+time being kept in :data:`OWNERS`.
 """
 from __future__ import annotations
 
@@ -20,11 +22,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hvd_magics.common.process_group import start_time
 from tests.standalone import wait_for_master
 
 #: The /24 the hosts live on is ``10.77.<n>.0`` and the unroutable second network ``10.78.<n>.0``
 #: (``n`` from this process's id: two suites side by side get two networks).
 PREFIX, SECOND_PREFIX = "10.77", "10.78"
+#: Where each cluster's tag names the process that made it (``pid start-time``).
+OWNERS = Path("/tmp/hvd-hosts-owners")
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -150,6 +155,9 @@ class HostCluster:
         self.second_bridge = ""
         self.links: list[str] = []
         self.cores = cores
+        _remove_what_dead_owners_left()
+        OWNERS.mkdir(parents=True, exist_ok=True)
+        (OWNERS / self.tag).write_text(f"{os.getpid()} {start_time(os.getpid())}")
         atexit.register(self.stop)
         try:
             self._network(hosts, debian, second_network, f"{SECOND_PREFIX}.{net}")
@@ -283,6 +291,7 @@ class HostCluster:
                 _ip("link", "del", bridge, check=False)
         self.hosts, self.links = [], []
         shutil.rmtree(self.base, ignore_errors=True)
+        (OWNERS / self.tag).unlink(missing_ok=True)
 
     def left(self) -> list[str]:
         """What of this cluster is still there (namespaces, links): ``[]`` once stopped."""
@@ -292,3 +301,45 @@ class HostCluster:
         return sorted({word.rstrip(":").split("@")[0] for word in names.split()
                        if word.startswith((f"hvn{self.tag}", f"hv{self.tag}", f"hvb{self.tag}",
                                            f"hvm{self.tag}"))} | set(groups))
+
+
+def _owner_alive(tag: str) -> bool:
+    """Whether the process that made the cluster tagged ``tag`` still runs (no record: not
+    known, taken as alive unless its namespaces hold no process)."""
+    try:
+        pid, started = (OWNERS / tag).read_text().split()
+    except (OSError, ValueError):
+        return True
+    return start_time(int(pid)) is not None and str(start_time(int(pid))) == started
+
+
+def _remove_what_dead_owners_left() -> None:
+    """Remove the namespaces, links, cgroups and folders of clusters whose maker was killed
+    (a run cut off before its ``atexit``): a later cluster of the same tag, or of the same
+    subnet, would not start beside them."""
+    namespaces = _ip("netns", "list", check=False).stdout.split()
+    tags = {name[3:].rsplit("h", 1)[0] for name in namespaces if name.startswith("hvn")}
+    tags |= {path.name for path in OWNERS.glob("*")} if OWNERS.is_dir() else set()
+    links = [word.rstrip(":").split("@")[0]
+             for word in _ip("link", "show", check=False).stdout.split()]
+    for tag in sorted(tags):
+        if _owner_alive(tag) and (OWNERS / tag).exists():
+            continue
+        mine = [n for n in namespaces if n.startswith(f"hvn{tag}h")]
+        if not (OWNERS / tag).exists() and any(
+                _ip("netns", "pids", n, check=False).stdout.split() for n in mine):
+            continue  # not known whose, and in use
+        for namespace in mine:
+            for pid in _ip("netns", "pids", namespace, check=False).stdout.split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+            _ip("netns", "del", namespace, check=False)
+            for group in Path("/sys/fs/cgroup").glob(f"**/hvd-{namespace}"):
+                with contextlib.suppress(OSError):
+                    group.rmdir()
+        for link in links:
+            if link.startswith((f"hv{tag}h", f"hp{tag}h", f"hvb{tag}", f"hvm{tag}")):
+                _ip("link", "del", link, check=False)
+        shutil.rmtree(Path(os.environ.get("TMPDIR", "/tmp")) / f"hvd-hosts-{tag}",
+                      ignore_errors=True)
+        (OWNERS / tag).unlink(missing_ok=True)

@@ -254,3 +254,51 @@ def test_a_rank_that_left_while_its_peer_waits_in_an_fsdp_all_gather_is_named():
     assert text.startswith("rank 0 waits in a torch.distributed collective that rank 1 will "
                            "never enter"), text
     assert time.monotonic() - began < 60, text
+
+
+def _horovod_modules(steps: int, save_at: int | None = None) -> dict:
+    """Horovod's PyTorch loop (no ``torch.distributed`` process group) saving its model and
+    optimizer themselves at ``save_at``; from the checkpoint when there is one. Each rank's
+    save's result, where it started, and its weights' sum, gathered on rank 0."""
+    import torch
+    import horovod.torch as hvd
+
+    from hvd_magics import checkpoint
+
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters()),
+                                         named_parameters=model.named_parameters())
+    state = {"model": model, "optimizer": optimizer, "step": 0}
+    found = checkpoint.latest(state)
+    start, saved = (found[1] + 1 if found else 1), None
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    for step in range(start, steps + 1):
+        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(step * 10 + hvd.rank()))
+        optimizer.zero_grad()
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+        if step == save_at:
+            saved = checkpoint.save({"model": model, "optimizer": optimizer, "step": step}, step)
+    return hvd.allgather_object({
+        "saved": None if saved is None else saved.name, "start": start, "step": state["step"],
+        "sum": float(sum(p.sum() for p in model.parameters()))})
+
+
+def test_horovod_ranks_modules_are_written_by_rank_0_and_read_back_by_every_rank(tmp_path):
+    """Horovod's ranks hold their model and optimizer whole and are in no process group: two
+    ranks saving them at once wrote one folder side by side (a ``FileNotFoundError`` renaming
+    DCP's metadata, or a checkpoint that ``latest`` never found). Rank 0 writes them alone;
+    every rank reads them, and goes on as a run that never stopped."""
+    folder = tmp_path / "checkpoints"
+    first = HorovodRunner(np=-2, checkpoint_dir=folder).run(_horovod_modules, steps=4,
+                                                            save_at=3)
+    assert [r["saved"] for r in first] == ["ckpt-3-e0-s0.dcp", None], first
+    parts = sorted(p.name for p in (folder / "checkpoints" / "ckpt-3-e0-s0.dcp").iterdir())
+    assert parts == [".metadata", "__0_0.distcp"], parts
+    resumed = HorovodRunner(np=-2, checkpoint_dir=folder).run(_horovod_modules, steps=6)
+    unbroken = HorovodRunner(np=-2, checkpoint_dir=tmp_path / "unbroken").run(
+        _horovod_modules, steps=6)
+    assert [(r["start"], r["step"]) for r in resumed] == [(4, 3), (4, 3)], resumed
+    assert [r["sum"] for r in resumed] == [r["sum"] for r in unbroken], (resumed, unbroken)

@@ -278,3 +278,36 @@ def test_two_horovod_ranks_per_task_are_numbered_host_by_host(hosts_spark):
     assert names[0] == names[1] != names[2] == names[3], names
     hosts = [last_run().hosts[rank] for rank in range(4)]  # the record's, by address
     assert hosts[0] == hosts[1] != hosts[2] == hosts[3], hosts
+
+
+def test_what_a_killed_cluster_maker_left_is_removed_by_the_next_one():
+    """A run killed before its ``atexit`` left its namespaces and links (``hvn1471h0``,
+    ``hvb1471``: removed by hand at stop 77); a later cluster of the same tag could not be made
+    beside them. The next cluster made removes what a dead maker left, never a live one's."""
+    import os
+    import subprocess
+
+    from tests import hosts
+
+    child = subprocess.Popen(["sleep", "60"])  # its pid names no process once it is reaped
+    child.kill()
+    child.wait()
+    live, me = "9982", os.getpid()
+    made = []
+    for tag, owner in (("9981", f"{child.pid} 1"), (live, f"{me} {hosts.start_time(me)}")):
+        hosts._ip("netns", "add", f"hvn{tag}h0")
+        hosts._ip("link", "add", f"hvb{tag}", "type", "bridge")
+        hosts.OWNERS.mkdir(parents=True, exist_ok=True)
+        (hosts.OWNERS / tag).write_text(owner)
+        made.append(tag)
+    try:
+        hosts._remove_what_dead_owners_left()
+        left = hosts._ip("netns", "list").stdout + hosts._ip("link", "show").stdout
+        assert "hvn9981h0" not in left and "hvb9981" not in left, left
+        assert "hvn9982h0" in left and "hvb9982" in left, left
+        assert not (hosts.OWNERS / "9981").exists() and (hosts.OWNERS / live).exists()
+    finally:
+        for tag in made:
+            hosts._ip("netns", "del", f"hvn{tag}h0", check=False)
+            hosts._ip("link", "del", f"hvb{tag}", check=False)
+            (hosts.OWNERS / tag).unlink(missing_ok=True)

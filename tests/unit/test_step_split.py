@@ -56,3 +56,27 @@ def test_a_wait_for_a_cpu_inside_a_collective_is_left_out_of_the_step_s_own_work
     (row,) = step_split._split.rows
     cpu_wait_s, cpu_s = row[4], row[5]
     assert round(cpu_wait_s, 6) == 0.003 and round(cpu_s, 6) == 0.014
+
+
+def test_a_wait_for_input_keeps_its_cpu_figures_apart_within_the_step_s_own_work(monkeypatch):
+    """The driver reads a rank's wait for a CPU in its input apart from the rest of its own
+    work (a loader that sleeps is not a rank starved of a CPU in compute)."""
+    readings = iter([(0.0, 0.0),  # the first step's end: the next step begins
+                     (0.001, 0.000),  # asking for a batch
+                     (0.002, 0.004),  # it came: 1 ms on a CPU, 4 ms waiting for one
+                     (0.020, 0.010),  # entering the collective
+                     (0.021, 0.011),  # leaving it
+                     (0.030, 0.012)])  # the step's end
+    monkeypatch.setattr(step_split, "_split", step_split._Split())
+    monkeypatch.setattr(step_split, "_cpu_s", lambda split: next(readings))
+    batch = step_split._timed(step_split._INPUT, lambda: None)
+    collective = step_split._timed(step_split._COMM, lambda: None)
+    step_split._before_optimizer_step()
+    step_split._on_optimizer_step()
+    batch()
+    collective()
+    step_split._before_optimizer_step()
+    step_split._on_optimizer_step()
+    (row,) = step_split._split.rows
+    assert [round(v, 6) for v in row[4:]] == [0.011, 0.029, 0.004, 0.001]
+    assert len(step_split._split.totals) == 8

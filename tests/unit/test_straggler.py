@@ -86,15 +86,35 @@ def test_a_longer_input_wait_that_is_mostly_a_wait_for_a_cpu_is_said_to_be_one()
     """On a busy host the rank the scheduler starves is late wherever it happens to be: in its
     data loader's ``__next__`` as well as in compute. Its input is not slower then."""
     parts = {0: StepParts(0.070, 0.001, 0.012, 0.010, 0.040),
-             1: StepParts(0.070, 0.011, 0.001, 0.019, 0.040)}
+             1: StepParts(0.070, 0.011, 0.002, 0.019, 0.040, 0.009)}
     found = look(parts, {})
     assert found is not None and found.cause == INPUT and found.waits_for_cpu
     assert "in its input pipeline, most of it waiting for a CPU" in found.text()
     # a data loader that sleeps (or reads) for its batches is off the CPU: slower input
-    parts[1] = StepParts(0.070, 0.011, 0.001, 0.011, 0.040)
+    parts[1] = StepParts(0.070, 0.011, 0.002, 0.011, 0.040, 0.001)
     found = look(parts, {})
     assert found is not None and not found.waits_for_cpu
     assert "in its input pipeline (waiting for batches)" in found.text()
+
+
+def test_the_cause_is_the_part_longer_net_of_its_wait_for_a_cpu():
+    """Rank 1's data loader makes it 9 ms a step late; on a busy host its compute also waited
+    10 ms a step longer for a CPU than rank 0's (a spell the scheduler starved it). Its compute
+    is the longer part, but that is its host's condition: the cause is its input, and the wait
+    is said besides. (Named "in compute, most of it waiting for a CPU" in a run of the suite.)"""
+    parts = {0: StepParts(0.050, 0.001, 0.019, 0.001, 0.029, 0.0, 0.0005),
+             1: StepParts(0.050, 0.010, 0.000, 0.0125, 0.029, 0.0015, 0.0005)}
+    assert parts[1].compute_s - parts[0].compute_s > parts[1].input_s - parts[0].input_s
+    found = look(parts, {})
+    assert found is not None and found.ranks == (1,) and found.cause == INPUT, found
+    assert not found.waits_for_cpu and round(found.excess_s, 6) == 0.009
+    text = found.text()
+    assert "in its input pipeline (waiting for batches); besides, 10 ms a step waiting for a " \
+           "CPU beyond the others' in compute (its host's CPUs are busy" in text, text
+    # the same compute without the wait: compute is the cause, nothing said besides
+    parts[1] = StepParts(0.050, 0.010, 0.000, 0.0025, 0.040, 0.0015, 0.0005)
+    found = look(parts, {})
+    assert found is not None and found.cause == COMPUTE and "besides" not in found.text()
 
 
 def test_the_cause_is_read_over_every_step_of_the_looks_that_named_the_rank():

@@ -19,17 +19,21 @@ for it. A named rank is cleared when its delays no longer cost :data:`CLEAR_SHAR
 steps' time.
 
 Its cause and figures are read over the window that named it. The cause is the part of its own
-work (input or compute) that exceeds the others' the more; an excess that is at least half time
-the rank's training thread waited for a CPU outside collectives (ready to run, not running: its
-host's CPUs busy with other work, or its CPU time limited) beyond the others' wait for as much
-time on one, and at most a quarter of it the rank's thread ran on one longer than the others'
-threads (with their wait for that time: on a busy host more work waits in proportion), is said
-to be that, not more work or slower input; one whose wait beyond the others' is at least a
+work (input or compute) that exceeds the others' the more once the rank's wait for a CPU in that
+part beyond theirs is taken out (what named it is its own work net of that wait: a rank whose
+data loader sleeps every third batch, starved of a CPU in compute for a spell on a busy host,
+was said to be slow "in compute, most of it waiting for a CPU"). The cause's excess that is at
+least half time the rank's training thread waited for a CPU in that part (ready to run, not
+running: its host's CPUs busy with other work, or its CPU time limited) beyond the others' wait
+for as much time on one, and at most a quarter of it the rank's thread ran on one longer than the
+others' threads (with their wait for that time: on a busy host more work waits in proportion), is
+said to be that, not more work or slower input; one whose wait beyond the others' is at least a
 quarter of it, but which ran longer too, is said to be both, with their figures; on a CPU rank,
 a compute excess its thread neither ran nor waited for a CPU (a sleep, a read, a lock) is said
-to be off the CPU. On ranks whose CPU time is not read (TensorFlow's), every verdict says that
-it may be a wait for a CPU. When the named rank's own collectives cost most of its step and far
-more than its excess (a slow link), its verdict says so.
+to be off the CPU. A wait for a CPU beyond the others' in the other part, a quarter of its whole
+excess or more, is said besides. On ranks whose CPU time is not read (TensorFlow's), every
+verdict says that it may be a wait for a CPU. When the named rank's own collectives cost most of
+its step and far more than its excess (a slow link), its verdict says so.
 
 A link slower than the others' slows every rank's communication alike: no rank is named then
 (the split shows every rank waiting in communication).
@@ -43,8 +47,10 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from hvd_magics.common.sizes import byte_size
-from hvd_magics.job.verdicts.wait_accounting import (COST_SHARE, SIGNIFICANCE, Finding,
-                                            StepDelay, accuse, binomial_tail, step_delay)
+from hvd_magics.job.verdicts.wait_accounting import (COST_SHARE, SIGNIFICANCE, Finding, Row,
+                                                     StepDelay, accuse, binomial_tail,
+                                                     step_delay)
+from hvd_magics.protocol import STEP_COLUMNS
 from hvd_magics.rank_names import ranks_named
 
 #: The windows (steps) a look reads, shortest first: a rank slowed from a step on is named
@@ -97,6 +103,9 @@ COMM_TIMES = 2.0
 #: The causes a verdict names.
 INPUT, COMPUTE = "input", "compute"
 _PART = {INPUT: "in its input pipeline", COMPUTE: "in compute"}
+#: A part's columns of :class:`StepParts`: its time, its wait for a CPU, its time on one.
+_PART_COLUMNS = {INPUT: ("input_s", "input_cpu_wait_s", "input_cpu_s"),
+                 COMPUTE: ("compute_s", "compute_cpu_wait_s", "compute_cpu_s")}
 _CAUSE_TEXT = {INPUT: f"{_PART[INPUT]} (waiting for batches)",
                COMPUTE: f"{_PART[COMPUTE]} (forward, backward, optimizer)"}
 _CPU_WAIT_WHY = "(its host's CPUs are busy with other work, or its CPU time is limited)"
@@ -117,17 +126,27 @@ _OFF_CPU_TEXT = ("in its own code but mostly off the CPU, not waiting for one (s
 class StepParts:
     """Mean seconds per step of one rank: the whole step and its parts (``cpu_wait_s`` and
     ``cpu_s``: how long its training thread was ready to run but waited for a CPU, and ran on
-    one, within any part)."""
+    one, in its own work; ``input_cpu_wait_s`` and ``input_cpu_s``: of those, in its input)."""
 
     step_s: float
     input_s: float
     comm_s: float
     cpu_wait_s: float = 0.0
     cpu_s: float = 0.0
+    input_cpu_wait_s: float = 0.0
+    input_cpu_s: float = 0.0
 
     @property
     def compute_s(self) -> float:
         return max(0.0, self.step_s - self.input_s - self.comm_s)
+
+    @property
+    def compute_cpu_wait_s(self) -> float:
+        return max(0.0, self.cpu_wait_s - self.input_cpu_wait_s)
+
+    @property
+    def compute_cpu_s(self) -> float:
+        return max(0.0, self.cpu_s - self.input_cpu_s)
 
     @property
     def own_s(self) -> float:
@@ -147,8 +166,9 @@ class StepParts:
 class Straggler:
     """A verdict: ``ranks`` (one, or every rank of ``host`` when ``whole_host``) hold the
     others back, their own work per step ``own_s`` against the others' ``others_s``, most of the
-    difference in ``cause``; ``cpu_wait_s`` longer waiting for a CPU per step than the others,
-    ``cpu_s`` longer on one; named at step ``step``."""
+    difference in ``cause`` (longer than the others' by ``part_s``); in that part ``cpu_wait_s``
+    longer waiting for a CPU per step than the others, ``cpu_s`` longer on one; named at step
+    ``step``."""
 
     ranks: tuple[int, ...]
     host: str
@@ -160,6 +180,11 @@ class Straggler:
     cpu_s: float = 0.0
     #: The others' own work's wait for a CPU per second on one (the host's common waiting).
     wait_ratio: float = 0.0
+    #: How much longer its ``cause`` part is than the others' per step (``None``: its whole
+    #: own work's excess), and its wait for a CPU beyond theirs in the other part
+    #: (:attr:`starved_s`'s measure).
+    part_s: float | None = None
+    elsewhere_starved_s: float = 0.0
     step: int = 0
     #: Whether its training thread's CPU time is known and its host clock tells its compute
     #: (a CPU rank: on a GPU, the host thread also waits for the device off the CPU).
@@ -179,6 +204,11 @@ class Straggler:
     lost_steps: int = 0
 
     @property
+    def excess_s(self) -> float:
+        """How much longer than the others' per step its cause's part is."""
+        return self.own_s - self.others_s if self.part_s is None else self.part_s
+
+    @property
     def more_work_s(self) -> float:
         """Of its excess per step, what more time on a CPU explains, with the wait for a CPU
         every rank has per second on one (more work on a busy host waits in proportion)."""
@@ -194,7 +224,7 @@ class Straggler:
     def waits_for_cpu(self) -> bool:
         """Whether its excess is mostly waiting for a CPU, not more work or slower input (more
         work runs longer on a CPU, and waits for one as long as the others' work does)."""
-        excess = self.own_s - self.others_s
+        excess = self.excess_s
         return (excess > 0 and self.starved_s >= CPU_WAIT_SHARE * excess
                 and self.more_work_s <= CPU_RAN_SHARE * excess)
 
@@ -202,7 +232,7 @@ class Straggler:
     def off_cpu(self) -> bool:
         """Whether its compute excess is mostly time its thread neither ran nor waited for a
         CPU (a sleep, a file read, a lock): not forward and backward."""
-        excess = self.own_s - self.others_s
+        excess = self.excess_s
         return (self.cpu_known and self.cause == COMPUTE and excess > 0
                 and self.more_work_s <= CPU_RAN_SHARE * excess
                 and self.starved_s < CPU_WAIT_SHARE * excess)
@@ -213,11 +243,23 @@ class Straggler:
         beyond the others' and as good a part more time on one: both are said. (A rank that
         sleeps for its batches waits for a CPU each time it wakes, and ran no longer: it was
         said to run "-1.1 ms" longer.)"""
-        excess = self.own_s - self.others_s
+        excess = self.excess_s
         return (self.cpu_read and excess > 0 and self.starved_s >= CPU_RAN_SHARE * excess
                 and self.more_work_s >= CPU_RAN_SHARE * excess and not self.waits_for_cpu)
 
     def _cause_text(self) -> str:
+        return self._part_text() + self._elsewhere_text()
+
+    def _elsewhere_text(self) -> str:
+        """Its wait for a CPU beyond the others' in the part that is not its cause, when it is
+        a good part of its excess (:data:`CPU_RAN_SHARE`)."""
+        if self.elsewhere_starved_s < CPU_RAN_SHARE * (self.own_s - self.others_s):
+            return ""
+        other = COMPUTE if self.cause == INPUT else INPUT
+        return (f"; besides, {_ms(self.elsewhere_starved_s)} a step waiting for a CPU beyond "
+                f"the others' {_PART[other]} {_CPU_WAIT_WHY}")
+
+    def _part_text(self) -> str:
         if self.waits_for_cpu:
             return _CPU_WAIT_TEXT[self.cause]
         if self.off_cpu:
@@ -295,10 +337,6 @@ def clock_label(clock: str, on_gpu: bool) -> str:
     return GPU_TIME if clock == "gpu" else HOST_TIME if on_gpu else ""
 
 
-#: One step's row as the driver keeps it: ``(step_s, input_s, comm_s, cpu_wait_s, cpu_s)``.
-Row = tuple[float, float, float, float, float]
-
-
 def window_parts(rows: list[Row], rhythm: bool = False, keep_all: bool = False) -> StepParts:
     """The mean of a window's steps, steps longer than :data:`OUTLIER` times its median left
     out; with ``rhythm``, only when one step is (several are a rhythm of the job: a pipeline
@@ -307,7 +345,8 @@ def window_parts(rows: list[Row], rhythm: bool = False, keep_all: bool = False) 
     kept = [row for row in rows if row[0] <= limit] or rows
     if keep_all or (rhythm and len(rows) - len(kept) > 1):
         kept = rows
-    return StepParts(*(sum(row[i] for row in kept) / len(kept) for i in range(5)))
+    return StepParts(*(sum(row[i] for row in kept) / len(kept)
+                       for i in range(len(STEP_COLUMNS))))
 
 
 def _excess(parts: dict[int, StepParts], named: list[int], others: list[int], part: str
@@ -316,9 +355,14 @@ def _excess(parts: dict[int, StepParts], named: list[int], others: list[int], pa
     return min(getattr(parts[r], part) for r in named) - base
 
 
-def _cause(parts: dict[int, StepParts], named: list[int], others: list[int]) -> str:
-    return (INPUT if _excess(parts, named, others, "input_s")
-            > _excess(parts, named, others, "compute_s") else COMPUTE)
+def _part_excess(parts: dict[int, StepParts], named: list[int], others: list[int],
+                 cause: str, wait_ratio: float) -> tuple[float, float, float]:
+    """How much longer ``cause``'s part of the named ranks' step is than the others', and of
+    it their wait for a CPU beyond the others' wait for as much time on one (``0`` or more),
+    and their time on one beyond the others'."""
+    part, waited, ran = (_excess(parts, named, others, column)
+                         for column in _PART_COLUMNS[cause])
+    return part, max(0.0, waited - wait_ratio * ran), ran
 
 
 def _holds_back(parts: dict[int, StepParts], named: list[int], others: list[int],
@@ -357,13 +401,21 @@ def verdict(parts: dict[int, StepParts], hosts: dict[int, str], named: list[int]
     others = [r for r in parts if r not in named]
     host = hosts.get(named[0], "")
     ran = statistics.median(parts[r].cpu_s for r in others)
-    return Straggler(tuple(named), host, whole, _cause(parts, named, others),
+    ratio = statistics.median(parts[r].cpu_wait_s for r in others) / ran if ran > 0 else 0.0
+    split = {cause: _part_excess(parts, named, others, cause, ratio)
+             for cause in (INPUT, COMPUTE)}
+    # the part longer net of its wait for a CPU beyond the others' (what named the rank)
+    cause = INPUT if split[INPUT][0] - split[INPUT][1] > split[COMPUTE][0] - split[COMPUTE][1] \
+        else COMPUTE
+    part_s = split[cause][0]
+    other = split[COMPUTE if cause == INPUT else INPUT]
+    return Straggler(tuple(named), host, whole, cause,
                      statistics.mean(parts[r].own_s for r in named),
                      statistics.median(parts[r].own_s for r in others),
-                     max(0.0, _excess(parts, named, others, "cpu_wait_s")),
-                     _excess(parts, named, others, "cpu_s"),
-                     statistics.median(parts[r].cpu_wait_s for r in others) / ran if ran > 0
-                     else 0.0, comm_s=statistics.mean(parts[r].comm_s for r in named),
+                     max(0.0, _excess(parts, named, others, _PART_COLUMNS[cause][1])),
+                     _excess(parts, named, others, _PART_COLUMNS[cause][2]), ratio,
+                     part_s=part_s, elsewhere_starved_s=other[1],
+                     comm_s=statistics.mean(parts[r].comm_s for r in named),
                      step_s=statistics.mean(parts[r].step_s for r in named))
 
 
@@ -437,15 +489,15 @@ class StepSplits:
             peak = max(event["memory"].get("peak") or 0,
                        self.memory.get(rank, {}).get("peak") or 0)
             self.memory[rank] = {**event["memory"], "peak": peak}
-        rows = self._rows.setdefault(rank, {})
+        rows, width = self._rows.setdefault(rank, {}), len(STEP_COLUMNS)
         for step, *columns in event.get("rows") or []:
-            rows[int(step)] = cast(Row, tuple(float(v) for v in (columns + [0.0, 0.0])[:5]))
+            rows[int(step)] = cast(Row, tuple(float(v) for v in (columns + [0.0] * width)[:width]))
         for old in sorted(rows)[:-KEPT_STEPS]:
             del rows[old]
         parts = None
-        count, *sums = (list(event.get("totals") or [0]) + [0.0] * 5)[:6]
+        count, *sums = (list(event.get("totals") or [0]) + [0.0] * width)[:width + 1]
         if count:
-            totals = self._totals.setdefault(rank, [0, 0.0, 0.0, 0.0, 0.0, 0.0])
+            totals = self._totals.setdefault(rank, [0] + [0.0] * width)
             for i, value in enumerate([count, *sums]):
                 totals[i] += value
             parts = StepParts(*(value / count for value in sums))
@@ -606,7 +658,8 @@ class StepSplits:
         delayed = sum(1 for d in window if d.rank in ranks
                       and d.own_s + d.cpu_s >= max(least, NAME_SHARE * d.base_s))
         known = all(self.clock.get(r, "host") == "host" and r not in self.gpu
-                    and (self._totals.get(r) or [0] * 6)[5] > 0 for r in self._rows)
+                    and (self._totals.get(r) or [0] * 6)[5] > 0  # its cpu_s
+                    for r in self._rows)
         return dataclasses.replace(
             found, step=step, cpu_known=known, cpu_read=not self.cpu_unread,
             lost_share=mine / wall if wall > 0 else 0.0, lost_steps=len(window),

@@ -65,8 +65,10 @@ class StepDelay:
     host_cpu_s: float = 0.0
 
 
-#: One rank's row of a step: ``(step_s, input_s, comm_s, cpu_wait_s, cpu_s)``.
-Row = tuple[float, float, float, float, float]
+#: One rank's row of a step: :data:`hvd_magics.protocol.STEP_COLUMNS` (the training thread's wait
+#: for a CPU and time on one outside collectives, and of those, in waits for input:
+#: :mod:`hvd_magics.rank.instruments.step_split`).
+Row = tuple[float, float, float, float, float, float, float]
 
 #: Who delayed the others: a rank (``int``) or a host (``str``).
 Who = TypeVar("Who", bound=Hashable)

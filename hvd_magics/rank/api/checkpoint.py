@@ -67,7 +67,7 @@ from hvd_magics.rank.api.preemption import after_save, noticed, preempting
 from hvd_magics.rank.integrations.deepspeed import TAG as DEEPSPEED_TAG
 from hvd_magics.rank.integrations.deepspeed import engine_in, load_engine, save_engine
 from hvd_magics.rank.integrations.torch_dcp import load as load_sharded
-from hvd_magics.rank.integrations.torch_dcp import needs_dcp, save_in_background
+from hvd_magics.rank.integrations.torch_dcp import in_process_group, needs_dcp, save_in_background
 from hvd_magics.rank.integrations.torch_dcp import save as save_sharded
 from hvd_magics.rank.rank_job import rank_job
 from hvd_magics.rank_names import rank_named
@@ -283,6 +283,10 @@ def save(state: Any, step: int, keep: int = 2, asynchronous: bool = False) -> Pa
     own files (in ``deepspeed/`` of the checkpoint's folder), the other values as its
     ``client_state``; call it on every rank.
 
+    A dict of modules and optimizers outside a ``torch.distributed`` process group (Horovod's
+    ranks: each holds them whole) is written by rank 0 alone, through the same distributed
+    checkpoint; ``None`` on the other ranks.
+
     ``asynchronous=True`` (sharded state only) returns once the state is copied to this
     host's memory, and writes it while training goes on; the checkpoint is in place once every
     rank's part is written. The next save, :func:`wait`, the end of the job's code and a
@@ -303,7 +307,11 @@ def save(state: Any, step: int, keep: int = 2, asynchronous: bool = False) -> Pa
         _refuse_sharded_outside_a_dict(state, found)
     folder = shared_folder()
     engine = engine_in(state)
-    if engine is not None or (isinstance(state, dict) and needs_dcp(state, found)):
+    dcp = engine is None and isinstance(state, dict) and needs_dcp(state, found)
+    if dcp and not found and not in_process_group() and not rank_job().first:
+        after_save(step)  # whole modules on every rank, no process group: rank 0 writes them
+        return None
+    if engine is not None or dcp:
         path: Path | None = (
             _save_engine(engine, step, keep, folder, asynchronous) if engine is not None
             else _save_parts(lambda partial: (save_in_background if asynchronous

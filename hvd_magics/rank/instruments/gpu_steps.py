@@ -63,7 +63,7 @@ class GpuSteps:
 
     def on_step_end(self, step: int, input_s: float, host: list[float]) -> list[list[float]]:
         """The optimizer stepped: keep this step's events (and its host thread's ``[cpu_wait_s,
-        cpu_s]``); the rows of steps now passed."""
+        cpu_s, input_cpu_wait_s, input_cpu_s]``); the rows of steps now passed."""
         end = _event()
         marks, self._marks = self._marks, [end, None, None, None]
         marks[_END] = end
@@ -72,9 +72,9 @@ class GpuSteps:
         return self.ready()
 
     def ready(self, wait: bool = False) -> list[list[float]]:
-        """``[step, step_s, input_s, comm_s, cpu_wait_s, cpu_s]`` of each kept step whose events
-        the GPU has passed (all of them with ``wait``, which synchronises once: at the job's end;
-        the last two are the host thread's)."""
+        """``[step, step_s, input_s, comm_s, cpu_wait_s, cpu_s, input_cpu_wait_s, input_cpu_s]``
+        of each kept step whose events the GPU has passed (all of them with ``wait``, which
+        synchronises once: at the job's end; the last four are the host thread's)."""
         if wait and self.pending:
             self.pending[-1][3][_END].synchronize()
         rows = []

@@ -12,9 +12,15 @@ from __future__ import annotations
 import os
 import resource
 import sys
+import weakref
 from typing import Any
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+#: The latest shard read, and the modules it was read from (weak references: an id may be
+#: another module's later): a module's parameters keep their shapes, so they are walked again
+#: only when the modules change (a step split is sent four times a second; a large model's
+#: walk is not free).
+_shard_of: tuple[tuple[weakref.ref[Any], ...], tuple[int, int] | None] = ((), None)
 
 
 def _resident_bytes() -> int | None:
@@ -46,17 +52,29 @@ def parameter_shard() -> tuple[int, int] | None:
                    if isinstance(m, FSDPModule)]
     except (ImportError, AttributeError, RuntimeError):  # another torch: no shard to read
         return None
+    global _shard_of
+    known = _shard_of[0]
+    if modules and len(known) == len(modules) and all(
+            ref() is module for ref, module in zip(known, modules)):
+        return _shard_of[1]
     seen: set[int] = set()
     local = full = 0
+    whole = False  # a parameter gathered whole (between FSDP's all-gather and its reshard)
     for module in modules:
         for parameter in module.parameters():
-            if id(parameter) in seen or not isinstance(parameter, DTensor):
+            if id(parameter) in seen:
                 continue
             seen.add(id(parameter))
+            if not isinstance(parameter, DTensor):
+                whole = True
+                continue
             size = parameter.element_size()
             local += parameter.to_local().numel() * size
             full += parameter.numel() * size
-    return (local, full) if full else None
+    found = (local, full) if full else None
+    if found is not None and not whole:
+        _shard_of = (tuple(weakref.ref(module) for module in modules), found)
+    return found
 
 
 def reading() -> dict[str, Any]:

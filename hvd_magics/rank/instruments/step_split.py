@@ -16,8 +16,9 @@ plain loop, DDP, Horovod's ``DistributedOptimizer``, Accelerate, Lightning and t
 - **compute**: the rest (forward, backward, optimizer, the loop's own Python).
 
 Besides, how long in its own work (the step outside collectives) the training thread ran on a
-CPU and how long it was ready to run but waited for one (the kernel's
-``/proc/thread-self/schedstat``, read on entering and leaving each collective): a rank slowed
+CPU and how long it was ready to run but waited for one, and how much of each was in its input
+(the kernel's ``/proc/thread-self/schedstat``, read on entering and leaving each collective and
+each wait for a batch): a rank slowed
 because its host's CPUs are busy with other work, or its CPU time is limited, is told from one
 with more to compute. A wait for a CPU inside a collective (a rank woken when its peers are
 done, on a busy host) is left out: it is not what holds the others back.
@@ -28,7 +29,8 @@ already waits. On a GPU the host runs ahead of the kernels (and NCCL's waits do 
 DDP module on a CUDA device is timed by CUDA events on the GPU instead
 (:mod:`hvd_magics.rank.instruments.gpu_steps`); other GPU ranks (Horovod's, whose ``synchronize``
 does block) keep the host's clock. A step costs a few clock reads, two reads of ``schedstat`` (about
-4 us each) per blocking collective (one for all of ``DistributedOptimizer``'s gradients) and, for
+4 us each) per blocking collective (one for all of ``DistributedOptimizer``'s gradients) and per
+batch and, for
 DDP, a Python call and a ``schedstat`` read when its last gradient is ready (a call per parameter's
 gradient in its first steps, until the same parameter's gradient was last three times in a row), and
 three CUDA events on a GPU. ``HVD_MAGICS_STEP_SPLIT=0`` turns it off.
@@ -48,7 +50,7 @@ import weakref
 from typing import Any
 from collections.abc import Callable, Iterator
 
-from hvd_magics.protocol import STEP_SPLIT
+from hvd_magics.protocol import STEP_COLUMNS, STEP_SPLIT
 from hvd_magics.rank.instruments import gpu_memory, rank_memory, step_split_tf
 from hvd_magics.rank import rank_events
 from hvd_magics.rank.instruments.gpu_steps import GpuSteps
@@ -71,6 +73,12 @@ _COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gathe
                 "scatter_object_list")
 
 
+def _no_totals() -> list[float]:
+    """``[steps, *sums of each column]`` (:data:`hvd_magics.protocol.STEP_COLUMNS`), all
+    zero."""
+    return [0] + [0.0] * len(STEP_COLUMNS)
+
+
 class _Split:
     """What the hooks have seen of the step under way."""
 
@@ -87,6 +95,8 @@ class _Split:
         #: the latest DDP gradient was ready (``None``: not read, in a DDP module's first
         #: steps, while every parameter has a hook).
         self.comm_cpu = [0.0, 0.0]
+        #: ...and inside waits for input (a part of its own work).
+        self.input_cpu = [0.0, 0.0]
         self.grad_cpu: tuple[float, float] | None = None
         #: Inside a timed wait (a nested one is counted once), and inside optimizer steps (an
         #: optimizer's step that calls another's ends one training step).
@@ -106,7 +116,7 @@ class _Split:
         self.hooks: _GradHooks | None = None
         #: Rows not sent yet, and their totals.
         self.rows: list[list[float]] = []
-        self.totals = [0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        self.totals = _no_totals()
         #: The training thread's CPU time (``None``: not opened yet), and its seconds on a CPU
         #: and waiting for one when the step under way began.
         self.cpu: ThreadCpu | None = None
@@ -118,6 +128,8 @@ class _Split:
 
 
 _split = _Split()
+
+
 #: ``torch.is_grad_enabled``, once DDP is loaded (step_split reads it every forward).
 def _grad_enabled() -> bool:
     return True
@@ -183,15 +195,14 @@ def _timed(kind: int, original: Callable[..., Any],
         if split.depth or not _timing() or not counts(*args, **kwargs):
             return original(*args, **kwargs)
         split.depth += 1
-        cpu = _cpu_s(split) if kind == _COMM else None
+        cpu = _cpu_s(split)
         start = time.perf_counter()
         try:
             return original(*args, **kwargs)
         finally:
             split.depth -= 1
             split.waits[kind] += time.perf_counter() - start
-            if cpu is not None:
-                _add_comm_cpu(split, cpu)
+            _add_cpu(split.comm_cpu if kind == _COMM else split.input_cpu, split, cpu)
             if kind == _INPUT:
                 split.fed = split.ever_fed = True
 
@@ -199,12 +210,12 @@ def _timed(kind: int, original: Callable[..., Any],
     return timed
 
 
-def _add_comm_cpu(split: _Split, since: tuple[float, float]) -> None:
-    """Count the training thread's CPU time and wait for a CPU from ``since`` (its reading on
-    entering a collective) to now as the collective's."""
+def _add_cpu(into: list[float], split: _Split, since: tuple[float, float]) -> None:
+    """Add the training thread's CPU time and wait for a CPU from ``since`` (its reading on
+    entering a collective or a wait for input) to now to ``into`` (``[ran, waited]``)."""
     ran, waited = _cpu_s(split)
-    split.comm_cpu[0] += max(0.0, ran - since[0])
-    split.comm_cpu[1] += max(0.0, waited - since[1])
+    into[0] += max(0.0, ran - since[0])
+    into[1] += max(0.0, waited - since[1])
 
 
 def _before_optimizer_step(*_args: Any) -> None:
@@ -231,7 +242,8 @@ def _on_optimizer_step(*_args: Any) -> None:
     if split.began is not None:
         split.step += 1
         host = [max(0.0, cpu[1] - split.cpu_at[1] - split.comm_cpu[1]),
-                max(0.0, cpu[0] - split.cpu_at[0] - split.comm_cpu[0])]
+                max(0.0, cpu[0] - split.cpu_at[0] - split.comm_cpu[0]),
+                split.input_cpu[1], split.input_cpu[0]]
         if split.gpu is not None:
             for row in split.gpu.on_step_end(split.step, split.waits[_INPUT], host):
                 _keep(split, row)
@@ -239,9 +251,9 @@ def _on_optimizer_step(*_args: Any) -> None:
             _keep(split, [split.step, now - split.began, split.waits[_INPUT], split.waits[_COMM],
                           *host])
     elif split.gpu is not None:
-        split.gpu.on_step_end(0, 0.0, [0.0, 0.0])  # the first step's start on the GPU
+        split.gpu.on_step_end(0, 0.0, [0.0] * 4)  # the first step's start on the GPU
     split.began, split.waits, split.fed, split.cpu_at = now, [0.0, 0.0], False, cpu
-    split.comm_cpu = [0.0, 0.0]
+    split.comm_cpu, split.input_cpu = [0.0, 0.0], [0.0, 0.0]
     if time.monotonic() - split.sent >= SEND_EVERY_S:
         flush()
 
@@ -250,7 +262,7 @@ def _keep(split: _Split, row: list[float]) -> None:
     split.rows.append(row)
     totals = split.totals
     totals[0] += 1
-    for i in range(1, 6):
+    for i in range(1, min(len(row), len(totals))):
         totals[i] += row[i]
 
 
@@ -282,7 +294,7 @@ def _send(split: _Split, final: bool) -> None:
                      dropped=dropped, gpu=gpu_memory.reading(), memory=rank_memory.reading(),
                      clock="gpu" if split.gpu is not None else "host",
                      **({"cpu_read": False} if tf_rows else {}))
-    split.rows, split.totals = [], [0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    split.rows, split.totals = [], _no_totals()
 
 
 def _grad_ready(param: Any) -> None:
@@ -328,7 +340,7 @@ def _timed_backward(original: Callable[..., Any]) -> Callable[..., Any]:
         if split.grad_ready > start:
             split.waits[_COMM] += max(0.0, time.perf_counter() - split.grad_ready)
             if split.grad_cpu is not None:
-                _add_comm_cpu(split, split.grad_cpu)
+                _add_cpu(split.comm_cpu, split, split.grad_cpu)
         if split.hooks is not None:
             split.hooks.after_backward(split.last_grad)
         if split.gpu is not None:
@@ -397,12 +409,14 @@ def input_wait() -> Iterator[None]:
         yield
         return
     split.depth += 1
+    cpu = _cpu_s(split)
     start = time.perf_counter()
     try:
         yield
     finally:
         split.depth -= 1
         split.waits[_INPUT] += time.perf_counter() - start
+        _add_cpu(split.input_cpu, split, cpu)
         split.fed = split.ever_fed = True
 
 

@@ -13,7 +13,10 @@ dict.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +76,25 @@ class _ModuleState:
         set_model_state_dict(self.module, state_dict)
 
 
+@contextlib.contextmanager
+def _as_its_own_class(optimizer: Any) -> Iterator[None]:
+    """Horovod's ``DistributedOptimizer`` as the optimizer it wraps, for the while: DCP gives an
+    optimizer without state its state by a step of zero gradients (its own ``step()``, then
+    ``zero_grad(set_to_none=True)``), which Horovod's would allreduce, and whose ``zero_grad``
+    takes no argument. Horovod makes its class from the wrapped one's (``Adam`` is next in its
+    order), and keeps its own attributes aside."""
+    wrapper = type(optimizer)
+    if "synchronize" not in vars(wrapper) or not wrapper.__module__.startswith("horovod"):
+        yield
+        return
+    inner = wrapper.__mro__[1]
+    optimizer.__class__ = inner
+    try:
+        yield
+    finally:
+        optimizer.__class__ = wrapper
+
+
 class _OptimizerState:
     """An optimizer as DCP's ``Stateful``, with the module whose parameters it steps (its
     state is keyed by their names, so that another sharding can read it)."""
@@ -83,12 +105,14 @@ class _OptimizerState:
     def state_dict(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        return get_optimizer_state_dict(self.module, self.optimizer)
+        with _as_its_own_class(self.optimizer):
+            return get_optimizer_state_dict(self.module, self.optimizer)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-        set_optimizer_state_dict(self.module, self.optimizer, state_dict)
+        with _as_its_own_class(self.optimizer):
+            set_optimizer_state_dict(self.module, self.optimizer, state_dict)
 
 
 def _module_of(optimizer: Any, modules: dict[str, Any], key: str) -> Any:
@@ -116,12 +140,32 @@ def stateful(state: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
+def in_process_group() -> bool:
+    """Whether the ranks are in a ``torch.distributed`` process group, which DCP's collectives
+    run in. Without one (Horovod's ranks, a single process), each rank's modules and
+    optimizers are whole: one process writes them, and each rank reads them alone."""
+    torch = _torch()
+    return bool(torch is not None and torch.distributed.is_available()
+                and torch.distributed.is_initialized())
+
+
+@contextlib.contextmanager
+def _alone_on_purpose() -> Iterator[None]:
+    """DCP outside a process group, meant so: its warning that it assumes one process is not
+    news to the user."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is .*single process")
+        yield
+
+
 def save(state: dict[str, Any], folder: Path) -> None:
     """Every rank writes its part of ``state`` into ``folder`` (a collective: every rank of
-    the job calls it); returns once rank 0 has written the checkpoint's metadata."""
+    the job calls it); returns once rank 0 has written the checkpoint's metadata. Outside a
+    process group (:func:`in_process_group`) the caller writes the whole state alone."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.save(stateful(state), checkpoint_id=str(folder))
+    with _alone_on_purpose():
+        dcp.save(stateful(state), checkpoint_id=str(folder), no_dist=not in_process_group())
 
 
 #: The Gloo group of the saves in the background: their collectives run in a thread of their
@@ -139,8 +183,11 @@ def save_in_background(state: dict[str, Any], folder: Path) -> Any:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    world = dist.group.WORLD if dist.is_initialized() else None
-    if world is not None and _background_group[0] is not world:
+    if not in_process_group():
+        with _alone_on_purpose():
+            return dcp.async_save(stateful(state), checkpoint_id=str(folder), no_dist=True)
+    world = dist.group.WORLD
+    if _background_group[0] is not world:
         _background_group = (world, dist.new_group(backend="gloo"))
     return dcp.async_save(stateful(state), checkpoint_id=str(folder),
                           process_group=_background_group[1])
@@ -149,13 +196,14 @@ def save_in_background(state: dict[str, Any], folder: Path) -> Any:
 def load(state: dict[str, Any], folder: Path) -> None:
     """Read the checkpoint in ``folder`` into ``state`` in place, on any number of ranks:
     modules and optimizers through ``load_state_dict``, tensors copied into, other values
-    replaced."""
+    replaced (outside a process group, each rank reads the whole state alone)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     view = stateful(state)
     try:
-        dcp.load(view, checkpoint_id=str(folder))
+        with _alone_on_purpose():
+            dcp.load(view, checkpoint_id=str(folder), no_dist=not in_process_group())
     except (CheckpointException, ValueError, KeyError, RuntimeError) as exc:
         # DCP's own error is a BaseException holding each rank's: the first says what differs
         failures = getattr(exc, "failures", None) or {}
