@@ -52,14 +52,21 @@ def shared_folder():
 def test_a_cut_host_restarts_the_job_on_the_other_hosts(three_hosts_spark, three_hosts,
                                                         shared_folder, engine):
     """A torch job resumed 93 s after the cut blaming a survivor; a Horovod job did not restart
-    (the survivors' HorovodInternalError was taken for the user's own error)."""
+    (the survivors' HorovodInternalError was taken for the user's own error). The next attempt
+    starts within the silence that names a lost host (10 s) and twice what the first attempt
+    took to its first checkpoint (a fresh start: 48.7 s after the cut on a machine 2.7 times
+    slower than usual had failed a fixed bound of 45 s)."""
+    started = time.time()
     job = HorovodRunner(np=2, engine=engine, restarts=1, checkpoint_dir=shared_folder).start(
         engine_jobs.steps_with_checkpoints, steps=150, every=5, engine=engine, step_s=0.05)
     try:
-        deadline = time.monotonic() + 120
+        deadline, fresh = time.monotonic() + 120, None
         while not list((shared_folder / "checkpoints").glob("ckpt-1[05]-*")):
+            if fresh is None and list((shared_folder / "checkpoints").glob("ckpt-*")):
+                fresh = time.time() - started
             assert time.monotonic() < deadline and not job.done(), "no checkpoint was written"
             time.sleep(0.1)
+        fresh = time.time() - started if fresh is None else fresh
         host = job.live.job.ranks[1].host
         cut = next(h for h in three_hosts.hosts if h.address == host)
         cut.cut()
@@ -75,8 +82,9 @@ def test_a_cut_host_restarts_the_job_on_the_other_hosts(three_hosts_spark, three
         record.attempts[0]
     assert resumed["attempt"] == 1 and resumed["start"] >= 10
     took = resumed["first_step_at"] - began
-    print(f"{engine}: the next attempt's first step came {took:.1f} s after the cut")
-    assert took < 45, took
+    print(f"{engine}: the next attempt's first step came {took:.1f} s after the cut; the first "
+          f"attempt's first checkpoint {fresh:.1f} s after its start")
+    assert took < 10 + 2 * fresh, (took, fresh)
 
 
 def test_an_elastic_job_goes_on_without_a_cut_host(three_hosts_spark, three_hosts,

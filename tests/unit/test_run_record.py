@@ -97,3 +97,15 @@ def test_a_torch_or_tf_job_is_called_by_its_engine_not_horovod(tmp_path):
         view.on_end(job)  # outside a kernel, display() prints the box's repr
         assert view.header.value.startswith(f"<b>{title}</b>, 2 ranks on spark local[2]"), \
             view.header.value
+
+
+def test_the_end_of_a_job_waits_longer_for_mlflows_own_store_than_for_a_server():
+    """A first run into MLflow's local default store (sqlite) spent more than the 20 s kept for
+    a server that does not answer making its tables, on a slow machine: the run was left
+    without its id. A store this process writes is waited for longer."""
+    from hvd_magics.job.records.mlflow_run import local_store
+
+    assert all(local_store(uri) for uri in ("sqlite:////tmp/x/mlflow.db", "file:///tmp/mlruns",
+                                            "/tmp/mlruns", "mlruns", "C:\\runs"))
+    assert not any(local_store(uri) for uri in ("http://127.0.0.1:5000", "https://mlflow.example",
+                                                "databricks", "postgresql://h/db"))

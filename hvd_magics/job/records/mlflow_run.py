@@ -35,8 +35,13 @@ from hvd_magics.protocol import ENV_MLFLOW_RETRY_S, EPOCH_BEGIN, EPOCH_END, TRAC
 #: How to get MLflow when a job asks for tracking without it.
 INSTALL_HINT = ("MLflow tracking needs the mlflow package in the notebook's Python: "
                 "pip install 'hvd_magics[mlflow]' (or pip install mlflow)")
-#: How long the end of a job waits for MLflow to take what is left before it goes on.
+#: How long the end of a job waits for MLflow to take what is left before it goes on (a server
+#: that does not answer: the writes left are tried again later)...
 FINISH_WAIT_S = 20.0
+#: ...and for a store in this process (``sqlite:``, ``file:``, a folder: no server to wait for,
+#: MLflow itself at work: a first run making its database's tables took more than 20 s on a
+#: slow 2-core machine, and the run was left without its id).
+LOCAL_FINISH_WAIT_S = 300.0
 #: How long a tracking server has to answer its health check.
 HEALTH_TIMEOUT_S = 3.0
 #: How often the writes a job left pending are tried again while the server does not answer
@@ -51,6 +56,15 @@ _SUPPRESS_URL = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 #: Run status for each way a job ends.
 STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "interrupted": "KILLED",
           "preempted": "KILLED"}
+
+
+def local_store(tracking_uri: str) -> bool:
+    """Whether ``tracking_uri`` is a store MLflow writes from this process (a database file,
+    a folder), not a server."""
+    if tracking_uri.lower().startswith("databricks"):  # "databricks", "databricks://profile"
+        return False
+    scheme = tracking_uri.split(":", 1)[0].lower() if ":" in tracking_uri else ""
+    return scheme in ("", "file", "sqlite") or len(scheme) == 1  # a Windows drive: a folder
 
 
 def retry_s() -> float:
@@ -378,11 +392,12 @@ class MlflowTracker:
         ``record``. Called once the job's log is closed."""
         self._tasks.put(lambda: self._end(record))
         self._tasks.put(None)
-        self._worker.join(FINISH_WAIT_S)
+        wait = LOCAL_FINISH_WAIT_S if local_store(self.tracking_uri) else FINISH_WAIT_S
+        self._worker.join(wait)
         if self._worker.is_alive():
-            self.failed = self.failed or f"no answer within {FINISH_WAIT_S:.0f} s"
+            self.failed = self.failed or f"no answer within {wait:.0f} s"
             warnings.warn(f"hvd_magics: MLflow at {self.tracking_uri} did not answer within "
-                          f"{FINISH_WAIT_S:.0f} s; the run may be incomplete.", stacklevel=2)
+                          f"{wait:.0f} s; the run may be incomplete.", stacklevel=2)
         if self.run_id is not None:
             record.mlflow_run_id = self.run_id
             store = " (no tracking URI was set: MLflow's local default store)" \
