@@ -227,19 +227,22 @@ def test_a_keras_3_rank_slowed_in_a_custom_strategy_loop_is_named(how, cause):
     # 100 ms late in its input, as the Keras 2 test on this engine: tf.data makes batches ahead
     # on threads of its own, and beside the suite's busy lanes a rank 30 ms late there was no
     # later than rank 0, starved of a CPU too (a fresh clone's run named nobody)
+    # 120 steps: beside busy lanes on a machine 2.7 times slower than usual, the input case was
+    # named at step 40 in one run and not within 60 steps in the next (the others' noise is
+    # what a rhythm of late steps must stand out of: more steps, more evidence)
     record = HorovodRunner(np=-2, engine="tf").run_payload(serialize_job(
-        engine_jobs.straggler_keras_3_loop, {"steps": 60, "slow_rank": 1, "how": how,
+        engine_jobs.straggler_keras_3_loop, {"steps": 120, "slow_rank": 1, "how": how,
                                              "extra_s": 0.1 if how == "input" else 0.03}),
         views=[])
-    assert record.value == 60
+    assert record.value == 120
     named = [v for v in record.stragglers if ": rank 1 (host " in v]
     assert named and cause in named[0], record.stragglers
     # late in its input in every other step (tf.data makes batches ahead): named once chance
     # on equal ranks cannot explain it, about 20 steps on two ranks on a quiet host; beside
-    # busy lanes within the job (named at step 40 of 60 on a machine 2.7 times slower than usual)
-    within = 60 if _machine_busy(before) else 25
+    # busy lanes within the job
+    within = 120 if _machine_busy(before) else 25
     assert int(named[0].split(":")[0].removeprefix("from step ")) < within, named[0]
     by_rank = {row["rank"]: row for row in record.step_split}
-    assert [by_rank[r]["steps"] for r in (0, 1)] == [59, 59]
+    assert [by_rank[r]["steps"] for r in (0, 1)] == [119, 119]
     assert by_rank[0]["comm_s"] > by_rank[1]["comm_s"]
 
