@@ -5,7 +5,7 @@ wrote its own shards alone, the sum of the full weights was -13.95 when saved an
 loaded, and the job succeeded; issue 74: saved by some ranks, resumed by fewer)."""
 import pytest
 
-from hvd_magics import HorovodJobError, HorovodRunner
+from hvd_magics import HorovodJobError, HorovodRunner, last_run
 
 
 def _fsdp_steps(steps: int, save_at: int | None = None, resume: bool = False,
@@ -298,7 +298,11 @@ def test_horovod_ranks_modules_are_written_by_rank_0_and_read_back_by_every_rank
     parts = sorted(p.name for p in (folder / "checkpoints" / "ckpt-3-e0-s0.dcp").iterdir())
     assert parts == [".metadata", "__0_0.distcp"], parts
     resumed = HorovodRunner(np=-2, checkpoint_dir=folder).run(_horovod_modules, steps=6)
+    split = last_run().step_split
     unbroken = HorovodRunner(np=-2, checkpoint_dir=tmp_path / "unbroken").run(
         _horovod_modules, steps=6)
     assert [(r["start"], r["step"]) for r in resumed] == [(4, 3), (4, 3)], resumed
+    # steps 4-6, the first without a start: DCP's step of zero gradients that gives the
+    # optimizer its state to load into is not one (it made 3 rows, the first the load's)
+    assert [row["steps"] for row in split] == [2, 2], split
     assert [r["sum"] for r in resumed] == [r["sum"] for r in unbroken], (resumed, unbroken)

@@ -102,6 +102,8 @@ class _Split:
         #: optimizer's step that calls another's ends one training step).
         self.depth = 0
         self.stepping = 0
+        #: Inside :func:`not_a_step` (an optimizer stepped by a library, not by training).
+        self.paused = 0
         #: Whether a batch was fetched or a DDP module called since the last optimizer step,
         #: and whether any ever was (a second optimizer in the same step is not a new step).
         self.fed = False
@@ -218,8 +220,23 @@ def _add_cpu(into: list[float], split: _Split, since: tuple[float, float]) -> No
     into[1] += max(0.0, waited - since[1])
 
 
+@contextlib.contextmanager
+def not_a_step() -> Iterator[None]:
+    """Optimizer steps inside are not training steps: PyTorch's distributed checkpoint gives an
+    optimizer without state its state by a step of zero gradients (a resumed job counted one
+    step more, its first row spanning the checkpoint's load)."""
+    split = _split
+    split.paused += 1
+    try:
+        yield
+    finally:
+        split.paused -= 1
+
+
 def _before_optimizer_step(*_args: Any) -> None:
     split = _split
+    if split.paused:
+        return
     if split.thread is None:
         split.thread = threading.get_ident()
     if _timing():
@@ -231,7 +248,7 @@ def _on_optimizer_step(*_args: Any) -> None:
     a second optimizer of the same step; or it is the inner step of an optimizer that wraps
     another, as Horovod's ``DistributedOptimizer`` does)."""
     split, now = _split, time.perf_counter()
-    if not _timing():
+    if split.paused or not _timing():
         return
     split.stepping = max(0, split.stepping - 1)
     if split.stepping:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hvd_magics.errors import CheckpointMismatch
+from hvd_magics.rank.instruments.step_split import not_a_step
 
 #: Class names of the wrappers and tensors whose parameters each rank holds a part of.
 _SHARDED_TENSORS = {"DTensor", "ShardedTensor"}
@@ -105,13 +106,13 @@ class _OptimizerState:
     def state_dict(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        with _as_its_own_class(self.optimizer):
+        with _as_its_own_class(self.optimizer), not_a_step():
             return get_optimizer_state_dict(self.module, self.optimizer)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-        with _as_its_own_class(self.optimizer):
+        with _as_its_own_class(self.optimizer), not_a_step():
             set_optimizer_state_dict(self.module, self.optimizer, state_dict)
 
 
