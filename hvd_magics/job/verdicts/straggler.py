@@ -218,7 +218,7 @@ class Straggler:
     def starved_s(self) -> float:
         """Of its excess per step, its wait for a CPU beyond the others' in proportion to its
         time on one: a CPU it got less of than they did."""
-        return self.cpu_wait_s - self.wait_ratio * self.cpu_s
+        return _starved(self.cpu_wait_s, self.cpu_s, self.wait_ratio)
 
     @property
     def waits_for_cpu(self) -> bool:
@@ -355,14 +355,31 @@ def _excess(parts: dict[int, StepParts], named: list[int], others: list[int], pa
     return min(getattr(parts[r], part) for r in named) - base
 
 
+def _starved(waited_s: float, ran_s: float, wait_ratio: float) -> float:
+    """Of a wait for a CPU ``waited_s`` beyond the others', what their own wait per second on
+    one (``wait_ratio``) does not explain for the ``ran_s`` longer it ran on one."""
+    return waited_s - wait_ratio * ran_s
+
+
+@dataclass(frozen=True)
+class _PartExcess:
+    """How much longer one part (input or compute) of the named ranks' step is than the
+    others', and in it their wait for a CPU and their time on one beyond the others'."""
+
+    part_s: float
+    waited_s: float
+    ran_s: float
+
+    def net_s(self, wait_ratio: float) -> float:
+        """The part's excess without its wait for a CPU beyond the others' (what names a
+        rank: its own work net of that wait)."""
+        return self.part_s - max(0.0, _starved(self.waited_s, self.ran_s, wait_ratio))
+
+
 def _part_excess(parts: dict[int, StepParts], named: list[int], others: list[int],
-                 cause: str, wait_ratio: float) -> tuple[float, float, float]:
-    """How much longer ``cause``'s part of the named ranks' step is than the others', and of
-    it their wait for a CPU beyond the others' wait for as much time on one (``0`` or more),
-    and their time on one beyond the others'."""
-    part, waited, ran = (_excess(parts, named, others, column)
-                         for column in _PART_COLUMNS[cause])
-    return part, max(0.0, waited - wait_ratio * ran), ran
+                 cause: str) -> _PartExcess:
+    return _PartExcess(*(_excess(parts, named, others, column)
+                         for column in _PART_COLUMNS[cause]))
 
 
 def _holds_back(parts: dict[int, StepParts], named: list[int], others: list[int],
@@ -402,19 +419,16 @@ def verdict(parts: dict[int, StepParts], hosts: dict[int, str], named: list[int]
     host = hosts.get(named[0], "")
     ran = statistics.median(parts[r].cpu_s for r in others)
     ratio = statistics.median(parts[r].cpu_wait_s for r in others) / ran if ran > 0 else 0.0
-    split = {cause: _part_excess(parts, named, others, cause, ratio)
-             for cause in (INPUT, COMPUTE)}
-    # the part longer net of its wait for a CPU beyond the others' (what named the rank)
-    cause = INPUT if split[INPUT][0] - split[INPUT][1] > split[COMPUTE][0] - split[COMPUTE][1] \
-        else COMPUTE
-    part_s = split[cause][0]
-    other = split[COMPUTE if cause == INPUT else INPUT]
+    found = _part_excess(parts, named, others, INPUT)
+    other = _part_excess(parts, named, others, COMPUTE)
+    cause = INPUT
+    if found.net_s(ratio) <= other.net_s(ratio):  # the part longer net of its wait for a CPU
+        found, other, cause = other, found, COMPUTE
     return Straggler(tuple(named), host, whole, cause,
                      statistics.mean(parts[r].own_s for r in named),
                      statistics.median(parts[r].own_s for r in others),
-                     max(0.0, _excess(parts, named, others, _PART_COLUMNS[cause][1])),
-                     _excess(parts, named, others, _PART_COLUMNS[cause][2]), ratio,
-                     part_s=part_s, elsewhere_starved_s=other[1],
+                     max(0.0, found.waited_s), found.ran_s, ratio, part_s=found.part_s,
+                     elsewhere_starved_s=max(0.0, _starved(other.waited_s, other.ran_s, ratio)),
                      comm_s=statistics.mean(parts[r].comm_s for r in named),
                      step_s=statistics.mean(parts[r].step_s for r in named))
 
