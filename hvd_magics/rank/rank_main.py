@@ -50,14 +50,24 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def _format_exception(exc: BaseException) -> str:
-    """The traceback, without the leading frames of hvd_magics itself (the user's code first)."""
+    """The traceback, without the leading frames of hvd_magics itself (the user's code first)
+    nor its wrappers between the user's call and the library's (the step split's around a
+    collective showed twice in a survivor's ``dist.barrier()``); a last frame of ours stays
+    where the error was raised there, not where it only called the wrapped ``original``."""
     package = os.path.dirname(os.path.abspath(__file__))
+    ours = os.path.dirname(package) + os.sep
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None and os.path.dirname(
             os.path.abspath(tb.tb_frame.f_code.co_filename)) == package:
         tb = tb.tb_next
     try:
-        return "".join(traceback.format_exception(type(exc), exc, tb))
+        report = traceback.TracebackException(type(exc), exc, tb)
+        frames = list(report.stack)
+        report.stack = traceback.StackSummary.from_list(
+            [frame for i, frame in enumerate(frames)
+             if not os.path.abspath(frame.filename).startswith(ours)
+             or (i == len(frames) - 1 and "original(" not in (frame.line or ""))])
+        return "".join(report.format())
     except Exception:  # noqa: BLE001
         return f"{type(exc).__name__}: {exception_text(exc)}\n"
 

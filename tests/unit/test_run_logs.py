@@ -44,3 +44,33 @@ def test_the_limit_comes_from_the_environment(monkeypatch, caplog):
     assert "HVD_MAGICS_KEEP_RUNS='lots' is not a whole number" in caplog.text
     monkeypatch.delenv(run_logs.ENV_KEEP_RUNS)
     assert run_logs.keep_runs() == run_logs.DEFAULT_KEEP_RUNS
+
+
+def test_a_ranks_traceback_leaves_out_our_wrappers_between_its_code_and_the_library():
+    """A survivor's ``dist.barrier()`` showed the step split's wrapper twice between the cell's
+    line and torch's; the user's frames and the library's stay, and a last frame of ours (an
+    error raised there) would too."""
+    from hvd_magics.rank import rank_main
+    from hvd_magics.rank.instruments import step_split
+
+    def library_call():
+        raise RuntimeError("Connection closed by peer")
+
+    def users_cell(call):
+        call()
+
+    # the wrapper between two frames of the user's and the library's, and last (the library's
+    # own wait, in C, raised: torch's Work.wait is wrapped)
+    for call, library in ((step_split._timed(step_split._COMM, library_call), True),
+                          (step_split._timed(step_split._COMM, int.__call__), False)):
+        try:
+            users_cell(lambda: call() if library else call("x"))
+        except (RuntimeError, ValueError) as exc:
+            text = rank_main._format_exception(exc)
+        assert "users_cell" in text and ("library_call" in text) == library, text
+        assert "step_split.py" not in text, text
+    # an error raised in our own code keeps its frame
+    try:
+        step_split._add_cpu(None, None, (0.0, 0.0))
+    except (TypeError, AttributeError) as exc:
+        assert "step_split.py" in rank_main._format_exception(exc)
