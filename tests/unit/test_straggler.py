@@ -8,7 +8,7 @@ import pytest
 
 from hvd_magics.job.job_state import JobState
 from hvd_magics.job.verdicts.straggler import (WINDOWS, COMPUTE, INPUT, StepParts,
-                                      StepSplits, Straggler, look)
+                                      StepSplits, Straggler, look, verdict)
 from hvd_magics.job.views.text_view import TextView
 from hvd_magics.protocol import STEP_SPLIT
 
@@ -115,6 +115,30 @@ def test_the_cause_is_the_part_longer_net_of_its_wait_for_a_cpu():
     parts[1] = StepParts(0.050, 0.010, 0.000, 0.0025, 0.040, 0.0015, 0.0005)
     found = look(parts, {})
     assert found is not None and found.cause == COMPUTE and "besides" not in found.text()
+
+
+def test_an_excess_that_is_all_a_wait_for_a_cpu_is_said_where_it_waits_not_by_a_jitter():
+    """Rank 1's compute waits 10 ms a step longer for a CPU than rank 0's and ran no longer:
+    net of that wait neither part is longer, and its input's 0.1 ms of jitter (or less than
+    rank 0's) chose "in its input pipeline (waiting for batches)", the wait said besides (a
+    review's finding; every host named for its CPU waits among several hosts is such a case)."""
+    for input_s, cpu_s in ((0.0011, 0.010), (0.0009, 0.0095)):
+        parts = {0: StepParts(0.052, 0.001, 0.012, 0.030, 0.010),
+                 1: StepParts(0.052, input_s, 0.002, 0.040, cpu_s)}
+        found = look(parts, {})
+        assert found is not None and found.ranks == (1,) and found.cause == COMPUTE, found
+        assert "in compute, most of it waiting for a CPU" in found.text(), found.text()
+        assert "besides" not in found.text()
+
+
+def test_a_gpu_clock_s_parts_are_compared_as_they_are():
+    """On ranks timed by the GPU the host thread's wait for a CPU is not in the compute the
+    GPU timed: the cause is the part longer as measured (compute, 6 ms longer, against an input
+    4 ms longer), though net of the host thread's 8 ms more waiting it would be the input."""
+    parts = {0: StepParts(0.060, 0.001, 0.040, 0.010, 0.010),
+             1: StepParts(0.060, 0.005, 0.030, 0.018, 0.010)}
+    assert verdict(parts, {}, [1], False).cause == INPUT  # the host clock's rule
+    assert verdict(parts, {}, [1], False, by_net=False).cause == COMPUTE
 
 
 def test_the_cause_is_read_over_every_step_of_the_looks_that_named_the_rank():

@@ -253,7 +253,8 @@ class Straggler:
     def _elsewhere_text(self) -> str:
         """Its wait for a CPU beyond the others' in the part that is not its cause, when it is
         a good part of its excess (:data:`CPU_RAN_SHARE`)."""
-        if self.elsewhere_starved_s < CPU_RAN_SHARE * (self.own_s - self.others_s):
+        if (self.elsewhere_starved_s <= 0
+                or self.elsewhere_starved_s < CPU_RAN_SHARE * (self.own_s - self.others_s)):
             return ""
         other = COMPUTE if self.cause == INPUT else INPUT
         return (f"; besides, {_ms(self.elsewhere_starved_s)} a step waiting for a CPU beyond "
@@ -411,22 +412,37 @@ def look(parts: dict[int, StepParts], hosts: dict[int, str],
     return verdict(parts, hosts, named, whole)
 
 
+def _input_is_the_cause(found: _PartExcess, other: _PartExcess, ratio: float, excess_s: float,
+                        by_net: bool) -> bool:
+    """Whether the input part (``found``), not compute (``other``), is the cause of an own
+    work ``excess_s`` longer than the others': the part longer net of its wait for a CPU
+    (what names a rank), when that is a good part of the excess (:data:`CPU_RAN_SHARE`) and
+    ``by_net``; otherwise the part longer as it is (an excess that is all a wait for a CPU
+    nets to about nothing in both parts, and a tenth of a millisecond chose the cause)."""
+    net_input, net_compute = found.net_s(ratio), other.net_s(ratio)
+    if by_net and max(net_input, net_compute) >= CPU_RAN_SHARE * excess_s:
+        return net_input > net_compute
+    return found.part_s > other.part_s
+
+
 def verdict(parts: dict[int, StepParts], hosts: dict[int, str], named: list[int],
-            whole: bool) -> Straggler:
+            whole: bool, by_net: bool = True) -> Straggler:
     """The verdict on ``named`` (a rank, or the ranks of one host when ``whole``) from a
-    window's ``parts`` (rank -> mean step): its cause and figures against the other ranks'."""
+    window's ``parts`` (rank -> mean step): its cause and figures against the other ranks'.
+    The cause is chosen net of the ranks' waits for a CPU when ``by_net`` (their host clock
+    times both parts: not a GPU's)."""
     others = [r for r in parts if r not in named]
     host = hosts.get(named[0], "")
     ran = statistics.median(parts[r].cpu_s for r in others)
     ratio = statistics.median(parts[r].cpu_wait_s for r in others) / ran if ran > 0 else 0.0
+    own_s = statistics.mean(parts[r].own_s for r in named)
+    others_s = statistics.median(parts[r].own_s for r in others)
     found = _part_excess(parts, named, others, INPUT)
     other = _part_excess(parts, named, others, COMPUTE)
     cause = INPUT
-    if found.net_s(ratio) <= other.net_s(ratio):  # the part longer net of its wait for a CPU
+    if not _input_is_the_cause(found, other, ratio, own_s - others_s, by_net):
         found, other, cause = other, found, COMPUTE
-    return Straggler(tuple(named), host, whole, cause,
-                     statistics.mean(parts[r].own_s for r in named),
-                     statistics.median(parts[r].own_s for r in others),
+    return Straggler(tuple(named), host, whole, cause, own_s, others_s,
                      max(0.0, found.waited_s), found.ran_s, ratio, part_s=found.part_s,
                      elsewhere_starved_s=max(0.0, _starved(other.waited_s, other.ran_s, ratio)),
                      comm_s=statistics.mean(parts[r].comm_s for r in named),
@@ -667,13 +683,14 @@ class StepSplits:
                  for rank, rows in self._rows.items()}
         mine, _ = self._lost_to(window)
         wall = sum(d.wall_s for d in window)
-        found = verdict(parts, hosts, list(ranks), whole)
+        host_clock = all(self.clock.get(r, "host") == "host" and r not in self.gpu
+                         for r in self._rows)
+        found = verdict(parts, hosts, list(ranks), whole, by_net=host_clock)
         least = self._least()
         delayed = sum(1 for d in window if d.rank in ranks
                       and d.own_s + d.cpu_s >= max(least, NAME_SHARE * d.base_s))
-        known = all(self.clock.get(r, "host") == "host" and r not in self.gpu
-                    and (self._totals.get(r) or [0] * 6)[5] > 0  # its cpu_s
-                    for r in self._rows)
+        known = host_clock and all((self._totals.get(r) or [0] * 6)[5] > 0  # its cpu_s
+                                   for r in self._rows)
         return dataclasses.replace(
             found, step=step, cpu_known=known, cpu_read=not self.cpu_unread,
             lost_share=mine / wall if wall > 0 else 0.0, lost_steps=len(window),
