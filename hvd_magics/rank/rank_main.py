@@ -56,16 +56,21 @@ def _format_exception(exc: BaseException) -> str:
     where the error was raised there, not where it only called the wrapped ``original``."""
     package = os.path.dirname(os.path.abspath(__file__))
     ours = os.path.dirname(package) + os.sep
+
+    def path(filename: str) -> str:
+        # a cell's pseudo-file (``<%%horovod cell 3>``) is never ours, whatever the folder
+        return "<" if filename.startswith("<") else os.path.abspath(filename)
+
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None and os.path.dirname(
-            os.path.abspath(tb.tb_frame.f_code.co_filename)) == package:
+            path(tb.tb_frame.f_code.co_filename)) == package:
         tb = tb.tb_next
     try:
         report = traceback.TracebackException(type(exc), exc, tb)
         frames = list(report.stack)
         report.stack = traceback.StackSummary.from_list(
             [frame for i, frame in enumerate(frames)
-             if not os.path.abspath(frame.filename).startswith(ours)
+             if not path(frame.filename).startswith(ours)
              or (i == len(frames) - 1 and "original(" not in (frame.line or ""))])
         return "".join(report.format())
     except Exception:  # noqa: BLE001

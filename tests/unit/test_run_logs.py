@@ -74,3 +74,21 @@ def test_a_ranks_traceback_leaves_out_our_wrappers_between_its_code_and_the_libr
         step_split._add_cpu(None, None, (0.0, 0.0))
     except (TypeError, AttributeError) as exc:
         assert "step_split.py" in rank_main._format_exception(exc)
+
+
+def test_a_cells_frames_stay_in_its_traceback_whatever_the_rank_s_working_folder(monkeypatch):
+    """A cell's code has a pseudo-file name (``<%%horovod cell 3>``), which the path test made
+    a file of the working folder: a rank working inside the package lost the cell's frames."""
+    from pathlib import Path
+
+    from hvd_magics.rank import rank_main
+
+    monkeypatch.chdir(Path(rank_main.__file__).parent)
+    code = compile("def cells_own():\n    raise ValueError('bad input')\ncells_own()\n",
+                   "<%%horovod cell 3>", "exec")
+    try:
+        exec(code, {})  # noqa: S102 - a cell, as the rank runs it
+    except ValueError as exc:
+        text = rank_main._format_exception(exc)
+    # both of the cell's frames: its top level's call, and the function that raised
+    assert text.count('File "<%%horovod cell 3>"') == 2 and "cells_own" in text, text
