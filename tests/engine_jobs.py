@@ -432,10 +432,14 @@ def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engin
     ``torn_save``: a folder; on the first attempt the save on the notice carries
     :class:`SlowToPickle` after 256 KiB of padding (written out before it stops).
     Returns the weights, the attempt, the step it started from and when (``time.time()``) its
-    first step ended."""
+    process started, this function began and its first step ended."""
     import os
     import signal
+    import time as clock
 
+    import psutil
+
+    entered_at = clock.time()
     import torch
 
     from hvd_magics import checkpoint
@@ -467,8 +471,6 @@ def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engin
 
         open(os.path.join(hold_on[1], str(rank)), "w").close()
         time.sleep(600)
-    import time as clock
-
     first_step_at = None
     for step in range(start, steps):
         clock.sleep(step_s)
@@ -498,7 +500,8 @@ def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engin
             checkpoint.save(state, step + 1)
         first_step_at = first_step_at or clock.time()
     return {"weights": [p.detach().tolist() for p in model.parameters()],
-            "attempt": checkpoint.attempt(), "start": start, "first_step_at": first_step_at}
+            "attempt": checkpoint.attempt(), "start": start, "first_step_at": first_step_at,
+            "process_at": psutil.Process().create_time(), "entered_at": entered_at}
 
 
 def tf_fit_with_backup(epochs=6, kill_after_epoch=None, pause_after_epoch=None):

@@ -256,9 +256,10 @@ def test_a_rank_that_left_while_its_peer_waits_in_an_fsdp_all_gather_is_named():
     assert time.monotonic() - began < 60, text
 
 
-def _horovod_modules(steps: int, save_at: int | None = None) -> dict:
+def _horovod_modules(steps: int, save_at: int | None = None, asynchronous: bool = False) -> dict:
     """Horovod's PyTorch loop (no ``torch.distributed`` process group) saving its model and
-    optimizer themselves at ``save_at``; from the checkpoint when there is one. Each rank's
+    optimizer themselves at ``save_at`` (in the background when ``asynchronous``); from the
+    checkpoint when there is one. Each rank's
     save's result, where it started, and its weights' sum, gathered on rank 0."""
     import torch
     import horovod.torch as hvd
@@ -280,17 +281,20 @@ def _horovod_modules(steps: int, save_at: int | None = None) -> dict:
         model(x).pow(2).mean().backward()
         optimizer.step()
         if step == save_at:
-            saved = checkpoint.save({"model": model, "optimizer": optimizer, "step": step}, step)
+            saved = checkpoint.save({"model": model, "optimizer": optimizer, "step": step}, step,
+                                    asynchronous=asynchronous)
     return hvd.allgather_object({
         "saved": None if saved is None else saved.name, "start": start, "step": state["step"],
         "sum": float(sum(p.sum() for p in model.parameters()))})
 
 
-def test_horovod_ranks_modules_are_written_by_rank_0_and_read_back_by_every_rank(tmp_path):
+def test_horovod_ranks_modules_are_written_by_rank_0_and_read_back_by_every_rank(tmp_path,
+                                                                                 capfd):
     """Horovod's ranks hold their model and optimizer whole and are in no process group: two
     ranks saving them at once wrote one folder side by side (a ``FileNotFoundError`` renaming
     DCP's metadata, or a checkpoint that ``latest`` never found). Rank 0 writes them alone;
-    every rank reads them, and goes on as a run that never stopped."""
+    every rank reads them, and goes on as a run that never stopped; a save in the background
+    too. DCP's warning that it assumes a single process is not shown: it is meant."""
     folder = tmp_path / "checkpoints"
     first = HorovodRunner(np=-2, checkpoint_dir=folder).run(_horovod_modules, steps=4,
                                                             save_at=3)
@@ -300,7 +304,13 @@ def test_horovod_ranks_modules_are_written_by_rank_0_and_read_back_by_every_rank
     resumed = HorovodRunner(np=-2, checkpoint_dir=folder).run(_horovod_modules, steps=6)
     split = last_run().step_split
     unbroken = HorovodRunner(np=-2, checkpoint_dir=tmp_path / "unbroken").run(
-        _horovod_modules, steps=6)
+        _horovod_modules, steps=6, save_at=5, asynchronous=True)
+    assert [r["saved"] for r in unbroken] == ["ckpt-5-e0-s0.dcp", None], unbroken
+    parts = sorted(p.name for p in (tmp_path / "unbroken" / "checkpoints" /
+                                    "ckpt-5-e0-s0.dcp").iterdir())
+    assert parts == [".metadata", "__0_0.distcp"], parts
+    shown = capfd.readouterr()
+    assert "single process" not in shown.out + shown.err, shown
     assert [(r["start"], r["step"]) for r in resumed] == [(4, 3), (4, 3)], resumed
     # steps 4-6, the first without a start: DCP's step of zero gradients that gives the
     # optimizer its state to load into is not one (it made 3 rows, the first the load's)
