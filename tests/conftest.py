@@ -135,7 +135,11 @@ def _cpu_seconds() -> tuple[float, float]:
     return (sum(fields) - idle) / ticks, sum(fields) / ticks
 
 
-_TIMES: dict = {"tiers": {}, "tier_cpu": {}, "test_cpu": {}, "began": None, "cpu": None}
+_TIMES: dict = {"tiers": {}, "tests": {}, "tier_cpu": {}, "test_cpu": {}, "began": None,
+                "cpu": None}
+#: Where the run writes each test's time (setup, call and teardown), longest first: what a
+#: change to the suite's length starts from (the report shows the 25 longest only).
+TEST_TIMES = Path(os.environ.get("TMPDIR", "/tmp")) / "hvd-magics-test-times.tsv"
 
 
 def _repository_entries() -> set[str] | None:
@@ -190,6 +194,7 @@ def pytest_runtest_logreport(report) -> None:
     """Add each test's setup, call and teardown time to its tier (its folder)."""
     folder = _tier_of(str(report.fspath))
     _TIMES["tiers"][folder] = _TIMES["tiers"].get(folder, 0.0) + report.duration
+    _TIMES["tests"][report.nodeid] = _TIMES["tests"].get(report.nodeid, 0.0) + report.duration
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
@@ -217,6 +222,13 @@ def pytest_terminal_summary(terminalreporter) -> None:
             terminalreporter.write_line(f"{cpu:8.1f} s  {nodeid}")
     terminalreporter.write_line(f"{'all':<16} {wall:8.1f} s wall; the {os.cpu_count()} cores "
                                 f"were {share:.0%} busy (the whole machine, from /proc/stat)")
+    try:
+        TEST_TIMES.write_text("".join(
+            f"{seconds:.1f}\t{_tier_of(nodeid.split('::')[0])}\t{nodeid}\n" for nodeid, seconds in
+            sorted(_TIMES["tests"].items(), key=lambda kv: -kv[1])))
+        terminalreporter.write_line(f"every test's time: {TEST_TIMES}")
+    except OSError as exc:
+        terminalreporter.write_line(f"every test's time was not written: {exc}")
 
 
 def _stop_active() -> None:
