@@ -6,7 +6,6 @@ import shutil
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from hvd_magics import HorovodRunner, last_run
@@ -64,21 +63,16 @@ def test_a_cut_host_restarts_the_job_on_the_other_hosts(three_hosts_spark, three
     Horovod first attempt on warm hosts checkpointed 2.3 s after its start, while the next
     attempt's ranks started cold on the spare host; decided 11.1-11.3 s after the cut in two
     runs alone, the next attempt's first step 11.8-20.7 s after it.)"""
-    started = time.time()
     job = HorovodRunner(np=2, engine=engine, restarts=1, checkpoint_dir=shared_folder).start(
         engine_jobs.steps_with_checkpoints, steps=150, every=5, engine=engine, step_s=0.05)
     try:
-        deadline, fresh = time.monotonic() + 120, None
+        deadline = time.monotonic() + 120
         while not list((shared_folder / "checkpoints").glob("ckpt-1[05]-*")):
-            if fresh is None and list((shared_folder / "checkpoints").glob("ckpt-*")):
-                fresh = time.time() - started
             assert time.monotonic() < deadline and not job.done(), "no checkpoint was written"
             time.sleep(0.1)
-        fresh = time.time() - started if fresh is None else fresh
-        host = job.live.job.ranks[1].host
-        cut = next(h for h in three_hosts.hosts if h.address == host)
         first = job.live.job
-        launch = max(psutil.Process(r.pid).create_time() for r in first.ranks) - started
+        host = first.ranks[1].host
+        cut = next(h for h in three_hosts.hosts if h.address == host)
         cut.cut()
         began = time.time()
         while job.live.job is first and not job.done():  # the next attempt's state replaces it
@@ -96,11 +90,9 @@ def test_a_cut_host_restarts_the_job_on_the_other_hosts(three_hosts_spark, three
     assert resumed["attempt"] == 1 and resumed["start"] >= 10
     took = resumed["first_step_at"] - began
     assert decided < HOST_SILENT_S + BEAT_EVERY_S + STOP_WAIT_S, decided
-    print(f"{engine}: the next attempt's first step came {took:.1f} s after the cut; the first "
-          f"attempt's first checkpoint {fresh:.1f} s after its start; the next attempt's rank 0 "
-          f"process {resumed['process_at'] - began:.1f} s after the cut, its job's function "
-          f"{resumed['entered_at'] - began:.1f} s; decided {decided:.1f} s after the cut; "
-          f"attempt 1's processes {launch:.1f} s after its start")
+    print(f"{engine}: after the cut, the restart decided in {decided:.1f} s, the next attempt's "
+          f"rank 0 process started in {resumed['process_at'] - began:.1f} s, its job's function "
+          f"in {resumed['entered_at'] - began:.1f} s, its first step in {took:.1f} s")
 
 
 def test_an_elastic_job_goes_on_without_a_cut_host(three_hosts_spark, three_hosts,

@@ -371,10 +371,15 @@ class _PartExcess:
     waited_s: float
     ran_s: float
 
+    def starved_s(self, wait_ratio: float) -> float:
+        """Its wait for a CPU beyond the others' that its longer time on one does not explain
+        (``0`` or more)."""
+        return max(0.0, _starved(self.waited_s, self.ran_s, wait_ratio))
+
     def net_s(self, wait_ratio: float) -> float:
         """The part's excess without its wait for a CPU beyond the others' (what names a
         rank: its own work net of that wait)."""
-        return self.part_s - max(0.0, _starved(self.waited_s, self.ran_s, wait_ratio))
+        return self.part_s - self.starved_s(wait_ratio)
 
 
 def _part_excess(parts: dict[int, StepParts], named: list[int], others: list[int],
@@ -444,7 +449,7 @@ def verdict(parts: dict[int, StepParts], hosts: dict[int, str], named: list[int]
         found, other, cause = other, found, COMPUTE
     return Straggler(tuple(named), host, whole, cause, own_s, others_s,
                      max(0.0, found.waited_s), found.ran_s, ratio, part_s=found.part_s,
-                     elsewhere_starved_s=max(0.0, _starved(other.waited_s, other.ran_s, ratio)),
+                     elsewhere_starved_s=other.starved_s(ratio),
                      comm_s=statistics.mean(parts[r].comm_s for r in named),
                      step_s=statistics.mean(parts[r].step_s for r in named))
 
