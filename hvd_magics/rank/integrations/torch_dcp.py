@@ -150,12 +150,16 @@ def in_process_group() -> bool:
                 and torch.distributed.is_initialized())
 
 
+#: The start of DCP's warning that, outside a process group, it assumes one process.
+_ALONE_SAYS = "torch.distributed is .*single process"
+
+
 @contextlib.contextmanager
 def _alone_on_purpose() -> Iterator[None]:
     """DCP outside a process group, meant so: its warning that it assumes one process is not
     news to the user."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is .*single process")
+        warnings.filterwarnings("ignore", message=_ALONE_SAYS)
         yield
 
 
@@ -185,8 +189,10 @@ def save_in_background(state: dict[str, Any], folder: Path) -> Any:
     import torch.distributed.checkpoint as dcp
 
     if not in_process_group():
-        with _alone_on_purpose():
-            return dcp.async_save(stateful(state), checkpoint_id=str(folder), no_dist=True)
+        # DCP's thread warns when it starts writing, which may be after this returns (a
+        # filter scoped to this call was gone by then): for the rest of this rank's life
+        warnings.filterwarnings("ignore", message=_ALONE_SAYS)
+        return dcp.async_save(stateful(state), checkpoint_id=str(folder), no_dist=True)
     world = dist.group.WORLD
     if _background_group[0] is not world:
         _background_group = (world, dist.new_group(backend="gloo"))
