@@ -174,13 +174,67 @@ def test_a_warm_pool_on_one_executor_gets_a_dataframe_dealt_from_the_other(clust
         assert "dealt 'train' to the pool's 1 rank: 400 rows" in capsys.readouterr().err
 
 
+def _changed_data_cases(spark, pool, folder, capfd) -> None:
+    """Data changed under an unchanged plan (a table, a query of it, a temp view, a Parquet path
+    overwritten) is dealt again, and unchanged data is reused; each says so. (Local Spark deals
+    by the same path, from the slot the pool leaves free: one run of it is enough.)"""
+    from pyspark.sql import functions as F
+
+    table, path = f"events_{os.getpid()}", str(folder / "pq")
+    reads = {"table": lambda: spark.table(table),
+             "sql": lambda: spark.sql(f"SELECT * FROM {table}"),
+             "view": lambda: spark.table(f"{table}_view")}
+    try:
+        for name, read in reads.items():
+            pool.forget_shards()
+            spark.sql(f"DROP TABLE IF EXISTS {table}")
+            spark.sql(f"CREATE TABLE {table} (x double) USING parquet "
+                      f"LOCATION '{folder / name}'")
+            spark.sql(f"INSERT INTO {table} VALUES (1.0), (2.0)")
+            spark.table(table).createOrReplaceTempView(f"{table}_view")
+            assert pool.run(jobs.shard_sums, df=read()) == {"df": (3.0, 2)}, name
+            assert "dealt 'df' to the pool's 1 rank: 2 rows" in capfd.readouterr().err
+            assert pool.run(jobs.shard_sums, df=read()) == {"df": (3.0, 2)}, name
+            assert re.search(r"the shards of 'df' dealt earlier were reused \(2 rows; same plan "
+                             r"and data: \d+ files? unchanged\)", capfd.readouterr().err), name
+            spark.sql(f"INSERT INTO {table} VALUES (3.0), (4.0)")
+            assert pool.run(jobs.shard_sums, df=read()) == {"df": (10.0, 4)}, name
+            err = capfd.readouterr().err
+            assert "dealt 'df' again to the pool's 1 rank: 4 rows in" in err, (name, err)
+            assert re.search(r"\(its files changed since it was dealt: \d+ files? added[,)]",
+                             err), (name, err)
+        spark.range(20).selectExpr("cast(id as double) x").write.parquet(path)
+        frame = spark.read.parquet(path)
+        assert pool.run(jobs.shard_sums, df=frame) == {"df": (190.0, 20)}
+        spark.range(20).selectExpr("cast(id * 3 as double) x").write.mode("overwrite") \
+            .parquet(path)
+        assert pool.run(jobs.shard_sums, df=spark.read.parquet(path)) == {"df": (570.0, 20)}
+        assert "dealt 'df' again to the pool's 1 rank: 20 rows in" in capfd.readouterr().err
+        # what cannot be proven unchanged is dealt by every cell, and the cell says so
+        random = spark.range(10).withColumn("x", F.rand(1))
+        pool.run(jobs.shard_sums, df=random)
+        assert "(each cell that reads it deals it again: its plan is not deterministic" in \
+            capfd.readouterr().err
+        pool.run(jobs.shard_sums, df=random)
+        assert "dealt 'df' again to the pool's 1 rank: 10 rows in" in capfd.readouterr().err
+        cached = random.cache()
+        cached.count()
+        pool.run(jobs.shard_sums, df=cached)
+        capfd.readouterr()
+        pool.run(jobs.shard_sums, df=cached)
+        assert "were reused (10 rows; same plan and data: cached)" in capfd.readouterr().err
+        cached.unpersist()
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {table}")
+        spark.catalog.dropTempView(f"{table}_view")
+
+
 def test_a_warm_pool_on_the_cluster_deals_again_data_changed_under_the_same_plan(
         cluster_spark, tmp_path, capfd):
     from hvd_magics import HorovodPool
-    from tests.spark_local.test_pool_local import changed_data_cases
 
     with HorovodPool(np=1) as pool:  # the other executor deals (and lists nothing: the driver)
-        changed_data_cases(cluster_spark, pool, tmp_path, capfd)
+        _changed_data_cases(cluster_spark, pool, tmp_path, capfd)
 
 
 def test_a_killed_executor_restarts_the_job_which_resumes_to_the_same_weights(cluster_spark,

@@ -1,7 +1,6 @@
 """Warm pools on local Spark: one long barrier stage holds the ranks across runs."""
 import json
 import os
-import re
 import signal
 import threading
 import time
@@ -149,61 +148,3 @@ def test_an_interrupt_stops_the_cell_and_the_users_job_but_not_the_pools_stage(l
     assert signal.getsignal(signal.SIGINT) is pysparks_handler  # put back with the last pool
 
 
-def changed_data_cases(spark, pool, folder: Path, capfd) -> None:
-    """Data changed under an unchanged plan (a table, a query of it, a temp view, a Parquet path
-    overwritten) is dealt again, and unchanged data is reused; each says so (local Spark and
-    the standalone cluster)."""
-    from pyspark.sql import functions as F
-
-    table, path = f"events_{os.getpid()}", str(folder / "pq")
-    reads = {"table": lambda: spark.table(table),
-             "sql": lambda: spark.sql(f"SELECT * FROM {table}"),
-             "view": lambda: spark.table(f"{table}_view")}
-    try:
-        for name, read in reads.items():
-            pool.forget_shards()
-            spark.sql(f"DROP TABLE IF EXISTS {table}")
-            spark.sql(f"CREATE TABLE {table} (x double) USING parquet "
-                      f"LOCATION '{folder / name}'")
-            spark.sql(f"INSERT INTO {table} VALUES (1.0), (2.0)")
-            spark.table(table).createOrReplaceTempView(f"{table}_view")
-            assert pool.run(jobs.shard_sums, df=read()) == {"df": (3.0, 2)}, name
-            assert "dealt 'df' to the pool's 1 rank: 2 rows" in capfd.readouterr().err
-            assert pool.run(jobs.shard_sums, df=read()) == {"df": (3.0, 2)}, name
-            assert re.search(r"the shards of 'df' dealt earlier were reused \(2 rows; same plan "
-                             r"and data: \d+ files? unchanged\)", capfd.readouterr().err), name
-            spark.sql(f"INSERT INTO {table} VALUES (3.0), (4.0)")
-            assert pool.run(jobs.shard_sums, df=read()) == {"df": (10.0, 4)}, name
-            err = capfd.readouterr().err
-            assert "dealt 'df' again to the pool's 1 rank: 4 rows in" in err, (name, err)
-            assert re.search(r"\(its files changed since it was dealt: \d+ files? added[,)]",
-                             err), (name, err)
-        spark.range(20).selectExpr("cast(id as double) x").write.parquet(path)
-        frame = spark.read.parquet(path)
-        assert pool.run(jobs.shard_sums, df=frame) == {"df": (190.0, 20)}
-        spark.range(20).selectExpr("cast(id * 3 as double) x").write.mode("overwrite") \
-            .parquet(path)
-        assert pool.run(jobs.shard_sums, df=spark.read.parquet(path)) == {"df": (570.0, 20)}
-        assert "dealt 'df' again to the pool's 1 rank: 20 rows in" in capfd.readouterr().err
-        # what cannot be proven unchanged is dealt by every cell, and the cell says so
-        random = spark.range(10).withColumn("x", F.rand(1))
-        pool.run(jobs.shard_sums, df=random)
-        assert "(each cell that reads it deals it again: its plan is not deterministic" in \
-            capfd.readouterr().err
-        pool.run(jobs.shard_sums, df=random)
-        assert "dealt 'df' again to the pool's 1 rank: 10 rows in" in capfd.readouterr().err
-        cached = random.cache()
-        cached.count()
-        pool.run(jobs.shard_sums, df=cached)
-        capfd.readouterr()
-        pool.run(jobs.shard_sums, df=cached)
-        assert "were reused (10 rows; same plan and data: cached)" in capfd.readouterr().err
-        cached.unpersist()
-    finally:
-        spark.sql(f"DROP TABLE IF EXISTS {table}")
-        spark.catalog.dropTempView(f"{table}_view")
-
-
-def test_a_pool_deals_again_data_changed_under_the_same_plan(local_spark, tmp_path, capfd):
-    with HorovodPool(np=1) as pool:  # local[2]: one slot held, one to deal
-        changed_data_cases(local_spark, pool, tmp_path, capfd)
