@@ -224,7 +224,7 @@ def test_a_rank_killed_between_runs_is_replaced_at_the_next_run_which_says_so(po
 def test_ranks_on_an_executor_decommissioned_between_runs_are_restarted_first(pool, capsys,
                                                                              monkeypatch):
     """Spark's scheduler stands in here (ranks on the driver have no executor): what it says of
-    the pool's tasks is the real one's shape (tests/spark_cluster/test_standalone_preemption.py has the
+    the pool's tasks is the real one's shape (tests/spark_cluster/test_preemption.py has the
     real one during a cell)."""
     pool.run(jobs.pool_keep, kept="yes")
     monkeypatch.setattr(pool, "tasks", {0: 11, 1: 12})

@@ -121,7 +121,7 @@ def test_a_keras_fit_under_tf_distribute_saves_on_the_notice_by_itself_on_every_
     """Every worker takes part in the save (rank 0 writing alone waited forever in the read of
     the BatchNormalization's statistics, a collective); the next attempt resumes at the batch
     after the one saved. The order is handed to the workers as their supervisor does (driver
-    ranks have no executor to decommission; tests/spark_cluster/test_standalone_preemption.py has Spark's
+    ranks have no executor to decommission; tests/spark_cluster/test_preemption.py has Spark's
     notice reaching them)."""
     import numpy as np
 

@@ -132,92 +132,6 @@ def _training_job():
     return job
 
 
-def test_a_host_whose_link_is_cut_is_named_within_seconds_and_its_ranks_end(hosts_spark,
-                                                                           host_cluster):
-    """A torch job ended 57-81 s after the cut (Spark's 60 s worker timeout) blaming rank 1 on
-    the healthy host; the supervisors beat every second, and a host silent for 10 s is lost."""
-    import re
-    import time
-
-    job = _training_job()
-    try:
-        cut = host_cluster.hosts[1]
-        cut.cut()
-        began = time.monotonic()
-        with pytest.raises(HorovodJobError) as info:
-            job.wait(timeout=90)
-        took = time.monotonic() - began
-    finally:
-        host_cluster.hosts[1].restore()
-        job.stop()
-    first = str(info.value).splitlines()[0]
-    match = re.match(rf"^Host {re.escape(cut.address)} \(ranks (\d), (\d)\) stopped answering "
-                     r"1\d s ago: its link or machine was lost; the job was stopped\.", first)
-    assert match, first
-    lost = {int(match.group(1)), int(match.group(2))}
-    assert {r.rank for r in job.live.job.ranks if r.host == cut.address} == lost
-    assert took < 20, took
-    print(f"the job ended {took:.1f} s after the cut")
-    deadline = time.monotonic() + 60  # back on the network, its ranks find the driver gone
-    while _rank_processes(cut):
-        assert time.monotonic() < deadline, _rank_processes(cut)
-        time.sleep(0.5)
-    # the host's executor was removed from the application; Spark starts another there
-    from hvd_magics.launch.spark_slots import task_slots
-
-    deadline = time.monotonic() + 90
-    while task_slots(hosts_spark.sparkContext)[1] < 4:
-        assert time.monotonic() < deadline, task_slots(hosts_spark.sparkContext)
-        time.sleep(0.5)
-    assert HorovodRunner(np=4, engine="torch", timeout=120).run(engine_jobs.hosts_of_ranks)[0][2] \
-        == 4.0  # the next job runs on both hosts
-
-
-def test_shards_a_pool_and_the_estimator_work_across_the_hosts(hosts_spark, tmp_path):
-    """The features that move data between executors or keep ranks alive, on ranks of two
-    hosts: a DataFrame dealt as shards (every row once), a warm pool, the estimator."""
-    from pyspark.ml.linalg import Vectors
-
-    from hvd_magics import HorovodEstimator, HorovodPool
-
-    df = hosts_spark.range(1001).selectExpr("cast(id as double) as x")
-    views = HorovodRunner(np=4, engine="torch", timeout=120).run(engine_jobs.rows_of_ranks,
-                                                                train=df)
-    assert {host for _, host, _ in views} == {"host1", "host2"}
-    dealt = sorted(x for _, _, rows in views for x in rows)
-    assert dealt == list(range(1001)), len(dealt)
-    assert max(len(rows) for *_, rows in views) - min(len(rows) for *_, rows in views) <= 1
-    with HorovodPool(np=4) as pool:
-        pool.run(engine_jobs.keep_host, value=42)
-        assert pool.run(engine_jobs.kept_value) == 42
-    rows = [(Vectors.dense([float(i % 7), float(i % 3), 1.0]), i % 2) for i in range(400)]
-    data = hosts_spark.createDataFrame(rows, ["features", "label"])
-    model = HorovodEstimator(model=engine_jobs.small_classifier, optimizer="adam",
-                             learningRate=0.01, loss="cross_entropy", featuresCol="features",
-                             labelCol="label", batchSize=32, epochs=2, np=4,
-                             modelDir=str(tmp_path / "model")).fit(data)
-    assert model.transform(data).count() == 400
-
-
-def test_two_horovod_ranks_per_task_are_numbered_host_by_host(hosts_spark):
-    """``ranks_per_task=2`` on two hosts of two cores: a task's ranks share its host, and
-    Horovod's local and cross ranks say so (on loopback every rank shares one host)."""
-    views = sorted(HorovodRunner(np=4, ranks_per_task=2, timeout=120).run(
-        engine_jobs.topology_views, engine="horovod"), key=lambda view: view["rank"])
-    assert last_run().where.endswith("(2 tasks x 2 ranks)"), last_run().where
-    assert [v["sum"] for v in views] == [10.0] * 4
-    assert [(v["local_rank"], v["local_size"], v["cross_rank"], v["cross_size"])
-            for v in views] == [(0, 2, 0, 2), (1, 2, 0, 2), (0, 2, 1, 2), (1, 2, 1, 2)]
-    names = [v["host"] for v in views]
-    assert names[0] == names[1] != names[2] == names[3], names
-    hosts = [last_run().hosts[rank] for rank in range(4)]  # the record's, by address
-    assert hosts[0] == hosts[1] != hosts[2] == hosts[3], hosts
-
-
-# The two tests below start sessions of their own: last in the file, so that the tests of
-# ``hosts_spark`` above share one (each session started costs the hosts new executors).
-
-
 def test_in_a_yarn_container_ranks_descend_from_their_executor_and_end_with_it(host_cluster):
     """A rank forked from a zygote is no descendant of its executor: YARN without cgroups (its
     process-tree monitor) neither counts such a rank's memory against the container nor kills
@@ -266,6 +180,47 @@ def test_in_a_yarn_container_ranks_descend_from_their_executor_and_end_with_it(h
     assert f"on {lost.address}" in first, first
 
 
+def test_a_host_whose_link_is_cut_is_named_within_seconds_and_its_ranks_end(hosts_spark,
+                                                                           host_cluster):
+    """A torch job ended 57-81 s after the cut (Spark's 60 s worker timeout) blaming rank 1 on
+    the healthy host; the supervisors beat every second, and a host silent for 10 s is lost."""
+    import re
+    import time
+
+    job = _training_job()
+    try:
+        cut = host_cluster.hosts[1]
+        cut.cut()
+        began = time.monotonic()
+        with pytest.raises(HorovodJobError) as info:
+            job.wait(timeout=90)
+        took = time.monotonic() - began
+    finally:
+        host_cluster.hosts[1].restore()
+        job.stop()
+    first = str(info.value).splitlines()[0]
+    match = re.match(rf"^Host {re.escape(cut.address)} \(ranks (\d), (\d)\) stopped answering "
+                     r"1\d s ago: its link or machine was lost; the job was stopped\.", first)
+    assert match, first
+    lost = {int(match.group(1)), int(match.group(2))}
+    assert {r.rank for r in job.live.job.ranks if r.host == cut.address} == lost
+    assert took < 20, took
+    print(f"the job ended {took:.1f} s after the cut")
+    deadline = time.monotonic() + 60  # back on the network, its ranks find the driver gone
+    while _rank_processes(cut):
+        assert time.monotonic() < deadline, _rank_processes(cut)
+        time.sleep(0.5)
+    # the host's executor was removed from the application; Spark starts another there
+    from hvd_magics.launch.spark_slots import task_slots
+
+    deadline = time.monotonic() + 90
+    while task_slots(hosts_spark.sparkContext)[1] < 4:
+        assert time.monotonic() < deadline, task_slots(hosts_spark.sparkContext)
+        time.sleep(0.5)
+    assert HorovodRunner(np=4, engine="torch", timeout=120).run(engine_jobs.hosts_of_ranks)[0][2] \
+        == 4.0  # the next job runs on both hosts
+
+
 def test_a_driver_address_the_hosts_cannot_reach_is_named_with_the_fix(host_cluster):
     """Executors that cannot reach the driver never register: the job was refused with 'the
     cluster has 0 free of 0 ... Fix: add executors or cores'. The driver here advertises
@@ -282,6 +237,47 @@ def test_a_driver_address_the_hosts_cannot_reach_is_named_with_the_fix(host_clus
                        r"reach the driver at the address it advertises, 127\.0\.0\.1:\d+ "
                        r"\(spark\.driver\.host\).*Fix: .*set spark\.driver\.host"):
         HorovodRunner(np=2, engine="torch").run(engine_jobs.ddp_allreduce)
+
+
+def test_shards_a_pool_and_the_estimator_work_across_the_hosts(hosts_spark, tmp_path):
+    """The features that move data between executors or keep ranks alive, on ranks of two
+    hosts: a DataFrame dealt as shards (every row once), a warm pool, the estimator."""
+    from pyspark.ml.linalg import Vectors
+
+    from hvd_magics import HorovodEstimator, HorovodPool
+
+    df = hosts_spark.range(1001).selectExpr("cast(id as double) as x")
+    views = HorovodRunner(np=4, engine="torch", timeout=120).run(engine_jobs.rows_of_ranks,
+                                                                train=df)
+    assert {host for _, host, _ in views} == {"host1", "host2"}
+    dealt = sorted(x for _, _, rows in views for x in rows)
+    assert dealt == list(range(1001)), len(dealt)
+    assert max(len(rows) for *_, rows in views) - min(len(rows) for *_, rows in views) <= 1
+    with HorovodPool(np=4) as pool:
+        pool.run(engine_jobs.keep_host, value=42)
+        assert pool.run(engine_jobs.kept_value) == 42
+    rows = [(Vectors.dense([float(i % 7), float(i % 3), 1.0]), i % 2) for i in range(400)]
+    data = hosts_spark.createDataFrame(rows, ["features", "label"])
+    model = HorovodEstimator(model=engine_jobs.small_classifier, optimizer="adam",
+                             learningRate=0.01, loss="cross_entropy", featuresCol="features",
+                             labelCol="label", batchSize=32, epochs=2, np=4,
+                             modelDir=str(tmp_path / "model")).fit(data)
+    assert model.transform(data).count() == 400
+
+
+def test_two_horovod_ranks_per_task_are_numbered_host_by_host(hosts_spark):
+    """``ranks_per_task=2`` on two hosts of two cores: a task's ranks share its host, and
+    Horovod's local and cross ranks say so (on loopback every rank shares one host)."""
+    views = sorted(HorovodRunner(np=4, ranks_per_task=2, timeout=120).run(
+        engine_jobs.topology_views, engine="horovod"), key=lambda view: view["rank"])
+    assert last_run().where.endswith("(2 tasks x 2 ranks)"), last_run().where
+    assert [v["sum"] for v in views] == [10.0] * 4
+    assert [(v["local_rank"], v["local_size"], v["cross_rank"], v["cross_size"])
+            for v in views] == [(0, 2, 0, 2), (1, 2, 0, 2), (0, 2, 1, 2), (1, 2, 1, 2)]
+    names = [v["host"] for v in views]
+    assert names[0] == names[1] != names[2] == names[3], names
+    hosts = [last_run().hosts[rank] for rank in range(4)]  # the record's, by address
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3], hosts
 
 
 def test_what_a_killed_cluster_maker_left_is_removed_by_the_next_one():
