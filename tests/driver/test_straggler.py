@@ -91,12 +91,20 @@ def test_a_ddp_rank_whose_every_third_batch_is_late_is_named_for_its_input():
     longer, a third of them, and the rank was not named before."""
     record = _run("torch", steps=100, slow_rank=1, how="bursts", slower=0.3)
     busy = _busy(record)
+    by_rank = {row["rank"]: row for row in record.step_split}
+    assert by_rank[1]["input_s"] > 0.006 > by_rank[0]["input_s"]
+    held_back = by_rank[0]["comm_s"] - by_rank[1]["comm_s"]
+    if busy and held_back < 0.5 * (by_rank[1]["input_s"] - by_rank[0]["input_s"]):
+        # the suite's lanes starved rank 0 more than rank 1's late batches delayed it (CI of
+        # stop 80: rank 0 waited 34 ms a step for a CPU against rank 1's 26, and 19 ms for
+        # rank 1 against rank 1's 17 for it): rank 1 did not hold the others back, and only
+        # the host's busy CPUs may be said, never a rank
+        assert all("the host's condition" in v for v in record.stragglers), record.stragglers
+        return
     step, verdict = _named(record, 1, "in its input pipeline")
     # beside busy lanes, named at step 53 (the others' own waits for a CPU are noise the
     # rhythm must stand out of); on a quiet host within 25
     assert step < (100 if busy else 25), verdict
-    by_rank = {row["rank"]: row for row in record.step_split}
-    assert by_rank[1]["input_s"] > 0.006 > by_rank[0]["input_s"]
 
 
 def test_a_rank_that_shares_its_cpu_with_a_busy_process_is_said_as_its_host_s_condition():
