@@ -734,25 +734,11 @@ def pool_keep(**values):
     return os.getpid()
 
 
-def pool_cpu_mark():
-    """Initialise Horovod (torch) and keep this process's CPU seconds so far (every thread's)."""
-    import time
-
+def pool_horovod_init():
+    """Initialise Horovod (torch) on the pool's rank: its background threads run from then on."""
     import horovod.torch as hvd
 
-    from hvd_magics import rank_namespace
-
     hvd.init()
-    rank_namespace()["cpu_mark"] = time.process_time()
-
-
-def pool_cpu_since_mark():
-    """CPU seconds this process used since :func:`pool_cpu_mark` (rank 0's come back)."""
-    import time
-
-    from hvd_magics import rank_namespace
-
-    return time.process_time() - rank_namespace()["cpu_mark"]
 
 
 def pool_read(name: str):

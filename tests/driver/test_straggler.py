@@ -95,9 +95,9 @@ def test_a_ddp_rank_whose_every_third_batch_is_late_is_named_for_its_input():
     assert by_rank[1]["input_s"] > 0.006 > by_rank[0]["input_s"]
     held_back = by_rank[0]["comm_s"] - by_rank[1]["comm_s"]
     if busy and held_back < 0.5 * (by_rank[1]["input_s"] - by_rank[0]["input_s"]):
-        # the suite's lanes starved rank 0 more than rank 1's late batches delayed it (CI of
-        # stop 80: rank 0 waited 34 ms a step for a CPU against rank 1's 26, and 19 ms for
-        # rank 1 against rank 1's 17 for it): rank 1 did not hold the others back, and only
+        # the suite's lanes starved rank 0 more than rank 1's late batches delayed it (a fresh
+        # clone of stop 80: rank 0 waited 34 ms a step for a CPU against rank 1's 26, and 19 ms
+        # in communication against rank 1's 17): rank 1 did not hold the others back, and only
         # the host's busy CPUs may be said, never a rank
         assert all("the host's condition" in v for v in record.stragglers), record.stragglers
         return
