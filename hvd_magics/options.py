@@ -122,6 +122,18 @@ def validate_reset_limit(limit: Any) -> int | None:
     return limit
 
 
+def validate_checkpoint_dir(folder: str | os.PathLike | None) -> str | None:
+    """The checkpoint folder as given (``None``: one per job), as a path's text; refused when
+    no file system can name it."""
+    if folder is None:
+        return None
+    text = os.fspath(folder)
+    if ("\x00" if isinstance(text, str) else b"\x00") in text:
+        raise ValueError(f"checkpoint_dir (--checkpoint-dir) holds a NUL character, which no "
+                         f"folder's name can: {text!r}. Fix: type the folder's path again")
+    return text
+
+
 def validate_restarts(restarts: Any, elastic: bool = False, pool: bool = False) -> int:
     """How many times a job may start again after a loss: a whole number ``>= 0``; refused with
     an elastic ``np`` (elastic Horovod goes on without the lost ranks instead) and on a warm
@@ -292,5 +304,5 @@ class JobOptions:
             timeline_mark_cycles=bool(timeline_mark_cycles), mlflow=mlflow,
             elastic_timeout=elastic_timeout, reset_limit=reset_limit, timeout=timeout,
             stall_after=stall_after, restarts=restarts,
-            checkpoint_dir=None if checkpoint_dir is None else os.fspath(checkpoint_dir),
+            checkpoint_dir=validate_checkpoint_dir(checkpoint_dir),
             fresh=bool(fresh), ranks_per_task=per_task)

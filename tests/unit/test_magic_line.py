@@ -130,3 +130,15 @@ def test_restarts_on_a_warm_pool_are_refused_with_the_way(ip):
     with pytest.raises(UsageError, match=r"^%hvd_pool start: restarts \(--restarts\) on a warm "
                                          r"pool.*\(--cold\)"):
         ip.run_line_magic("hvd_pool", "start np=2 --restarts 1")
+
+
+def test_a_checkpoint_folder_with_a_nul_character_is_refused_before_the_job(ip):
+    """A NUL typed into ``--checkpoint-dir`` surfaced as Python's bare ``ValueError: embedded
+    null byte`` from deep inside the launch, naming neither the option nor the fix."""
+    from hvd_magics import HorovodRunner
+
+    with pytest.raises(ValueError, match=r"checkpoint_dir \(--checkpoint-dir\) holds a NUL "
+                                         r"character.*Fix: "):
+        HorovodRunner(np=-2, checkpoint_dir="/tmp/a\x00b")
+    with pytest.raises(UsageError, match=r"checkpoint_dir \(--checkpoint-dir\) holds a NUL"):
+        ip.run_cell_magic("horovod", "np=-2 --checkpoint-dir /tmp/a\x00b", "print(1)")
