@@ -16,4 +16,4 @@ test:
 
 # The quick tier (no Spark, no ranks, no kernels), in two lanes: 30 s on two cores (42 s in one).
 test-fast: setup
-	@$(PY) -m pytest -p no:cacheprovider -ra -m fast -n 2
+	@$(PY) -m pytest -p no:cacheprovider -ra -m fast -n 2 tests/unit

@@ -86,7 +86,7 @@ def end_zygotes(folder: str) -> None:
 #: Test files whose tests run one after another in one lane: the zygote tests, one of which
 #: marks a module of hvd_magics changed on disk, which retires every zygote of the suite that
 #: imported it (another of them, run beside it, found its zygote gone).
-ONE_LANE_FILES = ("test_zygote.py",)
+ONE_LANE_FILES = ("test_zygote.py", "test_step_split_tf.py")
 
 # A lane of ``pytest -n`` keeps its own temporary folder (its ranks' and kernels' too), so a
 # test that counts what its jobs leave in the temporary folder sees only its own lane's.

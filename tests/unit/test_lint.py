@@ -17,7 +17,11 @@ def test_ruff_finds_nothing_in_the_package():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+#: mypy's cache, outside the repository: 0.2 s a check after the first (4.3 s without one)
+MYPY_CACHE = Path.home() / ".cache" / "hvd_magics-mypy"
+
+
 def test_mypy_finds_nothing_in_the_package():
-    out = _run("mypy", "--no-incremental", "--cache-dir", "/dev/null")  # nothing written
+    out = _run("mypy", "--cache-dir", str(MYPY_CACHE))
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.startswith("Success: no issues found"), out.stdout

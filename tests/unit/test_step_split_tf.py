@@ -7,9 +7,17 @@ import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from hvd_magics.rank.instruments import step_split, step_split_tf
+
+
+def _tensorflow():
+    """TensorFlow, imported by the tests that use it, not when the module is collected (every
+    lane of ``make test-fast`` collects every module: 7 s each at the top of the module;
+    tests/conftest.py keeps this file's tests in one lane)."""
+    import tensorflow
+
+    return tensorflow
 
 
 @pytest.fixture
@@ -19,6 +27,7 @@ def recorder(monkeypatch):
     or it would take the rows."""
     from tensorflow.python.data.ops import iterator_ops
 
+    tf = _tensorflow()
     step_split._stopped.set()
     for thread in threading.enumerate():
         if thread.name == "hvd_magics step split":
@@ -32,7 +41,7 @@ def recorder(monkeypatch):
     return step_split_tf._recorder
 
 
-def _reductions(wait_s: float):
+def _reductions(tf, wait_s: float):
     """A ``_make_allreduce_grads_fn`` whose reduction of each gradient waits ``wait_s``."""
     def pause(x):
         time.sleep(wait_s)
@@ -55,7 +64,8 @@ def _reductions(wait_s: float):
 def test_a_graph_step_s_communication_is_its_reductions_wait_not_zero(recorder):
     """A control edge from a ``tf.cond``'s (or a function call's) output does not wait for its
     value: the end of the step must wait for the reduced gradients themselves."""
-    reduce_grads = _reductions(0.05)()
+    tf = _tensorflow()
+    reduce_grads = _reductions(tf, 0.05)()
     weights = tf.Variable(tf.ones([4]))
 
     @tf.function
@@ -75,7 +85,8 @@ def test_a_graph_step_s_communication_is_its_reductions_wait_not_zero(recorder):
 
 
 def test_a_graph_s_batches_and_a_custom_loop_s_eager_ones_are_its_input(recorder):
-    reduce_grads = _reductions(0.0)()
+    tf = _tensorflow()
+    reduce_grads = _reductions(tf, 0.0)()
     weights = tf.Variable(tf.ones([4]))
     slow = tf.data.Dataset.from_tensors(tf.ones([4])).repeat().map(
         lambda x: tf.numpy_function(lambda a: (time.sleep(0.03), a)[1], [x], tf.float32))
@@ -111,7 +122,8 @@ def test_a_graph_s_batches_and_a_custom_loop_s_eager_ones_are_its_input(recorder
 
 
 def test_an_xla_compiled_step_is_left_as_it_is_and_a_new_cell_counts_from_its_first(recorder):
-    reduce_grads = _reductions(0.0)()
+    tf = _tensorflow()
+    reduce_grads = _reductions(tf, 0.0)()
     weights = tf.Variable(tf.ones([4]))
 
     def body(x):
