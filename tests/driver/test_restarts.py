@@ -141,6 +141,67 @@ def test_a_keras_fit_under_tf_distribute_saves_on_the_notice_by_itself_on_every_
             assert a == b, index  # bit for bit
 
 
+def test_a_hugging_face_trainer_saves_on_the_notice_by_itself_and_resumes_where_it_saved(
+        tmp_path, capfd):
+    """The Trainer's code says nothing of preemption: its own checkpoint is saved at the
+    notice's step (between its every-20-steps saves) and the next attempt's train() resumes
+    from it. (Moved from the standalone cluster's tier, where Spark's notice reached it: the
+    Trainers and the Keras fit below save on the notice on the rank's side, wherever it came
+    from, and tests/spark_cluster/test_preemption.py keeps Spark's notice for DDP, Horovod's
+    loops and the estimator.)"""
+    attempt, first, last = HorovodRunner(np=-2, engine="torch", restarts=1).run(
+        engine_jobs.hf_trainer_spot, out=str(tmp_path / "out"), folder=str(tmp_path), order=True)
+    record = last_run()
+    assert record.attempts[0].startswith("preempted: the checkpoint of step "), record.attempts
+    ran = {rank: [tuple(map(int, line.split())) for line in
+                  (tmp_path / f"steps-{rank}").read_text().splitlines()] for rank in (0, 1)}
+    for rank, steps in ran.items():  # steps 1..60 once each, across both attempts
+        assert [step for _, step in steps] == list(range(1, 61)), (rank, steps)
+    saved = max(step for attempt_, step in ran[0] if attempt_ == 0)
+    assert saved % 20 != 0 or saved == 20, saved  # its own save, not only a periodic one
+    assert (attempt, first, last) == (1, saved + 1, 60)
+    assert (tmp_path / "out" / f"checkpoint-{saved}").is_dir()
+    told = capfd.readouterr().err
+    assert f"which resumes from the checkpoint of step {saved} (where the job's code saved it)" \
+        in told, told
+
+
+def test_a_lightning_trainer_saves_on_the_notice_by_itself_and_resumes_where_it_saved(
+        tmp_path):
+    attempt, first, last = HorovodRunner(
+        np=-2, engine="torch", restarts=1, checkpoint_dir=tmp_path / "spot").run(
+        engine_jobs.lightning_spot, folder=str(tmp_path), steps=80, order=True)
+    assert last_run().attempts[0].startswith("preempted: the checkpoint of step ")
+    ran = {rank: [tuple(map(int, line.split())) for line in
+                  (tmp_path / f"steps-{rank}").read_text().splitlines()] for rank in (0, 1)}
+    for rank, steps in ran.items():  # global steps 1..80 once each, across both attempts
+        assert [step for _, step in steps] == list(range(1, 81)), (rank, steps)
+    saved = max(step for attempt_, step in ran[0] if attempt_ == 0)
+    assert (attempt, first, last) == (1, saved + 1, 80)
+    assert (tmp_path / "spot" / "lightning" / f"step-{saved}.ckpt").is_file()
+
+
+def test_a_keras_fit_saves_on_the_notice_by_itself_and_ends_with_the_same_weights_bit_for_bit(
+        tmp_path):
+    """A Horovod Keras ``fit`` that says nothing of preemption: rank 0 saves the model and
+    Adam's state at the notice's batch, the next attempt's ``fit`` resumes at the next batch of
+    that epoch with its input advanced past the batches done, and the weights are those of an
+    uninterrupted run, bit for bit."""
+    weights, attempt = HorovodRunner(np=-2, restarts=1, checkpoint_dir=tmp_path / "spot").run(
+        engine_jobs.keras_spot, folder=str(tmp_path), order=True)
+    assert last_run().attempts[0].startswith("preempted: the checkpoint of step "), \
+        last_run().attempts
+    ran = {rank: [tuple(map(int, line.split())) for line in
+                  (tmp_path / f"steps-{rank}").read_text().splitlines()] for rank in (0, 1)}
+    for rank, steps in ran.items():  # global steps 1..80 once each, across both attempts
+        assert [step for _, step in steps] == list(range(1, 81)), (rank, steps)
+    saved = max(step for attempt_, step in ran[0] if attempt_ == 0)
+    assert attempt == 1 and 10 < saved < 80, (attempt, saved)
+    assert (tmp_path / "spot" / "keras_on_notice" / f"step-{saved}" / "position.json").is_file()
+    whole, _ = HorovodRunner(np=-2, checkpoint_dir=tmp_path / "whole").run(engine_jobs.keras_spot)
+    assert weights == whole  # bit for bit
+
+
 def test_rank_0_s_long_save_on_the_notice_is_waited_for_and_the_next_attempt_resumes_from_it(
         tmp_path):
     """The other ranks end as soon as their part of the save is done; rank 0 then writes for

@@ -14,8 +14,7 @@ import pytest
 
 from hvd_magics import HorovodRunner, last_run
 from tests.conftest import _session, supervisor_of
-from tests.engine_jobs import (hf_trainer_spot, keras_spot, lightning_spot,
-                               steps_with_checkpoints)
+from tests.engine_jobs import steps_with_checkpoints
 from tests.standalone import StandaloneCluster
 
 
@@ -80,8 +79,10 @@ def _retire(cluster: StandaloneCluster, decommissioned: dict) -> None:
     cluster.wait_for_workers(2)
 
 
-# DDP; a cold Horovod job with restarts saves on the notice in the Keras test below (Horovod's
-# Keras API), and a Horovod loop of this job's in the warm pool's test at the end
+# DDP; a Horovod loop of this job's saves on the notice in the warm pool's test at the end. The
+# libraries that save by themselves on the notice (Hugging Face's and Lightning's Trainers,
+# Horovod's Keras fit) are tests/driver/test_restarts.py's, the order handed to their ranks as
+# their supervisor hands it on: the rank's side is the same wherever the notice came from.
 @pytest.mark.parametrize("engine", ["torch"])
 def test_a_decommissioned_executor_s_job_saves_one_step_everywhere_and_redoes_none(
         standalone_cluster, tmp_path, engine):
@@ -167,79 +168,6 @@ def test_a_notice_whose_save_is_cut_short_resumes_from_the_last_whole_checkpoint
     whole = HorovodRunner(np=2, engine="torch", checkpoint_dir=tmp_path / "whole").run(
         steps_with_checkpoints, steps=80, every=20)
     assert resumed["weights"] == whole["weights"]  # bit for bit
-
-
-def test_a_hugging_face_trainer_saves_on_the_notice_by_itself_and_resumes_where_it_saved(
-        standalone_cluster, tmp_path, capfd):
-    """The Trainer's code says nothing of preemption: its own checkpoint is saved at the
-    notice's step (between its every-20-steps saves) and the next attempt's train() resumes
-    from it."""
-    _spark_with_decommission(standalone_cluster)
-    decommissioned = _decommission_rank_1s_worker_once_marked(standalone_cluster, tmp_path)
-    try:
-        attempt, first, last = HorovodRunner(np=2, engine="torch", restarts=1).run(
-            hf_trainer_spot, out=str(tmp_path / "out"), folder=str(tmp_path))
-    finally:
-        _retire(standalone_cluster, decommissioned)
-    record = last_run()
-    assert record.attempts[0].startswith("preempted: the checkpoint of step "), record.attempts
-    ran = {rank: [tuple(map(int, line.split())) for line in
-                  (tmp_path / f"steps-{rank}").read_text().splitlines()] for rank in (0, 1)}
-    for rank, steps in ran.items():  # steps 1..60 once each, across both attempts
-        assert [step for _, step in steps] == list(range(1, 61)), (rank, steps)
-    saved = max(step for attempt_, step in ran[0] if attempt_ == 0)
-    assert saved % 20 != 0 or saved == 20, saved  # its own save, not only a periodic one
-    assert (attempt, first, last) == (1, saved + 1, 60)
-    assert (tmp_path / "out" / f"checkpoint-{saved}").is_dir()
-    told = capfd.readouterr().err
-    assert f"which resumes from the checkpoint of step {saved} (where the job's code saved it)" \
-        in told, told
-
-
-def test_a_lightning_trainer_saves_on_the_notice_by_itself_and_resumes_where_it_saved(
-        standalone_cluster, tmp_path):
-    _spark_with_decommission(standalone_cluster)
-    decommissioned = _decommission_rank_1s_worker_once_marked(standalone_cluster, tmp_path)
-    try:
-        attempt, first, last = HorovodRunner(
-            np=2, engine="torch", restarts=1, checkpoint_dir=tmp_path / "spot").run(
-            lightning_spot, folder=str(tmp_path), steps=80)
-    finally:
-        _retire(standalone_cluster, decommissioned)
-    assert last_run().attempts[0].startswith("preempted: the checkpoint of step ")
-    ran = {rank: [tuple(map(int, line.split())) for line in
-                  (tmp_path / f"steps-{rank}").read_text().splitlines()] for rank in (0, 1)}
-    for rank, steps in ran.items():  # global steps 1..80 once each, across both attempts
-        assert [step for _, step in steps] == list(range(1, 81)), (rank, steps)
-    saved = max(step for attempt_, step in ran[0] if attempt_ == 0)
-    assert (attempt, first, last) == (1, saved + 1, 80)
-    assert (tmp_path / "spot" / "lightning" / f"step-{saved}.ckpt").is_file()
-
-
-def test_a_keras_fit_saves_on_the_notice_by_itself_and_ends_with_the_same_weights_bit_for_bit(
-        standalone_cluster, tmp_path):
-    """A Horovod Keras ``fit`` that says nothing of preemption: rank 0 saves the model and
-    Adam's state at the notice's batch, the next attempt's ``fit`` resumes at the next batch of
-    that epoch with its input advanced past the batches done, and the weights are those of an
-    uninterrupted run, bit for bit."""
-    _spark_with_decommission(standalone_cluster)
-    decommissioned = _decommission_rank_1s_worker_once_marked(standalone_cluster, tmp_path)
-    try:
-        weights, attempt = HorovodRunner(np=2, restarts=1, checkpoint_dir=tmp_path / "spot").run(
-            keras_spot, folder=str(tmp_path))
-    finally:
-        _retire(standalone_cluster, decommissioned)
-    assert last_run().attempts[0].startswith("preempted: the checkpoint of step "), \
-        last_run().attempts
-    ran = {rank: [tuple(map(int, line.split())) for line in
-                  (tmp_path / f"steps-{rank}").read_text().splitlines()] for rank in (0, 1)}
-    for rank, steps in ran.items():  # global steps 1..80 once each, across both attempts
-        assert [step for _, step in steps] == list(range(1, 81)), (rank, steps)
-    saved = max(step for attempt_, step in ran[0] if attempt_ == 0)
-    assert attempt == 1 and 10 < saved < 80, (attempt, saved)
-    assert (tmp_path / "spot" / "keras_on_notice" / f"step-{saved}" / "position.json").is_file()
-    whole, _ = HorovodRunner(np=2, checkpoint_dir=tmp_path / "whole").run(keras_spot)
-    assert weights == whole  # bit for bit
 
 
 def test_a_background_job_decommissioned_twice_resumes_twice_without_using_its_restart(
