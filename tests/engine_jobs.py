@@ -656,35 +656,27 @@ def fabric_sum():
     return fabric.global_rank, fabric.world_size, float(total)
 
 
-def _hand_the_order_or_mark(folder: str, rank: int, step: int, mark_at: int, attempt: int,
-                            order: bool) -> None:
-    """At step ``mark_at`` of the first attempt: with ``order``, every rank hands itself the
-    driver's preemption order for the ask three on (as its supervisor hands it on, on the
-    driver, whose ranks have no executor to decommission:
-    :func:`hvd_magics.rank.api.preemption.on_order`); else rank 1 writes its pid to
-    ``folder/rank1`` for the test to decommission its executor."""
+def _hand_the_order(step: int, order_at: int, attempt: int) -> None:
+    """At step ``order_at`` of the first attempt, every rank hands itself the driver's
+    preemption order for the ask three on, as its supervisor hands it on
+    (:func:`hvd_magics.rank.api.preemption.on_order`): the ranks of these jobs run on the driver,
+    which has no executor to decommission."""
     import json
-    import os
 
     from hvd_magics.rank.api import preemption
 
-    if attempt != 0 or step != mark_at:
-        return
-    if order:
+    if attempt == 0 and step == order_at:
         at = preemption._state.calls + 3  # noqa: SLF001 - the driver's pick
         preemption.on_order(json.dumps({"at": at, "notice": "executor 1 is going"}))
-    elif rank == 1:
-        with open(os.path.join(folder, "rank1"), "w") as out:
-            out.write(str(os.getpid()))
 
 
-def keras_spot(folder: str | None = None, epochs: int = 4, steps: int = 20, mark_at: int = 10,
-               step_s: float = 0.05, order: bool = False):
+def keras_spot(folder: str | None = None, epochs: int = 4, steps: int = 20, order_at: int = 10,
+               step_s: float = 0.05):
     """A Keras ``fit`` under Horovod (tf_keras, the README's callbacks) of ``epochs`` epochs of
     ``steps`` batches of seeded data, unshuffled, with Adam (state in its slots); nothing of
     preemption in it. With ``folder``: each batch takes ``step_s`` more, each rank appends
     ``"<attempt> <global step>"`` to ``folder/steps-<rank>`` per batch, and on the first attempt
-    the preemption comes after ``mark_at`` batches (:func:`_hand_the_order_or_mark`). Returns the
+    the preemption order comes after ``order_at`` batches (:func:`_hand_the_order`). Returns the
     weights (as lists) and the attempt."""
     import os
     import time
@@ -713,7 +705,7 @@ def keras_spot(folder: str | None = None, epochs: int = 4, steps: int = 20, mark
             time.sleep(step_s)
             with open(os.path.join(folder, f"steps-{hvd.rank()}"), "a") as out:
                 out.write(f"{attempt} {step}\n")
-            _hand_the_order_or_mark(folder, hvd.rank(), step, mark_at, attempt, order)
+            _hand_the_order(step, order_at, attempt)
 
     marks = [Steps()] if folder else []
     model.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0,
@@ -721,12 +713,12 @@ def keras_spot(folder: str | None = None, epochs: int = 4, steps: int = 20, mark
     return [w.tolist() for w in model.get_weights()], attempt
 
 
-def lightning_spot(folder: str, steps: int = 60, mark_at: int = 10, order: bool = False):
+def lightning_spot(folder: str, steps: int = 60, order_at: int = 10):
     """A Lightning ``Trainer`` of ``steps`` steps (each 50 ms longer) on the job's topology,
     as written, with nothing about preemption; its module appends ``"<attempt> <global
     step>"`` to ``folder/steps-<rank>`` after each batch, and on the first attempt the
-    preemption comes after step ``mark_at`` (:func:`_hand_the_order_or_mark`). Returns the
-    attempt, the step it started from, the last step and the weights."""
+    preemption order comes after step ``order_at`` (:func:`_hand_the_order`). Returns the
+    attempt, the step it started from and the last step."""
     import os
     import time
 
@@ -752,7 +744,7 @@ def lightning_spot(folder: str, steps: int = 60, mark_at: int = 10, order: bool 
             rank = self.trainer.global_rank
             with open(os.path.join(folder, f"steps-{rank}"), "a") as out_file:
                 out_file.write(f"{checkpoint.attempt()} {step}\n")
-            _hand_the_order_or_mark(folder, rank, step, mark_at, checkpoint.attempt(), order)
+            _hand_the_order(step, order_at, checkpoint.attempt())
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -883,14 +875,13 @@ def hf_trainer_fit(out: str, report_to: tuple = (), fsdp: str = ""):
     return trainer.args.world_size, trainer.state.global_step
 
 
-def hf_trainer_spot(out: str, folder: str, steps: int = 60, mark_at: int = 10,
-                    order: bool = False):
+def hf_trainer_spot(out: str, folder: str, steps: int = 60, order_at: int = 10):
     """Hugging Face's Trainer for ``steps`` optimizer steps (a checkpoint every 20 in ``out``,
     each step 50 ms longer), as written, with nothing about preemption; a callback of the
     test's appends ``"<attempt> <step>"`` to ``folder/steps-<rank>`` after each step, and on
-    the first attempt the preemption comes after step ``mark_at``
-    (:func:`_hand_the_order_or_mark`). Returns the attempt, the step it started from and the
-    last step."""
+    the first attempt the preemption order comes after step ``order_at``
+    (:func:`_hand_the_order`). Returns the attempt, the step it started from and the last
+    step."""
     import os
     import time
 
@@ -908,8 +899,7 @@ def hf_trainer_spot(out: str, folder: str, steps: int = 60, mark_at: int = 10,
             self.first = self.first or state.global_step
             with open(os.path.join(folder, f"steps-{rank}"), "a") as out_file:
                 out_file.write(f"{checkpoint.attempt()} {state.global_step}\n")
-            _hand_the_order_or_mark(folder, rank, state.global_step, mark_at,
-                                    checkpoint.attempt(), order)
+            _hand_the_order(state.global_step, order_at, checkpoint.attempt())
 
     model, data = _tiny_bert_and_sequences()
     args = TrainingArguments(output_dir=out, max_steps=steps, per_device_train_batch_size=8,

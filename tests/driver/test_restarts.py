@@ -150,7 +150,7 @@ def test_a_hugging_face_trainer_saves_on_the_notice_by_itself_and_resumes_where_
     from, and tests/spark_cluster/test_preemption.py keeps Spark's notice for DDP, Horovod's
     loops and the estimator.)"""
     attempt, first, last = HorovodRunner(np=-2, engine="torch", restarts=1).run(
-        engine_jobs.hf_trainer_spot, out=str(tmp_path / "out"), folder=str(tmp_path), order=True)
+        engine_jobs.hf_trainer_spot, out=str(tmp_path / "out"), folder=str(tmp_path))
     record = last_run()
     assert record.attempts[0].startswith("preempted: the checkpoint of step "), record.attempts
     ran = {rank: [tuple(map(int, line.split())) for line in
@@ -170,7 +170,7 @@ def test_a_lightning_trainer_saves_on_the_notice_by_itself_and_resumes_where_it_
         tmp_path):
     attempt, first, last = HorovodRunner(
         np=-2, engine="torch", restarts=1, checkpoint_dir=tmp_path / "spot").run(
-        engine_jobs.lightning_spot, folder=str(tmp_path), steps=80, order=True)
+        engine_jobs.lightning_spot, folder=str(tmp_path), steps=80)
     assert last_run().attempts[0].startswith("preempted: the checkpoint of step ")
     ran = {rank: [tuple(map(int, line.split())) for line in
                   (tmp_path / f"steps-{rank}").read_text().splitlines()] for rank in (0, 1)}
@@ -188,7 +188,7 @@ def test_a_keras_fit_saves_on_the_notice_by_itself_and_ends_with_the_same_weight
     that epoch with its input advanced past the batches done, and the weights are those of an
     uninterrupted run, bit for bit."""
     weights, attempt = HorovodRunner(np=-2, restarts=1, checkpoint_dir=tmp_path / "spot").run(
-        engine_jobs.keras_spot, folder=str(tmp_path), order=True)
+        engine_jobs.keras_spot, folder=str(tmp_path))
     assert last_run().attempts[0].startswith("preempted: the checkpoint of step "), \
         last_run().attempts
     ran = {rank: [tuple(map(int, line.split())) for line in
