@@ -85,7 +85,8 @@ def end_zygotes(folder: str) -> None:
 
 #: Test files whose tests run one after another in one lane: the zygote tests, one of which
 #: marks a module of hvd_magics changed on disk, which retires every zygote of the suite that
-#: imported it (another of them, run beside it, found its zygote gone).
+#: imported it (another of them, run beside it, found its zygote gone); and the unit tests of
+#: TensorFlow's step timing, so that one lane of ``make test-fast`` imports TensorFlow, not both.
 ONE_LANE_FILES = ("test_zygote.py", "test_step_split_tf.py")
 
 # A lane of ``pytest -n`` keeps its own temporary folder (its ranks' and kernels' too), so a
