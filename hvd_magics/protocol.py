@@ -319,6 +319,10 @@ ENV_HOROVOD_CONTROLLER, ENV_HOROVOD_CPU_OPERATIONS = "HOROVOD_CONTROLLER", "HORO
 ENV_HOROVOD_GLOO_IFACE = "HOROVOD_GLOO_IFACE"
 #: Horovod's own: how long a Gloo operation waits for a peer (its default is 30 s).
 ENV_GLOO_TIMEOUT = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+#: Our Horovod build's bound, in milliseconds, on the background loop's wait while a rank has
+#: nothing to negotiate (``0``: a cycle every ``HOROVOD_CYCLE_TIME``, as Horovod does;
+#: :mod:`hvd_magics.horovod.patches`, change 11).
+ENV_HOROVOD_IDLE_WAIT = "HVD_MAGICS_HOROVOD_IDLE_WAIT_MS"
 #: Where shard files go, when set (else ``$TMPDIR/hvd_magics/shards``).
 ENV_SHARD_DIR = "HVD_MAGICS_SHARD_DIR"
 #: The driver's environment variable that sets how many run folders are kept.

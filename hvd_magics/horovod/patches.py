@@ -62,11 +62,27 @@ Each change is an exact text replacement; if the text is not found (another Horo
     TensorFlow, so a build with PyTorch alone (no TensorFlow in the environment) linked the C++17
     torch target against the C++14 Gloo and failed as in change 2. The C++17 Gloo is now built
     for the torch target too, with the C++11 ABI when PyTorch has it.
+11. ``horovod/common/operations.cc``: the background loop ran a cycle every millisecond
+    (``HOROVOD_CYCLE_TIME``) for the rank's whole life, and each cycle is a negotiation among all
+    ranks even with nothing to reduce: a rank cost 7% of a core while its Python computed or
+    slept (two ranks, ``hvd.init()`` then 5 s asleep: 0.35 CPU s each), taken from the ranks it
+    shares cores with, and a warm pool's ranks paid it between cells. Now, when a cycle leaves
+    nothing queued or waiting for a response in this process (and there is no process set but
+    the global one), the loop waits for the next enqueue, a shutdown, or 50 ms, whichever comes
+    first. A collective keeps its latency: it needs every rank to submit it, and each rank's
+    submission wakes its own loop, whose cycle then starts on the step of the cycle's grid where
+    Horovod's would have (so that tensors enqueued together are still fused together); a rank
+    still waiting for its peers keeps the usual cycle.
+    The bound keeps a peer's failure, a stall warning and a shutdown from waiting longer than
+    that (a shutdown wakes the loop at once). ``HVD_MAGICS_HOROVOD_IDLE_WAIT_MS`` sets the bound;
+    ``0`` turns the wait off (a cycle every ``HOROVOD_CYCLE_TIME``, as Horovod does).
 """
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+
+from hvd_magics.protocol import ENV_HOROVOD_IDLE_WAIT
 
 CHANGES = [
     (
@@ -289,6 +305,135 @@ CHANGES += [
         "      }\n"
         "    }\n"
         "  }\n",
+    ),
+]
+
+
+#: How long the background loop of a rank with nothing to negotiate waits for an enqueue, in
+#: milliseconds, unless :data:`~hvd_magics.protocol.ENV_HOROVOD_IDLE_WAIT` says otherwise.
+IDLE_WAIT_MS = 50
+
+CHANGES += [
+    (
+        "horovod/common/tensor_queue.h",
+        "#include <iostream>\n#include <mutex>\n#include <queue>\n",
+        "#include <chrono>\n#include <condition_variable>\n#include <cstdint>\n"
+        "#include <iostream>\n#include <mutex>\n#include <queue>\n",
+    ),
+    (
+        "horovod/common/tensor_queue.h",
+        "  void RemoveJoinTensor();\n",
+        "  void RemoveJoinTensor();\n\n"
+        "  // hvd_magics: nothing is queued or waiting for a response in this queue.\n"
+        "  bool Idle() const;\n\n"
+        "  // hvd_magics: an enqueue (or a shutdown) wakes the background loop waiting in\n"
+        "  // WaitForWake; Wakes() counts them.\n"
+        "  static void Wake();\n"
+        "  static uint64_t Wakes();\n"
+        "  static void WaitForWake(uint64_t seen, std::chrono::milliseconds timeout);\n",
+    ),
+    (
+        "horovod/common/tensor_queue.cc",
+        "  message_queue_.push(std::move(message));\n  return Status::OK();\n}\n",
+        "  message_queue_.push(std::move(message));\n"
+        "  Wake();  // hvd_magics\n"
+        "  return Status::OK();\n}\n",
+    ),
+    (
+        "horovod/common/tensor_queue.cc",
+        "    message_queue_.push(std::move(messages[i]));\n  }\n  return Status::OK();\n}\n",
+        "    message_queue_.push(std::move(messages[i]));\n  }\n"
+        "  Wake();  // hvd_magics\n"
+        "  return Status::OK();\n}\n",
+    ),
+    (
+        "horovod/common/tensor_queue.cc",
+        "// Remove JoinOp tensor from the table and execute the callback\n",
+        "namespace {\n"
+        "// hvd_magics: how the background loop, waiting while idle, learns of an enqueue.\n"
+        "std::mutex wake_mutex;\n"
+        "std::condition_variable wake_signal;\n"
+        "uint64_t wakes = 0;\n"
+        "} // namespace\n\n"
+        "bool TensorQueue::Idle() const {\n"
+        "  std::lock_guard<std::mutex> guard(mutex_);\n"
+        "  return tensor_table_.empty() && message_queue_.empty();\n"
+        "}\n\n"
+        "void TensorQueue::Wake() {\n"
+        "  {\n"
+        "    std::lock_guard<std::mutex> guard(wake_mutex);\n"
+        "    ++wakes;\n"
+        "  }\n"
+        "  wake_signal.notify_all();\n"
+        "}\n\n"
+        "uint64_t TensorQueue::Wakes() {\n"
+        "  std::lock_guard<std::mutex> guard(wake_mutex);\n"
+        "  return wakes;\n"
+        "}\n\n"
+        "void TensorQueue::WaitForWake(uint64_t seen, std::chrono::milliseconds timeout) {\n"
+        "  std::unique_lock<std::mutex> lock(wake_mutex);\n"
+        "  wake_signal.wait_for(lock, timeout, [seen] { return wakes != seen; });\n"
+        "}\n\n"
+        "// Remove JoinOp tensor from the table and execute the callback\n",
+    ),
+    (
+        "horovod/common/operations.cc",
+        "bool RunLoopOnce(HorovodGlobalState& state) {\n"
+        "  // This delay determines thread frequency and communication message latency\n"
+        "  auto start_time = std::chrono::steady_clock::now();\n",
+        "// hvd_magics: the last cycle left nothing queued or waiting in this process, and the\n"
+        "// number of enqueues seen when it began (an enqueue since then ends the wait at once).\n"
+        "static bool idle_after_last_cycle = false;\n"
+        "static uint64_t wakes_before_last_cycle = 0;\n\n"
+        "bool RunLoopOnce(HorovodGlobalState& state) {\n"
+        "  // hvd_magics: with nothing to negotiate, wait for an enqueue (or a shutdown) instead of\n"
+        "  // negotiating nothing with every rank each cycle; look again after a bounded wait\n"
+        "  // (" + ENV_HOROVOD_IDLE_WAIT + "=0: every cycle, as Horovod does).\n"
+        "  static const long idle_wait_ms = [] {\n"
+        "    const char* value = std::getenv(\"" + ENV_HOROVOD_IDLE_WAIT + "\");\n"
+        "    return value != nullptr ? std::strtol(value, nullptr, 10) : " + str(IDLE_WAIT_MS) + "L;\n"
+        "  }();\n"
+        "  if (idle_after_last_cycle && idle_wait_ms > 0 && !state.shut_down) {\n"
+        "    TensorQueue::WaitForWake(wakes_before_last_cycle,\n"
+        "                             std::chrono::milliseconds(idle_wait_ms));\n"
+        "    // The cycle starts where Horovod's would have: on the next step of its grid, so\n"
+        "    // that what is enqueued in the meantime is negotiated (and fused) together.\n"
+        "    auto cycle = std::chrono::microseconds(\n"
+        "        long(state.parameter_manager.CycleTimeMs() * 1000.));\n"
+        "    if (cycle.count() > 0) {\n"
+        "      auto behind = (std::chrono::steady_clock::now() - state.last_cycle_start) / cycle;\n"
+        "      state.last_cycle_start += behind * cycle;\n"
+        "    }\n"
+        "  }\n"
+        "  wakes_before_last_cycle = TensorQueue::Wakes();\n"
+        "  bool performed_any = false;\n\n"
+        "  // This delay determines thread frequency and communication message latency\n"
+        "  auto start_time = std::chrono::steady_clock::now();\n",
+    ),
+    (
+        "horovod/common/operations.cc",
+        "        PerformOperation(response, process_set);\n",
+        "        PerformOperation(response, process_set);\n"
+        "        performed_any = true;  // hvd_magics\n",
+    ),
+    (
+        "horovod/common/operations.cc",
+        "    should_shutdown |= response_list.shutdown();\n  }\n\n  return !should_shutdown;\n}\n",
+        "    should_shutdown |= response_list.shutdown();\n  }\n\n"
+        "  // hvd_magics: idle when this cycle did nothing and left nothing queued or waiting here\n"
+        "  // (with process sets besides the global one, whose negotiations need every rank's\n"
+        "  // cycle, the loop keeps its cycle).\n"
+        "  auto ids = state.process_set_table.Ids();\n"
+        "  idle_after_last_cycle = !should_shutdown && !performed_any && !state.shut_down &&\n"
+        "                          ids.size() == 1 &&\n"
+        "                          state.process_set_table.Get(ids[0]).tensor_queue.Idle();\n"
+        "  return !should_shutdown;\n}\n",
+    ),
+    (
+        "horovod/common/operations.cc",
+        "    horovod_global.shut_down = true;\n",
+        "    horovod_global.shut_down = true;\n"
+        "    TensorQueue::Wake();  // hvd_magics: end an idle wait of the background loop\n",
     ),
 ]
 
