@@ -54,7 +54,8 @@ def measure(idle_wait: str | None, idle_s: float, hidden: int) -> dict:
         hvd.allreduce(one, name="latency")
         times.append(time.perf_counter() - start)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
+    model = torch.nn.Sequential(torch.nn.Linear(256, hidden), torch.nn.ReLU(),
+                                torch.nn.Linear(hidden, 10))
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                    named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
