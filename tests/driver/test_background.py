@@ -35,7 +35,12 @@ def test_the_error_of_a_failed_background_job_is_raised_by_wait():
 
 def test_stacks_name_where_each_rank_is_and_stop_leaves_nothing_running():
     job = HorovodRunner(np=-2).start(jobs.wait_for_a_sleeping_peer)
-    _until(lambda: "slow_down" in job.stacks().where().get(1, ""))
+
+    def both_in_place() -> bool:  # rank 1 asleep, and rank 0 seen in its allreduce
+        where = job.stacks().where()
+        return "slow_down" in where.get(1, "") and "mpi_ops.py" in where.get(0, "")
+
+    _until(both_in_place)
     with pytest.raises(TimeoutError, match="still runs after 0.1 s"):
         job.wait(timeout=0.1)
     stacks = job.stacks()
