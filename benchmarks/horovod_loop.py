@@ -87,10 +87,8 @@ def main() -> None:
     found: dict[str, list[dict]] = {"waits": [], "cycles": []}
     for run in range(args.runs):
         for label in in_turn(run, ("waits", "cycles")):
-            ranks = HorovodRunner(np=-2).run(measure, idle_wait=None if label == "waits" else "0",
-                                             idle_s=args.idle, hidden=args.hidden)
-            ranks = ranks if isinstance(ranks, list) else [ranks]
-            figures = {key: statistics.mean(rank[key] for rank in ranks) for key in ranks[0]}
+            figures = HorovodRunner(np=-2).run(measure, idle_wait=None if label == "waits" else "0",
+                                               idle_s=args.idle, hidden=args.hidden)  # rank 0's
             found[label].append(figures)
             print(f"run {run} {label}: idle {figures['idle']:.3f} CPU s in {args.idle:g} s, "
                   f"allreduce {figures['latency'] * 1e6:.0f} us, {figures['train']:.0f} "
