@@ -41,7 +41,7 @@ def test_stacks_name_where_each_rank_is_and_stop_leaves_nothing_running():
         return "slow_down" in where.get(1, "") and "mpi_ops.py" in where.get(0, "")
 
     _until(both_in_place)
-    with pytest.raises(TimeoutError, match="still runs after 0.1 s"):
+    with pytest.raises(TimeoutError, match=r"still runs after 0\.1 s"):
         job.wait(timeout=0.1)
     stacks = job.stacks()
     assert "slow_down (time.sleep(600))" in stacks.where()[1]
