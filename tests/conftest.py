@@ -83,14 +83,11 @@ def end_zygotes(folder: str) -> None:
     processes_left(ended)
 
 
-#: Test files whose tests run one after another in one lane, by the unit they share: the zygote
-#: tests, one of which marks a module of hvd_magics changed on disk, which retires every zygote
-#: of the suite that imported it (another of them, run beside it, found its zygote gone); and
-#: the unit tests that import TensorFlow into the lane itself, so that one lane of ``make
-#: test-fast`` imports it (6-7 s here), not both.
-ONE_LANE_FILES = {"test_zygote.py": "zygotes", "test_step_split_tf.py": "tensorflow",
-                  "test_gpu_guard.py": "tensorflow", "test_estimator_imports.py": "tensorflow",
-                  "test_predict.py": "tensorflow", "test_shard.py": "tensorflow"}
+#: Test files whose tests run one after another in one lane: the zygote tests, one of which
+#: marks a module of hvd_magics changed on disk, which retires every zygote of the suite that
+#: imported it (another of them, run beside it, found its zygote gone); and the unit tests of
+#: TensorFlow's step timing, so that one lane of ``make test-fast`` imports TensorFlow, not both.
+ONE_LANE_FILES = ("test_zygote.py", "test_step_split_tf.py")
 
 # A lane of ``pytest -n`` keeps its own temporary folder (its ranks' and kernels' too), so a
 # test that counts what its jobs leave in the temporary folder sees only its own lane's.
@@ -115,7 +112,7 @@ def pytest_xdist_make_scheduler(config, log):
             tier = _tier_of(path)
             if tier in ONE_LANE:
                 return tier
-            return ONE_LANE_FILES.get(Path(path).name, nodeid)
+            return path if path.endswith(ONE_LANE_FILES) else nodeid
 
     return TierLanes(config, log)
 
