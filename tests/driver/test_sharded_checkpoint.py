@@ -11,7 +11,7 @@ from hvd_magics import HorovodJobError, HorovodRunner, last_run
 def _fsdp_steps(steps: int, save_at: int | None = None, resume: bool = False,
                 seed: int = 0, asynchronous: bool = False, save_every: int | None = None,
                 kill_at: int | None = None, width: int = 64,
-                notice_after: int | None = None) -> dict:
+                notice_after: int | None = None, plain: bool = False) -> dict:
     """An FSDP2 model of two layers trained ``steps`` steps of Adam on data seeded by the step
     (from the checkpoint's step when ``resume``, or when there is one and ``save_every`` is
     given), saved at ``save_at`` or every ``save_every`` steps; rank 1 of the first attempt
@@ -41,6 +41,8 @@ def _fsdp_steps(steps: int, save_at: int | None = None, resume: bool = False,
     fully_shard(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     state = {"model": model, "optimizer": optimizer, "step": 0}
+    if plain:
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 0}
     start = 0
     if resume or save_every:
         found = checkpoint.latest(state)
@@ -58,6 +60,8 @@ def _fsdp_steps(steps: int, save_at: int | None = None, resume: bool = False,
         (model(part).pow(2).sum() / 8).backward()
         optimizer.step()
         state["step"] = step
+        if plain:
+            state.update(model=model.state_dict(), optimizer=optimizer.state_dict())
         if step == save_at or (save_every and step % save_every == save_every - 1):
             checkpoint.save(state, step, asynchronous=asynchronous)
         if step == kill_at and rank == 1 and checkpoint.attempt() == 0:
@@ -227,6 +231,24 @@ def test_a_sharded_checkpoint_of_another_shape_is_refused_with_the_fix(tmp_path)
     assert "CheckpointMismatch" in text and "Size mismatch between saved torch.Size([64, 64]) " \
         "and current: torch.Size([32, 64]) for model.0.weight" in text, text
     assert "Fix: give the model and optimizer it was saved from" in text, text
+
+
+def test_plain_state_dicts_of_an_unstepped_optimizer_are_refused_not_resumed_without_it(
+        tmp_path):
+    """Issue 82, item 0: given ``optimizer.state_dict()`` before its first step (its ``state``
+    empty), the load read no moment and the job resumed as if Adam had just started (the
+    first layer's sum -1.1449 against an unbroken run's -1.4703), saying nothing."""
+    folder = tmp_path / "checkpoints"
+    HorovodRunner(np=-2, engine="torch", checkpoint_dir=folder).run(_fsdp_steps, steps=2,
+                                                                    save_at=1, plain=True)
+    with pytest.raises(HorovodJobError) as raised:
+        HorovodRunner(np=-2, engine="torch", checkpoint_dir=folder).run(
+            _fsdp_steps, steps=4, resume=True, plain=True)
+    text = str(raised.value)
+    assert "CheckpointMismatch" in text and "optimizer.state." in text, text
+    assert "state['optimizer'] is an optimizer's state_dict() taken before its first step" \
+        in text, text
+    assert "Fix: give the optimizer itself" in text, text
 
 
 def _fsdp_rank_1_leaves_early() -> None:

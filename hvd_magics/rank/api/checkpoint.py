@@ -335,7 +335,7 @@ def save(state: Any, step: int, keep: int = 2, asynchronous: bool = False) -> Pa
     return path
 
 
-def latest(state: Any = None) -> tuple[Any, int] | None:
+def latest(state: Any = None, strict: bool = True) -> tuple[Any, int] | None:
     """``(state, step)`` of the checkpoint this attempt resumes from, the same on every rank:
     the newest whole one when the attempt started (outside a job of ours: the newest now);
     ``None`` when there was none.
@@ -353,8 +353,8 @@ def latest(state: Any = None) -> tuple[Any, int] | None:
     ShardedCheckpointNeedsState
         The checkpoint is sharded and no ``state`` was given to read it into.
     CheckpointMismatch
-        The checkpoint does not fit ``state`` (another model or shape; a DeepSpeed engine's
-        read without one, or on another number of ranks).
+        The checkpoint does not fit ``state`` (another model or shape, entries it has no
+        place for; a DeepSpeed engine's read without one, or on another number of ranks).
     CheckpointFolderNotShared
         The rank's executor does not see the driver's folder (:func:`shared_folder`).
     """
@@ -391,7 +391,7 @@ def latest(state: Any = None) -> tuple[Any, int] | None:
                 f"the checkpoint {found[1]} was written from a DeepSpeed engine, and latest() "
                 f"was given no engine. Fix: give it the engine, on every rank: "
                 f"checkpoint.latest(engine) (or the dict it was saved as, with the engine in it)")
-        load_sharded(state, found[1])
+        load_sharded(state, found[1], strict)
         return state, found[0].global_step
     with open(found[1], "rb") as handle:
         return pickle.load(handle), found[0].global_step

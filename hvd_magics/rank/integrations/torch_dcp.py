@@ -200,23 +200,87 @@ def save_in_background(state: dict[str, Any], folder: Path) -> Any:
                           process_group=_background_group[1])
 
 
-def load(state: dict[str, Any], folder: Path) -> None:
+#: How many of the checkpoint's unread entries an error names.
+_NAMED = 4
+
+
+def _an_optimizers_empty_state_dict(value: Any) -> bool:
+    """Whether ``value`` is an optimizer's ``state_dict()`` taken before its first step (its
+    ``state`` empty): a load into it finds no tensor to fill."""
+    return (isinstance(value, dict) and value.get("state") == {}
+            and isinstance(value.get("param_groups"), list))
+
+
+def unread_entries_refused(state: dict[str, Any], unread: list[str], folder: Path) -> str:
+    """What is wrong when the checkpoint in ``folder`` holds entries (``unread``, DCP's
+    flattened names) that ``state`` has no place for, and the fix."""
+    named = ", ".join(unread[:_NAMED]) + (f" and {len(unread) - _NAMED} more"
+                                          if len(unread) > _NAMED else "")
+    empty = [key for key, value in state.items() if _an_optimizers_empty_state_dict(value)
+             and any(entry.startswith(f"{key}.state.") for entry in unread)]
+    if empty:
+        key = empty[0]
+        return (f"the checkpoint {folder} holds the optimizer's state ({named}), and "
+                f"state[{key!r}] is an optimizer's state_dict() taken before its first step: "
+                f"its 'state' is empty, so the load would fill nothing and the job would resume "
+                f"without Adam's moments (or any optimizer's). Fix: give the optimizer itself, "
+                f"with its model, on every rank: checkpoint.latest({{'model': model, {key!r}: "
+                f"optimizer}}) (and save it so); it is initialised and loaded in place")
+    return (f"the checkpoint {folder} holds {len(unread)} entries the state it is read into "
+            f"has no place for: {named} (a load would leave them unread, as PyTorch's strict "
+            f"load_state_dict refuses to). Fix: give the model and optimizer it was saved from "
+            f"(the same layers and keys), checkpoint.latest(state, strict=False) to read only "
+            f"what the state holds, or start over without it: --fresh "
+            f"(HorovodRunner(..., fresh=True))")
+
+
+def _strict_planner(state: dict[str, Any], folder: Path) -> Any:
+    """DCP's default load planner, which also refuses a checkpoint holding entries the state
+    does not read (DCP's own reads what the state asks and leaves the rest silently)."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class StrictLoadPlanner(DefaultLoadPlanner):
+        def create_local_plan(self) -> Any:
+            plan = super().create_local_plan()
+            asked = set(self.state_dict)
+            unread = sorted(key for key in self.metadata.state_dict_metadata
+                            if key not in asked)
+            if unread:
+                raise CheckpointMismatch(unread_entries_refused(state, unread, folder))
+            return plan
+
+    return StrictLoadPlanner()
+
+
+def load(state: dict[str, Any], folder: Path, strict: bool = True) -> None:
     """Read the checkpoint in ``folder`` into ``state`` in place, on any number of ranks:
     modules and optimizers through ``load_state_dict``, tensors copied into, other values
-    replaced (outside a process group, each rank reads the whole state alone)."""
+    replaced (outside a process group, each rank reads the whole state alone). With
+    ``strict``, a checkpoint holding entries ``state`` has no place for is refused (another
+    model, or an optimizer's empty ``state_dict()``), as PyTorch's ``load_state_dict`` does.
+
+    Raises
+    ------
+    CheckpointMismatch
+        The checkpoint does not fit ``state``: a shape or an entry differs.
+    """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     view = stateful(state)
+    planner = _strict_planner(state, folder) if strict else None
     try:
         with _alone_on_purpose():
-            dcp.load(view, checkpoint_id=str(folder), no_dist=not in_process_group())
+            dcp.load(view, checkpoint_id=str(folder), planner=planner,
+                     no_dist=not in_process_group())
     except (CheckpointException, ValueError, KeyError, RuntimeError) as exc:
         # DCP's own error is a BaseException holding each rank's: the first says what differs
         failures = getattr(exc, "failures", None) or {}
         cause = next(iter(failures.values()), exc)
         if isinstance(cause, tuple):  # (the rank's exception, its traceback)
             cause = cause[0]
+        if isinstance(cause, CheckpointMismatch):
+            raise CheckpointMismatch(str(cause)) from None
         said = " ".join(str(cause).split()) or type(cause).__name__
         raise CheckpointMismatch(
             f"the checkpoint {folder} does not fit the state it is read into: {said[:300]}. "
