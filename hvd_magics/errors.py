@@ -234,6 +234,12 @@ class NotEnoughSlotsError(HorovodMagicsError, ValueError):
     """The Spark cluster has fewer free task slots than the job has ranks."""
 
 
+class EncryptionRequired(HorovodMagicsError, RuntimeError):
+    """The Spark session asks for TLS (``spark.ssl.enabled=true``), which the ranks' training
+    traffic (Horovod's, Gloo's, NCCL's) does not have; the message names the setting that
+    allows it anyway (pyspark's ``TorchDistributor`` refuses the same, with the same setting)."""
+
+
 class SparkSessionLost(HorovodMagicsError, RuntimeError):
     """The SparkSession cannot reach its Spark Connect server (stopped, lost, or restarted so
     that it no longer knows the session); the message says how to get a new session."""
@@ -291,6 +297,11 @@ class ShardedCheckpointNeedsState(HorovodMagicsError, TypeError):
 class CheckpointMismatch(HorovodMagicsError, ValueError):
     """A sharded checkpoint does not fit the state it is read into (another model, or another
     shape of it)."""
+
+
+class CheckpointDiskFull(HorovodMagicsError, OSError):
+    """The disk (or quota) of the job's checkpoint folder filled while a checkpoint was written:
+    the partly written step was removed, the checkpoints before it stay whole."""
 
 
 class CheckpointFolderUnusable(HorovodMagicsError, OSError):

@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Protocol
 
 from hvd_magics.job.views.charts import MetricHistory
 from hvd_magics.job.records.epoch_timing import EPOCH_LINE, EpochTimer
+from hvd_magics.job.records.job_log import JobLog
 from hvd_magics.errors import OUTPUT_TAIL_LINES, Preempted, RankFailure
 from hvd_magics.options import STALL_AFTER_S, ElasticSize
 from hvd_magics.job.verdicts.stacks import where as stack_where
@@ -202,8 +203,7 @@ class JobState:
         #: (see :mod:`hvd_magics.job.views.output_lines`).
         self.output = OutputSorter(size)
         self.log_path = log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in end()
+        self._log = JobLog(log_path)  # closed in end()
         #: Each rank's value parts (:mod:`hvd_magics.result_codec`), of the ranks that sent
         #: theirs: rank 0 (an elastic job's final rank 0, whichever task it is), or every rank
         #: for a job that asked for every rank's value.

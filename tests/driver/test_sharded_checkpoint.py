@@ -251,6 +251,26 @@ def test_plain_state_dicts_of_an_unstepped_optimizer_are_refused_not_resumed_wit
     assert "Fix: give the optimizer itself" in text, text
 
 
+def test_a_sharded_save_that_fills_the_disk_says_so_and_leaves_the_last_step_whole(tmp_path):
+    """Issue 82, item 6: the job ended with ``CheckpointException ranks:dict_keys([0, 1])`` and
+    a cut traceback, never naming the disk, and left a 13 MB partial folder on it. A disk of
+    1.5 MB that holds one step of this model (about 0.8 MB with Adam's moments) and not two."""
+    from tests.full_disk import small_disk
+
+    with small_disk(tmp_path / "disk", "1536k") as disk:
+        with pytest.raises(HorovodJobError) as raised:
+            HorovodRunner(np=-2, engine="torch", checkpoint_dir=disk).run(
+                _fsdp_steps, steps=2, save_every=1, width=1024)
+        text = str(raised.value)
+        assert "CheckpointDiskFull" in text and "CheckpointException ranks" not in text, text
+        assert f"the disk of the checkpoint folder {disk} is full: the checkpoint of step 1 " \
+            "did not fit (" in text, text
+        assert "the last whole checkpoint, ckpt-0-e0-s0.dcp, takes " in text, text
+        left = sorted(p.name for p in (disk / "checkpoints").iterdir())
+        assert [name for name in left if "partial" in name] == [], left
+        assert "ckpt-0-e0-s0.dcp" in left, left
+
+
 def _fsdp_rank_1_leaves_early() -> None:
     """Rank 1 ends after one step; rank 0 takes another, whose all-gather waits for it."""
     import torch

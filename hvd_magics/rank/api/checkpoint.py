@@ -63,6 +63,7 @@ from hvd_magics.common.checkpoints import (Position, checkpoint_at, folder_check
                                            write_checkpoint)
 from hvd_magics.errors import (CheckpointFolderNotShared, CheckpointMismatch,
                                ShardedCheckpointNeedsState, ShardedStateRefused)
+from hvd_magics.rank.api.disk_full import disk_full, no_room
 from hvd_magics.rank.api.preemption import after_save, noticed, preempting
 from hvd_magics.rank.integrations.deepspeed import TAG as DEEPSPEED_TAG
 from hvd_magics.rank.integrations.deepspeed import engine_in, load_engine, save_engine
@@ -232,8 +233,21 @@ def _save_parts(write: Callable[[Path], Any], step: int, keep: int, folder: Path
         if first:
             publish_folder(folder, partial, position, mark, keep, spare=spare)
 
+    def said(exc: BaseException) -> BaseException:
+        """A full disk as such, the step's partial folder removed by rank 0; else ``exc``."""
+        if no_room(exc) is None:
+            return exc
+        found = latest_checkpoint(folder)
+        return disk_full(folder, step, partial if first else None,
+                         found[1] if found else None)
+
     if not asynchronous:
-        write(partial)
+        try:
+            write(partial)
+        except BaseException as exc:
+            if no_room(exc) is None:
+                raise
+            raise said(exc) from None
         publish()
         return path
     pending = _PendingSave(write(partial), step)
@@ -243,7 +257,7 @@ def _save_parts(write: Callable[[Path], Any], step: int, keep: int, folder: Path
             future.result()
             publish()
         except BaseException as exc:  # noqa: BLE001 - raised by the next save or wait()
-            pending.error = exc
+            pending.error = said(exc)
         finally:
             pending.done.set()
 
@@ -329,8 +343,14 @@ def save(state: Any, step: int, keep: int = 2, asynchronous: bool = False) -> Pa
         with open(path, "wb") as out:
             pickle.dump(state, out, protocol=4)
 
-    path = write_checkpoint(folder, Position(0, 0, int(step)), "pkl", write, keep,
-                            spare=_pinned())
+    try:
+        path = write_checkpoint(folder, Position(0, 0, int(step)), "pkl", write, keep,
+                                spare=_pinned())
+    except OSError as exc:
+        if no_room(exc) is None:
+            raise
+        found = latest_checkpoint(folder)
+        raise disk_full(folder, step, None, found[1] if found else None) from None
     after_save(step)
     return path
 
