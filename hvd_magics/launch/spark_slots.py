@@ -15,7 +15,7 @@ from hvd_magics.errors import NotEnoughSlotsError
 from hvd_magics.notices import say
 from hvd_magics.protocol import ENV_DRIVER_HOST
 from hvd_magics.options import DEFAULT_START_TIMEOUT_S, multiple_fix
-from hvd_magics.launch.spark_session import is_connect, is_local
+from hvd_magics.launch.spark_session import is_connect
 
 #: How long to wait for executors to register before saying the cluster is too small.
 SLOT_WAIT_S = 5.0
@@ -90,13 +90,14 @@ def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool 
     ``layout``: a job of several ranks per task (``np`` is then its :attr:`TaskLayout.slots`);
     its tasks must also fit the executors under its resource profile.
     """
-    local = is_local(sc)
+    local = never_grows(sc)
     if local:  # no executor will register; a job that just ended may still hold its slots
         wait_s = LOCAL_SETTLE_S
     several = layout is not None and layout.ranks_per_task > 1
     began = time.monotonic()
     deadline, said = began + wait_s, began
     gone: list[tuple[str, float]] = []
+    last_total = None
     while True:
         free, total = task_slots(sc)
         free = min(free, max(total - held, 0))
@@ -106,12 +107,17 @@ def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool 
         gone = [] if local else gone_executors(sc, now)  # noted at every job, to be compared
         if free >= np and (fitting is None or layout is None or fitting >= layout.tasks):
             return
-        if gone:
+        coming = None if local else slots_to_come(sc, total, np + held)
+        if last_total is not None and total > last_total and not local:
+            deadline = max(deadline, min(now + wait_s, began + gone_wait_s))  # growing
+        last_total = total
+        if gone or coming:
             deadline = max(deadline, began + gone_wait_s)
             if now - said >= SAY_EVERY_S:
                 said = now
-                say(f"waiting for {np} task slots: {free} free; executor on {gone[0][0]} gone "
-                    f"{gone[0][1]:.0f} s ago (it may come back or be replaced; up to "
+                why = coming or (f"executor on {gone[0][0]} gone {gone[0][1]:.0f} s ago (it "
+                                 f"may come back or be replaced;")
+                say(f"waiting for {np} task slots: {free} free; {why} up to "
                     f"{deadline - now:.0f} s more, --start-timeout)")
         if now >= deadline or (local and total - held < np):
             break  # (a local master never grows)
@@ -138,6 +144,32 @@ def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool 
         f"asks for {layout.task_cpus} CPUs, and the executors can hold {fitting} such tasks at "
         f"once {where}. Fix: executors of at least {layout.task_cpus} cores "
         "(spark.executor.cores), or fewer ranks per task (ranks_per_task).")
+
+
+def never_grows(sc: Any) -> bool:
+    """Whether ``sc``'s master is ``local`` / ``local[N]``: its slots are there from the start
+    (a ``local-cluster``'s workers register as a cluster's do)."""
+    return _LOCAL_MASTER.match(str(sc.master).strip()) is not None
+
+
+def slots_to_come(sc: Any, total: int, needed: int) -> str | None:
+    """What the job waits for when ``sc``'s cluster is still registering the executors its
+    settings promise and will then have the ``needed`` slots: a ``local-cluster``'s workers,
+    or ``spark.executor.instances`` executors of ``spark.executor.cores``; ``None`` when no
+    more are promised (or they would still be too few)."""
+    conf = sc.getConf()
+    cpus = max(int(conf.get("spark.task.cpus", "1") or 1), 1)
+    expected = local_master_slots(str(sc.master), cpus)
+    what = "the local cluster's workers are registering"
+    if expected is None:
+        instances, cores = conf.get("spark.executor.instances"), conf.get("spark.executor.cores")
+        if not (instances and cores and str(instances).isdigit() and str(cores).isdigit()):
+            return None
+        expected = int(instances) * (int(cores) // cpus)
+        what = f"executors are registering (spark.executor.instances={instances})"
+    if total >= expected or expected < needed:
+        return None
+    return f"{what} ({total} of {expected} task slots so far;"
 
 
 def profile_slots(sc: Any, layout: TaskLayout) -> int | None:

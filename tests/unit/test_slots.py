@@ -1,4 +1,6 @@
 """Rank planning: contiguous local ranks per host, one rendezvous per job; slots checked."""
+import time
+
 import pytest
 
 from hvd_magics.task.slots import iface_for_address, plan_ranks, slot_env
@@ -190,3 +192,63 @@ def test_on_a_local_master_a_job_just_ended_is_waited_for_and_a_job_too_large_is
     with pytest.raises(NotEnoughSlotsError, match="np=3 needs 3 free Spark task slots"):
         check_slots(too_large, 3)
     assert too_large.reads == 1  # refused at once: a local master never grows
+
+
+class _RegisteringContext:
+    """A SparkContext of ``master`` whose executors register one slot a read, from ``first``
+    slots up to ``last`` (a ``local-cluster`` whose second worker is still starting)."""
+
+    def __init__(self, master: str, first: int, last: int, conf: dict | None = None) -> None:
+        self.master, self.reads, self.slots = master, 0, first
+        self.conf = {"spark.task.cpus": "1", **(conf or {})}
+        context = self
+
+        class _Scala:
+            def maxNumConcurrentTasks(self, _profile):  # noqa: N802 - Spark's name
+                context.reads += 1
+                context.slots = min(first + context.reads // 4, last)
+                return context.slots
+
+            def resourceProfileManager(self):  # noqa: N802
+                return type("Manager", (), {"defaultResourceProfile": lambda _self: None})()
+
+        self._jsc = type("Jsc", (), {"sc": lambda _self: _Scala()})()
+        self._tracker = type("Tracker", (), {"getActiveStageIds": lambda _self: []})()
+
+    def statusTracker(self):  # noqa: N802
+        return self._tracker
+
+    def getConf(self):  # noqa: N802
+        return self.conf
+
+
+def test_a_cluster_whose_promised_executors_still_register_is_waited_for():
+    """Issue 82, item 3: pyspark's DeepSpeed test class (local-cluster[2,2,512],
+    spark.task.cpus=2): the first np=2 job was refused with '1 free of 1' while the second
+    worker registered; pyspark's waits. The wait lasts past the few seconds a cluster gets
+    (wait_s) while the master or the settings promise more slots, up to the start timeout."""
+    from hvd_magics.launch.spark_slots import check_slots
+
+    cluster = _RegisteringContext("local-cluster[2,2,512]", 1, 2,
+                                  {"spark.task.cpus": "2"})
+    check_slots(cluster, 2, wait_s=0.0, gone_wait_s=30)
+    assert cluster.slots == 2
+    promised = _RegisteringContext("spark://master:7077", 1, 2,
+                                   {"spark.executor.instances": "2", "spark.executor.cores": "1"})
+    check_slots(promised, 2, wait_s=0.0, gone_wait_s=30)
+    assert promised.slots == 2
+
+
+def test_a_cluster_that_will_not_have_the_slots_is_refused_without_the_long_wait():
+    from hvd_magics.errors import NotEnoughSlotsError
+    from hvd_magics.launch.spark_slots import check_slots, slots_to_come
+
+    whole = _RegisteringContext("local-cluster[2,1,512]", 2, 2)
+    assert slots_to_come(whole, 2, 3) is None  # 2 slots promised, 3 needed: waiting is no use
+    began = time.monotonic()
+    with pytest.raises(NotEnoughSlotsError, match="np=3 needs 3 free Spark task slots"):
+        check_slots(whole, 3, wait_s=0.2, gone_wait_s=30)
+    assert time.monotonic() - began < 5
+    registering = _RegisteringContext("local-cluster[2,1,512]", 1, 2)
+    assert slots_to_come(registering, 1, 2) == ("the local cluster's workers are registering "
+                                                "(1 of 2 task slots so far;")
