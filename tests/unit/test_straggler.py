@@ -590,3 +590,28 @@ def test_a_cpu_rank_shows_its_host_memory_and_its_shard_of_the_parameters():
     assert (row["peak_bytes"], row["param_bytes"]) == (int(1.5 * gb), 8320), row
     assert describe_split(row).endswith("comm 20%; memory peak 1.5 GB; parameters 8.1 KB of "
                                         "16.5 KB"), describe_split(row)
+
+
+def test_a_rank_whose_own_work_is_shorter_on_average_is_not_named():
+    """Issue 82, item 1: a verdict said 'its own work takes -6% longer per step than the
+    others''. What names a rank is its own work net of its wait for a CPU beyond the others',
+    step by step; here rank 1 runs 1 ms longer in every step, while rank 0 waits 6 ms for a
+    CPU every third step: on average rank 0's own work is the longer one (6 ms against 5), and
+    no figure can say rank 1 holds it back."""
+    splits = StepSplits(ranks=2)
+    hosts = {0: "h", 1: "h"}
+    rows: dict[int, list] = {0: [], 1: []}
+    for step in range(1, 91):
+        starved = step % 3 == 0
+        own = {0: 0.010 if starved else 0.004, 1: 0.005}
+        wait = {0: 0.006 if starved else 0.0, 1: 0.0}
+        wall = max(own.values()) + 0.001
+        for rank in (0, 1):
+            rows[rank].append([step, wall, 0.0, wall - own[rank], wait[rank],
+                               own[rank] - wait[rank], 0.0, 0.0])
+    for at in range(0, 90, 10):
+        for rank in (0, 1):
+            splits.observe(rank, {"rows": rows[rank][at:at + 10],
+                                  "totals": [10] + [0.0] * 7}, hosts)
+    texts = [found.text() for kind, found in splits.events if kind == "named"]
+    assert texts == [], texts

@@ -588,7 +588,11 @@ class StepSplits:
             if found is not None:
                 named, whole, finding, kind = found
                 self._named = (tuple(named), whole, finding, kind)
-                self.current = self._verdict(hosts, step, window)
+                candidate = self._verdict(hosts, step, window)
+                if not self._borne_out(candidate):
+                    self._named = None
+                    continue
+                self.current = candidate
                 self.events.append(("named", self.current))
                 return
         self._busy(hosts, step)
@@ -670,6 +674,8 @@ class StepSplits:
         if mine < CLEAR_SHARE * sum(d.wall_s for d in window) or mine < lost / 2:
             return False
         fresh = self._verdict(hosts, self.current.step, window)
+        if not self._borne_out(fresh):
+            return False
         if fresh.ranks == self.current.ranks and fresh.lost_share >= COST_SHARE:
             self.current = fresh
             for i in range(len(self.events) - 1, -1, -1):
@@ -700,6 +706,14 @@ class StepSplits:
             found, step=step, cpu_known=known, cpu_read=not self.cpu_unread,
             lost_share=mine / wall if wall > 0 else 0.0, lost_steps=len(window),
             longer_in=(delayed, len(window)))
+
+    def _borne_out(self, found: Straggler) -> bool:
+        """Whether the window's means bear a verdict out: the named ranks' own work longer
+        than the others' (by the least delay that counts). What names a rank is its own work
+        net of its waits for a CPU beyond the others', step by step; where the others waited
+        for a CPU longer still, the named rank's own work was shorter on average, and its
+        verdict said it took "-6% longer"."""
+        return found.own_s - found.others_s >= self._least()
 
     def _busy(self, hosts: dict[int, str], step: int) -> None:
         """Say once that the ranks' hosts are busy with other work, when their waits for a CPU
