@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from collections.abc import Callable
 
 from hvd_magics.dropins.torch_distributor import TorchDistributor
+from hvd_magics.launch.encryption import DEEPSPEED_IGNORE_SSL
 from hvd_magics.rank.integrations.deepspeed import run_deepspeed_script
 
 
@@ -24,7 +25,8 @@ class DeepspeedTorchDistributor(TorchDistributor):
     Parameters
     ----------
     numGpus : int
-        Processes per node (DeepSpeed's ``--num_gpus``): a rank per GPU.
+        Processes per node (DeepSpeed's ``--num_gpus``): a rank per GPU (``True`` is 1, as
+        pyspark takes it).
     nnodes : int
         Nodes.
     localMode : bool
@@ -39,6 +41,11 @@ class DeepspeedTorchDistributor(TorchDistributor):
         What :class:`hvd_magics.HorovodRunner` takes besides ``np`` and ``engine``
         (``timeout``, ``restarts``, ``env``, ``mlflow``, ...).
 
+    On Spark tasks of a session with ``spark.ssl.enabled=true``, ``run`` is refused
+    (``EncryptionRequired``) unless ``deepspeed.spark.distributor.ignoreSsl`` is ``true``, as
+    pyspark's (its own setting, not ``TorchDistributor``'s). ``input_params`` holds
+    ``deepspeed_config`` besides :class:`~hvd_magics.TorchDistributor`'s.
+
     Examples
     --------
     >>> def train(learning_rate):                                   # doctest: +SKIP
@@ -52,19 +59,24 @@ class DeepspeedTorchDistributor(TorchDistributor):
     """
 
     _NAMES: ClassVar[dict[str, str]] = {"use_gpu": "useGpu", "num_processes": "numGpus * nnodes"}
+    _IGNORE_SSL: ClassVar[str] = DEEPSPEED_IGNORE_SSL
 
     def __init__(self, numGpus: int = 1, nnodes: int = 1, localMode: bool = True,
                  useGpu: bool = True, deepspeedConfig: str | dict[str, Any] | None = None,
                  **options: Any) -> None:
         for name, value in (("numGpus", numGpus), ("nnodes", nnodes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            # a bool is taken as the number it is (numGpus=True: 1), as pyspark takes it
+            if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive whole number, got {value!r}")
         if deepspeedConfig is not None and not isinstance(deepspeedConfig, (str, dict)):
             raise TypeError("deepspeedConfig must be a JSON file's path, a dict or None, got "
                             f"{type(deepspeedConfig).__name__}")
         self.deepspeed_config = deepspeedConfig
-        super().__init__(num_processes=numGpus * nnodes, local_mode=localMode, use_gpu=useGpu,
-                         **options)
+        super().__init__(num_processes=int(numGpus) * int(nnodes), local_mode=localMode,
+                         use_gpu=useGpu, **options)
+
+    def _input_params(self) -> dict[str, Any]:
+        return {**super()._input_params(), "deepspeed_config": self.deepspeed_config}
 
     def _script_job(self, path: str, argv: list[str]) -> tuple[Callable[..., Any], dict]:
         return run_deepspeed_script, {"path": path, "argv": argv,

@@ -70,7 +70,8 @@ def make_backend(request: LaunchRequest) -> Backend:
                             held_slots=SESSION.held_slots(request.live),
                             background=request.live is not None,
                             environment=SESSION.environment,
-                            ranks_per_task=request.options.ranks_per_task)
+                            ranks_per_task=request.options.ranks_per_task,
+                            ignore_ssl=request.ignore_ssl)
     if np < 0:
         return DriverBackend(-np, env)
     spark = active_session() or start_local_session(np)
@@ -79,7 +80,7 @@ def make_backend(request: LaunchRequest) -> Backend:
                         background=request.live is not None,
                         environment=SESSION.environment,
                         ranks_per_task=request.options.ranks_per_task,
-                        gone_wait_s=request.start_timeout)
+                        gone_wait_s=request.start_timeout, ignore_ssl=request.ignore_ssl)
 
 
 def _tracker(request: LaunchRequest, job_id: str, where: str,

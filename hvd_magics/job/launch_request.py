@@ -10,6 +10,7 @@ from hvd_magics.job.live_job import LiveJob
 from hvd_magics.job.records.mlflow_run import MlflowSettings
 from hvd_magics.launch.backend import Backend
 from hvd_magics.launch.dataframe_input import DataFrameSources
+from hvd_magics.launch.encryption import IGNORE_SSL
 from hvd_magics.launch.payload import JobPayload
 from hvd_magics.launch.spark_slots import SLOT_WAIT_S
 from hvd_magics.options import ElasticSize, JobOptions
@@ -67,6 +68,9 @@ class LaunchRequest:
     attempt: int = 0
     earlier_attempts: tuple[str, ...] = ()
     mlflow_run_id: str | None = None
+    #: The setting that allows the job on Spark tasks of a session that asks for TLS
+    #: (:mod:`hvd_magics.launch.encryption`).
+    ignore_ssl: str = IGNORE_SSL
 
     @property
     def size(self) -> int | ElasticSize:

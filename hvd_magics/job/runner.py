@@ -26,6 +26,7 @@ from hvd_magics.job.session import SESSION
 from hvd_magics.job.views.text_view import TextView
 from hvd_magics.job.views.widgets_view import WidgetView, widgets_available
 from hvd_magics.launch import interrupt_guard
+from hvd_magics.launch.encryption import IGNORE_SSL
 from hvd_magics.launch.payload import JobPayload, leading_imports, serialize_job
 from hvd_magics.launch.spark_session import active_session, is_connect
 from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S,
@@ -151,6 +152,10 @@ class HorovodRunner:
     >>> hr = HorovodRunner(np=2)
     >>> hr.run(train, learning_rate=0.1)  # doctest: +SKIP
     """
+
+    #: The Spark setting that allows a job on Spark tasks of a session with
+    #: ``spark.ssl.enabled=true`` (pyspark's; the DeepSpeed drop-in's runner sets its own).
+    ignore_ssl: str = IGNORE_SSL
 
     def __init__(self, np: int, driver_log_verbosity: str = VERBOSITY_ALL,
                  start_timeout: float = DEFAULT_START_TIMEOUT_S,
@@ -295,7 +300,8 @@ class HorovodRunner:
             payload if isinstance(payload, JobPayload) else JobPayload(payload), self.options,
             self.options.rank_env(),
             default_views(self.options.verbosity) if views is None else views, decode,
-            requested(self.options.mlflow, SESSION.mlflow), source, preimport, self.pool)
+            requested(self.options.mlflow, SESSION.mlflow), source, preimport, self.pool,
+            ignore_ssl=self.ignore_ssl)
 
 
 def _check_pool(options: JobOptions, pool: WarmRanks, np: Any, engine: str | None,

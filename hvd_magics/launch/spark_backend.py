@@ -22,6 +22,7 @@ from hvd_magics.channel import EventServer, EventSink
 from hvd_magics.options import DEFAULT_START_TIMEOUT_S
 from hvd_magics.launch import console_bar, interrupt_guard
 from hvd_magics.launch.dataframe_input import DataFrameSources, sharded_input
+from hvd_magics.launch.encryption import IGNORE_SSL, check_encryption
 from hvd_magics.launch.environment_shipping import EnvironmentChoice, say
 from hvd_magics.launch.meeting_point import MeetingPoint
 from hvd_magics.launch.package_shipping import ship_package
@@ -119,6 +120,17 @@ class SparkBackend:
     ranks_per_task : int, optional
         Rank processes per Spark task (``None``: one per GPU the session gives a task, else
         one); see :func:`~hvd_magics.launch.spark_slots.task_layout`.
+    ignore_ssl : str
+        The setting that allows the job on a session with ``spark.ssl.enabled=true``
+        (:func:`~hvd_magics.launch.encryption.check_encryption`): pyspark's
+        ``TorchDistributor`` one, or its ``DeepspeedTorchDistributor`` one for that drop-in.
+
+    Raises
+    ------
+    EncryptionRequired
+        When the session asks for TLS and ``ignore_ssl`` is not ``true`` there.
+    SparkSessionLost
+        When a Spark Connect session's server is gone.
     """
 
     #: A cold job's ranks end with it (a warm pool's backend keeps them).
@@ -131,7 +143,8 @@ class SparkBackend:
                  slot_wait_s: float = SLOT_WAIT_S, held_slots: int = 0,
                  background: bool = False, environment: EnvironmentChoice | None = None,
                  ranks_per_task: int | None = None,
-                 gone_wait_s: float = DEFAULT_START_TIMEOUT_S) -> None:
+                 gone_wait_s: float = DEFAULT_START_TIMEOUT_S,
+                 ignore_ssl: str = IGNORE_SSL) -> None:
         self.spark = spark
         #: How long a job short of slots waits for an executor gone lately (its start timeout).
         self.gone_wait_s = gone_wait_s
@@ -154,6 +167,8 @@ class SparkBackend:
         self.np = np
         self.env = env
         master = check_connect_session(spark) if self.sc is None else self.sc.master
+        # every job on Spark tasks (cold, a pool's, elastic, the drop-ins') passes here
+        check_encryption(spark, ignore_ssl)
         #: How the ranks sit in the stage's tasks.
         self.layout = task_layout(self._conf, master, np, ranks_per_task)
         self.where = (f"spark {master}" + (" (Connect)" if self.connect else "") +

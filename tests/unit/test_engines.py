@@ -182,6 +182,30 @@ def test_torch_distributor_checks_its_input_as_pyspark_does():
         TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(42)
 
 
+def test_the_drop_ins_check_their_gpus_when_made_and_keep_pysparks_input_params(monkeypatch):
+    """As pyspark's: ``use_gpu=True`` without a GPU raises at construction (not at ``run``),
+    ``input_params`` is there, and DeepSpeed's ``numGpus=True`` is one process."""
+    from hvd_magics import DeepspeedTorchDistributor, TorchDistributor
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(RuntimeError, match=r"^use_gpu=True, but the driver has no GPU\. Fix: "):
+        TorchDistributor(2, True, True)
+    with pytest.raises(RuntimeError, match=r"^use_gpu=True, but spark\.task\.resource\.gpu\."
+                                           "amount is unset"):
+        TorchDistributor(2, False, True)
+    with pytest.raises(RuntimeError, match=r"^useGpu=True, but the driver has no GPU"):
+        DeepspeedTorchDistributor(numGpus=2)
+    assert TorchDistributor(2, False, False).input_params == {
+        "num_processes": 2, "local_mode": False, "use_gpu": False, "num_tasks": 2}
+    one = DeepspeedTorchDistributor(numGpus=True, useGpu=False, localMode=False,
+                                    deepspeedConfig={"train_batch_size": 2})
+    assert one.num_processes == 1 and one.input_params == {
+        "num_processes": 1, "local_mode": False, "use_gpu": False, "num_tasks": 1,
+        "deepspeed_config": {"train_batch_size": 2}}
+    with pytest.raises(ValueError, match="numGpus must be a positive whole number, got False"):
+        DeepspeedTorchDistributor(numGpus=False, useGpu=False)
+
+
 def test_the_stall_diagnosis_names_the_engine_whose_collective_a_rank_waits_in():
     from hvd_magics.job.verdicts.stacks import JobStacks
 

@@ -235,7 +235,7 @@ def _save_parts(write: Callable[[Path], Any], step: int, keep: int, folder: Path
 
     def said(exc: BaseException) -> BaseException:
         """A full disk as such, the step's partial folder removed by rank 0; else ``exc``."""
-        if no_room(exc) is None:
+        if no_room(exc, partial.parent) is None:
             return exc
         found = latest_checkpoint(folder)
         return disk_full(folder, step, partial if first else None,
@@ -245,9 +245,10 @@ def _save_parts(write: Callable[[Path], Any], step: int, keep: int, folder: Path
         try:
             write(partial)
         except BaseException as exc:
-            if no_room(exc) is None:
+            error = said(exc)
+            if error is exc:
                 raise
-            raise said(exc) from None
+            raise error from None
         publish()
         return path
     pending = _PendingSave(write(partial), step)

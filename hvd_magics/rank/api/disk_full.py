@@ -5,6 +5,7 @@ for the job's log and for the next save."""
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,10 +32,43 @@ def _causes(exc: BaseException, depth: int = 0) -> Iterator[BaseException]:
             yield from _causes(inner, depth + 1)
 
 
-def no_room(exc: BaseException) -> OSError | None:
-    """The ``OSError`` of a full disk (or quota) that ``exc`` is or holds, or ``None``."""
-    return next((cause for cause in _causes(exc)
-                 if isinstance(cause, OSError) and cause.errno in _NO_ROOM), None)
+#: What a probe of the disk writes: a write that failed without saying why (PyTorch's file
+#: writer: ``RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs
+#: 598``) is taken for a full disk when this much more finds no room either.
+PROBE_BYTES = 2 ** 20
+
+
+def _probe(folder: Path) -> OSError | None:
+    """The ``OSError`` of a full disk (or quota) that a write of :data:`PROBE_BYTES` into
+    ``folder`` meets now, or ``None`` when it fits (or the folder cannot be written for
+    another reason: that is not a full disk)."""
+    probe = folder / f".disk-probe-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        return exc if exc.errno in _NO_ROOM else None
+    try:
+        left = PROBE_BYTES
+        while left > 0:
+            left -= os.write(fd, bytes(min(left, 2 ** 16)))
+        os.fsync(fd)
+    except OSError as exc:
+        return exc if exc.errno in _NO_ROOM else None
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
+    return None
+
+
+def no_room(exc: BaseException, folder: Path | None = None) -> OSError | None:
+    """The ``OSError`` of a full disk (or quota) that ``exc`` is or holds; else, given the
+    ``folder`` written to, the one a probe of its disk meets now (PyTorch's writer says no
+    errno); ``None`` when the disk is not full."""
+    found = next((cause for cause in _causes(exc)
+                  if isinstance(cause, OSError) and cause.errno in _NO_ROOM), None)
+    if found is None and folder is not None and folder.is_dir():
+        found = _probe(folder)
+    return found
 
 
 def _size_on_disk(path: Path) -> int:
