@@ -350,8 +350,8 @@ def save(state: Any, step: int, keep: int = 2, asynchronous: bool = False) -> Pa
     except OSError as exc:
         if no_room(exc) is None:
             raise
-        found = latest_checkpoint(folder)
-        raise disk_full(folder, step, None, found[1] if found else None) from None
+        whole = latest_checkpoint(folder)
+        raise disk_full(folder, step, None, whole[1] if whole else None) from None
     after_save(step)
     return path
 

@@ -98,7 +98,7 @@ def disk_full(folder: Path, step: int, partial: Path | None,
         before = "; no whole checkpoint is there yet"
     return CheckpointDiskFull(
         f"the disk of the checkpoint folder {folder} is full: the checkpoint of step {step:,} "
-        f"did not fit ({room}{reached}{before}). The partly written step was removed; the checkpoints before it stay "
-        f"whole. Fix: free room on that disk, give a folder on a larger one: %%horovod "
+        f"did not fit ({room}{reached}{before}). The partly written step was removed; the "
+        f"checkpoints before it stay whole. Fix: free room on that disk, give a folder on a larger one: %%horovod "
         f"--checkpoint-dir ... (HorovodRunner(checkpoint_dir=...)), or keep fewer: "
         f"checkpoint.save(state, step, keep=1)")
