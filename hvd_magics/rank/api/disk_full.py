@@ -100,5 +100,5 @@ def disk_full(folder: Path, step: int, partial: Path | None,
         f"the disk of the checkpoint folder {folder} is full: the checkpoint of step {step:,} "
         f"did not fit ({room}{reached}{before}). The partly written step was removed; the "
         f"checkpoints before it stay whole. Fix: free room on that disk, give a folder on a "
-        f"larger one: %%horovod --checkpoint-dir ... (HorovodRunner(checkpoint_dir=...)), or keep fewer: "
-        f"checkpoint.save(state, step, keep=1)")
+        f"larger one: %%horovod --checkpoint-dir ... (HorovodRunner(checkpoint_dir=...)), "
+        f"or keep fewer: checkpoint.save(state, step, keep=1)")
