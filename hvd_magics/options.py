@@ -1,7 +1,11 @@
-"""The options of a job, checked in one place for ``HorovodRunner`` and ``%%horovod`` alike.
+"""The options of a job, checked in one place for ``HorovodRunner``, ``HorovodPool``,
+``%%horovod`` and ``%hvd_pool`` alike.
 
 Each check returns the value as it will be used, or raises ``ValueError`` with a message that
-names the option and the fix (the magic turns it into a one-line ``UsageError``).
+names the option and the fix (the magics turn it into a one-line ``UsageError``). An option
+takes its value's own type: a number given as text (``restarts="1"``), a flag as text
+(``fresh="no"``) or an environment that is not a dict of texts is refused, not converted. A
+magic's line is text throughout: :func:`from_text` reads its numbers first.
 """
 from __future__ import annotations
 
@@ -25,10 +29,71 @@ VERBOSITY_DEBUG = "debug"
 VERBOSITIES = (VERBOSITY_ALL, VERBOSITY_LOG_CALLBACK_ONLY, VERBOSITY_DEBUG)
 
 
+def from_text(text: Any) -> Any:
+    """A value typed as text (a magic's line, an environment variable) as the int or float it
+    spells (``"2"``, ``"-2"``, ``"1.5"``); other text (``"2:4"``, ``"abc"``) as it is, for the
+    checks here to accept or refuse with the option's name; a value that is not text as it is."""
+    if not isinstance(text, str):
+        return text
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
+
+
+def refuse_text(value: Any, name: str) -> None:
+    """Refuse text that spells a number (``restarts="1"``) for the option ``name`` (``"restarts
+    (--restarts)"``): an option takes the number itself, as :func:`from_text` makes it of a
+    magic's line."""
+    if isinstance(value, str) and not isinstance(from_text(value), str):
+        raise ValueError(f"{name} takes a number, not text: got {value!r}. "
+                         f"Fix: {name.split()[0]}={from_text(value)!r}")
+
+
+def validate_flag(value: Any, name: str) -> bool:
+    """A switch: ``True`` or ``False`` only (``fresh="no"`` would be true if converted)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} takes True or False, got {value!r}. "
+                         f"Fix: {name.split()[0]}=True")
+    return value
+
+
+#: How an environment for the ranks is given.
+_ENV_FIX = "env={'FOO': '1'} (%%horovod --env FOO=1)"
+
+
+def validate_env(env: Any) -> dict[str, str]:
+    """The user's environment for the ranks: a mapping of variable names to texts (``None``:
+    none); a value that is not text (``None`` would reach the ranks as ``"None"``) is refused,
+    naming the variable."""
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise ValueError(f"env takes a dict of variable names to values, got "
+                         f"{type(env).__name__} {env!r}. Fix: {_ENV_FIX}")
+    for name, value in env.items():
+        if not isinstance(name, str) or not name or "=" in name or "\x00" in name:
+            raise ValueError(f"env: {name!r} cannot name an environment variable. "
+                             f"Fix: {_ENV_FIX}")
+        if not isinstance(value, str):
+            text = "'1'" if value is None else repr(str(value))
+            raise ValueError(f"env[{name!r}] is {value!r}, and an environment variable's value "
+                             f"is text. Fix: env={{{name!r}: {text}}}, or leave {name} out")
+    return dict(env)
+
+
+#: The sizes a job takes.
+_NP_FIX = ("Fix: np=2 (two ranks as Spark tasks), np=-2 (two processes on the driver) or "
+           "np='2:4' (an elastic job)")
+
+
 def validate_np(np: Any) -> int:
     """``np`` as an int (``> 0``: Spark tasks, ``< 0``: processes on the driver)."""
+    refuse_text(np, "np")
     if isinstance(np, bool) or not isinstance(np, int):
-        raise ValueError(f"np must be a whole number of ranks, got {np!r}")
+        raise ValueError(f"np must be a whole number of ranks, got {np!r}. {_NP_FIX}")
     if np == 0:
         raise ValueError("np=0 runs nothing: use np>0 for ranks as Spark tasks, "
                          "or np<0 for -np ranks on the driver")
@@ -37,12 +102,14 @@ def validate_np(np: Any) -> int:
 
 def positive_seconds(seconds: Any, name: str) -> float:
     """``seconds`` as a positive float, or a ``ValueError`` naming the option ``name``."""
+    refuse_text(seconds, name)
     try:
         value = float(seconds)
     except (TypeError, ValueError):
         value = -1.0
-    if not value > 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
+    if isinstance(seconds, bool) or not value > 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}. "
+                         f"Fix: {name.split()[0]}=30, say")
     return value
 
 
@@ -54,7 +121,10 @@ def validate_start_timeout(seconds: Any) -> float:
 def validate_verbosity(verbosity: Any) -> str:
     """One of :data:`VERBOSITIES`."""
     if verbosity not in VERBOSITIES:
-        raise ValueError(f"driver_log_verbosity must be one of {VERBOSITIES}, got {verbosity!r}")
+        raise ValueError(f"driver_log_verbosity (--verbosity) must be one of "
+                         f"{', '.join(VERBOSITIES)}, got {verbosity!r}. "
+                         f"Fix: driver_log_verbosity={VERBOSITY_LOG_CALLBACK_ONLY!r} "
+                         f"(--verbosity {VERBOSITY_LOG_CALLBACK_ONLY})")
     return verbosity
 
 
@@ -86,12 +156,9 @@ def validate_size(np: Any) -> int | ElasticSize:
     if isinstance(np, str):
         text = np.strip()
         if ":" not in text:
-            try:
-                whole = int(text)
-            except ValueError:
-                raise ValueError(f"np must be a whole number of ranks or MIN:MAX, "
-                                 f"got {np!r}") from None
-            return validate_np(whole)
+            refuse_text(np, "np")
+            raise ValueError(f"np must be a whole number of ranks or MIN:MAX, got {np!r}. "
+                             f"{_NP_FIX}")
         low, _, high = text.partition(":")
         try:
             bounds: Any = (int(low), int(high))
@@ -116,18 +183,32 @@ def validate_reset_limit(limit: Any) -> int | None:
     """The reset limit: ``None`` (no limit) or a whole number ``>= 0``."""
     if limit is None:
         return None
+    refuse_text(limit, "reset_limit (--reset-limit)")
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise ValueError("reset_limit (--reset-limit) must be a whole number >= 0 (how many "
-                         f"times an elastic job may re-form), got {limit!r}")
+                         f"times an elastic job may re-form), got {limit!r}. Fix: "
+                         "reset_limit=3, say, or leave it out for no limit")
     return limit
+
+
+#: How a checkpoint folder is given.
+_CHECKPOINT_DIR_FIX = ("Fix: a folder's path (checkpoint_dir='/dbfs/checkpoints/run1', "
+                       "--checkpoint-dir /dbfs/checkpoints/run1), or leave it out for one per "
+                       "job under the temporary folder")
 
 
 def validate_checkpoint_dir(folder: str | os.PathLike | None) -> str | None:
     """The checkpoint folder as given (``None``: one per job), as a path's text; refused when
-    no file system can name it."""
+    it names no folder (``""``) or no file system can name it."""
     if folder is None:
         return None
+    if not isinstance(folder, (str, bytes, os.PathLike)):
+        raise ValueError(f"checkpoint_dir (--checkpoint-dir) takes a folder's path, got "
+                         f"{folder!r}. {_CHECKPOINT_DIR_FIX}")
     text = os.fspath(folder)
+    if not text.strip():
+        raise ValueError(f"checkpoint_dir (--checkpoint-dir) is {text!r}, which names no "
+                         f"folder. {_CHECKPOINT_DIR_FIX}")
     if ("\x00" if isinstance(text, str) else b"\x00") in text:
         raise ValueError(f"checkpoint_dir (--checkpoint-dir) holds a NUL character, which no "
                          f"folder's name can: {text!r}. Fix: type the folder's path again")
@@ -138,9 +219,11 @@ def validate_restarts(restarts: Any, elastic: bool = False, pool: bool = False) 
     """How many times a job may start again after a loss: a whole number ``>= 0``; refused with
     an elastic ``np`` (elastic Horovod goes on without the lost ranks instead) and on a warm
     pool (a lost rank is replaced at the pool's next cell)."""
+    refuse_text(restarts, "restarts (--restarts)")
     if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
         raise ValueError("restarts (--restarts) must be a whole number >= 0 (how many times a "
-                         f"job starts again after losing a rank), got {restarts!r}")
+                         f"job starts again after losing a rank), got {restarts!r}. Fix: "
+                         "restarts=1, say")
     if restarts and elastic:
         raise ValueError("restarts (--restarts) with an elastic np: an elastic job already goes "
                          "on when ranks are lost, as long as MIN remain. Fix: a fixed np with "
@@ -185,12 +268,12 @@ def validate_ranks_per_task(ranks_per_task: Any, np: Any) -> int | None:
     :func:`validate_size`)."""
     if ranks_per_task is None:
         return None
-    if isinstance(ranks_per_task, str) and ranks_per_task.strip().isdigit():
-        ranks_per_task = int(ranks_per_task)
+    refuse_text(ranks_per_task, "ranks_per_task (--ranks-per-task)")
     if isinstance(ranks_per_task, bool) or not isinstance(ranks_per_task, int) or \
             ranks_per_task < 1:
         raise ValueError("ranks_per_task (--ranks-per-task) must be a whole number >= 1 (rank "
-                         f"processes in each Spark task), got {ranks_per_task!r}")
+                         f"processes in each Spark task), got {ranks_per_task!r}. Fix: "
+                         "ranks_per_task=2, say, or leave it out")
     if ranks_per_task == 1:
         return 1
     if isinstance(np, ElasticSize):
@@ -299,10 +382,11 @@ class JobOptions:
         return cls(
             ranks=abs(fixed), on_driver=fixed < 0, elastic=elastic, engine=engine,
             verbosity=verbosity, start_timeout=start_timeout,
-            env={str(k): str(v) for k, v in (env or {}).items()},
+            env=validate_env(env),
             timeline=Path(timeline) if timeline is not None else None,
-            timeline_mark_cycles=bool(timeline_mark_cycles), mlflow=mlflow,
+            timeline_mark_cycles=validate_flag(timeline_mark_cycles, "timeline_mark_cycles"),
+            mlflow=mlflow,
             elastic_timeout=elastic_timeout, reset_limit=reset_limit, timeout=timeout,
             stall_after=stall_after, restarts=restarts,
             checkpoint_dir=validate_checkpoint_dir(checkpoint_dir),
-            fresh=bool(fresh), ranks_per_task=per_task)
+            fresh=validate_flag(fresh, "fresh (--fresh)"), ranks_per_task=per_task)

@@ -33,6 +33,8 @@ class WarmRanks(Protocol):
     np: int
     engine: str
     ranks_per_task: int | None
+    #: The folder that holds its jobs' checkpoint folders (``None``: the temporary folder).
+    checkpoint_dir: str | None
 
     def cell(self, env: Mapping[str, str], sources: DataFrameSources | None = None) -> Backend:
         """The backend of the next cell, on the pool's ranks."""

@@ -16,6 +16,7 @@ collective its peer never entered) makes the pool restart its ranks, and the cel
 from __future__ import annotations
 
 import atexit
+import os
 import queue
 import sys
 import threading
@@ -39,8 +40,9 @@ from hvd_magics.launch.spark_backend import SparkBackend
 from hvd_magics.launch.spark_session import active_session, start_local_session
 from hvd_magics.launch.spark_slots import SLOT_WAIT_S
 from hvd_magics.options import (DEFAULT_START_TIMEOUT_S, ElasticSize, positive_seconds,
-                                validate_engine, validate_ranks_per_task, validate_restarts,
-                                validate_size, validate_start_timeout)
+                                validate_checkpoint_dir, validate_engine, validate_env,
+                                validate_ranks_per_task, validate_restarts, validate_size,
+                                validate_start_timeout)
 from hvd_magics.protocol import (CELL_END, CHANNEL_CLOSED, ENGINE_HOROVOD, ENV_ENGINE,
                                  ENV_HOROVOD_TIMELINE, ENV_SHARDS, ERROR,
                                  EXIT, RESULT, STARTED, TASK_ERROR, TASK_STARTED, TIMELINE_DYNAMIC,
@@ -172,6 +174,11 @@ class HorovodPool:
     restarts : int
         Only 0: a pool replaces a lost rank at its next cell, and a job that must go on after a
         loss runs cold (``HorovodRunner(np, restarts=N)``, ``%%horovod --cold --restarts N``).
+    checkpoint_dir : str or path, optional
+        The folder that holds the checkpoint folders of the pool's cells and functions, one
+        each (``%hvd_pool start --checkpoint-dir``). Default: the driver's temporary folder; on
+        a cluster, give a folder every executor shares. A job's own ``checkpoint_dir`` is its
+        folder itself.
 
     Raises
     ------
@@ -188,14 +195,17 @@ class HorovodPool:
     def __init__(self, np: int, env: Mapping[str, str] | None = None,
                  start_timeout: float = DEFAULT_START_TIMEOUT_S,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S, engine: str = ENGINE_HOROVOD,
-                 ranks_per_task: int | None = None, restarts: int = 0) -> None:
+                 ranks_per_task: int | None = None, restarts: int = 0,
+                 checkpoint_dir: str | os.PathLike | None = None) -> None:
         self.np, self.start_timeout, self.idle_timeout = pool_options(np, start_timeout,
                                                                       idle_timeout)
         validate_restarts(restarts, pool=True)  # refused with the way: a cold job
         #: Rank processes per Spark task (settled by the first start: 1 on the driver).
         self.ranks_per_task = validate_ranks_per_task(ranks_per_task, self.np)
         self.engine = validate_engine(engine)
-        self.env = {str(k): str(v) for k, v in (env or {}).items()}
+        self.env = validate_env(env)
+        #: Where the pool's jobs keep their checkpoint folders (``None``: the temporary folder).
+        self.checkpoint_dir = validate_checkpoint_dir(checkpoint_dir)
         self.env[ENV_ENGINE] = self.engine
         self.cells = 0
         self.restarts = 0

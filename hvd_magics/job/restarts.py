@@ -58,15 +58,19 @@ def job_name(source: str | None, kwargs: dict) -> str | None:
     return source + "\n" + repr(sorted(kwargs.items()))
 
 
-def checkpoint_folder(name: str | None, given: str | None) -> Path:
+def checkpoint_folder(name: str | None, given: str | None, root: str | None = None) -> Path:
     """The job's checkpoint folder: ``given``, else one per job ``name`` (a cell's text, a
-    function's source and arguments) under the system's temporary folder, so that the same job
-    finds it again after the notebook restarted; a job without a name gets a folder of its own
-    (it resumes only across its own restarts)."""
-    if given:  # a relative folder is the notebook's (a rank's working folder is its executor's)
+    function's source and arguments) under ``root`` (a warm pool's ``checkpoint_dir``) or the
+    system's temporary folder, so that the same job finds it again after the notebook
+    restarted; a job without a name gets a folder of its own (it resumes only across its own
+    restarts). A relative folder is the notebook's (a rank's working folder is its executor's).
+    """
+    if given is not None:
         return Path(given).expanduser().absolute()
     key = hashlib.sha256(name.encode()).hexdigest()[:12] if name else \
         f"job-{uuid.uuid4().hex[:12]}"
+    if root is not None:
+        return Path(root).expanduser().absolute() / key
     return Path(tempfile.gettempdir()) / "hvd_magics" / "checkpoints" / key
 
 

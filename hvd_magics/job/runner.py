@@ -142,7 +142,9 @@ class HorovodRunner:
     Raises
     ------
     ValueError
-        For ``np = 0``, a non-integer ``np`` or an unknown verbosity.
+        For a wrong value, naming the keyword and the fix: ``np = 0``, a number given as text
+        (``restarts="1"``), a switch given as anything but ``True`` or ``False``
+        (``fresh="no"``), an ``env`` that is not a dict of texts, an empty ``checkpoint_dir``.
     MlflowMissing
         For ``mlflow`` asked without the mlflow package (an ``ImportError`` that says how to
         install it).
@@ -253,8 +255,9 @@ class HorovodRunner:
     def _launch(self, request: LaunchRequest, name: str | None = None) -> RunRecord:
         """One job, started again after a loss up to ``restarts`` times (never on a pool:
         its cell runs once, in its own checkpoint folder as a cold job's)."""
-        options = self.options
-        folder = checkpoint_folder(name or request.source, options.checkpoint_dir)
+        options, pool = self.options, request.pool
+        folder = checkpoint_folder(name or request.source, options.checkpoint_dir,
+                                   pool.checkpoint_dir if pool is not None else None)
         fix = self.resume_fix or (pool_resume_fix(folder) if request.pool is not None else None)
         return launch_with_restarts(request, launch, options.restarts, folder, options.fresh,
                                     fix)

@@ -1,21 +1,20 @@
 """The IPython front end: ``%%horovod`` (a cell as a job: cold, on the warm pool, or in the
 background), ``%hvd_pool``, ``%hvd_stacks``, ``%hvd_timeline`` and ``%hvd_mlflow``. Each parses
-its line (``np=4`` style tokens and a trailing ``# comment`` too) and turns a user's mistake into
-one ``UsageError`` line; the work is ``HorovodRunner``'s."""
+its line as a shell would (:mod:`hvd_magics.notebook.magic_line`: ``np=4`` style words and a
+trailing ``# comment`` too) and turns a user's mistake into one ``UsageError`` line; the work is
+``HorovodRunner``'s."""
 from __future__ import annotations
 
-import re
-import shlex
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from hvd_magics.errors import CellError, HorovodMagicsError, MlflowMissing, PayloadError, PoolError
 from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, STALL_AFTER_S, VERBOSITIES,
-                                validate_engine)
+                                VERBOSITY_ALL, from_text, validate_engine)
 from hvd_magics.job.background import BackgroundJob, jobs
 from hvd_magics.job.environment import environment_status, ship_environment
 from hvd_magics.job.records.mlflow_run import requested
@@ -27,23 +26,13 @@ from hvd_magics.job.views.widgets_view import WidgetView
 from hvd_magics.notebook.cell_capture import capture, keras_3_values
 from hvd_magics.notebook.gpu_guard import driver_gpu_holders, driver_gpu_message
 from hvd_magics.notebook.job_arguments import ranks_arguments, runner_keywords
+from hvd_magics.notebook.magic_line import option, parse_env, parse_line
 from hvd_magics.launch.payload import serialize_job
 from hvd_magics.rank.cell_runner import run_captured_cell
 from hvd_magics.rank.guards.engine_guard import KERAS_3_MESSAGE
 from hvd_magics.protocol import ENGINE_HOROVOD
 from hvd_magics.result_codec import RETURN_PREFIX, VALUE, decode_guarded, decode_strict
 
-#: ``key=value`` tokens accepted in HorovodRunner style, and the option each one means.
-_KEY_VALUE_OPTIONS = {"np": "--np", "start_timeout": "--start-timeout",
-                      "start-timeout": "--start-timeout", "verbosity": "--verbosity",
-                      "driver_log_verbosity": "--verbosity", "return": "--return",
-                      "elastic_timeout": "--elastic-timeout",
-                      "elastic-timeout": "--elastic-timeout", "reset_limit": "--reset-limit",
-                      "reset-limit": "--reset-limit", "idle_timeout": "--idle-timeout",
-                      "idle-timeout": "--idle-timeout", "engine": "--engine",
-                      "restarts": "--restarts", "ranks_per_task": "--ranks-per-task",
-                      "ranks-per-task": "--ranks-per-task"}
-_KEY_VALUE = re.compile(r"^([A-Za-z_][\w-]*)=(.*)$")
 #: How to bring back an object that the cell's value could not bring.
 _RETURN_HINT = ("To bring an object into the notebook, assign it in the cell and name it with "
                 "%%horovod --return NAME.")
@@ -58,38 +47,7 @@ def decode_cell_result(parts: dict) -> tuple[Any, dict[str, Any]]:
     return value, returned
 
 
-def without_comment(line: str) -> str:
-    """``line`` without a trailing ``# comment`` (a ``#`` that starts a word, outside quotes),
-    as Python and the shell read one."""
-    quote = ""
-    for index, char in enumerate(line):
-        if quote:
-            quote = "" if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        elif char == "#" and (index == 0 or line[index - 1].isspace()):
-            return line[:index].rstrip()
-    return line
-
-
-def normalise_line(line: str) -> str:
-    """Rewrite HorovodRunner-style ``np=4`` tokens as ``--np 4`` and drop a trailing comment;
-    leave the rest alone."""
-    try:
-        tokens = shlex.split(without_comment(line))
-    except ValueError as exc:
-        raise UsageError(f"%%horovod: cannot parse the line ({exc}); check the quotes") from None
-    out: list[str] = []
-    for token in tokens:
-        match = _KEY_VALUE.match(token)
-        if match and match.group(1) in _KEY_VALUE_OPTIONS and (not out or out[-1] != "--env"):
-            out += [_KEY_VALUE_OPTIONS[match.group(1)], match.group(2)]
-        else:
-            out.append(token)
-    return " ".join(shlex.quote(t) for t in out)
-
-
-def _pool_for(np: str | None, engine: str | None = None) -> Any:
+def _pool_for(np: Any, engine: str | None = None) -> Any:
     """The warm pool a ``%%horovod`` cell runs on: without ``np`` (or with the pool's own), the
     session's pool unless ``engine`` names another; ``None`` for a cold job. Raise
     ``UsageError`` without ``np`` and no pool (or a pool of another engine)."""
@@ -120,20 +78,9 @@ def _pool_for(np: str | None, engine: str | None = None) -> Any:
             raise UsageError("%%horovod needs the number of ranks, e.g. %%horovod np=2 (or a warm "
                              "pool: %hvd_pool start np=2)")
         return pool
-    if pool is not None and np.strip() == str(pool.np):
+    if pool is not None and np == pool.np:
         return pool
     return None
-
-
-def parse_env(pairs: list[str] | None) -> dict[str, str]:
-    """``["K=V", ...]`` to a dict; raise ``UsageError`` for a pair without ``=``."""
-    env: dict[str, str] = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise UsageError(f"%%horovod: --env takes NAME=VALUE, got {pair!r}")
-        env[key] = value
-    return env
 
 
 @magics_class
@@ -141,58 +88,59 @@ class HorovodMagics(Magics):
     """``%%horovod np=N``: run the cell as a Horovod job with N ranks."""
 
     @magic_arguments("%horovod")  # a cell magic: its usage reads %%horovod
-    @argument("-np", "--np", default=None,
-              help="Number of ranks: N>0 runs N Spark tasks, N<0 runs -N processes on the driver, "
-                   "MIN:MAX runs an elastic job (hvd.elastic). HorovodRunner style np=N works too. "
-                   "Without it (or with the pool's own N) the cell runs on the warm pool of "
-                   "%%hvd_pool start.")
-    @argument("--cold", action="store_true",
-              help="Run on new ranks even while a warm pool (%%hvd_pool) runs.")
+    @option("-np", "--np", default=None, type=from_text,
+            help="Number of ranks: N>0 runs N Spark tasks, N<0 runs -N processes on the driver, "
+                 "MIN:MAX runs an elastic job (hvd.elastic). HorovodRunner style np=N works too. "
+                 "Without it (or with the pool's own N) the cell runs on the warm pool of "
+                 "%%hvd_pool start.")
+    @option("--cold", flag=True,
+            help="Run on new ranks even while a warm pool (%%hvd_pool) runs.")
     @ranks_arguments()
-    @argument("--elastic-timeout", type=float, default=DEFAULT_ELASTIC_TIMEOUT_S,
-              metavar="SECONDS",
-              help="Elastic jobs: stop when fewer than MIN ranks are left for this long "
-                   f"(default {DEFAULT_ELASTIC_TIMEOUT_S:.0f}).")
-    @argument("--reset-limit", type=int, default=None, metavar="N",
-              help="Elastic jobs: stop when the ranks would re-form more than N times.")
-    @argument("-o", "--output", metavar="NAME", default=None,
-              help="Store the run record (timing, exit codes, logs) in the variable NAME; with "
-                   "--background, the job's handle.")
-    @argument("--background", action="store_true",
-              help="Return at once: the job runs while other cells do (-o NAME keeps its "
-                   "handle: NAME.wait(), NAME.stop(), %%hvd_stacks NAME).")
-    @argument("--return", dest="return_names", metavar="NAME[,NAME...]", default="",
-              help="After a successful run, copy these variables from rank 0 into the notebook.")
-    @argument("--timeout", type=float, default=None, metavar="SECONDS",
-              help="Stop the job after SECONDS; the error says where each rank was.")
-    @argument("--stall-after", type=float, default=STALL_AFTER_S, metavar="SECONDS",
-              help=f"Show a rank silent this long as stalled, with the line it is in "
-                   f"(default {STALL_AFTER_S:.0f}).")
-    @argument("--checkpoint-dir", default=None, metavar="DIR",
-              help="The job's checkpoint folder (default: one per cell, under the driver's "
-                   "temporary folder; on a cluster, a folder every executor shares).")
-    @argument("--fresh", action="store_true",
-              help="Remove the job's checkpoints first: start over.")
-    @argument("-q", "--quiet", action="store_true",
-              help="Do not print the ranks' output (widgets and the log file still have it).")
-    @argument("--verbosity", dest="driver_log_verbosity", choices=VERBOSITIES,
-              default=VERBOSITIES[0],
-              help="'all' shows every rank's output; 'log_callback_only' only log_to_driver().")
-    @argument("--allow-driver-gpu", action="store_true",
-              help="Run even when the notebook's own process holds a GPU.")
-    @argument("--mlflow", nargs="?", const=True, default=None, metavar="EXPERIMENT",
-              help="Record the run in MLflow (in EXPERIMENT, or the current experiment). Runs are "
-                   "also recorded when an MLflow run is active or %%hvd_mlflow is on.")
-    @argument("--no-mlflow", action="store_true", help="Do not record this run in MLflow.")
+    @option("--elastic-timeout", type=from_text, default=DEFAULT_ELASTIC_TIMEOUT_S,
+            metavar="SECONDS",
+            help="Elastic jobs: stop when fewer than MIN ranks are left for this long "
+                 f"(default {DEFAULT_ELASTIC_TIMEOUT_S:.0f}).")
+    @option("--reset-limit", type=from_text, default=None, metavar="N",
+            help="Elastic jobs: stop when the ranks would re-form more than N times.")
+    @option("-o", "--output", metavar="NAME", default=None,
+            help="Store the run record (timing, exit codes, logs) in the variable NAME; with "
+                 "--background, the job's handle.")
+    @option("--background", flag=True,
+            help="Return at once: the job runs while other cells do (-o NAME keeps its "
+                 "handle: NAME.wait(), NAME.stop(), %%hvd_stacks NAME).")
+    @option("--return", dest="return_names", metavar="NAME[,NAME...]", default="",
+            help="After a successful run, copy these variables from rank 0 into the notebook.")
+    @option("--timeout", type=from_text, default=None, metavar="SECONDS",
+            help="Stop the job after SECONDS; the error says where each rank was.")
+    @option("--stall-after", type=from_text, default=STALL_AFTER_S, metavar="SECONDS",
+            help=f"Show a rank silent this long as stalled, with the line it is in "
+                 f"(default {STALL_AFTER_S:.0f}).")
+    @option("--checkpoint-dir", default=None, metavar="DIR",
+            help="The job's checkpoint folder (default: one per cell, under the driver's "
+                 "temporary folder; on a cluster, a folder every executor shares).")
+    @option("--fresh", flag=True,
+            help="Remove the job's checkpoints first: start over.")
+    @option("-q", "--quiet", flag=True,
+            help="Do not print the ranks' output (widgets and the log file still have it).")
+    @option("--verbosity", dest="driver_log_verbosity", default=VERBOSITY_ALL,
+            metavar="{" + ",".join(VERBOSITIES) + "}",
+            help="'all' shows every rank's output; 'log_callback_only' only log_to_driver(); "
+                 "'debug' the frameworks' start-up chatter too.")
+    @option("--allow-driver-gpu", flag=True,
+            help="Run even when the notebook's own process holds a GPU.")
+    @option("--mlflow", nargs="?", const=True, default=None, metavar="EXPERIMENT",
+            help="Record the run in MLflow (in EXPERIMENT, or the current experiment). Runs are "
+                 "also recorded when an MLflow run is active or %%hvd_mlflow is on.")
+    @option("--no-mlflow", flag=True, help="Do not record this run in MLflow.")
     @cell_magic
     def horovod(self, line: str, cell: str) -> Any:
         """Run the cell as a Horovod job; return what rank 0's cell evaluates to last."""
-        args = parse_argstring(self.horovod, normalise_line(line))
+        args = parse_line(self.horovod, line, "%%horovod")
         pool = None if args.cold else _pool_for(args.np, args.engine)
         if args.cold and args.np is None:
             raise UsageError("%%horovod --cold needs the number of ranks, e.g. "
                              "%%horovod np=2 --cold")
-        env = parse_env(args.env)
+        env = parse_env(args.env, "%%horovod")
         return_names = tuple(n.strip() for n in args.return_names.split(",") if n.strip())
         bad = [n for n in return_names if not n.isidentifier()]
         if bad:
@@ -276,7 +224,7 @@ class HorovodMagics(Magics):
     def hvd_stacks(self, line: str) -> Any:
         """Show where each rank of a background job is now (its Python stacks), without
         stopping it."""
-        args = parse_argstring(self.hvd_stacks, without_comment(line))
+        args = parse_line(self.hvd_stacks, line, "%hvd_stacks")
         if args.job:
             job = self.shell.user_ns.get(args.job)
             if not isinstance(job, BackgroundJob):
@@ -302,17 +250,21 @@ class HorovodMagics(Magics):
                    "restart: new ranks (the kept variables are gone); forget: delete the "
                    "DataFrames' shards the ranks hold (the next cell deals them again). Without "
                    "an action, show the pool.")
-    @argument("-np", "--np", default=None,
-              help="start: number of ranks (N>0 Spark tasks held by the pool, N<0 processes on "
-                   "the driver); np=N works too.")
+    @option("-np", "--np", default=None, type=from_text,
+            help="start: number of ranks (N>0 Spark tasks held by the pool, N<0 processes on "
+                 "the driver); np=N works too.")
     @ranks_arguments(prefix="start: ", engine="horovod")
-    @argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT_S, metavar="SECONDS",
-              help="start: end the pool (and free its slots) after this long without a cell "
-                   f"(default {DEFAULT_IDLE_TIMEOUT_S:.0f}).")
+    @option("--idle-timeout", type=from_text, default=DEFAULT_IDLE_TIMEOUT_S, metavar="SECONDS",
+            help="start: end the pool (and free its slots) after this long without a cell "
+                 f"(default {DEFAULT_IDLE_TIMEOUT_S:.0f}).")
+    @option("--checkpoint-dir", default=None, metavar="DIR",
+            help="start: the folder that holds the checkpoint folders of the pool's cells, "
+                 "one per cell (default: the driver's temporary folder; on a cluster, give a "
+                 "folder every executor shares). A cell's own --checkpoint-dir is its folder.")
     @line_magic
     def hvd_pool(self, line: str) -> Any:
         """Warm ranks that live across cells: ``%hvd_pool start np=2``, then ``%%horovod``."""
-        args = parse_argstring(self.hvd_pool, normalise_line(line))
+        args = parse_line(self.hvd_pool, line, "%hvd_pool")
         pool = SESSION.pool
         if args.action == "start":
             if pool is not None and pool.alive:
@@ -322,10 +274,12 @@ class HorovodMagics(Magics):
                 raise UsageError("%hvd_pool start needs the number of ranks, e.g. "
                                  "%hvd_pool start np=2")
             try:
-                SESSION.pool = HorovodPool(args.np, parse_env(args.env), args.start_timeout,
-                                           args.idle_timeout, engine=args.engine,
+                SESSION.pool = HorovodPool(args.np, parse_env(args.env, "%hvd_pool"),
+                                           args.start_timeout, args.idle_timeout,
+                                           engine=args.engine,
                                            ranks_per_task=args.ranks_per_task,
-                                           restarts=args.restarts)
+                                           restarts=args.restarts,
+                                           checkpoint_dir=args.checkpoint_dir)
             except ValueError as exc:
                 raise UsageError(f"%hvd_pool start: {exc}") from None
             print(SESSION.pool)
@@ -367,11 +321,11 @@ class HorovodMagics(Magics):
               help="on: a file, or a folder for one timestamped file per run (default "
                    "hvd_timelines/ beside the notebook). show: the trace (default: the last "
                    "run's; of a background job that runs: its trace so far).")
-    @argument("--mark-cycles", action="store_true", help="Mark Horovod's cycles in the trace.")
+    @option("--mark-cycles", flag=True, help="Mark Horovod's cycles in the trace.")
     @line_magic
     def hvd_timeline(self, line: str) -> Any:
         """Record Horovod Timeline for %%horovod runs and show what it recorded."""
-        args = parse_argstring(self.hvd_timeline, without_comment(line))
+        args = parse_line(self.hvd_timeline, line, "%hvd_timeline")
         settings = SESSION.timeline
         if args.action == "on":
             settings.enabled, settings.path = True, args.path
@@ -407,12 +361,12 @@ class HorovodMagics(Magics):
                    "Without an action, say what is shipped.")
     @argument("prefix", nargs="?", default=None,
               help="ship: the environment's folder (default: the kernel's own, sys.prefix).")
-    @argument("--limit-gb", type=float, default=None,
-              help="ship: refuse an environment larger than this, unpacked (default 10).")
+    @option("--limit-gb", type=float, default=None,
+            help="ship: refuse an environment larger than this, unpacked (default 10).")
     @line_magic
     def hvd_env(self, line: str) -> None:
         """Ship this notebook's Python environment to the executors (or stop), or say what is."""
-        args = parse_argstring(self.hvd_env, without_comment(line))
+        args = parse_line(self.hvd_env, line, "%hvd_env")
         if args.action is None and (args.prefix or args.limit_gb):
             raise UsageError("%hvd_env: a folder and --limit-gb go with ship: "
                              "%hvd_env ship [FOLDER] [--limit-gb N]")
@@ -435,7 +389,7 @@ class HorovodMagics(Magics):
     @line_magic
     def hvd_mlflow(self, line: str) -> None:
         """Turn MLflow tracking of every %%horovod run on or off for this session."""
-        args = parse_argstring(self.hvd_mlflow, without_comment(line))
+        args = parse_line(self.hvd_mlflow, line, "%hvd_mlflow")
         if args.action == "on":
             try:
                 SESSION.mlflow = requested(args.experiment or True, None)

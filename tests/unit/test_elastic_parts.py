@@ -20,9 +20,17 @@ from hvd_magics.task.elastic_task import slot_host_name
 
 @pytest.mark.parametrize("given, size", [
     ("2:4", ElasticSize(2, 4)), ((1, 3), ElasticSize(1, 3)), ([2, 2], ElasticSize(2, 2)),
-    (" 3 ", 3), (-2, -2), ("-2", -2), (ElasticSize(1, 2), ElasticSize(1, 2))])
+    (-2, -2), (ElasticSize(1, 2), ElasticSize(1, 2))])
 def test_sizes_fixed_and_elastic(given, size):
     assert validate_size(given) == size
+
+
+@pytest.mark.parametrize("given, fix", [(" 3 ", "np=3"), ("-2", "np=-2")])
+def test_a_fixed_size_given_as_text_is_refused_with_the_number(given, fix):
+    """``np="-2"`` was taken while ``restarts="1"`` was refused: a number is given as one (a
+    magic's line reads its own text first)."""
+    with pytest.raises(ValueError, match=f"np takes a number, not text: got '{given}'. Fix: {fix}$"):
+        validate_size(given)
 
 
 @pytest.mark.parametrize("bad", ["4:2", "0:2", "a:b", (1,), (1.0, 2), (True, 2), "x", 0])

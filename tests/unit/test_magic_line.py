@@ -6,7 +6,13 @@ import pytest
 from IPython.core.error import UsageError
 
 from hvd_magics.notebook import gpu_guard
-from hvd_magics.notebook.magics import normalise_line
+from hvd_magics.notebook.magic_line import line_words
+from hvd_magics.notebook.magics import HorovodMagics
+
+
+def normalise_line(line: str) -> str:
+    """``%%horovod``'s line as the words its parser is given, joined by spaces."""
+    return " ".join(line_words(HorovodMagics.horovod.parser, line, "%%horovod"))
 
 
 @pytest.mark.parametrize("line, message", [
@@ -18,8 +24,8 @@ from hvd_magics.notebook.magics import normalise_line
     ("np=1:x", "np='1:x': an elastic job takes MIN:MAX"),
     ("np=1:2 --elastic-timeout -5", "elastic_timeout (--elastic-timeout) must be a positive"),
     ("np=1:2 --reset-limit -1", "reset_limit (--reset-limit) must be a whole number >= 0"),
-    ("np=1:2 reset_limit=x", "argument --reset-limit: invalid int value: 'x'"),
-    ("np=2 --bogus", "unrecognized arguments: --bogus"),
+    ("np=1:2 reset_limit=x", "reset_limit (--reset-limit) must be a whole number >= 0"),
+    ("np=2 --bogus", "%%horovod: --bogus is not one of its options. Fix: %%horovod? lists"),
     ("np=2 --env NOEQUALS", "--env takes NAME=VALUE"),
     ("np=2 --return 1x", "--return takes variable names"),
     ("np=2 --start-timeout 0", "positive number of seconds"),
@@ -101,7 +107,7 @@ def test_a_bad_pool_start_is_one_clear_line_and_starts_nothing(ip, line, message
 
 def test_a_trailing_comment_is_not_an_argument(ip):
     """As the README writes them: `%hvd_stacks job        # each rank's Python stack`."""
-    from hvd_magics.notebook.magics import without_comment
+    from hvd_magics.notebook.magic_line import without_comment
 
     assert without_comment("job        # each rank's Python stack") == "job"
     assert without_comment("np=2 --env TAG=a#b # why") == "np=2 --env TAG=a#b"
@@ -142,3 +148,139 @@ def test_a_checkpoint_folder_with_a_nul_character_is_refused_before_the_job(ip):
         HorovodRunner(np=-2, checkpoint_dir="/tmp/a\x00b")
     with pytest.raises(UsageError, match=r"checkpoint_dir \(--checkpoint-dir\) holds a NUL"):
         ip.run_cell_magic("horovod", "np=-2 --checkpoint-dir /tmp/a\x00b", "print(1)")
+
+
+class _Ran(Exception):
+    """Raised where a job would start: the test has what the magic gave the runner."""
+
+
+def _runs(monkeypatch) -> list:
+    """The options of each job the magic would run (none is run)."""
+    from hvd_magics.job.runner import HorovodRunner
+
+    seen: list = []
+
+    def run_payload(self, *args, **kwargs):
+        seen.append(self.options)
+        raise _Ran
+
+    monkeypatch.setattr(HorovodRunner, "run_payload", run_payload)
+    return seen
+
+
+@pytest.mark.parametrize("line", [
+    """np=-2 --checkpoint-dir "/tmp/a b" --env "MSG=hello world" --env "Q=say 'hi'" """,
+    """np=-2 checkpoint_dir='/tmp/a b' --env 'MSG=hello world' --env Q="say 'hi'" """,
+])
+def test_a_quoted_value_reaches_the_ranks_as_a_shell_gives_it(ip, monkeypatch, line):
+    """The ranks got the folder `<notebook folder>/'/tmp/a b'` and a variable named `'MSG`: the
+    line was split, quoted again and split once more without the shell's rules."""
+    seen = _runs(monkeypatch)
+    with pytest.raises(_Ran):
+        ip.run_cell_magic("horovod", line, "x = 1\n")
+    assert seen[0].checkpoint_dir == "/tmp/a b"
+    assert dict(seen[0].env) == {"MSG": "hello world", "Q": "say 'hi'"}
+
+
+@pytest.mark.parametrize("magic, line, message", [
+    ("horovod", "np=2 np=3", "%%horovod: -np/--np is given twice (2, then 3). Fix: give it once"),
+    ("horovod", "-np 2 --np=-2", "%%horovod: -np/--np is given twice (2, then -2)"),
+    ("horovod", "np=-2 --restarts 1 restarts=2", "%%horovod: --restarts is given twice (1, then 2)"),
+    ("horovod", "np=-2 --verbosity all driver_log_verbosity=debug",
+     "%%horovod: --verbosity is given twice ('all', then 'debug')"),
+    ("horovod", "np=-2 --checkpoint-dir /a --checkpoint-dir /b",
+     "%%horovod: --checkpoint-dir is given twice ('/a', then '/b')"),
+    ("horovod", "np=-2 --cold --cold", "%%horovod: --cold is given twice. Fix: give it once"),
+    ("horovod", "np=-2 --env A=1 --env A=2", "%%horovod: --env A is given twice ('1', then '2')"),
+    ("hvd_pool", "start np=-2 np=-3", "%hvd_pool: -np/--np is given twice (-2, then -3). Fix: "
+                                      "give it once"),
+])
+def test_an_option_given_twice_is_refused_however_it_is_spelt(ip, magic, line, message):
+    """``np=2 np=3`` (and ``%hvd_pool start np=-2 np=-3``) ran with the last value."""
+    from hvd_magics.job.session import SESSION
+
+    run = ip.run_cell_magic if magic == "horovod" else ip.run_line_magic
+    with pytest.raises(UsageError, match="^" + re.escape(message)):
+        run(magic, line, *(["x = 1\n"] if magic == "horovod" else []))
+    assert SESSION.pool is None
+
+
+@pytest.mark.parametrize("magic, line, message", [
+    ("horovod", "np=-2 --restarts 1.5",
+     "%%horovod: restarts (--restarts) must be a whole number >= 0 (how many times a job starts "
+     "again after losing a rank), got 1.5. Fix: restarts=1, say"),
+    ("horovod", "np=-2 --start-timeout abc",
+     "%%horovod: start_timeout (--start-timeout) must be a positive number of seconds, got "
+     "'abc'. Fix: start_timeout=30, say"),
+    ("horovod", "np=-2 --epochs 3",
+     "%%horovod: --epochs is not one of its options. Fix: %%horovod? lists them (a setting of "
+     "your own code goes in the cell)"),
+    ("horovod", "np=-2 --checkpoint-dir",
+     "%%horovod: argument --checkpoint-dir: expected one argument. Fix: %%horovod? shows each "
+     "option and the value it takes"),
+    ("horovod", "np=-2 --verbosity loud",
+     "%%horovod: driver_log_verbosity (--verbosity) must be one of all, log_callback_only, "
+     "debug, got 'loud'. Fix: driver_log_verbosity='log_callback_only'"),
+    ("horovod", 'np="2', "%%horovod: cannot read the line (No closing quotation). Fix: close "
+                        "the quote"),
+    ("hvd_pool", "start np=-2 --restarts 1.5",
+     "%hvd_pool start: restarts (--restarts) must be a whole number >= 0"),
+    ("hvd_pool", "start np=-2 --idle-timeout abc",
+     "%hvd_pool start: idle_timeout (--idle-timeout) must be a positive number of seconds, got "
+     "'abc'. Fix: idle_timeout=30, say"),
+    ("hvd_pool", "start np=-2 --epochs 3", "%hvd_pool: --epochs is not one of its options"),
+    ("hvd_pool", "start np=-2 --env X", "%hvd_pool: --env takes NAME=VALUE, got 'X'. Fix: "
+                                        "--env X=VALUE"),
+    ("hvd_pool", 'start np="2', "%hvd_pool: cannot read the line (No closing quotation)"),
+    ("hvd_pool", "begin", "%hvd_pool: argument action: invalid choice: 'begin'"),
+])
+def test_a_wrong_value_is_our_one_line_naming_the_magic_the_option_and_the_fix(
+        ip, magic, line, message):
+    """argparse's own words came without ``%%horovod:`` or a fix (``argument --restarts:
+    invalid int value: '1.5'``), and ``%hvd_pool``'s errors named ``%%horovod``."""
+    from hvd_magics.job.session import SESSION
+
+    run = ip.run_cell_magic if magic == "horovod" else ip.run_line_magic
+    with pytest.raises(UsageError, match="^" + re.escape(message)):
+        run(magic, line, *(["x = 1\n"] if magic == "horovod" else []))
+    assert SESSION.pool is None
+
+
+@pytest.mark.parametrize("magic, line", [
+    ("horovod", 'np=-2 --checkpoint-dir ""'),
+    ("horovod", "np=-2 checkpoint_dir=''"),
+    ("horovod", "np=-2 --checkpoint-dir '  '"),
+    ("hvd_pool", 'start np=-2 --checkpoint-dir ""'),
+])
+def test_an_empty_checkpoint_folder_is_refused_as_the_runner_refuses_it(ip, magic, line):
+    """``--checkpoint-dir ""`` used a folder named ``''`` while ``HorovodRunner(checkpoint_dir="")``
+    silently used the default."""
+    from hvd_magics import HorovodRunner
+
+    message = (r"checkpoint_dir \(--checkpoint-dir\) is '\s*', which names no folder\. Fix: a "
+               r"folder's path \(checkpoint_dir='/dbfs/checkpoints/run1', --checkpoint-dir "
+               r"/dbfs/checkpoints/run1\), or leave it out")
+    with pytest.raises(ValueError, match=message):
+        HorovodRunner(np=-2, checkpoint_dir="")
+    run = ip.run_cell_magic if magic == "horovod" else ip.run_line_magic
+    with pytest.raises(UsageError, match=message):
+        run(magic, line, *(["x = 1\n"] if magic == "horovod" else []))
+
+
+def test_the_pool_takes_a_checkpoint_folder_for_its_cells(ip, monkeypatch):
+    """``%hvd_pool start --checkpoint-dir DIR`` was 'unrecognized arguments', though a pool's
+    cells save checkpoints as a cold job's do."""
+    from hvd_magics.job.session import SESSION
+
+    started: list = []
+
+    class Pool:
+        def __init__(self, *args, **kwargs):
+            started.append((args, kwargs))
+
+    monkeypatch.setattr("hvd_magics.notebook.magics.HorovodPool", Pool)
+    ip.run_line_magic("hvd_pool", 'start np=-2 --checkpoint-dir "/shared/pool a" '
+                                  '--env "MSG=hello world"')
+    SESSION.pool = None
+    (np, env, *_), kwargs = started[0]
+    assert (np, env, kwargs["checkpoint_dir"]) == (-2, {"MSG": "hello world"}, "/shared/pool a")

@@ -55,7 +55,9 @@ def test_a_layout_spark_cannot_give_is_refused_with_the_fix():
 
 def test_the_option_is_checked_against_np():
     assert validate_ranks_per_task(None, 4) is None
-    assert validate_ranks_per_task("2", 4) == 2
+    with pytest.raises(ValueError, match=r"takes a number, not text: got '2'\. Fix: "
+                                         r"ranks_per_task=2"):
+        validate_ranks_per_task("2", 4)  # as np="2" is: the magic's line gives it 2
     for bad in (0, -1, 1.5, "two", True):
         with pytest.raises(ValueError, match="must be a whole number >= 1"):
             validate_ranks_per_task(bad, 4)

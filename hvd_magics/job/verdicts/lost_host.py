@@ -8,7 +8,7 @@ from hvd_magics.errors import HorovodJobError
 from hvd_magics.job.job_state import JobState
 from hvd_magics.job.verdicts.monitor import Turn
 from hvd_magics.launch.backend import Backend
-from hvd_magics.options import positive_seconds
+from hvd_magics.options import from_text, positive_seconds
 from hvd_magics.protocol import ENV_HOST_SILENT
 
 #: Seconds a host's rank supervisors may be silent (they beat every second) before the host is
@@ -18,7 +18,8 @@ HOST_SILENT_S = 10.0
 
 def host_silent_after() -> float:
     """Seconds a host's supervisors may be silent before it is taken for lost."""
-    return positive_seconds(os.environ.get(ENV_HOST_SILENT, HOST_SILENT_S), ENV_HOST_SILENT)
+    return positive_seconds(from_text(os.environ.get(ENV_HOST_SILENT, HOST_SILENT_S)),
+                            ENV_HOST_SILENT)
 
 
 def lost_host(job: JobState, backend: Backend, now: float, silent_after: float) -> str | None:
