@@ -108,6 +108,30 @@ def estimator(spark, out):
           reloaded.count() == val.count())
 
 
+def tls_refused(spark, out):
+    """A session that asks for TLS, read through the Connect session: refused, as pyspark's own
+    distributor refuses it, until pyspark's setting allows it."""
+    from pyspark.ml.torch.distributor import TorchDistributor as PysparkTorchDistributor
+
+    from hvd_magics.errors import EncryptionRequired
+
+    spark.conf.set("spark.ssl.enabled", "true")
+    try:
+        try:
+            HorovodRunner(np=2).run(jobs.print_lines, count=1)
+        except EncryptionRequired as exc:
+            print("refused", exc, "ran", last_run())
+        try:
+            PysparkTorchDistributor(1, True, False)._check_encryption()
+        except RuntimeError as exc:
+            print("pyspark refused too:", "encryption in transit" in str(exc))
+        spark.conf.set("pytorch.spark.distributor.ignoreSsl", "true")
+        print("allowed", HorovodRunner(np=2).run(jobs.print_lines, count=1))
+    finally:
+        spark.conf.unset("spark.ssl.enabled")
+        spark.conf.unset("pytorch.spark.distributor.ignoreSsl")
+
+
 def too_many_ranks(spark, out):
     try:
         HorovodRunner(np=3).run(jobs.print_lines, count=1)

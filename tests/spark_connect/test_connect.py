@@ -133,6 +133,16 @@ def test_the_notebooks_environment_travels_to_a_connect_servers_executors(connec
     assert result["err"].count("sent the environment to the executors") == 1, result["err"]
 
 
+def test_a_session_that_asks_for_tls_refuses_the_job_as_pysparks_distributor_does(connect,
+                                                                                     tmp_path):
+    out = _ran(connect.run("tls_refused", tmp_path))
+    assert ("refused spark.ssl.enabled=true asks for data encryption in transit, which the ranks' "
+            "training traffic (Horovod's, Gloo's, NCCL's) does not have. Fix: to train "
+            'unencrypted anyway, spark.conf.set("pytorch.spark.distributor.ignoreSsl", "true")'
+            ) in out and "ran None" in out
+    assert "pyspark refused too: True" in out and "allowed 0" in out
+
+
 def test_too_many_ranks_for_the_connect_cluster_are_refused_with_its_slots(connect, tmp_path):
     assert ("slots np=3 needs 3 free Spark task slots at once (barrier mode), but the cluster "
             "has 2 free of 2 (master local[2]") in _ran(connect.run("too_many_ranks", tmp_path))

@@ -94,7 +94,8 @@ def spark(local_spark, monkeypatch):
 def three_gpus(tmp_path_factory):
     """pyspark's tests' GPU discovery script: three GPUs, 0, 1 and 2 (there are none here)."""
     script = tmp_path_factory.mktemp("gpus") / "three_gpus.sh"
-    script.write_text("#!/bin/sh\necho '{\"name\": \"gpu\", \"addresses\": [\"0\", \"1\", \"2\"]}'\n")
+    script.write_text("#!/bin/sh\n"
+                      "echo '{\"name\": \"gpu\", \"addresses\": [\"0\", \"1\", \"2\"]}'\n")
     script.chmod(0o755)
     return script
 
