@@ -38,6 +38,7 @@ _PUBLIC = {
     "last_run": "hvd_magics.job.runner",
     "RunRecord": "hvd_magics.job.records.run_record",
     "HorovodMagicsError": "hvd_magics.errors",
+    "HorovodMagicsWarning": "hvd_magics.errors",
     "HorovodJobError": "hvd_magics.errors",
     "JobInterrupted": "hvd_magics.errors",
     "NotEnoughSlotsError": "hvd_magics.errors",

@@ -32,6 +32,12 @@ class HorovodMagicsError(Exception):
         return [f"{type(self).__name__}: {self}"]
 
 
+class HorovodMagicsWarning(UserWarning):
+    """A warning of hvd_magics' own about the user's code (a library asked for what it does not
+    do on these ranks), issued at the user's line; the cell shows it whole, where a library's
+    long warning is cut (:mod:`hvd_magics.job.views.output_lines`)."""
+
+
 class CellError(HorovodMagicsError, ValueError):
     """The cell cannot run on the ranks as written (the message names the line and the fix)."""
 

@@ -146,6 +146,15 @@ def test_a_hugging_face_trainer_asked_for_fsdp_on_cpu_ranks_says_it_trains_witho
     shown = _cell_text(capsys)
     said = "and trains without FSDP here: Accelerate shards a model only on GPUs"
     assert shown.count(said) == 1, shown
+    # whole, at the user's line that made the Trainer (it was cut at '...It runs as FSDP on
+    # ...' and said at rank/guards/import_hooks.py:69, a patch of ours)
+    import inspect
+
+    from hvd_magics.rank.integrations.hugging_face import FSDP_ON_CPU
+
+    lines, first = inspect.getsourcelines(engine_jobs.hf_trainer_fit)
+    made = first + next(i for i, text in enumerate(lines) if "= Trainer(" in text)
+    assert f"HorovodMagicsWarning (tests/engine_jobs.py:{made}): {FSDP_ON_CPU}" in shown, shown
 
 
 def _cell_text(capsys) -> str:

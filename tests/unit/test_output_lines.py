@@ -71,6 +71,23 @@ def test_each_kind_of_warning_is_shown_once_in_one_short_line():
         assert sorter.sort(0, line).sort == SHOW, line
 
 
+def test_a_warning_of_ours_at_the_cell_s_line_is_shown_whole_once():
+    """The Trainer's FSDP-on-CPU warning (355 characters) was cut in the cell at its fix
+    (``...It runs as FSDP on ...``); a library's long warning still is."""
+    from hvd_magics.rank.integrations.hugging_face import FSDP_ON_CPU
+
+    sorter = OutputSorter(ranks=2)
+    line = f"<%%horovod cell>:7: HorovodMagicsWarning: {FSDP_ON_CPU}"
+    assert len(FSDP_ON_CPU) > WARNING_CHARS
+    assert sorter.sort(0, line) == (WARNING,
+                                    f"HorovodMagicsWarning (<%%horovod cell>:7): {FSDP_ON_CPU}")
+    assert sorter.sort(1, line).sort == REPEAT
+    kept = sorter.sort(0, f"<%%horovod cell 3>:2: HorovodMagicsWarning: {FSDP_ON_CPU}")
+    assert kept.sort == WARNING and kept.text.endswith("saves its shards)")
+    long = sorter.sort(0, f"{SITE}/lib/mod.py:9: UserWarning: " + "w " * 200)
+    assert long.sort == WARNING and long.text.endswith(" ...")
+
+
 def test_a_line_another_rank_already_showed_is_folded_and_the_end_says_so(tmp_path: Path):
     out = io.StringIO()
     job = JobState(2, tmp_path / "ranks.log", [TextView(stream=out)], "test")

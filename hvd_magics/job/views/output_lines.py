@@ -10,7 +10,9 @@ Every line reaches the run log whatever its sort. The cell is spared:
   (colour codes stay: notebooks and terminals render them);
 - warnings, Python's (``/path/mod.py:12: UserWarning: ...`` and the source line after it) and
   PyTorch's C++ ones (``[rank0]:[W1126 07:05:11.16 reducer.cpp:1529] Warning: ...``): the first
-  of each kind is shown as one short line, its copies (from the other ranks, or later) are not;
+  of each kind is shown as one short line (hvd_magics' own, ``HorovodMagicsWarning`` at the
+  user's line, whole: they end with the fix), its copies (from the other ranks, or later) are
+  not;
 - a line that another rank already showed (every rank prints the same banner), the times of
   day in it aside (a logger's ``[2026-11-29 02:16:43,398] [WARNING] ...``): shown once;
 - in a job of more than :data:`FEW_RANKS` ranks, a line alike but for its numbers to one
@@ -26,6 +28,7 @@ import collections
 import re
 from typing import NamedTuple
 
+from hvd_magics.errors import HorovodMagicsWarning
 from hvd_magics.job.views.noise import is_noise
 from hvd_magics.rank_names import rank_spans
 
@@ -49,8 +52,11 @@ _CURSOR = re.compile(r"\x1b\[\??[0-9;]*[A-HJKSTfhlsu]")
 #: one (``desc: 120it [00:03, 39.9it/s]``).
 _TQDM = re.compile(r"^(?:.*: ?)?\s*\d{1,3}%\|.*\|\s*\S+/\S+ \[[\d:?]+<[\d:?-]+"
                    r"|^(?:.*: )?\d+(?:\.\d+)?[kMGT]?(?:it|B) \[\d+:\d\d(?::\d\d)?, ")
-#: Python's warning line (``warnings.formatwarning``; Lightning drops the category).
-_PY_WARNING = re.compile(r"^(?P<path>(?:[A-Za-z]:)?[/\\][^:]*\.py):(?P<line>\d+): "
+#: Python's warning line (``warnings.formatwarning``; Lightning drops the category), at a file
+#: or at a cell's pseudo-file (``<%%horovod cell>:7: ...``: hvd_magics' own warnings say the
+#: user's line).
+_PY_WARNING = re.compile(r"^(?P<path>(?:[A-Za-z]:)?[/\\][^:]*\.py|<%%horovod cell(?: \d+)?>)"
+                         r":(?P<line>\d+): "
                          r"(?:(?P<category>[A-Z]\w*(?:Warning|Deprecation\w*)): )?(?P<message>.+)$")
 #: The source line Python prints under a warning.
 _PY_WARNING_SOURCE = re.compile(r"^  \S")
@@ -60,8 +66,11 @@ _CPP_WARNING = re.compile(r"(?:\[rank\d+\]:)?\[W(?:\d{4} [\d:.]+(?: \d+)? )?"
 #: A date and time of day in a line (a logger's record): ranks print the same record at
 #: different times.
 _DATE_TIME = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?")
-#: Characters of a warning's message the cell shows (the run log has it whole).
+#: Characters of a library's warning message the cell shows (the run log has it whole);
+#: hvd_magics' own (:data:`OWN_WARNING`) are shown whole: they end with the fix.
 WARNING_CHARS = 240
+#: The category of hvd_magics' own warnings, as a warning's line names it.
+OWN_WARNING = HorovodMagicsWarning.__name__
 #: Characters of the longest line sorted (longer ones are shown, cut, as any line).
 LONGEST_SORTED = 4000
 #: Lines of the ranks remembered to fold another rank's copy.
@@ -196,7 +205,7 @@ class OutputSorter:
             self.warning_copies += 1
             return Sorted(REPEAT, message)
         self._warnings.add((where, message))
-        if len(message) > WARNING_CHARS:
+        if len(message) > WARNING_CHARS and category != OWN_WARNING:
             message = message[:WARNING_CHARS].rstrip() + " ..."
         return Sorted(WARNING, f"{category} ({where}): {message}")
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import warnings
 from types import FrameType
 from typing import Any
 
@@ -34,7 +33,7 @@ from hvd_magics.rank.guards.import_hooks import (after_call, after_import, befor
                                                  refusing)
 from hvd_magics.rank.integrations.guards import (ALONE_MARK, LAUNCH_MARK, LaunchMismatchError,
                                                  RunsAloneError, alone_message, in_a_job,
-                                                 job_size)
+                                                 job_size, warn_at_users_line)
 from hvd_magics.rank.rank_job import rank_job
 
 _ACCELERATE = ("accelerate", "accelerate.launchers")
@@ -147,7 +146,7 @@ def _say_plugins_left_out(accelerator: Any) -> None:
     runs = str(getattr(kind, "value", kind))
     for wanted in asked:
         if runs != wanted and not (wanted == "FSDP" and user.startswith("Hugging Face")):
-            warnings.warn(plugin_left_out(wanted, runs, cpu), UserWarning, stacklevel=3)
+            warn_at_users_line(plugin_left_out(wanted, runs, cpu))
 
 
 def _guard_plugins(module: Any) -> None:

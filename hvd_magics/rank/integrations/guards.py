@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
+import sys
+import warnings
 from collections.abc import Iterator
+from types import FrameType
 
+from hvd_magics.errors import HorovodMagicsWarning
 from hvd_magics.protocol import ENGINE_TORCH
 from hvd_magics.rank.rank_job import rank_job
 
@@ -83,3 +88,38 @@ ALONE_FIX = ("If this rank's own work is meant (a probe model, predicting on one
 def in_a_job() -> bool:
     """Whether this process is a rank of ours (the guards change nothing elsewhere)."""
     return rank_job().in_a_job
+
+
+#: hvd_magics' own folder (its frames are never the user's line).
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+
+
+def users_frame() -> FrameType | None:
+    """The innermost frame of the user's code on the stack (a ``%%horovod`` cell, a function
+    of the user's files), past hvd_magics' patches and the libraries' frames; ``None`` when
+    the stack holds none."""
+    from hvd_magics.rank.instruments.stack_report import frame_kind
+
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if frame_kind(filename) == "user" and (filename.startswith("<")
+                                               or not os.path.abspath(filename).startswith(
+                                                   _PACKAGE)):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def warn_at_users_line(message: str) -> None:
+    """Warn ``message`` (a :class:`~hvd_magics.errors.HorovodMagicsWarning`) at the user's line
+    that led here (:func:`users_frame`), as ``warnings.warn`` would with the right
+    ``stacklevel``: the depth of our patches and of the library's calls between varies (two
+    patches of one ``__init__``, a subclass's ``super().__init__``). Without a user's frame,
+    at the caller's caller."""
+    frame = users_frame() or sys._getframe(2)
+    module_globals = frame.f_globals
+    warnings.warn_explicit(message, HorovodMagicsWarning, frame.f_code.co_filename,
+                           frame.f_lineno, str(module_globals.get("__name__", "<string>")),
+                           module_globals.setdefault("__warningregistry__", {}),
+                           module_globals)

@@ -32,7 +32,7 @@ from hvd_magics.rank import rank_events
 from hvd_magics.rank.api.checkpoint import attempt
 from hvd_magics.rank.guards.import_hooks import after_call, after_import, refusing, with_kwargs
 from hvd_magics.rank.integrations.guards import (ALONE_MARK, RunsAloneError, alone_message,
-                                                 in_a_job, job_size)
+                                                 in_a_job, job_size, warn_at_users_line)
 
 _TRAINER_MODULE = "transformers.trainer"
 _PATCHED = "_hvd_magics_progress"
@@ -149,11 +149,9 @@ FSDP_ON_CPU = ("the Trainer was given fsdp= (or an fsdp_config), and trains with
 def _say_fsdp_not_used(trainer: Any) -> None:
     """A Trainer told to use FSDP that Accelerate runs without it: said once, as a warning
     (the job goes on: DDP trains the same model, without sharding its memory)."""
-    import warnings
-
     asked = bool(getattr(trainer.args, "fsdp", None))
     if asked and not getattr(trainer, "is_fsdp_enabled", True):
-        warnings.warn(FSDP_ON_CPU, UserWarning, stacklevel=4)  # the line making the Trainer
+        warn_at_users_line(FSDP_ON_CPU)  # the line making the Trainer
 
 
 def _add_callback(trainer: Any) -> None:
