@@ -15,6 +15,14 @@ MAX_RANKS_SHOWN = 4
 OUTPUT_TAIL_LINES = 20
 
 
+def sentence(text: str) -> str:
+    """``text`` ended as a sentence: with one full stop, unless it ends with one already (or
+    with ``!``, ``?``), so that a message composed of another's words (an exception's, a
+    library's: ``f"{sentence(said)} Fix: ..."``) never says ``..``; trailing blanks go."""
+    text = text.rstrip()
+    return text if not text or text.endswith((".", "!", "?")) else f"{text}."
+
+
 class HorovodMagicsError(Exception):
     """Base of every error hvd_magics raises (but :class:`JobInterrupted`, a
     ``KeyboardInterrupt``): catch it to catch them all.
@@ -101,7 +109,7 @@ class HorovodJobError(HorovodMagicsError, RuntimeError):
 
     def add_summary(self, text: str) -> None:
         """Say one more thing after the summary (the pool restarted its ranks, say)."""
-        self.summary = f"{self.summary.rstrip('.')}. {text[0].upper()}{text[1:]}"
+        self.summary = f"{sentence(self.summary)} {text[0].upper()}{text[1:]}"
         self.args = (self._text(),)
 
     def _repeats(self, index: int) -> RankFailure | None:

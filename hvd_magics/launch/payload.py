@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 
 import cloudpickle
 
-from hvd_magics.errors import PayloadError
+from hvd_magics.errors import PayloadError, sentence
 from hvd_magics.launch.dataframe_input import DataFrameSources, is_dataframe, names_by_id
 from hvd_magics.common.kept_values import SentValue
 from hvd_magics.rank.api.shard import open_shard
@@ -165,7 +165,7 @@ def serialize_job(main: Callable, kwargs: Mapping[str, Any],
                             if (reason := why_not_shippable(value)) is not None), None)
             if culprit is None:
                 raise PayloadError(f"Cannot pickle the job for the ranks: {type(exc).__name__}: "
-                                   f"{exc}. Fix: {advice}.") from exc
+                                   f"{sentence(str(exc))} Fix: {advice}.") from exc
     if culprit is not None:
         label, reason = culprit
         raise PayloadError(f"Cannot ship {label} to the ranks: {reason}. Fix: {advice}.")

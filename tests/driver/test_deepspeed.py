@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from hvd_magics import DeepspeedTorchDistributor, HorovodRunner, last_run
+from hvd_magics import DeepspeedTorchDistributor, HorovodJobError, HorovodRunner, last_run
 
 
 def test_the_drop_in_runs_pysparks_docstring_example_with_a_deepspeed_function():
@@ -115,13 +115,14 @@ def test_a_deepspeed_build_killed_halfway_does_not_hang_the_next_job(tmp_path, m
     assert not lock.exists()
 
 
-def _zero_steps(steps: int, stage: int = 3, kill_at: int | None = None) -> dict:
+def _zero_steps(steps: int, stage: int = 3, kill_at: int | None = None,
+                catch: bool = True) -> dict:
     """A DeepSpeed engine (ZeRO ``stage``, Adam) trained ``steps`` steps on data seeded by the
     step and rank, saved with the step beside it every 5 steps through ``checkpoint.save`` and
     resumed from ``checkpoint.latest``; rank 1 of the first attempt killed after step
     ``kill_at``. Returns where it started, the step the dict got back, the model's output on a
     fixed batch, and what a dict with the optimizer beside the engine and a load on this number
-    of ranks said."""
+    of ranks said (``catch=False``: raised)."""
     import os
     import signal
 
@@ -146,6 +147,8 @@ def _zero_steps(steps: int, stage: int = 3, kill_at: int | None = None) -> dict:
     try:
         found = checkpoint.latest(state)
     except CheckpointMismatch as mismatch:  # saved by another number of ranks
+        if not catch:
+            raise
         return {"mismatch": str(mismatch)}
     start, loaded = (0, None) if found is None else (found[1] + 1, state["step"])
     for step in range(start, steps):
@@ -184,6 +187,17 @@ def test_a_zero_3_engine_saved_by_every_rank_resumes_after_a_lost_rank_as_an_unb
     one = HorovodRunner(np=-1, engine="torch", checkpoint_dir=folder).run(_zero_steps, steps=20)
     assert "saved by 2 ranks, and this job has 1" in one["mismatch"], one
     assert "Fix:" in one["mismatch"], one
+    # on more ranks than wrote it, every rank says it: the error's first line names the counts
+    # (it named rank 3's bare AssertionError, and DeepSpeed's words only on rank 0's line)
+    with pytest.raises(HorovodJobError) as four:
+        HorovodRunner(np=-4, engine="torch", checkpoint_dir=folder).run(
+            _zero_steps, steps=20, catch=False)
+    first = str(four.value).splitlines()[0]
+    assert "CheckpointMismatch" in first and "saved by 2 ranks, and this job has 4" in first, \
+        str(four.value)
+    assert ".." not in str(four.value).replace("...", ""), str(four.value)
+    assert {f.message for f in four.value.failures} == {one["mismatch"].replace(
+        "this job has 1", "this job has 4")}, str(four.value)
 
 
 def _trainer_with_zero_2(output_dir: str, kill_at: int | None = None) -> dict:

@@ -2,7 +2,7 @@
 it ends with, naming the rank or host that caused it, or nothing when it succeeded."""
 from __future__ import annotations
 
-from hvd_magics.errors import DataRefused, HorovodJobError, RankFailure
+from hvd_magics.errors import DataRefused, HorovodJobError, RankFailure, sentence
 from hvd_magics.job.verdicts.failure_hints import hint_for
 from hvd_magics.job.job_state import LOST, JobState
 from hvd_magics.launch.backend import Backend
@@ -10,7 +10,7 @@ from hvd_magics.rank_names import ranks_named
 
 #: Said when ranks of an elastic job failed because they lost a peer: what survives a loss.
 ELASTIC_RUN_HINT = (
-    ". A rank that loses a peer goes on only inside a function decorated with "
+    "A rank that loses a peer goes on only inside a function decorated with "
     "@hvd.elastic.run (taking a hvd.elastic State that the loop commits with state.commit()); "
     "outside one, Horovod shuts down on every rank. Fix: put the training loop in such a "
     "function (Horovod's elastic examples show the pattern)")
@@ -76,5 +76,5 @@ def elastic_failure_of(job: JobState, backend: Backend) -> HorovodJobError | Non
                f"{failures[0].headline()}" if failures else
                "the elastic job ended without a rank that finished")
     if any(r.peer_lost for r in job.ranks if r.failed):
-        summary += ELASTIC_RUN_HINT
+        summary = f"{sentence(summary)} {ELASTIC_RUN_HINT}"
     return HorovodJobError(summary[0].upper() + summary[1:], failures, str(job.log_path))

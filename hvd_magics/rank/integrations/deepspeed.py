@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hvd_magics.errors import CheckpointMismatch, ShardedStateRefused
+from hvd_magics.errors import CheckpointMismatch, ShardedStateRefused, sentence
 
 from hvd_magics.rank.torch_entry import run_script
 
@@ -108,7 +108,18 @@ def load_engine(engine: Any, folder: Path) -> dict[str, Any]:
             f"distributed checkpoint of modules and optimizers), and latest() was given one. "
             f"Fix: give latest() the state as the job saved it, or start over without it: "
             f"--fresh (HorovodRunner(..., fresh=True))")
-    saved_ranks = len(list((folder / TAG).glob("zero_pp_rank_*_mp_rank_00_optim_states.pt")))
+    saved_ranks = _saved_ranks(folder / TAG)
+    ranks = _ranks_of(engine)
+    if saved_ranks and saved_ranks != ranks and not _reads_universal(engine):
+        # said by every rank alike, before DeepSpeed reads anything (which said it on one rank
+        # and a bare AssertionError on a rank that has no partition to read)
+        raise CheckpointMismatch(
+            f"the DeepSpeed checkpoint {folder} was saved by {saved_ranks} ranks, and this job "
+            f"has {ranks}: DeepSpeed reads a ZeRO checkpoint on the number of ranks that wrote "
+            f"it (each rank its partition of the optimizer's state). Fix: run on {saved_ranks} "
+            f"ranks, or convert it with DeepSpeed's ds_to_universal.py and set 'checkpoint': "
+            f"{{'load_universal': true}} in the config, or start over without it: --fresh "
+            f"(HorovodRunner(..., fresh=True))")
     from deepspeed.runtime.zero.utils import ZeRORuntimeException
 
     try:
@@ -116,18 +127,33 @@ def load_engine(engine: Any, folder: Path) -> dict[str, Any]:
     except (ZeRORuntimeException, RuntimeError, ValueError, KeyError, AssertionError,
             IndexError) as exc:
         said = " ".join(str(exc).split()) or type(exc).__name__
-        ranks = (f" It was saved by {saved_ranks} ranks, and this job has {engine.world_size}: "
-                 f"DeepSpeed reads a ZeRO checkpoint on the number of ranks that wrote it "
-                 f"(or converted by its ds_to_universal.py, with 'checkpoint': "
-                 f"{{'load_universal': true}} in its config)."
-                 if saved_ranks and saved_ranks != engine.world_size else "")
         raise CheckpointMismatch(
-            f"the DeepSpeed checkpoint {folder} does not fit this engine: {said[:300]}.{ranks} "
-            f"Fix: the model and ZeRO stage it was saved from, on {saved_ranks or 'as many'} "
-            f"ranks, or start over without it: --fresh (HorovodRunner(..., fresh=True))"
-        ) from None
+            f"the DeepSpeed checkpoint {folder} does not fit this engine: "
+            f"{sentence(said[:300])} Fix: the model and ZeRO stage it was saved from, on "
+            f"{saved_ranks or 'as many'} ranks, or start over without it: --fresh "
+            f"(HorovodRunner(..., fresh=True))") from None
     if path is None:
         raise CheckpointMismatch(
             f"DeepSpeed found no checkpoint in {folder / TAG}. Fix: start over without it: "
             f"--fresh (HorovodRunner(..., fresh=True))")
     return dict(client or {})
+
+
+def _saved_ranks(folder: Path) -> int:
+    """How many ranks wrote the ZeRO checkpoint in ``folder``: its partitions' files
+    (``zero_pp_rank_<r>_mp_rank_00_optim_states.pt``, ``bf16_`` before it in bf16 training;
+    under stage 3 the parameters' too), ``0`` without any (no ZeRO: any number of ranks reads
+    it)."""
+    return max(len(list(folder.glob(f"*zero_pp_rank_*_mp_rank_00_{kind}_states.pt")))
+               for kind in ("optim", "model"))
+
+
+def _ranks_of(engine: Any) -> int:
+    """The ranks among which ``engine`` partitions its state (its data-parallel world)."""
+    return int(getattr(engine, "seq_dp_world_size", None) or engine.world_size)
+
+
+def _reads_universal(engine: Any) -> bool:
+    """Whether ``engine`` reads DeepSpeed's universal checkpoints (any number of ranks)."""
+    reads = getattr(engine, "load_universal_checkpoint", None)
+    return bool(reads()) if callable(reads) else False

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hvd_magics.errors import CheckpointMismatch
+from hvd_magics.errors import CheckpointMismatch, sentence
 from hvd_magics.rank.instruments.step_split import not_a_step
 
 #: Class names of the wrappers and tensors whose parameters each rank holds a part of.
@@ -283,7 +283,8 @@ def load(state: dict[str, Any], folder: Path, strict: bool = True) -> None:
             raise CheckpointMismatch(str(cause)) from None
         said = " ".join(str(cause).split()) or type(cause).__name__
         raise CheckpointMismatch(
-            f"the checkpoint {folder} does not fit the state it is read into: {said[:300]}. "
+            f"the checkpoint {folder} does not fit the state it is read into: "
+            f"{sentence(said[:300])} "
             f"Fix: give the model and optimizer it was saved from (the same layers and "
             f"shapes; any number of ranks reads it), or start over without it: --fresh "
             f"(HorovodRunner(..., fresh=True))") from None
