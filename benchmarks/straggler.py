@@ -34,9 +34,18 @@ in a clean run; and what does timing each step's parts cost.
    beside a process spinning on each core: how many name a rank (goal 0, ever); how many say
    the host busy instead.
 
+7. noise (issue 82): equal ranks whose steps do a fixed amount of work (matrix products, as
+   training does: a CPU shared with other work runs it slower; the parts above do a fixed
+   *time* of work, which a busy CPU cannot lengthen), 1 ms and 30 ms of it a step, np=2 DDP,
+   beside 0, 1, 2 and 4 processes that spin: ``--noise-runs`` clean runs of each (goal: no
+   rank named, ever) and as many with rank 1 doing 30% more (right when it alone is named);
+   each run 800 steps (1 ms) or 150 (30 ms). ``--record FILE`` keeps every step split the
+   driver got (the evidence tests/unit/test_straggler_recorded.py replays).
+
 Usage: .venv/bin/python benchmarks/straggler.py [--runs 5] [--clean 20] [--steps 80]
        [--busy-clean 30] [--link-runs 4]
-       [--parts detection,clean,stalls,busy,overhead,link] [--loops tiny,medium]
+       [--parts detection,clean,stalls,busy,overhead,link,noise] [--loops tiny,medium]
+       [--noise-runs 10] [--noise-busy 0,1,2,4] [--record FILE]
        [--engines torch,horovod,keras]
 Last line: straggler detected=<right>/<runs> clean_named=<n>/<clean> max_delay_steps=<n>
 stalls=<right>/<runs> stall_periods_max=<periods> busy_named=<n>/<runs> busy_said=<n>/<runs>
@@ -193,6 +202,61 @@ def busy_clean(count: int, steps: int) -> tuple[int, int]:
         for process in spinning:
             process.kill()
     return named, busy
+
+
+def noise(runs: int, busy_levels: list[int], record: str | None) -> tuple[int, int, int, int]:
+    """``(clean runs that named a rank, clean runs, straggler runs right, straggler runs)`` of
+    the fixed-work loops beside ``busy_levels`` spinning processes (part 7)."""
+    import json
+    import subprocess
+
+    from hvd_magics.job.verdicts import straggler
+    from tests import engine_jobs
+
+    events: list = []
+    observe = straggler.StepSplits.observe
+
+    def kept(self, rank, event, hosts):  # the driver's evidence, for --record
+        events.append([rank, event.get("rows") or [], event.get("pace") or [],
+                       event.get("totals")])
+        return observe(self, rank, event, hosts)
+
+    straggler.StepSplits.observe = kept
+    wrong = clean_runs = right = slow_runs = 0
+    try:
+        for work_ms, steps in ((1.0, 800), (30.0, 150)):
+            for busy in busy_levels:
+                spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                            for _ in range(busy)]
+                try:
+                    for run in range(2 * runs):
+                        more = 0.3 if run % 2 else 0.0
+                        events.clear()
+                        record_ = _run(2, "torch", job=engine_jobs.fixed_work, steps=steps,
+                                       work_ms=work_ms, slow_rank=1, more=more)
+                        said = [t for _, t in _named(record_) if "host's condition" not in t]
+                        if more:
+                            slow_runs += 1
+                            ok = bool(said) and all(t.startswith("rank 1 ") for t in said)
+                            right += ok
+                        else:
+                            clean_runs += 1
+                            wrong += bool(said)
+                            ok = not said
+                        print(f"noise {work_ms:g} ms busy={busy} "
+                              f"{'+30% rank 1' if more else 'clean'}: "
+                              f"{'right' if ok else 'WRONG'}; "
+                              + ("; ".join(t[:90] for t in said) or "nobody named"), flush=True)
+                        if record:
+                            with open(record, "a") as out:
+                                out.write(json.dumps({"busy": busy, "work_ms": work_ms,
+                                                      "more": more, "events": events}) + "\n")
+                finally:
+                    for process in spinners:
+                        process.kill()
+    finally:
+        straggler.StepSplits.observe = observe
+    return wrong, clean_runs, right, slow_runs
 
 
 #: The overhead's loops: (name, width of the MLP's layers, batch size); tiny steps take about
@@ -387,6 +451,11 @@ def main() -> None:
     parser.add_argument("--busy-clean", type=int, default=30)
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--link-runs", type=int, default=4)
+    parser.add_argument("--noise-runs", type=int, default=10)
+    parser.add_argument("--noise-busy", default="0,1,2,4",
+                        help="the noise part's spinning processes (comma-separated counts)")
+    parser.add_argument("--record", default=None,
+                        help="a file to append the noise part's step splits to (JSON lines)")
     parser.add_argument("--parts", default="detection,clean,stalls,busy,overhead,link",
                         help="which parts to run (comma-separated)")
     parser.add_argument("--engines", default="torch,horovod,keras",
@@ -407,12 +476,16 @@ def main() -> None:
               if "overhead" in parts else [])
     link_right, link_clean, link_busy, link_runs = (links(args.link_runs) if "link" in parts
                                                     else (0, 0, 0, 0))
+    noise_wrong, noise_clean, noise_right, noise_slow = (
+        noise(args.noise_runs, [int(b) for b in args.noise_busy.split(",")], args.record)
+        if "noise" in parts else (0, 0, 0, 0))
     print(f"({time.monotonic() - began:.0f} s)")
     print(f"straggler detected={right}/{runs} clean_named={named}/{args.clean} "
           f"max_delay_steps={delay} stalls={stall_right}/{stall_runs} "
           f"stall_periods_max={stall_periods:.1f} busy_named={busy_named}/{args.busy_clean} "
           f"busy_said={busy_said}/{args.busy_clean} link_named={link_right}/{link_runs} "
           f"link_clean={link_clean}/{link_runs} link_busy={link_busy}/{link_runs} "
+          f"noise_named={noise_wrong}/{noise_clean} noise_detected={noise_right}/{noise_slow} "
           f"{' '.join(ratios)}")
 
 

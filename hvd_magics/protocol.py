@@ -100,7 +100,8 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
               "progress within an epoch (at most 4 a second)"),
     EventKind(EPOCH_END, "rank", ("epoch", "epochs", "duration", "samples", "metrics"),
               "an epoch ended"),
-    EventKind(STEP_SPLIT, "rank", ("rows", "totals", "dropped", "gpu", "memory", "clock"),
+    EventKind(STEP_SPLIT, "rank", ("rows", "totals", "dropped", "gpu", "memory", "clock",
+                                   "pace"),
               "each training step's time split (hvd_magics.rank.instruments.step_split), at "
               "most 4 a second: rows [step, step_s, input_s, comm_s, cpu_wait_s, cpu_s, "
               "input_cpu_wait_s, input_cpu_s] of the steps since the last such event (the latest "
@@ -113,7 +114,10 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
               "resident and peak host memory, and in sharded "
               "training the bytes of parameters it holds and of the whole "
               "(hvd_magics.rank.instruments.rank_memory); clock: 'gpu' when the rows are the "
-              "GPU's time (hvd_magics.rank.instruments.gpu_steps), else 'host'"),
+              "GPU's time (hvd_magics.rank.instruments.gpu_steps), else 'host'; pace: "
+              "[step, seconds] of each probe of the training thread's CPU since the last such "
+              "event (a fixed piece of work timed on the thread's CPU clock after that step: "
+              "a CPU shared with other work runs it slower)"),
     EventKind(PREEMPT_CALLS, "rank", ("calls",),
               "how many times the rank has called checkpoint.preempting() (at most twice a "
               "second, once it has; hvd_magics.rank.api.preemption)"),

@@ -1300,6 +1300,49 @@ def straggler_ddp(steps: int = 60, slow_rank: int | None = None, how: str = "com
     return taken
 
 
+def fixed_work(steps: int = 800, work_ms: float = 1.0, slow_rank: int | None = None,
+               more: float = 0.0, engine: str = "torch") -> int:
+    """A DDP loop over a ``DataLoader`` whose steps each do a fixed amount of work (matrix
+    products: as many as the slowest rank did in ``work_ms`` at the start), ``slow_rank``
+    ``more`` of it (a share), as real training does: a CPU shared with other work runs it
+    slower, unlike :func:`straggler_ddp`'s steps of a fixed time (``engine``: torch's only).
+    Returns the products a step of this rank does."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    a = torch.ones(48, 48)
+    began, done = time.perf_counter(), 0
+    while time.perf_counter() - began < 0.2:
+        a, done = torch.tanh(a @ a), done + 1
+    per_ms = torch.tensor([done / 200.0])
+    dist.all_reduce(per_ms, op=dist.ReduceOp.MIN)
+    count = max(1, int(per_ms.item() * work_ms * (1 + (more if rank == slow_rank else 0.0))))
+
+    class Batches(torch.utils.data.Dataset):
+        def __len__(self):
+            return steps
+
+        def __getitem__(self, i):
+            x = torch.randn(16, 32, generator=torch.Generator().manual_seed(i))
+            return x, x.sum(1, keepdim=True)
+
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in torch.utils.data.DataLoader(Batches(), batch_size=None):
+        b = a
+        for _ in range(count):
+            b = torch.tanh(b @ b)
+        optimizer.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        optimizer.step()
+    return count
+
+
 def straggler_keras(steps: int = 60, slow_rank: int | None = None, how: str = "compute",
                     extra_s: float = 0.03, base_s: float = 0.0, eager: bool = False,
                     tape: bool = False, engine: str = "horovod"):

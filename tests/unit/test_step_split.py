@@ -38,6 +38,23 @@ def test_the_thread_s_cpu_time_and_wait_for_a_cpu_are_read_where_linux_says_them
         assert not split.cpu.readable and later == (0.0, 0.0)
 
 
+def test_the_cpu_s_pace_is_probed_between_steps_and_counted_in_neither(monkeypatch):
+    """Issue 82, item 1: the same work on a CPU shared with other work is slower, and reads as
+    more work in the rank's CPU time; a fixed probe after a step tells the two apart. The
+    probe's time is no step's: the next step begins after it."""
+    monkeypatch.setattr(step_split, "_split", step_split._Split())
+    monkeypatch.setattr(step_split, "PACE_EVERY_S", 0.0)
+    monkeypatch.setattr(step_split, "PACE_WORK", 200_000)  # long enough to see in a row
+    for _ in range(3):
+        step_split._before_optimizer_step()
+        step_split._on_optimizer_step()
+    split = step_split._split
+    assert [step for step, _ in split.paces] == [1, 2]
+    probe = min(seconds for _, seconds in split.paces)
+    assert probe > 0.001, split.paces
+    assert all(row[1] < probe / 2 for row in split.rows), (split.rows, split.paces)
+
+
 def test_a_wait_for_a_cpu_inside_a_collective_is_left_out_of_the_step_s_own_work(monkeypatch):
     """A rank woken when its peers are done waits for a CPU inside the collective on a busy
     host; that wait holds nobody back, so a step's CPU figures are its own work's."""
@@ -47,6 +64,7 @@ def test_a_wait_for_a_cpu_inside_a_collective_is_left_out_of_the_step_s_own_work
                      (0.015, 0.031)])  # the step's end
     monkeypatch.setattr(step_split, "_split", step_split._Split())
     monkeypatch.setattr(step_split, "_cpu_s", lambda split: next(readings))
+    monkeypatch.setattr(step_split, "PACE_EVERY_S", float("inf"))  # no probe between steps
     collective = step_split._timed(step_split._COMM, lambda: None)
     step_split._before_optimizer_step()
     step_split._on_optimizer_step()
@@ -69,6 +87,7 @@ def test_a_wait_for_input_keeps_its_cpu_figures_apart_within_the_step_s_own_work
                      (0.030, 0.012)])  # the step's end
     monkeypatch.setattr(step_split, "_split", step_split._Split())
     monkeypatch.setattr(step_split, "_cpu_s", lambda split: next(readings))
+    monkeypatch.setattr(step_split, "PACE_EVERY_S", float("inf"))  # no probe between steps
     batch = step_split._timed(step_split._INPUT, lambda: None)
     collective = step_split._timed(step_split._COMM, lambda: None)
     step_split._before_optimizer_step()

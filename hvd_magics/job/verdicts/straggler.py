@@ -79,7 +79,20 @@ WAIT_SHARE = 0.5
 #: A step longer than this many times the window's median is left out of a look.
 OUTLIER = 3.0
 #: Steps kept per rank for the looks (a rank sends at most 256 at a time)...
-KEPT_STEPS = 288
+KEPT_STEPS = 2304
+#: The least time a window that names a rank for a slowdown spans (a rhythm or a periodic
+#: stall is named over its own window): short steps are looked at over as many as last that
+#: long, up to :data:`LASTING_STEPS`. A CPU shared with other work slows one rank and then
+#: another for tens of milliseconds to a second at a time: equal ranks of 1 ms steps, recorded
+#: beside 0-2 busy processes and replayed, were named in 18 of 18 runs over windows of 15-60
+#: steps, in 7 of 18 over a second, in 1 of 18 over two seconds (none with the CPU's pace read).
+EVIDENCE_S = 2.0
+LASTING_STEPS = 2048
+#: ...for own work per step of this many seconds or less; longer own work needs less time in
+#: proportion (30 ms: 0.13 s, under the 15 steps of the first window), and an excess of
+#: :data:`LARGE_EXCESS` (a share of the others' own work) or more none.
+NOISE_OWN_S = 0.004
+LARGE_EXCESS = 1.0
 #: ...and the most looks one report leads to (with more new steps, every n-th step is looked
 #: at: a job of many short steps costs the driver little).
 LOOKS_PER_REPORT = 64
@@ -94,6 +107,14 @@ GPU_TIME = "GPU time: "
 #: on a CPU that other threads share with it).
 CPU_WAIT_SHARE = 0.5
 CPU_RAN_SHARE = 0.25
+#: A rank's own work longer than the others' is its CPU's condition, not its work, when the
+#: CPU it runs on ran the rank's pace probes (rank/instruments/step_split.py) slower than the
+#: others' by at least this share of its excess (equal ranks beside a busy process: own work
+#: 24-45% longer over 60 steps of 1 ms, the probe 36-62% slower with it)...
+PACE_SHARE = 0.5
+#: ...read over at least this many probes of each rank (the window's, or the latest before
+#: its end when it holds fewer).
+PACE_PROBES = 3
 #: A verdict says that communication costs more than the rank's excess when the rank's own
 #: time in collectives is at least this share of its step and this many times the excess (the
 #: slow-link test named a rank 1.2 ms a step longer in its own work while its steps spent
@@ -315,11 +336,23 @@ class BusyHosts:
     share: float
     steps: int
     step: int = 0
+    #: When said for a CPU that ran the same work slower: the ranks whose own work was longer
+    #: by ``longer`` (a share of the others') while their CPU ran its pace probe ``slower``.
+    ranks: tuple[int, ...] = ()
+    longer: float = 0.0
+    slower: float = 0.0
 
     def text(self, unit: str = "rank") -> str:
         named = [h for h in self.hosts if h]
         where = (f"host {named[0]}'s CPUs are" if len(named) == 1 else
                  f"the CPUs of hosts {', '.join(named)} are" if named else "the CPUs are")
+        if self.ranks:
+            return (f"{where} busy (other work, more {unit}s than CPUs, or a CPU quota): "
+                    f"{ranks_named(list(self.ranks), unit)}'s own work took "
+                    f"{100 * self.longer:.0f}% longer per step than the others' over its last "
+                    f"{self.steps} steps while its CPU ran the same fixed work "
+                    f"{100 * self.slower:.0f}% slower than theirs (it shares that CPU with "
+                    f"other work): that is the host's condition, no {unit} is named for it")
         return (f"{where} busy (other work, more {unit}s than CPUs, or a CPU quota): the "
                 f"{unit}s waiting for a CPU beyond one another cost {100 * self.share:.0f}% of "
                 f"the job's time over its last {self.steps} steps, the others waiting for them; "
@@ -509,6 +542,8 @@ class StepSplits:
         self.clock: dict[int, str] = {}
         #: Ranks whose CPU time is not read (TensorFlow's: ``cpu_read`` false in their events).
         self.cpu_unread: set[int] = set()
+        #: Rank -> step -> seconds of its CPU pace probe after that step.
+        self._paces: dict[int, dict[int, float]] = {}
 
     def observe(self, rank: int, event: dict[str, Any], hosts: dict[int, str]
                 ) -> StepParts | None:
@@ -529,6 +564,12 @@ class StepSplits:
             rows[int(step)] = cast(Row, tuple(float(v) for v in (columns + [0.0] * width)[:width]))
         for old in sorted(rows)[:-KEPT_STEPS]:
             del rows[old]
+        paces = self._paces.setdefault(rank, {})
+        for step, seconds in event.get("pace") or []:
+            if float(seconds) > 0:
+                paces[int(step)] = float(seconds)
+        for old in sorted(paces)[:-KEPT_STEPS]:
+            del paces[old]
         parts = None
         count, *sums = (list(event.get("totals") or [0]) + [0.0] * width)[:width + 1]
         if count:
@@ -572,6 +613,46 @@ class StepSplits:
         return [self._delays[s] for s in range(max(step - steps, self._since) + 1, step + 1)
                 if s in self._delays]
 
+    def _evidence_s(self, hosts: dict[int, str], step: int, window: list[StepDelay],
+                    found: tuple[list[int], bool, Finding[int] | Finding[str], str]) -> float:
+        """How long the slowdown ``found`` over the ``window`` must have lasted to be named:
+        :data:`EVIDENCE_S` for the others' own work of :data:`NOISE_OWN_S` or less, less in
+        proportion for longer own work (a CPU shared with other work takes a thread off it
+        for milliseconds at a time: much of 1 ms, little of 30), none for an excess of
+        :data:`LARGE_EXCESS` or more net of its wait for a CPU (no busy CPU was seen to
+        double a rank's own work but by that wait)."""
+        named, whole, finding, kind = found
+        self._named = (tuple(named), whole, finding, kind)
+        try:
+            seen = self._verdict(hosts, step, window)
+        finally:
+            self._named = None
+        # its own work net of its wait for a CPU beyond the others' (a busy CPU's episodes
+        # doubled a rank's own work over 15 steps of 1 ms, most of it waiting for a CPU)
+        net = seen.own_s - seen.cpu_wait_s
+        if seen.others_s <= 0 or net >= (1 + LARGE_EXCESS) * seen.others_s:
+            return 0.0
+        return min(EVIDENCE_S, EVIDENCE_S * NOISE_OWN_S / seen.others_s)
+
+    def _lasting(self, step: int, steps: int, need_s: float) -> list[StepDelay]:
+        """:meth:`_recent`'s window, taken back over as many steps as span ``need_s``
+        seconds (at most :data:`LASTING_STEPS`); empty when the steps kept since the last
+        verdict was cleared do not reach that far yet."""
+        window = self._recent(step, steps)
+        wall = sum(d.wall_s for d in window)
+        if wall >= need_s or len(window) >= LASTING_STEPS:
+            return window
+        earlier: list[StepDelay] = []
+        for s in range(step - steps, self._since, -1):
+            d = self._delays.get(s)
+            if d is None:
+                continue
+            earlier.append(d)
+            wall += d.wall_s
+            if wall >= need_s or len(window) + len(earlier) >= LASTING_STEPS:
+                return earlier[::-1] + window
+        return []
+
     def _judge(self, hosts: dict[int, str], step: int) -> None:
         if self.current is not None:
             if self._still_holds(hosts, step):
@@ -585,12 +666,21 @@ class StepSplits:
                 continue
             read = len(window)
             found = self._accuse(hosts, window)
+            if found is not None and not found[2].period:
+                # a slowdown, not a rhythm or a periodic stall: named once it lasted
+                need = self._evidence_s(hosts, step, window, found)
+                if sum(d.wall_s for d in window) < need:
+                    window = self._lasting(step, steps, need)
+                    found = self._accuse(hosts, window) if window else None
             if found is not None:
                 named, whole, finding, kind = found
                 self._named = (tuple(named), whole, finding, kind)
                 candidate = self._verdict(hosts, step, window)
-                if not self._borne_out(candidate):
+                slower = self._cpu_slower(candidate, window)
+                if not self._borne_out(candidate) or slower is not None:
                     self._named = None
+                    if slower is not None:
+                        self._slowed(candidate, slower, len(window), step)
                     continue
                 self.current = candidate
                 self.events.append(("named", self.current))
@@ -674,7 +764,7 @@ class StepSplits:
         if mine < CLEAR_SHARE * sum(d.wall_s for d in window) or mine < lost / 2:
             return False
         fresh = self._verdict(hosts, self.current.step, window)
-        if not self._borne_out(fresh):
+        if not self._borne_out(fresh) or self._cpu_slower(fresh, window) is not None:
             return False
         if fresh.ranks == self.current.ranks and fresh.lost_share >= COST_SHARE:
             self.current = fresh
@@ -714,6 +804,40 @@ class StepSplits:
         for a CPU longer still, the named rank's own work was shorter on average, and its
         verdict said it took "-6% longer"."""
         return found.own_s - found.others_s >= self._least()
+
+    def _pace(self, rank: int, window: list[StepDelay]) -> float | None:
+        """The median of ``rank``'s CPU pace probes over the ``window``'s steps (or its latest
+        :data:`PACE_PROBES` up to the window's end, when it holds fewer); ``None``: none."""
+        paces = self._paces.get(rank) or {}
+        first, last = window[0].step, window[-1].step
+        inside = [v for s, v in paces.items() if first <= s <= last]
+        if len(inside) < PACE_PROBES:
+            inside = [paces[s] for s in sorted(s for s in paces if s <= last)[-PACE_PROBES:]]
+        return statistics.median(inside) if len(inside) >= PACE_PROBES else None
+
+    def _cpu_slower(self, found: Straggler, window: list[StepDelay]) -> float | None:
+        """How much slower (a share) the named ranks' CPU ran its pace probes than the
+        others' over the ``window``, when that explains :data:`PACE_SHARE` of their longer own
+        work or more (their CPU's condition, not their work); ``None`` when it does not, or
+        when the probes are not there (GPU ranks, TensorFlow's, a rank of an older version)."""
+        others = [r for r in self._rows if r not in found.ranks]
+        mine = [self._pace(r, window) for r in found.ranks]
+        theirs = [self._pace(r, window) for r in others]
+        if not others or None in mine or None in theirs or found.others_s <= 0:
+            return None
+        base = statistics.median(cast(list[float], theirs))
+        slower = statistics.median(cast(list[float], mine)) / base - 1 if base > 0 else 0.0
+        longer = found.own_s / found.others_s - 1
+        return slower if longer > 0 and slower >= PACE_SHARE * longer else None
+
+    def _slowed(self, found: Straggler, slower: float, steps: int, step: int) -> None:
+        """Say once that a rank's own work was longer because its CPU ran slower (shared with
+        other work): the hosts' condition, no rank named."""
+        if self.busy is not None:
+            return
+        self.busy = BusyHosts((found.host,), 0.0, steps, step, ranks=found.ranks,
+                              longer=found.own_s / found.others_s - 1, slower=slower)
+        self.events.append(("busy", self.busy))
 
     def _busy(self, hosts: dict[int, str], step: int) -> None:
         """Say once that the ranks' hosts are busy with other work, when their waits for a CPU
