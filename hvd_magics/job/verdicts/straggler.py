@@ -15,8 +15,13 @@ time, or stalling the others at a regular period); noise spreads over every rank
 counts in full. Where the ranks' CPU time is read, a delay that was its wait for a CPU beyond the
 next rank's is its host's condition: on several hosts, a host whose ranks the others wait for that
 way is named for it; otherwise the busy host is said once (:class:`BusyHosts`), and no rank is named
-for it. A named rank is cleared when its delays no longer cost :data:`CLEAR_SHARE` of the latest
-steps' time.
+for it. A slowdown of a rank's own work by less than :data:`LARGE_EXCESS` is named only once it
+lasted :data:`EVIDENCE_S` (for short own work; less for longer: :meth:`StepSplits._evidence_s`):
+a CPU shared with other work slows equal ranks in turn for up to a second. A rank whose CPU ran
+its pace probes (:mod:`hvd_magics.rank.instruments.step_split`) slower than the others' by
+:data:`PACE_SHARE` of its excess or more is the host's condition, said once, not named; a rank
+whose own work is not longer than the others' over the window is never named. A named rank is
+cleared when its delays no longer cost :data:`CLEAR_SHARE` of the latest steps' time.
 
 Its cause and figures are read over the window that named it. The cause is the part of its own
 work (input or compute) that exceeds the others' the more once the rank's wait for a CPU in that
