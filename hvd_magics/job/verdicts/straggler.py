@@ -823,8 +823,11 @@ class StepSplits:
     def _cpu_slower(self, found: Straggler, window: list[StepDelay]) -> float | None:
         """How much slower (a share) the named ranks' CPU ran its pace probes than the
         others' over the ``window``, when that explains :data:`PACE_SHARE` of their longer own
-        work or more (their CPU's condition, not their work); ``None`` when it does not, or
-        when the probes are not there (GPU ranks, TensorFlow's, a rank of an older version)."""
+        work or more and it is longer in compute (their CPU's condition, not their work: a
+        rank that sleeps for its batches wakes on a CPU slower for a while); ``None`` when it
+        does not, or when the probes are not there (GPU ranks, TensorFlow's)."""
+        if found.cause != COMPUTE:  # a wait for batches is not run on a CPU
+            return None
         others = [r for r in self._rows if r not in found.ranks]
         mine = [self._pace(r, window) for r in found.ranks]
         theirs = [self._pace(r, window) for r in others]
