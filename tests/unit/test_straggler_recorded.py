@@ -2,10 +2,10 @@
 got in real runs on this machine (2 driver ranks, DDP over Gloo, a loop of fixed work a step,
 beside 0-2 processes that spin), replayed through the verdict as the driver reads it.
 
-Each clean run (equal ranks, 1 ms of work a step) names a rank, one or the other, for 19-45%
-"longer" own work over 15-60 steps when judged over those windows alone (as before this issue):
-a CPU shared with other work slows one rank and then another. The recorded straggler runs (30 ms
-of work, rank 1 doing 30% more) name rank 1.
+Each clean run (equal ranks, 1 ms or 30 ms of work a step) names a rank as the verdict judged
+before this issue: 1 ms steps, one or the other, for 19-45% "longer" own work over 15-60 steps
+(a CPU shared with other work slows one rank and then another), 30 ms steps for 8-10% over
+seconds. The recorded straggler runs (30 ms of work, rank 1 doing 30% more) name rank 1.
 Recorded by ``benchmarks/straggler.py --parts noise --record FILE`` (its loop: ``tests.engine_jobs.fixed_work``)."""
 import gzip
 import json
@@ -27,12 +27,14 @@ def _replay(run: dict) -> list:
 
 
 @pytest.mark.parametrize("run", [r for r in RUNS if not r["more"]],
-                         ids=lambda r: f"busy{r['busy']}")
+                         ids=lambda r: f"{r['work_ms']:g}ms-busy{r['busy']}")
 def test_equal_ranks_beside_busy_processes_name_nobody(run, monkeypatch):
     from hvd_magics.job.verdicts import straggler
 
     assert [found.text() for found in _replay(run)] == []
-    monkeypatch.setattr(straggler, "EVIDENCE_S", 0.0)  # judged over 15-60 steps alone
+    # as before issue 82: judged over 15-60 steps alone, a mean excess of 8% enough
+    monkeypatch.setattr(straggler, "EVIDENCE_S", 0.0)
+    monkeypatch.setattr(straggler, "VERDICT_SHARE", straggler.NAME_SHARE)
     assert _replay(run), "this run's evidence fooled no verdict: it tests nothing"
 
 

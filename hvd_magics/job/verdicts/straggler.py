@@ -69,6 +69,11 @@ STEADY_SHARE = 0.5
 #: How much longer (a share of the others' own work) a rank's own work must be than theirs to be
 #: named, and below which it is cleared.
 NAME_SHARE = 0.08
+#: ...and how much longer on average over the window that names it a slowdown must be (a
+#: verdict kept while it holds too): equal ranks of 30 ms of work a step, beside 0-2 busy
+#: processes, differed by 8-10% for seconds on end (named in 2 of 14 recorded runs), and a
+#: verdict kept said "1% longer".
+VERDICT_SHARE = 0.15
 #: A named rank is cleared when the others lose less than this share of the latest steps' time
 #: to it (half what names it: :data:`hvd_magics.job.verdicts.wait_accounting.COST_SHARE`).
 CLEAR_SHARE = COST_SHARE / 2
@@ -807,8 +812,13 @@ class StepSplits:
         than the others' (by the least delay that counts). What names a rank is its own work
         net of its waits for a CPU beyond the others', step by step; where the others waited
         for a CPU longer still, the named rank's own work was shorter on average, and its
-        verdict said it took "-6% longer"."""
-        return found.own_s - found.others_s >= self._least()
+        verdict said it took "-6% longer". A slowdown (not a rhythm or a periodic stall, whose
+        steps between are the others' own) is longer by :data:`VERDICT_SHARE` of the others'
+        own work on average."""
+        assert self._named is not None  # asked while a rank is named, or about to be
+        excess = found.own_s - found.others_s
+        return excess >= self._least() and (
+            bool(self._named[2].period) or excess >= VERDICT_SHARE * found.others_s)
 
     def _pace(self, rank: int, window: list[StepDelay]) -> float | None:
         """The median of ``rank``'s CPU pace probes over the ``window``'s steps (or its latest
