@@ -51,37 +51,40 @@ def _busy(record, ranks=(0, 1)):
                for row in record.step_split if row["rank"] in ranks) >= 0.2
 
 
-def test_a_ddp_rank_slowed_in_compute_is_named_within_twenty_steps_with_its_split():
+def test_a_ddp_rank_slowed_in_compute_is_named_once_it_lasted_with_its_split():
     """Rank 1 is slower from its first step (a slowdown from a later step is the unit tests':
     beside the suite's other lanes, a rank the machine starves for half a second before it is
-    slowed is rightly named for it, which a test of the onset cannot tell apart)."""
-    record = _run("torch", steps=100, slow_rank=1, how="compute", slower=0.3)
-    assert record.value == 100
+    slowed is rightly named for it, which a test of the onset cannot tell apart). A slowdown
+    is named once it lasted two seconds (issue 82: a busy CPU slows equal ranks in turn for up
+    to a second): about 60 steps of 33 ms."""
+    record = _run("torch", steps=150, slow_rank=1, how="compute", slower=0.3)
+    assert record.value == 150
     step, verdict = _named(record, 1, "in compute")
     # beside the suite's busy lanes both ranks wait for CPUs, which spreads the time lost over
-    # both until chance no longer explains rank 1's share: steps 41 and 59 in two runs of the
-    # suite (its 30% more work measured 16-20% longer); on a quiet host within 20
-    assert step < (100 if _busy(record) else 20), verdict
+    # both until chance no longer explains rank 1's share (its 30% more work measured 16-20%
+    # longer); on a quiet host at about step 50
+    assert step < (150 if _busy(record) else 80), verdict
     by_rank = {row["rank"]: row for row in record.step_split}
-    assert [by_rank[r]["steps"] for r in (0, 1)] == [99, 99]  # the first step has no start
+    assert [by_rank[r]["steps"] for r in (0, 1)] == [149, 149]  # the first step has no start
     # rank 0 waits for rank 1 (by its 9 ms more a step on a quiet host; less where the suite's
     # other lanes starve rank 0 too, and rank 1 waits for it in turn)
     assert by_rank[0]["comm_s"] > by_rank[1]["comm_s"] + (0.0 if _busy(record) else 0.004)
     frame = record.steps
     assert set(frame["rank"]) == {0, 1} and frame.groupby("rank")["steps"].sum().tolist() == [
-        99, 99]
+        149, 149]
     assert ((frame["input_s"] + frame["compute_s"] + frame["comm_s"] - frame["step_s"]).abs()
             < 1e-4).all()
     assert "straggler" in str(record) and "steps of rank 1" in str(record)
 
 
 def test_a_horovod_rank_slowed_in_its_data_loader_is_named_for_its_input():
-    # 80 steps: on a busy host a spell of starving rank 0 can be named first and cleared
-    record = _run("horovod", steps=80, slow_rank=0, how="input", slower=0.3)
+    # 120 steps: on a busy host a spell of starving rank 0 can be named first and cleared;
+    # a slowdown is named once it lasted two seconds (about 60 steps)
+    record = _run("horovod", steps=120, slow_rank=0, how="input", slower=0.3)
     busy = _busy(record)
     step, verdict = _named(record, 0, "in its input pipeline" if busy else
                            "in its input pipeline (waiting for batches)")
-    assert step < (60 if busy else 20), verdict
+    assert step < (120 if busy else 80), verdict
     by_rank = {row["rank"]: row for row in record.step_split}
     assert by_rank[0]["input_s"] > 0.005 > by_rank[1]["input_s"]
 

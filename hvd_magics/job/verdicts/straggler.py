@@ -15,8 +15,8 @@ time, or stalling the others at a regular period); noise spreads over every rank
 counts in full. Where the ranks' CPU time is read, a delay that was its wait for a CPU beyond the
 next rank's is its host's condition: on several hosts, a host whose ranks the others wait for that
 way is named for it; otherwise the busy host is said once (:class:`BusyHosts`), and no rank is named
-for it. A slowdown of a rank's own work by less than :data:`LARGE_EXCESS` is named only once it
-lasted :data:`EVIDENCE_S` (for short own work; less for longer: :meth:`StepSplits._evidence_s`):
+for it. A slowdown of a rank's own work by less than :data:`LARGE_EXCESS` is named only over a
+window of :data:`EVIDENCE_S` or more, its own work :data:`VERDICT_SHARE` longer on average there:
 a CPU shared with other work slows equal ranks in turn for up to a second. A rank whose CPU ran
 its pace probes (:mod:`hvd_magics.rank.instruments.step_split`) slower than the others' by
 :data:`PACE_SHARE` of its excess or more is the host's condition, said once, not named; a rank
@@ -91,17 +91,17 @@ OUTLIER = 3.0
 #: Steps kept per rank for the looks (a rank sends at most 256 at a time)...
 KEPT_STEPS = 2304
 #: The least time a window that names a rank for a slowdown spans (a rhythm or a periodic
-#: stall is named over its own window): short steps are looked at over as many as last that
-#: long, up to :data:`LASTING_STEPS`. A CPU shared with other work slows one rank and then
-#: another for tens of milliseconds to a second at a time: equal ranks of 1 ms steps, recorded
-#: beside 0-2 busy processes and replayed, were named in 18 of 18 runs over windows of 15-60
-#: steps, in 7 of 18 over a second, in 1 of 18 over two seconds (none with the CPU's pace read).
+#: stall is named over its own window, and an excess of :data:`LARGE_EXCESS` or more over the
+#: usual ones): the steps are looked at over as many as last that long, up to
+#: :data:`LASTING_STEPS`. A CPU shared with other work slows one rank and then another for tens
+#: of milliseconds to a second or more at a time. Recorded clean runs beside 0-4 busy processes,
+#: replayed: equal ranks of 1 ms of work a step were named in 18 of 18 runs over windows of
+#: 15-60 steps, in 7 of 18 over a second, in 1 of 18 over two (none with the CPU's pace read);
+#: of 30 ms of work beside 4, over 21 steps (0.5 s) in 1 of 3.
 EVIDENCE_S = 2.0
 LASTING_STEPS = 2048
-#: ...for own work per step of this many seconds or less; longer own work needs less time in
-#: proportion (30 ms: 0.13 s, under the 15 steps of the first window), and an excess of
-#: :data:`LARGE_EXCESS` (a share of the others' own work) or more none.
-NOISE_OWN_S = 0.004
+#: A share of the others' own work: a rank whose own work (net of its wait for a CPU beyond
+#: theirs) is longer by this much or more is named over the usual windows.
 LARGE_EXCESS = 1.0
 #: ...and the most looks one report leads to (with more new steps, every n-th step is looked
 #: at: a job of many short steps costs the driver little).
@@ -626,23 +626,18 @@ class StepSplits:
     def _evidence_s(self, hosts: dict[int, str], step: int, window: list[StepDelay],
                     found: tuple[list[int], bool, Finding[int] | Finding[str], str]) -> float:
         """How long the slowdown ``found`` over the ``window`` must have lasted to be named:
-        :data:`EVIDENCE_S` for the others' own work of :data:`NOISE_OWN_S` or less, less in
-        proportion for longer own work (a CPU shared with other work takes a thread off it
-        for milliseconds at a time: much of 1 ms, little of 30), none for an excess of
-        :data:`LARGE_EXCESS` or more net of its wait for a CPU (no busy CPU was seen to
-        double a rank's own work but by that wait)."""
+        :data:`EVIDENCE_S`, or nothing for an excess of :data:`LARGE_EXCESS` or more net of
+        the rank's wait for a CPU beyond the others' (no busy CPU was seen to double a rank's
+        own work but by that wait)."""
         named, whole, finding, kind = found
         self._named = (tuple(named), whole, finding, kind)
         try:
             seen = self._verdict(hosts, step, window)
         finally:
             self._named = None
-        # its own work net of its wait for a CPU beyond the others' (a busy CPU's episodes
-        # doubled a rank's own work over 15 steps of 1 ms, most of it waiting for a CPU)
         net = seen.own_s - seen.cpu_wait_s
-        if seen.others_s <= 0 or net >= (1 + LARGE_EXCESS) * seen.others_s:
-            return 0.0
-        return min(EVIDENCE_S, EVIDENCE_S * NOISE_OWN_S / seen.others_s)
+        return 0.0 if seen.others_s > 0 and net >= (1 + LARGE_EXCESS) * seen.others_s \
+            else EVIDENCE_S
 
     def _lasting(self, step: int, steps: int, need_s: float) -> list[StepDelay]:
         """:meth:`_recent`'s window, taken back over as many steps as span ``need_s``
