@@ -139,7 +139,7 @@ def test_a_session_that_asks_for_tls_refuses_the_job_as_pysparks_distributor_doe
     assert ("refused spark.ssl.enabled=true asks for data encryption in transit, which the ranks' "
             "training traffic (Horovod's, Gloo's, NCCL's) does not have. Fix: to train "
             'unencrypted anyway, spark.conf.set("pytorch.spark.distributor.ignoreSsl", "true")'
-            ) in out and "ran None" in out
+            ) in out and "ran False" in out, out
     assert "pyspark refused too: True" in out and "allowed 0" in out
 
 

@@ -51,3 +51,14 @@ def test_the_job_s_log_keeps_the_lines_a_full_disk_had_no_room_for(tmp_path):
         log.write("after\n")
         log.close()
         assert (disk / "runs" / "ranks.log").read_text() == f"first\n{long}after\n"
+
+
+def test_a_line_longer_than_what_waits_for_room_is_written_whole(tmp_path):
+    """Only what a full disk keeps waiting is bounded: a rank's 40 MB line was cut to 16 MiB."""
+    from hvd_magics.job.records.job_log import WAITING_BOUND
+
+    log = JobLog(tmp_path / "ranks.log")
+    log.write("x" * (WAITING_BOUND + 1000) + "\n")
+    log.close()
+    assert (tmp_path / "ranks.log").stat().st_size == WAITING_BOUND + 1001
+    assert log.dropped == 0

@@ -31,11 +31,11 @@ class JobLog:
     def write(self, text: str) -> None:
         """Append ``text``; what the disk has no room for waits for the next write."""
         self._waiting += text.encode("utf-8", "replace")
-        if len(self._waiting) > WAITING_BOUND:
+        self._flush()
+        if len(self._waiting) > WAITING_BOUND:  # no room for a while: the oldest go
             cut = len(self._waiting) - WAITING_BOUND
             self.dropped += cut
             del self._waiting[:cut]
-        self._flush()
 
     def _flush(self) -> None:
         while self._waiting and self._fd is not None:
