@@ -274,9 +274,10 @@ def test_a_keras_3_rank_slowed_in_a_custom_strategy_loop_is_named(how, cause):
     named = [v for v in record.stragglers if ": rank 1 (host " in v]
     assert named and cause in named[0], record.stragglers
     # late in its input in every other step (tf.data makes batches ahead): named once chance
-    # on equal ranks cannot explain it, about 20 steps on two ranks on a quiet host; beside
-    # busy lanes within the job
-    within = 120 if _machine_busy(before) else 25
+    # on equal ranks cannot explain it, at steps 19-20 on two ranks on a quiet host (before
+    # and after issue 82's changes, three runs each); beside busy lanes within the job (a
+    # fresh clone's suite named it at step 30 with the machine under 75% busy during the test)
+    within = 120 if _machine_busy(before) else 40
     assert int(named[0].split(":")[0].removeprefix("from step ")) < within, named[0]
     by_rank = {row["rank"]: row for row in record.step_split}
     assert [by_rank[r]["steps"] for r in (0, 1)] == [119, 119]
