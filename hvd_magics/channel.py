@@ -106,6 +106,19 @@ def read_frame(conn: socket.socket, secret: bytes, nonce: bytes, seq: int,
     return json.loads(body)
 
 
+def accept_loop(sock: socket.socket, take: Callable[[socket.socket], bool]) -> None:
+    """Accept connections on the listening ``sock`` and hand each to ``take``, until the socket
+    is closed or ``take`` says ``False`` (run in a listener's own thread: the event server's,
+    a warm pool's shard receiver's)."""
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except OSError:
+            return
+        if not take(conn):
+            return
+
+
 class Rejected(Exception):
     """The peer broke the protocol; drop its connection."""
 
@@ -191,8 +204,8 @@ class EventServer:
         #: Per rank whose supervisor said hello: when a frame of it last arrived (monotonic).
         self.heard: dict[int, float] = {}
         self.address = ChannelAddress(host, self._sock.getsockname()[1], self._secret, job_id)
-        self._accepter = threading.Thread(target=self._accept_loop, name="hvd-events-accept",
-                                          daemon=True)
+        self._accepter = threading.Thread(target=accept_loop, args=(self._sock, self._take),
+                                          name="hvd-events-accept", daemon=True)
         self._accepter.start()
 
     @property
@@ -201,29 +214,27 @@ class EventServer:
         with self._lock:
             return len(self._readers)
 
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            _no_delay(conn)
-            with self._lock:
-                if self._closed and self._lingering:
-                    threading.Thread(target=self._turn_away, args=(conn,),
-                                     name="hvd-events-turn-away", daemon=True).start()
-                    continue
-                if self._closed:
-                    conn.close()
-                    return
-                if len(self._pending) >= MAX_PENDING_HANDSHAKES:
-                    _shut(self._pending.pop(0))  # its reader counts it as rejected
-                self._pending.append(conn)
-                self._conns.add(conn)
-                reader = threading.Thread(target=self._read_loop, args=(conn,),
-                                          name="hvd-events-read", daemon=True)
-                self._readers.add(reader)
-            reader.start()
+    def _take(self, conn: socket.socket) -> bool:
+        """A new connection: read by its own thread, turned away after a lingering close, or
+        closed (``False``: the server is closed, stop accepting)."""
+        _no_delay(conn)
+        with self._lock:
+            if self._closed and self._lingering:
+                threading.Thread(target=self._turn_away, args=(conn,),
+                                 name="hvd-events-turn-away", daemon=True).start()
+                return True
+            if self._closed:
+                conn.close()
+                return False
+            if len(self._pending) >= MAX_PENDING_HANDSHAKES:
+                _shut(self._pending.pop(0))  # its reader counts it as rejected
+            self._pending.append(conn)
+            self._conns.add(conn)
+            reader = threading.Thread(target=self._read_loop, args=(conn,),
+                                      name="hvd-events-read", daemon=True)
+            self._readers.add(reader)
+        reader.start()
+        return True
 
     def _handshake(self, conn: socket.socket) -> tuple[bytes, int]:
         """Send the nonce, verify the hello; return ``(nonce, rank)``."""

@@ -24,8 +24,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from hvd_magics.channel import (DOWN, NONCE_BYTES, Rejected, encode_frame, read_exact,
-                                read_frame)
+from hvd_magics.channel import (DOWN, NONCE_BYTES, Rejected, accept_loop, encode_frame,
+                                read_exact, read_frame)
 from hvd_magics.errors import ShardSpaceError
 from hvd_magics.task.shard_files import write_shards
 
@@ -60,17 +60,13 @@ class ShardReceiver:
         self._secret = secret
         self._sock = socket.create_server(("", 0))
         self.port = self._sock.getsockname()[1]
-        threading.Thread(target=self._accept_loop, name="hvd-shard-receiver",
-                         daemon=True).start()
+        threading.Thread(target=accept_loop, args=(self._sock, self._take),
+                         name="hvd-shard-receiver", daemon=True).start()
 
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), name="hvd-shard-receive",
-                             daemon=True).start()
+    def _take(self, conn: socket.socket) -> bool:
+        threading.Thread(target=self._serve, args=(conn,), name="hvd-shard-receive",
+                         daemon=True).start()
+        return True
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
