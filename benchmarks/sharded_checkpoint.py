@@ -106,7 +106,7 @@ def measure(how: str, gb: float, folder: str) -> dict:
         # what latest(state) reads once it found the checkpoint (this job started with none,
         # which latest() itself would keep to)
         from hvd_magics.common.checkpoints import latest_checkpoint
-        from hvd_magics.rank.integrations.torch_dcp import load
+        from hvd_magics.rank.api.torch_dcp import load
 
         found = latest_checkpoint(checkpoint.directory())
         assert found is not None and found[1].is_dir(), found

@@ -187,12 +187,13 @@ def show_warning(message: Warning | str, category: type[Warning], filename: str,
 def run_rank() -> None:
     """Run the shipped function and report its result or its exception (never returns)."""
     from hvd_magics.rank import integrations, torch_group_hold, whole_writes
+    from hvd_magics.rank.api import preemption
     from hvd_magics.rank.guards import engine_guard, shard_guard
     from hvd_magics.rank.instruments import ddp_watch, stack_report, step_split
 
     whole_writes.install()
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
-    stack_report.serve()
+    stack_report.serve(preemption.on_order)
     warnings.showwarning = show_warning
     integrations.install()
     ddp_watch.install()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hvd_magics.errors import CheckpointMismatch
-from hvd_magics.rank.integrations.deepspeed import TAG, load_engine
+from hvd_magics.rank.api.deepspeed_checkpoint import TAG, load_engine
 
 
 class Engine:

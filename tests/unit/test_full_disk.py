@@ -8,7 +8,7 @@ import torch
 
 from hvd_magics.job.records.job_log import JobLog
 from hvd_magics.rank.api.disk_full import disk_full, no_room
-from hvd_magics.rank.integrations import torch_dcp
+from hvd_magics.rank.api import torch_dcp
 from tests.full_disk import fill, small_disk
 
 

@@ -6,7 +6,7 @@ import warnings
 
 import torch
 
-from hvd_magics.rank.integrations import torch_dcp
+from hvd_magics.rank.api import torch_dcp
 
 #: DCP's own words (torch/distributed/checkpoint/state_dict_saver.py).
 _DCP_SAYS = ("torch.distributed is disabled, unavailable or uninitialized, assuming the intent "

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hvd_magics.errors import CheckpointMismatch
-from hvd_magics.rank.integrations import torch_dcp
+from hvd_magics.rank.api import torch_dcp
 
 
 def _layers(count: int, seed: int = 0) -> torch.nn.Sequential:

@@ -18,7 +18,7 @@ rank at the same step, and the next attempt resumes from it, redoing no step::
 Sharded training (FSDP2's ``fully_shard``, FSDP1, any model whose state each rank holds a part
 of) saves through PyTorch's distributed checkpoint: give the model and the optimizer themselves
 (or state dicts of sharded tensors), and every rank writes its part; ``latest`` reads it into the
-job's state in place, on any number of ranks (:mod:`hvd_magics.rank.integrations.torch_dcp`)::
+job's state in place, on any number of ranks (:mod:`hvd_magics.rank.api.torch_dcp`)::
 
     state = {"model": model, "optimizer": optimizer, "step": 0}
     found = checkpoint.latest(state)         # loaded into model and optimizer, or None
@@ -28,7 +28,7 @@ job's state in place, on any number of ranks (:mod:`hvd_magics.rank.integrations
 
 A DeepSpeed engine (ZeRO stages 1-3) saves through its own ``save_checkpoint``, every rank its
 partition, put in place whole as the others are; values beside it in a dict come back with it
-(:mod:`hvd_magics.rank.integrations.deepspeed`)::
+(:mod:`hvd_magics.rank.api.deepspeed_checkpoint`)::
 
     state = {"engine": engine, "epoch": 0}
     found = checkpoint.latest(state)         # loaded into the engine, or None
@@ -65,11 +65,11 @@ from hvd_magics.errors import (CheckpointFolderNotShared, CheckpointMismatch,
                                ShardedCheckpointNeedsState, ShardedStateRefused)
 from hvd_magics.rank.api.disk_full import disk_full, no_room
 from hvd_magics.rank.api.preemption import after_save, noticed, preempting
-from hvd_magics.rank.integrations.deepspeed import TAG as DEEPSPEED_TAG
-from hvd_magics.rank.integrations.deepspeed import engine_in, load_engine, save_engine
-from hvd_magics.rank.integrations.torch_dcp import load as load_sharded
-from hvd_magics.rank.integrations.torch_dcp import in_process_group, needs_dcp, save_in_background
-from hvd_magics.rank.integrations.torch_dcp import save as save_sharded
+from hvd_magics.rank.api.deepspeed_checkpoint import TAG as DEEPSPEED_TAG
+from hvd_magics.rank.api.deepspeed_checkpoint import engine_in, load_engine, save_engine
+from hvd_magics.rank.api.torch_dcp import load as load_sharded
+from hvd_magics.rank.api.torch_dcp import in_process_group, needs_dcp, save_in_background
+from hvd_magics.rank.api.torch_dcp import save as save_sharded
 from hvd_magics.rank.rank_job import rank_job
 from hvd_magics.rank_names import rank_named
 

@@ -21,20 +21,30 @@ from __future__ import annotations
 import math
 import os
 from typing import Any
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
 from hvd_magics.errors import ShardError
 from hvd_magics.protocol import ENV_SHARDS
 from hvd_magics.rank.instruments import step_split
-from hvd_magics.rank.integrations import plain_loops
 from hvd_magics.rank.rank_job import rank_job
 
 #: What :meth:`Shard.steps_per_epoch` does with the rows by which shards differ.
 REPEAT, DROP = "repeat", "drop"
 #: Arrow field names of an MLlib ``VectorUDT`` column (``type`` 0: sparse, 1: dense).
 _VECTOR_FIELDS = {"type", "size", "indices", "values"}
+#: Called with ``(shard, steps, batch_size)`` as each pass over a shard's batches begins
+#: (:func:`when_a_pass_begins`).
+_pass_hooks: list[Callable[[Shard, int, int], None]] = []
+
+
+def when_a_pass_begins(hook: Callable[[Shard, int, int], None]) -> None:
+    """Call ``hook(shard, steps, batch_size)`` as each pass over a shard's batches begins (a
+    plain loop's epochs are inferred from it: :mod:`hvd_magics.rank.integrations.plain_loops`
+    hooks itself here once this module is imported; the api imports no integration)."""
+    if hook not in _pass_hooks:
+        _pass_hooks.append(hook)
 
 
 def _is_vector(kind: Any) -> bool:
@@ -276,7 +286,8 @@ class Shard:
         names = list(columns) if columns is not None else self.columns
         arrays = {name: self._rows_of(name) for name in names}
         batches = self.batch_rows(batch_size, shuffle, seed, remainder)
-        plain_loops.on_shard_pass(self, len(batches), batch_size)
+        for hook in _pass_hooks:
+            hook(self, len(batches), batch_size)
         for rows in batches:
             with step_split.input_wait():
                 batch = {name: array[rows] for name, array in arrays.items()}

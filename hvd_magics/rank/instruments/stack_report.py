@@ -2,8 +2,9 @@
 
 The supervisor writes a request id, one line, to the pipe named by ``HVD_MAGICS_CONTROL_FD``; a
 thread of the rank (:func:`serve`) answers each with a ``stacks`` event (a line that begins
-with :data:`~hvd_magics.protocol.PREEMPT_LINE` is a preemption notice instead:
-:mod:`hvd_magics.rank.api.preemption`): every thread's frames
+with :data:`~hvd_magics.protocol.PREEMPT_LINE` is a preemption notice instead, handed to
+whoever serves: the rank gives :func:`hvd_magics.rank.api.preemption.on_order`): every thread's
+frames
 from :func:`sys._current_frames`, hvd_magics' own frames left out, each frame marked ``user``
 (the cell, the user's files) or ``library`` (the standard library and installed packages). The
 thread needs the GIL for a moment, which a rank waiting in a Horovod collective, in ``sleep`` or
@@ -19,10 +20,10 @@ import sysconfig
 import threading
 from types import FrameType
 from typing import Any
+from collections.abc import Callable
 
 from hvd_magics.protocol import ENV_CONTROL_FD, PREEMPT_LINE, STACKS
 from hvd_magics.rank.instruments import ddp_watch
-from hvd_magics.rank.api import preemption
 from hvd_magics.rank import rank_events
 
 #: Most frames reported per thread (the innermost ones).
@@ -82,21 +83,23 @@ def current_stacks() -> tuple[list[dict[str, Any]], int]:
     return threads, others
 
 
-def _answer(stream: Any) -> None:
+def _answer(stream: Any, on_notice: Callable[[str], None]) -> None:
     for line in stream:
         request = line.decode(errors="replace").strip()
         if request.startswith(PREEMPT_LINE):  # the pipe's other use: a preemption notice
-            preemption.on_order(request.removeprefix(PREEMPT_LINE))
+            on_notice(request.removeprefix(PREEMPT_LINE))
         elif request:
             threads, others = current_stacks()
             rank_events.emit(STACKS, request=request, threads=threads, others=others,
                              ddp=ddp_watch.state())
 
 
-def serve() -> None:
-    """Answer the supervisor's stack requests from a daemon thread (no-op without the pipe)."""
+def serve(on_notice: Callable[[str], None]) -> None:
+    """Answer the supervisor's stack requests from a daemon thread, and pass a preemption
+    notice's JSON to ``on_notice`` (no-op without the pipe)."""
     fd = os.environ.pop(ENV_CONTROL_FD, None)
     if not fd:
         return
     stream = os.fdopen(int(fd), "rb", buffering=0)
-    threading.Thread(target=_answer, args=(stream,), name=SERVER_THREAD, daemon=True).start()
+    threading.Thread(target=_answer, args=(stream, on_notice), name=SERVER_THREAD,
+                     daemon=True).start()

@@ -12,9 +12,11 @@ or train its rank alone).
 - :mod:`.trackers`: MLflow runs a library or the cell creates itself;
 - :mod:`.deepspeed`: a DeepSpeed script run as pyspark's ``DeepspeedTorchDistributor`` runs it;
 - :mod:`.torch_extensions`: PyTorch's C++ extensions built on first use (DeepSpeed's ops): a
-  build killed half-way no longer blocks every later one;
-- :mod:`.torch_dcp`: PyTorch's distributed checkpoint behind ``checkpoint.save`` and
-  ``checkpoint.latest(state)`` for sharded state (FSDP2, FSDP1).
+  build killed half-way no longer blocks every later one.
+
+What ``checkpoint.save`` does with sharded state and DeepSpeed engines is the checkpoint's own
+(:mod:`hvd_magics.rank.api.torch_dcp`, :mod:`hvd_magics.rank.api.deepspeed_checkpoint`): this
+room uses the api (progress, the preemption notice), never the other way round.
 
 :mod:`.guards` holds what the guards share. Each module's ``install()`` hooks its library
 whenever it is imported (:mod:`hvd_magics.rank.guards.import_hooks`); nothing is imported here.

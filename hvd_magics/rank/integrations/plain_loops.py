@@ -36,6 +36,8 @@ from hvd_magics.rank.rank_job import rank_job
 
 _DDP_MODULE = "torch.nn.parallel.distributed"
 _ACCELERATE_MODULE = "accelerate.accelerator"
+#: A DataFrame shard's module (it loads numpy: hooked once the job's code imports it).
+_SHARD_MODULE = "hvd_magics.rank.api.shard"
 _PATCHED = "_hvd_magics_loop_progress"
 
 
@@ -267,8 +269,10 @@ def _accumulating(accelerator: Any, *_args: Any, **_kwargs: Any) -> None:
 
 def install() -> None:
     """Hook DDP, its sampler, the DataLoader and ``backward`` once ``torch`` has loaded DDP,
-    and Accelerate's ``log`` once it is imported (not with ``HVD_MAGICS_LOOP_PROGRESS=0``)."""
+    Accelerate's ``log`` once it is imported, and a DataFrame shard's passes once the job opens
+    one (not with ``HVD_MAGICS_LOOP_PROGRESS=0``)."""
     if not rank_job().loop_progress:
         return
     after_import((_DDP_MODULE,), _patch_ddp)
     after_import((_ACCELERATE_MODULE,), _patch_accelerate)
+    after_import((_SHARD_MODULE,), lambda shard: shard.when_a_pass_begins(on_shard_pass))
