@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hvd_magics.causes import AttemptCause, RankCause, attempt_cause, rank_cause
 from hvd_magics.rank_names import rank_named
 
 #: The command that builds Horovod for the environment it runs in (:mod:`hvd_magics.horovod`).
@@ -69,6 +70,13 @@ class RankFailure:
     unit: str = "rank"
     #: How it ended when its exit code is not known for sure (its keeper went silent).
     exit_how: str = ""
+    #: Whether its host stopped answering (its link or machine was lost).
+    host_lost: bool = False
+
+    @property
+    def cause(self) -> RankCause:
+        """Why it failed (:func:`hvd_magics.causes.rank_cause`)."""
+        return rank_cause(self.error, self.message, self.traceback, self.host_lost)
 
     def place(self) -> str:
         """Which rank and where: ``rank 1 on host``."""
@@ -98,14 +106,26 @@ class HorovodJobError(HorovodMagicsError, RuntimeError):
         One entry per failed rank, first failure first.
     log_path : str
         The file on the driver that holds every line every rank wrote.
+    cause : AttemptCause, optional
+        Why the attempt ended, when its failed ranks do not say it (a Spark stage that lost an
+        executor before any rank reported); by default judged from ``failures``.
     """
 
     def __init__(self, summary: str, failures: list[RankFailure] | None = None,
-                 log_path: str = "") -> None:
+                 log_path: str = "", cause: AttemptCause | None = None) -> None:
         self.summary = summary
         self.failures = failures or []
         self.log_path = log_path
+        self._cause = cause
         super().__init__(self._text())
+
+    @property
+    def cause(self) -> AttemptCause:
+        """Why the attempt ended (:func:`hvd_magics.causes.attempt_cause`): what a job's
+        failure policy decides on."""
+        if self._cause is not None:
+            return self._cause
+        return attempt_cause([(f.rank, f.cause) for f in self.failures])
 
     def add_summary(self, text: str) -> None:
         """Say one more thing after the summary (the pool restarted its ranks, say)."""
@@ -238,6 +258,10 @@ class Preempted(BaseException):
 
 class StartTimeoutError(HorovodJobError):
     """Not every rank started within the start timeout."""
+
+    @property
+    def cause(self) -> AttemptCause:
+        return AttemptCause.START_TIMEOUT
 
 
 class JobTimeoutError(HorovodJobError):

@@ -14,7 +14,8 @@ from typing import Any, ClassVar, Protocol
 from hvd_magics.job.views.charts import MetricHistory
 from hvd_magics.job.records.epoch_timing import EPOCH_LINE, EpochTimer
 from hvd_magics.job.records.job_log import JobLog
-from hvd_magics.errors import OUTPUT_TAIL_LINES, Preempted, RankFailure
+from hvd_magics.causes import RANK_LOST, RankCause, rank_cause
+from hvd_magics.errors import OUTPUT_TAIL_LINES, RankFailure
 from hvd_magics.options import STALL_AFTER_S, ElasticSize
 from hvd_magics.job.verdicts.stacks import where as stack_where
 from hvd_magics.job.verdicts.preemption import PreemptionWatch
@@ -28,10 +29,6 @@ from hvd_magics.launch.backend import Backend
 from hvd_magics.rank_names import ranks_named, unit_of
 from hvd_magics.job.views.output_lines import (BAR, NOISE, SHOW, WARNING, OutputSorter, bar_count,
                                          plain)
-
-#: Error texts of a rank that failed only because a peer went away (not the root cause).
-_PEER_LOST = ("HorovodInternalError", "Horovod has been shut down", "Connection reset by peer",
-              "Connection closed by peer")
 
 #: Rank states, in the order a healthy rank goes through them (``ready``: an elastic job's task
 #: offered its slot and waits to be given a rank).
@@ -52,7 +49,7 @@ DISPLAY_LINE_CHARS = 2000
 #: lines that are the rank's own output (chatter and bars left out).
 SHOWN, KEPT = "shown", "kept"
 #: Error name of a rank whose supervisor vanished (its Spark executor was lost or killed).
-LOST = "RankLost"
+LOST = RANK_LOST
 
 
 def display_line(line: str, limit: int = DISPLAY_LINE_CHARS) -> str:
@@ -92,6 +89,8 @@ class RankState:
     error: dict[str, Any] | None = None
     task_error: str = ""
     lost: str = ""
+    #: Whether it was lost with its host (its link or machine), not alone.
+    host_lost: bool = False
     has_result: bool = False
     #: Whether its function returned and it now leaves the engine (``leaving``).
     left: bool = False
@@ -126,17 +125,24 @@ class RankState:
         return self.exit_code is not None and (self.exit_code != 0 or not self.has_result)
 
     @property
+    def cause(self) -> RankCause:
+        """Why it failed, as far as it has (:func:`hvd_magics.causes.rank_cause`); meaningful
+        once :attr:`failed`."""
+        if self.error is None:  # died, its task failed, or lost with its executor or host
+            return rank_cause(LOST if self.lost else "", host_lost=self.host_lost)
+        return rank_cause(str(self.error.get("error", "")), str(self.error.get("message", "")),
+                          str(self.error.get("traceback", "")))
+
+    @property
     def peer_lost(self) -> bool:
         """Whether this rank only failed because another rank went away first."""
-        err = self.error or {}
-        text = f"{err.get('error', '')} {err.get('message', '')}"
-        return any(marker in text for marker in _PEER_LOST)
+        return self.error is not None and self.cause is RankCause.PEER_LOST
 
     @property
     def stopped_on_notice(self) -> bool:
         """Whether this rank ended on purpose at a preemption notice (``Preempted``): not a
         cause, when another rank failed (rank 0 lost while it wrote the checkpoint, say)."""
-        return (self.error or {}).get("error") == Preempted.__name__
+        return self.error is not None and self.cause is RankCause.PREEMPTED
 
     @property
     def failed_state(self) -> str:
@@ -163,7 +169,7 @@ class RankState:
         err = self.error or ({"error": LOST, "message": self.lost} if self.lost else {})
         return RankFailure(self.rank, self.host, self.exit_code, err.get("error", ""),
                            err.get("message", ""), err.get("traceback", "") or self.task_error,
-                           list(self.tail), self.unit, self.exit_how)
+                           list(self.tail), self.unit, self.exit_how, self.host_lost)
 
 
 class JobState:
@@ -326,6 +332,7 @@ class JobState:
             state = self.ranks[rank]
             if not state.exited:
                 state.lost, state.failed_at, state.state = text, now, FAILED
+                state.host_lost = True
         self.lost_host = text
         return text
 

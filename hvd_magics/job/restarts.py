@@ -1,54 +1,27 @@
-"""A job that survives a lost rank or executor: started again on a new stage, up to ``restarts``
-times, each attempt told its number and the job's checkpoint folder
-(:mod:`hvd_magics.rank.api.checkpoint`), so that it resumes from the last checkpoint.
+"""A job's checkpoints across its attempts: the folder each job gets (the same one when the same
+job runs again), what every rank of an attempt agrees on (a mark of the attempt, the step they
+resume from), where the next attempt resumes, and how a preempted job's error says to resume.
 
-Only a loss is retried: a rank that died without a Python exception (killed, its executor lost)
-or that failed in the collective library because a peer went away (Gloo or NCCL connection
-errors, Horovod's "has been shut down"). A rank's own exception (a ``ValueError``, a shape
-error) fails the job at once, as without restarts: running it again gives the same error.
-
-An attempt that ended on a preemption notice (every rank saved and raised ``Preempted``:
-:mod:`hvd_magics.rank.api.preemption`) starts again too, from the checkpoint it saved, and does not
-count against ``restarts``: at most ``HVD_MAGICS_MAX_PREEMPTIONS`` (10) of them per job. Without
-``restarts`` it ends with an error that names the checkpoint and how to resume.
+Whether an attempt is followed by another is the failure policy's
+(:mod:`hvd_magics.job.failure_policy`); the controller runs them
+(:mod:`hvd_magics.job.controller`).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import hashlib
-import os
 import re
-import shutil
 import tempfile
-import time
-from datetime import datetime
 import uuid
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
-from hvd_magics.errors import (CheckpointFolderUnusable, HorovodJobError, JobInterrupted,
-                               NotEnoughSlotsError, Preempted)
-from hvd_magics.job.job_state import LOST
-from hvd_magics.job.records.run_record import RunRecord
-from hvd_magics.job.launch_request import LaunchRequest
-from hvd_magics.notices import say
-from hvd_magics.protocol import (ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_TOKEN,
-                                 ENV_MAX_PREEMPTIONS, ENV_RESUME_STEP)
+from hvd_magics.errors import CheckpointFolderUnusable
+from hvd_magics.protocol import ENV_CHECKPOINT_TOKEN, ENV_RESUME_STEP
 from hvd_magics.rank.api.checkpoint import NO_CHECKPOINT
 from hvd_magics.common.checkpoints import latest_checkpoint
-
-#: What a rank's error says when a peer of it went away (the loss is elsewhere).
-PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
-             "has been shut down", "DistBackendError", "NCCL", "Gloo", "gloo",
-             "HorovodInternalError", "Socket Timeout", "connection refused")
-#: Errors a job's Spark stage ends with when an executor went away.
-EXECUTOR_LOST = ("an executor was lost", "ExecutorLostFailure", "was lost")
-#: How many attempts of a job may end on a preemption notice (they do not count against
-#: ``restarts``), unless ``HVD_MAGICS_MAX_PREEMPTIONS`` says otherwise.
-MAX_PREEMPTIONS = 10
-
 
 def job_name(source: str | None, kwargs: dict) -> str | None:
     """What names a function's job: its source and its arguments (the same function with other
@@ -72,52 +45,6 @@ def checkpoint_folder(name: str | None, given: str | None, root: str | None = No
     if root is not None:
         return Path(root).expanduser().absolute() / key
     return Path(tempfile.gettempdir()) / "hvd_magics" / "checkpoints" / key
-
-
-def loss(exc: HorovodJobError) -> str | None:
-    """The cause, in one line, when ``exc`` is a loss that a restart can get past; else ``None``.
-
-    A loss: every failed rank died without a Python exception, failed in the collective
-    library or stopped on a preemption notice (at least one died), or the stage lost an
-    executor before any rank reported."""
-    failures = exc.failures
-    if not failures:
-        return exc.summary.splitlines()[0] if any(m in exc.summary for m in EXECUTOR_LOST) \
-            else None
-    died = [f for f in failures if not f.error or f.error == LOST]  # killed, executor lost
-    peers = [f for f in failures if f.error and any(
-        m in f"{f.error}: {f.message}\n{f.traceback}" for m in PEER_LOST)]
-    stopped = [f for f in failures if f.error == Preempted.__name__]  # at a notice, on purpose
-    if not died or len(died) + len(peers) + len(stopped) < len(failures):
-        return None
-    return died[0].headline()
-
-
-def preempted(exc: HorovodJobError) -> str | None:
-    """What rank 0 said when the attempt ended on a preemption notice (rank 0, which writes the
-    checkpoint, raised ``Preempted`` once it was written, and every other failed rank did too,
-    or died, or lost a peer: the executor may be gone before its rank reported); else ``None``.
-
-    Rank 0's word only: another rank raises ``Preempted`` as soon as its part is done, before
-    rank 0 has written anything, so a rank 0 lost during its save was an attempt told as
-    "the checkpoint of step 56 was saved" and "resumes from step 56" while the next one resumed
-    from step 40, the last whole checkpoint. Such an attempt is a loss."""
-    saved = [f for f in exc.failures if f.error == Preempted.__name__ and f.rank == 0]
-    if not saved:
-        return None
-    for failure in exc.failures:
-        text = f"{failure.error}: {failure.message}\n{failure.traceback}"
-        if failure.error not in ("", LOST, Preempted.__name__) and not any(
-                m in text for m in PEER_LOST):
-            return None
-    return min(saved, key=lambda f: f.rank).message
-
-
-def _max_preemptions() -> int:
-    try:
-        return max(0, int(os.environ.get(ENV_MAX_PREEMPTIONS, MAX_PREEMPTIONS)))
-    except ValueError:
-        return MAX_PREEMPTIONS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,106 +74,6 @@ def pool_resume_fix(folder: Path) -> ResumeFix:
                      + _resume_from(folder),
                      "run it cold with --restarts N (%%horovod --cold --restarts N, "
                      "HorovodRunner(np, restarts=N)) to resume by itself")
-
-
-def launch_with_restarts(request: LaunchRequest, launch: Callable[[LaunchRequest], RunRecord],
-                         restarts: int, folder: Path, fresh: bool,
-                         resume_fix: ResumeFix | None = None) -> RunRecord:
-    """Run ``launch(request)`` and, after a loss, again (``restarts`` times at most), each
-    attempt with its number and the checkpoint folder in the ranks' environment; a preempted
-    job without ``restarts`` ends with ``resume_fix`` (default: :func:`job_resume_fix`).
-
-    A failed attempt's record comes on its error (``exc.record``); the last one's tells every
-    attempt when they are used up."""
-    fix = resume_fix or job_resume_fix(folder)
-    if fresh:
-        shutil.rmtree(folder, ignore_errors=True)
-    found = latest_checkpoint(folder)
-    if found is not None:
-        written = time.strftime("%H:%M:%S", time.localtime(found[1].stat().st_mtime))
-        say(f"the job's checkpoints in {folder} hold step {found[0].global_step:,} (written "
-            f"at {written}): checkpoint.latest() gives it to the ranks (--fresh starts over)")
-    causes: list[str] = []
-    attempt = losses = preemptions = 0
-    run_id: str | None = None  # the attempts' one MLflow run, once the first created it
-    epochs: list[dict[str, Any]] = []  # the epochs the earlier attempts timed
-    last: RunRecord | None = None  # the record of the latest attempt that failed
-    began = datetime.now()
-    while True:
-        env = {**request.env, ENV_ATTEMPT: str(attempt), ENV_CHECKPOINT_DIR: str(folder)}
-        # a restart waits for the cluster to replace the executor it lost, up to start_timeout
-        wait: dict[str, Any] = {"slot_wait_s": request.start_timeout} if attempt else {}
-        try:
-            with attempt_checkpoints(folder) as agreed:
-                record = launch(dataclasses.replace(request, env={**env, **agreed},
-                                                    attempt=attempt,
-                                                    earlier_attempts=tuple(causes),
-                                                    mlflow_run_id=run_id, **wait))
-        except JobInterrupted:
-            raise
-        except NotEnoughSlotsError as exc:  # a later attempt, or a job with a checkpoint
-            kept = latest_checkpoint(folder)
-            if not attempt and kept is None:
-                raise
-            last = exc.record if exc.record is not None else last
-            if causes and last is not None:
-                last.attempts = [*causes, f"not started: {exc}"]
-            what = (f"The job's checkpoint of step {kept[0].global_step:,} in {folder} stays: "
-                    f"{fix.again}, once the cluster has the task slots" if kept else
-                    f"No checkpoint was written in {folder}")
-            raise NotEnoughSlotsError(f"{exc}\n{what}.") from None
-        except KeyboardInterrupt:  # before its ranks started (waiting for task slots, say)
-            what = f"attempt {attempt + 1} of the job" if attempt else "the job"
-            raise JobInterrupted(f"interrupted while {what} was being set up, before any of its "
-                                 f"ranks started: nothing is left running") from None
-        except HorovodJobError as exc:
-            notice = preempted(exc)
-            if notice is not None:
-                preemptions += 1
-                if not restarts or preemptions > _max_preemptions():
-                    why = (fix.restarts if not restarts else f"{preemptions - 1} preemptions "
-                           f"were resumed already, the most {ENV_MAX_PREEMPTIONS} allows")
-                    raise HorovodJobError(f"The job was preempted: {notice}. {fix.again}, or "
-                                          f"{why}.", log_path=exc.log_path) from None
-                attempt += 1
-                resume = resumes_after_preemption(folder, notice)
-                causes.append(f"preempted: {notice} (ended {time.strftime('%H:%M:%S')}; "
-                              f"attempt {attempt + 1} {resume})")
-                say(f"attempt {attempt} ended on a preemption notice: {notice}; starting "
-                    f"attempt {attempt + 1}, which {resume} (preemptions do not count against "
-                    f"restarts)")
-                continue
-            cause = loss(exc)
-            if cause is None or not restarts:
-                raise
-            last = exc.record if exc.record is not None else last
-            run_id = run_id or getattr(last, "mlflow_run_id", None)
-            epochs = one_timing(epochs, getattr(last, "epochs", []))
-            ended = time.strftime("%H:%M:%S")
-            if losses >= restarts:
-                causes.append(f"{cause} (ended {ended})")
-                if last is not None:  # the record tells every attempt
-                    last.attempts, last.started_at = list(causes), began
-                exc.add_summary(f"the job was started {attempt + 1} times, and each ended with "
-                                "a loss: " + "; ".join(f"attempt {i + 1}: {c}"
-                                                      for i, c in enumerate(causes)))
-                raise
-            attempt += 1
-            losses += 1
-            try:
-                resume = resumes_from(folder)
-                causes.append(f"{cause} (ended {ended}; attempt {attempt + 1} {resume})")
-                say(f"attempt {attempt} of {restarts + 1} ended: {cause}; starting attempt "
-                    f"{attempt + 1}, which {resume} in {folder}")
-            except KeyboardInterrupt:
-                raise JobInterrupted(
-                    f"interrupted after attempt {attempt} ended ({cause}), before attempt "
-                    f"{attempt + 1} started; nothing is left running") from None
-            continue
-        if causes:  # the record tells the attempts; the wall time and epochs are all theirs
-            record.attempts, record.started_at = [*causes, "succeeded"], began
-            record.epochs = one_timing(epochs, record.epochs)
-        return record
 
 
 @contextlib.contextmanager

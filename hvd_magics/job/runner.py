@@ -14,13 +14,12 @@ from typing import Any
 from collections.abc import Callable, Mapping
 
 from hvd_magics.job.background import BackgroundJob
-from hvd_magics.job.job_life import launch
+from hvd_magics.job.controller import run_job
 from hvd_magics.job.job_state import JobView
 from hvd_magics.job.launch_request import Decoder, LaunchRequest, WarmRanks, decode_value
 from hvd_magics.job.live_job import LiveJob
 from hvd_magics.job.records.mlflow_run import requested
-from hvd_magics.job.restarts import (ResumeFix, checkpoint_folder, job_name,
-                                     launch_with_restarts, pool_resume_fix)
+from hvd_magics.job.restarts import ResumeFix, checkpoint_folder, job_name, pool_resume_fix
 from hvd_magics.job.records.run_record import RunRecord
 from hvd_magics.job.session import SESSION
 from hvd_magics.job.views.text_view import TextView
@@ -259,8 +258,7 @@ class HorovodRunner:
         folder = checkpoint_folder(name or request.source, options.checkpoint_dir,
                                    pool.checkpoint_dir if pool is not None else None)
         fix = self.resume_fix or (pool_resume_fix(folder) if request.pool is not None else None)
-        return launch_with_restarts(request, launch, options.restarts, folder, options.fresh,
-                                    fix)
+        return run_job(request, options.restarts, folder, options.fresh, fix)
 
     def start(self, main: Callable[..., Any], **kwargs: Any) -> BackgroundJob:
         """Start ``main(**kwargs)`` on every rank in the background; return its handle at once.

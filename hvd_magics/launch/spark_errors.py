@@ -19,6 +19,8 @@ SHIPPED_MISSING_FIX = (
     "again, with it.")
 
 
+#: How :func:`spark_error_text` begins when the stage lost an executor.
+EXECUTOR_LOST = "an executor was lost"
 _EXECUTOR_LOST = re.compile(r"ExecutorLostFailure \(([^)]*)\)(?:\s*Reason: ([^\n]*))?")
 
 
@@ -64,6 +66,11 @@ def executor_lost_reason(text: str) -> str | None:
     return f"{match.group(1)}" + (f": {match.group(2).strip()}" if match.group(2) else "")
 
 
+def executor_was_lost(said: str) -> bool:
+    """Whether a Spark failure as :func:`spark_error_text` says it is an executor lost."""
+    return said.startswith(EXECUTOR_LOST) or "ExecutorLostFailure" in said
+
+
 def python_traceback(text: str) -> str | None:
     """The executor's Python traceback inside a Spark (JVM) error's text, or ``None`` (after
     ``PythonException`` in the JVM's text, or pyspark's own ``An exception was thrown from the
@@ -92,7 +99,7 @@ def spark_error_text(exc: BaseException) -> str:
         return "the executor's Python failed:\n" + "\n".join(shown)
     lost = executor_lost_reason(text)
     if lost:
-        return f"an executor was lost ({lost})"
+        return f"{EXECUTOR_LOST} ({lost})"
     lines = [ln for ln in text.strip().splitlines()
              if ln.strip() and not ln.startswith(("\tat ", "\t... ")) and "py4j" not in ln]
     return "\n".join(lines[:5])

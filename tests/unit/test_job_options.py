@@ -66,8 +66,8 @@ def _folder_of(monkeypatch, runner) -> object:
     from hvd_magics.launch.payload import JobPayload
 
     folders: list = []
-    monkeypatch.setattr("hvd_magics.job.runner.launch_with_restarts",
-                        lambda request, launch, restarts, folder, *rest: folders.append(folder))
+    monkeypatch.setattr("hvd_magics.job.runner.run_job",
+                        lambda request, restarts, folder, *rest: folders.append(folder))
     runner.run_payload(JobPayload(b""), [], source="print('a cell')\n")
     return folders[0]
 

@@ -21,7 +21,7 @@ def test_the_rank_entry_point_loads_only_the_rank_side():
                         "import hvd_magics.rank.integrations.keras, hvd_magics.rank.api.shard")
     assert "hvd_magics.rank.rank_main" in loaded and "hvd_magics.rank.api.progress" in loaded
     allowed = {"hvd_magics", "hvd_magics.protocol", "hvd_magics.result_codec", "hvd_magics.errors",
-               "hvd_magics.thread_cpu"}
+               "hvd_magics.causes", "hvd_magics.thread_cpu"}
     # hvd_magics.common: what the driver and the ranks both use (a floor below both)
     outside = {m for m in loaded if not m.startswith(("hvd_magics.rank", "hvd_magics.common"))
                and m not in allowed}

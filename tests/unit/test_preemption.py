@@ -7,7 +7,7 @@ import pytest
 
 from hvd_magics.errors import HorovodJobError, Preempted, RankFailure
 from hvd_magics.job.verdicts.preemption import EXTRA_CALLS, MARGIN_S, PreemptionWatch, notice_text
-from hvd_magics.job.restarts import preempted
+from hvd_magics.job.failure_policy import preempted
 from hvd_magics.rank.api import preemption
 
 
@@ -71,6 +71,6 @@ def test_an_attempt_that_ended_on_the_notice_is_told_from_a_failure():
     part = RankFailure(1, "h", 1, "Preempted", "this rank's part of the checkpoint of step 56 "
                                                "is done, on a preemption notice (...)")
     assert preempted(_error(part, RankFailure(0, "h", None, "", ""))) is None
-    from hvd_magics.job.restarts import loss
+    from hvd_magics.job.failure_policy import loss
 
     assert loss(_error(part, RankFailure(0, "h", None, "", ""))).startswith("rank 0 on h")

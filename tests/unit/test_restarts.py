@@ -1,8 +1,39 @@
 """Which failures a restart can get past, and how a job's checkpoint folder is named."""
 from pathlib import Path
 
+from hvd_magics.causes import AttemptCause
 from hvd_magics.errors import HorovodJobError, RankFailure
-from hvd_magics.job.restarts import checkpoint_folder, job_name, loss
+from hvd_magics.job.controller import JobController
+from hvd_magics.job.failure_policy import FailurePolicy, loss
+from hvd_magics.job.restarts import checkpoint_folder, job_name
+
+
+class _Made:
+    """An attempt whose making ran it whole (``launch(request)``: its record, or its error)."""
+
+    def __init__(self, record):
+        self.record = record
+
+    def start(self):
+        pass
+
+    def turn(self):
+        return True
+
+    def succeeded(self):
+        pass
+
+    def end(self, failure):
+        if failure is not None:
+            raise failure
+        return self.record
+
+
+def _run(request, launch, restarts, folder, resume_fix=None):
+    """The job's controller over attempts that ``launch`` runs whole as they are made."""
+    return JobController(request, FailurePolicy(restarts), folder, fresh=False,
+                         resume_fix=resume_fix,
+                         attempts=lambda attempt: _Made(launch(attempt))).run()
 
 
 def _error(*failures: RankFailure, summary: str = "2 of 2 ranks failed") -> HorovodJobError:
@@ -17,8 +48,10 @@ def test_a_killed_rank_and_its_peers_collective_error_are_a_loss():
         "rank 1 on h: killed by signal 9 without a Python exception"
     lost = RankFailure(1, "h", None, "RankLost", "its executor was lost or killed")
     assert loss(_error(lost)).startswith("rank 1 on h: RankLost")
-    assert loss(_error(summary="The Spark job failed: an executor was lost (exit 137)")) \
-        == "The Spark job failed: an executor was lost (exit 137)"
+    stage = "The Spark job failed: an executor was lost (exit 137)"
+    assert loss(HorovodJobError(stage, cause=AttemptCause.LOST_EXECUTOR)) == stage
+    # the policy reads the cause its maker gave, never the words: the same text is not a loss
+    assert loss(_error(summary=stage)) is None
 
 
 def test_a_ranks_own_error_is_not_a_loss_even_beside_a_dead_rank():
@@ -56,7 +89,6 @@ def test_a_loss_without_restarts_is_raised_as_it_is_and_used_up_restarts_keep_ea
     loss'; with restarts used up, ``last_run().attempts`` was ``[]``."""
     import pytest
 
-    from hvd_magics.job.restarts import launch_with_restarts
     from hvd_magics.job.records.run_record import RunRecord
     from hvd_magics.job.launch_request import LaunchRequest
     from hvd_magics.options import JobOptions
@@ -71,10 +103,10 @@ def test_a_loss_without_restarts_is_raised_as_it_is_and_used_up_restarts_keep_ea
 
     request = LaunchRequest(JobPayload(b""), JobOptions(ranks=2, start_timeout=10.0), {}, [])
     with pytest.raises(HorovodJobError) as info:
-        launch_with_restarts(request, launch, 0, tmp_path / "c", fresh=False)
+        _run(request, launch, 0, tmp_path / "c")
     assert "started 1 times" not in str(info.value)
     with pytest.raises(HorovodJobError, match="The job was started 2 times, and each ended"):
-        launch_with_restarts(request, launch, 1, tmp_path / "c", fresh=False)
+        _run(request, launch, 1, tmp_path / "c")
     attempts = SESSION.last_run.attempts
     assert len(attempts) == 2 and all(a.startswith("rank 1 on h: killed by signal 9")
                                       for a in attempts), attempts
@@ -87,7 +119,6 @@ def test_an_interrupt_while_the_next_attempt_is_set_up_is_a_job_interrupted(tmp_
     import pytest
 
     from hvd_magics.errors import JobInterrupted
-    from hvd_magics.job.restarts import launch_with_restarts
     from hvd_magics.job.launch_request import LaunchRequest
     from hvd_magics.options import JobOptions
     from hvd_magics.launch.payload import JobPayload
@@ -103,9 +134,9 @@ def test_an_interrupt_while_the_next_attempt_is_set_up_is_a_job_interrupted(tmp_
     with pytest.raises(JobInterrupted, match=r"^interrupted while attempt 2 of the job was being "
                                              r"set up, before any of its ranks started: nothing "
                                              r"is left running$"):
-        launch_with_restarts(LaunchRequest(JobPayload(b""), JobOptions(ranks=2,
+        _run(LaunchRequest(JobPayload(b""), JobOptions(ranks=2,
                                                                        start_timeout=10.0),
-                                           {}, []), launch, 3, tmp_path / "c", fresh=False)
+                                           {}, []), launch, 3, tmp_path / "c")
     assert attempts == [0, 1]
 
 
@@ -113,7 +144,6 @@ def test_preempted_attempts_start_again_without_counting_and_without_restarts_sa
         tmp_path, capsys):
     import pytest
 
-    from hvd_magics.job.restarts import launch_with_restarts
     from hvd_magics.job.records.run_record import RunRecord
     from hvd_magics.job.launch_request import LaunchRequest
     from hvd_magics.options import JobOptions
@@ -128,7 +158,7 @@ def test_preempted_attempts_start_again_without_counting_and_without_restarts_sa
         return RunRecord(job_id="j", np=2, where="driver", log_path="")
 
     request = LaunchRequest(JobPayload(b""), JobOptions(ranks=2, start_timeout=10.0), {}, [])
-    record = launch_with_restarts(request, launch, 1, tmp_path / "c", fresh=False)
+    record = _run(request, launch, 1, tmp_path / "c")
     assert [a.split(" (ended")[0] for a in record.attempts] == [f"preempted: {saved}"] * 2 + [
         "succeeded"]  # restarts=1 and two preemptions: they do not count
     assert capsys.readouterr().err.count("ended on a preemption notice") == 2
@@ -136,7 +166,7 @@ def test_preempted_attempts_start_again_without_counting_and_without_restarts_sa
             r"^The job was preempted: the checkpoint of step 45 was saved on a preemption notice "
             r".*\. Run it again to resume from that checkpoint in .*c \(checkpoint.latest\(\) gives "
             r"it to the ranks\), or give --restarts N")):
-        launch_with_restarts(request, launch, 0, tmp_path / "c", fresh=False)
+        _run(request, launch, 0, tmp_path / "c")
     # the HorovodEstimator's way: fit again with its modelDir, or set restarts
     from hvd_magics.job.restarts import ResumeFix
 
@@ -144,7 +174,7 @@ def test_preempted_attempts_start_again_without_counting_and_without_restarts_sa
     with pytest.raises(HorovodJobError, match=(
             r"^The job was preempted: the checkpoint of step 45 .*\. Fit again with "
             r"modelDir='/m' to resume from it, or set restarts=N\.$")):
-        launch_with_restarts(request, launch, 0, tmp_path / "c", fresh=False, resume_fix=fix)
+        _run(request, launch, 0, tmp_path / "c", resume_fix=fix)
 
 
 def test_a_checkpoint_folder_that_is_a_file_or_unwritable_is_said_so_and_a_relative_one_is_the_notebooks(
@@ -173,7 +203,6 @@ def test_a_restart_that_finds_no_slots_names_the_checkpoint_to_resume_from(tmp_p
     import pytest
 
     from hvd_magics.errors import NotEnoughSlotsError
-    from hvd_magics.job.restarts import launch_with_restarts
     from hvd_magics.job.records.run_record import RunRecord
     from hvd_magics.job.launch_request import LaunchRequest
     from hvd_magics.options import JobOptions
@@ -198,7 +227,7 @@ def test_a_restart_that_finds_no_slots_names_the_checkpoint_to_resume_from(tmp_p
     request = LaunchRequest(JobPayload(b""), JobOptions(ranks=2, start_timeout=10.0), {}, [])
     with pytest.raises(NotEnoughSlotsError, match=r"(?s)1 free of 1\..*The job's checkpoint of "
                        r"step 26 in .* stays: Run it again to resume from that checkpoint"):
-        launch_with_restarts(request, launch, 2, folder, fresh=False)
+        _run(request, launch, 2, folder)
     assert tries == [0, 1]
     assert SESSION.last_run.attempts[0].startswith("rank 1 on h: killed by signal 9")
     assert SESSION.last_run.attempts[1].startswith("not started: np=2 needs 2 free")

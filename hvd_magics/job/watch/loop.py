@@ -86,52 +86,85 @@ class JobPhase:
         return self.phase is Phase.FAILING and now - self.since >= FAILURE_GRACE_S
 
 
-def watch(job: JobState, backend: Backend, events: queue.Queue, start_timeout: float,
-          timeout: float | None = None, stop: threading.Event | None = None) -> None:
-    """Follow a job of a fixed size until every rank exited; raise when it failed (the caller
-    stops it)."""
-    started = time.monotonic()
-    stalled = StalledRanks()
-    judges: list[Monitor] = [LostHost(), Links(), PreemptionNotice(), LeftBehind(), Mismatch()]
-    if timeout is not None:
-        judges.append(Deadline(timeout, started))
-    startup = Startup(start_timeout, started, backend.unpacking())
-    phase, stage = JobPhase(since=started), StageEnd()
-    while not job.all_exited:
-        now = follow(job, events)
-        if stop is not None and stop.is_set():
+class FixedWatch:
+    """Follows a job of a fixed size, a turn at a time, until every rank exited or its end is
+    certain; then :meth:`outcome` raises when it failed (the caller stops it)."""
+
+    def __init__(self, job: JobState, backend: Backend, events: queue.Queue,
+                 start_timeout: float, timeout: float | None = None,
+                 stop: threading.Event | None = None) -> None:
+        self.job, self.backend, self.events, self.stop = job, backend, events, stop
+        started = time.monotonic()
+        self.stalled = StalledRanks()
+        self.judges: list[Monitor] = [LostHost(), Links(), PreemptionNotice(), LeftBehind(),
+                                      Mismatch()]
+        if timeout is not None:
+            self.judges.append(Deadline(timeout, started))
+        self.startup = Startup(start_timeout, started, backend.unpacking())
+        self.phase, self.stage = JobPhase(since=started), StageEnd()
+
+    def turn(self) -> bool:
+        """Apply what arrived, ask the monitors, move the phase on; ``True`` once the job's end
+        is certain. Raises a monitor's verdict, and ``KeyboardInterrupt`` when stopped from
+        another thread."""
+        job, backend = self.job, self.backend
+        if job.all_exited:
+            return True
+        now = follow(job, self.events)
+        if self.stop is not None and self.stop.is_set():
             raise KeyboardInterrupt  # stopped from another thread: ended as an interrupt
-        turn = Turn(job, backend, events, now)
-        stalled.check(turn)
-        if phase.phase is not Phase.FAILING:
-            for monitor in judges:
+        turn = Turn(job, backend, self.events, now)
+        self.stalled.check(turn)
+        if self.phase.phase is not Phase.FAILING:
+            for monitor in self.judges:
                 error = monitor.check(turn)
                 if error is not None:
                     raise error
-        if phase.step(turn) or stage.over(backend, now):
-            break
-        error = startup.check(turn)
+        if self.phase.step(turn) or self.stage.over(backend, now):
+            return True
+        error = self.startup.check(turn)
         if error is not None:
             raise error
-    error = failure_of(job, backend)
-    if error is not None:
-        raise error
+        return job.all_exited
+
+    def outcome(self) -> None:
+        """Raise the error the job ended with, if it failed."""
+        error = failure_of(self.job, self.backend)
+        if error is not None:
+            raise error
 
 
-def watch_elastic(job: JobState, backend: Backend, events: queue.Queue,
-                  stop: threading.Event | None = None) -> None:
-    """Follow an elastic job until Horovod's elastic driver and the stage ended; raise when
-    the job failed as a whole (a rank lost on the way is a reset, not a failure)."""
-    lost, stage = LostHost(), StageEnd()
-    while True:
-        now = follow(job, events)
-        if stop is not None and stop.is_set():
+class ElasticWatch:
+    """Follows an elastic job, a turn at a time, until Horovod's elastic driver and the stage
+    ended; then :meth:`outcome` raises when the job failed as a whole (a rank lost on the way
+    is a reset, not a failure)."""
+
+    def __init__(self, job: JobState, backend: Backend, events: queue.Queue,
+                 stop: threading.Event | None = None) -> None:
+        self.job, self.backend, self.events, self.stop = job, backend, events, stop
+        self.lost, self.stage = LostHost(), StageEnd()
+
+    def turn(self) -> bool:
+        """Apply what arrived; ``True`` once the stage ended and what it sent arrived."""
+        now = follow(self.job, self.events)
+        if self.stop is not None and self.stop.is_set():
             raise KeyboardInterrupt
-        if stage.ended_at is None:
-            lost.check(Turn(job, backend, events, now))  # a reset without its ranks, not an end
-        if stage.drained(backend, now):
-            break
-    drain(job, events)
-    error = elastic_failure_of(job, backend)
-    if error is not None:
-        raise error
+        if self.stage.ended_at is None:  # a reset without its ranks, not an end
+            self.lost.check(Turn(self.job, self.backend, self.events, now))
+        return self.stage.drained(self.backend, now)
+
+    def outcome(self) -> None:
+        """Raise the error the job ended with as a whole, if it failed."""
+        drain(self.job, self.events)
+        error = elastic_failure_of(self.job, self.backend)
+        if error is not None:
+            raise error
+
+
+def watch(job: JobState, backend: Backend, events: queue.Queue, start_timeout: float,
+          timeout: float | None = None, stop: threading.Event | None = None) -> None:
+    """Follow a job of a fixed size until every rank exited; raise when it failed."""
+    follower = FixedWatch(job, backend, events, start_timeout, timeout, stop)
+    while not follower.turn():
+        pass
+    follower.outcome()

@@ -2,10 +2,12 @@
 it ends with, naming the rank or host that caused it, or nothing when it succeeded."""
 from __future__ import annotations
 
+from hvd_magics.causes import AttemptCause
 from hvd_magics.errors import DataRefused, HorovodJobError, RankFailure, sentence
 from hvd_magics.job.verdicts.failure_hints import hint_for
 from hvd_magics.job.job_state import LOST, JobState
 from hvd_magics.launch.backend import Backend
+from hvd_magics.launch.spark_errors import executor_was_lost
 from hvd_magics.rank_names import ranks_named
 
 #: Said when ranks of an elastic job failed because they lost a peer: what survives a loss.
@@ -30,7 +32,9 @@ def failure_of(job: JobState, backend: Backend) -> HorovodJobError | None:
     if spark_failure and not failures:
         began = any(r.pid is not None for r in job.ranks)
         what = "failed before the ranks finished" if began else "ended before any rank started"
-        return HorovodJobError(f"The Spark job {what}: {spark_failure}", log_path=log_path)
+        lost = AttemptCause.LOST_EXECUTOR if executor_was_lost(spark_failure) else None
+        return HorovodJobError(f"The Spark job {what}: {spark_failure}", log_path=log_path,
+                               cause=lost)
     if not failures:
         missing = [r.rank for r in job.ranks if not r.exited]
         return HorovodJobError(f"Ranks {', '.join(map(str, missing)) or 'none'} ended without "
