@@ -43,7 +43,7 @@ from hvd_magics.job.restarts import (ResumeFix, attempt_checkpoints, job_resume_
                                      resumes_after_preemption, resumes_from)
 from hvd_magics.common.checkpoints import latest_checkpoint
 from hvd_magics.notices import say
-from hvd_magics.protocol import ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_MAX_PREEMPTIONS
+from hvd_magics.protocol import ENV_MAX_PREEMPTIONS
 
 
 class State(Enum):
@@ -140,14 +140,13 @@ class JobController:
     def _start(self) -> State:
         """Agree the attempt's checkpoint, make its backend and start its ranks."""
         request, attempt = self.request, self.attempt
-        env = {**request.env, ENV_ATTEMPT: str(attempt), ENV_CHECKPOINT_DIR: str(self.folder)}
         # a restart waits for the cluster to replace the executor it lost, up to start_timeout
         wait: dict[str, Any] = {"slot_wait_s": request.start_timeout} if attempt else {}
         self._checkpoints = contextlib.ExitStack()
         try:
-            agreed = self._checkpoints.enter_context(attempt_checkpoints(self.folder))
+            facts = self._checkpoints.enter_context(attempt_checkpoints(self.folder, attempt))
             self.current = self.make_attempt(dataclasses.replace(
-                request, env={**env, **agreed}, attempt=attempt,
+                request, env={**request.env, **facts.rank_env()}, attempt=attempt,
                 earlier_attempts=tuple(self.causes), mlflow_run_id=self.run_id, **wait))
         except KeyboardInterrupt:  # before its ranks started (waiting for task slots, say)
             self._checkpoints.close()

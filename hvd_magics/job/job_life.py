@@ -1,86 +1,29 @@
-"""One job's life on the driver: its backend made, its ranks started and watched, stopped
-unless they ended by themselves, and its record finished, whatever happens."""
+"""One attempt of a job on the driver: its backend made, its ranks started and watched a turn at
+a time, stopped unless they ended by themselves, and its record finished, whatever happens."""
 from __future__ import annotations
 
 import queue
-import time
 import uuid
 import warnings
-from datetime import datetime
 
-from hvd_magics.errors import HorovodJobError, HorovodMagicsError, JobInterrupted, PayloadError
+from hvd_magics.errors import HorovodJobError, HorovodMagicsError, JobInterrupted
 from hvd_magics.job.job_state import PREEMPTED, JobState
+from hvd_magics.job.attempt_end import (diverged_note, finish_record, reap_ranks,
+                                        where_on_interrupt, wind_down)
+from hvd_magics.job.backend_choice import make_backend
 from hvd_magics.job.launch_request import LaunchRequest
-from hvd_magics.job.live_job import STOP_WAIT_S
 from hvd_magics.job.records.mlflow_run import MlflowTracker
 from hvd_magics.job.failure_policy import preempted
 from hvd_magics.job.records.run_logs import prune_old_runs, runs_dir
 from hvd_magics.job.records.run_record import RunRecord
 from hvd_magics.job.session import SESSION
-from hvd_magics.job.verdicts.links import say_links
-from hvd_magics.job.following import collect_stacks, drain
 from hvd_magics.job.watch.loop import ElasticWatch, FixedWatch
-from hvd_magics.launch.backend import Backend
-from hvd_magics.launch.dataframe_input import check_columns, common_session
-from hvd_magics.launch.driver_backend import DriverBackend
-from hvd_magics.launch.local_ranks import reap_local_ranks
-from hvd_magics.launch.spark_backend import SparkBackend
-from hvd_magics.launch.spark_session import active_session, start_local_session
-from hvd_magics.options import ElasticSize
 from hvd_magics.protocol import ENV_EVERY_RESULT
-from hvd_magics.rank_names import ranks_named
 from hvd_magics.result_codec import ResultDecodeError
 from hvd_magics.task.engines import engine_of
 
 #: A rank's errors that mean the executors' Python lacks a module.
 IMPORT_ERRORS = ("ModuleNotFoundError", "ImportError")
-#: How long the ranks' stacks are waited for at an interrupt, which should stop the job at once.
-INTERRUPT_STACKS_WAIT_S = 1.0
-
-
-def make_backend(request: LaunchRequest) -> Backend:
-    """Where the job's ranks run: a warm pool's, Spark tasks (elastic or not, reading
-    DataFrames or not) or the driver's processes."""
-    np, env, sources = request.size, request.rank_env(), request.payload.sources
-    if request.pool is not None:
-        return request.pool.cell(request.env, sources)
-    if isinstance(np, ElasticSize):
-        if sources:
-            raise PayloadError(
-                f"the job reads the DataFrame {sources.sources[0].name!r}, but an elastic job "
-                f"(np={np}) cannot reshard a DataFrame when its ranks change. Fix: run it with a "
-                f"fixed np={np.max_np}, or have each rank read its part of the data itself (for "
-                "PyTorch, Horovod's hvd.elastic.ElasticSampler reshards at every reset).")
-        from hvd_magics.launch.elastic_backend import ElasticSparkBackend
-
-        spark = active_session() or start_local_session(np.max_np)
-        return ElasticSparkBackend(spark, np, env, request.start_timeout,
-                                   request.options.elastic_timeout, request.options.reset_limit,
-                                   SESSION.environment)
-    if sources:
-        if np < 0:
-            raise PayloadError(
-                f"the job reads the DataFrame {sources.sources[0].name!r}, whose rows reach the "
-                "ranks through Spark tasks, but np<0 runs the ranks on the driver without "
-                f"Spark. Fix: use np={-np}.")
-        for source in sources:
-            check_columns(source)
-        return SparkBackend(common_session(sources), np, env, sources,
-                            slot_wait_s=request.slot_wait_s,
-                            held_slots=SESSION.held_slots(request.live),
-                            background=request.live is not None,
-                            environment=SESSION.environment,
-                            ranks_per_task=request.options.ranks_per_task,
-                            ignore_ssl=request.ignore_ssl)
-    if np < 0:
-        return DriverBackend(-np, env)
-    spark = active_session() or start_local_session(np)
-    return SparkBackend(spark, np, env, slot_wait_s=request.slot_wait_s,
-                        held_slots=SESSION.held_slots(request.live),
-                        background=request.live is not None,
-                        environment=SESSION.environment,
-                        ranks_per_task=request.options.ranks_per_task,
-                        gone_wait_s=request.start_timeout, ignore_ssl=request.ignore_ssl)
 
 
 def _tracker(request: LaunchRequest, job_id: str, where: str,
@@ -173,7 +116,7 @@ class Attempt:
         if isinstance(failure, KeyboardInterrupt):
             record.status = record.error = "interrupted"
             try:
-                where_they_were = _where_on_interrupt(job, backend, self.events)
+                where_they_were = where_on_interrupt(job, backend, self.events)
             except KeyboardInterrupt:  # a second interrupt: stop without looking
                 where_they_were = ""
         elif failure is not None:
@@ -193,16 +136,16 @@ class Attempt:
     def _settle(self, clean: bool) -> None:
         record, job, backend = self.record, self.job, self.backend
         try:
-            _wind_down(backend, job, self.events, clean)
+            wind_down(backend, job, self.events, clean)
         except KeyboardInterrupt:  # a second interrupt while the job is being stopped
             backend.stop()
-            _reap_local_ranks(job, backend)
+            reap_ranks(job, backend)
             record.status = record.error = "interrupted"
             raise JobInterrupted("stopped while the job was being wound down; its rank "
                                  "processes were killed. The log of every rank: "
                                  + str(self.log_path)) from None
         finally:
-            _finish(record, job)
+            finish_record(record, job)
             if self.tracker is not None:
                 self.tracker.finish(record)
 
@@ -225,7 +168,7 @@ class Attempt:
         backend = self.backend
         if isinstance(failure, HorovodMagicsError):
             failure.record = self.record  # a restart reads the failed attempt's record from it
-        note = backend.restart_note or (_diverged_note(self.job) if backend.keeps_ranks else "")
+        note = backend.restart_note or (diverged_note(self.job) if backend.keeps_ranks else "")
         if isinstance(failure, HorovodJobError):
             if note:
                 failure.add_summary(note)
@@ -251,73 +194,3 @@ def launch(request: LaunchRequest) -> RunRecord:
     except BaseException as exc:  # noqa: BLE001 - settled, then raised as it is
         return attempt.end(exc)
     return attempt.end(None)
-
-
-def _diverged_note(job: JobState) -> str:
-    """On a warm pool, when some ranks finished the cell and others did not: their variables
-    now differ (each kept what its cell assigned before it ended)."""
-    finished = job.finished_ranks()
-    others = [r.rank for r in job.ranks if r.rank not in finished]
-    if not finished or not others:
-        return ""
-    return (f"{ranks_named(finished, job.unit)} finished the cell and "
-            f"{ranks_named(others, job.unit)} did not: the ranks' "
-            "variables now differ (each kept what its cell assigned before it ended). Fix: run "
-            "a cell that sets them again on every rank, or %hvd_pool restart.")
-
-
-def _wind_down(backend: Backend, job: JobState, events: queue.Queue, clean: bool) -> None:
-    """Stop the job unless it ended by itself, wait for the Spark job, take what arrived, and
-    make sure no rank process is left on this host."""
-    if not clean:
-        backend.stop()
-    ended = backend.join(STOP_WAIT_S)
-    if not ended:
-        backend.stop()
-    drain(job, events)
-    if not clean:
-        _reap_local_ranks(job, backend)
-
-
-def _where_on_interrupt(job: JobState, backend: Backend, events: queue.Queue) -> str:
-    """``" Where each rank was:"`` and a line per rank, or ``""`` when none answered (the ranks
-    had gone already: on classic Spark, pyspark cancels the job at the interrupt)."""
-    stacks = collect_stacks(job, backend, events, INTERRUPT_STACKS_WAIT_S)
-    if not stacks.ranks:
-        return ""
-    return f"Where each {job.unit} was:\n" + stacks.summary(job.unit) + "\n"
-
-
-def _finish(record: RunRecord, job: JobState) -> None:
-    record.ended_at = datetime.now()
-    record.resets = [dict(reset) for reset in job.resets]
-    if job.elastic and job.formations:
-        record.final_size = job.current_size
-    record.exit_codes = {r.rank: r.exit_code for r in job.ranks}
-    record.hosts = {r.rank: r.host for r in job.ranks}
-    record.pids = {r.rank: r.pid for r in job.ranks if r.pid is not None}
-    timeline = job.finish_timeline()
-    record.timeline_path = str(timeline) if timeline else None
-    record.shards = job.shard_summary()
-    record.epochs = job.timer.rows()
-    record.charts_html = job.history.html()
-    hosts = {r.rank: r.host for r in job.ranks}
-    record.step_split = job.splits.rank_rows(hosts)
-    record.step_intervals = [{**row, "host": hosts.get(row["rank"], "")}
-                             for row in job.splits.intervals]
-    record.stragglers = job.splits.verdicts(job.unit)
-    say_links(job)  # a probe that ended with the job
-    record.links = job.links
-    split = job.timer.split(time.monotonic())
-    record.startup_s, record.training_s = split["startup_s"], split["training_s"]
-    if record.status == "running":
-        record.status = "succeeded"
-    job.settle(record.status)
-    job.end()
-
-
-def _reap_local_ranks(job: JobState, backend: Backend) -> None:
-    """Make sure the job's rank processes on this host are gone before the driver says the job
-    is over (unless the backend keeps its ranks: a warm pool's)."""
-    if not backend.keeps_ranks:
-        reap_local_ranks([(r.pid, r.host) for r in job.ranks])

@@ -19,7 +19,8 @@ from typing import Any
 from collections.abc import Iterator
 
 from hvd_magics.errors import CheckpointFolderUnusable
-from hvd_magics.protocol import ENV_CHECKPOINT_TOKEN, ENV_RESUME_STEP
+from hvd_magics.protocol import (ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_TOKEN,
+                                 ENV_RESUME_STEP)
 from hvd_magics.rank.api.checkpoint import NO_CHECKPOINT
 from hvd_magics.common.checkpoints import latest_checkpoint
 
@@ -76,12 +77,30 @@ def pool_resume_fix(folder: Path) -> ResumeFix:
                      "HorovodRunner(np, restarts=N)) to resume by itself")
 
 
+@dataclasses.dataclass(frozen=True)
+class AttemptFacts:
+    """What every rank of one attempt is told (:class:`hvd_magics.rank.rank_job.RankJob` reads
+    it back): its number, the job's checkpoint folder, the mark of this attempt in it (a rank
+    that does not share the driver's folder cannot find it), and the global step every rank
+    resumes from (``"none"``: none)."""
+
+    number: int
+    folder: Path
+    token: str
+    resume_step: str
+
+    def rank_env(self) -> dict[str, str]:
+        """The ranks' environment variables that carry it (the only place they are set)."""
+        return {ENV_ATTEMPT: str(self.number), ENV_CHECKPOINT_DIR: str(self.folder),
+                ENV_CHECKPOINT_TOKEN: self.token, ENV_RESUME_STEP: self.resume_step}
+
+
 @contextlib.contextmanager
-def attempt_checkpoints(folder: Path) -> Iterator[dict[str, str]]:
-    """What every rank of one attempt agrees on (:mod:`hvd_magics.rank.api.checkpoint`): a file of
-    this attempt's in ``folder``, which a rank that does not share the driver's folder cannot
-    find, and the step of the checkpoint they all resume from (the newest now). The file goes
-    with the attempt, and the folder too when nothing else was written in it."""
+def attempt_checkpoints(folder: Path, number: int = 0) -> Iterator[AttemptFacts]:
+    """What every rank of attempt ``number`` agrees on (:mod:`hvd_magics.rank.api.checkpoint`):
+    a file of this attempt's in ``folder``, which a rank that does not share the driver's folder
+    cannot find, and the step of the checkpoint they all resume from (the newest now). The file
+    goes with the attempt, and the folder too when nothing else was written in it."""
     token = folder / f".hvd_magics-attempt-{uuid.uuid4().hex[:12]}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -99,8 +118,8 @@ def attempt_checkpoints(folder: Path) -> Iterator[dict[str, str]]:
             f"every executor shares") from None
     found = latest_checkpoint(folder)
     try:
-        yield {ENV_CHECKPOINT_TOKEN: token.name,
-               ENV_RESUME_STEP: str(found[0].global_step) if found else NO_CHECKPOINT}
+        yield AttemptFacts(number, folder, token.name,
+                           str(found[0].global_step) if found else NO_CHECKPOINT)
     finally:
         token.unlink(missing_ok=True)
         with contextlib.suppress(OSError):

@@ -231,3 +231,20 @@ def test_a_restart_that_finds_no_slots_names_the_checkpoint_to_resume_from(tmp_p
     assert tries == [0, 1]
     assert SESSION.last_run.attempts[0].startswith("rank 1 on h: killed by signal 9")
     assert SESSION.last_run.attempts[1].startswith("not started: np=2 needs 2 free")
+
+
+def test_an_attempts_facts_reach_the_rank_as_it_reads_them(tmp_path):
+    """The driver sets the attempt's four variables in one place and the rank's typed spec
+    reads each back (a name spelled differently on one side fails here)."""
+    from hvd_magics.common.checkpoints import Position, write_checkpoint
+    from hvd_magics.job.restarts import attempt_checkpoints
+    from hvd_magics.rank.rank_job import RankJob
+
+    folder = tmp_path / "c"
+    with attempt_checkpoints(folder, 2) as facts:
+        job = RankJob.read(facts.rank_env())
+        assert (job.attempt, job.checkpoint_dir, job.resume_step) == (2, folder, "none")
+        assert job.checkpoint_token and (folder / job.checkpoint_token).exists()
+    write_checkpoint(folder, Position(0, 0, 26), "pkl", lambda path: path.write_bytes(b"x"), 2)
+    with attempt_checkpoints(folder, 3) as facts:
+        assert RankJob.read(facts.rank_env()).resume_step == "26"
