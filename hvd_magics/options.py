@@ -1,294 +1,41 @@
-"""The options of a job, checked in one place for ``HorovodRunner``, ``HorovodPool``,
-``%%horovod`` and ``%hvd_pool`` alike.
+"""A job's options as the driver uses them: :class:`JobOptions`, checked once for
+``HorovodRunner``, ``HorovodPool``, ``%%horovod`` and ``%hvd_pool`` alike.
 
-Each check returns the value as it will be used, or raises ``ValueError`` with a message that
-names the option and the fix (the magics turn it into a one-line ``UsageError``). An option
-takes its value's own type: a number given as text (``restarts="1"``), a flag as text
-(``fresh="no"``) or an environment that is not a dict of texts is refused, not converted. A
-magic's line is text throughout: :func:`from_text` reads its numbers first.
+Each option is declared once in :mod:`hvd_magics.option_table` (name, default, check, help, flags)
+and each value is checked by :mod:`hvd_magics.option_checks`; what depends on two options (an
+elastic ``np`` and ``restarts``, ``ranks_per_task`` that divides ``np``, a Horovod-only feature
+on another engine) is checked here. The checks and defaults are named here too, as they were
+before they were split out.
 """
 from __future__ import annotations
 
-import os
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from collections.abc import Mapping
 
-from hvd_magics.protocol import (ENGINE_HOROVOD, ENGINES, ENV_ENGINE, ENV_STALL_CHECK,
+from hvd_magics.option_checks import (VERBOSITIES, VERBOSITY_ALL, VERBOSITY_DEBUG,
+                                      VERBOSITY_LOG_CALLBACK_ONLY, ElasticSize, from_text,
+                                      horovod_only, multiple_fix, positive_seconds, refuse_text,
+                                      validate_checkpoint_dir, validate_engine, validate_env,
+                                      validate_flag, validate_np, validate_ranks_per_task,
+                                      validate_reset_limit, validate_restarts, validate_size,
+                                      validate_verbosity)
+from hvd_magics.option_table import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S,
+                                     DEFAULT_START_TIMEOUT_S, RUNNER_OPTIONS, STALL_AFTER_S,
+                                     check_all)
+from hvd_magics.protocol import (ENGINE_HOROVOD, ENV_ENGINE, ENV_STALL_CHECK,
                                  ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE)
 
-#: Default seconds to wait for every rank process to start (Spark scheduling included).
-DEFAULT_START_TIMEOUT_S = 120.0
-#: Default seconds of silence after which a rank is shown as stalled, with where it is.
-STALL_AFTER_S = 60.0
-#: ``driver_log_verbosity`` values: HorovodRunner's two, and ``debug`` (framework chatter too).
-VERBOSITY_ALL = "all"
-VERBOSITY_LOG_CALLBACK_ONLY = "log_callback_only"
-VERBOSITY_DEBUG = "debug"
-VERBOSITIES = (VERBOSITY_ALL, VERBOSITY_LOG_CALLBACK_ONLY, VERBOSITY_DEBUG)
-
-
-def from_text(text: Any) -> Any:
-    """A value typed as text (a magic's line, an environment variable) as the int or float it
-    spells (``"2"``, ``"-2"``, ``"1.5"``); other text (``"2:4"``, ``"abc"``) as it is, for the
-    checks here to accept or refuse with the option's name; a value that is not text as it is."""
-    if not isinstance(text, str):
-        return text
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            continue
-    return text
-
-
-def refuse_text(value: Any, name: str) -> None:
-    """Refuse text that spells a number (``restarts="1"``) for the option ``name`` (``"restarts
-    (--restarts)"``): an option takes the number itself, as :func:`from_text` makes it of a
-    magic's line."""
-    if isinstance(value, str) and not isinstance(from_text(value), str):
-        raise ValueError(f"{name} takes a number, not text: got {value!r}. "
-                         f"Fix: {name.split()[0]}={from_text(value)!r}")
-
-
-def validate_flag(value: Any, name: str) -> bool:
-    """A switch: ``True`` or ``False`` only (``fresh="no"`` would be true if converted)."""
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} takes True or False, got {value!r}. "
-                         f"Fix: {name.split()[0]}=True")
-    return value
-
-
-#: How an environment for the ranks is given.
-_ENV_FIX = "env={'FOO': '1'} (%%horovod --env FOO=1)"
-
-
-def validate_env(env: Any) -> dict[str, str]:
-    """The user's environment for the ranks: a mapping of variable names to texts (``None``:
-    none); a value that is not text (``None`` would reach the ranks as ``"None"``) is refused,
-    naming the variable."""
-    if env is None:
-        return {}
-    if not isinstance(env, Mapping):
-        raise ValueError(f"env takes a dict of variable names to values, got "
-                         f"{type(env).__name__} {env!r}. Fix: {_ENV_FIX}")
-    for name, value in env.items():
-        if not isinstance(name, str) or not name or "=" in name or "\x00" in name:
-            raise ValueError(f"env: {name!r} cannot name an environment variable. "
-                             f"Fix: {_ENV_FIX}")
-        if not isinstance(value, str):
-            text = "'1'" if value is None else repr(str(value))
-            raise ValueError(f"env[{name!r}] is {value!r}, and an environment variable's value "
-                             f"is text. Fix: env={{{name!r}: {text}}}, or leave {name} out")
-    return dict(env)
-
-
-#: The sizes a job takes.
-_NP_FIX = ("Fix: np=2 (two ranks as Spark tasks), np=-2 (two processes on the driver) or "
-           "np='2:4' (an elastic job)")
-
-
-def validate_np(np: Any) -> int:
-    """``np`` as an int (``> 0``: Spark tasks, ``< 0``: processes on the driver)."""
-    refuse_text(np, "np")
-    if isinstance(np, bool) or not isinstance(np, int):
-        raise ValueError(f"np must be a whole number of ranks, got {np!r}. {_NP_FIX}")
-    if np == 0:
-        raise ValueError("np=0 runs nothing: use np>0 for ranks as Spark tasks, "
-                         "or np<0 for -np ranks on the driver")
-    return np
-
-
-def positive_seconds(seconds: Any, name: str) -> float:
-    """``seconds`` as a positive float, or a ``ValueError`` naming the option ``name``."""
-    refuse_text(seconds, name)
-    try:
-        value = float(seconds)
-    except (TypeError, ValueError):
-        value = -1.0
-    if isinstance(seconds, bool) or not value > 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}. "
-                         f"Fix: {name.split()[0]}=30, say")
-    return value
-
-
-def validate_start_timeout(seconds: Any) -> float:
-    """The start timeout as positive seconds."""
-    return positive_seconds(seconds, "start_timeout (--start-timeout)")
-
-
-def validate_verbosity(verbosity: Any) -> str:
-    """One of :data:`VERBOSITIES`."""
-    if verbosity not in VERBOSITIES:
-        raise ValueError(f"driver_log_verbosity (--verbosity) must be one of "
-                         f"{', '.join(VERBOSITIES)}, got {verbosity!r}. "
-                         f"Fix: driver_log_verbosity={VERBOSITY_LOG_CALLBACK_ONLY!r} "
-                         f"(--verbosity {VERBOSITY_LOG_CALLBACK_ONLY})")
-    return verbosity
-
-
-#: Horovod's default: how long an elastic job may have fewer than its minimum of ranks.
-DEFAULT_ELASTIC_TIMEOUT_S = 600.0
-
-
-@dataclass(frozen=True)
-class ElasticSize:
-    """The size of an elastic job: it starts with at least ``min_np`` ranks, grows up to
-    ``max_np`` and goes on while ``min_np`` remain."""
-
-    min_np: int
-    max_np: int
-
-    def __str__(self) -> str:
-        return f"{self.min_np}:{self.max_np}"
-
-
-_ELASTIC_HINT = ("an elastic job takes MIN:MAX with 1 <= MIN <= MAX (np='2:4' or np=(2, 4)); "
-                 "a fixed job takes one whole number")
-
-
-def validate_size(np: Any) -> int | ElasticSize:
-    """``np`` as a fixed size (see :func:`validate_np`) or an :class:`ElasticSize` (from
-    ``"MIN:MAX"`` or ``(MIN, MAX)``)."""
-    if isinstance(np, ElasticSize):
-        return validate_size((np.min_np, np.max_np))
-    if isinstance(np, str):
-        text = np.strip()
-        if ":" not in text:
-            refuse_text(np, "np")
-            raise ValueError(f"np must be a whole number of ranks or MIN:MAX, got {np!r}. "
-                             f"{_NP_FIX}")
-        low, _, high = text.partition(":")
-        try:
-            bounds: Any = (int(low), int(high))
-        except ValueError:
-            raise ValueError(f"np={np!r}: {_ELASTIC_HINT}") from None
-    elif isinstance(np, (tuple, list)):
-        bounds = tuple(np)
-    else:
-        return validate_np(np)
-    if (len(bounds) != 2 or any(isinstance(b, bool) or not isinstance(b, int) for b in bounds)
-            or not 1 <= bounds[0] <= bounds[1]):
-        raise ValueError(f"np={np!r}: {_ELASTIC_HINT}")
-    return ElasticSize(*bounds)
-
-
-def validate_elastic_timeout(seconds: Any) -> float:
-    """The elastic timeout as positive seconds."""
-    return positive_seconds(seconds, "elastic_timeout (--elastic-timeout)")
-
-
-def validate_reset_limit(limit: Any) -> int | None:
-    """The reset limit: ``None`` (no limit) or a whole number ``>= 0``."""
-    if limit is None:
-        return None
-    refuse_text(limit, "reset_limit (--reset-limit)")
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise ValueError("reset_limit (--reset-limit) must be a whole number >= 0 (how many "
-                         f"times an elastic job may re-form), got {limit!r}. Fix: "
-                         "reset_limit=3, say, or leave it out for no limit")
-    return limit
-
-
-#: How a checkpoint folder is given.
-_CHECKPOINT_DIR_FIX = ("Fix: a folder's path (checkpoint_dir='/dbfs/checkpoints/run1', "
-                       "--checkpoint-dir /dbfs/checkpoints/run1), or leave it out for one per "
-                       "job under the temporary folder")
-
-
-def validate_checkpoint_dir(folder: str | os.PathLike | None) -> str | None:
-    """The checkpoint folder as given (``None``: one per job), as a path's text; refused when
-    it names no folder (``""``) or no file system can name it."""
-    if folder is None:
-        return None
-    if not isinstance(folder, (str, bytes, os.PathLike)):
-        raise ValueError(f"checkpoint_dir (--checkpoint-dir) takes a folder's path, got "
-                         f"{folder!r}. {_CHECKPOINT_DIR_FIX}")
-    text = os.fspath(folder)
-    if not text.strip():
-        raise ValueError(f"checkpoint_dir (--checkpoint-dir) is {text!r}, which names no "
-                         f"folder. {_CHECKPOINT_DIR_FIX}")
-    if ("\x00" if isinstance(text, str) else b"\x00") in text:
-        raise ValueError(f"checkpoint_dir (--checkpoint-dir) holds a NUL character, which no "
-                         f"folder's name can: {text!r}. Fix: type the folder's path again")
-    return text
-
-
-def validate_restarts(restarts: Any, elastic: bool = False, pool: bool = False) -> int:
-    """How many times a job may start again after a loss: a whole number ``>= 0``; refused with
-    an elastic ``np`` (elastic Horovod goes on without the lost ranks instead) and on a warm
-    pool (a lost rank is replaced at the pool's next cell)."""
-    refuse_text(restarts, "restarts (--restarts)")
-    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
-        raise ValueError("restarts (--restarts) must be a whole number >= 0 (how many times a "
-                         f"job starts again after losing a rank), got {restarts!r}. Fix: "
-                         "restarts=1, say")
-    if restarts and elastic:
-        raise ValueError("restarts (--restarts) with an elastic np: an elastic job already goes "
-                         "on when ranks are lost, as long as MIN remain. Fix: a fixed np with "
-                         "restarts, or the elastic np without")
-    if restarts and pool:
-        raise ValueError("restarts (--restarts) on a warm pool: the pool replaces a lost rank "
-                         "at its next cell. Fix: run the cell again, or a cold job (--cold) "
-                         "with restarts")
-    return restarts
-
-
-def validate_engine(engine: Any) -> str:
-    """One of :data:`hvd_magics.protocol.ENGINES` (a few other spellings are taken: ``ddp``,
-    ``pytorch``, ``tensorflow``, ``hvd``)."""
-    name = engine.strip().lower() if isinstance(engine, str) else engine
-    aliases = {"hvd": "horovod", "pytorch": "torch", "ddp": "torch", "tensorflow": "tf"}
-    name = aliases.get(name, name)
-    if name not in ENGINES:
-        raise ValueError(f"engine={engine!r} is not an engine: use 'horovod' (hvd.init()), "
-                         "'torch' (torch.distributed.init_process_group(); FSDP, DeepSpeed, "
-                         "Accelerate and Lightning run on it) or 'tf' "
-                         "(tf.distribute.MultiWorkerMirroredStrategy())")
-    return name
-
-
-def horovod_only(feature: str, engine: str, instead: str) -> None:
-    """Refuse a Horovod-only ``feature`` on another ``engine``, saying what to use ``instead``."""
-    if engine != ENGINE_HOROVOD:
-        raise ValueError(f"{feature} is Horovod's and this job runs on the {engine} engine. "
-                         f"{instead}")
-
-
-def multiple_fix(np: int, per_task: int) -> str:
-    """The np values next to ``np`` that fill tasks of ``per_task`` ranks: ``"np=4 or np=6"``."""
-    low = np - np % per_task
-    return f"np={low} or np={low + per_task}" if low else f"np={per_task}"
-
-
-def validate_ranks_per_task(ranks_per_task: Any, np: Any) -> int | None:
-    """Rank processes per Spark task: ``None`` (one per GPU the session gives a task, else one)
-    or a whole number ``>= 1`` that divides a fixed ``np > 0`` (``np`` as checked by
-    :func:`validate_size`)."""
-    if ranks_per_task is None:
-        return None
-    refuse_text(ranks_per_task, "ranks_per_task (--ranks-per-task)")
-    if isinstance(ranks_per_task, bool) or not isinstance(ranks_per_task, int) or \
-            ranks_per_task < 1:
-        raise ValueError("ranks_per_task (--ranks-per-task) must be a whole number >= 1 (rank "
-                         f"processes in each Spark task), got {ranks_per_task!r}. Fix: "
-                         "ranks_per_task=2, say, or leave it out")
-    if ranks_per_task == 1:
-        return 1
-    if isinstance(np, ElasticSize):
-        raise ValueError(f"ranks_per_task={ranks_per_task} with an elastic np={np}: an elastic "
-                         "job gains and loses ranks one Spark task at a time. Fix: a fixed np, "
-                         "or leave ranks_per_task out")
-    if np < 0:
-        raise ValueError(f"ranks_per_task={ranks_per_task} with np={np}: ranks on the driver "
-                         "are a process each already (one per GPU). Fix: leave ranks_per_task "
-                         f"out, or np={-np} for Spark tasks")
-    if np % ranks_per_task:
-        raise ValueError(f"np={np} is not a multiple of ranks_per_task={ranks_per_task}: every "
-                         f"Spark task runs {ranks_per_task} ranks. Fix: "
-                         f"{multiple_fix(np, ranks_per_task)}")
-    return ranks_per_task
+__all__ = [
+    "DEFAULT_ELASTIC_TIMEOUT_S", "DEFAULT_IDLE_TIMEOUT_S", "DEFAULT_START_TIMEOUT_S",
+    "STALL_AFTER_S", "VERBOSITIES", "VERBOSITY_ALL", "VERBOSITY_DEBUG",
+    "VERBOSITY_LOG_CALLBACK_ONLY", "ElasticSize", "JobOptions", "from_text", "horovod_only",
+    "multiple_fix", "positive_seconds", "refuse_text", "validate_checkpoint_dir",
+    "validate_engine", "validate_env", "validate_flag", "validate_np", "validate_ranks_per_task",
+    "validate_reset_limit", "validate_restarts", "validate_size", "validate_verbosity",
+]
 
 
 @dataclass(frozen=True)
@@ -345,48 +92,37 @@ class JobOptions:
         return env
 
     @classmethod
-    def checked(cls, np: Any, driver_log_verbosity: Any = VERBOSITY_ALL,
-                start_timeout: Any = DEFAULT_START_TIMEOUT_S,
-                env: Mapping[str, Any] | None = None,
-                timeline: str | os.PathLike | None = None, timeline_mark_cycles: bool = False,
-                mlflow: bool | str | None = None,
-                elastic_timeout: Any = DEFAULT_ELASTIC_TIMEOUT_S, reset_limit: Any = None,
-                timeout: Any = None, stall_after: Any = STALL_AFTER_S, engine: Any = None,
-                restarts: Any = 0, checkpoint_dir: str | os.PathLike | None = None,
-                fresh: bool = False, ranks_per_task: Any = None,
-                default_engine: str = ENGINE_HOROVOD, on_pool: bool = False) -> JobOptions:
-        """Every option checked (a ``ValueError`` names the option and the fix), in
-        HorovodRunner's keywords; ``default_engine`` and ``on_pool`` say what a warm pool the
-        job runs on decides."""
-        size = validate_size(np)
+    def checked(cls, given: Mapping[str, Any], default_engine: str = ENGINE_HOROVOD,
+                on_pool: bool = False) -> JobOptions:
+        """Every option of ``given`` (HorovodRunner's keywords, by name; one left out takes
+        its default) checked, alone and with the others: a ``ValueError`` names the option and
+        the fix; ``default_engine`` and ``on_pool`` say what a warm pool the job runs on
+        decides.
+
+        Raises
+        ------
+        TypeError
+            For a name that is not an option of a job, or no ``np``.
+        ValueError
+            For a wrong value, or two that do not go together.
+        """
+        value = check_all(given, RUNNER_OPTIONS)
+        size = value["np"]
         elastic = size if isinstance(size, ElasticSize) else None
-        per_task = validate_ranks_per_task(ranks_per_task, size)
-        restarts = validate_restarts(restarts, elastic=elastic is not None, pool=on_pool)
-        engine = default_engine if engine is None else validate_engine(engine)
+        per_task = validate_ranks_per_task(value["ranks_per_task"], size)
+        validate_restarts(value["restarts"], elastic=elastic is not None, pool=on_pool)
+        engine = default_engine if value["engine"] is None else value["engine"]
         if elastic is not None:
-            horovod_only(f"an elastic job (np={np})", engine,
+            horovod_only(f"an elastic job (np={given['np']})", engine,
                          "Fix: give a fixed np, or use engine='horovod' with hvd.elastic "
                          "(torch's elastic agent restarts every worker at each change, which "
                          "a notebook's job cannot follow).")
-        if timeline is not None:
+        if value["timeline"] is not None:
             horovod_only("the Horovod Timeline (timeline=, %hvd_timeline)", engine,
                          "Fix: record a trace with torch.profiler or tf.profiler in the job; "
                          "epoch timing, charts and %hvd_stacks work on every engine.")
-        timeout = None if timeout is None else positive_seconds(timeout, "timeout (--timeout)")
-        stall_after = positive_seconds(stall_after, "stall_after (--stall-after)")
-        elastic_timeout = validate_elastic_timeout(elastic_timeout)
-        reset_limit = validate_reset_limit(reset_limit)
-        verbosity = validate_verbosity(driver_log_verbosity)
-        start_timeout = validate_start_timeout(start_timeout)
         fixed = size.max_np if isinstance(size, ElasticSize) else size
-        return cls(
-            ranks=abs(fixed), on_driver=fixed < 0, elastic=elastic, engine=engine,
-            verbosity=verbosity, start_timeout=start_timeout,
-            env=validate_env(env),
-            timeline=Path(timeline) if timeline is not None else None,
-            timeline_mark_cycles=validate_flag(timeline_mark_cycles, "timeline_mark_cycles"),
-            mlflow=mlflow,
-            elastic_timeout=elastic_timeout, reset_limit=reset_limit, timeout=timeout,
-            stall_after=stall_after, restarts=restarts,
-            checkpoint_dir=validate_checkpoint_dir(checkpoint_dir),
-            fresh=validate_flag(fresh, "fresh (--fresh)"), ranks_per_task=per_task)
+        carried = {f.name: value[f.name] for f in dataclasses.fields(cls) if f.name in value}
+        return cls(**{**carried, "ranks": abs(fixed), "on_driver": fixed < 0, "elastic": elastic,
+                      "engine": engine, "verbosity": value["driver_log_verbosity"],
+                      "ranks_per_task": per_task})

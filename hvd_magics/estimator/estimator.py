@@ -103,7 +103,7 @@ class HorovodEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
     shuffle : bool, default True
         A new order each epoch, from ``seed`` and the epoch.
     seed : int
-    startTimeout : float, default 600
+    startTimeout : float, default 120
         Seconds for every rank to start after the data reached the tasks.
     restarts : int, default 0
         As ``HorovodRunner(restarts=...)``: after a lost rank or executor the fit starts again

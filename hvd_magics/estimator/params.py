@@ -9,6 +9,8 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (HasFeaturesCol, HasLabelCol, HasPredictionCol,
                                      HasProbabilityCol, HasRawPredictionCol, HasSeed)
 
+from hvd_magics.option_table import estimator_defaults
+
 #: The default seed: the same in every process (MLlib's default, a hash of the class name, changes
 #: from one Python process to the next, which would change the order of a resumed fit's rows).
 DEFAULT_SEED = 20181210
@@ -134,11 +136,11 @@ class EstimatorParams(HasOutputCols, HasLabelCol, HasSeed):
         super().__init__()
         self._setDefault(optimizer="adam", learningRate=None, scaleLearningRate=True,
                          metrics=[], classifier=None, batchSize=32, epochs=1, maxSteps=None,
-                         validationFraction=0.0, isValidationCol=None, np=None, modelDir=None,
+                         validationFraction=0.0, isValidationCol=None, modelDir=None,
                          saveCheckpointsSecs=None, keepCheckpoints=3, shuffle=True,
-                         startTimeout=600.0, restarts=0, mlflow=None, featureMapping=None,
-                         model=None,
-                         loss=None, seed=DEFAULT_SEED)
+                         featureMapping=None, model=None, loss=None, seed=DEFAULT_SEED,
+                         # np, startTimeout, restarts, mlflow: declared with the job's options
+                         **estimator_defaults())
 
 
 class ModelParams(HasOutputCols):

@@ -39,10 +39,9 @@ from hvd_magics.launch.pool_data import PoolShards
 from hvd_magics.launch.spark_backend import SparkBackend
 from hvd_magics.launch.spark_session import active_session, start_local_session
 from hvd_magics.launch.spark_slots import SLOT_WAIT_S
-from hvd_magics.options import (DEFAULT_START_TIMEOUT_S, ElasticSize, positive_seconds,
-                                validate_checkpoint_dir, validate_engine, validate_env,
-                                validate_ranks_per_task, validate_restarts, validate_size,
-                                validate_start_timeout)
+from hvd_magics.option_table import POOL_OPTIONS, check_all, declared
+from hvd_magics.options import (DEFAULT_IDLE_TIMEOUT_S, DEFAULT_START_TIMEOUT_S, ElasticSize,
+                                validate_ranks_per_task, validate_restarts)
 from hvd_magics.protocol import (CELL_END, CHANNEL_CLOSED, ENGINE_HOROVOD, ENV_ENGINE,
                                  ENV_HOROVOD_TIMELINE, ENV_SHARDS, ERROR,
                                  EXIT, RESULT, STARTED, TASK_ERROR, TASK_STARTED, TIMELINE_DYNAMIC,
@@ -51,8 +50,6 @@ from hvd_magics.common.kept_values import SentValue
 from hvd_magics.rank_names import ranks_named
 from hvd_magics.rank.pool_loop import serve_cells
 
-#: A pool with no cell for this long ends and gives its slots back (``--idle-timeout``).
-DEFAULT_IDLE_TIMEOUT_S = 1800.0
 #: After a cell was interrupted (or a rank failed), how long the other ranks get to come back
 #: before the pool restarts them.
 CELL_STOP_WAIT_S = 5.0
@@ -126,17 +123,6 @@ class CellEvents:
             (target if target is not None else self.idle).put(item)
 
 
-def pool_options(np: Any, start_timeout: Any, idle_timeout: Any) -> tuple[int, float, float]:
-    """A pool's ``(np, start_timeout, idle_timeout)`` checked; ``ValueError`` names the bad one."""
-    size = validate_size(np)
-    if isinstance(size, ElasticSize):
-        raise ValueError(f"np={np}: a warm pool has a fixed number of ranks. Fix: start it "
-                         f"with np={size.max_np}, or run the elastic job cold "
-                         f"(%%horovod np={np}).")
-    return (size, validate_start_timeout(start_timeout),
-            positive_seconds(idle_timeout, "idle_timeout (--idle-timeout)"))
-
-
 def _end_pools_at_exit() -> None:
     """The kernel shuts down: stop every pool's ranks at once (no graceful leaving)."""
     for pool in list(SESSION.live_pools):
@@ -164,10 +150,10 @@ class HorovodPool:
         Seconds to wait for every rank to start.
     idle_timeout : float
         A pool that ran nothing for this many seconds ends and gives its slots back.
-    engine : {"horovod", "torch", "tf"}
-        What the ranks run on (see :class:`hvd_magics.HorovodRunner`); the first cell starts it
-        (``hvd.init()``, ``init_process_group()``, ``MultiWorkerMirroredStrategy()``) and later
-        cells use it as it is.
+    engine : {"horovod", "torch", "tf"}, optional
+        What the ranks run on (see :class:`hvd_magics.HorovodRunner`; default ``"horovod"``);
+        the first cell starts it (``hvd.init()``, ``init_process_group()``,
+        ``MultiWorkerMirroredStrategy()``) and later cells use it as it is.
     ranks_per_task : int, optional
         Rank processes in each of the pool's Spark tasks (as
         :class:`hvd_magics.HorovodRunner`'s).
@@ -194,18 +180,25 @@ class HorovodPool:
 
     def __init__(self, np: int, env: Mapping[str, str] | None = None,
                  start_timeout: float = DEFAULT_START_TIMEOUT_S,
-                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S, engine: str = ENGINE_HOROVOD,
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S, engine: str | None = None,
                  ranks_per_task: int | None = None, restarts: int = 0,
                  checkpoint_dir: str | os.PathLike | None = None) -> None:
-        self.np, self.start_timeout, self.idle_timeout = pool_options(np, start_timeout,
-                                                                      idle_timeout)
-        validate_restarts(restarts, pool=True)  # refused with the way: a cold job
+        # every keyword is a declared option (hvd_magics.option_table), checked once
+        value = check_all(declared(locals(), POOL_OPTIONS), POOL_OPTIONS)
+        if isinstance(value["np"], ElasticSize):
+            raise ValueError(f"np={np}: a warm pool has a fixed number of ranks. Fix: start it "
+                             f"with np={value['np'].max_np}, or run the elastic job cold "
+                             f"(%%horovod np={np}).")
+        self.np: int = value["np"]
+        self.start_timeout: float = value["start_timeout"]
+        self.idle_timeout: float = value["idle_timeout"]
+        validate_restarts(value["restarts"], pool=True)  # refused with the way: a cold job
         #: Rank processes per Spark task (settled by the first start: 1 on the driver).
-        self.ranks_per_task = validate_ranks_per_task(ranks_per_task, self.np)
-        self.engine = validate_engine(engine)
-        self.env = validate_env(env)
+        self.ranks_per_task = validate_ranks_per_task(value["ranks_per_task"], self.np)
+        self.engine: str = value["engine"] or ENGINE_HOROVOD
+        self.env: dict[str, str] = value["env"]
         #: Where the pool's jobs keep their checkpoint folders (``None``: the temporary folder).
-        self.checkpoint_dir = validate_checkpoint_dir(checkpoint_dir)
+        self.checkpoint_dir: str | None = value["checkpoint_dir"]
         self.env[ENV_ENGINE] = self.engine
         self.cells = 0
         self.restarts = 0

@@ -28,6 +28,7 @@ from hvd_magics.launch import interrupt_guard
 from hvd_magics.launch.encryption import IGNORE_SSL
 from hvd_magics.launch.payload import JobPayload, leading_imports, serialize_job
 from hvd_magics.launch.spark_session import active_session, is_connect
+from hvd_magics.option_table import RUNNER_OPTIONS, declared
 from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S,
                                 STALL_AFTER_S, VERBOSITY_ALL, ElasticSize, JobOptions)
 from hvd_magics.protocol import ENGINE_HOROVOD
@@ -169,10 +170,9 @@ class HorovodRunner:
                  engine: str | None = None, restarts: int = 0,
                  checkpoint_dir: str | os.PathLike | None = None, fresh: bool = False,
                  ranks_per_task: int | None = None) -> None:
+        # every keyword but pool is a declared option (hvd_magics.option_table), checked once
         self.options = JobOptions.checked(
-            np, driver_log_verbosity, start_timeout, env, timeline, timeline_mark_cycles,
-            mlflow, elastic_timeout, reset_limit, timeout, stall_after, engine, restarts,
-            checkpoint_dir, fresh, ranks_per_task,
+            declared(locals(), RUNNER_OPTIONS),
             default_engine=getattr(pool, "engine", ENGINE_HOROVOD), on_pool=pool is not None)
         if pool is not None:
             _check_pool(self.options, pool, np, engine, ranks_per_task)
@@ -182,13 +182,6 @@ class HorovodRunner:
         self.resume_fix: ResumeFix | None = None
         if mlflow:
             requested(mlflow, None)  # says how to install MLflow now, not at the first run
-
-    @classmethod
-    def from_options(cls, options: JobOptions, pool: WarmRanks | None = None) -> HorovodRunner:
-        """A runner of options checked already (``%%horovod``'s)."""
-        runner = cls.__new__(cls)
-        runner.options, runner.pool, runner.resume_fix = options, pool, None
-        return runner
 
     @property
     def num_processor(self) -> int:

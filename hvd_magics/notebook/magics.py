@@ -13,19 +13,18 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from hvd_magics.errors import CellError, HorovodMagicsError, MlflowMissing, PayloadError, PoolError
-from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, STALL_AFTER_S, VERBOSITIES,
-                                VERBOSITY_ALL, from_text, validate_engine)
+from hvd_magics.options import validate_engine
 from hvd_magics.job.background import BackgroundJob, jobs
 from hvd_magics.job.environment import environment_status, ship_environment
 from hvd_magics.job.records.mlflow_run import requested
-from hvd_magics.job.pool import DEFAULT_IDLE_TIMEOUT_S, HorovodPool
+from hvd_magics.job.pool import HorovodPool
 from hvd_magics.job.runner import HorovodRunner, default_views
 from hvd_magics.job.session import SESSION
 from hvd_magics.job.records.timeline import COST_WARNING, summarize
 from hvd_magics.job.views.widgets_view import WidgetView
 from hvd_magics.notebook.cell_capture import capture, keras_3_values
 from hvd_magics.notebook.gpu_guard import driver_gpu_holders, driver_gpu_message
-from hvd_magics.notebook.job_arguments import ranks_arguments, runner_keywords
+from hvd_magics.notebook.job_arguments import job_arguments, job_keywords
 from hvd_magics.notebook.magic_line import option, parse_env, parse_line
 from hvd_magics.launch.payload import serialize_job
 from hvd_magics.rank.cell_runner import run_captured_cell
@@ -88,20 +87,9 @@ class HorovodMagics(Magics):
     """``%%horovod np=N``: run the cell as a Horovod job with N ranks."""
 
     @magic_arguments("%horovod")  # a cell magic: its usage reads %%horovod
-    @option("-np", "--np", default=None, type=from_text,
-            help="Number of ranks: N>0 runs N Spark tasks, N<0 runs -N processes on the driver, "
-                 "MIN:MAX runs an elastic job (hvd.elastic). HorovodRunner style np=N works too. "
-                 "Without it (or with the pool's own N) the cell runs on the warm pool of "
-                 "%%hvd_pool start.")
+    @job_arguments()  # HorovodRunner's keywords, declared in hvd_magics.option_table
     @option("--cold", flag=True,
             help="Run on new ranks even while a warm pool (%%hvd_pool) runs.")
-    @ranks_arguments()
-    @option("--elastic-timeout", type=from_text, default=DEFAULT_ELASTIC_TIMEOUT_S,
-            metavar="SECONDS",
-            help="Elastic jobs: stop when fewer than MIN ranks are left for this long "
-                 f"(default {DEFAULT_ELASTIC_TIMEOUT_S:.0f}).")
-    @option("--reset-limit", type=from_text, default=None, metavar="N",
-            help="Elastic jobs: stop when the ranks would re-form more than N times.")
     @option("-o", "--output", metavar="NAME", default=None,
             help="Store the run record (timing, exit codes, logs) in the variable NAME; with "
                  "--background, the job's handle.")
@@ -110,27 +98,10 @@ class HorovodMagics(Magics):
                  "handle: NAME.wait(), NAME.stop(), %%hvd_stacks NAME).")
     @option("--return", dest="return_names", metavar="NAME[,NAME...]", default="",
             help="After a successful run, copy these variables from rank 0 into the notebook.")
-    @option("--timeout", type=from_text, default=None, metavar="SECONDS",
-            help="Stop the job after SECONDS; the error says where each rank was.")
-    @option("--stall-after", type=from_text, default=STALL_AFTER_S, metavar="SECONDS",
-            help=f"Show a rank silent this long as stalled, with the line it is in "
-                 f"(default {STALL_AFTER_S:.0f}).")
-    @option("--checkpoint-dir", default=None, metavar="DIR",
-            help="The job's checkpoint folder (default: one per cell, under the driver's "
-                 "temporary folder; on a cluster, a folder every executor shares).")
-    @option("--fresh", flag=True,
-            help="Remove the job's checkpoints first: start over.")
     @option("-q", "--quiet", flag=True,
             help="Do not print the ranks' output (widgets and the log file still have it).")
-    @option("--verbosity", dest="driver_log_verbosity", default=VERBOSITY_ALL,
-            metavar="{" + ",".join(VERBOSITIES) + "}",
-            help="'all' shows every rank's output; 'log_callback_only' only log_to_driver(); "
-                 "'debug' the frameworks' start-up chatter too.")
     @option("--allow-driver-gpu", flag=True,
             help="Run even when the notebook's own process holds a GPU.")
-    @option("--mlflow", nargs="?", const=True, default=None, metavar="EXPERIMENT",
-            help="Record the run in MLflow (in EXPERIMENT, or the current experiment). Runs are "
-                 "also recorded when an MLflow run is active or %%hvd_mlflow is on.")
     @option("--no-mlflow", flag=True, help="Do not record this run in MLflow.")
     @cell_magic
     def horovod(self, line: str, cell: str) -> Any:
@@ -149,7 +120,7 @@ class HorovodMagics(Magics):
         try:  # the runner checks every option, once
             runner = HorovodRunner(
                 pool.np if pool is not None else args.np, pool=pool, **{
-                    **runner_keywords(args), "env": env,
+                    **job_keywords(args), "env": env,
                     "timeline": timeline.next_path() if timeline.enabled else None,
                     "timeline_mark_cycles": timeline.mark_cycles,
                     "mlflow": False if args.no_mlflow else args.mlflow})
@@ -250,17 +221,7 @@ class HorovodMagics(Magics):
                    "restart: new ranks (the kept variables are gone); forget: delete the "
                    "DataFrames' shards the ranks hold (the next cell deals them again). Without "
                    "an action, show the pool.")
-    @option("-np", "--np", default=None, type=from_text,
-            help="start: number of ranks (N>0 Spark tasks held by the pool, N<0 processes on "
-                 "the driver); np=N works too.")
-    @ranks_arguments(prefix="start: ", engine="horovod")
-    @option("--idle-timeout", type=from_text, default=DEFAULT_IDLE_TIMEOUT_S, metavar="SECONDS",
-            help="start: end the pool (and free its slots) after this long without a cell "
-                 f"(default {DEFAULT_IDLE_TIMEOUT_S:.0f}).")
-    @option("--checkpoint-dir", default=None, metavar="DIR",
-            help="start: the folder that holds the checkpoint folders of the pool's cells, "
-                 "one per cell (default: the driver's temporary folder; on a cluster, give a "
-                 "folder every executor shares). A cell's own --checkpoint-dir is its folder.")
+    @job_arguments(pool=True)  # HorovodPool's keywords, declared in hvd_magics.option_table
     @line_magic
     def hvd_pool(self, line: str) -> Any:
         """Warm ranks that live across cells: ``%hvd_pool start np=2``, then ``%%horovod``."""
@@ -275,11 +236,7 @@ class HorovodMagics(Magics):
                                  "%hvd_pool start np=2")
             try:
                 SESSION.pool = HorovodPool(args.np, parse_env(args.env, "%hvd_pool"),
-                                           args.start_timeout, args.idle_timeout,
-                                           engine=args.engine,
-                                           ranks_per_task=args.ranks_per_task,
-                                           restarts=args.restarts,
-                                           checkpoint_dir=args.checkpoint_dir)
+                                           **job_keywords(args, pool=True))
             except ValueError as exc:
                 raise UsageError(f"%hvd_pool start: {exc}") from None
             print(SESSION.pool)
