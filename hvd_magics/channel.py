@@ -42,10 +42,13 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-from collections.abc import Callable
+from typing import Any, Protocol, TypeVar, cast
+from collections.abc import Callable, Mapping
 
-from hvd_magics.protocol import BEAT, BYE, CHANNEL_CLOSED, HELLO, LINK_PROBE, PROBE_LINK
+from hvd_magics.events import (BeatFrame, ByeFrame, ChannelClosedEvent, Event, HelloFrame,
+                               LinkProbeEvent, Order, ProbeLinkOrder, Wire, to_wire)
+from hvd_magics.protocol import (BEAT, BYE, CHANNEL_CLOSED, HELLO, LINK_PROBE, PROBE_LINK,
+                                 is_order)
 from hvd_magics.thread_cpu import ThreadCpu
 
 #: Bytes of the per-connection nonce the server sends first.
@@ -58,7 +61,7 @@ HANDSHAKE_TIMEOUT_S = 5.0
 MAX_PENDING_HANDSHAKES = 64
 #: Largest frame from an authenticated connection (a rank's result is one frame).
 MAX_FRAME_BYTES = 512 * 1024 * 1024
-#: The most bytes a link probe's answer carries (hvd_magics.job.verdicts.link_probe).
+#: The most bytes a link probe's answer carries (hvd_magics.job.readings.link_probe).
 MAX_PROBE_BYTES = 64 * 1024 * 1024
 #: Seconds a supervisor tries to reach the driver before it gives up.
 CONNECT_TIMEOUT_S = 30.0
@@ -74,10 +77,15 @@ _SEQ = struct.Struct(">Q")
 DOWN = b"down"
 
 
-def stamp(kind: str, rank: int, host: str, job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
-    """An event as a supervisor sends it: its kind and fields, stamped with who, where, when."""
-    return {"kind": kind, "rank": rank, "host": host, "time": time.time(), "job": job_id,
-            **payload}
+#: Any kind of event, kept as the kind it is.
+AnyEvent = TypeVar("AnyEvent", bound=Event)
+
+
+def stamp(event: AnyEvent, rank: int, host: str, job_id: str) -> AnyEvent:
+    """``event`` as a supervisor sends it: its kind, stamped with who, where and when, then its
+    fields (a new record of the same kind)."""
+    return cast(AnyEvent, {"kind": event["kind"], "rank": rank, "host": host, "time": time.time(),
+                           "job": job_id, **event})
 
 
 def frame_mac(secret: bytes, nonce: bytes, seq: int, body: bytes) -> bytes:
@@ -85,14 +93,14 @@ def frame_mac(secret: bytes, nonce: bytes, seq: int, body: bytes) -> bytes:
     return hmac.new(secret, nonce + _SEQ.pack(seq) + body, hashlib.sha256).digest()
 
 
-def encode_frame(secret: bytes, nonce: bytes, seq: int, event: dict[str, Any]) -> bytes:
+def encode_frame(secret: bytes, nonce: bytes, seq: int, event: Mapping[str, Any]) -> bytes:
     """Serialise one event as a signed frame."""
     body = json.dumps(event, separators=(",", ":")).encode()
     return _HEADER.pack(len(body), frame_mac(secret, nonce, seq, body)) + body
 
 
 def read_frame(conn: socket.socket, secret: bytes, nonce: bytes, seq: int,
-               limit: int = MAX_FRAME_BYTES) -> dict[str, Any] | None:
+               limit: int = MAX_FRAME_BYTES) -> Wire | None:
     """Read and verify frame ``seq`` (``None`` at a clean end of the stream)."""
     header = read_exact(conn, _HEADER.size)
     if header is None:
@@ -154,7 +162,7 @@ class EventSink(Protocol):
     a job's :class:`hvd_magics.launch.meeting_point.MeetingPoint` in front of one, or a warm
     pool's :class:`hvd_magics.job.pool.CellEvents`."""
 
-    def put(self, event: dict[str, Any]) -> None: ...
+    def put(self, event: Wire) -> None: ...
 
 
 @dataclass(eq=False)
@@ -284,10 +292,10 @@ class EventServer:
         finally:
             conn.close()
             if rank is not None:  # a connection the driver closed itself was not lost
-                self.events.put({"kind": CHANNEL_CLOSED, "rank": rank,
-                                 "clean": clean or self._closed
-                                 or rank in self._dropped,
-                                 "recv": time.monotonic()})
+                self.events.put(to_wire(ChannelClosedEvent(
+                    kind=CHANNEL_CLOSED, rank=rank,
+                    clean=clean or self._closed or rank in self._dropped,
+                    recv=time.monotonic())))
             with self._lock:
                 self._conns.discard(conn)
                 self._readers.discard(threading.current_thread())
@@ -296,7 +304,7 @@ class EventServer:
                     if down is not None and down.conn is conn:
                         del self._by_rank[rank]
 
-    def send_order(self, rank: int, order: dict[str, Any]) -> bool:
+    def send_order(self, rank: int, order: Order | Wire) -> bool:
         """Send ``order`` to the supervisor whose hello named ``rank``; ``False`` when it has no
         open connection (its task ended or was lost)."""
         with self._lock:
@@ -420,7 +428,7 @@ class EventClient:
 
     def __init__(self, address: ChannelAddress, rank: int, host: str | None,
                  on_close: Callable[[str], None] | None = None,
-                 on_order: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_order: Callable[[Order], None] | None = None) -> None:
         self._address = address
         self._rank = rank
         self._sock, nonce = _open(address)
@@ -431,7 +439,7 @@ class EventClient:
         #: The address of this host's interface that reaches the driver.
         self.local_address = self._sock.getsockname()[0]
         self._host = host if host is not None else self.local_address
-        self._send_raw({"kind": HELLO, "job": address.job_id, "rank": rank})
+        self._send_raw(HelloFrame(kind=HELLO, job=address.job_id, rank=rank))
         self._closed = threading.Event()
         if on_close is not None or on_order is not None:
             threading.Thread(target=self._watch, args=(on_close, on_order),
@@ -442,12 +450,12 @@ class EventClient:
         """Say every :data:`BEAT_EVERY_S` that this supervisor is there, until closed."""
         while not self._closed.wait(BEAT_EVERY_S):
             try:
-                self._send_raw({"kind": BEAT})
+                self._send_raw(BeatFrame(kind=BEAT))
             except OSError:
                 return
 
     def _watch(self, on_close: Callable[[str], None] | None,
-               on_order: Callable[[dict[str, Any]], None] | None) -> None:
+               on_order: Callable[[Order], None] | None) -> None:
         """Read the driver's orders until it closes the connection (or sends a bad frame)."""
         seq, cpu = 0, ThreadCpu()
         why = "the notebook closed the event channel"
@@ -458,7 +466,9 @@ class EventClient:
                 if order is None:
                     break
                 seq += 1
-                if order.get("kind") == PROBE_LINK:  # the channel's own: answered at once
+                if not is_order(order):
+                    continue
+                if order["kind"] == PROBE_LINK:  # the channel's own: answered at once
                     self._answer_probe(order, cpu, waited)
                     continue
                 if on_order is not None:
@@ -471,31 +481,33 @@ class EventClient:
         if on_close is not None:
             on_close(why)
 
-    def _answer_probe(self, order: dict[str, Any], cpu: ThreadCpu, waited: float) -> None:
+    def _answer_probe(self, order: ProbeLinkOrder, cpu: ThreadCpu, waited: float) -> None:
         """Answer a :data:`PROBE_LINK` order with the bytes it asks for, then say how long this
         thread waited for a CPU from the order's first byte to the answer's last: a host whose
-        CPUs are busy answers late on any link (hvd_magics.job.verdicts.link_probe)."""
+        CPUs are busy answers late on any link (hvd_magics.job.readings.link_probe)."""
         size = min(int(order.get("answer_bytes") or 0), MAX_PROBE_BYTES)
-        self.send(LINK_PROBE, request=order.get("request"),
-                  data=base64.b64encode(os.urandom(size)).decode())
-        self.send(LINK_PROBE, request=order.get("request"),
-                  cpu_wait_s=round(cpu.seconds()[1] - waited, 6) if cpu.readable else None)
+        request = str(order.get("request", ""))
+        self.send(LinkProbeEvent(kind=LINK_PROBE, request=request,
+                                 data=base64.b64encode(os.urandom(size)).decode()))
+        self.send(LinkProbeEvent(
+            kind=LINK_PROBE, request=request,
+            cpu_wait_s=round(cpu.seconds()[1] - waited, 6) if cpu.readable else None))
 
-    def _send_raw(self, event: dict[str, Any]) -> None:
+    def _send_raw(self, event: Event | HelloFrame | BeatFrame | ByeFrame) -> None:
         with self._lock:
             frame = encode_frame(self._address.secret, self._nonce, self._seq, event)
             self._seq += 1
             self._sock.sendall(frame)
 
-    def send(self, kind: str, **payload: Any) -> None:
-        """Send one event of ``kind`` with ``payload`` fields."""
-        self._send_raw(stamp(kind, self._rank, self._host, self._address.job_id, payload))
+    def send(self, event: Event) -> None:
+        """Send ``event``, stamped (:func:`stamp`)."""
+        self._send_raw(stamp(event, self._rank, self._host, self._address.job_id))
 
     def close(self) -> None:
         """Say goodbye and close the connection."""
         self._closed.set()
         try:
-            self._send_raw({"kind": BYE})
+            self._send_raw(ByeFrame(kind=BYE))
         except OSError:
             pass
         try:

@@ -1,7 +1,9 @@
 """The wire between the sides, written down once: every event kind with its fields, and every
 environment variable the driver side sets for ranks.
 
-An event is a JSON object with ``kind`` and the fields below. The rank writes its events to a pipe
+An event is a JSON object with ``kind`` and the fields of its record (:mod:`hvd_magics.events`:
+one ``TypedDict`` per kind, which says what each field holds and means; the catalogue below names
+each kind, its sender and its record). The rank writes its events to a pipe
 (:mod:`hvd_magics.rank.rank_events`, stamped ``rtime``); its supervisor adds what it sees itself
 and forwards all of them, stamped ``rank``, ``host`` and ``time``, over the channel
 (:mod:`hvd_magics.channel`) or straight onto the driver's queue (``np < 0``); the driver stamps
@@ -12,200 +14,161 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO, Final, TypeGuard, get_args
+from collections.abc import Mapping
+
+from hvd_magics.events import (BeatFrame, ByeFrame, CellEndEvent, ChannelClosedEvent,
+                               DriverLogEvent, DropShardsOrder, EndPoolOrder, EpochBeginEvent,
+                               EpochEndEvent, ErrorEvent, Event, ExitEvent, Frame, HelloFrame,
+                               ImportedEvent, InterruptCellOrder, LeavingEvent, LinkProbeEvent,
+                               LogEvent, MeetOfferEvent, MeetOrder, Order, OutputEvent,
+                               OutputPartialEvent, PreemptCallsEvent, PreemptOrder,
+                               ProbeLinkOrder, ProgressEvent, ResizeEvent, ResultEvent,
+                               RunCellOrder, RunLogEvent, ShardingEvent, SlotOfferEvent, Stamps,
+                               StacksEvent, StartedEvent, StartRankOrder, StepSplitEvent,
+                               TakeStacksOrder, TaskErrorEvent, TaskStartedEvent,
+                               TimelineChunkEvent, TimelineLocalEvent, TrackerEvent)
 
 
 @dataclass(frozen=True)
 class EventKind:
-    """One kind of event: who sends it and the fields it carries (besides the stamps)."""
+    """One kind of event: who sends it, and its record (:mod:`hvd_magics.events`), which says
+    the fields it carries besides the stamps and what it means."""
 
     name: str
     sender: str
-    fields: tuple[str, ...]
-    meaning: str
+    record: Any
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The record's own fields, in order (``kind`` and the stamps left out: a stamp's name
+        is a field only where the record requires it, as a ``hello`` its ``job`` and ``rank``)."""
+        return tuple(name for name in self.record.__annotations__ if name != "kind" and (
+            name not in Stamps.__annotations__ or name in self.record.__required_keys__))
+
+    @property
+    def meaning(self) -> str:
+        """What an event of this kind says (its record's docstring, as one line)."""
+        return " ".join((self.record.__doc__ or "").split())
 
 
 # -- sent by the rank process -----------------------------------------------------------------
-STARTED = "started"
-ERROR = "error"
-RESULT = "result"
-LEAVING = "leaving"
-LOG = "log"
-RUN_LOG = "run_log"
-TRACKER = "tracker"
-EPOCH_BEGIN = "epoch_begin"
-PROGRESS = "progress"
-EPOCH_END = "epoch_end"
-STEP_SPLIT = "step_split"
+STARTED: Final = "started"
+ERROR: Final = "error"
+RESULT: Final = "result"
+LEAVING: Final = "leaving"
+LOG: Final = "log"
+RUN_LOG: Final = "run_log"
+TRACKER: Final = "tracker"
+EPOCH_BEGIN: Final = "epoch_begin"
+PROGRESS: Final = "progress"
+EPOCH_END: Final = "epoch_end"
+STEP_SPLIT: Final = "step_split"
 #: The columns of a ``step_split`` row after its step number (TensorFlow's rows may end after
 #: ``comm_s``: the rest are zero).
 STEP_COLUMNS = ("step_s", "input_s", "comm_s", "cpu_wait_s", "cpu_s", "input_cpu_wait_s",
                 "input_cpu_s")
-PREEMPT_CALLS = "preempt_calls"
-STACKS = "stacks"
-IMPORTED = "imported"
+PREEMPT_CALLS: Final = "preempt_calls"
+STACKS: Final = "stacks"
+IMPORTED: Final = "imported"
 # -- sent by the supervisor -------------------------------------------------------------------
-SHARDING = "sharding"
-TASK_STARTED = "task_started"
-TASK_ERROR = "task_error"
-OUTPUT = "output"
-OUTPUT_PARTIAL = "output_partial"
-TIMELINE_LOCAL = "timeline_local"
-TIMELINE_CHUNK = "timeline_chunk"
-EXIT = "exit"
-SLOT_OFFER = "slot_offer"
-MEET_OFFER = "meet_offer"
+SHARDING: Final = "sharding"
+TASK_STARTED: Final = "task_started"
+TASK_ERROR: Final = "task_error"
+OUTPUT: Final = "output"
+OUTPUT_PARTIAL: Final = "output_partial"
+TIMELINE_LOCAL: Final = "timeline_local"
+TIMELINE_CHUNK: Final = "timeline_chunk"
+EXIT: Final = "exit"
+SLOT_OFFER: Final = "slot_offer"
+MEET_OFFER: Final = "meet_offer"
 # -- sent by the driver to the job's views (elastic jobs) -------------------------------------
-RESIZE = "resize"
-DRIVER_LOG = "driver_log"
+RESIZE: Final = "resize"
+DRIVER_LOG: Final = "driver_log"
 # -- orders the driver sends to a task (elastic jobs, warm pools) -----------------------------
-START_RANK = "start_rank"
-RUN_CELL = "run_cell"
-INTERRUPT_CELL = "interrupt_cell"
-END_POOL = "end_pool"
-DROP_SHARDS = "drop_shards"
-TAKE_STACKS = "take_stacks"
-MEET = "meet"
-PROBE_LINK = "probe_link"
-PREEMPT = "preempt"
+START_RANK: Final = "start_rank"
+RUN_CELL: Final = "run_cell"
+INTERRUPT_CELL: Final = "interrupt_cell"
+END_POOL: Final = "end_pool"
+DROP_SHARDS: Final = "drop_shards"
+TAKE_STACKS: Final = "take_stacks"
+MEET: Final = "meet"
+PROBE_LINK: Final = "probe_link"
+PREEMPT: Final = "preempt"
 # -- sent by a warm pool's supervisor ---------------------------------------------------------
-CELL_END = "cell_end"
+CELL_END: Final = "cell_end"
 # -- the channel itself -----------------------------------------------------------------------
-HELLO = "hello"
-BYE = "bye"
-BEAT = "beat"
-CHANNEL_CLOSED = "channel_closed"
-LINK_PROBE = "link_probe"
+HELLO: Final = "hello"
+BYE: Final = "bye"
+BEAT: Final = "beat"
+CHANNEL_CLOSED: Final = "channel_closed"
+LINK_PROBE: Final = "link_probe"
 
 EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
-    EventKind(STARTED, "rank", ("pid",), "the rank process runs (its pid is its process group)"),
-    EventKind(ERROR, "rank", ("error", "message", "traceback"), "the job's function raised"),
-    EventKind(RESULT, "rank", ("parts",),
-              "the function returned; rank 0's value parts (hvd_magics.result_codec), every "
-              "rank's when the job asked for them (HVD_MAGICS_EVERY_RESULT), else None"),
-    EventKind(LEAVING, "rank", ("steps",),
-              "the job's function returned; the rank now leaves its engine with the others (a "
-              "peer still in a collective then waits for one this rank will never enter); "
-              "steps: the DDP training steps it took (hvd_magics.rank.instruments.ddp_watch), "
-              "else None"),
-    EventKind(LOG, "rank", ("text",), "hvd_magics.log_to_driver(text)"),
-    EventKind(RUN_LOG, "rank", ("lines",),
-              "lines for the run's log file only: what a library would have printed that the "
-              "dashboard shows otherwise (a Trainer's logged values)"),
-    EventKind(TRACKER, "rank", ("by", "uri"),
-              "the rank records the job in MLflow itself: who asked for the run (a library with "
-              "an MLflow integration, or the cell) and its tracking URI; once per recorder"),
-    EventKind(EPOCH_BEGIN, "rank", ("epoch", "epochs", "steps"), "an epoch begins"),
-    EventKind(PROGRESS, "rank", ("epoch", "step", "steps", "samples_per_s", "metrics"),
-              "progress within an epoch (at most 4 a second)"),
-    EventKind(EPOCH_END, "rank", ("epoch", "epochs", "duration", "samples", "metrics"),
-              "an epoch ended"),
-    EventKind(STEP_SPLIT, "rank", ("rows", "totals", "dropped", "gpu", "memory", "clock",
-                                   "pace"),
-              "each training step's time split (hvd_magics.rank.instruments.step_split), at "
-              "most 4 a second: rows [step, step_s, input_s, comm_s, cpu_wait_s, cpu_s, "
-              "input_cpu_wait_s, input_cpu_s] of the steps since the last such event (the latest "
-              "STEP_ROWS_SENT; dropped: how many earlier ones were left out; cpu_wait_s, cpu_s: "
-              "the training thread's wait for a CPU and time on one outside collectives, "
-              "input_cpu_wait_s, input_cpu_s: of those, in waits for input; TensorFlow's rows "
-              "may end after comm_s), totals [steps, and the sum of each column] of them all; "
-              "gpu: the rank's CUDA device's memory and utilisation "
-              "(hvd_magics.rank.instruments.gpu_memory), else None; memory: the rank's "
-              "resident and peak host memory, and in sharded "
-              "training the bytes of parameters it holds and of the whole "
-              "(hvd_magics.rank.instruments.rank_memory); clock: 'gpu' when the rows are the "
-              "GPU's time (hvd_magics.rank.instruments.gpu_steps), else 'host'; pace: "
-              "[step, seconds] of each probe of the training thread's CPU since the last such "
-              "event (a fixed piece of work timed on the thread's CPU clock after that step: "
-              "a CPU shared with other work runs it slower)"),
-    EventKind(PREEMPT_CALLS, "rank", ("calls",),
-              "how many times the rank has called checkpoint.preempting() (at most twice a "
-              "second, once it has; hvd_magics.rank.api.preemption)"),
-    EventKind(STACKS, "rank", ("request", "threads", "others", "ddp"),
-              "the rank's Python stacks, taken on request while it runs "
-              "(hvd_magics.rank.instruments.stack_report): per thread its name and frames, "
-              "outermost first, "
-              "each [file, line, function, code, kind] with kind 'user' or 'library' (hvd_magics' "
-              "own frames left out); others: how many threads showed no frame of the user's; "
-              "ddp: {steps, syncing} when it took DDP training steps (syncing: inside the "
-              "backward() whose end waits for every rank's gradients), else None"),
-    EventKind(IMPORTED, "rank", ("modules",),
-              "the frameworks of ZYGOTE_MODULES the job imported, at its end; its supervisor "
-              "keeps this to itself (the next rank of its environment starts from a zygote that "
-              "has imported them: hvd_magics.task.zygotes)"),
-    EventKind(SHARDING, "supervisor", ("partition", "hostname"),
-              "the Spark task receives its rows of the job's DataFrames (its data arrives)"),
-    EventKind(TASK_STARTED, "supervisor",
-              ("partition", "hostname", "local_rank", "pid", "shards", "data", "met", "task"),
-              "the Spark task (or driver slot) got its rank and starts the process; task: the "
-              "Spark task attempt id (None on the driver); shards: "
-              "per DataFrame its name, rows, bytes and seconds spent writing it; data (a warm "
-              "pool's task only): [host, port] of its shard receiver "
-              "(hvd_magics.task.shard_receiver); met (a barrier task only): how the tasks met, "
-              "'driver' (the MEET order) or 'spark' (allGather)"),
-    EventKind(MEET_OFFER, "supervisor", ("partition", "message"),
-              "a barrier task is ready to meet the others: what it gives Spark's allGather too "
-              "(its port, setup error and shards); the driver keeps these to itself and, once "
-              "every task has offered, answers each with MEET"),
-    EventKind(TASK_ERROR, "supervisor", ("traceback",), "the supervisor itself failed"),
-    EventKind(OUTPUT, "supervisor", ("lines",), "complete lines of the rank's stdout/stderr"),
-    EventKind(OUTPUT_PARTIAL, "supervisor", ("text",),
-              "the unfinished line as a terminal shows it (a progress bar drawn with \\r)"),
-    EventKind(TIMELINE_LOCAL, "supervisor", ("path",), "where rank 0 writes its timeline"),
-    EventKind(TIMELINE_CHUNK, "supervisor", ("data",), "base64 bytes of rank 0's timeline"),
-    EventKind(EXIT, "supervisor", ("code", "how"), "the rank process ended; always its last "
-              "event (``how``: only when its keeper could not say the code: what is known)"),
-    EventKind(SLOT_OFFER, "supervisor", ("partition", "attempt", "slot_host", "hostname"),
-              "an elastic job's Spark task is ready to run a rank; ``slot_host`` is the name "
-              "Horovod's elastic driver knows it by (one slot per task attempt)"),
-    EventKind(RESIZE, "driver", ("size", "ranks", "reset", "causes"),
-              "an elastic job (re)assigned its ranks: ``ranks`` maps task to Horovod rank, "
-              "``reset`` counts the resets (0 at the start), ``causes`` says what changed"),
-    EventKind(DRIVER_LOG, "driver", ("text",),
-              "a line of the driver's own (Horovod's elastic driver) for the job's log file"),
-    EventKind(START_RANK, "driver", ("env",),
-              "an order to an elastic job's waiting task: start the rank with this environment"),
-    EventKind(RUN_CELL, "driver", ("frame",),
-              "an order to a warm pool's task: write this stdin frame (base64 of encode_job) to "
-              "the rank, which runs it in its kept namespace"),
-    EventKind(INTERRUPT_CELL, "driver", (),
-              "an order to a warm pool's task: interrupt the rank's cell (SIGINT)"),
-    EventKind(END_POOL, "driver", (),
-              "an order to a warm pool's task: end the rank's stdin; the rank leaves Horovod "
-              "together with its peers and exits"),
-    EventKind(DROP_SHARDS, "driver", ("deal",),
-              "an order to a warm pool's task: delete the shards of that deal (no kept "
-              "DataFrame uses them any more)"),
-    EventKind(TAKE_STACKS, "driver", ("request",),
-              "an order to a task: have the rank report its stacks (a STACKS event with this "
-              "request id) without stopping it"),
-    EventKind(MEET, "driver", ("gathered",),
-              "an order to every barrier task: the tasks' MEET_OFFER messages in partition order, "
-              "as allGather would return them (hvd_magics.task.task_meeting)"),
-    EventKind(PREEMPT, "driver", ("at", "notice"),
-              "the job's executors are being decommissioned: checkpoint.preempting() is True "
-              "on every rank from its call number 'at' on (hvd_magics.rank.api.preemption); "
-              "notice: why, in words"),
-    EventKind(PROBE_LINK, "driver", ("request", "data", "answer_bytes"),
-              "an order to a task's channel: answer at once with a LINK_PROBE carrying "
-              "answer_bytes bytes; data (base64) is what the driver sends down "
-              "(hvd_magics.job.verdicts.link_probe measures each host's link by the round trip)"),
-    EventKind(CELL_END, "supervisor", (),
-              "a warm pool's rank ended a cell (its RESULT or ERROR was sent before): every "
-              "line the cell printed came before this"),
-    EventKind(HELLO, "channel", ("job", "rank"), "first frame of a connection (authenticates it)"),
-    EventKind(BYE, "channel", (), "last frame of a connection that ends cleanly"),
-    EventKind(BEAT, "channel", (),
-              "the supervisor is there: every BEAT_EVERY_S (hvd_magics.channel); the driver "
-              "notes when it last heard each rank's supervisor and queues no event for it"),
-    EventKind(LINK_PROBE, "channel", ("request", "data", "cpu_wait_s"),
-              "the answer to a PROBE_LINK order, sent by the task's channel itself: its request "
-              "id and the bytes asked for (base64); then a second one with the request id and "
-              "cpu_wait_s, the seconds the channel's thread waited for a CPU from the order's "
-              "first byte to the answer's last (None where Linux does not say)"),
-    EventKind(CHANNEL_CLOSED, "channel", ("clean",),
-              "queued by the driver when a connection ends; not clean: its executor was lost"),
+    EventKind(STARTED, "rank", StartedEvent),
+    EventKind(ERROR, "rank", ErrorEvent),
+    EventKind(RESULT, "rank", ResultEvent),
+    EventKind(LEAVING, "rank", LeavingEvent),
+    EventKind(LOG, "rank", LogEvent),
+    EventKind(RUN_LOG, "rank", RunLogEvent),
+    EventKind(TRACKER, "rank", TrackerEvent),
+    EventKind(EPOCH_BEGIN, "rank", EpochBeginEvent),
+    EventKind(PROGRESS, "rank", ProgressEvent),
+    EventKind(EPOCH_END, "rank", EpochEndEvent),
+    EventKind(STEP_SPLIT, "rank", StepSplitEvent),
+    EventKind(PREEMPT_CALLS, "rank", PreemptCallsEvent),
+    EventKind(STACKS, "rank", StacksEvent),
+    EventKind(IMPORTED, "rank", ImportedEvent),
+    EventKind(SHARDING, "supervisor", ShardingEvent),
+    EventKind(TASK_STARTED, "supervisor", TaskStartedEvent),
+    EventKind(MEET_OFFER, "supervisor", MeetOfferEvent),
+    EventKind(TASK_ERROR, "supervisor", TaskErrorEvent),
+    EventKind(OUTPUT, "supervisor", OutputEvent),
+    EventKind(OUTPUT_PARTIAL, "supervisor", OutputPartialEvent),
+    EventKind(TIMELINE_LOCAL, "supervisor", TimelineLocalEvent),
+    EventKind(TIMELINE_CHUNK, "supervisor", TimelineChunkEvent),
+    EventKind(EXIT, "supervisor", ExitEvent),
+    EventKind(SLOT_OFFER, "supervisor", SlotOfferEvent),
+    EventKind(RESIZE, "driver", ResizeEvent),
+    EventKind(DRIVER_LOG, "driver", DriverLogEvent),
+    EventKind(START_RANK, "driver", StartRankOrder),
+    EventKind(RUN_CELL, "driver", RunCellOrder),
+    EventKind(INTERRUPT_CELL, "driver", InterruptCellOrder),
+    EventKind(END_POOL, "driver", EndPoolOrder),
+    EventKind(DROP_SHARDS, "driver", DropShardsOrder),
+    EventKind(TAKE_STACKS, "driver", TakeStacksOrder),
+    EventKind(MEET, "driver", MeetOrder),
+    EventKind(PREEMPT, "driver", PreemptOrder),
+    EventKind(PROBE_LINK, "driver", ProbeLinkOrder),
+    EventKind(CELL_END, "supervisor", CellEndEvent),
+    EventKind(HELLO, "channel", HelloFrame),
+    EventKind(BYE, "channel", ByeFrame),
+    EventKind(BEAT, "channel", BeatFrame),
+    EventKind(LINK_PROBE, "channel", LinkProbeEvent),
+    EventKind(CHANNEL_CLOSED, "channel", ChannelClosedEvent),
 )}
+
+
+def _kinds_of(union: Any) -> frozenset[str]:
+    """The kinds whose records make up ``union``."""
+    return frozenset(kind.name for kind in EVENTS.values() if kind.record in get_args(union))
+
+
+#: The kinds that reach the driver's queue, the orders it sends a task, and the channel's own.
+EVENT_KINDS, ORDER_KINDS, FRAME_KINDS = _kinds_of(Event), _kinds_of(Order), _kinds_of(Frame)
+
+
+def is_event(wire: Mapping[str, Any]) -> TypeGuard[Event]:
+    """Whether ``wire`` (a JSON object off the wire, an item of the driver's queue) is an event
+    of a kind :data:`EVENTS` names; then comparing its ``kind`` with a kind's name narrows it to
+    that kind's record."""
+    return wire.get("kind") in EVENT_KINDS
+
+
+def is_order(wire: Mapping[str, Any]) -> TypeGuard[Order]:
+    """Whether ``wire`` (a frame the driver sent a task) is an order of a kind :data:`EVENTS`
+    names."""
+    return wire.get("kind") in ORDER_KINDS
 
 # -- environment variables the driver side sets (or reads) for ranks --------------------------
 #: The file descriptor of the pipe a rank writes its events to.

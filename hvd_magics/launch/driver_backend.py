@@ -8,6 +8,7 @@ from typing import Any
 from collections.abc import Sequence
 
 from hvd_magics.channel import EventSink
+from hvd_magics.events import Event, TaskStartedEvent
 from hvd_magics.protocol import CUDA_VISIBLE_DEVICES, ENGINE_HOROVOD, TASK_STARTED
 from hvd_magics.task.engines import PortOffer, engine_of, meet_env, offers_port, start_env
 from hvd_magics.task.gpus import local_gpu_count, rank_devices, visible_devices
@@ -71,7 +72,8 @@ class DriverBackend:
             if devices is not None and CUDA_VISIBLE_DEVICES not in self.env:
                 env[CUDA_VISIBLE_DEVICES] = devices
             sink = _QueueSink(events, slot.rank)
-            sink(TASK_STARTED, partition=slot.rank, local_rank=slot.local_rank, pid=os.getpid())
+            sink(TaskStartedEvent(kind=TASK_STARTED, partition=slot.rank,
+                                  local_rank=slot.local_rank, pid=os.getpid()))
             proc = RankProcess(env, payload, sink, pool=self.pool)
             self._procs.append(proc)
             waiter = threading.Thread(target=proc.wait, name="hvd-rank-wait", daemon=True)
@@ -169,6 +171,6 @@ class _QueueSink:
         self._events = events
         self._rank = rank
 
-    def __call__(self, kind: str, **payload: Any) -> None:
-        self._events.put({"kind": kind, "rank": self._rank, "host": _HOST, "time": time.time(),
-                          "recv": time.monotonic(), **payload})
+    def __call__(self, event: Event) -> None:
+        self._events.put({"kind": event["kind"], "rank": self._rank, "host": _HOST,
+                          "time": time.time(), "recv": time.monotonic(), **event})

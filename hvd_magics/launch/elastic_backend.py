@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from hvd_magics.channel import EventSink
+from hvd_magics.events import DriverLogEvent, Event, ResizeEvent, StartRankOrder, to_wire
 from hvd_magics.errors import HorovodMagicsError
 from hvd_magics.options import ElasticSize
 from hvd_magics.launch.spark_backend import (CANCEL_AFTER_S, STATUS_SCHEMA, SparkBackend,
@@ -34,7 +35,7 @@ from hvd_magics.launch.spark_session import is_local
 from hvd_magics.launch.spark_slots import SLOT_WAIT_S, not_enough_slots, task_slots
 from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, ENV_GLOO_TIMEOUT,
                                  ENV_HOROVOD_ELASTIC, ENV_HOROVOD_GLOO_IFACE, ENV_LIVE, EXIT,
-                                 RESIZE, SLOT_OFFER, START_RANK)
+                                 RESIZE, SLOT_OFFER, START_RANK, is_event)
 from hvd_magics.rank_names import TASK, rank_named, ranks_named
 from hvd_magics.task.elastic_task import slot_host_prefix
 from hvd_magics.task.slots import quiet_request_errors, slot_env
@@ -182,8 +183,9 @@ class HorovodLogToJob(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if "horovod" not in record.pathname.replace("\\", "/").split("/"):
             return True
-        self._events.put({"kind": DRIVER_LOG, "rank": None, "time": record.created,
-                          "text": f"{record.levelname} horovod: {record.getMessage()}"})
+        self._events.put(to_wire(DriverLogEvent(
+            kind=DRIVER_LOG, rank=None, time=record.created,
+            text=f"{record.levelname} horovod: {record.getMessage()}")))
         return False
 
 
@@ -221,7 +223,7 @@ class ElasticSparkBackend(SparkBackend):
         #: Why the job failed as a whole (``None``: it did not, or the ranks' errors say it).
         self.failure: str | None = None
         #: Every formation of the ranks: ``{"reset", "size", "ranks", "causes", "time"}``.
-        self.formations: list[dict[str, Any]] = []
+        self.formations: list[ResizeEvent] = []
         self._causes: list[str] = []
         self._driver: Any = None
         self._rendezvous: Any = None
@@ -266,8 +268,8 @@ class ElasticSparkBackend(SparkBackend):
             self, self._rendezvous, self.slots, self.size.min_np, self.size.max_np,
             timeout=self.elastic_timeout, reset_limit=self.reset_limit)
         self._rendezvous_port = self._rendezvous.start(create_rendezvous_handler(self._driver))
-        quiet_request_errors(self._rendezvous, lambda text: events.put(
-            {"kind": DRIVER_LOG, "rank": None, "time": time.time(), "text": text}))
+        quiet_request_errors(self._rendezvous, lambda text: events.put(to_wire(DriverLogEvent(
+            kind=DRIVER_LOG, rank=None, time=time.time(), text=text))))
         threading.Thread(target=self._pump, args=(inbox,), name="hvd-elastic-events",
                          daemon=True).start()
         self._submit(TaskSpec(payload, server.address, self.env, job_id, elastic=True))
@@ -303,21 +305,29 @@ class ElasticSparkBackend(SparkBackend):
             event = inbox.get()
             if event is None:
                 return
-            kind, task = event.get("kind"), event.get("rank")
-            if kind == SLOT_OFFER:
-                self.slots.offer(event["slot_host"], task)
-            elif kind == EXIT:
-                code = event.get("code")
-                if self.slots.ended(task, code if code is not None else LOST_CODE) and code:
-                    self._causes.append(
-                        f"the rank of {rank_named(task, TASK)} exited with code {code}")
-            elif kind == CHANNEL_CLOSED:
-                clean = event.get("clean")
-                if self.slots.ended(task, 0 if clean else LOST_CODE) and not clean:
-                    self._causes.append(
-                        f"{rank_named(task, TASK)} was lost (its executor went away)")
+            if is_event(event):
+                self._learn(event)
             assert self._events is not None  # start() gave them before it started this thread
             self._events.put(event)
+
+    def _learn(self, event: Event) -> None:
+        """What a task's event says of its slot: offered, or ended (its rank's exit, its
+        channel's end); a slot's end says why the ranks re-form."""
+        task = event.get("rank")
+        if task is None:  # every task's event names it (its channel stamps it)
+            return
+        if event["kind"] == SLOT_OFFER:
+            self.slots.offer(event["slot_host"], task)
+        elif event["kind"] == EXIT:
+            code = event.get("code")
+            if self.slots.ended(task, code if code is not None else LOST_CODE) and code:
+                self._causes.append(
+                    f"the rank of {rank_named(task, TASK)} exited with code {code}")
+        elif event["kind"] == CHANNEL_CLOSED:
+            clean = event.get("clean")
+            if self.slots.ended(task, 0 if clean else LOST_CODE) and not clean:
+                self._causes.append(
+                    f"{rank_named(task, TASK)} was lost (its executor went away)")
 
     def on_ranks_assigned(self, ranks: dict[int, Any]) -> None:
         """Horovod's driver formed the ranks anew: tell the views (a ``resize`` event)."""
@@ -331,11 +341,12 @@ class ElasticSparkBackend(SparkBackend):
         joined = sorted(set(by_task) - set(previous))
         if self.formations and joined:
             causes.append(f"{ranks_named(joined, TASK)} joined")
-        formation = {"reset": len(self.formations), "size": len(ranks), "ranks": by_task,
-                     "causes": causes, "time": time.time()}
+        formation = ResizeEvent(kind=RESIZE, rank=None, recv=time.monotonic(),
+                                reset=len(self.formations), size=len(ranks), ranks=by_task,
+                                causes=causes, time=time.time())
         self.formations.append(formation)
         assert self._events is not None  # Horovod's driver forms ranks only after start()
-        self._events.put({"kind": RESIZE, "rank": None, "recv": time.monotonic(), **formation})
+        self._events.put(to_wire(formation.copy()))
 
     def on_resume_failed(self, exc: BaseException) -> None:
         """Why the ranks could not re-form, in the job's own terms."""
@@ -360,7 +371,7 @@ class ElasticSparkBackend(SparkBackend):
         env[ENV_HOROVOD_ELASTIC] = "1"
         server = self._server
         assert server is not None  # Horovod's driver starts workers only after start()
-        if task is None or not server.send_order(task, {"kind": START_RANK, "env": env}):
+        if task is None or not server.send_order(task, StartRankOrder(kind=START_RANK, env=env)):
             return LOST_CODE, time.time()
         code = self.slots.wait_exit(slot_info.hostname, stop_when)
         if code is None:  # the driver stopped this slot (job over, or its host blacklisted)

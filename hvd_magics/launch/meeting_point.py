@@ -9,11 +9,11 @@ would have returned.
 from __future__ import annotations
 
 import threading
-from typing import Any
 from collections.abc import Callable
 
 from hvd_magics.channel import EventSink
-from hvd_magics.protocol import MEET, MEET_OFFER
+from hvd_magics.events import MeetMessage, MeetOfferEvent, MeetOrder, Order, Wire
+from hvd_magics.protocol import MEET, MEET_OFFER, is_event
 
 
 class MeetingPoint:
@@ -30,24 +30,27 @@ class MeetingPoint:
     """
 
     def __init__(self, events: EventSink, tasks: int,
-                 order_all: Callable[[dict[str, Any]], None]) -> None:
+                 order_all: Callable[[Order], None]) -> None:
         self._events = events
         self._tasks = tasks
         self._order_all = order_all
         self._lock = threading.Lock()
-        self._offers: dict[int, Any] = {}
+        self._offers: dict[int, MeetMessage] = {}
         self._answered = False
 
-    def put(self, event: dict[str, Any]) -> None:
+    def put(self, event: Wire) -> None:
         """Keep a task's offer (answering every task once all have offered); queue any other
         event for the job."""
-        if event.get("kind") != MEET_OFFER:
+        if is_event(event) and event["kind"] == MEET_OFFER:
+            self._keep(event)
+        else:
             self._events.put(event)
-            return
+
+    def _keep(self, offer: MeetOfferEvent) -> None:
         with self._lock:
-            self._offers[int(event["partition"])] = event["message"]
+            self._offers[int(offer["partition"])] = offer["message"]
             complete = not self._answered and len(self._offers) == self._tasks
             self._answered = self._answered or complete
         if complete:
-            self._order_all({"kind": MEET,
-                             "gathered": [self._offers[p] for p in range(self._tasks)]})
+            self._order_all(MeetOrder(kind=MEET, gathered=[self._offers[p]
+                                                           for p in range(self._tasks)]))

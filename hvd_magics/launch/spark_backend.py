@@ -37,6 +37,8 @@ from hvd_magics.launch.spark_session import (CONNECT_PROBE_S, cancel_running_job
                                              no_live_view_reason)
 from hvd_magics.launch.spark_slots import (SLOT_WAIT_S, check_slots, local_master_slots,
                                            not_enough_slots, task_layout)
+from hvd_magics.events import (DropShardsOrder, EndPoolOrder, InterruptCellOrder, Order,
+                               PreemptOrder, RunCellOrder, TakeStacksOrder, Wire)
 from hvd_magics.protocol import (DROP_SHARDS, END_POOL, ENV_DRIVER_HOST, ENV_LIVE,
                                  INTERRUPT_CELL, PREEMPT, RUN_CELL, TAKE_STACKS)
 from hvd_magics.task.event_buffer import replay
@@ -78,7 +80,7 @@ def barrier_function(spec: TaskSpec) -> Any:
     return functools.partial(task_entry.arrow_barrier_task, cloudpickle.dumps(spec))
 
 
-def replay_order(buffered: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def replay_order(buffered: dict[int, list[Wire]]) -> list[Wire]:
     """The events the tasks kept, each task's in its order, merged by their wall-clock time;
     ``recv`` is set on the driver's clock as if they had arrived when they were sent."""
     now_mono, now_wall = time.monotonic(), time.time()
@@ -224,7 +226,7 @@ class SparkBackend:
                                                         if s.no_nulls},
                               ranks_per_task=self.layout.ranks_per_task))
 
-    def _order_all(self, order: dict[str, Any]) -> None:
+    def _order_all(self, order: Order) -> None:
         if self._server is not None:
             for rank in range(self.np):
                 self._server.send_order(rank, order)
@@ -234,12 +236,12 @@ class SparkBackend:
         order)."""
         if self._server is not None:
             for rank, frame in enumerate(frames):
-                self._server.send_order(rank, {"kind": RUN_CELL,
-                                               "frame": base64.b64encode(frame).decode()})
+                self._server.send_order(rank, RunCellOrder(
+                    kind=RUN_CELL, frame=base64.b64encode(frame).decode()))
 
     def drop_shards(self, deal: str) -> None:
         """A warm pool: the ranks' tasks delete the shards of ``deal``."""
-        self._order_all({"kind": DROP_SHARDS, "deal": deal})
+        self._order_all(DropShardsOrder(kind=DROP_SHARDS, deal=deal))
 
     @property
     def channel_secret(self) -> bytes:
@@ -251,15 +253,15 @@ class SparkBackend:
     def request_stacks(self, request: str) -> None:
         """Ask every rank for its stacks (``stacks`` events carrying ``request``); without an
         event channel (``HVD_MAGICS_LIVE=0``) nobody answers."""
-        self._order_all({"kind": TAKE_STACKS, "request": request})
+        self._order_all(TakeStacksOrder(kind=TAKE_STACKS, request=request))
 
     def interrupt_cell(self) -> None:
         """A warm pool: interrupt the cell every rank runs."""
-        self._order_all({"kind": INTERRUPT_CELL})
+        self._order_all(InterruptCellOrder(kind=INTERRUPT_CELL))
 
     def end_pool(self) -> None:
         """A warm pool: end the ranks' input; they leave Horovod together and exit."""
-        self._order_all({"kind": END_POOL})
+        self._order_all(EndPoolOrder(kind=END_POOL))
 
     def _check_slots(self, np: int) -> None:
         """Raise at once when the cluster cannot run ``np`` tasks at the same time."""
@@ -477,7 +479,7 @@ class SparkBackend:
             return {}
 
     def preempt(self, at: int, notice: str) -> None:
-        self._order_all({"kind": PREEMPT, "at": at, "notice": notice})
+        self._order_all(PreemptOrder(kind=PREEMPT, at=at, notice=notice))
 
     def lose_host(self, host: str) -> None:
         """Ask Spark to remove the executors of ``host`` from the application (it still offers

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 
+from hvd_magics.events import ResultEvent, StartedEvent
 from hvd_magics.protocol import CELL_END_LINE, RESULT, STARTED, decode_job
 from hvd_magics.rank.rank_job import rank_job
 from hvd_magics.rank.instruments import cell_timeline
@@ -49,7 +50,7 @@ def run_one(payload: bytes) -> None:
     """Run one cell's ``(main, kwargs)`` (interruptible); report its value (rank 0) or its error."""
     from hvd_magics.rank.rank_main import report_error, run_job
 
-    rank_events.emit(STARTED, pid=os.getpid())
+    rank_events.emit(StartedEvent(kind=STARTED, pid=os.getpid()))
     try:
         _reload_user_modules()
     except Exception as exc:  # noqa: BLE001 - the cell fails with it, as a cold import would
@@ -67,7 +68,7 @@ def run_one(payload: bytes) -> None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    rank_events.emit(RESULT, parts=parts)
+    rank_events.emit(ResultEvent(kind=RESULT, parts=parts))
 
 
 def serve_cells() -> None:

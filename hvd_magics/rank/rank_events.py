@@ -10,8 +10,9 @@ import json
 import os
 import threading
 import time
-from typing import IO, Any
+from typing import IO
 
+from hvd_magics.events import RankEvent
 from hvd_magics.protocol import ENV_EVENT_FD
 
 
@@ -35,12 +36,13 @@ def active() -> bool:
     return _pipe() is not None
 
 
-def emit(kind: str, **payload: Any) -> None:
-    """Send one event of ``kind`` to the driver (a no-op outside a rank process)."""
+def emit(event: RankEvent) -> None:
+    """Send ``event`` (its record built by the caller: ``StartedEvent(kind=STARTED, pid=...)``)
+    to the driver, stamped ``rtime`` (a no-op outside a rank process)."""
     stream = _pipe()
     if stream is None:
         return
-    line = json.dumps({"kind": kind, "rtime": time.time(), **payload},
+    line = json.dumps({"kind": event["kind"], "rtime": time.time(), **event},
                       separators=(",", ":")).encode() + b"\n"
     with _lock:
         try:

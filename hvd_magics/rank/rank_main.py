@@ -28,6 +28,7 @@ import warnings
 from typing import Any
 
 from hvd_magics.errors import exception_text
+from hvd_magics.events import ErrorEvent, ImportedEvent, LeavingEvent, ResultEvent, StartedEvent
 from hvd_magics.protocol import (ENGINE_TF, ENV_CONTROL_FD, ERROR, IMPORTED, KEEPER_PARENT_GONE,
                                  KEEPER_STOPPED, KEEPER_TERMINATED, LEAVING, RESULT, STARTED,
                                  ZYGOTE_MODULES, decode_job)
@@ -94,14 +95,16 @@ def report_error(exc: BaseException) -> None:
     """Send the driver ``exc`` with its traceback (the user's frames first), after the output."""
     sys.stdout.flush()
     sys.stderr.flush()
-    rank_events.emit(ERROR, error=type(exc).__name__, message=exception_text(exc)[:2000],
-                     traceback=_format_exception(exc))
+    rank_events.emit(ErrorEvent(kind=ERROR, error=type(exc).__name__,
+                                message=exception_text(exc)[:2000],
+                                traceback=_format_exception(exc)))
 
 
 def report_imports() -> None:
     """Tell the supervisor which frameworks of :data:`ZYGOTE_MODULES` the job imported (the
     next rank of this environment may then start from a zygote that has them)."""
-    rank_events.emit(IMPORTED, modules=[name for name in ZYGOTE_MODULES if name in sys.modules])
+    rank_events.emit(ImportedEvent(kind=IMPORTED, modules=[
+        name for name in ZYGOTE_MODULES if name in sys.modules]))
 
 
 def _fail(exc: BaseException, code: int = 1) -> None:
@@ -204,16 +207,16 @@ def run_rank() -> None:
     _preimport(rank_job().preimport)
     late_env, payload = decode_job(sys.stdin.buffer) or ({}, b"")
     os.environ.update(late_env)
-    rank_events.emit(STARTED, pid=os.getpid())
+    rank_events.emit(StartedEvent(kind=STARTED, pid=os.getpid()))
     parts, failure, code = run_job(payload)
     if failure is not None:
         _fail(failure, code)
     report_imports()
-    rank_events.emit(LEAVING, steps=ddp_watch.steps())
+    rank_events.emit(LeavingEvent(kind=LEAVING, steps=ddp_watch.steps()))
     end_engine()
     sys.stdout.flush()
     sys.stderr.flush()
-    rank_events.emit(RESULT, parts=parts)
+    rank_events.emit(ResultEvent(kind=RESULT, parts=parts))
     rank_events.close()
     # Skip interpreter teardown: atexit hooks of frameworks can block when a peer is gone.
     os._exit(0)

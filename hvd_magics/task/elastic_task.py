@@ -15,10 +15,10 @@ from __future__ import annotations
 import queue
 import socket
 import traceback
-from typing import Any
 from collections.abc import Iterator
 
 from hvd_magics.channel import EventClient
+from hvd_magics.events import Order, SlotOfferEvent, StartRankOrder
 from hvd_magics.protocol import (ENV_HOROVOD_GLOO_IFACE, ENV_HOROVOD_HOSTNAME, SLOT_OFFER,
                                  START_RANK)
 from hvd_magics.task.slots import iface_for_address
@@ -49,7 +49,7 @@ def elastic_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
     ctx = TaskContext.get()  # rows: spark.range's, read by task_entry once the task ends
     partition, attempt = ctx.partitionId(), ctx.attemptNumber()
     holder = RankHolder()
-    orders: queue.Queue[dict[str, Any]] = queue.Queue()
+    orders: queue.Queue[Order] = queue.Queue()
     client: EventClient | None = None
     try:
         assert spec.channel is not None  # an elastic job runs only over its event channel
@@ -66,8 +66,8 @@ def elastic_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
         env.update({ENV_HOROVOD_HOSTNAME: slot_host,
                     ENV_HOROVOD_GLOO_IFACE: iface_for_address(client.local_address)})
         holder.start(env, client.send)
-        client.send(SLOT_OFFER, partition=partition, attempt=attempt, slot_host=slot_host,
-                    hostname=socket.gethostname())
+        client.send(SlotOfferEvent(kind=SLOT_OFFER, partition=partition, attempt=attempt,
+                                   slot_host=slot_host, hostname=socket.gethostname()))
         order = _wait_for_order(orders, holder)
         if order is None:
             status = {"partition": partition, "code": None, "stopped": True}
@@ -84,13 +84,13 @@ def elastic_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
     yield json.dumps(status)
 
 
-def _wait_for_order(orders: queue.Queue, holder: RankHolder) -> dict[str, Any] | None:
+def _wait_for_order(orders: queue.Queue[Order], holder: RankHolder) -> StartRankOrder | None:
     """The driver's ``start_rank`` order, or ``None`` once the driver closed the channel."""
     while not holder.stopped.is_set():
         try:
             order = orders.get(timeout=ORDER_POLL_S)
         except queue.Empty:
             continue
-        if order.get("kind") == START_RANK:
+        if order["kind"] == START_RANK:
             return order
     return None

@@ -12,10 +12,10 @@ from __future__ import annotations
 import collections
 import json
 import threading
-from typing import Any
 from collections.abc import Iterator
 
 from hvd_magics.channel import stamp
+from hvd_magics.events import Event, OutputEvent, Wire
 from hvd_magics.protocol import OUTPUT, OUTPUT_PARTIAL, PROGRESS
 
 #: Output lines kept from the start and from the end of a rank's output.
@@ -32,18 +32,18 @@ class EventBuffer:
     def __init__(self, rank: int, host: str, job_id: str) -> None:
         self._rank, self._host, self._job_id = rank, host, job_id
         self._lock = threading.Lock()
-        self._events: list[dict[str, Any]] = []
+        self._events: list[Event] = []
         self._head_lines = 0
-        self._tail: collections.deque = collections.deque()
+        self._tail: collections.deque[Event] = collections.deque()
         self._tail_lines = 0
         self._dropped = 0
 
-    def send(self, kind: str, **payload: Any) -> None:
-        """Keep one event of ``kind`` (dropped when it only matters live)."""
-        if kind in _LIVE_ONLY:
+    def send(self, event: Event) -> None:
+        """Keep ``event``, stamped (dropped when it only matters live)."""
+        if event["kind"] in _LIVE_ONLY:
             return
-        event = stamp(kind, self._rank, self._host, self._job_id, payload)
-        lines = len(payload.get("lines", [])) if kind == OUTPUT else 0
+        lines = len(event["lines"]) if event["kind"] == OUTPUT else 0
+        event = stamp(event, self._rank, self._host, self._job_id)
         with self._lock:
             if lines and self._head_lines < KEPT_LINES:
                 self._head_lines += lines
@@ -69,8 +69,9 @@ class EventBuffer:
 
     def _mark_dropped(self) -> None:
         if self._dropped:
-            self._events.append(stamp(OUTPUT, self._rank, self._host, self._job_id, {
-                "lines": [f"[hvd_magics: {self._dropped:,} lines of output left out here]"]}))
+            self._events.append(stamp(OutputEvent(kind=OUTPUT, lines=[
+                f"[hvd_magics: {self._dropped:,} lines of output left out here]"]),
+                self._rank, self._host, self._job_id))
             self._dropped = 0
 
     def close(self) -> None:
@@ -87,7 +88,7 @@ class EventBuffer:
             yield text[start:start + CHUNK_CHARS]
 
 
-def replay(chunks: list[str]) -> list[dict[str, Any]]:
+def replay(chunks: list[str]) -> list[Wire]:
     """The events of one task from its chunks, in order."""
     text = "".join(chunks)
     return [json.loads(line) for line in text.splitlines() if line]

@@ -17,12 +17,13 @@ import shutil
 import socket
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from hvd_magics.errors import ShardSpaceError
+from hvd_magics.events import ShardFields
 from hvd_magics.protocol import ENV_SHARD_DIR, ROW_COLUMN, SOURCE_COLUMN
 
 #: Free space a shard write leaves on the disk at least.
@@ -43,8 +44,10 @@ class ShardFile:
     #: Null values per column of these rows (a column without any is left out).
     nulls: dict[str, int] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def as_dict(self) -> ShardFields:
+        """This shard as the wire carries it (in a meeting's offers, a ``task_started``)."""
+        return ShardFields(source=self.source, path=self.path, rows=self.rows, bytes=self.bytes,
+                           write_s=self.write_s, wait_s=self.wait_s, nulls=dict(self.nulls))
 
 
 def shard_folder(job_id: str, partition: int, job_env: dict[str, str] | None = None) -> Path:
@@ -176,7 +179,7 @@ def empty_shards(rows_by_task: list[list[int]], names: dict[int, str]) -> str | 
     return None
 
 
-def null_values(shards: Iterable[dict[str, Any]], no_nulls: dict[int, dict[str, str]]
+def null_values(shards: Iterable[Mapping[str, Any]], no_nulls: dict[int, dict[str, str]]
                 ) -> str | None:
     """Why a job cannot start when a column that must hold no nulls holds some, or ``None``.
 

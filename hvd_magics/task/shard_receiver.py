@@ -23,6 +23,7 @@ import threading
 import traceback
 from pathlib import Path
 from typing import Any
+from collections.abc import Mapping
 
 from hvd_magics.channel import (DOWN, NONCE_BYTES, Rejected, accept_loop, encode_frame,
                                 read_exact, read_frame)
@@ -92,7 +93,7 @@ class ShardReceiver:
             except OSError:
                 pass
 
-    def _receive(self, conn: socket.socket, header: dict[str, Any]) -> list[dict[str, Any]]:
+    def _receive(self, conn: socket.socket, header: dict[str, Any]) -> list[Mapping[str, Any]]:
         import pyarrow as pa
 
         names = {int(index): name for index, name in header["names"].items()}

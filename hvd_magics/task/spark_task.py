@@ -19,9 +19,11 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from hvd_magics.channel import ChannelAddress, EventClient
+from hvd_magics.events import (Event, MeetMessage, Order, ShardingEvent, ShardReport,
+                               TaskErrorEvent, TaskStartedEvent)
 from hvd_magics.protocol import (CUDA_VISIBLE_DEVICES, DROP_SHARDS, END_POOL, ENV_DRIVER_HOST,
                                  ENGINE_HOROVOD, ENV_LIVE, ENV_SHARDS, INTERRUPT_CELL, MEET,
                                  PREEMPT, RUN_CELL, SHARDING, TAKE_STACKS, TASK_ERROR,
@@ -85,28 +87,27 @@ class RankHolder:
         #: How the task meets the others (the driver's ``meet`` order answers it).
         self.meeting = TaskMeeting()
 
-    def on_order(self, order: dict[str, Any]) -> None:
+    def on_order(self, order: Order) -> None:
         """Carry out the driver's order: the tasks' meeting, report the rank's stacks, pass on a
         preemption notice; on a warm pool also run a cell, interrupt it, end the pool or drop
         shards."""
-        kind = order.get("kind")
-        if kind == MEET:
+        if order["kind"] == MEET:
             self.meeting.answer(list(order["gathered"]), BY_DRIVER)
             return
         proc = self.proc
         if proc is None:
             return
-        if kind == RUN_CELL:
+        if order["kind"] == RUN_CELL:
             proc.send_frame(base64.b64decode(order["frame"]))
-        elif kind == TAKE_STACKS:
+        elif order["kind"] == TAKE_STACKS:
             proc.request_stacks(str(order.get("request", "")))
-        elif kind == PREEMPT:
+        elif order["kind"] == PREEMPT:
             proc.preempt(int(order["at"]), str(order.get("notice", "")))
-        elif kind == INTERRUPT_CELL:
+        elif order["kind"] == INTERRUPT_CELL:
             proc.interrupt()
-        elif kind == END_POOL:
+        elif order["kind"] == END_POOL:
             proc.end_input()
-        elif kind == DROP_SHARDS and self.receiver is not None:
+        elif order["kind"] == DROP_SHARDS and self.receiver is not None:
             with contextlib.suppress(ValueError):  # not a deal id of ours: nothing to drop
                 self.receiver.drop(str(order["deal"]))
 
@@ -119,7 +120,7 @@ class RankHolder:
             if self.proc is not None:
                 self.proc.kill(f"killed by its task, which lost the notebook: {why}")
 
-    def start(self, env: dict[str, str], sink: Any) -> None:
+    def start(self, env: dict[str, str], sink: Callable[[Event], None]) -> None:
         """Start the rank process, which imports what the job needs until :meth:`deliver`.
 
         Not under the lock: a rank whose zygote is still importing waits for it, and the
@@ -184,7 +185,7 @@ def _setup_error(exc: BaseException) -> str:
     return traceback.format_exc()
 
 
-def _shard_env(spec: TaskSpec, slots: list, gathered: list[dict[str, Any]],
+def _shard_env(spec: TaskSpec, slots: list, gathered: list[MeetMessage],
                mine: list[ShardFile]) -> dict[str, str]:
     """``HVD_MAGICS_SHARDS``: each source's name, this rank's file and every rank's rows."""
     described = []
@@ -218,10 +219,10 @@ class RankLane:
     #: A warm pool's rank: the folder its receiver keeps later shards in.
     folder: Path | None = None
 
-    def message(self, error: str) -> dict[str, Any]:
+    def message(self, error: str) -> MeetMessage:
         """What this rank offers the others when the tasks meet."""
-        return {"port": self.port, "error": error, "gpus": self.gpus,
-                "shards": [s.as_dict() for s in self.shards]}
+        return MeetMessage(port=self.port, error=error, gpus=self.gpus,
+                           shards=[s.as_dict() for s in self.shards])
 
     def close(self) -> None:
         """Free what the rank's task side held (its rank was killed or ended before)."""
@@ -278,7 +279,8 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
             lane.holder.start(env, lane.client.send)
         if spec.sources:
             assert lanes[0].client is not None  # every lane connected just above
-            lanes[0].client.send(SHARDING, partition=partition, hostname=socket.gethostname())
+            lanes[0].client.send(ShardingEvent(kind=SHARDING, partition=partition,
+                                               hostname=socket.gethostname()))
             folder = shard_folder(spec.job_id, partition, spec.env)
             written = write_shards(rows, folder, spec.sources)
             for lane, shards in zip(lanes, split_shards(written, per_task, spec.sources)):
@@ -301,8 +303,9 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
             # the others offer to the driver and wait for it: fail the stage, Spark stops them
             raise TaskSetupError(error)
         # with a channel, every lane's client is an EventClient (checked above): none left out
-        sends = ([lane.client.send for lane in lanes if lane.client is not None]
-                 if spec.channel is not None else None)
+        sends: list[Callable[[Event], None]] | None = (
+            [lane.client.send for lane in lanes if lane.client is not None]
+            if spec.channel is not None else None)
         meet(ctx, [(lane.holder.meeting, lane.position, lane.message(error)) for lane in lanes],
              sends)
         gathered = lanes[0].holder.meeting.wait()
@@ -341,7 +344,7 @@ def _task_gpus(ctx: Any) -> list[str]:
 
 
 def _late_env(spec: TaskSpec, engine: str, lane: RankLane, hosts: list[str], slots: list,
-              gathered: list[dict[str, Any]]) -> dict[str, str]:
+              gathered: list[MeetMessage]) -> dict[str, str]:
     """What a rank learns once the tasks met: its peers' ports, its shards, the GPUs of its
     host's ranks in local-rank order."""
     addresses = [("", 0)] * len(slots)
@@ -359,7 +362,7 @@ def _late_env(spec: TaskSpec, engine: str, lane: RankLane, hosts: list[str], slo
 
 
 def _run_lanes(spec: TaskSpec, ctx: Any, engine: str, lanes: list[RankLane], hosts: list[str],
-               slots: list, gathered: list[dict[str, Any]]) -> Iterator[str]:
+               slots: list, gathered: list[MeetMessage]) -> Iterator[str]:
     """Give each rank of ``engine`` its job and wait for all of them; yield their status lines
     (each rank's kept events before its status, when there is no live view)."""
     statuses: list[dict | None] = [None] * len(lanes)
@@ -406,17 +409,21 @@ def supervise(spec: TaskSpec, ctx: Any, rank: int, local_rank: int,
     """Send the waiting rank its job and wait for it to end; return the task's status
     (``data``: where a warm pool's task receives later shards)."""
     try:
-        client.send(TASK_STARTED, partition=ctx.partitionId(), hostname=socket.gethostname(),
-                    local_rank=local_rank, pid=os.getpid(), task=ctx.taskAttemptId(),
-                    shards=[{"name": spec.sources[s.source], **s.as_dict()} for s in shards],
-                    met=holder.meeting.by, **({"data": data} if data else {}))
+        started = TaskStartedEvent(
+            kind=TASK_STARTED, partition=ctx.partitionId(), hostname=socket.gethostname(),
+            local_rank=local_rank, pid=os.getpid(), task=ctx.taskAttemptId(),
+            shards=[ShardReport(name=spec.sources[s.source], **s.as_dict()) for s in shards],
+            met=holder.meeting.by)
+        if data:
+            started["data"] = data
+        client.send(started)
         proc = holder.deliver(spec.payload, late_env)
         if proc is None:
             return {"rank": rank, "code": None, "stopped": True}
         return {"rank": rank, "code": proc.wait()}
     except BaseException:  # noqa: BLE001
         try:
-            client.send(TASK_ERROR, traceback=traceback.format_exc())
+            client.send(TaskErrorEvent(kind=TASK_ERROR, traceback=traceback.format_exc()))
         except OSError:
             pass
         return {"rank": rank, "error": traceback.format_exc()}

@@ -17,9 +17,10 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any
 from collections.abc import Callable
 
+from hvd_magics.events import (CellEndEvent, Event, ExitEvent, OutputEvent, OutputPartialEvent,
+                               TimelineChunkEvent, TimelineLocalEvent)
 from hvd_magics.rank.instruments.cell_timeline import timeline_chunks
 from hvd_magics.common.process_group import die_with_parent, killpg, same_process, start_time
 from hvd_magics.common.rank_tmpdir import clean_rank_tmpdir, make_rank_tmpdir
@@ -29,13 +30,13 @@ from hvd_magics.protocol import (CELL_END, CELL_END_LINE, ENV_CONTROL_FD, ENV_EV
                                  ENV_RANK_PYTHON, ENV_RANK_TMPDIR, ENV_SUPERVISOR_PID,
                                  ENV_WANT_TIMELINE, EXIT, IMPORTED, OUTPUT, OUTPUT_PARTIAL,
                                  PREEMPT_LINE, RANK_MODULE, STARTED, TIMELINE_CHUNK,
-                                 TIMELINE_LOCAL, encode_job)
+                                 TIMELINE_LOCAL, encode_job, is_event)
 
 #: The line a pool's rank prints at the end of each cell, as its output pipe carries it.
 _CELL_END = CELL_END_LINE.encode()
 
-#: ``sink(kind, **payload)`` receives every event of the rank, from several threads.
-EventSink = Callable[..., None]
+#: ``sink(event)`` receives every event of the rank, from several threads.
+RankSink = Callable[[Event], None]
 
 #: Most lines sent in one ``output`` event (the rest follow in the next one).
 MAX_LINES_PER_EVENT = 200
@@ -100,7 +101,7 @@ class RankProcess:
         The cloudpickled ``(main, kwargs)``, written to the rank's stdin; ``None`` starts the
         process now (it imports what it will need) and :meth:`deliver` sends the job later.
     sink : callable
-        ``sink(kind, **payload)``; called with ``output`` (``lines``), the rank's own events
+        ``sink(event)``; called with ``output`` (``lines``), the rank's own events
         (``started``, ``error``, ``result``, progress kinds), ``cell_end`` on a warm pool, and
         finally ``exit`` (``code``).
     pool : bool
@@ -110,7 +111,7 @@ class RankProcess:
     #: A warm pool's rank (see ``pool``).
     _pool = False
 
-    def __init__(self, env: dict[str, str], payload: bytes | None, sink: EventSink,
+    def __init__(self, env: dict[str, str], payload: bytes | None, sink: RankSink,
                  pool: bool = False) -> None:
         self._sink = sink
         self._pool = pool
@@ -155,7 +156,7 @@ class RankProcess:
         self._keeper_started = start_time(self.pid)
         self._timeline = env.get(ENV_HOROVOD_TIMELINE)
         if self._timeline:
-            sink(TIMELINE_LOCAL, path=self._timeline)
+            sink(TimelineLocalEvent(kind=TIMELINE_LOCAL, path=self._timeline))
         self._pumps = [
             threading.Thread(target=self._pump_output, name="hvd-rank-output", daemon=True),
             threading.Thread(target=self._pump_events, args=(read_fd,), name="hvd-rank-events",
@@ -261,8 +262,9 @@ class RankProcess:
             if unsent and time.monotonic() - sent_partial >= PARTIAL_INTERVAL_S:
                 assert since_cr is not None  # unsent is set only with the line it holds
                 sent_partial, unsent = time.monotonic(), False
-                self._sink(OUTPUT_PARTIAL,
-                           text=since_cr[:PARTIAL_MAX_BYTES].decode(errors="replace"))
+                self._sink(OutputPartialEvent(
+                    kind=OUTPUT_PARTIAL,
+                    text=since_cr[:PARTIAL_MAX_BYTES].decode(errors="replace")))
         if pending:
             self._send_lines([b"".join(pending)])
 
@@ -272,29 +274,30 @@ class RankProcess:
             at = ends[0]
             unfinished = lines[at][:-len(_CELL_END)]
             self._send_lines(lines[:at] + ([unfinished] if unfinished else []))
-            self._sink(CELL_END)
+            self._sink(CellEndEvent(kind=CELL_END))
             self._send_lines(lines[at + 1:])
             return
         for start in range(0, len(lines), MAX_LINES_PER_EVENT):
             batch = lines[start:start + MAX_LINES_PER_EVENT]
-            self._sink(OUTPUT, lines=[terminal_text(ln) for ln in batch])
+            self._sink(OutputEvent(kind=OUTPUT, lines=[terminal_text(ln) for ln in batch]))
 
     def _pump_events(self, read_fd: int) -> None:
         with os.fdopen(read_fd, "rb") as stream:
             for line in stream:
                 try:
-                    event: dict[str, Any] = json.loads(line)
-                    kind = str(event.pop("kind"))
-                except (ValueError, KeyError):
+                    event = json.loads(line)
+                except ValueError:
                     continue
-                if kind == STARTED:
+                if not isinstance(event, dict) or not is_event(event):
+                    continue
+                if event["kind"] == STARTED:
                     self.rank_pid = event.get("pid")
                     self._rank_started = start_time(self.rank_pid) if self.rank_pid else None
-                if kind == IMPORTED:  # for this process's zygotes, not for the driver
+                if event["kind"] == IMPORTED:  # for this process's zygotes, not for the driver
                     ZYGOTES.learn(self._python, self._env, self._preimport,
                                   list(event.get("modules") or ()))
                     continue
-                self._sink(kind, **event)
+                self._sink(event)
 
     def wait(self) -> int:
         """Wait for the rank to exit and its pipes to drain; send ``exit``; return the code.
@@ -313,10 +316,14 @@ class RankProcess:
         try:
             self._send_timeline()
         except OSError as exc:
-            self._sink(OUTPUT, lines=[f"hvd_magics: could not send the timeline: {exc}"])
+            self._sink(OutputEvent(kind=OUTPUT,
+                                   lines=[f"hvd_magics: could not send the timeline: {exc}"]))
         finally:
+            ended = ExitEvent(kind=EXIT, code=code)
             how = self.killed_because or self._keeper_said()
-            self._sink(EXIT, code=code, **({"how": how} if how else {}))
+            if how:
+                ended["how"] = how
+            self._sink(ended)
         return code
 
     def _keeper_said(self) -> str:
@@ -329,7 +336,7 @@ class RankProcess:
         if not self._timeline or not os.path.exists(self._timeline):
             return
         for data in timeline_chunks(self._timeline):
-            self._sink(TIMELINE_CHUNK, data=data)
+            self._sink(TimelineChunkEvent(kind=TIMELINE_CHUNK, data=data))
         os.remove(self._timeline)
 
     def _kill_rank_group(self) -> None:

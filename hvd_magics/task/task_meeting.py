@@ -21,6 +21,7 @@ import threading
 from typing import Any
 from collections.abc import Callable
 
+from hvd_magics.events import Event, MeetMessage, MeetOfferEvent
 from hvd_magics.protocol import MEET_OFFER
 
 #: ``met`` of a meeting through the driver, and through ``allGather``.
@@ -34,11 +35,11 @@ class TaskMeeting:
     def __init__(self) -> None:
         self._answered = threading.Event()
         self._lock = threading.Lock()
-        self._gathered: list[dict[str, Any]] | None = None
+        self._gathered: list[MeetMessage] | None = None
         #: How the tasks met: ``"driver"`` or ``"spark"`` (empty before, or when cancelled).
         self.by = ""
 
-    def answer(self, gathered: list[dict[str, Any]] | None, by: str) -> None:
+    def answer(self, gathered: list[MeetMessage] | None, by: str) -> None:
         """Take every task's message in partition order (``None``: there is none to wait
         for); the first answer stands."""
         with self._lock:
@@ -51,14 +52,14 @@ class TaskMeeting:
         """The driver went away: a task waiting for its answer stops waiting."""
         self.answer(None, "")
 
-    def wait(self) -> list[dict[str, Any]] | None:
+    def wait(self) -> list[MeetMessage] | None:
         """The answer, once there is one (``None``: the driver went away)."""
         self._answered.wait()
         return self._gathered
 
 
-def meet(ctx: Any, lanes: list[tuple[TaskMeeting, int, dict[str, Any]]],
-         offer: list[Callable[..., None]] | None) -> None:
+def meet(ctx: Any, lanes: list[tuple[TaskMeeting, int, MeetMessage]],
+         offer: list[Callable[[Event], None]] | None) -> None:
     """The meeting of a task's ranks (one, or several per task): each rank's ``(meeting,
     position, message)``, answered with every rank's message in position order (task by task,
     a task's ranks in turn). Each rank offers its own to the driver (``offer[i]``: its event
@@ -73,7 +74,7 @@ def meet(ctx: Any, lanes: list[tuple[TaskMeeting, int, dict[str, Any]]],
         return
     for (meeting, position, message), send in zip(lanes, offer):
         try:
-            send(MEET_OFFER, partition=position, message=message)
+            send(MeetOfferEvent(kind=MEET_OFFER, partition=position, message=message))
         except OSError:
             meeting.cancel()
     for meeting, _, _ in lanes:

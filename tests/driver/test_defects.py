@@ -336,7 +336,7 @@ def test_a_rank_its_task_killed_on_losing_the_notebook_says_so_not_a_signal():
     events: queue.Queue = queue.Queue()
     holder = RankHolder()
     holder.start(rank_environment(dict(os.environ), {}),
-                 lambda kind, **event: events.put((kind, event)))
+                 lambda event: events.put((event["kind"], event)))
     holder.deliver(serialize_job(jobs.sleep_forever, {}).blob, {})
     seen = []
     while not any(kind == "output" and "sleeping pid=" in " ".join(e.get("lines", []))

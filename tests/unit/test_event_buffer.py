@@ -22,10 +22,10 @@ def test_the_buffer_keeps_the_head_and_tail_of_the_output_and_every_other_event(
     monkeypatch.setattr(event_buffer, "CHUNK_CHARS", 100)
     buffer = EventBuffer(rank=1, host="h", job_id="j")
     for i in range(12):
-        buffer.send(OUTPUT, lines=[f"line {i}"])
-        buffer.send(PROGRESS, step=i)  # live only: not kept
-    buffer.send(RESULT, parts=None)
-    buffer.send(EXIT, code=0)
+        buffer.send({"kind": OUTPUT, "lines": [f"line {i}"]})
+        buffer.send({"kind": PROGRESS, "step": i})  # live only: not kept
+    buffer.send({"kind": RESULT, "parts": None})
+    buffer.send({"kind": EXIT, "code": 0})
     chunks = list(buffer.chunks())
     assert len(chunks) > 1 and all(len(c) <= 100 for c in chunks)
     events = replay(chunks)

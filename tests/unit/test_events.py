@@ -28,7 +28,7 @@ def test_signed_events_arrive_in_order_with_rank_and_host():
     server = EventServer("127.0.0.1", "job1")
     client = EventClient(server.address, rank=3, host="hostA")
     for i in range(50):
-        client.send("output", lines=[f"line {i}"])
+        client.send({"kind": "output", "lines": [f"line {i}"]})
     got = [_get(server.events) for _ in range(50)]
     assert [e["lines"][0] for e in got] == [f"line {i}" for i in range(50)]
     assert {(e["rank"], e["host"], e["job"]) for e in got} == {(3, "hostA", "job1")}
@@ -85,7 +85,7 @@ def test_closing_the_server_tells_clients():
 def test_a_supervisor_that_vanishes_is_reported_as_an_unclean_close():
     server = EventServer("127.0.0.1", "job6")
     client = EventClient(server.address, 1, "h")
-    client.send("started", pid=1)
+    client.send({"kind": "started", "pid": 1})
     client._sock.close()  # no bye: what a killed executor looks like
     assert _get(server.events)["kind"] == "started"
     closed = _get(server.events)
@@ -131,7 +131,7 @@ def test_a_large_frame_from_an_authenticated_client_arrives_whole():
     server = EventServer("127.0.0.1", "job9")
     client = EventClient(server.address, 0, "h")
     blob = "x" * (30 * 1024 * 1024)
-    client.send("result", parts={"value": {"blob": blob}})
+    client.send({"kind": "result", "parts": {"value": {"blob": blob}}})
     client.close()
     assert _get(server.events, 30)["parts"]["value"]["blob"] == blob
     server.close()
@@ -144,7 +144,7 @@ def test_closed_servers_leave_no_thread_and_accept_nothing():
     for i in range(20):
         server = EventServer("127.0.0.1", f"leak{i}")
         client = EventClient(server.address, 0, "h")
-        client.send("output", lines=["x"])
+        client.send({"kind": "output", "lines": ["x"]})
         client.close()
         _get(server.events)
         server.close()
@@ -161,7 +161,7 @@ def test_the_driver_sends_orders_a_client_verifies_and_a_drop_ends_it_cleanly():
     client = EventClient(server.address, rank=2, host=None, on_close=lambda why: closed.set(),
                          on_order=orders.put)
     assert client.local_address == "127.0.0.1"
-    client.send("slot_offer", partition=2)
+    client.send({"kind": "slot_offer", "partition": 2})
     assert _get(server.events)["host"] == "127.0.0.1"  # the address that reaches the driver
     assert server.send_order(2, {"kind": "start_rank", "env": {"A": "1"}})
     assert server.send_order(2, {"kind": "start_rank", "env": {"A": "2"}})
@@ -242,7 +242,7 @@ def test_idle_connections_cannot_keep_the_ranks_out():
     clients = [EventClient(server.address, rank=r, host="h") for r in range(4)]
     took = time.monotonic() - started
     for rank, client in enumerate(clients):
-        client.send("output", lines=[f"hello from {rank}"])
+        client.send({"kind": "output", "lines": [f"hello from {rank}"]})
     got = sorted(_get(server.events)["rank"] for _ in range(4))
     assert got == [0, 1, 2, 3]
     assert took < 5, took
@@ -285,7 +285,8 @@ def test_orders_sent_to_one_rank_from_several_threads_all_arrive_and_the_task_st
 
     def send(thread: int) -> None:
         for i in range(40):
-            assert server.send_order(0, {"kind": "x", "thread": thread, "i": i, "blob": blob})
+            assert server.send_order(0, {"kind": "take_stacks", "request": "r", "thread": thread,
+                                         "i": i, "blob": blob})
 
     senders = [threading.Thread(target=send, args=(t,), daemon=True) for t in range(4)]
     for sender in senders:

@@ -7,6 +7,7 @@ import pytest
 from hvd_magics.errors import NotEnoughSlotsError
 from hvd_magics.launch.spark_slots import TaskLayout, task_layout
 from hvd_magics.options import ElasticSize, validate_ranks_per_task
+from hvd_magics.protocol import MEET_OFFER
 from hvd_magics.task.gpus import rank_devices, task_share
 from hvd_magics.task.shard_files import split_shards, write_shards
 from hvd_magics.task.task_meeting import BY_SPARK, TaskMeeting, meet
@@ -125,6 +126,6 @@ def test_a_tasks_ranks_meet_in_one_all_gather_or_each_through_the_driver():
     lanes = [(TaskMeeting(), 2, {"port": 5}), (TaskMeeting(), 3, {"port": 6})]
     for meeting, _, _ in lanes:  # the driver's answer, as if every rank had offered
         meeting.answer([{"port": 0}] * 4, "driver")
-    meet(None, lanes, [lambda kind, **kw: offered.append(kw)] * 2)
-    assert offered == [{"partition": 2, "message": {"port": 5}},
-                       {"partition": 3, "message": {"port": 6}}]
+    meet(None, lanes, [offered.append] * 2)
+    assert offered == [{"kind": MEET_OFFER, "partition": 2, "message": {"port": 5}},
+                       {"kind": MEET_OFFER, "partition": 3, "message": {"port": 6}}]

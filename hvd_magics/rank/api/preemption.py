@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 from hvd_magics.errors import Preempted
+from hvd_magics.events import PreemptCallsEvent
 from hvd_magics.protocol import PREEMPT_CALLS
 from hvd_magics.rank import rank_events
 from hvd_magics.rank.rank_job import rank_job
@@ -76,7 +77,7 @@ def preempting() -> bool:
     now = time.monotonic()
     if now - state.reported >= REPORT_EVERY_S:
         state.reported = now
-        rank_events.emit(PREEMPT_CALLS, calls=state.calls)
+        rank_events.emit(PreemptCallsEvent(kind=PREEMPT_CALLS, calls=state.calls))
     return False
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from collections.abc import Iterable, Iterator
 
+from hvd_magics.events import EpochBeginEvent, EpochEndEvent, ProgressEvent
 from hvd_magics.protocol import EPOCH_BEGIN, EPOCH_END, PROGRESS
 from hvd_magics.rank import rank_events
 
@@ -72,7 +73,7 @@ def begin_epoch(epoch: int, epochs: int | None, steps: int | None, batch_size: i
     _current.batch_size, _current.inferred = batch_size, inferred
     _current.metrics = {}
     _current.started = _current.last_emit = time.monotonic()
-    rank_events.emit(EPOCH_BEGIN, epoch=epoch, epochs=epochs, steps=steps)
+    rank_events.emit(EpochBeginEvent(kind=EPOCH_BEGIN, epoch=epoch, epochs=epochs, steps=steps))
 
 
 def current_epoch() -> int:
@@ -96,9 +97,9 @@ def report(step: int, total: int | None = None, **metrics: Any) -> None:
     _current.last_emit = now
     elapsed = now - _current.started
     rate = step * _current.batch_size / elapsed if _current.batch_size and elapsed > 0 else None
-    rank_events.emit(PROGRESS, epoch=_current.epoch, step=step,
-                     steps=total if total is not None else _current.steps,
-                     samples_per_s=rate, metrics=_floats(metrics))
+    rank_events.emit(ProgressEvent(kind=PROGRESS, epoch=_current.epoch, step=step,
+                                   steps=total if total is not None else _current.steps,
+                                   samples_per_s=rate, metrics=_floats(metrics)))
 
 
 def samples_per_step(count: int | None) -> None:
@@ -117,9 +118,9 @@ def end_epoch(samples: int | None = None, **metrics: Any) -> None:
     """Say that the current epoch ended, having seen ``samples`` samples on this rank; its
     metrics are ``metrics`` over the latest ones :func:`report` was given."""
     duration = time.monotonic() - _current.started
-    rank_events.emit(EPOCH_END, epoch=_current.epoch, epochs=_current.epochs,
-                     duration=duration, samples=samples,
-                     metrics=_floats({**_current.metrics, **metrics}))
+    rank_events.emit(EpochEndEvent(kind=EPOCH_END, epoch=_current.epoch, epochs=_current.epochs,
+                                   duration=duration, samples=samples,
+                                   metrics=_floats({**_current.metrics, **metrics})))
 
 
 def track(iterable: Iterable[T], epoch: int, epochs: int | None = None, total: int | None = None,

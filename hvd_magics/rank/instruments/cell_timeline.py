@@ -21,6 +21,7 @@ import uuid
 from typing import Any
 from collections.abc import Iterator
 
+from hvd_magics.events import TimelineChunkEvent
 from hvd_magics.protocol import (ENV_HOROVOD_TIMELINE, ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE,
                                  TIMELINE_CHUNK)
 from hvd_magics.notices import say
@@ -92,7 +93,7 @@ def _send(path: str) -> None:
         return
     try:
         for data in timeline_chunks(path):
-            rank_events.emit(TIMELINE_CHUNK, data=data)
+            rank_events.emit(TimelineChunkEvent(kind=TIMELINE_CHUNK, data=data))
     except OSError as exc:
         say(f"could not send the timeline: {exc}")
     finally:

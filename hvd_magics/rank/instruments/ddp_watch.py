@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from hvd_magics.events import DdpSteps
 from hvd_magics.rank.guards.import_hooks import after_import, before_call
 
 _DDP_MODULE = "torch.nn.parallel.distributed"
@@ -42,11 +43,11 @@ def steps() -> int | None:
     return _watch.steps or None
 
 
-def state() -> dict[str, Any] | None:
+def state() -> DdpSteps | None:
     """``{"steps": N, "syncing": bool}`` for a stack answer, ``None`` when no DDP step ran."""
     if not _watch.steps:
         return None
-    return {"steps": _watch.steps, "syncing": _watch.syncing}
+    return DdpSteps(steps=_watch.steps, syncing=_watch.syncing)
 
 
 def reset() -> None:

@@ -8,10 +8,11 @@ NVML's (``torch.cuda.utilization``, which needs ``pynvml``), left out where NVML
 from __future__ import annotations
 
 import sys
-from typing import Any
+
+from hvd_magics.events import GpuReading
 
 
-def reading() -> dict[str, Any] | None:
+def reading() -> GpuReading | None:
     """``{"device", "used", "peak", "total", "util"}`` (bytes; util in percent or ``None``), or
     ``None`` on a rank without a CUDA context."""
     torch = sys.modules.get("torch")
@@ -23,6 +24,6 @@ def reading() -> dict[str, Any] | None:
         util = cuda.utilization(device)
     except Exception:  # noqa: BLE001 - NVML missing or unsupported: memory only
         util = None
-    return {"device": device, "used": cuda.memory_allocated(device),
-            "peak": cuda.max_memory_allocated(device),
-            "total": cuda.get_device_properties(device).total_memory, "util": util}
+    return GpuReading(device=device, used=cuda.memory_allocated(device),
+                      peak=cuda.max_memory_allocated(device),
+                      total=cuda.get_device_properties(device).total_memory, util=util)

@@ -15,6 +15,8 @@ import sys
 import weakref
 from typing import Any
 
+from hvd_magics.events import MemoryReading
+
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 #: The latest shard read, and the modules it was read from (weak references: an id may be
 #: another module's later): a module's parameters keep their shapes, so they are walked again
@@ -77,12 +79,12 @@ def parameter_shard() -> tuple[int, int] | None:
     return found
 
 
-def reading() -> dict[str, Any]:
+def reading() -> MemoryReading:
     """``{"rss", "peak"}`` (bytes), with ``"params"`` and ``"params_full"`` (bytes) in sharded
     training."""
     rss = _resident_bytes()
     # (the kernel raises its high-water mark lazily: the resident set read now may be above it)
-    found: dict[str, Any] = {"rss": rss, "peak": max(_peak_bytes(), rss or 0)}
+    found = MemoryReading(rss=rss, peak=max(_peak_bytes(), rss or 0))
     shard = parameter_shard()
     if shard is not None:
         found["params"], found["params_full"] = shard

@@ -22,6 +22,7 @@ from types import FrameType
 from typing import Any
 from collections.abc import Callable
 
+from hvd_magics.events import StacksEvent, ThreadStack
 from hvd_magics.protocol import ENV_CONTROL_FD, PREEMPT_LINE, STACKS
 from hvd_magics.rank.instruments import ddp_watch
 from hvd_magics.rank import rank_events
@@ -63,13 +64,14 @@ def _frames(frame: FrameType | None) -> list[list[Any]]:
     return stack[-MAX_FRAMES:]
 
 
-def current_stacks() -> tuple[list[dict[str, Any]], int]:
+def current_stacks() -> tuple[list[ThreadStack], int]:
     """Every thread's stack but this one's (main thread first); threads with no user frame
     besides the main thread are only counted."""
     names = {t.ident: t.name for t in threading.enumerate()}
     main = threading.main_thread().ident
     me = threading.get_ident()
-    threads, others = [], 0
+    threads: list[ThreadStack] = []
+    others = 0
     for ident, frame in sys._current_frames().items():
         if ident == me:
             continue
@@ -77,8 +79,8 @@ def current_stacks() -> tuple[list[dict[str, Any]], int]:
         if ident != main and not any(f[4] == "user" for f in frames):
             others += 1
             continue
-        threads.append({"name": names.get(ident, f"thread {ident}"), "main": ident == main,
-                        "frames": frames})
+        threads.append(ThreadStack(name=names.get(ident, f"thread {ident}"), main=ident == main,
+                                   frames=frames))
     threads.sort(key=lambda t: not t["main"])
     return threads, others
 
@@ -90,8 +92,8 @@ def _answer(stream: Any, on_notice: Callable[[str], None]) -> None:
             on_notice(request.removeprefix(PREEMPT_LINE))
         elif request:
             threads, others = current_stacks()
-            rank_events.emit(STACKS, request=request, threads=threads, others=others,
-                             ddp=ddp_watch.state())
+            rank_events.emit(StacksEvent(kind=STACKS, request=request, threads=threads,
+                                         others=others, ddp=ddp_watch.state()))
 
 
 def serve(on_notice: Callable[[str], None]) -> None:

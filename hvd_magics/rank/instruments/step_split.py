@@ -57,6 +57,7 @@ import weakref
 from typing import Any
 from collections.abc import Callable, Iterator
 
+from hvd_magics.events import StepSplitEvent
 from hvd_magics.protocol import STEP_COLUMNS, STEP_SPLIT
 from hvd_magics.rank.instruments import gpu_memory, rank_memory, step_split_tf
 from hvd_magics.rank import rank_events
@@ -333,11 +334,14 @@ def _send(split: _Split, final: bool) -> None:
         return
     rows = split.rows[-STEP_ROWS_SENT:]
     dropped = len(split.rows) - len(rows)
-    rank_events.emit(STEP_SPLIT, rows=[[int(r[0])] + [round(v, 6) for v in r[1:]] for r in rows],
-                     totals=[split.totals[0]] + [round(v, 6) for v in split.totals[1:]],
-                     dropped=dropped, gpu=gpu_memory.reading(), memory=rank_memory.reading(),
-                     clock="gpu" if split.gpu is not None else "host", pace=split.paces,
-                     **({"cpu_read": False} if tf_rows else {}))
+    event = StepSplitEvent(
+        kind=STEP_SPLIT, rows=[[int(r[0])] + [round(v, 6) for v in r[1:]] for r in rows],
+        totals=[split.totals[0]] + [round(v, 6) for v in split.totals[1:]],
+        dropped=dropped, gpu=gpu_memory.reading(), memory=rank_memory.reading(),
+        clock="gpu" if split.gpu is not None else "host", pace=split.paces)
+    if tf_rows:
+        event["cpu_read"] = False
+    rank_events.emit(event)
     split.rows, split.totals, split.paces = [], _no_totals(), []
 
 

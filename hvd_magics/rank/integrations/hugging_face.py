@@ -26,6 +26,7 @@ import math
 import os
 from typing import Any
 
+from hvd_magics.events import RunLogEvent
 from hvd_magics.protocol import RUN_LOG
 from hvd_magics.rank.api import preemption, progress
 from hvd_magics.rank import rank_events
@@ -109,8 +110,8 @@ def _callback_class(base: type) -> type:
                    **_kwargs: Any) -> None:
             self.logged.update(_numbers(logs))
             if logs and state.is_local_process_zero:  # what its printer would have printed
-                rank_events.emit(RUN_LOG, lines=[str({k: f"{v:.4g}" if isinstance(v, float)
-                                                      else v for k, v in logs.items()})])
+                said = {k: f"{v:.4g}" if isinstance(v, float) else v for k, v in logs.items()}
+                rank_events.emit(RunLogEvent(kind=RUN_LOG, lines=[str(said)]))
 
         def on_epoch_end(self, args: Any, state: Any, control: Any, **_kwargs: Any) -> None:
             # an evaluation due at the epoch's end (set by the Trainer's flow callback, which

@@ -13,6 +13,7 @@ import sys
 from types import FrameType
 from typing import Any
 
+from hvd_magics.events import TrackerEvent
 from hvd_magics.protocol import TRACKER
 from hvd_magics.rank import rank_events
 from hvd_magics.rank.guards.import_hooks import after_import, before_call
@@ -41,7 +42,8 @@ def _said_who(client: Any, *_args: Any, **_kwargs: Any) -> None:
     by = recorder()
     if by not in _said:
         _said.add(by)
-        rank_events.emit(TRACKER, by=by, uri=str(getattr(client, "tracking_uri", "") or ""))
+        uri = str(getattr(client, "tracking_uri", "") or "")
+        rank_events.emit(TrackerEvent(kind=TRACKER, by=by, uri=uri))
 
 
 def _patch_client(module: Any) -> None:
