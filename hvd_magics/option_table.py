@@ -124,7 +124,7 @@ class Option:
         return None if self.default is REQUIRED else self.default
 
     @property
-    def magic_help(self) -> str:
+    def pool_magic_help(self) -> str:
         """``%hvd_pool``'s help of the option."""
         return self.pool_help or f"start: {self.help}"
 

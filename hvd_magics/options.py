@@ -4,8 +4,8 @@
 Each option is declared once in :mod:`hvd_magics.option_table` (name, default, check, help, flags)
 and each value is checked by :mod:`hvd_magics.option_checks`; what depends on two options (an
 elastic ``np`` and ``restarts``, ``ranks_per_task`` that divides ``np``, a Horovod-only feature
-on another engine) is checked here. The checks and defaults are named here too, as they were
-before they were split out.
+on another engine) is checked here. The checks and the defaults can be imported from here too
+(``from hvd_magics.options import validate_engine``).
 """
 from __future__ import annotations
 

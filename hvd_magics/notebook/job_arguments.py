@@ -31,7 +31,7 @@ def job_arguments(pool: bool = False) -> Callable[[Callable[..., Any]], Callable
     ``%%horovod``'s (``HorovodRunner``'s keywords), or with ``pool`` ``%hvd_pool``'s
     (``HorovodPool``'s, each help beginning ``start:``)."""
     decorators = [option(*o.flags, dest=o.name, default=o.unset, metavar=o.metavar,
-                         help=o.magic_help if pool else o.help, **_READS[o.reads])
+                         help=o.pool_magic_help if pool else o.help, **_READS[o.reads])
                   for o in _options(pool)]
 
     def apply(magic: Callable[..., Any]) -> Callable[..., Any]:
