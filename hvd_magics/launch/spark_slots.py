@@ -89,24 +89,64 @@ def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool 
     ``held``: slots that warm pools of this process hold, busy whatever Spark's status says.
     ``layout``: a job of several ranks per task (``np`` is then its :attr:`TaskLayout.slots`);
     its tasks must also fit the executors under its resource profile.
+
+    Raises
+    ------
+    NotEnoughSlotsError
+        When the slots are not there (or not free) by the end of the wait.
     """
     local = never_grows(sc)
     if local:  # no executor will register; a job that just ended may still hold its slots
         wait_s = LOCAL_SETTLE_S
     several = layout is not None and layout.ranks_per_task > 1
     began = time.monotonic()
+    seen = _wait_for_slots(sc, np, held, layout if several else None, local, began, wait_s,
+                           gone_wait_s)
+    if seen is None:
+        return
+    cpus = sc.getConf().get("spark.task.cpus", "1")
+    if seen.total == 0 and not local:
+        raise no_executor(np, wait_s, sc.master, sc.getConf().get("spark.driver.host", "?"),
+                          sc.getConf().get("spark.driver.port", "?"))
+    if not several:
+        error = not_enough_slots(np, seen.free, seen.total, sc.master, cpus, reads_data,
+                                 held=held)
+        if seen.gone:
+            gone = seen.gone[0]
+            error.args = (f"{error.args[0]} Waited {time.monotonic() - began:.0f} s for the "
+                          f"executor on {gone[0]}, gone {gone[1]:.0f} s ago.",)
+        raise error
+    assert layout is not None  # several ranks per task: there is a layout
+    raise _too_few_for_layout(layout, np, seen, f"(master {sc.master}, spark.task.cpus={cpus})")
+
+
+@dataclass(frozen=True)
+class _SlotsSeen:
+    """The cluster's slots when the wait for them ended: ``free`` of ``total``, how many of a
+    layout's tasks its resource profile fits (``None``: it has none, or Spark does not say),
+    and the executors gone lately (see :func:`gone_executors`)."""
+
+    free: int
+    total: int
+    fitting: int | None
+    gone: list[tuple[str, float]]
+
+
+def _wait_for_slots(sc: Any, np: int, held: int, layout: TaskLayout | None, local: bool,
+                    began: float, wait_s: float, gone_wait_s: float) -> _SlotsSeen | None:
+    """Wait (see :func:`check_slots`) until ``np`` slots are free, and ``layout``'s tasks (of
+    several ranks each; ``None`` otherwise) fit under its profile: then ``None``; else what the
+    cluster had when the wait ended."""
     deadline, said = began + wait_s, began
-    gone: list[tuple[str, float]] = []
     last_total = None
     while True:
         free, total = task_slots(sc)
         free = min(free, max(total - held, 0))
-        # (several ranks per task: there is a layout)
-        fitting = profile_slots(sc, layout) if several and layout is not None else None
+        fitting = profile_slots(sc, layout) if layout is not None else None
         now = time.monotonic()
         gone = [] if local else gone_executors(sc, now)  # noted at every job, to be compared
         if free >= np and (fitting is None or layout is None or fitting >= layout.tasks):
-            return
+            return None
         coming = None if local else slots_to_come(sc, total, np + held)
         if last_total is not None and total > last_total and not local:
             deadline = max(deadline, min(now + wait_s, began + gone_wait_s))  # growing
@@ -120,29 +160,24 @@ def check_slots(sc: Any, np: int, wait_s: float = SLOT_WAIT_S, reads_data: bool 
                 say(f"waiting for {np} task slots: {free} free; {why} up to "
                     f"{deadline - now:.0f} s more, --start-timeout)")
         if now >= deadline or (local and total - held < np):
-            break  # (a local master never grows)
+            return _SlotsSeen(free, total, fitting, gone)  # (a local master never grows)
         time.sleep(0.05 if local else 0.25)
-    cpus = sc.getConf().get("spark.task.cpus", "1")
-    if total == 0 and not local:
-        raise no_executor(np, wait_s, sc.master, sc.getConf().get("spark.driver.host", "?"),
-                          sc.getConf().get("spark.driver.port", "?"))
-    if not several:
-        error = not_enough_slots(np, free, total, sc.master, cpus, reads_data, held=held)
-        if gone:
-            error.args = (f"{error.args[0]} Waited {time.monotonic() - began:.0f} s for the "
-                          f"executor on {gone[0][0]}, gone {gone[0][1]:.0f} s ago.",)
-        raise error
-    assert layout is not None  # several ranks per task: there is a layout
-    where = f"(master {sc.master}, spark.task.cpus={cpus})"
-    if free < np:
-        raise NotEnoughSlotsError(
+
+
+def _too_few_for_layout(layout: TaskLayout, slots: int, seen: _SlotsSeen,
+                        where: str) -> NotEnoughSlotsError:
+    """The refusal of ``layout``'s tasks of several ranks: fewer than ``slots`` free, or
+    executors too small for its resource profile's tasks."""
+    if seen.free < slots:
+        return NotEnoughSlotsError(
             f"np={layout.np} as {layout.tasks} tasks of {layout.ranks_per_task} ranks needs "
-            f"{np} free Spark task slots at once (barrier mode), but the cluster has {free} "
-            f"free of {total} {where}. Fix: fewer ranks, or add executors or cores.")
-    raise NotEnoughSlotsError(
+            f"{slots} free Spark task slots at once (barrier mode), but the cluster has "
+            f"{seen.free} free of {seen.total} {where}. Fix: fewer ranks, or add executors or "
+            "cores.")
+    return NotEnoughSlotsError(
         f"np={layout.np} as {layout.tasks} tasks of {layout.ranks_per_task} ranks: each task "
-        f"asks for {layout.task_cpus} CPUs, and the executors can hold {fitting} such tasks at "
-        f"once {where}. Fix: executors of at least {layout.task_cpus} cores "
+        f"asks for {layout.task_cpus} CPUs, and the executors can hold {seen.fitting} such tasks "
+        f"at once {where}. Fix: executors of at least {layout.task_cpus} cores "
         "(spark.executor.cores), or fewer ranks per task (ranks_per_task).")
 
 

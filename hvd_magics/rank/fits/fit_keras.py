@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -99,18 +100,55 @@ def step_generators(model: Any) -> list[Any]:
 
 
 def fit_keras(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | None:
-    import horovod.tensorflow as hvd_tf
+    """Train ``model`` (a tf_keras model) on this rank's ``train`` shard (``val``: the
+    validation shard, or ``None``) as ``spec`` says, one ``model.fit`` call per epoch.
+
+    Returns
+    -------
+    FitResult or None
+        Rank 0's result; ``None`` on the other ranks.
+    """
     import horovod.tensorflow.keras as hvd
-    import tensorflow as tf
 
     keras: Any = importlib.import_module(type(model).__module__.split(".")[0])
     hvd.init()
     output_kind = classifier_output(spec.loss, spec.classifier)
+    optimizer, plain_config = _compile(spec, keras, model, hvd)
+    book = _book(spec, model, optimizer, hvd.rank())
+    data = _KerasData(spec, train, val, output_kind is not None)
+    steps = train.steps_per_epoch(spec.batch_size, spec.remainder)
+    callbacks = _epoch_callbacks(spec, keras, hvd, optimizer, step_generators(model), book, steps)
+    for epoch, first, count in book.plan(steps):
+        fitted = model.fit(data.epoch(epoch, first, count), epochs=epoch + 1,
+                           initial_epoch=epoch, steps_per_epoch=count, validation_data=data.val,
+                           callbacks=callbacks(epoch, first), verbose=0)
+        logs = {name: float(values[-1]) for name, values in fitted.history.items()}
+        book.end_epoch(epoch, first, count, steps, int(optimizer.iterations.numpy()), logs)
+    if not book.close():
+        return None
+    optimizer_step = int(optimizer.iterations.numpy())
+    _compile_plain(spec, keras, model, optimizer, plain_config)
+    blob = _save_final(model, spec.model_dir)
+    example = model(data.model_inputs([x[:2] for x in data.xs]), training=False)
+    output_size = int(np.prod(example.shape[1:]))
+    return book.result(KERAS, blob, output_kind, output_size, steps, optimizer_step)
+
+
+def _compile(spec: FitSpec, keras: Any, model: Any, hvd: Any) -> tuple[Any, dict[str, Any]]:
+    """Compile ``model`` with Horovod's ``DistributedOptimizer`` around the spec's optimizer and
+    build its variables; the optimizer that steps, and the plain one's serialized config."""
     optimizer = keras_optimizer(spec, keras, hvd.size())
     plain_config = keras.optimizers.serialize(optimizer)
     model.compile(hvd.DistributedOptimizer(optimizer), loss=spec.loss, metrics=list(spec.metrics))
     optimizer = model.optimizer
     _build(optimizer, model.trainable_variables)
+    return optimizer, plain_config
+
+
+def _book(spec: FitSpec, model: Any, optimizer: Any, rank: int) -> FitBook:
+    """Every rank restored to rank 0's start state (its latest checkpoint, else the fresh
+    model); the fit's book, which writes checkpoints as pickles."""
+    import horovod.tensorflow as hvd_tf
 
     def load(path: Path) -> dict[str, Any]:
         with open(path, "rb") as handle:
@@ -121,36 +159,51 @@ def fit_keras(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | No
             pickle.dump(_state(model, optimizer, at, history), handle, protocol=4)
 
     state, found = start_state(
-        spec, hvd.rank(), lambda: _state(model, optimizer, Position(), []), load,
+        spec, rank, lambda: _state(model, optimizer, Position(), []), load,
         lambda value: hvd_tf.broadcast_object(value, root_rank=0, name="hvd_magics_start_state"))
     _restore(model, optimizer, state)
-    book = FitBook(spec, hvd.rank(), state, found, write, "pkl")
+    return FitBook(spec, rank, state, found, write, "pkl")
 
-    classifier = output_kind is not None
-    xs = [tf.constant(x) for x in inputs_of(train, spec)]
-    ys = tf.constant(labels_of(train, spec, classifier))
-    size = spec.batch_size
-    steps = train.steps_per_epoch(size, spec.remainder)
 
-    def model_inputs(parts: list[Any]) -> Any:
-        if spec.input_names:
-            return dict(zip(spec.input_names, parts))
+class _KerasData:
+    """The shard's inputs and labels as tensors, each epoch's batches as a ``tf.data``
+    pipeline, and the validation set's (``val``: ``None`` without one)."""
+
+    def __init__(self, spec: FitSpec, train: Any, val: Any, classifier: bool) -> None:
+        import tensorflow as tf
+
+        self.spec, self.train = spec, train
+        self.xs = [tf.constant(x) for x in inputs_of(train, spec)]
+        self.ys = tf.constant(labels_of(train, spec, classifier))
+        self.val = None
+        if val is not None:
+            val_inputs = self.model_inputs(inputs_of(val, spec))
+            self.val = tf.data.Dataset.from_tensor_slices(
+                (val_inputs, labels_of(val, spec, classifier))).batch(spec.batch_size)
+
+    def model_inputs(self, parts: list[Any]) -> Any:
+        """``parts`` as the model takes them: by name, alone, or as a tuple."""
+        if self.spec.input_names:
+            return dict(zip(self.spec.input_names, parts))
         return parts[0] if len(parts) == 1 else tuple(parts)
 
-    def epoch_data(epoch: int, first: int, count: int) -> Any:
-        order = train.epoch_order(size, spec.shuffle, spec.seed + epoch, spec.remainder)
+    def epoch(self, epoch: int, first: int, count: int) -> Any:
+        """The ``count`` batches of ``epoch`` from its ``first`` on, in the shard's order."""
+        import tensorflow as tf
+
+        spec, size = self.spec, self.spec.batch_size
+        order = self.train.epoch_order(size, spec.shuffle, spec.seed + epoch, spec.remainder)
         order = order[first * size:(first + count) * size]
         return tf.data.Dataset.from_tensor_slices(order).batch(size).map(
-            lambda rows: (model_inputs([tf.gather(x, rows) for x in xs]), tf.gather(ys, rows))
+            lambda rows: (self.model_inputs([tf.gather(x, rows) for x in self.xs]),
+                          tf.gather(self.ys, rows))
         ).prefetch(2)
 
-    val_data = None
-    if val is not None:
-        val_inputs = model_inputs(inputs_of(val, spec))
-        val_data = tf.data.Dataset.from_tensor_slices(
-            (val_inputs, labels_of(val, spec, classifier))).batch(size)
 
-    generators = step_generators(model)
+def _epoch_callbacks(spec: FitSpec, keras: Any, hvd: Any, optimizer: Any, generators: list[Any],
+                     book: FitBook, steps: int) -> Callable[[int, int], list[Any]]:
+    """``callbacks(epoch, first)``: the callbacks of one ``model.fit`` call, for the epoch
+    ``epoch`` from its step ``first`` on."""
 
     class _SeedEachStep(keras.callbacks.Callback):
         """Each step draws from a state set by the fit's seed, the rank and the step (the
@@ -178,23 +231,21 @@ def fit_keras(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | No
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             book.after_step(self.epoch, self.first + batch + 1, steps, self.start + batch + 1)
 
-    for epoch, first, count in book.plan(steps):
-        callbacks = [hvd.callbacks.MetricAverageCallback()]
-        callbacks += [_SeedEachStep()] if generators else []
+    def callbacks(epoch: int, first: int) -> list[Any]:
+        chosen = [hvd.callbacks.MetricAverageCallback()]
+        chosen += [_SeedEachStep()] if generators else []
         if spec.model_dir:
-            callbacks.append(_AfterEachStep(epoch, first))
-        shown = progress_callback(keras, size, spec.epochs, steps)
-        callbacks += [shown] if shown is not None else []
-        fitted = model.fit(epoch_data(epoch, first, count), epochs=epoch + 1,
-                           initial_epoch=epoch, steps_per_epoch=count, validation_data=val_data,
-                           callbacks=callbacks, verbose=0)
-        logs = {name: float(values[-1]) for name, values in fitted.history.items()}
-        book.end_epoch(epoch, first, count, steps, int(optimizer.iterations.numpy()), logs)
-    if not book.close():
-        return None
-    optimizer_step = int(optimizer.iterations.numpy())
-    # Saved with a plain optimizer of the same settings and state (not Horovod's wrapper), so
-    # that it loads anywhere and training can go on from it.
+            chosen.append(_AfterEachStep(epoch, first))
+        shown = progress_callback(keras, spec.batch_size, spec.epochs, steps)
+        return chosen + ([shown] if shown is not None else [])
+
+    return callbacks
+
+
+def _compile_plain(spec: FitSpec, keras: Any, model: Any, optimizer: Any,
+                   plain_config: dict[str, Any]) -> None:
+    """Compile ``model`` again with a plain optimizer of the same settings and state (not
+    Horovod's wrapper), so that the saved model loads anywhere and training can go on from it."""
     values = [v.numpy() for v in _variables(optimizer)]
     plain = keras.optimizers.deserialize(plain_config, use_legacy_optimizer=False)
     model.compile(plain, loss=spec.loss, metrics=list(spec.metrics))
@@ -202,10 +253,6 @@ def fit_keras(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | No
     if len(_variables(plain)) == len(values):
         for variable, value in zip(_variables(plain), values):
             variable.assign(value)
-    blob = _save_final(model, spec.model_dir)
-    example = model(model_inputs([x[:2] for x in xs]), training=False)
-    output_size = int(np.prod(example.shape[1:]))
-    return book.result(KERAS, blob, output_kind, output_size, steps, optimizer_step)
 
 
 def _save_final(model: Any, model_dir: str | None) -> bytes:

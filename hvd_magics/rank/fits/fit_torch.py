@@ -156,12 +156,66 @@ def _save_final(model: Any, model_dir: str | None, example: list[Any], names: li
 
 
 def fit_torch(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | None:
+    """Train ``model`` (a ``torch.nn.Module``) on this rank's ``train`` shard (``val``: the
+    validation shard, or ``None``) as ``spec`` says.
+
+    Returns
+    -------
+    FitResult or None
+        Rank 0's result; ``None`` on the other ranks.
+
+    Raises
+    ------
+    ValueError
+        For a loss, an optimizer or a metric a PyTorch fit does not know by that name.
+    """
     import horovod.torch as hvd
     import torch
 
     hvd.init()
     output_kind = classifier_output(spec.loss, spec.classifier)
     loss_fn = torch_loss(spec.loss)
+    optimizer, book = _start(spec, model, hvd)
+    data = _TorchData(spec, train, val, output_kind is not None, loss_fn)
+    steps = train.steps_per_epoch(spec.batch_size, spec.remainder)
+    metrics = _metric_names(spec)
+    global_step, rank = book.position.global_step, hvd.rank()
+    for epoch, first, count in book.plan(steps):
+        batches = train.batch_rows(spec.batch_size, spec.shuffle, spec.seed + epoch,
+                                   spec.remainder)[first:first + count]
+        progress.start_epoch(epoch + 1, spec.epochs, steps, spec.batch_size)
+        model.train()
+        sums = _Sums(metrics, output_kind is not None)
+        for index, rows in enumerate(batches):
+            loss = _step(spec, model, optimizer, loss_fn, data, rows,
+                         step_seed(spec.seed, rank, global_step), sums)
+            global_step += 1
+            progress.report(first + index + 1, loss=loss)
+            book.after_step(epoch, first + index + 1, steps, global_step)
+        logs = sums.averages(hvd)
+        if data.val_xs is not None:  # (a validation set)
+            logs.update(_evaluate(model, loss_fn, data.val_xs, data.val_ys, spec, output_kind,
+                                  hvd))
+        progress.end_epoch(samples=count * spec.batch_size, **logs)
+        book.end_epoch(epoch, first, count, steps, global_step, logs)
+    if not book.close():
+        return None
+    model.eval()
+    example = _gather(data.xs, np.arange(min(2, len(data.ys))))
+    blob = _save_final(model, spec.model_dir, example, spec.input_names)
+    with torch.no_grad():
+        output_size = int(np.prod(_forward(model, example, spec.input_names).shape[1:]))
+    steps_taken = [int(s["step"]) for s in optimizer.state_dict()["state"].values()
+                   if "step" in s]
+    return book.result(TORCH, blob, output_kind, output_size, steps,
+                       max(steps_taken) if steps_taken else global_step)
+
+
+def _start(spec: FitSpec, model: Any, hvd: Any) -> tuple[Any, FitBook]:
+    """Every rank restored to rank 0's start state (its latest checkpoint, else the fresh model
+    and optimizer); Horovod's optimizer, which steps, and the fit's book, which saves it."""
+    import torch
+
     optimizer = torch_optimizer(spec, model, hvd.size())
     state, found = start_state(
         spec, hvd.rank(), lambda: {"model": model.state_dict(),
@@ -177,61 +231,60 @@ def fit_torch(spec: FitSpec, model: Any, train: Any, val: Any) -> FitResult | No
     book = FitBook(spec, hvd.rank(), state, found, lambda path, at, history: torch.save(
         {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
          "position": asdict(at), "history": history}, path), "pt")
+    return optimizer, book
 
-    # the inputs stay in the mapped shard files (a batch is gathered from them); the labels,
-    # small, become tensors once
-    xs = [train.feature_rows(column) for column in spec.features]
-    val_xs = [val.feature_rows(column) for column in spec.features] if val is not None else None
-    with warnings.catch_warnings():  # read-only views of the shard file, never written
-        warnings.simplefilter("ignore", UserWarning)
-        ys = _targets(torch.as_tensor(labels_of(train, spec, output_kind is not None)), loss_fn)
-        val_ys = _targets(torch.as_tensor(labels_of(val, spec, output_kind is not None)),
-                          loss_fn) if val is not None else None
-    size = spec.batch_size
-    steps = train.steps_per_epoch(size, spec.remainder)
+
+class _TorchData:
+    """The shard's inputs, left in its mapped files (a batch is gathered from them), and its
+    labels, small, made tensors once as the loss compares them; the same of the validation
+    shard (``None`` without one)."""
+
+    def __init__(self, spec: FitSpec, train: Any, val: Any, classifier: bool,
+                 loss_fn: Any) -> None:
+        import torch
+
+        self.xs = [train.feature_rows(column) for column in spec.features]
+        self.val_xs = ([val.feature_rows(column) for column in spec.features]
+                       if val is not None else None)
+        with warnings.catch_warnings():  # read-only views of the shard file, never written
+            warnings.simplefilter("ignore", UserWarning)
+            self.ys = _targets(torch.as_tensor(labels_of(train, spec, classifier)), loss_fn)
+            self.val_ys = _targets(torch.as_tensor(labels_of(val, spec, classifier)),
+                                   loss_fn) if val is not None else None
+
+
+def _metric_names(spec: FitSpec) -> list[str]:
+    """The metrics of ``spec`` a PyTorch fit computes by name.
+
+    Raises
+    ------
+    ValueError
+        For a metric not in :data:`TORCH_METRICS`.
+    """
     metrics = [m for m in spec.metrics if isinstance(m, str)]
     unknown = [m for m in metrics if m not in TORCH_METRICS]
     if unknown:
         raise ValueError(f"unknown PyTorch metrics {unknown}; use {list(TORCH_METRICS)}")
-    global_step = book.position.global_step
-    rank = hvd.rank()
+    return metrics
 
-    for epoch, first, count in book.plan(steps):
-        batches = train.batch_rows(size, spec.shuffle, spec.seed + epoch,
-                                   spec.remainder)[first:first + count]
-        progress.start_epoch(epoch + 1, spec.epochs, steps, size)
-        model.train()
-        sums = _Sums(metrics, output_kind is not None)
-        for index, rows in enumerate(batches):
-            # the CPU generator, where the fit's draws come from: torch.manual_seed also
-            # seeds every accelerator backend: 0.85 ms a step, a quarter of a 784-256-10 MLP's
-            torch.default_generator.manual_seed(step_seed(spec.seed, rank, global_step))
-            optimizer.zero_grad()
-            output = _forward(model, _gather(xs, rows), spec.input_names)
-            target = _shaped(ys[torch.from_numpy(rows)], output)
-            loss = loss_fn(output, target)
-            loss.backward()
-            optimizer.step()
-            global_step += 1
-            sums.add(output.detach(), target, loss.detach())
-            progress.report(first + index + 1, loss=loss.detach())
-            book.after_step(epoch, first + index + 1, steps, global_step)
-        logs = sums.averages(hvd)
-        if val_xs is not None:  # (a validation set)
-            logs.update(_evaluate(model, loss_fn, val_xs, val_ys, spec, output_kind, hvd))
-        progress.end_epoch(samples=count * size, **logs)
-        book.end_epoch(epoch, first, count, steps, global_step, logs)
-    if not book.close():
-        return None
-    model.eval()
-    example = _gather(xs, np.arange(min(2, len(ys))))
-    blob = _save_final(model, spec.model_dir, example, spec.input_names)
-    with torch.no_grad():
-        output_size = int(np.prod(_forward(model, example, spec.input_names).shape[1:]))
-    steps_taken = [int(s["step"]) for s in optimizer.state_dict()["state"].values()
-                   if "step" in s]
-    return book.result(TORCH, blob, output_kind, output_size, steps,
-                       max(steps_taken) if steps_taken else global_step)
+
+def _step(spec: FitSpec, model: Any, optimizer: Any, loss_fn: Any, data: _TorchData,
+          rows: np.ndarray, seed: int, sums: _Sums) -> Any:
+    """One training step over the batch ``rows``, its draws seeded by ``seed``, added to
+    ``sums``; its loss (detached)."""
+    import torch
+
+    # the CPU generator, where the fit's draws come from: torch.manual_seed also
+    # seeds every accelerator backend: 0.85 ms a step, a quarter of a 784-256-10 MLP's
+    torch.default_generator.manual_seed(seed)
+    optimizer.zero_grad()
+    output = _forward(model, _gather(data.xs, rows), spec.input_names)
+    target = _shaped(data.ys[torch.from_numpy(rows)], output)
+    loss = loss_fn(output, target)
+    loss.backward()
+    optimizer.step()
+    sums.add(output.detach(), target, loss.detach())
+    return loss.detach()
 
 
 def _gather(xs: list[Any], rows: np.ndarray) -> list[Any]:
