@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from hvd_magics.protocol import EPOCH_BEGIN, EPOCH_END, OUTPUT
+from hvd_magics.events import Wire
+from hvd_magics.protocol import EPOCH_BEGIN, EPOCH_END, OUTPUT, is_event
 
 #: A Keras-style epoch header in a rank's output (the study's ``[1,x]:Epoch y/z``).
 EPOCH_LINE = re.compile(r"^\s*Epoch (\d+)/(\d+)\b")
@@ -40,23 +41,28 @@ class EpochTimer:
     def _get(self, epoch: int) -> _Epoch:
         return self._epochs.setdefault(epoch, _Epoch(epoch))
 
-    def observe(self, event: dict[str, Any]) -> None:
+    def observe(self, event: Wire) -> None:
         """Take what matters for timing from one event."""
-        kind, recv = event["kind"], event.get("recv", 0.0)
-        if kind == EPOCH_BEGIN:
+        if not is_event(event):
+            return
+        recv = event.get("recv", 0.0)
+        if event["kind"] == EPOCH_BEGIN:
             row = self._get(int(event["epoch"]))
             row.first_begin = recv if row.first_begin is None else min(row.first_begin, recv)
             self._training(recv)
-        elif kind == EPOCH_END:
+        elif event["kind"] == EPOCH_END:
             row = self._get(int(event["epoch"]))
             row.last_end = recv if row.last_end is None else max(row.last_end, recv)
-            row.rank_durations[event["rank"]] = float(event.get("duration") or 0.0)
-            if event.get("samples") is None:
+            rank = event.get("rank")
+            if rank is not None:  # the channel stamps every rank's event with it
+                row.rank_durations[rank] = float(event.get("duration") or 0.0)
+            samples = event.get("samples")
+            if samples is None:
                 row.samples_known = False
             else:
-                row.samples += int(event["samples"])
+                row.samples += int(samples)
             self._training(recv)
-        elif kind == OUTPUT:
+        elif event["kind"] == OUTPUT:
             for line in event.get("lines", []):
                 match = EPOCH_LINE.match(line)
                 if match:

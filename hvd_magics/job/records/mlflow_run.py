@@ -30,7 +30,8 @@ from typing import Any
 from collections.abc import Callable, Iterator
 
 from hvd_magics.errors import MlflowMissing
-from hvd_magics.protocol import ENV_MLFLOW_RETRY_S, EPOCH_BEGIN, EPOCH_END, TRACKER
+from hvd_magics.events import EpochEndEvent, Wire
+from hvd_magics.protocol import ENV_MLFLOW_RETRY_S, EPOCH_BEGIN, EPOCH_END, TRACKER, is_event
 
 #: How to get MLflow when a job asks for tracking without it.
 INSTALL_HINT = ("MLflow tracking needs the mlflow package in the notebook's Python: "
@@ -337,23 +338,28 @@ class MlflowTracker:
         client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
 
     # -- the job's events (from the driver's main loop: only bookkeeping here) ----------------
-    def on_event(self, job: Any, event: dict[str, Any]) -> None:
-        kind = event["kind"]
-        if kind == TRACKER:
-            self._also_recorded.setdefault(str(event.get("by")), (event["rank"],
-                                                                  str(event.get("uri") or "")))
+    def on_event(self, job: Any, event: Wire) -> None:
+        if not is_event(event):
             return
-        if kind == EPOCH_BEGIN and event.get("rank") == 0 and self._steps is None:
+        rank = event.get("rank")
+        if rank is None:  # the driver's own (an elastic job's resize): no rank's record
+            return
+        if event["kind"] == TRACKER:
+            self._also_recorded.setdefault(str(event.get("by")),
+                                           (rank, str(event.get("uri") or "")))
+        elif event["kind"] == EPOCH_BEGIN and rank == 0 and self._steps is None:
             self._steps = event.get("steps")
-        if kind != EPOCH_END or event.get("epoch") is None:
-            return
+        elif event["kind"] == EPOCH_END and event.get("epoch") is not None:
+            self._on_epoch_end(job, rank, event)
+
+    def _on_epoch_end(self, job: Any, rank: int, event: EpochEndEvent) -> None:
         epoch = int(event["epoch"])
-        if event.get("rank") == 0 and self._batch_size is None and self._steps and \
-                event.get("samples"):
-            self._batch_size = -(-int(event["samples"]) // int(self._steps))
+        samples = event.get("samples")
+        if rank == 0 and self._batch_size is None and self._steps and samples:
+            self._batch_size = -(-int(samples) // int(self._steps))
         metrics = {k: float(v) for k, v in (event.get("metrics") or {}).items()
                    if isinstance(v, (int, float))}
-        self._epoch_metrics.setdefault(epoch, {})[event["rank"]] = metrics
+        self._epoch_metrics.setdefault(epoch, {})[rank] = metrics
         if len(self._epoch_metrics[epoch]) == self._size:
             self._log_epoch(job, epoch)
 
