@@ -245,72 +245,17 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
-    partition = ctx.partitionId()
-    per_task = max(spec.ranks_per_task, 1)
-    task_hosts = [info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()]
-    host = task_hosts[partition]
-    hosts = [h for h in task_hosts for _ in range(per_task)]  # each rank's, by position
-    lanes = [RankLane(partition * per_task + i, None, RankHolder(pool=spec.pool))
-             for i in range(per_task)]
-    folder: Path | None = None
-    error = ""
-    slots: list = []
-    engine = ENGINE_HOROVOD
+    task = _BarrierTask.of(spec, ctx)
     try:
-        engine = engine_of(spec.env)
-        slots = plan_ranks(hosts)
-        task_env = task_rank_env(spec, ctx, per_task)
-        addresses = _task_gpus(ctx)
-        shares = [task_share(addresses, per_task, i) for i in range(per_task)]
-        root = next(p for p, s in enumerate(slots) if s.rank == 0)
-        nodes = node_ranks(slots)
-        iface = iface_for_address(host)
-        for i, lane in enumerate(lanes):
-            lane.slot, lane.gpus = slots[lane.position], shares[i]
-            lane.client = _connect(spec, lane.slot.rank, host, lane.holder)
-            # The rank starts now and imports what the job needs while the data arrives and
-            # the tasks meet; its rendezvous port, shards and its host's GPUs (when other
-            # tasks share the host) follow with the job.
-            env = {**task_env, **start_env(engine, lane.slot, hosts[root], iface, nodes[host],
-                                           len(nodes))}
-            devices = rank_devices(engine, shares, i)
-            if devices is not None:
-                env[CUDA_VISIBLE_DEVICES] = devices
-            lane.holder.start(env, lane.client.send)
-        if spec.sources:
-            assert lanes[0].client is not None  # every lane connected just above
-            lanes[0].client.send(ShardingEvent(kind=SHARDING, partition=partition,
-                                               hostname=socket.gethostname()))
-            folder = shard_folder(spec.job_id, partition, spec.env)
-            written = write_shards(rows, folder, spec.sources)
-            for lane, shards in zip(lanes, split_shards(written, per_task, spec.sources)):
-                lane.shards = shards
-        elif spec.pool and spec.channel is not None:
-            for lane in lanes:
-                lane.folder = shard_folder(spec.job_id, lane.position, spec.env)
-                lane.holder.receiver = ShardReceiver(lane.folder, spec.channel.secret)
-        for lane in lanes:
-            if engine == ENGINE_HOROVOD and lane.slot.rank == 0:
-                lane.server, lane.port = start_rendezvous(slots)
-            elif offers_port(engine, lane.slot.rank):
-                lane.offer = PortOffer()
-                lane.port = lane.offer.port
+        _start_ranks(spec, ctx, task)
+        _take_shards(spec, task, rows)
+        _offer_ports(task)
     except BaseException as exc:  # noqa: BLE001 - reported through the meeting, never raised
-        error = _setup_error(exc)
+        task.error = _setup_error(exc)
     try:
-        if spec.channel is not None and not all(isinstance(lane.client, EventClient)
-                                                for lane in lanes):
-            # the others offer to the driver and wait for it: fail the stage, Spark stops them
-            raise TaskSetupError(error)
-        # with a channel, every lane's client is an EventClient (checked above): none left out
-        sends: list[Callable[[Event], None]] | None = (
-            [lane.client.send for lane in lanes if lane.client is not None]
-            if spec.channel is not None else None)
-        meet(ctx, [(lane.holder.meeting, lane.position, lane.message(error)) for lane in lanes],
-             sends)
-        gathered = lanes[0].holder.meeting.wait()
+        gathered = _meet_the_others(spec, ctx, task)
         if gathered is None:  # the driver went away before the tasks met
-            for lane in lanes:
+            for lane in task.lanes:
                 lane.holder.discard()
                 yield json.dumps({"rank": lane.slot.rank if lane.slot else lane.position,
                                   "code": None, "stopped": True})
@@ -322,17 +267,126 @@ def barrier_task(spec: TaskSpec, rows: Iterator) -> Iterator[str]:
                                    spec.sources) or null_values(
                 [s for g in gathered for s in g["shards"]], spec.no_nulls)
         if errors or refused:
-            for lane in lanes:
+            for lane in task.lanes:
                 lane.holder.discard()
-            yield json.dumps({"partition": partition, "error": errors[0] if errors else refused,
+            yield json.dumps({"partition": task.partition,
+                              "error": errors[0] if errors else refused,
                               "setup": True, **({"refused": True} if refused else {})})
             return
-        yield from _run_lanes(spec, ctx, engine, lanes, hosts, slots, gathered)
+        yield from _run_lanes(spec, ctx, task.engine, task.lanes, task.hosts, task.slots,
+                              gathered)
     finally:
-        for lane in lanes:
+        for lane in task.lanes:
             lane.close()
-        if folder is not None:
-            remove_shards(folder)
+        if task.folder is not None:
+            remove_shards(task.folder)
+
+
+@dataclass
+class _BarrierTask:
+    """Where one barrier task stands as its setup goes on (a setup that failed part way leaves
+    what it had done, for the task to free): its partition and host, each rank's host and lane
+    (by position), the job's engine and planned slots, the folder of its shards, and the setup
+    error its ranks offer the others (``""``: none)."""
+
+    partition: int
+    host: str
+    hosts: list[str]
+    lanes: list[RankLane]
+    engine: str = ENGINE_HOROVOD
+    slots: list = field(default_factory=list)
+    folder: Path | None = None
+    error: str = ""
+
+    @classmethod
+    def of(cls, spec: TaskSpec, ctx: Any) -> _BarrierTask:
+        """The task ``ctx`` runs, its ranks not started yet."""
+        partition = ctx.partitionId()
+        per_task = max(spec.ranks_per_task, 1)
+        task_hosts = [info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()]
+        hosts = [h for h in task_hosts for _ in range(per_task)]  # each rank's, by position
+        lanes = [RankLane(partition * per_task + i, None, RankHolder(pool=spec.pool))
+                 for i in range(per_task)]
+        return cls(partition, task_hosts[partition], hosts, lanes)
+
+
+def _start_ranks(spec: TaskSpec, ctx: Any, task: _BarrierTask) -> None:
+    """Plan the job's ranks, connect each of this task's to the driver and start its process.
+
+    The rank starts now and imports what the job needs while the data arrives and the tasks
+    meet; its rendezvous port, shards and its host's GPUs (when other tasks share the host)
+    follow with the job."""
+    lanes, hosts, host = task.lanes, task.hosts, task.host
+    task.engine = engine_of(spec.env)
+    task.slots = plan_ranks(hosts)
+    task_env = task_rank_env(spec, ctx, len(lanes))
+    addresses = _task_gpus(ctx)
+    shares = [task_share(addresses, len(lanes), i) for i in range(len(lanes))]
+    root = next(p for p, s in enumerate(task.slots) if s.rank == 0)
+    nodes = node_ranks(task.slots)
+    iface = iface_for_address(host)
+    for i, lane in enumerate(lanes):
+        lane.slot, lane.gpus = task.slots[lane.position], shares[i]
+        lane.client = _connect(spec, lane.slot.rank, host, lane.holder)
+        env = {**task_env, **start_env(task.engine, lane.slot, hosts[root], iface, nodes[host],
+                                       len(nodes))}
+        devices = rank_devices(task.engine, shares, i)
+        if devices is not None:
+            env[CUDA_VISIBLE_DEVICES] = devices
+        lane.holder.start(env, lane.client.send)
+
+
+def _take_shards(spec: TaskSpec, task: _BarrierTask, rows: Iterator) -> None:
+    """Write the task's rows as its ranks' shards of the job's DataFrames; a warm pool's ranks
+    instead get a receiver of the shards later cells read."""
+    lanes = task.lanes
+    if spec.sources:
+        assert lanes[0].client is not None  # every lane connected in _start_ranks
+        lanes[0].client.send(ShardingEvent(kind=SHARDING, partition=task.partition,
+                                           hostname=socket.gethostname()))
+        task.folder = shard_folder(spec.job_id, task.partition, spec.env)
+        written = write_shards(rows, task.folder, spec.sources)
+        for lane, shards in zip(lanes, split_shards(written, len(lanes), spec.sources)):
+            lane.shards = shards
+    elif spec.pool and spec.channel is not None:
+        for lane in lanes:
+            lane.folder = shard_folder(spec.job_id, lane.position, spec.env)
+            lane.holder.receiver = ShardReceiver(lane.folder, spec.channel.secret)
+
+
+def _offer_ports(task: _BarrierTask) -> None:
+    """The port each rank offers the others: Horovod's rendezvous on rank 0, or the port the
+    engine's ranks listen on."""
+    for lane in task.lanes:
+        if task.engine == ENGINE_HOROVOD and lane.slot.rank == 0:
+            lane.server, lane.port = start_rendezvous(task.slots)
+        elif offers_port(task.engine, lane.slot.rank):
+            lane.offer = PortOffer()
+            lane.port = lane.offer.port
+
+
+def _meet_the_others(spec: TaskSpec, ctx: Any, task: _BarrierTask
+                     ) -> list[MeetMessage] | None:
+    """Offer each rank's message (its port, shards, GPUs and the setup error) and gather every
+    rank's; ``None`` when the driver went away before the tasks met.
+
+    Raises
+    ------
+    TaskSetupError
+        When the task has a channel but could not connect every rank to it: the others offer
+        to the driver and wait for it, so the stage must fail (Spark stops them).
+    """
+    lanes = task.lanes
+    if spec.channel is not None and not all(isinstance(lane.client, EventClient)
+                                            for lane in lanes):
+        raise TaskSetupError(task.error)
+    # with a channel, every lane's client is an EventClient (checked above): none left out
+    sends: list[Callable[[Event], None]] | None = (
+        [lane.client.send for lane in lanes if lane.client is not None]
+        if spec.channel is not None else None)
+    meet(ctx, [(lane.holder.meeting, lane.position, lane.message(task.error)) for lane in lanes],
+         sends)
+    return lanes[0].holder.meeting.wait()
 
 
 def _task_gpus(ctx: Any) -> list[str]:

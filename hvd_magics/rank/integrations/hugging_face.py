@@ -69,74 +69,82 @@ def _rows_per_rank(loader: Any, args: Any) -> int | None:
     return math.ceil(rows / max(int(getattr(args, "world_size", 1) or 1), 1))
 
 
-def _callback_class(base: type) -> type:
-    class HorovodMagicsProgress(base):
-        def __init__(self) -> None:
-            self.steps_done = 0
-            self.logged: dict[str, float] = {}
-            self.samples_per_step = 0
-            #: This rank's share of the dataset's rows in an epoch (None: not known).
-            self.rows_per_rank: int | None = None
-            #: Its training steps are done and the epoch waits for its evaluation, if one is due.
+class _ProgressHooks:
+    """The hooks of the ``TrainerCallback`` a ``Trainer`` is given (see the module's
+    docstring); :func:`_callback_class` makes them one, with ``transformers``' class as its
+    base."""
+
+    def __init__(self) -> None:
+        self.steps_done = 0
+        self.logged: dict[str, float] = {}
+        self.samples_per_step = 0
+        #: This rank's share of the dataset's rows in an epoch (None: not known).
+        self.rows_per_rank: int | None = None
+        #: Its training steps are done and the epoch waits for its evaluation, if one is due.
+        self.open_epoch = False
+        #: A preemption notice asked for the save under way: the attempt ends after it.
+        self.preempted = False
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._end_epoch()
+        self.steps_done = 0
+        epochs = math.ceil(args.num_train_epochs) if args.max_steps <= 0 else None
+        steps = (math.ceil(state.max_steps / epochs) if epochs and state.max_steps else None)
+        self.samples_per_step = (args.per_device_train_batch_size *
+                                 args.gradient_accumulation_steps)
+        self.rows_per_rank = _rows_per_rank(kwargs.get("train_dataloader"), args)
+        progress.start_epoch(int(state.epoch or 0) + 1, epochs, steps,
+                             self.samples_per_step)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **_kwargs: Any) -> None:
+        self.steps_done += 1
+        # the logged values go as metrics, by name (one named "total" would be taken for the
+        # epoch's steps: Trainer logs none so named)
+        progress.report(self.steps_done,
+                        **self.logged)  # type: ignore[arg-type]  # metrics, by name
+        if preemption.preempting():
+            control.should_save = self.preempted = True
+
+    def on_save(self, args: Any, state: Any, control: Any, **_kwargs: Any) -> None:
+        if self.preempted:
+            preemption.after_save(state.global_step)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None,
+               **_kwargs: Any) -> None:
+        self.logged.update(_numbers(logs))
+        if logs and state.is_local_process_zero:  # what its printer would have printed
+            said = {k: f"{v:.4g}" if isinstance(v, float) else v for k, v in logs.items()}
+            rank_events.emit(RunLogEvent(kind=RUN_LOG, lines=[str(said)]))
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **_kwargs: Any) -> None:
+        # an evaluation due at the epoch's end (set by the Trainer's flow callback, which
+        # runs first) is part of the epoch, as Keras' validation is: it ends the epoch
+        self.open_epoch = True
+        if not control.should_evaluate:
+            self._end_epoch()
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None,
+                    **_kwargs: Any) -> None:
+        self.logged.update(_numbers(metrics))
+        self._end_epoch()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **_kwargs: Any) -> None:
+        self._end_epoch()
+
+    def _end_epoch(self) -> None:
+        if self.open_epoch:
             self.open_epoch = False
-            #: A preemption notice asked for the save under way: the attempt ends after it.
-            self.preempted = False
+            samples = self.steps_done * self.samples_per_step
+            if self.rows_per_rank is not None:  # the last batch may be short
+                samples = min(samples, self.rows_per_rank)
+            progress.end_epoch(samples=samples or None, **self.logged)
 
-        def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self._end_epoch()
-            self.steps_done = 0
-            epochs = math.ceil(args.num_train_epochs) if args.max_steps <= 0 else None
-            steps = (math.ceil(state.max_steps / epochs) if epochs and state.max_steps else None)
-            self.samples_per_step = (args.per_device_train_batch_size *
-                                     args.gradient_accumulation_steps)
-            self.rows_per_rank = _rows_per_rank(kwargs.get("train_dataloader"), args)
-            progress.start_epoch(int(state.epoch or 0) + 1, epochs, steps,
-                                 self.samples_per_step)
 
-        def on_step_end(self, args: Any, state: Any, control: Any, **_kwargs: Any) -> None:
-            self.steps_done += 1
-            # the logged values go as metrics, by name (one named "total" would be taken for the
-            # epoch's steps: Trainer logs none so named)
-            progress.report(self.steps_done,
-                            **self.logged)  # type: ignore[arg-type]  # metrics, by name
-            if preemption.preempting():
-                control.should_save = self.preempted = True
 
-        def on_save(self, args: Any, state: Any, control: Any, **_kwargs: Any) -> None:
-            if self.preempted:
-                preemption.after_save(state.global_step)
-
-        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None,
-                   **_kwargs: Any) -> None:
-            self.logged.update(_numbers(logs))
-            if logs and state.is_local_process_zero:  # what its printer would have printed
-                said = {k: f"{v:.4g}" if isinstance(v, float) else v for k, v in logs.items()}
-                rank_events.emit(RunLogEvent(kind=RUN_LOG, lines=[str(said)]))
-
-        def on_epoch_end(self, args: Any, state: Any, control: Any, **_kwargs: Any) -> None:
-            # an evaluation due at the epoch's end (set by the Trainer's flow callback, which
-            # runs first) is part of the epoch, as Keras' validation is: it ends the epoch
-            self.open_epoch = True
-            if not control.should_evaluate:
-                self._end_epoch()
-
-        def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None,
-                        **_kwargs: Any) -> None:
-            self.logged.update(_numbers(metrics))
-            self._end_epoch()
-
-        def on_train_end(self, args: Any, state: Any, control: Any, **_kwargs: Any) -> None:
-            self._end_epoch()
-
-        def _end_epoch(self) -> None:
-            if self.open_epoch:
-                self.open_epoch = False
-                samples = self.steps_done * self.samples_per_step
-                if self.rows_per_rank is not None:  # the last batch may be short
-                    samples = min(samples, self.rows_per_rank)
-                progress.end_epoch(samples=samples or None, **self.logged)
-
-    return HorovodMagicsProgress
+def _callback_class(base: type) -> type:
+    """``HorovodMagicsProgress``: the hooks of :class:`_ProgressHooks` on ``base``
+    (``transformers``' ``TrainerCallback``, imported only with it)."""
+    return type("HorovodMagicsProgress", (_ProgressHooks, base), {})
 
 
 #: Said once when a Trainer asked for FSDP trains without it (Accelerate shards only on GPUs).
