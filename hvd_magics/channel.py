@@ -160,7 +160,7 @@ class ChannelAddress:
 class EventSink(Protocol):
     """Where events go (those an :class:`EventServer` verified, a backend's): a ``queue.Queue``,
     a job's :class:`hvd_magics.launch.meeting_point.MeetingPoint` in front of one, or a warm
-    pool's :class:`hvd_magics.job.pool.CellEvents`."""
+    pool's :class:`hvd_magics.job.pool_cell.CellEvents`."""
 
     def put(self, event: Wire) -> None: ...
 

@@ -2,7 +2,7 @@
 (:class:`~hvd_magics.launch.spark_backend.SparkBackend`), an elastic stage
 (:class:`~hvd_magics.launch.elastic_backend.ElasticSparkBackend`), ranks as processes on the
 driver (:class:`~hvd_magics.launch.driver_backend.DriverBackend`) and one cell of a warm pool
-(:class:`hvd_magics.job.pool.PoolCell`). Each implements it; no caller asks ``hasattr`` or
+(:class:`hvd_magics.job.pool_cell.PoolCell`). Each implements it; no caller asks ``hasattr`` or
 ``isinstance`` of a backend (``tests/unit/test_layout.py`` checks every member is there).
 """
 from __future__ import annotations

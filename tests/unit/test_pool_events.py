@@ -1,7 +1,7 @@
 """A warm pool's event router: each rank's end of a cell becomes the exit a cold job's rank sends."""
 import queue
 
-from hvd_magics.job.pool import CellEvents
+from hvd_magics.job.pool_cell import CellEvents
 from hvd_magics.protocol import CELL_END, ERROR, EXIT, OUTPUT, RESULT, STARTED
 
 
