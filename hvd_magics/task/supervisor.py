@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Callable
 
@@ -24,6 +22,7 @@ from hvd_magics.events import (CellEndEvent, Event, ExitEvent, OutputEvent, Outp
 from hvd_magics.rank.instruments.cell_timeline import timeline_chunks
 from hvd_magics.common.process_group import die_with_parent, killpg, same_process, start_time
 from hvd_magics.common.rank_tmpdir import clean_rank_tmpdir, make_rank_tmpdir
+from hvd_magics.task.output_reader import read_output
 from hvd_magics.task.zygotes import ZYGOTES, ZygoteRank, package_copy
 from hvd_magics.protocol import (CELL_END, CELL_END_LINE, ENV_CONTROL_FD, ENV_EVENT_FD,
                                  ENV_HOROVOD_TIMELINE, ENV_LEGACY_KERAS, ENV_PREIMPORT,
@@ -40,10 +39,6 @@ RankSink = Callable[[Event], None]
 
 #: Most lines sent in one ``output`` event (the rest follow in the next one).
 MAX_LINES_PER_EVENT = 200
-#: Least seconds between two ``output_partial`` events (a progress bar redrawn in place).
-PARTIAL_INTERVAL_S = 0.25
-#: Most bytes of an unfinished line sent as ``output_partial``.
-PARTIAL_MAX_BYTES = 4096
 #: After the rank exited, how long its output may still be read (a process that left the rank's
 #: process group could hold the pipe open).
 OUTPUT_DRAIN_S = 5.0
@@ -228,45 +223,13 @@ class RankProcess:
                 pass
 
     def _pump_output(self) -> None:
-        """Forward the rank's output line by line, in linear time whatever the line lengths.
-
-        A line still being written that holds a carriage return (a tqdm or Keras progress bar) is
-        sent as ``output_partial`` at most every ``PARTIAL_INTERVAL_S``, so bars show live.
-        """
+        """Forward the rank's output (:func:`~hvd_magics.task.output_reader.read_output`): its
+        lines as ``output`` events, a progress bar's line still being drawn as
+        ``output_partial``."""
         stdout = self._proc.stdout
         assert stdout is not None  # a pipe: started with stdout=PIPE, or by a zygote
-        fd = stdout.fileno()
-        pending: list[bytes] = []  # pieces of the unfinished line
-        since_cr: bytes | None = None  # what a terminal shows of the unfinished line
-        sent_partial, unsent = 0.0, False
-        while True:
-            wait = (max(PARTIAL_INTERVAL_S - (time.monotonic() - sent_partial), 0) if unsent
-                    else None)
-            if not select.select([fd], [], [], wait)[0]:
-                chunk = b""  # quiet for a while: show the bar as it stands
-            elif not (chunk := os.read(fd, 65536)):
-                break
-            if b"\n" in chunk:
-                head, *middle, tail = chunk.split(b"\n")
-                self._send_lines([b"".join(pending) + head, *middle])
-                pending, since_cr, unsent = ([tail] if tail else []), None, False
-                chunk = tail
-            elif chunk:
-                pending.append(chunk)
-            if b"\r" in chunk:
-                since_cr, unsent = chunk.rsplit(b"\r", 1)[1], True
-            elif chunk and since_cr is not None:
-                if len(since_cr) < PARTIAL_MAX_BYTES:
-                    since_cr += chunk
-                unsent = True
-            if unsent and time.monotonic() - sent_partial >= PARTIAL_INTERVAL_S:
-                assert since_cr is not None  # unsent is set only with the line it holds
-                sent_partial, unsent = time.monotonic(), False
-                self._sink(OutputPartialEvent(
-                    kind=OUTPUT_PARTIAL,
-                    text=since_cr[:PARTIAL_MAX_BYTES].decode(errors="replace")))
-        if pending:
-            self._send_lines([b"".join(pending)])
+        read_output(stdout.fileno(), self._send_lines,
+                    lambda text: self._sink(OutputPartialEvent(kind=OUTPUT_PARTIAL, text=text)))
 
     def _send_lines(self, lines: list[bytes]) -> None:
         ends = [i for i, ln in enumerate(lines) if ln.endswith(_CELL_END)] if self._pool else []
