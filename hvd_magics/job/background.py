@@ -17,7 +17,9 @@ from collections.abc import Callable
 from hvd_magics.job.live_job import HANDLE_STOP_WAIT_S, LiveJob
 from hvd_magics.job.records.run_record import RunRecord
 from hvd_magics.job.session import SESSION
-from hvd_magics.job.verdicts.stacks import STACKS_WAIT_S, JobStacks
+from hvd_magics.job.readings.stacks import STACKS_WAIT_S, JobStacks
+from hvd_magics.launch import interrupt_guard
+from hvd_magics.launch.spark_session import active_session, is_connect
 
 
 
@@ -39,6 +41,9 @@ class BackgroundJob:
                  on_success: Callable[[RunRecord], None] | None = None) -> None:
         self.np = np
         self._spark_slots = spark_slots
+        session = active_session() if spark_slots else None
+        if session is not None and not is_connect(session):  # from the main thread, now
+            interrupt_guard.install(session.sparkContext)
         self._live = LiveJob()
         self._done = threading.Event()
         self._result: RunRecord | None = None

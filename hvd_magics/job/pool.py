@@ -4,14 +4,15 @@ A pool is a job whose function is :func:`hvd_magics.rank.pool_loop.serve_cells`:
 barrier stage that holds ``np`` task slots, on the driver ``-np`` processes. Each cell (or
 function) run on it travels as one more stdin frame to every rank (on Spark as an order over the
 event channel) and is followed like a cold job's attempt, through
-:class:`hvd_magics.job.pool_cell.PoolCell`, a backend whose ranks already run. Each rank keeps one namespace across cells
-(:func:`hvd_magics.rank_namespace`).
+:class:`hvd_magics.job.pool_cell.PoolCell`, a backend whose ranks already run. Each rank keeps
+one namespace across cells (:func:`hvd_magics.rank_namespace`).
 
-The ranks' events reach the pool's :class:`hvd_magics.job.pool_cell.CellEvents`, which hands them to the cell that runs
-and turns each rank's end of a cell (its ``result`` or ``error``, then its ``cell_end`` after the
-cell's output) into the ``exit`` a cold job's rank sends last. A cell that fails or is interrupted
-leaves the pool as it is once every rank is back; a rank that does not come back (stuck in a
-collective its peer never entered) makes the pool restart its ranks, and the cell says so.
+The ranks' events reach the pool's :class:`hvd_magics.job.pool_cell.CellEvents`, which hands
+them to the cell that runs and turns each rank's end of a cell (its ``result`` or ``error``,
+then its ``cell_end`` after the cell's output) into the ``exit`` a cold job's rank sends last. A
+cell that fails or is interrupted leaves the pool as it is once every rank is back; a rank that
+does not come back (stuck in a collective its peer never entered) makes the pool restart its
+ranks, and the cell says so.
 """
 from __future__ import annotations
 

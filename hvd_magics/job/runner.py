@@ -22,12 +22,9 @@ from hvd_magics.job.records.mlflow_run import requested
 from hvd_magics.job.restarts import ResumeFix, checkpoint_folder, job_name, pool_resume_fix
 from hvd_magics.job.records.run_record import RunRecord
 from hvd_magics.job.session import SESSION
-from hvd_magics.job.views.text_view import TextView
-from hvd_magics.job.views.widgets_view import WidgetView, widgets_available
-from hvd_magics.launch import interrupt_guard
+from hvd_magics.job.views.default_views import default_views
 from hvd_magics.launch.encryption import IGNORE_SSL
 from hvd_magics.launch.payload import JobPayload, leading_imports, serialize_job
-from hvd_magics.launch.spark_session import active_session, is_connect
 from hvd_magics.option_table import RUNNER_OPTIONS, declared
 from hvd_magics.options import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_START_TIMEOUT_S,
                                 STALL_AFTER_S, VERBOSITY_ALL, ElasticSize, JobOptions)
@@ -47,21 +44,6 @@ __all__ = [
 def last_run() -> RunRecord | None:
     """The record of the most recent job in this process (also failed or interrupted ones)."""
     return SESSION.last_run
-
-
-def default_views(verbosity: str = VERBOSITY_ALL, show_output: bool = True,
-                  background: bool = False) -> list[JobView]:
-    """Widgets in a Jupyter kernel with ipywidgets, plus the ranks' output as text; a
-    background job shows widgets only when it can (text printed from its thread would land in
-    whichever cell runs then)."""
-    views: list[JobView] = []
-    widgets = widgets_available()
-    text = show_output and not (background and widgets)
-    if widgets:  # the ranks' output is shown once: as text, or else in the dashboard
-        views.append(WidgetView(display_now=background, show_log=not text))
-    if text:
-        views.append(TextView(verbosity, epoch_lines=not widgets))
-    return views
 
 
 class HorovodRunner:
@@ -276,9 +258,6 @@ class HorovodRunner:
             views = default_views(self.driver_log_verbosity, background=True)
         request = self._request(payload, views, decode, source, preimport)
         spark = 0 if self.pool is not None or self.num_processor < 0 else self.num_processor
-        session = active_session() if spark else None
-        if session is not None and not is_connect(session):  # from the main thread, now
-            interrupt_guard.install(session.sparkContext)
 
         def run(live: LiveJob) -> RunRecord:
             return self._launch(dataclasses.replace(request, live=live), job_name)
