@@ -23,7 +23,7 @@ in a clean run; and what does timing each step's parts cost.
 4. link (needs root): two real hosts of two cores (tests/hosts.py), a DDP job of 4 ranks with
    1 MB of gradients a step; in ``--link-runs`` runs the link into one host (alternately the
    first and the second) is limited to 50 mbit (tc tbf), in as many it is not. A run is right
-   when the limited host's link is named (job/verdicts/link_probe.py) and no rank is named for its own
+   when the limited host's link is named (job/readings/link_probe.py) and no rank is named for its own
    work; a clean run when no host's link is named. In as many, one host's processes are under
    a CPU quota of 30% of a CPU (a cgroup) and nothing is on the links: right when no link is
    named (its answers waited for a CPU), and any rank named is that host's, waiting for a CPU.

@@ -44,7 +44,7 @@ class HorovodMagicsError(Exception):
 class HorovodMagicsWarning(UserWarning):
     """A warning of hvd_magics' own about the user's code (a library asked for what it does not
     do on these ranks), issued at the user's line; the cell shows it whole, where a library's
-    long warning is cut (:mod:`hvd_magics.job.views.output_lines`)."""
+    long warning is cut (:mod:`hvd_magics.job.readings.output_lines`)."""
 
 
 class CellError(HorovodMagicsError, ValueError):

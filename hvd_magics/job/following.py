@@ -5,7 +5,7 @@ import queue
 import time
 
 from hvd_magics.job.job_state import JobState
-from hvd_magics.job.verdicts.stacks import STACKS_WAIT_S, JobStacks
+from hvd_magics.job.readings.stacks import STACKS_WAIT_S, JobStacks
 from hvd_magics.launch.backend import Backend
 
 

@@ -1,10 +1,15 @@
-"""The example notebooks, executed top to bottom in a real kernel (nbclient), outputs checked."""
+"""The example notebooks, executed top to bottom in a real kernel (nbclient), outputs checked.
+
+Each runs as papermill runs a notebook: the values given here replace those of its cell tagged
+``parameters`` (fewer epochs, steps or rows than ``make main`` trains with), and the checks read
+those values back from what the cells printed.
+"""
 import re
 import sys
 from pathlib import Path
 
 
-from hvd_magics.job.views.noise import is_noise
+from hvd_magics.job.readings.noise import is_noise
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -25,28 +30,32 @@ def _text(cell) -> str:
     return "".join(parts)
 
 
-def _run(name: str, tmp_path: Path):
-    """Execute example notebook ``name``; return it, its code cells' texts, and all text joined."""
-    nb = execute(NOTEBOOKS / name, tmp_path / name, cwd=tmp_path)
+def _run(name: str, tmp_path: Path, **parameters):
+    """Execute example notebook ``name`` with ``parameters`` in place of its parameters cell's
+    values; return it, its code cells' texts, and all text joined."""
+    nb = execute(NOTEBOOKS / name, tmp_path / name, cwd=tmp_path, parameters=parameters)
     texts = [_text(c) for c in nb.cells if c.cell_type == "code"]
     return nb, texts, "\n".join(texts)
 
 
 def test_the_main_mnist_notebook(tmp_path):
-    nb, texts, everything = _run("mnist-tensorflow-keras.ipynb", tmp_path)
+    one, two = 3, 4  # epochs of the single-machine run and of the run on 2 ranks
+    nb, texts, everything = _run("mnist-tensorflow-keras.ipynb", tmp_path,
+                                 EPOCHS_ONE_PROCESS=one, EPOCHS=two)
     assert re.search(r"data: (MNIST|scikit-learn digits)", everything)
-    single = next(t for t in texts if "Epoch 5/5" in t and "[0]" in t)
-    assert "[0] Epoch 5/5" in single
+    single = next(t for t in texts if f"Epoch {one}/{one}" in t and "[0]" in t)
+    assert f"[0] Epoch {one}/{one}" in single
     cell = next(c for c in nb.cells if c.source.startswith("%%horovod np=-1"))
     value = next(o for o in cell.outputs if o["output_type"] == "execute_result")
     assert 0.8 <= float(value["data"]["text/plain"]) <= 1.0  # the test accuracy, rank 0's value
     distributed = next(t for t in texts if "rank 0 of 2: test accuracy" in t)
-    assert "[0] Epoch 8/8" in distributed and "[1] Epoch" not in distributed
-    accuracy = float(re.search(r"test accuracy after 8 epochs on 2 ranks: (\d\.\d+)", everything).group(1))
+    assert f"[0] Epoch {two}/{two}" in distributed and "[1] Epoch" not in distributed
+    accuracy = float(re.search(rf"test accuracy after {two} epochs on 2 ranks: (\d\.\d+)",
+                               everything).group(1))
     assert accuracy >= 0.85
     assert "HorovodRun" in everything and re.search(r"status +succeeded", everything)
     assert "predicted:" in everything
-    assert "epoch timing" in everything and re.search(r"\n\s+8\s+\d+\.\d+", everything)
+    assert "epoch timing" in everything and re.search(rf"\n\s+{two}\s+\d+\.\d+", everything)
     # live widgets, saved in the notebook's widget state with their final values
     state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     bars = [m["state"] for m in state.values() if m["model_name"] == "IntProgressModel"]
@@ -79,18 +88,18 @@ def test_committed_notebooks_carry_no_outputs():
 
 
 def test_the_pytorch_notebook(tmp_path):
-    nb, texts, everything = _run("pytorch.ipynb", tmp_path)
+    nb, texts, everything = _run("pytorch.ipynb", tmp_path, EPOCHS=3)
     accuracy = float(re.search(r"test accuracy on 2 ranks: (\d\.\d+)", everything).group(1))
     assert accuracy >= 0.85
-    assert "[0] Epoch 10/10" in everything and "epoch timing" in everything
+    assert "[0] Epoch 3/3" in everything and "epoch timing" in everything
     bars = _widget_models(nb, "IntProgressModel")
     assert len(bars) == 3 and all(b["bar_style"] == "success" for b in bars)
-    # the progress API reported 10 epochs of steps: the bars ended full at the step count
+    # the progress API reported 3 epochs of steps: the bars ended full at the step count
     assert sorted(b["max"] for b in bars)[-2:] == [22, 22]  # ceil(1347 / 2 ranks / 32 per batch)
 
 
 def test_the_timeline_notebook(tmp_path):
-    nb, texts, everything = _run("timeline.ipynb", tmp_path)
+    nb, texts, everything = _run("timeline.ipynb", tmp_path, STEPS=5)
     assert "40% lower Inception3 throughput" in everything
     assert "trace on the driver: hvd_timelines/timeline-" in everything
     show = next(c for c in nb.cells if c.source.startswith("%hvd_timeline show"))
@@ -113,7 +122,7 @@ def test_the_failures_notebook(tmp_path):
 
 
 def test_the_scaling_benchmark_notebook(tmp_path):
-    nb, texts, everything = _run("scaling-benchmark.ipynb", tmp_path)
+    nb, texts, everything = _run("scaling-benchmark.ipynb", tmp_path, EPOCHS=2, REPEAT=1)
     table = next(t for t in texts if "images_per_s_wall" in t)
     rows = [line.split() for line in table[table.index(" np "):].strip().splitlines()[1:]]
     assert [row[0] for row in rows] == ["1", "2"]
@@ -123,7 +132,7 @@ def test_the_scaling_benchmark_notebook(tmp_path):
 
 
 def test_the_dataframes_notebook(tmp_path):
-    nb, texts, everything = _run("dataframes.ipynb", tmp_path)
+    nb, texts, everything = _run("dataframes.ipynb", tmp_path, EPOCHS=3)
     assert "4241 training rows, 759 validation rows" in everything
     # each rank printed its own shard: disjoint halves of the training rows
     assert "[0] <Shard of train_df: rank 0 of 2, 2,121 rows of 4,241; columns: pixels " \
@@ -135,18 +144,18 @@ def test_the_dataframes_notebook(tmp_path):
     keras = float(re.search(r"validation accuracy on 2 ranks: (\d\.\d+)", everything).group(1))
     torch = float(re.search(r"PyTorch validation accuracy on 2 ranks: (\d\.\d+)",
                             everything).group(1))
-    assert keras >= 0.88 and torch >= 0.88, (keras, torch)
+    assert keras >= 0.85 and torch >= 0.85, (keras, torch)  # 3 epochs: 0.9 or so
     assert "refused: column 'tags' of the DataFrame 'train' has type map<string,int>" in everything
     assert "Traceback" not in everything and "Py4J" not in everything
 
 
 def test_the_estimator_notebook(tmp_path):
-    nb, texts, everything = _run("estimator.ipynb", tmp_path)
-    assert "HorovodModel(keras classifier, 2 epochs" in everything
-    assert "resumed from {'epoch': 2, 'step': 0," in everything
-    assert "epochs of this job: [3, 4]" in everything
+    nb, texts, everything = _run("estimator.ipynb", tmp_path, EPOCHS=1, MORE_EPOCHS=1)
+    assert "HorovodModel(keras classifier, 1 epochs" in everything
+    assert "resumed from {'epoch': 1, 'step': 0," in everything
+    assert "epochs of this job: [2]" in everything
     accuracy = float(re.search(r"test accuracy: (\d\.\d+)", everything).group(1))
-    assert accuracy >= 0.9, accuracy
+    assert accuracy >= 0.85, accuracy
     assert "model.keras" in everything and "outside Spark: [" in everything
     assert "loaded model gives the same predictions: True" in everything
     assert "refused: featuresCol 'pixels' is not a column of the DataFrame" in everything
@@ -154,12 +163,12 @@ def test_the_estimator_notebook(tmp_path):
 
 
 def test_the_elastic_notebook(tmp_path):
-    nb, texts, everything = _run("elastic.ipynb", tmp_path)
+    nb, texts, everything = _run("elastic.ipynb", tmp_path, STEPS=80)
     assert re.search(r"elastic job started with 2 ranks \(task \d as rank 0, task \d as rank 1\)",
                      everything)
     assert re.search(r"reset 1: the rank of task \d exited with code -9; training goes on with 1 "
                      r"rank", everything)
-    assert "'rank 0 of 1: 200 steps, largest weight error 0.0" in everything
+    assert "'rank 0 of 1: 80 steps, largest weight error 0.0" in everything
     assert "elastic: 1:2 | exit codes:" in everything
     assert ("stopped: The elastic job failed: fewer than the minimum of 2 ranks (np=2:2) were left "
             "for longer than elastic_timeout=5 s (--elastic-timeout)") in everything
@@ -178,11 +187,11 @@ def test_the_elastic_notebook(tmp_path):
 
 
 def test_the_warm_pool_notebook(tmp_path):
-    nb, texts, everything = _run("warm-pool.ipynb", tmp_path)
+    nb, texts, everything = _run("warm-pool.ipynb", tmp_path, MORE_EPOCHS=1)
     assert "2 warm ranks on spark local[3]" in everything
     assert "[0] rank 0: 674 training rows" in everything and "[1] rank 1: 673 training rows" \
         in everything
-    after = float(re.search(r"test accuracy after 7 epochs on the warm pool: (\d\.\d+)",
+    after = float(re.search(r"test accuracy after 3 epochs on the warm pool: (\d\.\d+)",
                             everything).group(1))
     assert after >= 0.85
     assert "spark local[3] (warm pool)" in everything
@@ -203,10 +212,10 @@ def test_the_warm_pool_notebook(tmp_path):
 
 
 def test_the_ddp_notebook(tmp_path):
-    nb, texts, everything = _run("ddp.ipynb", tmp_path)
+    nb, texts, everything = _run("ddp.ipynb", tmp_path, EPOCHS=3, DROP_IN_STEPS=5)
     accuracy = float(re.search(r"test accuracy with DDP on 2 ranks: (\d\.\d+)", everything).group(1))
     assert accuracy >= 0.85
-    assert "[0] Epoch 8/8" in everything
+    assert "[0] Epoch 3/3" in everything
     assert re.search(r"\n  engine +torch\.distributed\n", everything)  # the record's column
     assert re.search(r"\n  steps of rank 1 +\d+ steps of [\d.]+ s: input \d+% · compute", everything)
     bars = _widget_models(nb, "IntProgressModel")
@@ -224,7 +233,7 @@ def test_the_ddp_notebook(tmp_path):
 
 
 def test_the_tf_distribute_notebook(tmp_path):
-    nb, texts, everything = _run("tf-distribute.ipynb", tmp_path)
+    nb, texts, everything = _run("tf-distribute.ipynb", tmp_path, EPOCHS=4)
     accuracy = float(re.search(r"MultiWorkerMirroredStrategy on 2 workers: (\d\.\d+)",
                                everything).group(1))
     assert accuracy >= 0.85
@@ -232,7 +241,7 @@ def test_the_tf_distribute_notebook(tmp_path):
     bars = _widget_models(nb, "IntProgressModel")
     assert len(bars) == 2 and all(b["bar_style"] == "success" and b["value"] == b["max"] > 0
                                   for b in bars)
-    assert re.search(r"\n\s+6\s+\d+\.\d+", everything)  # six epochs timed
+    assert re.search(r"\n\s+4\s+\d+\.\d+", everything)  # four epochs timed
 
 
 def test_the_hugging_face_and_lightning_notebook(tmp_path):
@@ -240,18 +249,20 @@ def test_the_hugging_face_and_lightning_notebook(tmp_path):
     shards, on 2 ranks of local Spark: both learn, their epochs are in the timing, the cell
     shows no bar, log dictionary, tip or repeated warning, and a shard handed to the Trainer is
     refused with the fix."""
-    nb, texts, everything = _run("hugging-face-and-lightning.ipynb", tmp_path)
+    epochs = 2
+    nb, texts, everything = _run("hugging-face-and-lightning.ipynb", tmp_path, EPOCHS=epochs)
     hf = float(re.search(r"Hugging Face Trainer on 2 ranks: test accuracy (\d\.\d+)",
                          everything).group(1))
     lightning = float(re.search(r"Lightning on 2 ranks, on the DataFrame's shards: test "
                                 r"accuracy (\d\.\d+)", everything).group(1))
     assert hf >= 0.9 and lightning >= 0.9, (hf, lightning)
     rows = int(re.search(r"(\d+) training rows", everything).group(1))
-    # four epochs each, every training row once per epoch (the Trainer pads none in)
+    # every epoch of each, every training row once per epoch (the Trainer pads none in)
     for run in ("hf", "lightning"):
         table = next(t for t in texts if f"on 2 ranks" in t and "epoch  wall_s  samples" in t
                      and (run == "hf") == ("Hugging Face" in t))
-        assert [int(line.split()[-1]) for line in table.splitlines()[-4:]] == [rows] * 4, table
+        lines = table[table.index("epoch  wall_s  samples"):].splitlines()[1:]
+        assert [int(line.split()[-1]) for line in lines] == [rows] * epochs, table
     assert "ShardDealtAgainError: the Trainer's train_dataset holds this rank's shard of " \
            "train_df" in everything
     for chatter in ("{'loss'", "{'eval_loss'", "it/s]", "\x1b[2K", "\x1b[?25h", "Tip:",

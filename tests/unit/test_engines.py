@@ -207,7 +207,7 @@ def test_the_drop_ins_check_their_gpus_when_made_and_keep_pysparks_input_params(
 
 
 def test_the_stall_diagnosis_names_the_engine_whose_collective_a_rank_waits_in():
-    from hvd_magics.job.verdicts.stacks import JobStacks
+    from hvd_magics.job.readings.stacks import JobStacks
 
     def stacks(file):
         return {"threads": [{"main": True, "frames": [

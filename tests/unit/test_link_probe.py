@@ -3,8 +3,9 @@ orders after a delay per host, the one thing faked), and the verdict drawn from 
 import threading
 import time
 
-from hvd_magics.job.verdicts import link_probe
-from hvd_magics.job.verdicts.link_probe import LinkProbe, LinkSpeed, RoundTrip, verdict
+from hvd_magics.job.readings import link_probe
+from hvd_magics.job.readings.link_probe import LinkProbe, LinkSpeed, RoundTrip
+from hvd_magics.job.verdicts.links import verdict
 from hvd_magics.protocol import PROBE_LINK
 
 #: Seconds :data:`link_probe.PROBE_BYTES` take at 1 Mbit/s.

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from hvd_magics.job.job_state import JobState
-from hvd_magics.job.views.output_lines import (BAR, NOISE, REPEAT, SHOW, WARNING, WARNING_CHARS,
+from hvd_magics.job.readings.output_lines import (BAR, NOISE, REPEAT, SHOW, WARNING, WARNING_CHARS,
                                          OutputSorter)
 from hvd_magics.job.views.text_view import TextView
 from hvd_magics.options import VERBOSITY_DEBUG
@@ -181,7 +181,7 @@ def test_without_a_dashboard_a_terminal_shows_each_rank_s_steps_as_its_live_line
 def test_lines_alike_but_for_their_numbers_are_one_line_of_what_differs_past_a_few_ranks():
     """A 16-rank job of 3 epochs printed 66 lines, a line per rank per epoch: past a few
     ranks, the cell shows rank 0's and then one line of what differs between the others."""
-    from hvd_magics.job.views.output_lines import ALIKE, FEW_RANKS, OutputSorter
+    from hvd_magics.job.readings.output_lines import ALIKE, FEW_RANKS, OutputSorter
 
     sorter = OutputSorter(16)
     shown = []
@@ -204,7 +204,7 @@ def test_alike_lines_of_a_rank_ahead_join_their_own_round_and_a_hash_is_text():
     """A rank that printed its next line before the others printed this one's reset the
     round (the others' held lines were never said, and rounds mixed: 'step 1 to 2'); a '#'
     in a line shifted every value."""
-    from hvd_magics.job.views.output_lines import ALIKE, OutputSorter
+    from hvd_magics.job.readings.output_lines import ALIKE, OutputSorter
 
     sorter = OutputSorter(6)
     order = [(0, 1), (1, 1), (2, 1), (0, 2), (3, 1), (4, 1), (5, 1), (1, 2), (2, 2), (3, 2),

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from hvd_magics.errors import HorovodJobError, Preempted, RankFailure
-from hvd_magics.job.verdicts.preemption import EXTRA_CALLS, MARGIN_S, PreemptionWatch, notice_text
+from hvd_magics.job.readings.preemption import EXTRA_CALLS, MARGIN_S, PreemptionWatch
+from hvd_magics.job.verdicts.preemption import notice_text
 from hvd_magics.job.failure_policy import preempted
 from hvd_magics.rank.api import preemption
 

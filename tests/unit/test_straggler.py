@@ -7,8 +7,9 @@ import random
 import pytest
 
 from hvd_magics.job.job_state import JobState
-from hvd_magics.job.verdicts.straggler import (WINDOWS, COMPUTE, INPUT, StepParts,
-                                      StepSplits, Straggler, look, verdict)
+from hvd_magics.job.readings.step_parts import StepParts
+from hvd_magics.job.verdicts.straggler import WINDOWS, StepSplits
+from hvd_magics.job.verdicts.straggler_verdict import COMPUTE, INPUT, Straggler, look, verdict
 from hvd_magics.job.views.text_view import TextView
 from hvd_magics.protocol import STEP_SPLIT
 

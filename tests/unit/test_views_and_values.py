@@ -9,7 +9,7 @@ import pytest
 
 from hvd_magics.task import gpus
 from hvd_magics.job.job_state import STALL_AFTER_S, JobState
-from hvd_magics.job.views.noise import is_noise
+from hvd_magics.job.readings.noise import is_noise
 from hvd_magics.task.supervisor import terminal_text
 from hvd_magics.result_codec import (Parts, RemoteValue, ResultDecodeError, decode_guarded,
                                      decode_strict, encode_parts)
@@ -312,10 +312,10 @@ def _pump(data: bytes, pool: bool = False, kinds: list | None = None
     pump._proc = types.SimpleNamespace(stdout=types.SimpleNamespace(fileno=lambda: read_fd))
     pump._pool = pool
 
-    def sink(kind, **event):
+    def sink(event):
         lines.extend(event.get("lines", []))
         if kinds is not None:
-            kinds.append((kind, event.get("lines")))
+            kinds.append((event["kind"], event.get("lines")))
 
     pump._sink = sink
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from hvd_magics.common.sizes import byte_size
 from hvd_magics.job.records.epoch_timing import format_html_table, format_table
-from hvd_magics.job.verdicts.straggler import StepParts, clock_label
+from hvd_magics.job.readings.step_parts import StepParts, clock_label
 
 
 @dataclass
@@ -84,7 +84,7 @@ class RunRecord:
         caught up (:mod:`hvd_magics.job.verdicts.straggler`); empty when none was.
     links : str
         When every rank waited in communication for most of its steps, the hosts' links as
-        the driver measured them (:mod:`hvd_magics.job.verdicts.link_probe`); else ``""``.
+        the driver measured them (:mod:`hvd_magics.job.verdicts.links`); else ``""``.
     """
 
     job_id: str

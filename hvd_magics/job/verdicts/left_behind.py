@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from hvd_magics.errors import HorovodJobError
 from hvd_magics.job.job_state import JobState
-from hvd_magics.job.verdicts.stacks import (DDP_ALLREDUCE, UNEVEN_DDP_FIX, UNEVEN_FIX,
-                                            collective_waited)
-from hvd_magics.job.verdicts.stacks import where as stack_where
+from hvd_magics.job.readings.stacks import DDP_ALLREDUCE, collective_waited
+from hvd_magics.job.readings.stacks import where as stack_where
 from hvd_magics.job.verdicts.notice import stuck_in_the_save
 from hvd_magics.job.following import collect_stacks
 from hvd_magics.job.verdicts.monitor import Turn
@@ -20,6 +19,15 @@ from hvd_magics.rank_names import rank_named, ranks_named
 #: stacks are taken; one found in the same collective twice this far apart waits for a
 #: collective the finished rank will never enter (the ranks made different calls).
 LEFT_BEHIND_S = 2.0
+#: What the ranks did wrong when their collectives do not meet.
+UNEVEN_DDP_FIX = ("The ranks took different numbers of training steps (most often: uneven data "
+                  "per rank). Fix: give every rank the same number of batches "
+                  "(DistributedSampler(dataset, drop_last=True), or shards of equal rows), or "
+                  "run the loop inside DDP's join context (with model.join(): ...), which lets "
+                  "ranks run out of data at different steps.")
+UNEVEN_FIX = ("The ranks made different collective calls (a different number of them, or in "
+              "another order). Fix: have every rank make the same collective calls in the same "
+              "order.")
 
 
 class LeftBehind:

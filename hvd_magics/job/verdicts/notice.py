@@ -1,5 +1,5 @@
 """A preemption notice followed: every rank told the call of ``checkpoint.preempting()`` at
-which they all save (:mod:`hvd_magics.job.verdicts.preemption` picks it), and rank 0's save
+which they all save (:mod:`hvd_magics.job.readings.preemption` picks it), and rank 0's save
 given its time, then judged when it takes longer."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 
 from hvd_magics.errors import HorovodJobError
 from hvd_magics.job.job_state import JobState
-from hvd_magics.job.verdicts.stacks import where as stack_where
+from hvd_magics.job.readings.stacks import where as stack_where
 from hvd_magics.job.verdicts.preemption import CHECK_EVERY_S, notice_text
 from hvd_magics.job.following import collect_stacks
 from hvd_magics.job.verdicts.monitor import Turn

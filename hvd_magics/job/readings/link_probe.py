@@ -1,4 +1,5 @@
-"""Each host's link, measured from the driver when every rank waits in communication.
+"""Each host's link, measured from the driver when every rank waits in communication
+(:mod:`hvd_magics.job.verdicts.links` starts the probe and says the verdict).
 
 A link slower than the others' slows every rank's collectives alike (a ring moves at its slowest
 link's pace), so the step splits cannot say which host's it is
@@ -6,11 +7,10 @@ link's pace), so the step splits cannot say which host's it is
 hosts spends most of its recent steps in communication, the driver measures each host's link once:
 through one rank's event channel per host, one host at a time, it sends :data:`PROBE_BYTES` down and
 asks for as many back (``probe_link`` orders, answered by the task's channel itself), and times each
-round trip, :data:`ROUNDS` times (once, when it takes a second or more), keeping each way's best. A
-host whose link (the slower of its two ways) is under :data:`SLOW_SHARE` of the others' is named;
-otherwise the verdict says the links measured alike. The probe shares the links with the training
-(it runs while the job does), so its figures are what was left for it, not the links' capacity: they
-compare the hosts, which is what the verdict uses them for.
+round trip, :data:`ROUNDS` times (once, when it takes a second or more), keeping each way's best.
+The probe shares the links with the training (it runs while the job does), so its figures are what
+was left for it, not the links' capacity: they compare the hosts, which is what the verdict uses
+them for.
 
 A host whose CPUs are busy (other work, or a CPU quota) answers late on any link: its channel's
 thread waits for a CPU to read the bytes and to send them back. Each answer says how long that
@@ -18,15 +18,12 @@ thread waited for a CPU (``schedstat``, :mod:`hvd_magics.thread_cpu`); a link's 
 round trip less that wait. A round trip more than half of which its host waited for a CPU says
 too little of the link (what is left is mostly noise, and made such a host's link look up to
 twenty times faster than the others', so that the verdict named another host's link): such a
-way is left out of the comparison, and a host left with no way is compared with no one. A host
-that answered slowest because of that wait is not named for its link: the verdict says its CPUs
-are busy.
+way is left out of the comparison, and a host left with no way is compared with no one.
 """
 from __future__ import annotations
 
 import base64
 import os
-import statistics
 import threading
 import time
 import uuid
@@ -47,19 +44,8 @@ ONCE_OVER_S = 1.0
 ANSWER_WAIT_S = 30.0
 #: How long, after an answer, its host's word on its wait for a CPU may take to follow.
 CPU_WAIT_WORD_S = 5.0
-#: A host whose link moved less than this share of the other hosts' median is named. Not half:
-#: on equal links, a host under a CPU quota came out at 616 Mbit/s against 1,268 with its wait
-#: for a CPU taken out (its channel also waits for Python's lock, held by its other threads,
-#: which no CPU-wait figure shows); a link slower than the probe's own pace (about a Gbit/s on
-#: a small host) is several times slower (a 50 Mbit/s link: 13 to 29 against 1,000).
-SLOW_SHARE = 0.25
-#: A host that answered in less than this share of the others' pace, mostly waiting for a CPU,
-#: is said to be busy.
-LATE_SHARE = 0.5
 #: A round trip its host waited for a CPU for more than this share of says nothing of the link.
 MAX_WAIT_SHARE = 0.5
-#: Every rank must have spent at least this share of its latest steps in communication.
-COMM_BOUND_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -105,11 +91,11 @@ class LinkSpeed:
 
     @property
     def down_mbit(self) -> float | None:
-        return _best(self.down)
+        return best_mbit(self.down)
 
     @property
     def up_mbit(self) -> float | None:
-        return _best(self.up)
+        return best_mbit(self.up)
 
     @property
     def slower(self) -> float:
@@ -123,70 +109,9 @@ class LinkSpeed:
         return min(bests, key=lambda t: t.mbit, default=None)
 
 
-def _best(trips: tuple[RoundTrip, ...]) -> float | None:
+def best_mbit(trips: tuple[RoundTrip, ...]) -> float | None:
     """The fastest of ``trips`` for the link (``None``: none says of the link)."""
     return max((m for t in trips if (m := t.link_mbit) is not None), default=None)
-
-
-def verdict(speeds: list[LinkSpeed], comm_share: float, unit: str = "rank") -> str:
-    """The links' verdict, as the dashboard and the record say it."""
-    lead = (f"every {unit} waits in communication for most of its step (at least "
-            f"{100 * comm_share:.0f}% of its latest steps)")
-    measured = [s for s in speeds if s.slower > 0]
-    if len(measured) < 2:
-        answered = [s for s in speeds if s.slower_timed is not None]
-        busy = _busy_host(answered)
-        if busy is not None:
-            return f"{lead}; the hosts' links could not be compared: {busy}"
-        waited = [s.host for s in answered if s.slower == 0]  # every way mostly a wait
-        if waited and len(answered) >= 2:
-            who = f"host {waited[0]}" if len(waited) == 1 else f"hosts {', '.join(waited)}"
-            return (f"{lead}; the hosts' links could not be compared: {who} waited for a CPU "
-                    "for most of every round trip (its CPUs are busy: other work, or a CPU "
-                    "quota)")
-        return f"{lead}; the hosts' links could not be measured"
-    slowest = min(measured, key=lambda s: s.slower)
-    others = statistics.median(s.slower for s in measured if s is not slowest)
-    if slowest.slower < SLOW_SHARE * others:
-        return (f"{lead}; the link of host {slowest.host} is the slowest: "
-                f"{_way(slowest.down)} to it and {_way(slowest.up)} from it, "
-                f"against {others:,.0f} Mbit/s for the other hosts (measured from the driver "
-                "while the job ran)")
-    low, high = min(s.slower for s in measured), max(s.slower for s in measured)
-    busy = _busy_host(measured)
-    if busy is not None:
-        return (f"{lead}; no one host's link holds the others back ({low:,.0f} to "
-                f"{high:,.0f} Mbit/s, measured from the driver), but {busy}")
-    return (f"{lead}; the hosts' links measured alike from the driver ({low:,.0f} to "
-            f"{high:,.0f} Mbit/s): no one host's link holds the others back")
-
-
-def _busy_host(measured: list[LinkSpeed]) -> str | None:
-    """What to say of a host that answered under :data:`LATE_SHARE` of the others' pace, mostly
-    waiting for a CPU (``None``: none did)."""
-    if len(measured) < 2:
-        return None
-    # every host here answered (a way measured, or timed only): each has its slower way timed
-    timed = {s.host: trip for s in measured if (trip := s.slower_timed) is not None}
-    slowest = min(measured, key=lambda s: timed[s.host].mbit)
-    trip = timed[slowest.host]
-    others = statistics.median(timed[s.host].mbit for s in measured if s is not slowest)
-    if trip.mbit >= LATE_SHARE * others or not trip.waited_mostly:
-        return None
-    waited = ("all" if trip.cpu_wait_s >= trip.seconds else
-              f"{1000 * trip.cpu_wait_s:,.0f} ms")
-    return (f"host {slowest.host} answered slowest ({trip.mbit:,.0f} Mbit/s against "
-            f"{others:,.0f} for the other hosts) because it waited for a CPU for {waited} of "
-            f"its {1000 * trip.seconds:,.0f} ms: its CPUs are busy (other work, or a CPU "
-            "quota), which slows its ranks' communication too")
-
-
-def _way(trips: tuple[RoundTrip, ...]) -> str:
-    """One way of a host's link as the verdict says it."""
-    best = _best(trips)
-    if best is not None:
-        return f"{best:,.0f} Mbit/s"
-    return "not known (its host waited for a CPU)" if trips else "no answer"
 
 
 class LinkProbe:

@@ -3,7 +3,7 @@ run log keeps.
 
 Every line reaches the run log whatever its sort. The cell is spared:
 
-- framework start-up chatter (:mod:`hvd_magics.job.views.noise`);
+- framework start-up chatter (:mod:`hvd_magics.job.readings.noise`);
 - progress bars: tqdm's (``45%|####   | 9/20 [00:01<00:01, 8.1it/s]``) and any bar redrawn with
   cursor codes (rich's, Lightning's ``RichProgressBar``) become the rank's live line, as a bar
   drawn with carriage returns already is; the codes that move the cursor never reach the cell
@@ -29,7 +29,7 @@ import re
 from typing import NamedTuple
 
 from hvd_magics.errors import HorovodMagicsWarning
-from hvd_magics.job.views.noise import is_noise
+from hvd_magics.job.readings.noise import is_noise
 from hvd_magics.rank_names import rank_spans
 
 #: The sorts of a line.

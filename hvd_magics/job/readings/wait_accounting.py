@@ -124,6 +124,14 @@ class Finding(Generic[Who]):
     period: int = 0
 
 
+def even_chances(ranks: list[int], hosts: dict[int, str]
+                 ) -> tuple[dict[int, float], dict[str, float]]:
+    """Each rank's, and each host's, chance to be the slowest of a step on equal ranks."""
+    by_host: dict[str, float] = {}
+    for rank in ranks:
+        by_host[hosts.get(rank, "")] = by_host.get(hosts.get(rank, ""), 0.0) + 1 / len(ranks)
+    return {rank: 1 / len(ranks) for rank in ranks}, by_host
+
 
 def binomial_tail(hits: int, trials: int, chance: float) -> float:
     """The chance of at least ``hits`` of ``trials`` when each comes with ``chance``."""

@@ -39,15 +39,6 @@ _AUTOGRAD = re.compile(r"torch[\\/]autograd[\\/]")
 #: What :func:`collective_waited` calls that wait.
 DDP_ALLREDUCE = "DDP's gradient allreduce"
 
-#: What the ranks did wrong when their collectives do not meet.
-UNEVEN_DDP_FIX = ("The ranks took different numbers of training steps (most often: uneven data "
-                  "per rank). Fix: give every rank the same number of batches "
-                  "(DistributedSampler(dataset, drop_last=True), or shards of equal rows), or "
-                  "run the loop inside DDP's join context (with model.join(): ...), which lets "
-                  "ranks run out of data at different steps.")
-UNEVEN_FIX = ("The ranks made different collective calls (a different number of them, or in "
-              "another order). Fix: have every rank make the same collective calls in the same "
-              "order.")
 #: Collective calls whose names say which collective a rank is in (a rank waiting on an
 #: asynchronous one's ``wait`` may be in any).
 _NAMED_CALLS = frozenset({"all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
