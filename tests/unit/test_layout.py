@@ -21,7 +21,7 @@ def test_the_rank_entry_point_loads_only_the_rank_side():
                         "import hvd_magics.rank.integrations.keras, hvd_magics.rank.api.shard")
     assert "hvd_magics.rank.rank_main" in loaded and "hvd_magics.rank.api.progress" in loaded
     allowed = {"hvd_magics", "hvd_magics.protocol", "hvd_magics.result_codec", "hvd_magics.errors",
-               "hvd_magics.causes", "hvd_magics.thread_cpu"}
+               "hvd_magics.causes", "hvd_magics.events", "hvd_magics.thread_cpu"}
     # hvd_magics.common: what the driver and the ranks both use (a floor below both)
     outside = {m for m in loaded if not m.startswith(("hvd_magics.rank", "hvd_magics.common"))
                and m not in allowed}
@@ -164,6 +164,68 @@ def test_no_module_imports_itself_round_a_circle():
         visit(module, [])
 
 
+def test_the_rank_rooms_import_one_way():
+    """Within rank/, the integrations use the api and the instruments, the api uses the
+    instruments, never the other way round (rank/api and rank/integrations once imported each
+    other: checkpoint saved through integrations/torch_dcp, a shard told plain_loops of each
+    pass; and rank/api and rank/instruments: the stack reporter passed notices to preemption)."""
+    order = ["instruments", "api", "integrations"]
+
+    def room(module: str) -> int:
+        parts = module.split(".")
+        return order.index(parts[2]) if len(parts) > 3 and parts[1] == "rank" and \
+            parts[2] in order else -1
+
+    wrong = sorted(f"{m} -> {n}" for m, names in _imports().items() for n in names
+                   if -1 < room(m) < room(n))
+    assert wrong == [], wrong
+
+
+#: job/'s rooms, bottom to top: a module of job/ imports only from its own room or one below. A
+#: room is a folder of job/ or one module of job/'s top level named here; ``job`` is the rest of
+#: job/'s top level (the runner, the controller, the job's life, the pool, the session ...).
+JOB_ROOMS = (
+    "readings",   # what the ranks sent, analysed: step splits, waits, output lines, stacks ...
+    "records",    # what stays after a job
+    "job_state",  # the driver's picture of the job, built from the events
+    "following",  # the events applied as they arrive; the ranks asked where they are
+    "verdicts",   # what the driver judges of the picture: the monitors, the straggler verdict
+    "views",      # what the cell shows of it
+    "watch",      # the loop that asks the monitors each turn
+    "job",
+)
+#: The imports up a room still needed, and why. job_state builds two parts of the picture that
+#: others read as judged or drawn: ``splits`` (the step splits with the straggler verdict drawn
+#: as they arrive: job_life, following, background, views and the links monitor read
+#: ``job.splits.now()``/``verdicts()``) and ``history`` (the charts' readings; job_life keeps
+#: ``job.history.html()`` in the record). Taking the verdict and the drawing out of the picture
+#: changes where job_state builds them and what job_life reads.
+JOB_UP_IMPORTS = {
+    ("hvd_magics.job.job_state", "hvd_magics.job.verdicts.straggler"),
+    ("hvd_magics.job.job_state", "hvd_magics.job.views.charts"),
+}
+
+
+def _job_room(module: str) -> str:
+    """The room of job/ a module is in (:data:`JOB_ROOMS`), or ``""`` outside job/."""
+    parts = module.split(".")
+    if parts[:2] != ["hvd_magics", "job"]:
+        return ""
+    return parts[2] if len(parts) > 2 and parts[2] in JOB_ROOMS else "job"
+
+
+def test_the_job_rooms_import_only_their_own_room_or_below():
+    """job_state imported its readings from verdicts/ (the straggler's step splits, the
+    preemption watch, the stacks), and records/run_record the straggler's step parts: what the
+    ranks sent sits in readings/, below every judgement of it."""
+    imports = _imports()
+    assert {_job_room(m) for m in imports} - {""} == set(JOB_ROOMS)
+    up = {(m, n) for m, names in imports.items() if _job_room(m) for n in names
+          if _job_room(n) and JOB_ROOMS.index(_job_room(n)) > JOB_ROOMS.index(_job_room(m))}
+    assert sorted(f"{m} -> {n}" for m, n in up - JOB_UP_IMPORTS) == []
+    assert up >= JOB_UP_IMPORTS, "an up-import no longer made: strike it from JOB_UP_IMPORTS"
+
+
 def test_the_architecture_page_lists_every_module_once():
     """docs/architecture.md's module table is the map a newcomer reads: it must match the tree."""
     import pathlib
@@ -187,7 +249,7 @@ def test_the_architecture_page_lists_every_module_once():
 
 def test_every_backend_has_what_the_runner_asks_of_a_backend():
     """The runner types its backend as the Backend Protocol and asks no hasattr of it."""
-    from hvd_magics.job.pool import PoolCell
+    from hvd_magics.job.pool_cell import PoolCell
     from hvd_magics.launch.backend import Backend
     from hvd_magics.launch.driver_backend import DriverBackend
     from hvd_magics.launch.elastic_backend import ElasticSparkBackend
