@@ -179,7 +179,7 @@ def _tf_distribute_worker() -> bool:
 def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                  file: Any = None, line: str | None = None) -> None:
     """Write a warning as one line, ``path:line: Category: message`` (its message's lines
-    joined), which the driver knows as a warning (:mod:`hvd_magics.job.views.output_lines`)."""
+    joined), which the driver knows as a warning (:mod:`hvd_magics.job.readings.output_lines`)."""
     text = " ".join(str(message).split("\n"))
     try:
         (file or sys.stderr).write(f"{filename}:{lineno}: {category.__name__}: {text}\n")
