@@ -12,8 +12,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
-from hvd_magics.errors import CellError, HorovodMagicsError, MlflowMissing, PayloadError, PoolError
-from hvd_magics.options import validate_engine
+from hvd_magics.errors import HorovodMagicsError, MlflowMissing
 from hvd_magics.job.background import BackgroundJob, jobs
 from hvd_magics.job.environment import environment_status, ship_environment
 from hvd_magics.job.records.mlflow_run import requested
@@ -22,65 +21,10 @@ from hvd_magics.job.runner import HorovodRunner, default_views
 from hvd_magics.job.session import SESSION
 from hvd_magics.job.records.timeline import COST_WARNING, summarize
 from hvd_magics.job.views.widgets_view import WidgetView
-from hvd_magics.notebook.cell_capture import capture, keras_3_values
+from hvd_magics.notebook.cell_job import cell_payload, decode_cell_result, pool_for
 from hvd_magics.notebook.gpu_guard import driver_gpu_holders, driver_gpu_message
 from hvd_magics.notebook.job_arguments import job_arguments, job_keywords
 from hvd_magics.notebook.magic_line import option, parse_env, parse_line
-from hvd_magics.launch.payload import serialize_job
-from hvd_magics.rank.cell_runner import run_captured_cell
-from hvd_magics.rank.guards.engine_guard import KERAS_3_MESSAGE
-from hvd_magics.protocol import ENGINE_HOROVOD
-from hvd_magics.result_codec import RETURN_PREFIX, VALUE, decode_guarded, decode_strict
-
-#: How to bring back an object that the cell's value could not bring.
-_RETURN_HINT = ("To bring an object into the notebook, assign it in the cell and name it with "
-                "%%horovod --return NAME.")
-
-
-def decode_cell_result(parts: dict) -> tuple[Any, dict[str, Any]]:
-    """The cell's value (only when that imports no framework into the notebook) and the
-    ``--return`` variables (always: the user asked for them)."""
-    value = decode_guarded(VALUE, parts[VALUE], _RETURN_HINT) if VALUE in parts else None
-    returned = {name.removeprefix(RETURN_PREFIX): decode_strict(name, part)
-                for name, part in parts.items() if name.startswith(RETURN_PREFIX)}
-    return value, returned
-
-
-def _pool_for(np: Any, engine: str | None = None) -> Any:
-    """The warm pool a ``%%horovod`` cell runs on: without ``np`` (or with the pool's own), the
-    session's pool unless ``engine`` names another; ``None`` for a cold job. Raise
-    ``UsageError`` without ``np`` and no pool (or a pool of another engine)."""
-    pool = SESSION.pool
-    if pool is not None and pool.alive and engine is not None:
-        try:
-            other = validate_engine(engine) != pool.engine
-        except ValueError as exc:
-            raise UsageError(f"%%horovod: {exc}") from None
-        if other:
-            if np is None:
-                raise UsageError(f"%%horovod --engine {engine}: the warm pool runs on "
-                                 f"{pool.engine}. Fix: give np for a cold job on {engine} "
-                                 f"(%%horovod np={pool.np} --engine {engine}), or leave "
-                                 "--engine out to run on the pool.")
-            return None
-    if pool is not None and not pool.alive:
-        SESSION.pool = None
-        if np is None:
-            try:
-                pool.check_usable()
-            except PoolError as exc:
-                raise UsageError(f"%%horovod: {exc}") from None
-        print(f"hvd_magics: the warm pool has ended ({pool.ended}); this cell runs cold.")
-        return None
-    if np is None:
-        if pool is None:
-            raise UsageError("%%horovod needs the number of ranks, e.g. %%horovod np=2 (or a warm "
-                             "pool: %hvd_pool start np=2)")
-        return pool
-    if pool is not None and np == pool.np:
-        return pool
-    return None
-
 
 @magics_class
 class HorovodMagics(Magics):
@@ -107,7 +51,7 @@ class HorovodMagics(Magics):
     def horovod(self, line: str, cell: str) -> Any:
         """Run the cell as a Horovod job; return what rank 0's cell evaluates to last."""
         args = parse_line(self.horovod, line, "%%horovod")
-        pool = None if args.cold else _pool_for(args.np, args.engine)
+        pool = None if args.cold else pool_for(args.np, args.engine)
         if args.cold and args.np is None:
             raise UsageError("%%horovod --cold needs the number of ranks, e.g. "
                              "%%horovod np=2 --cold")
@@ -132,35 +76,13 @@ class HorovodMagics(Magics):
             holders = driver_gpu_holders()
             if holders:
                 raise UsageError(driver_gpu_message(holders))
-        try:
-            plan = capture(cell, self.shell.user_ns, f"%%horovod {line}".rstrip(), return_names)
-        except CellError as exc:
-            raise UsageError(f"%%horovod: {exc}") from None
-        keras_3 = keras_3_values(plan) if runner.engine == ENGINE_HOROVOD else []
-        if keras_3:
-            raise UsageError(f"%%horovod: the notebook variable {keras_3[0]!r} is a Keras 3 "
-                             f"model, and {KERAS_3_MESSAGE}")
-        if plan.unbound_returns and pool is None:  # a pool's rank may hold it from a cell before
-            unbound = plan.unbound_returns
-            raise UsageError(f"%%horovod: --return {', '.join(unbound)}: the cell never assigns "
-                             f"{' or '.join(unbound)} at its top level, so rank 0 would have "
-                             "nothing to bring back. Fix: assign it in the cell, or leave it out "
-                             "of --return.")
-        values = plan.cell.values
-        if pool is not None:  # what the ranks hold unchanged goes as its digest only
-            plan.cell.values = pool.pack_values(values)
-        try:
-            payload = serialize_job(
-                run_captured_cell, {"cell": plan.cell, "kept": pool is not None}, names=values,
-                labels={f"the notebook variable {k!r}": v for k, v in values.items()},
-                advice="create it inside the cell instead")
-        except PayloadError as exc:
-            raise UsageError(f"%%horovod: {exc}") from None
+        payload, preimport = cell_payload(cell, self.shell.user_ns, f"%%horovod {line}".rstrip(),
+                                          return_names, runner.engine, pool)
         if args.background:
-            return self._start_background(runner, payload, args, cell, plan.preimport)
+            return self._start_background(runner, payload, args, cell, preimport)
         views = default_views(runner.driver_log_verbosity, show_output=not args.quiet)
         try:
-            record = runner.run_payload(payload, views, decode_cell_result, cell, plan.preimport)
+            record = runner.run_payload(payload, views, decode_cell_result, cell, preimport)
         finally:
             if args.output:
                 self.shell.user_ns[args.output] = SESSION.last_run
