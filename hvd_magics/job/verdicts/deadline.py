@@ -12,6 +12,8 @@ class Deadline:
     def __init__(self, timeout: float, started: float) -> None:
         self.timeout, self.started = timeout, started
 
+    while_failing = False  # see Monitor
+
     def check(self, turn: Turn) -> HorovodJobError | None:
         if turn.now - self.started <= self.timeout:
             return None

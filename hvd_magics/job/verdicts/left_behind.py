@@ -39,6 +39,8 @@ class LeftBehind:
         self.asked: float | None = None
         self.waiting: dict[int, tuple[str, int | None]] = {}
 
+    while_failing = False  # see Monitor
+
     def check(self, turn: Turn) -> HorovodJobError | None:
         verdict = self.verdict(turn)
         return None if verdict is None else HorovodJobError(verdict,
@@ -108,6 +110,8 @@ class Mismatch:
     def __init__(self) -> None:
         self.asked = 0.0
         self.found: str | None = None
+
+    while_failing = False  # see Monitor
 
     def check(self, turn: Turn) -> HorovodJobError | None:
         job, now = turn.job, turn.now

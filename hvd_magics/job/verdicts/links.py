@@ -28,6 +28,8 @@ COMM_BOUND_SHARE = 0.5
 class Links:
     """Starts the links' probe once a job; says its verdict when it is done."""
 
+    while_failing = False  # see Monitor
+
     def check(self, turn: Turn) -> HorovodJobError | None:
         job = turn.job
         if job.link_probe is not None:

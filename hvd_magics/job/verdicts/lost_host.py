@@ -50,6 +50,8 @@ class LostHost:
     def __init__(self) -> None:
         self.silent_after = host_silent_after()
 
+    while_failing = False  # see Monitor
+
     def check(self, turn: Turn) -> HorovodJobError | None:
         lost_host(turn.job, turn.backend, turn.now, self.silent_after)
         return None

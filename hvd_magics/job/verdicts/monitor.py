@@ -24,5 +24,9 @@ class Monitor(Protocol):
     """Looks at the job once a turn: may act on it (ask stacks, tell the ranks, lose a host)
     and returns the error that ends the job, or ``None``."""
 
+    #: Whether it judges a job that is failing too, while the other ranks' errors are
+    #: gathered (a stalled rank's stacks, the start timeout); the others judge a running job.
+    while_failing: bool
+
     def check(self, turn: Turn) -> HorovodJobError | None:
         """This turn's verdict, or ``None`` to go on."""

@@ -29,6 +29,8 @@ class PreemptionNotice:
     """Once Spark decommissions an executor of the job, tell every rank the call of
     ``checkpoint.preempting()`` at which they all save, and say so in the cell; once a job."""
 
+    while_failing = False  # see Monitor
+
     def check(self, turn: Turn) -> HorovodJobError | None:
         job, now = turn.job, turn.now
         watch = job.preemption

@@ -13,6 +13,8 @@ class StalledRanks:
     def __init__(self) -> None:
         self.asked: set[int] = set()
 
+    while_failing = True  # see Monitor
+
     def check(self, turn: Turn) -> HorovodJobError | None:
         job = turn.job
         stalled = {r.rank for r in job.ranks

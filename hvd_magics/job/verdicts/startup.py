@@ -24,8 +24,12 @@ class Startup:
         self.shown = started - UNPACKING_SHOWN_EVERY_S  # said at once, then every 5 s
         self.told = False
 
+    while_failing = True  # see Monitor
+
     def check(self, turn: Turn) -> HorovodJobError | None:
         job, backend, now = turn.job, turn.backend, turn.now
+        if backend.finished:
+            return None  # the stage's own end says why its ranks did not start
         clock = job.data_arrived_at if backend.reads_data else self.started
         if not backend.live:
             clock = None  # nothing arrives before the end: Spark's own scheduling decides

@@ -95,12 +95,11 @@ class FixedWatch:
                  stop: threading.Event | None = None) -> None:
         self.job, self.backend, self.events, self.stop = job, backend, events, stop
         started = time.monotonic()
-        self.stalled = StalledRanks()
-        self.judges: list[Monitor] = [LostHost(), Links(), PreemptionNotice(), LeftBehind(),
-                                      Mismatch()]
-        if timeout is not None:
-            self.judges.append(Deadline(timeout, started))
-        self.startup = Startup(start_timeout, started, backend.unpacking())
+        #: Every verdict on the job, asked in this order each turn.
+        self.monitors: list[Monitor] = [
+            StalledRanks(), LostHost(), Links(), PreemptionNotice(), LeftBehind(), Mismatch(),
+            *([Deadline(timeout, started)] if timeout is not None else []),
+            Startup(start_timeout, started, backend.unpacking())]
         self.phase, self.stage = JobPhase(since=started), StageEnd()
 
     def turn(self) -> bool:
@@ -114,18 +113,13 @@ class FixedWatch:
         if self.stop is not None and self.stop.is_set():
             raise KeyboardInterrupt  # stopped from another thread: ended as an interrupt
         turn = Turn(job, backend, self.events, now)
-        self.stalled.check(turn)
-        if self.phase.phase is not Phase.FAILING:
-            for monitor in self.judges:
+        failing = self.phase.phase is Phase.FAILING
+        for monitor in self.monitors:
+            if monitor.while_failing or not failing:
                 error = monitor.check(turn)
                 if error is not None:
                     raise error
-        if self.phase.step(turn) or self.stage.over(backend, now):
-            return True
-        error = self.startup.check(turn)
-        if error is not None:
-            raise error
-        return job.all_exited
+        return self.phase.step(turn) or self.stage.over(backend, now) or job.all_exited
 
     def outcome(self) -> None:
         """Raise the error the job ended with, if it failed."""
