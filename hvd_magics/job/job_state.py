@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Final, Protocol
 
 from hvd_magics.job.views.charts import MetricHistory
 from hvd_magics.job.records.epoch_timing import EPOCH_LINE, EpochTimer
@@ -17,18 +17,23 @@ from hvd_magics.job.records.job_log import JobLog
 from hvd_magics.causes import RANK_LOST, RankCause, rank_cause
 from hvd_magics.errors import OUTPUT_TAIL_LINES, RankFailure
 from hvd_magics.options import STALL_AFTER_S, ElasticSize
-from hvd_magics.job.verdicts.stacks import where as stack_where
-from hvd_magics.job.verdicts.preemption import PreemptionWatch
+from hvd_magics.job.readings.stacks import where as stack_where
+from hvd_magics.job.readings.preemption import PreemptionWatch
 from hvd_magics.job.verdicts.straggler import StepSplits
 from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, EPOCH_BEGIN, EPOCH_END, ERROR, EXIT,
                                  LEAVING, LINK_PROBE, OUTPUT, OUTPUT_PARTIAL, PREEMPT_CALLS,
                                  PROGRESS, RESIZE, RESULT, RUN_LOG, SHARDING, SLOT_OFFER, STACKS,
                                  STARTED, STEP_SPLIT, TASK_ERROR, TASK_STARTED, TIMELINE_CHUNK,
                                  TIMELINE_LOCAL)
+from hvd_magics.events import (ChannelClosedEvent, ErrorEvent, ExitEvent, LeavingEvent,
+                               LinkProbeEvent, OutputEvent, OutputPartialEvent, PreemptCallsEvent,
+                               ResultEvent, RunLogEvent, ShardingEvent, ShardReport,
+                               SlotOfferEvent, StartedEvent, TaskErrorEvent, TaskStartedEvent,
+                               TimelineChunkEvent, TimelineLocalEvent, to_wire)
 from hvd_magics.launch.backend import Backend
 from hvd_magics.rank_names import ranks_named, unit_of
-from hvd_magics.job.views.output_lines import (BAR, NOISE, SHOW, WARNING, OutputSorter, bar_count,
-                                         plain)
+from hvd_magics.job.readings.output_lines import (BAR, NOISE, SHOW, WARNING, OutputSorter,
+                                                 bar_count, plain)
 
 #: Rank states, in the order a healthy rank goes through them (``ready``: an elastic job's task
 #: offered its slot and waits to be given a rank).
@@ -47,7 +52,8 @@ DISPLAY_LINE_CHARS = 2000
 #: Keys an ``output`` event gains once applied: its lines the cell shows (start-up chatter, bars,
 #: copies of warnings and of other ranks' lines left out; a warning as one short line), and its
 #: lines that are the rank's own output (chatter and bars left out).
-SHOWN, KEPT = "shown", "kept"
+SHOWN: Final = "shown"
+KEPT: Final = "kept"
 #: Error name of a rank whose supervisor vanished (its Spark executor was lost or killed).
 LOST = RANK_LOST
 
@@ -104,7 +110,7 @@ class RankState:
     metrics: dict[str, float] = field(default_factory=dict)
     samples_per_s: float | None = None
     partial: str = ""
-    shards: list[dict[str, Any]] = field(default_factory=list)
+    shards: list[ShardReport] = field(default_factory=list)
     #: Its Spark task attempt id (``None``: a rank on the driver, or not started yet).
     task: int | None = None
     reports_epochs: bool = False
@@ -284,7 +290,7 @@ class JobState:
         for view in self.views:
             view.on_event(self, event)
 
-    def _on_output(self, state: RankState, event: dict[str, Any]) -> None:
+    def _on_output(self, state: RankState, event: OutputEvent) -> None:
         stamp = time.strftime("%H:%M:%S", time.localtime(event.get("time", time.time())))
         state.partial = ""
         shown, kept = [], []
@@ -304,12 +310,12 @@ class JobState:
                 state.epoch, state.epochs = int(match.group(1)), int(match.group(2))
         event[SHOWN], event[KEPT] = shown, kept
 
-    def _on_run_log(self, state: RankState, event: dict[str, Any]) -> None:
+    def _on_run_log(self, state: RankState, event: RunLogEvent) -> None:
         stamp = time.strftime("%H:%M:%S", time.localtime(event.get("time", time.time())))
         for line in event.get("lines", []):
             self._log.write(f"{stamp} [{state.rank}@{state.host}] {line}\n")
 
-    def _on_output_partial(self, state: RankState, event: dict[str, Any]) -> None:
+    def _on_output_partial(self, state: RankState, event: OutputPartialEvent) -> None:
         self._bar(state, plain(event.get("text", "")))
 
     @staticmethod
@@ -336,7 +342,7 @@ class JobState:
         self.lost_host = text
         return text
 
-    def _on_channel_closed(self, state: RankState, event: dict[str, Any]) -> None:
+    def _on_channel_closed(self, state: RankState, event: ChannelClosedEvent) -> None:
         if not event.get("clean") and not state.exited:
             where = f" on {state.host}" if state.host else ""
             task = (f"Spark task {state.rank}" if self.elastic else
@@ -362,7 +368,7 @@ class JobState:
         """How many ranks the job has now (an elastic job's latest formation)."""
         return self.formations[-1]["size"] if self.formations else self.size
 
-    def _on_slot_offer(self, state: RankState, event: dict[str, Any]) -> None:
+    def _on_slot_offer(self, state: RankState, event: SlotOfferEvent) -> None:
         attempt = int(event.get("attempt") or 0)
         if attempt != state.attempt or state.exited:  # Spark ran the task again: a new row
             fresh = RankState(state.rank, host=state.host, unit=self.unit, attempt=attempt)
@@ -370,32 +376,33 @@ class JobState:
             self.ranks[state.rank] = state = fresh
         state.state = READY
 
-    def _on_sharding(self, state: RankState, event: dict[str, Any]) -> None:
+    def _on_sharding(self, state: RankState, event: ShardingEvent) -> None:
         state.state = SHARDING_DATA
         if self.data_arrived_at is None:
             self.data_arrived_at = event["recv"]
 
-    def _on_task_started(self, state: RankState, event: dict[str, Any]) -> None:
+    def _on_task_started(self, state: RankState, event: TaskStartedEvent) -> None:
         state.state = STARTING
         state.shards = list(event.get("shards") or [])
         state.task = event.get("task")
 
-    def _on_started(self, state: RankState, event: dict[str, Any]) -> None:
+    def _on_started(self, state: RankState, event: StartedEvent) -> None:
         state.state = RUNNING
         state.pid = event.get("pid")
 
-    def _on_error(self, state: RankState, event: dict[str, Any]) -> None:
-        state.error = event
+    def _on_error(self, state: RankState, event: ErrorEvent) -> None:
+        state.error = to_wire(event)
         state.state = state.failed_state
 
-    def _on_task_error(self, state: RankState, event: dict[str, Any]) -> None:
+    def _on_task_error(self, state: RankState, event: TaskErrorEvent) -> None:
         state.task_error = event.get("traceback", "")
         state.state = FAILED
 
-    def _on_result(self, state: RankState, event: dict[str, Any]) -> None:
+    def _on_result(self, state: RankState, event: ResultEvent) -> None:
         state.has_result = True
-        if event.get("parts") is not None:
-            self.rank_parts[state.rank] = event["parts"]
+        parts = event.get("parts")
+        if parts is not None:
+            self.rank_parts[state.rank] = parts
 
     @property
     def result_parts(self) -> dict[str, dict[str, Any]]:
@@ -405,11 +412,11 @@ class JobState:
             return next(iter(self.rank_parts.values()), {})
         return self.rank_parts.get(0, {})
 
-    def _on_timeline_local(self, state: RankState, event: dict[str, Any]) -> None:
+    def _on_timeline_local(self, state: RankState, event: TimelineLocalEvent) -> None:
         if state.rank == 0:  # every rank is given a path; only rank 0 (the coordinator) writes
             self._timeline_local = event.get("path")
 
-    def _on_timeline_chunk(self, state: RankState, event: dict[str, Any]) -> None:
+    def _on_timeline_chunk(self, state: RankState, event: TimelineChunkEvent) -> None:
         if self.timeline_dest is None:
             return
         if self._timeline_file is None:
@@ -419,17 +426,17 @@ class JobState:
 
     def _on_progress(self, state: RankState, event: dict[str, Any]) -> None:
         self._progress(state, event["kind"], event)
-        self.history.observe(event["kind"], state.rank, event, event["recv"])
+        self.history.observe(state.rank, event, event["recv"])
 
     def _on_step_split(self, state: RankState, event: dict[str, Any]) -> None:
         parts = self.splits.observe(state.rank, event, {r.rank: r.host for r in self.ranks})
         if parts is not None:
             self.history.observe_own_work(state.rank, parts.own_s, event["recv"])
 
-    def _on_preempt_calls(self, state: RankState, event: dict[str, Any]) -> None:
+    def _on_preempt_calls(self, state: RankState, event: PreemptCallsEvent) -> None:
         self.preemption.observe(state.rank, int(event.get("calls", 0)), event["recv"])
 
-    def _on_link_probe(self, state: RankState, event: dict[str, Any]) -> None:  # noqa: ARG002
+    def _on_link_probe(self, state: RankState, event: LinkProbeEvent) -> None:  # noqa: ARG002
         if self.link_probe is not None:
             self.link_probe.answer(event)
 
@@ -459,7 +466,7 @@ class JobState:
         """Ranks whose process has not started yet."""
         return [r.rank for r in self.ranks if not r.exited and r.pid is None]
 
-    def _on_leaving(self, state: RankState, event: dict[str, Any]) -> None:
+    def _on_leaving(self, state: RankState, event: LeavingEvent) -> None:
         state.left = True
         state.ddp_steps = event.get("steps")
 
@@ -472,13 +479,14 @@ class JobState:
         rank whose cell ended)."""
         return [r.rank for r in self.ranks if r.left or (r.exited and not r.failed)]
 
-    def _on_exit(self, state: RankState, event: dict[str, Any]) -> None:
+    def _on_exit(self, state: RankState, event: ExitEvent) -> None:
         state.exit_code = event.get("code")
         state.exit_how = str(event.get("how") or "")
         state.state = state.failed_state if state.failed else DONE
 
-    #: Event kind -> how it changes the job (``log`` changes nothing here: views show it).
-    _HANDLERS: ClassVar[dict[str, Callable[[JobState, RankState, dict[str, Any]], None]]] = {
+    #: Event kind -> how it changes the job (``log`` changes nothing here: views show it); each
+    #: handler reads its kind's record (hvd_magics.events).
+    _HANDLERS: ClassVar[dict[str, Callable[[JobState, RankState, Any], None]]] = {
         OUTPUT: _on_output, OUTPUT_PARTIAL: _on_output_partial, RUN_LOG: _on_run_log,
         CHANNEL_CLOSED: _on_channel_closed, SHARDING: _on_sharding,
         TASK_STARTED: _on_task_started, SLOT_OFFER: _on_slot_offer,

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Any
 
-from hvd_magics.protocol import EPOCH_END, PROGRESS
+from hvd_magics.events import EpochEndEvent, ProgressEvent, Wire
+from hvd_magics.protocol import EPOCH_END, PROGRESS, is_event
 from hvd_magics.rank_names import rank_named
 
 #: Colours of the lines, in order (rank 0, 1, ... or metric 1, 2, ...).
@@ -24,6 +24,12 @@ MAX_POINTS = 400
 SMOOTHING = 0.3
 #: Size of one chart, in pixels.
 WIDTH, HEIGHT = 340, 170
+
+
+def _finite(metrics: dict[str, float] | None) -> dict[str, float]:
+    """An event's metrics that are finite numbers (a rank may report anything)."""
+    return {k: float(v) for k, v in (metrics or {}).items()
+            if isinstance(v, (int, float)) and math.isfinite(v)}
 
 
 def _thin(points: list[tuple[float, float]]) -> None:
@@ -58,9 +64,16 @@ class MetricHistory:
         #: When a chart last changed (``time.monotonic()``; 0: never).
         self.changed_at = 0.0
 
-    def observe(self, kind: str, rank: int, event: dict[str, Any], now: float) -> bool:
-        """Take one ``progress`` or ``epoch_end`` event; whether a chart changed."""
-        changed = self._take(kind, rank, event, now)
+    def observe(self, rank: int, event: Wire, now: float) -> bool:
+        """Take one ``progress`` or ``epoch_end`` event (any other draws nothing); whether a
+        chart changed."""
+        if not is_event(event):
+            return False
+        changed = False
+        if event["kind"] == PROGRESS:
+            changed = self._take_progress(rank, event, now)
+        elif event["kind"] == EPOCH_END and rank == 0:
+            changed = self._take_epoch(event)
         if changed:
             self.changed_at = now
         return changed
@@ -72,37 +85,38 @@ class MetricHistory:
             _thin(self.own[rank])
             self.changed_at = now
 
-    def _take(self, kind: str, rank: int, event: dict[str, Any], now: float) -> bool:
-        metrics = {k: float(v) for k, v in (event.get("metrics") or {}).items()
-                   if isinstance(v, (int, float)) and math.isfinite(v)}
-        if kind == PROGRESS:
-            changed = False
-            rate = event.get("samples_per_s")
-            if isinstance(rate, (int, float)) and math.isfinite(rate):
-                self.rates.setdefault(rank, []).append((now - self.started_at, float(rate)))
-                _thin(self.rates[rank])
-                changed = True
-            if rank == 0 and metrics:
-                epoch = int(event.get("epoch") or 1)
-                steps = int(event.get("steps") or 0)
-                step = (epoch - 1) * steps + int(event.get("step") or 0) if steps else \
-                    self._next_step()
-                for name, value in metrics.items():
-                    if is_validation(name):
-                        continue
-                    smooth = self._smoothed.get(name, value)
-                    smooth = SMOOTHING * value + (1 - SMOOTHING) * smooth
-                    self._smoothed[name] = smooth
-                    self.steps.setdefault(name, []).append((float(step), smooth))
-                    _thin(self.steps[name])
-                changed = True
-            return changed
-        if kind == EPOCH_END and rank == 0 and metrics:
-            ended = float(event.get("epoch") or len(next(iter(self.epochs.values()), [])) + 1)
+    def _take_epoch(self, event: EpochEndEvent) -> bool:
+        metrics = _finite(event.get("metrics"))
+        if not metrics:
+            return False
+        ended = float(event.get("epoch") or len(next(iter(self.epochs.values()), [])) + 1)
+        for name, value in metrics.items():
+            self.epochs.setdefault(name, []).append((ended, value))
+        return True
+
+    def _take_progress(self, rank: int, event: ProgressEvent, now: float) -> bool:
+        changed = False
+        rate = event.get("samples_per_s")
+        if isinstance(rate, (int, float)) and math.isfinite(rate):
+            self.rates.setdefault(rank, []).append((now - self.started_at, float(rate)))
+            _thin(self.rates[rank])
+            changed = True
+        metrics = _finite(event.get("metrics"))
+        if rank == 0 and metrics:
+            epoch = int(event.get("epoch") or 1)
+            steps = int(event.get("steps") or 0)
+            step = (epoch - 1) * steps + int(event.get("step") or 0) if steps else \
+                self._next_step()
             for name, value in metrics.items():
-                self.epochs.setdefault(name, []).append((ended, value))
-            return True
-        return False
+                if is_validation(name):
+                    continue
+                smooth = self._smoothed.get(name, value)
+                smooth = SMOOTHING * value + (1 - SMOOTHING) * smooth
+                self._smoothed[name] = smooth
+                self.steps.setdefault(name, []).append((float(step), smooth))
+                _thin(self.steps[name])
+            changed = True
+        return changed
 
     def _next_step(self) -> int:
         return len(next(iter(self.steps.values()), [])) + 1

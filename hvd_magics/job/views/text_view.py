@@ -1,6 +1,6 @@
 """Show a running job as plain text: each rank's lines with a rank prefix.
 
-What it shows: the ranks' output as :mod:`hvd_magics.job.views.output_lines` sorts it (without
+What it shows: the ranks' output as :mod:`hvd_magics.job.readings.output_lines` sorts it (without
 framework start-up chatter, each kind of warning once, a line other ranks repeat once), progress
 bars (drawn with carriage returns or cursor codes) redrawn in place as one live line, a line
 when a rank stalls, and, when ranks print faster than a person reads, the first and the last
@@ -12,15 +12,16 @@ from __future__ import annotations
 import collections
 import sys
 import time
-from typing import IO, Any
+from typing import IO
 
+from hvd_magics.events import EpochEndEvent, Event, ResizeEvent, Wire
 from hvd_magics.job.job_state import SHOWN, JobState, display_line
-from hvd_magics.job.verdicts.straggler import Straggler
-from hvd_magics.job.views.output_lines import FEW_RANKS, SHOW, OutputSorter
+from hvd_magics.job.readings.output_lines import FEW_RANKS, SHOW, OutputSorter
+from hvd_magics.job.verdicts.straggler_verdict import Straggler
 from hvd_magics.options import (VERBOSITY_ALL, VERBOSITY_DEBUG, VERBOSITY_LOG_CALLBACK_ONLY,
                                     validate_verbosity)
 from hvd_magics.protocol import (EPOCH_END, FIRST_BUILD, LOG, OUTPUT, OUTPUT_PARTIAL, PROGRESS,
-                                 RESIZE, STEP_SPLIT)
+                                 RESIZE, STEP_SPLIT, is_event)
 from hvd_magics.rank_names import TASK, line_tag, rank_named, ranks_named
 
 #: Lines are written at most this often...
@@ -77,27 +78,32 @@ class TextView:
         hosts = {r.host for r in job.ranks if r.host}
         return line_tag(rank, job.unit, job.ranks[rank].host if len(hosts) > 1 else None)
 
-    def _lines_of(self, job: JobState, event: dict[str, Any]) -> list[str]:
-        kind = event["kind"]
-        if kind == OUTPUT and self.verbosity != VERBOSITY_LOG_CALLBACK_ONLY:
+    def _lines_of(self, job: JobState, rank: int, event: Event) -> list[str]:
+        if event["kind"] == OUTPUT and self.verbosity != VERBOSITY_LOG_CALLBACK_ONLY:
             lines = event.get("lines", [])
             return lines if self.verbosity == VERBOSITY_DEBUG else event.get(SHOWN, lines)
-        if kind == LOG:
+        if event["kind"] == LOG:
             return [event.get("text", "")]
-        if kind == EPOCH_END and self.epoch_lines:
+        if event["kind"] == EPOCH_END and self.epoch_lines:
             line = _epoch_line(event)
             if job.size <= FEW_RANKS:
                 return [line]
             # past a few ranks, rank 0's line and one of what differs on the others
             self._epoch_sorter = self._epoch_sorter or OutputSorter(job.size)
-            sort, text = self._epoch_sorter.sort(event["rank"], line)
+            sort, text = self._epoch_sorter.sort(rank, line)
             return [text] if sort == SHOW else []
         return []
 
-    def on_event(self, job: JobState, event: dict[str, Any]) -> None:
-        rank, kind = event["rank"], event["kind"]
-        if kind == RESIZE:
+    def on_event(self, job: JobState, event: Wire) -> None:
+        if is_event(event):
+            self._show(job, event)
+
+    def _show(self, job: JobState, event: Event) -> None:
+        rank, kind = event.get("rank"), event["kind"]
+        if event["kind"] == RESIZE:
             self._add(None, resize_line(event))
+            return
+        if rank is None:  # every rank's event names it (only the driver's own do not)
             return
         if kind == OUTPUT_PARTIAL and self.verbosity != VERBOSITY_LOG_CALLBACK_ONLY:
             self._partials_changed = True
@@ -113,7 +119,7 @@ class TextView:
                     said = found.text(job.unit)
                 self._add(None, f"hvd_magics: {said}")
             self._verdicts_said = len(job.splits.events)
-        for line in self._lines_of(job, event):
+        for line in self._lines_of(job, rank, event):
             self._add(rank, display_line(line))
 
     def _progress_lines(self) -> bool:
@@ -242,7 +248,7 @@ class TextView:
             self._open_len = 0
 
 
-def resize_line(event: dict[str, Any]) -> str:
+def resize_line(event: ResizeEvent) -> str:
     """What an elastic job's ``resize`` event says, as one line."""
     tasks = ", ".join(f"{rank_named(t, TASK)} as {rank_named(r)}"
                       for t, r in sorted(event["ranks"].items(), key=lambda item: item[1]))
@@ -257,7 +263,7 @@ def _ranks(count: int) -> str:
     return f"{count} rank" + ("" if count == 1 else "s")
 
 
-def _epoch_line(event: dict[str, Any]) -> str:
+def _epoch_line(event: EpochEndEvent) -> str:
     metrics = ", ".join(f"{k} {v:.4g}" for k, v in (event.get("metrics") or {}).items())
     of = f"/{event['epochs']}" if event.get("epochs") else ""
     return (f"epoch {event.get('epoch')}{of} done in {float(event.get('duration') or 0):.2f} s"

@@ -12,13 +12,14 @@ import html
 import time
 from typing import Any
 
+from hvd_magics.events import Wire
 from hvd_magics.job.job_state import (DONE, FAILED, INTERRUPTED, KEPT, PREEMPTED, READY,
                                       RUNNING, SHARDING_DATA, STARTING, STOPPED,
                                       WAITING, JobState)
 from hvd_magics.job.records.run_record import job_title
-from hvd_magics.job.verdicts.straggler import StepParts
+from hvd_magics.job.readings.step_parts import StepParts
 from hvd_magics.options import STALL_AFTER_S
-from hvd_magics.protocol import FIRST_BUILD, OUTPUT
+from hvd_magics.protocol import FIRST_BUILD, OUTPUT, is_event
 from hvd_magics.rank_names import TASK, rank_named, rank_spans
 
 #: Least seconds between two refreshes of the widgets.
@@ -140,10 +141,12 @@ class WidgetView:
             self._handle = display(self.box, display_id=True)
         self._shown = True
 
-    def on_event(self, job: JobState, event: dict[str, Any]) -> None:
+    def on_event(self, job: JobState, event: Wire) -> None:
         self._dirty = True
-        if event["kind"] == OUTPUT and self._logs:
-            self._logs[event["rank"]].extend(event.get(KEPT, []))
+        if is_event(event) and event["kind"] == OUTPUT and self._logs:
+            rank = event.get("rank")
+            if rank is not None:  # every rank's output names it
+                self._logs[rank].extend(event.get(KEPT, []))
 
     def on_tick(self, job: JobState) -> None:
         if not self._shown:
