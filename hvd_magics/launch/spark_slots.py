@@ -1,6 +1,6 @@
 """Spark task slots: how many a session's cluster has and has free, the refusal (at once, not
-after Spark's retries) when a barrier stage of ``np`` tasks cannot run, and the slots of a local
-master read from its URL."""
+after Spark's retries) when a barrier stage of ``np`` tasks cannot run or a cluster has fewer slots
+than an elastic job's minimum, and the slots of a local master read from its URL."""
 from __future__ import annotations
 
 import functools
@@ -15,7 +15,7 @@ from hvd_magics.errors import NotEnoughSlotsError
 from hvd_magics.notices import say
 from hvd_magics.protocol import ENV_DRIVER_HOST
 from hvd_magics.options import DEFAULT_START_TIMEOUT_S, multiple_fix
-from hvd_magics.launch.spark_session import is_connect
+from hvd_magics.launch.spark_session import is_connect, is_local
 
 #: How long to wait for executors to register before saying the cluster is too small.
 SLOT_WAIT_S = 5.0
@@ -179,6 +179,25 @@ def _too_few_for_layout(layout: TaskLayout, slots: int, seen: _SlotsSeen,
         f"asks for {layout.task_cpus} CPUs, and the executors can hold {seen.fitting} such tasks "
         f"at once {where}. Fix: executors of at least {layout.task_cpus} cores "
         "(spark.executor.cores), or fewer ranks per task (ranks_per_task).")
+
+
+def check_total_slots(sc: Any, np: int, elastic_max: int, poll_s: float) -> None:
+    """Refuse an elastic job (``np:elastic_max``) on a cluster whose task slots, busy or not, are
+    fewer than ``np``: at once on a local master, else once :data:`SLOT_WAIT_S` passed without
+    enough executors registering (looking again every ``poll_s``).
+
+    Raises
+    ------
+    NotEnoughSlotsError
+        When the cluster has fewer than ``np`` task slots in all.
+    """
+    deadline = time.monotonic() + (0.0 if is_local(sc)
+                                   else SLOT_WAIT_S)
+    while (total := task_slots(sc)[1]) < np:
+        if time.monotonic() >= deadline:
+            raise not_enough_slots(np, task_slots(sc)[0], total, sc.master,
+                                   sc.getConf().get("spark.task.cpus", "1"), True, elastic_max)
+        time.sleep(poll_s)
 
 
 def never_grows(sc: Any) -> bool:
