@@ -9,6 +9,7 @@ from datetime import datetime
 
 from hvd_magics.job.following import collect_stacks, drain
 from hvd_magics.job.job_state import JobState
+from hvd_magics.job.rank_state import shard_summary
 from hvd_magics.job.live_job import STOP_WAIT_S
 from hvd_magics.job.records.run_record import RunRecord
 from hvd_magics.job.verdicts.links import say_links
@@ -63,9 +64,9 @@ def finish_record(record: RunRecord, job: JobState) -> None:
     record.exit_codes = {r.rank: r.exit_code for r in job.ranks}
     record.hosts = {r.rank: r.host for r in job.ranks}
     record.pids = {r.rank: r.pid for r in job.ranks if r.pid is not None}
-    timeline = job.finish_timeline()
+    timeline = job.timeline.finish()
     record.timeline_path = str(timeline) if timeline else None
-    record.shards = job.shard_summary()
+    record.shards = shard_summary(job.ranks)
     record.epochs = job.timer.rows()
     record.charts_html = job.history.html()
     hosts = {r.rank: r.host for r in job.ranks}

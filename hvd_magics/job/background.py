@@ -122,14 +122,14 @@ class BackgroundJob:
         running, starting = set(job.running_ranks()), job.starting_ranks()
         if not running:
             return JobStacks(starting=starting)
-        request = job.request_stacks(backend)
+        request = job.stacks.ask(backend)
         answers: dict[int, Any] = {}
         while time.monotonic() - began < wait and not self.done():
-            answers = dict(job.stacks.get(request, {}))
+            answers = dict(job.stacks.answers.get(request, {}))
             if running <= set(answers):
                 break
             time.sleep(0.02)
-        job.stacks.pop(request, None)
+        job.stacks.answers.pop(request, None)
         return JobStacks(answers, sorted(running - set(answers)), time.monotonic() - began,
                          starting, job.splits.now(job.unit))
 
@@ -139,7 +139,7 @@ class BackgroundJob:
         job = self._live.job
         if self.done() or job is None:
             return None
-        path = job.timeline_so_far()
+        path = job.timeline.so_far()
         return str(path) if path is not None else None
 
     def __repr__(self) -> str:

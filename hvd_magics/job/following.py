@@ -39,10 +39,10 @@ def collect_stacks(job: JobState, backend: Backend, events: queue.Queue,
     waiting = set(job.running_ranks()) | set(job.starting_ranks())
     if not waiting:
         return JobStacks(starting=job.starting_ranks())
-    request = job.request_stacks(backend)
-    while time.monotonic() - began < wait and not waiting <= set(job.stacks[request]):
+    request = job.stacks.ask(backend)
+    while time.monotonic() - began < wait and not waiting <= set(job.stacks.answers[request]):
         follow(job, events)
-    answers = job.stacks.pop(request)
+    answers = job.stacks.answers.pop(request)
     unanswered, starting = waiting - set(answers), set(job.starting_ranks())
     return JobStacks(dict(answers), sorted(unanswered - starting), time.monotonic() - began,
                      sorted(unanswered & starting), job.splits.now(job.unit))

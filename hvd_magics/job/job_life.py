@@ -7,7 +7,8 @@ import uuid
 import warnings
 
 from hvd_magics.errors import HorovodJobError, HorovodMagicsError, JobInterrupted
-from hvd_magics.job.job_state import PREEMPTED, JobState
+from hvd_magics.job.job_state import JobState
+from hvd_magics.job.rank_state import PREEMPTED
 from hvd_magics.job.attempt_end import (diverged_note, finish_record, reap_ranks,
                                         where_on_interrupt, wind_down)
 from hvd_magics.job.backend_choice import make_backend

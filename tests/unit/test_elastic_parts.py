@@ -7,7 +7,8 @@ import types
 
 import pytest
 
-from hvd_magics.job.job_state import DONE, FAILED, READY, RUNNING, JobState
+from hvd_magics.job.job_state import JobState
+from hvd_magics.job.rank_state import DONE, FAILED, READY, RUNNING
 from hvd_magics.options import ElasticSize, validate_size
 from hvd_magics.job.records.run_record import RunRecord
 from hvd_magics.job.views.text_view import TextView

@@ -1,6 +1,7 @@
 """Synthetic events through the driver's job state and epoch timer (no ranks, no Spark)."""
 from hvd_magics.job.records.epoch_timing import EpochTimer
-from hvd_magics.job.job_state import DONE, FAILED, LOST, RUNNING, STARTING, JobState
+from hvd_magics.job.job_state import JobState
+from hvd_magics.job.rank_state import DONE, FAILED, LOST, RUNNING, STARTING
 from hvd_magics.protocol import (CHANNEL_CLOSED, EPOCH_BEGIN, EPOCH_END, ERROR, EXIT, OUTPUT,
                                  RESULT, STARTED, TASK_STARTED)
 

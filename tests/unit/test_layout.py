@@ -187,6 +187,8 @@ def test_the_rank_rooms_import_one_way():
 JOB_ROOMS = (
     "readings",   # what the ranks sent, analysed: step splits, waits, output lines, stacks ...
     "records",    # what stays after a job
+    "rank_state",  # what the driver knows of one rank
+    "rank_output",  # the ranks' output: logged, sorted for the cell
     "job_state",  # the driver's picture of the job, built from the events
     "following",  # the events applied as they arrive; the ranks asked where they are
     "verdicts",   # what the driver judges of the picture: the monitors, the straggler verdict

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from hvd_magics.task import gpus
-from hvd_magics.job.job_state import STALL_AFTER_S, JobState
+from hvd_magics.job.job_state import JobState
+from hvd_magics.options import STALL_AFTER_S
 from hvd_magics.job.readings.noise import is_noise
 from hvd_magics.task.supervisor import terminal_text
 from hvd_magics.result_codec import (Parts, RemoteValue, ResultDecodeError, decode_guarded,

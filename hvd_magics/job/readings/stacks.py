@@ -11,8 +11,9 @@ from __future__ import annotations
 import functools
 import os
 import re
+import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from hvd_magics.rank_names import rank_named, ranks_named
 
@@ -224,3 +225,29 @@ class JobStacks:
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # noqa: FBT001 - IPython's API
         printer.text(str(self))
+
+
+class StackSource(Protocol):
+    """What answers a request for stacks (a job's backend)."""
+
+    def request_stacks(self, request: str) -> None: ...
+
+
+class StackRequests:
+    """The ranks' stacks asked for (a request id each) and their answers, request id -> rank
+    -> its ``stacks`` event."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, dict[int, dict[str, Any]]] = {}
+
+    def ask(self, backend: StackSource, prefix: str = "") -> str:
+        """Ask ``backend``'s ranks for their stacks; the request id, whose answers
+        :attr:`answers` gathers."""
+        request = f"{prefix}{uuid.uuid4().hex[:8]}"
+        self.answers[request] = {}
+        backend.request_stacks(request)
+        return request
+
+    def answer(self, rank: int, event: dict[str, Any]) -> None:
+        """A rank's answer (to a request of ours or not)."""
+        self.answers.setdefault(str(event.get("request")), {})[rank] = event

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from hvd_magics.errors import HorovodJobError
-from hvd_magics.job.job_state import STALL_REQUEST
+from hvd_magics.job.rank_state import STALL_REQUEST
 from hvd_magics.job.verdicts.monitor import Turn
 
 
@@ -21,6 +21,6 @@ class StalledRanks:
                    if r.stalled_for(turn.now, job.stall_after) is not None}
         self.asked &= stalled
         if stalled - self.asked:
-            job.request_stacks(turn.backend, STALL_REQUEST)
+            job.stacks.ask(turn.backend, STALL_REQUEST)
             self.asked |= stalled
         return None

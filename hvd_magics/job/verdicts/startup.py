@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from hvd_magics.errors import HorovodJobError, StartTimeoutError
-from hvd_magics.job.job_state import WAITING
+from hvd_magics.job.rank_state import WAITING
 from hvd_magics.job.verdicts.monitor import Turn
 from hvd_magics.notices import say
 

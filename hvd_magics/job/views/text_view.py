@@ -15,7 +15,9 @@ import time
 from typing import IO
 
 from hvd_magics.events import EpochEndEvent, Event, ResizeEvent, Wire
-from hvd_magics.job.job_state import SHOWN, JobState, display_line
+from hvd_magics.job.job_state import JobState
+from hvd_magics.job.rank_output import SHOWN
+from hvd_magics.job.rank_state import display_line
 from hvd_magics.job.readings.output_lines import FEW_RANKS, SHOW, OutputSorter
 from hvd_magics.job.verdicts.straggler_verdict import Straggler
 from hvd_magics.options import (VERBOSITY_ALL, VERBOSITY_DEBUG, VERBOSITY_LOG_CALLBACK_ONLY,
@@ -238,7 +240,7 @@ class TextView:
 
     def on_end(self, job: JobState) -> None:
         self._partials_changed = False  # a bar left unfinished is not redrawn at the end
-        left_out = job.output.left_out(job.log_path)
+        left_out = job.output.sorter.left_out(job.log_path)
         if left_out and self.verbosity == VERBOSITY_ALL:
             self._add(None, left_out)
         self._flush(job)

@@ -13,9 +13,10 @@ import time
 from typing import Any
 
 from hvd_magics.events import Wire
-from hvd_magics.job.job_state import (DONE, FAILED, INTERRUPTED, KEPT, PREEMPTED, READY,
-                                      RUNNING, SHARDING_DATA, STARTING, STOPPED,
-                                      WAITING, JobState)
+from hvd_magics.job.job_state import JobState
+from hvd_magics.job.rank_output import KEPT
+from hvd_magics.job.rank_state import (DONE, FAILED, INTERRUPTED, PREEMPTED, READY, RUNNING,
+                                       SHARDING_DATA, STARTING, STOPPED, WAITING)
 from hvd_magics.job.records.run_record import job_title
 from hvd_magics.job.readings.step_parts import StepParts
 from hvd_magics.options import STALL_AFTER_S

@@ -5,7 +5,8 @@ from __future__ import annotations
 from hvd_magics.causes import AttemptCause
 from hvd_magics.errors import DataRefused, HorovodJobError, RankFailure, sentence
 from hvd_magics.job.verdicts.failure_hints import hint_for
-from hvd_magics.job.job_state import LOST, JobState
+from hvd_magics.job.job_state import JobState
+from hvd_magics.job.rank_state import LOST
 from hvd_magics.launch.backend import Backend
 from hvd_magics.launch.spark_errors import executor_was_lost
 from hvd_magics.rank_names import ranks_named
