@@ -1,6 +1,9 @@
 """torch.distributed and tf.distribute ranks as processes on the driver (np < 0): real Gloo DDP,
 a real MultiWorkerMirroredStrategy fit, failures, interrupts, pools and the drop-in."""
+import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -318,3 +321,36 @@ def test_distributed_on_the_driver_returns_every_ranks_value_and_names_a_failing
         distributed(remote=True)(lambda: 1).distributed()
     with pytest.raises(ValueError, match="gpus=2 and num_accelerators=4 disagree"):
         distributed(gpus=2, num_accelerators=4)
+
+
+# The engine guard of a fresh rank process (each imports Horovod and its framework: the driver
+# tier's cost, not the quick tier's).
+_GUARDED = """
+import os, sys
+os.environ["HVD_MAGICS_ENGINE"] = sys.argv[1]
+from hvd_magics.rank.guards import engine_guard
+engine_guard.install()
+call = sys.argv[2]
+try:
+    if call == "hvd":
+        import horovod.torch as hvd
+        hvd.init()
+    elif call == "torch":
+        import torch.distributed as dist
+        dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:1")
+    print("NO ERROR")
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize("engine, call, expect", [
+    ("torch", "hvd", "WrongEngineError hvd.init() was called, but this job runs on the torch"),
+    ("tf", "hvd", "WrongEngineError hvd.init() was called, but this job runs on the tf engine"),
+    ("horovod", "torch", "WrongEngineError torch.distributed.init_process_group() was called, "
+                         "but this job runs on the horovod engine"),
+])
+def test_the_guard_refuses_another_engines_start_call(engine, call, expect):
+    out = subprocess.run([sys.executable, "-c", _GUARDED, engine, call], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert out.stdout.strip().startswith(expect), out.stdout + out.stderr
