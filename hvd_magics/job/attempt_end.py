@@ -13,6 +13,7 @@ from hvd_magics.job.rank_state import shard_summary
 from hvd_magics.job.live_job import STOP_WAIT_S
 from hvd_magics.job.records.run_record import RunRecord
 from hvd_magics.job.verdicts.links import say_links
+from hvd_magics.job.views.charts import charts_html
 from hvd_magics.launch.backend import Backend
 from hvd_magics.launch.local_ranks import reap_local_ranks
 from hvd_magics.rank_names import ranks_named
@@ -68,7 +69,7 @@ def finish_record(record: RunRecord, job: JobState) -> None:
     record.timeline_path = str(timeline) if timeline else None
     record.shards = shard_summary(job.ranks)
     record.epochs = job.timer.rows()
-    record.charts_html = job.history.html()
+    record.charts_html = charts_html(job.history)
     hosts = {r.rank: r.host for r in job.ranks}
     record.step_split = job.splits.rank_rows(hosts)
     record.step_intervals = [{**row, "host": hosts.get(row["rank"], "")}

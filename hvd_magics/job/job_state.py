@@ -6,7 +6,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
-from hvd_magics.job.views.charts import MetricHistory
+from hvd_magics.job.readings.metric_history import MetricHistory
 from hvd_magics.job.records.epoch_timing import EpochTimer
 from hvd_magics.errors import RankFailure
 from hvd_magics.options import STALL_AFTER_S, ElasticSize

@@ -2,7 +2,8 @@
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from hvd_magics.job.views.charts import MetricHistory, svg_chart
+from hvd_magics.job.readings.metric_history import MetricHistory
+from hvd_magics.job.views.charts import charts_html, svg_chart
 from hvd_magics.job.job_state import JobState
 from hvd_magics.job.records.run_record import RunRecord
 
@@ -31,7 +32,7 @@ def test_progress_events_become_charts_of_steps_epochs_and_rates(tmp_path: Path)
     assert [x for x, _ in history.steps["loss"]] == [float(i) for i in range(1, 21)]
     assert history.epochs["val_loss"] == [(1.0, 0.6), (2.0, 0.3)]
     assert set(history.rates) == {0, 1} and history.rates[1][-1][1] == 150.0
-    page = history.html()
+    page = charts_html(history)
     assert page.count("<svg") == 4  # loss and accuracy per step, per epoch, samples/s
     for svg in page.split("<svg")[1:]:
         ET.fromstring("<svg" + svg.split("</svg>")[0] + "</svg>")  # each one is valid XML
@@ -42,14 +43,14 @@ def test_progress_events_become_charts_of_steps_epochs_and_rates(tmp_path: Path)
 def test_a_record_keeps_its_charts_for_saved_notebooks(tmp_path: Path):
     job = JobState(2, tmp_path / "ranks.log")
     _feed(job)
-    record = RunRecord(job_id="x", np=2, charts_html=job.history.html())
+    record = RunRecord(job_id="x", np=2, charts_html=charts_html(job.history))
     assert "<svg" in record._repr_html_() and "charts_html" not in repr(record)
     assert "<svg" not in str(record)  # the text summary stays text
     job.end()
 
 
 def test_nothing_reported_draws_nothing_and_one_point_is_a_dot():
-    assert MetricHistory(0.0).html() == ""
+    assert charts_html(MetricHistory(0.0)) == ""
     assert "<circle" in svg_chart({"loss": [(1.0, 0.5)]}, "t", "epoch")
 
 
@@ -70,16 +71,15 @@ def test_ticks_close_together_are_labelled_apart_and_one_epoch_draws_no_epoch_ch
     drew a per-epoch chart of one dot."""
     import re
 
-    from hvd_magics.job.views.charts import MetricHistory, svg_chart
 
     chart = svg_chart({"loss": [(1, 2.3151), (2, 2.3156), (3, 2.3153)]}, "loss", "step")
     labels = re.findall(r"text-anchor='end'>([^<]+)</text>", chart)
     assert len(labels) >= 3 and len(set(labels)) == len(labels), labels
     history = MetricHistory(0.0)
     history.epochs = {"loss": [(1.0, 0.5)]}
-    assert "per epoch" not in history.html()
+    assert "per epoch" not in charts_html(history)
     history.epochs = {"loss": [(1.0, 0.5), (2.0, 0.4)]}
-    assert "per epoch" in history.html()
+    assert "per epoch" in charts_html(history)
 
 
 def test_values_equal_but_for_the_last_bit_draw_one_tick_not_an_error():

@@ -196,15 +196,11 @@ JOB_ROOMS = (
     "watch",      # the loop that asks the monitors each turn
     "job",
 )
-#: The imports up a room still needed, and why. job_state builds two parts of the picture that
-#: others read as judged or drawn: ``splits`` (the step splits with the straggler verdict drawn
-#: as they arrive: job_life, following, background, views and the links monitor read
-#: ``job.splits.now()``/``verdicts()``) and ``history`` (the charts' readings; job_life keeps
-#: ``job.history.html()`` in the record). Taking the verdict and the drawing out of the picture
-#: changes where job_state builds them and what job_life reads.
+#: The imports up a room still needed, and why. job_state builds ``splits``, the step splits
+#: with the straggler verdict drawn as they arrive (following, background, the views, the links
+#: monitor and the record read ``job.splits.now()``/``verdicts()``): judged at every step.
 JOB_UP_IMPORTS = {
     ("hvd_magics.job.job_state", "hvd_magics.job.verdicts.straggler"),
-    ("hvd_magics.job.job_state", "hvd_magics.job.views.charts"),
 }
 
 

@@ -12,6 +12,7 @@ from hvd_magics.job.verdicts.straggler import WINDOWS, StepSplits
 from hvd_magics.job.verdicts.straggler_verdict import COMPUTE, INPUT, Straggler, look, verdict
 from hvd_magics.job.views.text_view import TextView
 from hvd_magics.protocol import STEP_SPLIT
+from hvd_magics.job.views.charts import charts_html
 
 HOSTS = {0: "10.0.0.2", 1: "10.0.0.2", 2: "10.0.0.3", 3: "10.0.0.3"}
 
@@ -325,7 +326,7 @@ def test_a_plain_text_cell_prints_each_verdict_once(tmp_path, monkeypatch):
     job.views[0].on_end(job)
     job.end()
     assert [round(ms) for _, ms in job.history.own[0]] == [50] * 6  # the chart's points
-    assert "own work per step, ms (input + compute)" in job.history.html()
+    assert "own work per step, ms (input + compute)" in charts_html(job.history)
     lines = [line for line in out.getvalue().splitlines() if "holds the others back" in line]
     assert lines == ["hvd_magics: rank 0 (host h0) holds the others back: its own work takes 43% "
                      "longer per step than the others' (0.05 s against 0.035 s), in compute "

@@ -1,158 +1,44 @@
 """Pictures of a job's progress: loss and metrics per step and per epoch, samples/s per rank.
 
-:class:`MetricHistory` gathers what the ranks' progress events carry (``progress``: the step's
-metrics and samples/s; ``epoch_end``: the epoch's metrics, validation ones included); its
-:meth:`~MetricHistory.html` draws them as inline SVG, which a live widget shows (redrawn at most
-once a second) and the run's record keeps, so the pictures stay in the saved notebook and in its
-HTML export (nbconvert) without a widget state or a JavaScript library.
+:class:`~hvd_magics.job.readings.metric_history.MetricHistory` gathers what the ranks'
+progress events carry; :func:`charts_html` draws it as inline SVG, which a live widget shows
+(redrawn at most once a second) and the run's record keeps, so the pictures stay in the saved
+notebook and in its HTML export (nbconvert) without a widget state or a JavaScript library.
 """
 from __future__ import annotations
 
 import html
 import math
 
-from hvd_magics.events import EpochEndEvent, ProgressEvent, Wire
-from hvd_magics.protocol import EPOCH_END, PROGRESS, is_event
+from hvd_magics.job.readings.metric_history import VALIDATION_PREFIXES, MetricHistory, is_validation
 from hvd_magics.rank_names import rank_named
 
 #: Colours of the lines, in order (rank 0, 1, ... or metric 1, 2, ...).
 PALETTE = ("#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#5d4037",
            "#9e9d24")
-#: Most points kept per line (older ones are thinned out: every other one dropped).
-MAX_POINTS = 400
-#: Weight of the newest value in the smoothed step curve (an exponential moving average).
-SMOOTHING = 0.3
 #: Size of one chart, in pixels.
 WIDTH, HEIGHT = 340, 170
 
 
-def _finite(metrics: dict[str, float] | None) -> dict[str, float]:
-    """An event's metrics that are finite numbers (a rank may report anything)."""
-    return {k: float(v) for k, v in (metrics or {}).items()
-            if isinstance(v, (int, float)) and math.isfinite(v)}
-
-
-def _thin(points: list[tuple[float, float]]) -> None:
-    if len(points) > MAX_POINTS:
-        del points[1:-1:2]
-
-
-class MetricHistory:
-    """What the charts draw, from the ranks' progress events.
-
-    Attributes
-    ----------
-    steps : dict
-        Metric name -> ``(step, smoothed value)`` of rank 0, steps counted across epochs.
-    epochs : dict
-        Metric name (``val_`` ones too) -> ``(epoch, value)`` of rank 0.
-    rates : dict
-        Rank -> ``(seconds since the job started, samples/s)``.
-    own : dict
-        Rank -> ``(seconds since the job started, ms of its own work per step)``: input and
-        compute, what is left of a step without the wait in collectives
-        (:mod:`hvd_magics.job.verdicts.straggler`).
-    """
-
-    def __init__(self, started_at: float) -> None:
-        self.started_at = started_at
-        self.steps: dict[str, list[tuple[float, float]]] = {}
-        self.epochs: dict[str, list[tuple[float, float]]] = {}
-        self.rates: dict[int, list[tuple[float, float]]] = {}
-        self.own: dict[int, list[tuple[float, float]]] = {}
-        self._smoothed: dict[str, float] = {}
-        #: When a chart last changed (``time.monotonic()``; 0: never).
-        self.changed_at = 0.0
-
-    def observe(self, rank: int, event: Wire, now: float) -> bool:
-        """Take one ``progress`` or ``epoch_end`` event (any other draws nothing); whether a
-        chart changed."""
-        if not is_event(event):
-            return False
-        changed = False
-        if event["kind"] == PROGRESS:
-            changed = self._take_progress(rank, event, now)
-        elif event["kind"] == EPOCH_END and rank == 0:
-            changed = self._take_epoch(event)
-        if changed:
-            self.changed_at = now
-        return changed
-
-    def observe_own_work(self, rank: int, own_s: float, now: float) -> None:
-        """Take a rank's mean own work per step (seconds) over its latest report."""
-        if math.isfinite(own_s):
-            self.own.setdefault(rank, []).append((now - self.started_at, 1000 * own_s))
-            _thin(self.own[rank])
-            self.changed_at = now
-
-    def _take_epoch(self, event: EpochEndEvent) -> bool:
-        metrics = _finite(event.get("metrics"))
-        if not metrics:
-            return False
-        ended = float(event.get("epoch") or len(next(iter(self.epochs.values()), [])) + 1)
-        for name, value in metrics.items():
-            self.epochs.setdefault(name, []).append((ended, value))
-        return True
-
-    def _take_progress(self, rank: int, event: ProgressEvent, now: float) -> bool:
-        changed = False
-        rate = event.get("samples_per_s")
-        if isinstance(rate, (int, float)) and math.isfinite(rate):
-            self.rates.setdefault(rank, []).append((now - self.started_at, float(rate)))
-            _thin(self.rates[rank])
-            changed = True
-        metrics = _finite(event.get("metrics"))
-        if rank == 0 and metrics:
-            epoch = int(event.get("epoch") or 1)
-            steps = int(event.get("steps") or 0)
-            step = (epoch - 1) * steps + int(event.get("step") or 0) if steps else \
-                self._next_step()
-            for name, value in metrics.items():
-                if is_validation(name):
-                    continue
-                smooth = self._smoothed.get(name, value)
-                smooth = SMOOTHING * value + (1 - SMOOTHING) * smooth
-                self._smoothed[name] = smooth
-                self.steps.setdefault(name, []).append((float(step), smooth))
-                _thin(self.steps[name])
-            changed = True
-        return changed
-
-    def _next_step(self) -> int:
-        return len(next(iter(self.steps.values()), [])) + 1
-
-    @property
-    def empty(self) -> bool:
-        return not (self.steps or self.epochs or self.rates or self.own)
-
-    def html(self) -> str:
-        """The charts side by side (``""`` when there is nothing to draw)."""
-        charts = []
-        for name, points in list(self.steps.items())[:2]:
-            charts.append(svg_chart({name: points}, f"{name} per step (rank 0, smoothed)",
-                                    "step"))
-        if any(len(points) > 1 for points in self.epochs.values()):  # not one dot per line
-            charts.append(svg_chart(_epoch_lines(self.epochs), "per epoch (rank 0)", "epoch",
-                                    markers=True))
-        if self.rates:
-            charts.append(svg_chart({rank_named(r): p for r, p in sorted(self.rates.items())},
-                                    "samples/s per rank", "seconds"))
-        if len(self.own) > 1:
-            charts.append(svg_chart({rank_named(r): p for r, p in sorted(self.own.items())},
-                                    "own work per step, ms (input + compute)", "seconds"))
-        if not charts:
-            return ""
-        return ("<div class='hvd-charts' style='display:flex;flex-wrap:wrap;gap:8px'>"
-                + "".join(charts) + "</div>")
-
-
-#: Prefixes of validation metrics: Keras' and Lightning's habit, and Hugging Face's.
-VALIDATION_PREFIXES = ("val_", "eval_")
-
-
-def is_validation(name: str) -> bool:
-    """Whether metric ``name`` is measured on validation data (drawn dashed, beside its twin)."""
-    return name.startswith(VALIDATION_PREFIXES)
+def charts_html(history: MetricHistory) -> str:
+    """``history``'s charts side by side, as inline SVG (``""`` when there is nothing to draw)."""
+    charts = []
+    for name, points in list(history.steps.items())[:2]:
+        charts.append(svg_chart({name: points}, f"{name} per step (rank 0, smoothed)",
+                                "step"))
+    if any(len(points) > 1 for points in history.epochs.values()):  # not one dot per line
+        charts.append(svg_chart(_epoch_lines(history.epochs), "per epoch (rank 0)", "epoch",
+                                markers=True))
+    if history.rates:
+        charts.append(svg_chart({rank_named(r): p for r, p in sorted(history.rates.items())},
+                                "samples/s per rank", "seconds"))
+    if len(history.own) > 1:
+        charts.append(svg_chart({rank_named(r): p for r, p in sorted(history.own.items())},
+                                "own work per step, ms (input + compute)", "seconds"))
+    if not charts:
+        return ""
+    return ("<div class='hvd-charts' style='display:flex;flex-wrap:wrap;gap:8px'>"
+            + "".join(charts) + "</div>")
 
 
 def _epoch_lines(epochs: dict[str, list[tuple[float, float]]]) -> dict[str, list]:

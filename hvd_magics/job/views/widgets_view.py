@@ -19,6 +19,7 @@ from hvd_magics.job.rank_state import (DONE, FAILED, INTERRUPTED, PREEMPTED, REA
                                        SHARDING_DATA, STARTING, STOPPED, WAITING)
 from hvd_magics.job.records.run_record import job_title
 from hvd_magics.job.readings.step_parts import StepParts
+from hvd_magics.job.views.charts import charts_html
 from hvd_magics.options import STALL_AFTER_S
 from hvd_magics.protocol import FIRST_BUILD, OUTPUT, is_event
 from hvd_magics.rank_names import TASK, rank_named, rank_spans
@@ -222,7 +223,7 @@ class WidgetView:
         if job.history.changed_at > self._charts_drawn and (
                 final or now - self._charts_drawn >= CHARTS_INTERVAL_S):
             self._charts_drawn = now
-            self.charts.value = job.history.html()
+            self.charts.value = charts_html(job.history)
         if self._dirty and self.show_log:
             self._show_log()
             self._dirty = False
