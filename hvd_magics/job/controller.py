@@ -95,6 +95,8 @@ class JobController:
         self.fix = resume_fix or job_resume_fix(folder)
         self.make_attempt = attempts
         self.state = State.STARTING
+        #: Every state the job was in, a step each (the running ones as one entry per turn).
+        self.visited: list[State] = []
         self.attempt = self.losses = self.preemptions = 0
         #: Why each earlier attempt ended, and where the next one resumed, as the record says.
         self.causes: list[str] = []
@@ -116,6 +118,7 @@ class JobController:
             State.RESTARTING: self._restart, State.RESUMING: self._resume}
         try:
             while self.state not in (State.FINISHED, State.ERRORED):
+                self.visited.append(self.state)
                 try:
                     self.state = steps[self.state]()
                 except KeyboardInterrupt:  # between two steps' own handling of one

@@ -81,3 +81,44 @@ def test_a_stage_that_lost_an_executor_before_any_rank_reported_is_a_loss(tmp_pa
         is AttemptCause.LOST_EXECUTOR
     assert stage("the executor's Python failed:\nValueError: the rows was lost").cause \
         is AttemptCause.USER_ERROR
+
+
+def test_the_controller_steps_through_its_states_a_turn_a_step(tmp_path):
+    """An attempt watched for three turns, lost, restarted, then watched to its end: each turn
+    of the watch is a step of the one loop, and the loss a state of it, not a nested loop."""
+    from hvd_magics.job.controller import JobController, State
+    from hvd_magics.job.launch_request import LaunchRequest
+    from hvd_magics.job.records.run_record import RunRecord
+    from hvd_magics.launch.payload import JobPayload
+    from hvd_magics.options import JobOptions
+
+    class Watched:
+        def __init__(self, request):
+            self.request, self.turns = request, 0
+
+        def start(self):
+            pass
+
+        def turn(self):
+            self.turns += 1
+            if self.request.attempt == 0 and self.turns == 3:
+                raise HorovodJobError("1 of 2 ranks failed", [RankFailure(1, "h", -9)])
+            return self.request.attempt > 0 and self.turns == 2
+
+        def succeeded(self):
+            pass
+
+        def end(self, failure):
+            if failure is not None:
+                raise failure
+            return RunRecord(job_id="j", np=2, where="driver", log_path="")
+
+    request = LaunchRequest(JobPayload(b""), JobOptions(ranks=2), {}, [])
+    controller = JobController(request, FailurePolicy(1), tmp_path / "c", attempts=Watched)
+    record = controller.run()
+    assert controller.visited == [State.STARTING, State.RUNNING, State.RUNNING, State.RUNNING,
+                                  State.RESTARTING, State.STARTING, State.RUNNING,
+                                  State.RUNNING]
+    assert controller.state is State.FINISHED
+    assert record.attempts[0].startswith("rank 1 on h: killed by signal 9") and \
+        record.attempts[-1] == "succeeded"
