@@ -24,22 +24,21 @@ import time
 from typing import Any
 
 from hvd_magics.channel import EventSink
-from hvd_magics.events import DriverLogEvent, to_wire
+from hvd_magics.events import to_wire
 from hvd_magics.errors import HorovodMagicsError
 from hvd_magics.options import ElasticSize
 from hvd_magics.launch.elastic_bounds import reset_limit_failure, resume_failure, too_few_started
 from hvd_magics.launch.elastic_formations import Formations
 from hvd_magics.launch.elastic_slots import LOST_CODE, POLL_S, TaskSlots
-from hvd_magics.launch.horovod_elastic import HorovodLogToJob, SlotWorker, reporting_driver_class
+from hvd_magics.launch.horovod_elastic import (HorovodLogToJob, SlotWorker, quiet_rendezvous,
+                                              reporting_driver_class)
 from hvd_magics.launch.spark_backend import (CANCEL_AFTER_S, STATUS_SCHEMA, SparkBackend,
                                              barrier_function)
 from hvd_magics.launch.environment_shipping import EnvironmentChoice
 from hvd_magics.launch.spark_errors import spark_error_text
 from hvd_magics.launch.spark_slots import check_total_slots, task_slots
-from hvd_magics.protocol import DRIVER_LOG, ENV_GLOO_TIMEOUT, ENV_LIVE, is_event
-from hvd_magics.rank_names import TASK, rank_named
+from hvd_magics.protocol import ENV_GLOO_TIMEOUT, ENV_LIVE, is_event
 from hvd_magics.task.elastic_task import slot_host_prefix
-from hvd_magics.task.slots import quiet_request_errors
 from hvd_magics.task.spark_task import TaskSpec
 
 #: The Gloo timeout of an elastic job's ranks unless the job sets its own. When a rank dies,
@@ -127,8 +126,7 @@ class ElasticSparkBackend(SparkBackend):
             timeout=self.elastic_timeout, reset_limit=self.reset_limit)
         self._worker = SlotWorker(self.slots, server, server.address.host,
                                   self._rendezvous.start(create_rendezvous_handler(self._driver)))
-        quiet_request_errors(self._rendezvous, lambda text: events.put(to_wire(DriverLogEvent(
-            kind=DRIVER_LOG, rank=None, time=time.time(), text=text))))
+        quiet_rendezvous(self._rendezvous, events)
         threading.Thread(target=self._pump, args=(inbox,), name="hvd-elastic-events",
                          daemon=True).start()
         self._submit(TaskSpec(payload, server.address, self.env, job_id, elastic=True))
@@ -270,8 +268,7 @@ class ElasticSparkBackend(SparkBackend):
             self._driver.forget_workers_on(slot_host_prefix(host))
         for task in self.slots.tasks_on(host):
             if self.slots.ended(task, LOST_CODE):
-                self.formations.note(f"{rank_named(task, TASK)} on {host} stopped answering: "
-                                     "its link or machine was lost")
+                self.formations.host_lost(task, host)
             assert self._server is not None  # its tasks offered their slots over the channel
             self._server.drop(task)
 

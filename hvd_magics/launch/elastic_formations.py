@@ -7,7 +7,7 @@ import time
 
 from hvd_magics.events import ResizeEvent
 from hvd_magics.protocol import RESIZE
-from hvd_magics.rank_names import TASK, ranks_named
+from hvd_magics.rank_names import TASK, rank_named, ranks_named
 
 
 class Formations:
@@ -21,6 +21,11 @@ class Formations:
     def note(self, cause: str) -> None:
         """``cause`` makes the ranks re-form: the next formation says so."""
         self._causes.append(cause)
+
+    def host_lost(self, task: int, host: str) -> None:
+        """Task ``task``'s host stopped answering: the next formation says so."""
+        self.note(f"{rank_named(task, TASK)} on {host} stopped answering: its link or machine "
+                  "was lost")
 
     def formed(self, by_task: dict[int, int], size: int) -> ResizeEvent:
         """The ranks formed anew, ``size`` of them, ``by_task`` (task -> rank) those whose task

@@ -13,7 +13,7 @@ from hvd_magics.channel import EventServer, EventSink
 from hvd_magics.events import DriverLogEvent, StartRankOrder, to_wire
 from hvd_magics.launch.elastic_slots import LOST_CODE, TaskSlots
 from hvd_magics.protocol import DRIVER_LOG, ENV_HOROVOD_ELASTIC, ENV_HOROVOD_GLOO_IFACE, START_RANK
-from hvd_magics.task.slots import slot_env
+from hvd_magics.task.slots import quiet_request_errors, slot_env
 
 #: After the elastic driver stopped a rank's slot, how long the rank's exit may take to arrive.
 EXIT_WAIT_S = 10.0
@@ -114,3 +114,10 @@ class SlotWorker:
             server.drop(task)
             code = self.slots.exit_of(slot_info.hostname, EXIT_WAIT_S)
         return (code if code is not None else LOST_CODE), time.time()
+
+
+def quiet_rendezvous(rendezvous: Any, events: EventSink) -> None:
+    """A request that fails on Horovod's rendezvous (a rank killed while it talked to it)
+    becomes a line of the job's log, not a traceback in the cell."""
+    quiet_request_errors(rendezvous, lambda text: events.put(to_wire(DriverLogEvent(
+        kind=DRIVER_LOG, rank=None, time=time.time(), text=text))))

@@ -7,14 +7,11 @@ Spark's failures read by :mod:`~hvd_magics.launch.spark_errors`, its executors a
 :mod:`~hvd_magics.launch.spark_executors`."""
 from __future__ import annotations
 
-import functools
 import sys
 import time
 from typing import Any
 
-import cloudpickle
 
-from hvd_magics.task import task_entry
 from hvd_magics.errors import HorovodMagicsError
 from hvd_magics.channel import EventServer, EventSink
 from hvd_magics.options import DEFAULT_START_TIMEOUT_S
@@ -29,7 +26,7 @@ from hvd_magics.launch.spark_session import (check_connect_session, driver_addre
                                              no_live_view_reason)
 from hvd_magics.launch.spark_slots import (SLOT_WAIT_S, check_slots, local_master_slots,
                                            not_enough_slots, task_layout)
-from hvd_magics.launch.spark_stage import SparkStage, replay_order
+from hvd_magics.launch.spark_stage import STATUS_SCHEMA, SparkStage, barrier_function, replay_order
 from hvd_magics.launch.stage_guard import StageGuard
 from hvd_magics.protocol import ENV_DRIVER_HOST, ENV_LIVE
 from hvd_magics.task.spark_task import TaskSpec
@@ -48,18 +45,6 @@ CANCEL_AFTER_S = 6.0
 CANCEL_LATE_TASKS_AFTER_S = 15.0
 
 
-#: The one column each barrier task returns (a JSON status line).
-STATUS_SCHEMA = "status string"
-
-
-def barrier_function(spec: TaskSpec) -> Any:
-    """The ``mapInArrow`` function each barrier task runs: it works (and reports) even on an
-    executor whose Python lacks hvd_magics, since :mod:`hvd_magics.task.task_entry` travels by
-    value."""
-    from pyspark import cloudpickle as spark_cloudpickle
-
-    spark_cloudpickle.register_pickle_by_value(task_entry)
-    return functools.partial(task_entry.arrow_barrier_task, cloudpickle.dumps(spec))
 
 
 class SparkBackend(SparkStage, RankOrders):

@@ -4,11 +4,14 @@ executors that may lack them; the tasks' status lines collected and the events t
 replayed to the job; waited for, cancelled, and its failure said as the user reads it."""
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 import threading
 import time
 from typing import Any
+
+import cloudpickle
 
 from hvd_magics.channel import EventSink
 from hvd_magics.events import Wire
@@ -20,6 +23,7 @@ from hvd_magics.launch.spark_session import (CONNECT_PROBE_S, cancel_running_job
 from hvd_magics.launch.stage_failure import (missing_module_fix, stage_failure,
                                              unpacking_allowance)
 from hvd_magics.task.event_buffer import replay
+from hvd_magics.task import task_entry
 from hvd_magics.task.spark_task import TaskSpec
 
 
@@ -31,6 +35,20 @@ def replay_order(buffered: dict[int, list[Wire]]) -> list[Wire]:
     for event in merged:
         event["recv"] = now_mono - max(now_wall - event.get("time", now_wall), 0.0)
     return merged
+
+
+#: The one column each barrier task returns (a JSON status line).
+STATUS_SCHEMA = "status string"
+
+
+def barrier_function(spec: TaskSpec) -> Any:
+    """The ``mapInArrow`` function each barrier task runs: it works (and reports) even on an
+    executor whose Python lacks hvd_magics, since :mod:`hvd_magics.task.task_entry` travels by
+    value."""
+    from pyspark import cloudpickle as spark_cloudpickle
+
+    spark_cloudpickle.register_pickle_by_value(task_entry)
+    return functools.partial(task_entry.arrow_barrier_task, cloudpickle.dumps(spec))
 
 
 class SparkStage:

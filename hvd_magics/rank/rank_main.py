@@ -133,14 +133,10 @@ def run_job(payload: bytes) -> tuple[Any, BaseException | None, int]:
     ``sys.exit(0)`` is a successful end."""
     import cloudpickle
 
-    from hvd_magics.rank.instruments import ddp_watch, step_split
-    from hvd_magics.rank.api import preemption
-    from hvd_magics.rank.integrations import plain_loops
+    from hvd_magics.rank import hooks
     from hvd_magics.result_codec import encode_parts
 
-    ddp_watch.reset()  # a warm pool's cell counts its own steps
-    step_split.reset()
-    preemption.reset()
+    hooks.new_job()  # a warm pool's cell counts its own steps
     try:
         main_fn, kwargs = cloudpickle.loads(payload)
         try:
@@ -149,8 +145,7 @@ def run_job(payload: bytes) -> tuple[Any, BaseException | None, int]:
             if saving is not None:
                 saving.wait()  # a save in the background is in place before the rank ends
         finally:
-            plain_loops.reset()  # the inferred last epoch ends with the function
-            step_split.flush(final=True)
+            hooks.job_ended()
     except SystemExit as exc:
         if exc.code not in (0, None):
             return None, exc, exc.code if isinstance(exc.code, int) else 1
@@ -189,21 +184,13 @@ def show_warning(message: Warning | str, category: type[Warning], filename: str,
 
 def run_rank() -> None:
     """Run the shipped function and report its result or its exception (never returns)."""
-    from hvd_magics.rank import integrations, torch_group_hold, whole_writes
-    from hvd_magics.rank.api import preemption
-    from hvd_magics.rank.guards import engine_guard, shard_guard
-    from hvd_magics.rank.instruments import ddp_watch, stack_report, step_split
+    from hvd_magics.rank import hooks
 
-    whole_writes.install()
+    hooks.install_writes()
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
-    stack_report.serve(preemption.on_order)
+    hooks.serve_stacks()
     warnings.showwarning = show_warning
-    integrations.install()
-    ddp_watch.install()
-    step_split.install()
-    engine_guard.install()
-    shard_guard.install()
-    torch_group_hold.install()
+    hooks.install()
     _preimport(rank_job().preimport)
     late_env, payload = decode_job(sys.stdin.buffer) or ({}, b"")
     os.environ.update(late_env)
@@ -212,7 +199,7 @@ def run_rank() -> None:
     if failure is not None:
         _fail(failure, code)
     report_imports()
-    rank_events.emit(LeavingEvent(kind=LEAVING, steps=ddp_watch.steps()))
+    rank_events.emit(LeavingEvent(kind=LEAVING, steps=hooks.ddp_steps()))
     end_engine()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -143,6 +143,19 @@ def test_every_module_imports_only_its_own_floor_or_below():
     assert wrong == [], wrong
 
 
+#: The most of the package's modules one module may import: a module that needs more is a hub
+#: doing several jobs (job_life imported 24, the magics 19, the pool 18).
+MOST_IMPORTS = 15
+
+
+def test_no_module_imports_more_than_fifteen_of_the_packages_modules():
+    imports = _imports()
+    imports.pop("hvd_magics")  # the entry point names the public API
+    hubs = sorted(f"{m}: {len(names)}" for m, names in imports.items()
+                  if len(names) > MOST_IMPORTS)
+    assert hubs == []
+
+
 def test_no_module_imports_itself_round_a_circle():
     """rank/estimator_fit and rank/fit_keras once imported each other."""
     graph = _imports()
