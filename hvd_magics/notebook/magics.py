@@ -26,6 +26,24 @@ from hvd_magics.notebook.gpu_guard import driver_gpu_holders, driver_gpu_message
 from hvd_magics.notebook.job_arguments import job_arguments, job_keywords
 from hvd_magics.notebook.magic_line import option, parse_env, parse_line
 
+def _start_background(runner: HorovodRunner, payload: Any, args: Any, cell: str,
+                      preimport: tuple[str, ...], user_ns: dict[str, Any]) -> BackgroundJob:
+    """``%%horovod --background``: the cell's job started, its handle kept in ``-o NAME``."""
+    views = default_views(runner.driver_log_verbosity, show_output=not args.quiet,
+                          background=True)
+    job = runner.start_payload(payload, views, decode_cell_result, cell, preimport,
+                               on_success=lambda record: user_ns.update(
+                                   record.returned))
+    if args.output:
+        user_ns[args.output] = job
+    name = args.output or "job"
+    keep = "" if args.output else " (-o NAME keeps its handle)"
+    print(f"hvd_magics: the job runs in the background{keep}; {name}.wait() for its value, "
+          f"{name}.stop() to end it, %hvd_stacks {args.output or ''} to see where its "
+          "ranks are.".replace("  ", " "))
+    return job
+
+
 @magics_class
 class HorovodMagics(Magics):
     """``%%horovod np=N``: run the cell as a Horovod job with N ranks."""
@@ -79,7 +97,8 @@ class HorovodMagics(Magics):
         payload, preimport = cell_payload(cell, self.shell.user_ns, f"%%horovod {line}".rstrip(),
                                           return_names, runner.engine, pool)
         if args.background:
-            return self._start_background(runner, payload, args, cell, preimport)
+            return _start_background(runner, payload, args, cell, preimport,
+                                     self.shell.user_ns)
         views = default_views(runner.driver_log_verbosity, show_output=not args.quiet)
         try:
             record = runner.run_payload(payload, views, decode_cell_result, cell, preimport)
@@ -92,22 +111,6 @@ class HorovodMagics(Magics):
                 view.hand_over_charts()
         display(record)  # the static summary: shown by exports, terminals and widget-less views
         return record.value
-
-    def _start_background(self, runner: HorovodRunner, payload: Any, args: Any, cell: str,
-                          preimport: tuple[str, ...]) -> BackgroundJob:
-        views = default_views(runner.driver_log_verbosity, show_output=not args.quiet,
-                              background=True)
-        job = runner.start_payload(payload, views, decode_cell_result, cell, preimport,
-                                   on_success=lambda record: self.shell.user_ns.update(
-                                       record.returned))
-        if args.output:
-            self.shell.user_ns[args.output] = job
-        name = args.output or "job"
-        keep = "" if args.output else " (-o NAME keeps its handle)"
-        print(f"hvd_magics: the job runs in the background{keep}; {name}.wait() for its value, "
-              f"{name}.stop() to end it, %hvd_stacks {args.output or ''} to see where its "
-              "ranks are.".replace("  ", " "))
-        return job
 
     @magic_arguments()
     @argument("job", nargs="?", default=None,

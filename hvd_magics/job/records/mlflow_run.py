@@ -437,7 +437,7 @@ class MlflowTracker:
         if record.epochs:
             client.log_text(run_id, epochs_csv(record.epochs),
                             f"{folder}/epoch_timing.csv" if folder else "epoch_timing.csv")
-        self._log_step_split(record, folder)
+        log_step_split(client, run_id, record, folder)
         if self.source and not self.attempt:
             client.log_text(run_id, self.source, "source.py")
         if record.timeline_path:
@@ -450,18 +450,17 @@ class MlflowTracker:
             client.set_terminated(run_id, STATUS.get(record.status, "FAILED"))
 
 
-    def _log_step_split(self, record: Any, folder: str | None) -> None:
-        """Each rank's mean step split as metrics (``rank_1.comm_s``), the intervals as a CSV
-        and the straggler verdicts as a tag."""
-        client, run_id = self._client, self.run_id
-        for row in record.step_split:
-            for part in ("step_s", "input_s", "compute_s", "comm_s", "cpu_wait_s"):
-                client.log_metric(run_id, f"rank_{row['rank']}.{part}", row[part])
-        if record.step_intervals:
-            client.log_text(run_id, record.steps.to_csv(index=False),
-                            f"{folder}/step_split.csv" if folder else "step_split.csv")
-        if record.stragglers:
-            client.set_tag(run_id, "hvd_magics.straggler", "\n".join(record.stragglers)[:5000])
+def log_step_split(client: Any, run_id: str | None, record: Any, folder: str | None) -> None:
+    """Each rank's mean step split as metrics (``rank_1.comm_s``), the intervals as a CSV and
+    the straggler verdicts as a tag, in run ``run_id``."""
+    for row in record.step_split:
+        for part in ("step_s", "input_s", "compute_s", "comm_s", "cpu_wait_s"):
+            client.log_metric(run_id, f"rank_{row['rank']}.{part}", row[part])
+    if record.step_intervals:
+        client.log_text(run_id, record.steps.to_csv(index=False),
+                        f"{folder}/step_split.csv" if folder else "step_split.csv")
+    if record.stragglers:
+        client.set_tag(run_id, "hvd_magics.straggler", "\n".join(record.stragglers)[:5000])
 
 
 #: How to stop each library that records the job in MLflow on its own.

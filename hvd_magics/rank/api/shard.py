@@ -25,15 +25,15 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from hvd_magics.errors import ShardError
+from hvd_magics.errors import ShardError  # noqa: F401 - the error of this module's API
 from hvd_magics.protocol import ENV_SHARDS
+from hvd_magics.rank.api.shard_columns import column_array, is_vector, row_width
 from hvd_magics.rank.instruments import step_split
 from hvd_magics.rank.rank_job import rank_job
 
 #: What :meth:`Shard.steps_per_epoch` does with the rows by which shards differ.
 REPEAT, DROP = "repeat", "drop"
 #: Arrow field names of an MLlib ``VectorUDT`` column (``type`` 0: sparse, 1: dense).
-_VECTOR_FIELDS = {"type", "size", "indices", "values"}
 #: Called with ``(shard, steps, batch_size)`` as each pass over a shard's batches begins
 #: (:func:`when_a_pass_begins`).
 _pass_hooks: list[Callable[[Shard, int, int], None]] = []
@@ -47,15 +47,8 @@ def when_a_pass_begins(hook: Callable[[Shard, int, int], None]) -> None:
         _pass_hooks.append(hook)
 
 
-def _is_vector(kind: Any) -> bool:
-    import pyarrow as pa
-
-    return pa.types.is_struct(kind) and {kind.field(i).name for i in range(kind.num_fields)} \
-        >= _VECTOR_FIELDS
-
-
 def _describe_type(kind: Any) -> str:
-    if _is_vector(kind):
+    if is_vector(kind):
         return "vector"
     return str(kind)
 
@@ -147,51 +140,9 @@ class Shard:
         """
         if column in self._arrays:
             return self._arrays[column]
-        import pyarrow as pa
-
-        data = self._column(column)
-        kind = data.type
-        if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
-            if data.null_count:
-                raise ShardError(f"column {column!r} of {self.name} has {data.null_count} nulls; "
-                                 "fill or drop them in Spark before training (df.na.fill / "
-                                 "df.dropna)")
-            array = data.to_numpy(zero_copy_only=False)
-        elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
-            array = data.to_numpy(zero_copy_only=False)
-        elif (pa.types.is_list(kind) or pa.types.is_large_list(kind)
-              or pa.types.is_fixed_size_list(kind)):
-            array = self._lists(column, data)
-        elif _is_vector(kind):
-            array = self._vectors(column, data)
-        else:
-            raise ShardError(f"column {column!r} of {self.name} has type {kind}, which does not "
-                             "become a numpy array; select numeric, string, array or vector "
-                             "columns (cast it in Spark first)")
+        array = column_array(self.name, column, self._column(column))
         self._arrays[column] = array
         return array
-
-    def _width(self, column: str, lists: Sequence[Any]) -> int:
-        """The one length of every row of the list arrays ``lists`` (a column's chunks)."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        lengths = pc.list_value_length(pa.chunked_array(lists))
-        if lengths.null_count:
-            raise ShardError(f"array column {column!r} of {self.name} has {lengths.null_count} "
-                             "null rows; fill or drop them in Spark before training (df.dropna)")
-        lengths = lengths.to_numpy()
-        width = int(lengths[0]) if len(lengths) else 0
-        if len(lengths) and (lengths != width).any():
-            raise ShardError(f"array column {column!r} of {self.name} has rows of different "
-                             f"lengths ({lengths.min()} to {lengths.max()}); pad them in "
-                             "Spark to one length")
-        return width
-
-    def _lists(self, column: str, data: Any) -> np.ndarray:
-        width = self._width(column, [data])
-        values = data.flatten().to_numpy(zero_copy_only=False)
-        return values.reshape(len(data), width).astype(np.float32, copy=False)
 
     def _rows_of(self, column: str) -> np.ndarray | _MappedRows:
         """Column ``column`` to gather rows from by index (``array[rows]``): a list or dense
@@ -203,31 +154,12 @@ class Shard:
             chunks = self._table.column(column).chunks
             lists = _dense_lists(chunks) if len(chunks) > 1 else None
             if lists is not None:
-                mapped = _MappedRows.over(self._mapped, lists, self._width(column, lists))
+                mapped = _MappedRows.over(self._mapped, lists,
+                                          row_width(self.name, column, lists))
                 if mapped is not None:
                     self._in_place[column] = mapped
                     return mapped
         return self.to_numpy(column)
-
-    def _vectors(self, column: str, data: Any) -> np.ndarray:
-        kinds = data.field("type").to_numpy(zero_copy_only=False)
-        values = data.field("values")
-        dense_rows = kinds == 1
-        if dense_rows.all():  # the usual case: one reshape, no loop
-            return self._lists(column, values)
-        sizes = data.field("size").to_numpy(zero_copy_only=False)
-        width = int(max((len(values[i]) for i in np.flatnonzero(dense_rows)[:1]), default=0))
-        if (~dense_rows).any():
-            width = max(width, int(np.nanmax(sizes[~dense_rows])))
-        out: np.ndarray = np.zeros((len(data), width), dtype=np.float32)
-        indices = data.field("indices")
-        for row in range(len(data)):
-            row_values = values[row].values.to_numpy(zero_copy_only=False)
-            if dense_rows[row]:
-                out[row, :len(row_values)] = row_values
-            else:
-                out[row, indices[row].values.to_numpy(zero_copy_only=False)] = row_values
-        return out
 
     def steps_per_epoch(self, batch_size: int, remainder: str = REPEAT) -> int:
         """Batches every rank runs in one epoch (the same on every rank).
@@ -373,7 +305,7 @@ def _dense_lists(chunks: Sequence[Any]) -> list[Any] | None:
     kind = chunks[0].type
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
         return list(chunks)
-    if _is_vector(kind) and all(c.field("type").null_count == 0 and
+    if is_vector(kind) and all(c.field("type").null_count == 0 and
                                 np.all(c.field("type").to_numpy() == 1) for c in chunks):
         return [c.field("values") for c in chunks]
     return None
