@@ -13,19 +13,16 @@ from hvd_magics.options import STALL_AFTER_S, ElasticSize
 from hvd_magics.job.readings.stacks import where as stack_where
 from hvd_magics.job.readings.preemption import PreemptionWatch
 from hvd_magics.job.verdicts.straggler import StepSplits
-from hvd_magics.protocol import (CHANNEL_CLOSED, DRIVER_LOG, EPOCH_BEGIN, EPOCH_END, ERROR, EXIT,
-                                 LEAVING, LINK_PROBE, OUTPUT, OUTPUT_PARTIAL, PREEMPT_CALLS,
-                                 PROGRESS, RESIZE, RESULT, RUN_LOG, SHARDING, SLOT_OFFER, STACKS,
-                                 STARTED, STEP_SPLIT, TASK_ERROR, TASK_STARTED, TIMELINE_CHUNK,
+from hvd_magics.protocol import (DRIVER_LOG, EPOCH_BEGIN, EPOCH_END, LINK_PROBE, OUTPUT,
+                                 OUTPUT_PARTIAL, PREEMPT_CALLS, PROGRESS, RESIZE, RESULT, RUN_LOG,
+                                 SHARDING, SLOT_OFFER, STACKS, STEP_SPLIT, TIMELINE_CHUNK,
                                  TIMELINE_LOCAL)
-from hvd_magics.events import (ChannelClosedEvent, ErrorEvent, ExitEvent, LeavingEvent,
-                               LinkProbeEvent, OutputEvent, OutputPartialEvent, PreemptCallsEvent,
+from hvd_magics.events import (LinkProbeEvent, OutputEvent, OutputPartialEvent, PreemptCallsEvent,
                                ResultEvent, RunLogEvent, ShardingEvent, SlotOfferEvent,
-                               StartedEvent, TaskErrorEvent, TaskStartedEvent,
-                               TimelineChunkEvent, TimelineLocalEvent, to_wire)
+                               TimelineChunkEvent, TimelineLocalEvent)
 from hvd_magics.job.rank_output import RankOutput
-from hvd_magics.job.rank_state import (DONE, FAILED, READY, RUNNING, SHARDING_DATA,
-                                       STALL_REQUEST, STARTING, RankState,
+from hvd_magics.job.rank_state import (READY, SHARDING_DATA,
+                                       STALL_REQUEST, RankState,
                                        failed_count, failures)
 from hvd_magics.job.readings.formations import Formations
 from hvd_magics.job.readings.stacks import StackRequests
@@ -146,6 +143,8 @@ class JobState:
         handler = self._HANDLERS.get(event["kind"])
         if handler is not None:
             handler(self, state, event)
+        else:
+            state.apply(event)  # a rank's own way to its end
         if state.failed_at is None and state.failed:
             state.failed_at = state.last_seen
         for view in self.views:
@@ -171,13 +170,6 @@ class JobState:
             self.ranks[rank].lose(text, now, host_lost=True)
         self.lost_host = text
         return text
-
-    def _on_channel_closed(self, state: RankState, event: ChannelClosedEvent) -> None:
-        if not event.get("clean") and not state.exited:
-            where = f" on {state.host}" if state.host else ""
-            task = (f"Spark task {state.rank}" if self.elastic else
-                    f"the Spark task of rank {state.rank}")
-            state.lose(f"{task}{where} ended without a word: its executor was lost or killed")
 
     def _on_resize(self, event: dict[str, Any]) -> None:
         ranks = self.formations.add(event)
@@ -206,23 +198,6 @@ class JobState:
         state.state = SHARDING_DATA
         if self.data_arrived_at is None:
             self.data_arrived_at = event["recv"]
-
-    def _on_task_started(self, state: RankState, event: TaskStartedEvent) -> None:
-        state.state = STARTING
-        state.shards = list(event.get("shards") or [])
-        state.task = event.get("task")
-
-    def _on_started(self, state: RankState, event: StartedEvent) -> None:
-        state.state = RUNNING
-        state.pid = event.get("pid")
-
-    def _on_error(self, state: RankState, event: ErrorEvent) -> None:
-        state.error = to_wire(event)
-        state.state = state.failed_state
-
-    def _on_task_error(self, state: RankState, event: TaskErrorEvent) -> None:
-        state.task_error = event.get("traceback", "")
-        state.state = FAILED
 
     def _on_result(self, state: RankState, event: ResultEvent) -> None:
         state.has_result = True
@@ -278,10 +253,6 @@ class JobState:
         """Ranks whose process has not started yet."""
         return [r.rank for r in self.ranks if not r.exited and r.pid is None]
 
-    def _on_leaving(self, state: RankState, event: LeavingEvent) -> None:
-        state.left = True
-        state.ddp_steps = event.get("steps")
-
     def ended_on_notice(self) -> list[int]:
         """Ranks that ended on purpose at a preemption notice, their part of the save done."""
         return [r.rank for r in self.ranks if r.stopped_on_notice]
@@ -291,22 +262,15 @@ class JobState:
         rank whose cell ended)."""
         return [r.rank for r in self.ranks if r.left or (r.exited and not r.failed)]
 
-    def _on_exit(self, state: RankState, event: ExitEvent) -> None:
-        state.exit_code = event.get("code")
-        state.exit_how = str(event.get("how") or "")
-        state.state = state.failed_state if state.failed else DONE
-
-    #: Event kind -> how it changes the job (``log`` changes nothing here: views show it); each
-    #: handler reads its kind's record (hvd_magics.events).
+    #: Event kind -> how it changes the job (``log`` changes nothing here: views show it; a
+    #: rank's own way to its end is :meth:`RankState.apply`'s); each handler reads its kind's
+    #: record (hvd_magics.events).
     _HANDLERS: ClassVar[dict[str, Callable[[JobState, RankState, Any], None]]] = {
         OUTPUT: _on_output, OUTPUT_PARTIAL: _on_output_partial, RUN_LOG: _on_run_log,
-        CHANNEL_CLOSED: _on_channel_closed, SHARDING: _on_sharding,
-        TASK_STARTED: _on_task_started, SLOT_OFFER: _on_slot_offer,
-        STARTED: _on_started, ERROR: _on_error, TASK_ERROR: _on_task_error, RESULT: _on_result,
+        SHARDING: _on_sharding, SLOT_OFFER: _on_slot_offer, RESULT: _on_result,
         TIMELINE_LOCAL: _on_timeline_local, TIMELINE_CHUNK: _on_timeline_chunk,
-        EPOCH_BEGIN: _on_progress, PROGRESS: _on_progress, EPOCH_END: _on_progress, EXIT: _on_exit,
-        LEAVING: _on_leaving, STEP_SPLIT: _on_step_split, LINK_PROBE: _on_link_probe,
-        PREEMPT_CALLS: _on_preempt_calls,
+        EPOCH_BEGIN: _on_progress, PROGRESS: _on_progress, EPOCH_END: _on_progress,
+        STEP_SPLIT: _on_step_split, LINK_PROBE: _on_link_probe, PREEMPT_CALLS: _on_preempt_calls,
     }
 
     def tick(self) -> None:

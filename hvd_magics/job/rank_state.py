@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from hvd_magics.causes import RANK_LOST, RankCause, rank_cause
 from hvd_magics.errors import OUTPUT_TAIL_LINES, RankFailure
-from hvd_magics.events import ShardReport
+from hvd_magics.events import (ChannelClosedEvent, ErrorEvent, ExitEvent, LeavingEvent,
+                               ShardReport, StartedEvent, TaskErrorEvent, TaskStartedEvent, Wire,
+                               to_wire)
 from hvd_magics.job.readings.output_lines import bar_count
 from hvd_magics.options import STALL_AFTER_S
-from hvd_magics.protocol import EPOCH_BEGIN, PROGRESS
-from hvd_magics.rank_names import ranks_named
+from hvd_magics.protocol import (CHANNEL_CLOSED, EPOCH_BEGIN, ERROR, EXIT, LEAVING, PROGRESS,
+                                 STARTED, TASK_ERROR, TASK_STARTED)
+from hvd_magics.rank_names import TASK, ranks_named
 
 #: Rank states, in the order a healthy rank goes through them (``ready``: an elastic job's task
 #: offered its slot and waits to be given a rank).
@@ -157,6 +161,45 @@ class RankState:
             return  # its own end says more (a rank killed by an interrupt was stopped)
         self.state = INTERRUPTED if outcome == INTERRUPTED else STOPPED
 
+    def apply(self, event: Wire) -> None:
+        """Take one of its own events on its way to its end (others change nothing here)."""
+        handler = _OWN_EVENTS.get(str(event.get("kind")))
+        if handler is not None:
+            handler(self, event)
+
+    def _on_channel_closed(self, event: ChannelClosedEvent) -> None:
+        if not event.get("clean") and not self.exited:
+            where = f" on {self.host}" if self.host else ""
+            task = (f"Spark task {self.rank}" if self.unit == TASK else
+                    f"the Spark task of rank {self.rank}")
+            self.lose(f"{task}{where} ended without a word: its executor was lost or killed")
+
+    def _on_task_started(self, event: TaskStartedEvent) -> None:
+        self.state = STARTING
+        self.shards = list(event.get("shards") or [])
+        self.task = event.get("task")
+
+    def _on_started(self, event: StartedEvent) -> None:
+        self.state = RUNNING
+        self.pid = event.get("pid")
+
+    def _on_error(self, event: ErrorEvent) -> None:
+        self.error = to_wire(event)
+        self.state = self.failed_state
+
+    def _on_task_error(self, event: TaskErrorEvent) -> None:
+        self.task_error = event.get("traceback", "")
+        self.state = FAILED
+
+    def _on_leaving(self, event: LeavingEvent) -> None:
+        self.left = True
+        self.ddp_steps = event.get("steps")
+
+    def _on_exit(self, event: ExitEvent) -> None:
+        self.exit_code = event.get("code")
+        self.exit_how = str(event.get("how") or "")
+        self.state = self.failed_state if self.failed else DONE
+
     def failure(self) -> RankFailure:
         err = self.error or ({"error": LOST, "message": self.lost} if self.lost else {})
         return RankFailure(self.rank, self.host, self.exit_code, err.get("error", ""),
@@ -228,3 +271,12 @@ def shard_summary(ranks: list[RankState]) -> list[dict[str, Any]]:
             entry["write_s"] = max(entry["write_s"], shard["write_s"])
             entry["wait_s"] = max(entry["wait_s"], shard.get("wait_s", 0.0))
     return [by_source[k] for k in sorted(by_source)]
+
+
+#: A rank's own events on its way to its end -> how each changes it.
+_OWN_EVENTS: dict[str, Callable[[RankState, Any], None]] = {
+    CHANNEL_CLOSED: RankState._on_channel_closed, TASK_STARTED: RankState._on_task_started,
+    STARTED: RankState._on_started, ERROR: RankState._on_error,
+    TASK_ERROR: RankState._on_task_error, LEAVING: RankState._on_leaving,
+    EXIT: RankState._on_exit,
+}
