@@ -14,6 +14,6 @@ test:
 	@bash scripts/setup.sh --test
 	@$(PY) -m pytest -p no:cacheprovider -ra --durations=25 -n 3
 
-# The quick tier (no Spark, no ranks, no kernels), in two lanes: 30 s on two cores (42 s in one).
+# The quick tier (no Spark, no ranks, no kernels), in two lanes: 30-32 s on two cores.
 test-fast: setup
 	@$(PY) -m pytest -p no:cacheprovider -ra -m fast -n 2 tests/unit

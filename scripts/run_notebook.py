@@ -10,11 +10,10 @@ import ast
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import nbformat
-from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError
+if TYPE_CHECKING:  # imported where used: reading it takes a second (its JSON schemas)
+    import nbformat
 
 #: papermill's tags: the notebook's own values, and the cell a run with parameters adds after it
 PARAMETERS_TAG = "parameters"
@@ -34,9 +33,13 @@ def execute(path: Path, output: Path, timeout: int = 600, cwd: Path | None = Non
     The kernel process's own stdout and stderr (TensorFlow's start-up lines when a cell imports
     it, Jupyter's warnings) go to ``<output>.kernel.log``: the notebook holds what cells show.
     """
+    import nbformat
+
     nb = nbformat.read(path, as_version=4)
     if parameters:
         inject_parameters(nb, parameters)
+    from nbclient import NotebookClient  # here: reading a notebook's cells needs no kernel
+
     client = NotebookClient(nb, timeout=timeout, kernel_name=kernel,
                             resources={"metadata": {"path": str(cwd or path.parent)}},
                             store_widget_state=True, allow_errors=allow_errors)
@@ -69,6 +72,8 @@ def inject_parameters(nb: nbformat.NotebookNode, parameters: dict[str, Any]) -> 
         raise ValueError(f"not assigned in the parameters cell: {', '.join(unknown)}")
     source = "# Parameters\n" + "".join(f"{name} = {value!r}\n"
                                         for name, value in parameters.items())
+    import nbformat
+
     cell = nbformat.v4.new_code_cell(source, metadata={"tags": [INJECTED_TAG]})
     nb.cells.insert(tagged[0] + 1, cell)
 
@@ -93,6 +98,8 @@ def main(argv: list[str]) -> int:
         return 2
     path = Path(argv[1]).resolve()
     output = Path(argv[2]).resolve() if len(argv) > 2 else path.parent / "executed" / path.name
+    from nbclient.exceptions import CellExecutionError
+
     start = time.monotonic()
     try:
         execute(path, output)

@@ -85,9 +85,12 @@ def end_zygotes(folder: str) -> None:
 
 #: Test files whose tests run one after another in one lane: the zygote tests, one of which
 #: marks a module of hvd_magics changed on disk, which retires every zygote of the suite that
-#: imported it (another of them, run beside it, found its zygote gone); and the unit tests of
-#: TensorFlow's step timing, so that one lane of ``make test-fast`` imports TensorFlow, not both.
-ONE_LANE_FILES = ("test_zygote.py", "test_step_split_tf.py")
+#: imported it (another of them, run beside it, found its zygote gone).
+ONE_LANE_FILES = ("test_zygote.py",)
+#: The unit tests that import TensorFlow in their own process (5 CPU seconds the first time):
+#: one lane runs them all, so that ``make test-fast`` imports it once, not in both lanes.
+TENSORFLOW_FILES = ("tests/unit/test_step_split_tf.py", "tests/unit/test_gpu_guard.py",
+                    "tests/unit/test_predict.py", "tests/unit/test_estimator_imports.py")
 
 # A lane of ``pytest -n`` keeps its own temporary folder (its ranks' and kernels' too), so a
 # test that counts what its jobs leave in the temporary folder sees only its own lane's.
@@ -112,9 +115,24 @@ def pytest_xdist_make_scheduler(config, log):
             tier = _tier_of(path)
             if tier in ONE_LANE:
                 return tier
+            if path.endswith(TENSORFLOW_FILES):
+                return "tensorflow"
             return path if path.endswith(ONE_LANE_FILES) else nodeid
 
     return TierLanes(config, log)
+
+
+#: Unit tests whose time is importing TensorFlow in their process (5 CPU seconds) or waiting on
+#: purpose (a start timeout run out, a slow host's answers): the whole suite runs them, the quick
+#: tier (``make test-fast``, at most 30 s) leaves them out.
+SLOW_UNIT_TESTS = (
+    "tests/unit/test_step_split_tf.py::",
+    "tests/unit/test_gpu_guard.py::test_tensorflow_imported_but_not_initialised_is_not_a_holder",
+    "tests/unit/test_shard.py::test_torch_and_tensorflow_loaders_give_the_same_steps",
+    "tests/unit/test_predict.py::test_a_keras_loss_from_logits_means_softmax",
+    "tests/unit/test_link_probe.py::test_the_probe_times_each_host_one_way_then_the_other",
+    "tests/unit/test_start_clock.py::test_the_start_timeout_does_not_count_the_unpacking",
+)
 
 
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ARG001 - pytest's hook
@@ -124,7 +142,8 @@ def pytest_collection_modifyitems(config, items) -> None:  # noqa: ARG001 - pyte
         if folder not in TIERS:
             raise pytest.UsageError(f"tests/{folder} has no tier: add it to TIERS in "
                                     "tests/conftest.py and to the markers in pyproject.toml")
-        item.add_marker(TIERS[folder])
+        slow = folder == "unit" and item.nodeid.startswith(SLOW_UNIT_TESTS)
+        item.add_marker("unit_slow" if slow else TIERS[folder])
 
 
 def _cpu_seconds() -> tuple[float, float]:

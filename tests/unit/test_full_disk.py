@@ -4,15 +4,17 @@ and the job's log lost its lines. Real disks of their own (tmpfs), real DCP."""
 import errno
 
 import pytest
-import torch
 
 from hvd_magics.job.records.job_log import JobLog
 from hvd_magics.rank.api.disk_full import disk_full, no_room
-from hvd_magics.rank.api import torch_dcp
 from tests.full_disk import fill, small_disk
 
 
 def test_dcp_s_error_of_a_full_disk_is_found_and_said_with_the_folder_and_its_room(tmp_path):
+    import torch  # here: the quick tier's lanes import torch only where a test uses it
+
+    from hvd_magics.rank.api import torch_dcp
+
     with small_disk(tmp_path / "disk", "256k") as disk:
         (disk / "checkpoints").mkdir()
         partial = disk / "checkpoints" / ".ckpt-3-e0-s0.dcp.partial-a0"

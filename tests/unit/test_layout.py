@@ -1,4 +1,5 @@
 """The package layout is real: the rank side loads nothing of the notebook, job or launch side."""
+import functools
 import json
 import os
 import subprocess
@@ -113,6 +114,12 @@ def _floor(module: str) -> str:
 
 
 def _imports() -> dict[str, set[str]]:
+    """Every module of the package and the package modules it imports (a copy each call)."""
+    return {module: set(names) for module, names in _parsed_imports().items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _parsed_imports() -> dict[str, set[str]]:
     """Every module of the package and the package modules it imports (anywhere in it)."""
     import ast
     import pathlib

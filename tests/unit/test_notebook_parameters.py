@@ -8,8 +8,8 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
-import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +47,9 @@ def test_a_notebook_that_trains_takes_its_sizes_from_one_parameters_cell(path):
     assert not [s for s in others if EPOCHS_LITERAL.search(s)], path.name
 
 
-def _notebook(*sources: str, tags: tuple[str, ...] = ("parameters",)) -> nbformat.NotebookNode:
+def _notebook(*sources: str, tags: tuple[str, ...] = ("parameters",)) -> Any:
+    import nbformat  # here: a second to import, for the tests that use it
+
     cells = [nbformat.v4.new_code_cell(s) for s in sources]
     cells[1].metadata["tags"] = list(tags)
     return nbformat.v4.new_notebook(cells=cells)
@@ -60,6 +62,8 @@ def test_the_values_given_are_assigned_right_after_the_parameters_cell():
                                             "EPOCHS = 8  # full\nBATCH_SIZE = 32",
                                             "# Parameters\nEPOCHS = 2\n", "print(EPOCHS)"]
     assert nb.cells[2].metadata["tags"] == ["injected-parameters"]
+    import nbformat
+
     nbformat.validate(nb)
 
 
