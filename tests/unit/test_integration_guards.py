@@ -69,3 +69,33 @@ def test_a_warning_of_ours_called_from_the_user_s_file_is_said_there():
         warnings.simplefilter("always")
         library_call()  # this test's file is the user's: its line is found
     assert said[0].filename == __file__ and said[0].category is HorovodMagicsWarning
+
+
+def test_a_patch_runs_on_its_module_only_when_one_zip_loads_it_and_the_modules_it_imports(
+        tmp_path, monkeypatch):
+    """On executors our package is a zip on the path, one zipimporter loading every module of
+    it: the patch of ``hvd_magics.rank.api.shard`` (a shard's passes) ran on
+    ``shard_columns``, which shard imports while it loads, and every rank reading a DataFrame
+    failed with ``partially initialized module ... has no attribute 'when_a_pass_begins'``."""
+    import sys
+    import zipfile
+
+    from hvd_magics.rank.guards import import_hooks
+
+    archive = tmp_path / "shipped.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        zipped.writestr("zpkg/__init__.py", "")
+        zipped.writestr("zpkg/shard.py", "from zpkg import shard_columns\nHOOK = 'shard'\n")
+        zipped.writestr("zpkg/shard_columns.py", "COLUMNS = 1\n")
+    monkeypatch.syspath_prepend(str(archive))
+    patched = []
+    monkeypatch.setattr(import_hooks, "_PATCHES", {})
+    try:
+        import_hooks.after_import(("zpkg.shard",), lambda module: patched.append(
+            (module.__name__, module.HOOK)))
+        import zpkg.shard  # noqa: F401 - imported to run the patch
+        assert patched == [("zpkg.shard", "shard")]
+    finally:
+        sys.meta_path.remove(import_hooks._FINDER)
+        for name in ("zpkg", "zpkg.shard", "zpkg.shard_columns"):
+            sys.modules.pop(name, None)

@@ -32,12 +32,16 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             if spec is not None and spec.loader is not None:
                 original_exec = spec.loader.exec_module
 
-                def exec_module(module: Any, _exec: Any = original_exec) -> None:
+                def exec_module(module: Any, _exec: Any = original_exec,
+                                _name: str = fullname) -> None:
                     _exec(module)
-                    for patch in list(_PATCHES.get(fullname, ())):
+                    if module.__name__ != _name:
+                        return  # another module of a loader that loads many (a zip's)
+                    for patch in list(_PATCHES.get(_name, ())):
                         patch(module)
 
-                # the loader's own method, wrapped for this module only
+                # the loader's own method, wrapped; one loader may load many modules (a
+                # zipimporter loads every module of its zip: the package shipped to executors)
                 spec.loader.exec_module = exec_module  # type: ignore[method-assign]  # wrapped
                 return spec
         return None
