@@ -327,6 +327,16 @@ class ShardedStateRefused(HorovodMagicsError, TypeError):
     rank 0 alone cannot write whole."""
 
 
+class KeepRefused(HorovodMagicsError, TypeError):
+    """``checkpoint.keep`` was given what it cannot copy into the hosts' memory (sharded tensors,
+    a DeepSpeed engine, a value pickle refuses); the message says what to do instead."""
+
+
+class KeptStepUnreachable(HorovodMagicsError, OSError):
+    """The step an attempt resumes from was kept in the hosts' memory, and neither this host nor
+    any keeper that held it has it now (the next attempt resumes from a file)."""
+
+
 class ShardedCheckpointNeedsState(HorovodMagicsError, TypeError):
     """A sharded checkpoint is read into the job's state: ``checkpoint.latest()`` was called
     without it (the message says how to give it)."""

@@ -227,6 +227,23 @@ class PreemptCallsEvent(Stamps):
     calls: int
 
 
+class KeptEvent(Stamps):
+    """A part of a step is whole in a host's memory (checkpoint.keep; hvd_magics.rank.api.keeping):
+    part 'part' of 'parts' of step 'step', on host 'holder' (as its task named it), whose keeper
+    serves at 'keeper' (host:port, "" when none started); 'nbytes' its size, 'copy_s' how long
+    its copy took, 'stall_s' how long the loop waited for it."""
+
+    kind: Literal["kept"]
+    step: int
+    part: int
+    parts: int
+    holder: str
+    keeper: str
+    nbytes: int
+    copy_s: float
+    stall_s: float
+
+
 class StacksEvent(Stamps):
     """The rank's Python stacks, taken on request while it runs
     (hvd_magics.rank.instruments.stack_report): per thread its name and frames, outermost first,
@@ -503,7 +520,7 @@ class ChannelClosedEvent(Stamps):
 #: What a rank writes to its event pipe.
 RankEvent = (StartedEvent | ErrorEvent | ResultEvent | LeavingEvent | LogEvent | RunLogEvent |
              TrackerEvent | EpochBeginEvent | ProgressEvent | EpochEndEvent | StepSplitEvent |
-             PreemptCallsEvent | StacksEvent | ImportedEvent | TimelineChunkEvent)
+             PreemptCallsEvent | StacksEvent | ImportedEvent | TimelineChunkEvent | KeptEvent)
 #: What reaches the driver's queue (and what a supervisor's sink takes).
 Event = (RankEvent | ShardingEvent | TaskStartedEvent | MeetOfferEvent | TaskErrorEvent |
          OutputEvent | OutputPartialEvent | TimelineLocalEvent | ExitEvent | SlotOfferEvent |

@@ -20,8 +20,9 @@ from collections.abc import Mapping
 from hvd_magics.events import (BeatFrame, ByeFrame, CellEndEvent, ChannelClosedEvent,
                                DriverLogEvent, DropShardsOrder, EndPoolOrder, EpochBeginEvent,
                                EpochEndEvent, ErrorEvent, Event, ExitEvent, Frame, HelloFrame,
-                               ImportedEvent, InterruptCellOrder, LeavingEvent, LinkProbeEvent,
-                               LogEvent, MeetOfferEvent, MeetOrder, Order, OutputEvent,
+                               ImportedEvent, InterruptCellOrder, KeptEvent, LeavingEvent,
+                               LinkProbeEvent, LogEvent, MeetOfferEvent, MeetOrder, Order,
+                               OutputEvent,
                                OutputPartialEvent, PreemptCallsEvent, PreemptOrder,
                                ProbeLinkOrder, ProgressEvent, ResizeEvent, ResultEvent,
                                RunCellOrder, RunLogEvent, ShardingEvent, SlotOfferEvent, Stamps,
@@ -69,6 +70,7 @@ STEP_SPLIT: Final = "step_split"
 STEP_COLUMNS = ("step_s", "input_s", "comm_s", "cpu_wait_s", "cpu_s", "input_cpu_wait_s",
                 "input_cpu_s")
 PREEMPT_CALLS: Final = "preempt_calls"
+KEPT: Final = "kept"
 STACKS: Final = "stacks"
 IMPORTED: Final = "imported"
 # -- sent by the supervisor -------------------------------------------------------------------
@@ -117,6 +119,7 @@ EVENTS: dict[str, EventKind] = {kind.name: kind for kind in (
     EventKind(EPOCH_END, "rank", EpochEndEvent),
     EventKind(STEP_SPLIT, "rank", StepSplitEvent),
     EventKind(PREEMPT_CALLS, "rank", PreemptCallsEvent),
+    EventKind(KEPT, "rank", KeptEvent),
     EventKind(STACKS, "rank", StacksEvent),
     EventKind(IMPORTED, "rank", ImportedEvent),
     EventKind(SHARDING, "supervisor", ShardingEvent),
@@ -198,6 +201,21 @@ ENV_CHECKPOINT_DIR = "HVD_MAGICS_CHECKPOINT_DIR"
 #: checkpoint every rank of the attempt resumes from (``none``: none was written).
 ENV_CHECKPOINT_TOKEN = "HVD_MAGICS_CHECKPOINT_TOKEN"
 ENV_RESUME_STEP = "HVD_MAGICS_RESUME_STEP"
+#: Where the attempt's resume step is (``memory``: kept in the hosts' memory by
+#: ``checkpoint.keep``; ``file``: a checkpoint file), the job's key among the kept steps, its
+#: secret (a keeper serves a job's steps to those who say it), and the hosts holding the step with
+#: their keepers' addresses (``host=address:port,...``) (hvd_magics.rank.api.keeping).
+ENV_RESUME_FROM = "HVD_MAGICS_RESUME_FROM"
+ENV_KEEP_JOB = "HVD_MAGICS_KEEP_JOB"
+ENV_KEEP_SECRET = "HVD_MAGICS_KEEP_SECRET"
+ENV_KEEP_PEERS = "HVD_MAGICS_KEEP_PEERS"
+#: The user's folder of kept steps on a host (default ``/dev/shm/hvd-magics-keep-<uid>``), and
+#: the seconds a keeper keeps a job's steps untouched before it removes them (600).
+ENV_KEEP_DIR = "HVD_MAGICS_KEEP_DIR"
+ENV_KEEP_IDLE_S = "HVD_MAGICS_KEEP_IDLE_S"
+#: The rank's host as its task named it, and the rank's index among that host's ranks.
+ENV_RANK_HOST = "HVD_MAGICS_RANK_HOST"
+ENV_HOST_RANK = "HVD_MAGICS_HOST_RANK"
 #: How often MLflow writes a lost tracking server missed are tried again, in seconds (a setting,
 #: read when the retrying starts; :data:`hvd_magics.job.records.mlflow_run.RETRY_S` by default).
 ENV_MLFLOW_RETRY_S = "HVD_MAGICS_MLFLOW_RETRY_S"

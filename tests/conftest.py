@@ -132,6 +132,7 @@ SLOW_UNIT_TESTS = (
     "tests/unit/test_predict.py::test_a_keras_loss_from_logits_means_softmax",
     "tests/unit/test_link_probe.py::test_the_probe_times_each_host_one_way_then_the_other",
     "tests/unit/test_start_clock.py::test_the_start_timeout_does_not_count_the_unpacking",
+    "tests/unit/test_kept_steps.py::test_a_copy_killed_half_way_leaves_the_step_before_it_whole",
 )
 
 

@@ -1596,3 +1596,83 @@ def keras_mwms_history():
         model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
     return model.fit(x, (x[:, 0] > 0).astype("int64"), batch_size=32, verbose=0)
+
+
+def steps_kept(steps=20, kill_on=None, engine="torch", every=None, steps_file=None, width=16,
+               plain=False, kill_keeper=None):
+    """A small network trained ``steps`` steps with Adam from seeded data under DDP
+    (``engine="torch"``) or Horovod, keeping every step in the hosts' memory
+    (``checkpoint.keep``) and resuming from ``checkpoint.latest``; ``every``: also saves a
+    checkpoint file every so many steps. ``kill_on``: ``(step, attempts)``, rank 1 SIGKILLs
+    itself right after keeping that step (its copy may be under way) on those attempts;
+    ``steps_file``: every rank appends ``"<attempt> <step>"`` to ``<steps_file>-<rank>`` for each
+    step it takes; ``plain``: keeps and resumes state dicts rather than the modules;
+    ``kill_keeper``: a file; on the first attempt, after step 3, rank 0 SIGKILLs its host's
+    keeper and writes its pid there. Returns the weights (as lists, bit for bit), the
+    optimizer's first moment's sum, the attempt and the step it started from."""
+    import json
+    import os
+    import signal
+
+    import torch
+
+    from hvd_magics import checkpoint
+    from hvd_magics.common.kept_steps import host_folder, keep_root
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.Tanh(),
+                                torch.nn.Linear(width, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    if engine == "torch":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        rank, forward = dist.get_rank(), torch.nn.parallel.DistributedDataParallel(model)
+    else:
+        import horovod.torch as hvd
+
+        hvd.init()
+        rank, forward = hvd.rank(), model
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    state = {"model": model, "optimizer": optimizer, "next": 0}
+    if plain:
+        found = checkpoint.latest()
+        if found is not None:
+            model.load_state_dict(found[0]["model"])
+            optimizer.load_state_dict(found[0]["optimizer"])
+    else:
+        found = checkpoint.latest(state)
+    start = 0 if found is None else found[1] + 1
+    for step in range(start, steps):
+        data = torch.Generator().manual_seed(step * 10 + rank)
+        x = torch.randn(8, 4, generator=data)
+        optimizer.zero_grad()
+        loss = ((forward(x) - x.sum(1, keepdim=True)) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+        if steps_file:
+            with open(f"{steps_file}-{rank}", "a") as out:
+                out.write(f"{checkpoint.attempt()} {step}\n")
+        kept = {"model": model.state_dict(), "optimizer": optimizer.state_dict()} if plain \
+            else state
+        checkpoint.keep(kept, step)
+        if every and (step + 1) % every == 0:
+            checkpoint.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+                            step)
+        if kill_keeper and rank == 0 and step == 3 and checkpoint.attempt() == 0:
+            from hvd_magics.rank.api import keeping
+            from hvd_magics.rank.step_keeper import running_keeper
+
+            keeping.wait()
+            found_keeper = running_keeper(host_folder(keep_root(),
+                                                      os.environ.get("HVD_MAGICS_RANK_HOST")))
+            if found_keeper:
+                os.kill(found_keeper[0], signal.SIGKILL)
+            with open(kill_keeper, "w") as out:
+                json.dump(found_keeper, out)
+        if kill_on and rank == 1 and step == kill_on[0] and checkpoint.attempt() in kill_on[1]:
+            os.kill(os.getpid(), signal.SIGKILL)
+    moments = optimizer.state_dict()["state"]
+    return {"weights": [p.detach().tolist() for p in model.parameters()],
+            "moment": float(sum(s["exp_avg"].sum() for s in moments.values())),
+            "attempt": checkpoint.attempt(), "start": start}

@@ -37,6 +37,7 @@ from hvd_magics.errors import HorovodJobError, JobInterrupted, NotEnoughSlotsErr
 from hvd_magics.job.failure_policy import (Decision, FailurePolicy, loss, max_preemptions,
                                            preempted)
 from hvd_magics.job.job_life import Attempt
+from hvd_magics.job.kept_memory import drop_kept, kept_job
 from hvd_magics.job.launch_request import LaunchRequest
 from hvd_magics.job.records.run_record import RunRecord
 from hvd_magics.job.restarts import (ResumeFix, attempt_checkpoints, job_resume_fix, one_timing,
@@ -93,6 +94,10 @@ class JobController:
                  attempts: Callable[[LaunchRequest], JobAttempt] = Attempt) -> None:
         self.request, self.policy, self.folder, self.fresh = request, policy, folder, fresh
         self.fix = resume_fix or job_resume_fix(folder)
+        if fresh:
+            drop_kept(folder)
+        #: The steps the job's hosts keep in memory (``checkpoint.keep``), across attempts.
+        self.kept = kept_job(folder)
         self.make_attempt = attempts
         self.state = State.STARTING
         #: Every state the job was in, a step each (the running ones as one entry per turn).
@@ -147,9 +152,11 @@ class JobController:
         wait: dict[str, Any] = {"slot_wait_s": request.start_timeout} if attempt else {}
         self._checkpoints = contextlib.ExitStack()
         try:
-            facts = self._checkpoints.enter_context(attempt_checkpoints(self.folder, attempt))
+            facts = self._checkpoints.enter_context(
+                attempt_checkpoints(self.folder, attempt, self.kept))
             self.current = self.make_attempt(dataclasses.replace(
                 request, env={**request.env, **facts.rank_env()}, attempt=attempt,
+                kept=self.kept.steps,
                 earlier_attempts=tuple(self.causes), mlflow_run_id=self.run_id, **wait))
         except KeyboardInterrupt:  # before its ranks started (waiting for task slots, say)
             self._checkpoints.close()
@@ -181,6 +188,7 @@ class JobController:
             return self._errored(exc)
         finally:
             self._checkpoints.close()
+        drop_kept(self.folder)  # the job is done: its hosts need not keep its steps
         if self.causes:  # the record tells the attempts; the wall time and epochs are all theirs
             record.attempts, record.started_at = [*self.causes, "succeeded"], self.began
             record.epochs = one_timing(self.epochs, record.epochs)
@@ -258,10 +266,11 @@ class JobController:
         """Say why the attempt ended and where the next one resumes."""
         cause, ended = self.ended
         try:
-            resume = resumes_from(self.folder)
+            resume = resumes_from(self.folder, self.kept)
             self.causes.append(f"{cause} (ended {ended}; attempt {self.attempt + 1} {resume})")
             say(f"attempt {self.attempt} of {self.policy.restarts + 1} ended: {cause}; starting "
-                f"attempt {self.attempt + 1}, which {resume} in {self.folder}")
+                f"attempt {self.attempt + 1}, which {resume}"
+                + ("" if " kept in the memory" in resume else f" in {self.folder}"))
         except KeyboardInterrupt:
             return self._errored(JobInterrupted(
                 f"interrupted after attempt {self.attempt} ended ({cause}), before attempt "

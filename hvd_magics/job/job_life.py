@@ -58,7 +58,8 @@ class Attempt:
         engine = engine_of(request.env)
         self.tracker = tracker = _tracker(request, job_id, backend.where, engine)
         self.job = job = JobState(abs(request.np), log_path,
-                                  request.views + ([tracker] if tracker else []),
+                                  request.views + ([tracker] if tracker else [])
+                                  + ([request.kept] if request.kept is not None else []),
                                   backend.where, request.elastic,
                                   timeline_dest=request.options.timeline,
                                   stall_after=request.options.stall_after, engine=engine)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 
 from hvd_magics.job.job_state import JobView
 from hvd_magics.job.live_job import LiveJob
+from hvd_magics.job.readings.kept_steps import KeptSteps
 from hvd_magics.job.records.mlflow_run import MlflowSettings
 from hvd_magics.launch.backend import Backend
 from hvd_magics.launch.dataframe_input import DataFrameSources
@@ -70,6 +71,8 @@ class LaunchRequest:
     attempt: int = 0
     earlier_attempts: tuple[str, ...] = ()
     mlflow_run_id: str | None = None
+    #: The steps the hosts keep in memory, across the job's attempts (the controller's).
+    kept: KeptSteps | None = None
     #: The setting that allows the job on Spark tasks of a session that asks for TLS
     #: (:mod:`hvd_magics.launch.encryption`).
     ignore_ssl: str = IGNORE_SSL

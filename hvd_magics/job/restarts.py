@@ -23,6 +23,7 @@ from hvd_magics.protocol import (ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_CHECKPOINT
                                  ENV_RESUME_STEP)
 from hvd_magics.rank.api.checkpoint import NO_CHECKPOINT
 from hvd_magics.common.checkpoints import latest_checkpoint
+from hvd_magics.job.kept_memory import KeptJob, memory_step, resumed_from_memory
 
 def job_name(source: str | None, kwargs: dict) -> str | None:
     """What names a function's job: its source and its arguments (the same function with other
@@ -88,15 +89,20 @@ class AttemptFacts:
     folder: Path
     token: str
     resume_step: str
+    #: The job's kept steps and the step the attempt resumes from memory (``None``: a file).
+    kept: KeptJob | None = None
+    memory_step: int | None = None
 
     def rank_env(self) -> dict[str, str]:
         """The ranks' environment variables that carry it (the only place they are set)."""
+        kept = self.kept.rank_env(self.memory_step) if self.kept is not None else {}
         return {ENV_ATTEMPT: str(self.number), ENV_CHECKPOINT_DIR: str(self.folder),
-                ENV_CHECKPOINT_TOKEN: self.token, ENV_RESUME_STEP: self.resume_step}
+                ENV_CHECKPOINT_TOKEN: self.token, ENV_RESUME_STEP: self.resume_step, **kept}
 
 
 @contextlib.contextmanager
-def attempt_checkpoints(folder: Path, number: int = 0) -> Iterator[AttemptFacts]:
+def attempt_checkpoints(folder: Path, number: int = 0,
+                        kept: KeptJob | None = None) -> Iterator[AttemptFacts]:
     """What every rank of attempt ``number`` agrees on (:mod:`hvd_magics.rank.api.checkpoint`):
     a file of this attempt's in ``folder``, which a rank that does not share the driver's folder
     cannot find, and the step of the checkpoint they all resume from (the newest now). The file
@@ -117,18 +123,24 @@ def attempt_checkpoints(folder: Path, number: int = 0) -> Iterator[AttemptFacts]
             f"in with %%horovod --checkpoint-dir DIR (HorovodRunner(checkpoint_dir=DIR)), one "
             f"every executor shares") from None
     found = latest_checkpoint(folder)
+    in_memory = memory_step(kept, found[0].global_step if found else None) if kept else None
+    step = in_memory if in_memory is not None else found[0].global_step if found else None
     try:
         yield AttemptFacts(number, folder, token.name,
-                           str(found[0].global_step) if found else NO_CHECKPOINT)
+                           str(step) if step is not None else NO_CHECKPOINT, kept, in_memory)
     finally:
         token.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             folder.rmdir()  # only when empty: no checkpoint was written
 
 
-def resumes_from(folder: Path) -> str:
-    """Where the next attempt starts: the step of the folder's latest checkpoint."""
+def resumes_from(folder: Path, kept: KeptJob | None = None) -> str:
+    """Where the next attempt starts: the step kept in the hosts' memory when it is newest,
+    else the step of the folder's latest checkpoint."""
     found = latest_checkpoint(folder)
+    in_memory = memory_step(kept, found[0].global_step if found else None) if kept else None
+    if kept is not None and in_memory is not None:
+        return resumed_from_memory(kept, in_memory)
     return (f"resumes from the checkpoint of step {found[0].global_step:,}" if found is not None
             else "starts over (no checkpoint was written)")
 

@@ -2,7 +2,8 @@
 
 The magics and :class:`~hvd_magics.job.runner.HorovodRunner` share the one :data:`SESSION`: the
 last run (also failed or interrupted ones), what ``%hvd_timeline`` and ``%hvd_mlflow`` turned
-on, and the warm pool ``%hvd_pool`` started. Nothing else keeps state between jobs.
+on, the warm pool ``%hvd_pool`` started, and which steps each job keeps in the hosts' memory.
+Nothing else keeps state between jobs.
 """
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ class Session:
     #: The notebook's environment, shipped to the executors for the ranks
     #: (``hvd_magics.ship_environment()``, ``%hvd_env``), or ``None``.
     environment: EnvironmentChoice | None = None
+    #: Each job's steps kept in the hosts' memory, by checkpoint folder
+    #: (:class:`hvd_magics.job.kept_memory.KeptJob`).
+    kept: dict[str, Any] = field(default_factory=dict)
 
     def held_slots(self, live: Any = None) -> int:
         """The Spark task slots this process's warm pools and background jobs hold, but the
@@ -50,6 +54,7 @@ class Session:
         self.timeline = TimelineSettings()
         self.mlflow = None
         self.environment = None
+        self.kept = {}
         if self.pool is not None:
             self.pool.close()
         self.pool = None

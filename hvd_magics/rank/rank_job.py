@@ -19,8 +19,8 @@ from hvd_magics.protocol import (ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_CHECKPOINT
                                  ENV_ENGINE, ENV_EVERY_RESULT, ENV_GROUP_WORLD_SIZE,
                                  ENV_HOROVOD_RANK, ENV_KERAS_PROGRESS, ENV_LOCAL_WORLD_SIZE,
                                  ENV_LOOP_PROGRESS, ENV_PREIMPORT, ENV_RANK, ENV_RANK_TMPDIR,
-                                 ENV_RESUME_STEP, ENV_SHARDS, ENV_SIZE, ENV_STEP_SPLIT,
-                                 ENV_TF_CONFIG)
+                                 ENV_RESUME_FROM, ENV_RESUME_STEP, ENV_SHARDS, ENV_SIZE,
+                                 ENV_STEP_SPLIT, ENV_TF_CONFIG)
 
 #: A job's checkpoint folder when the driver named none (code run outside a job of ours).
 DEFAULT_CHECKPOINT_DIR = Path(tempfile.gettempdir()) / "hvd_magics" / "checkpoints" / "default"
@@ -58,6 +58,8 @@ class RankJob:
     checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR
     checkpoint_token: str | None = None
     resume_step: str | None = None
+    #: ``"memory"``: the resume step was kept in the hosts' memory (``checkpoint.keep``).
+    resume_from: str = "file"
     every_result: bool = False
     preimport: tuple[str, ...] = ()
     tmpdir: str | None = None
@@ -91,6 +93,7 @@ class RankJob:
             checkpoint_dir=Path(env.get(ENV_CHECKPOINT_DIR) or DEFAULT_CHECKPOINT_DIR),
             checkpoint_token=env.get(ENV_CHECKPOINT_TOKEN),
             resume_step=env.get(ENV_RESUME_STEP),
+            resume_from=env.get(ENV_RESUME_FROM) or "file",
             every_result=env.get(ENV_EVERY_RESULT) == "1",
             preimport=tuple(n for n in env.get(ENV_PREIMPORT, "").split(",") if n),
             tmpdir=env.get(ENV_RANK_TMPDIR) or None,

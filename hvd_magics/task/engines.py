@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 
 from hvd_magics.protocol import (ENGINE_HOROVOD, ENGINE_TF, ENGINE_TORCH, ENGINES, ENV_ENGINE,
                                  ENV_GLOO_SOCKET_IFNAME, ENV_GROUP_RANK, ENV_GROUP_WORLD_SIZE,
-                                 ENV_LOCAL_RANK, ENV_NODE_RANK,
+                                 ENV_HOST_RANK, ENV_LOCAL_RANK, ENV_NODE_RANK, ENV_RANK_HOST,
                                  ENV_LOCAL_WORLD_SIZE, ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RANK,
                                  ENV_RENDEZVOUS_PORT, ENV_SIZE, ENV_TF_CONFIG, ENV_TORCH_RANK,
                                  ENV_WORLD_SIZE)
@@ -50,7 +50,8 @@ def start_env(engine: str, slot: Any, root_host: str, iface: str, node_rank: int
     ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``), so that NCCL's paths within a node,
     hierarchical allreduce and hybrid sharding plan with the real topology.
     """
-    env = {ENV_ENGINE: engine, ENV_RANK: str(slot.rank), ENV_SIZE: str(slot.size)}
+    env = {ENV_ENGINE: engine, ENV_RANK: str(slot.rank), ENV_SIZE: str(slot.size),
+           ENV_RANK_HOST: str(slot.hostname), ENV_HOST_RANK: str(slot.local_rank)}
     if engine == ENGINE_HOROVOD:
         env.update(slot_env(slot, root_host, 0, iface))
     elif engine == ENGINE_TORCH:

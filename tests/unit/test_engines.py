@@ -41,7 +41,8 @@ def test_tf_ranks_get_a_tf_config_naming_every_worker_in_rank_order():
     assert json.loads(meet_env("tf", 0, [("::1", 7)])["TF_CONFIG"])["cluster"]["worker"] == [
         "[::1]:7"]
     env = start_env("tf", plan_ranks(["h"])[0], "h", "")
-    assert env == {"HVD_MAGICS_ENGINE": "tf", "HVD_MAGICS_RANK": "0", "HVD_MAGICS_SIZE": "1"}
+    assert env == {"HVD_MAGICS_ENGINE": "tf", "HVD_MAGICS_RANK": "0", "HVD_MAGICS_SIZE": "1",
+                   "HVD_MAGICS_RANK_HOST": "h", "HVD_MAGICS_HOST_RANK": "0"}
 
 
 def test_horovod_ranks_keep_their_gloo_environment():

@@ -64,6 +64,7 @@ from hvd_magics.common.checkpoints import (Position, checkpoint_at, folder_check
 from hvd_magics.errors import (CheckpointFolderNotShared, CheckpointMismatch,
                                ShardedCheckpointNeedsState, ShardedStateRefused)
 from hvd_magics.rank.api.disk_full import disk_full, no_room
+from hvd_magics.rank.api.keeping import keep, newest_kept, restore
 from hvd_magics.rank.api.preemption import after_save, noticed, preempting
 from hvd_magics.rank.api.deepspeed_checkpoint import TAG as DEEPSPEED_TAG
 from hvd_magics.rank.api.deepspeed_checkpoint import engine_in, load_engine, save_engine
@@ -73,7 +74,7 @@ from hvd_magics.rank.api.torch_dcp import save as save_sharded
 from hvd_magics.rank.rank_job import rank_job
 from hvd_magics.rank_names import rank_named
 
-__all__ = ["NO_CHECKPOINT", "attempt", "directory", "latest", "preempting", "save",
+__all__ = ["NO_CHECKPOINT", "attempt", "directory", "keep", "latest", "preempting", "save",
            "shared_folder"]
 
 #: What :func:`latest` gives when the attempt resumes from no checkpoint.
@@ -380,10 +381,16 @@ def latest(state: Any = None, strict: bool = True) -> tuple[Any, int] | None:
         The rank's executor does not see the driver's folder (:func:`shared_folder`).
     """
     folder = shared_folder()
-    if rank_job().resume_step == NO_CHECKPOINT:
+    job = rank_job()
+    if job.resume_step == NO_CHECKPOINT:
         return None
     pinned = _pinned()
+    if pinned is not None and job.resume_from == "memory":
+        return restore(state, pinned)
     found = latest_checkpoint(folder) if pinned is None else checkpoint_at(folder, pinned)
+    kept = newest_kept() if job.resume_step is None else None
+    if kept is not None and (found is None or kept >= found[0].global_step):
+        return restore(state, kept)  # outside a job of ours: this host's newest, if newer
     if found is None:
         if pinned is not None:
             raise FileNotFoundError(

@@ -1,0 +1,310 @@
+"""Every step's state kept in the hosts' memory (``checkpoint.keep``), so that a rank killed without
+notice (the OOM killer, a segfault, a lost host) costs at most the step under way::
+
+    state = {"model": model, "optimizer": optimizer, "epoch": epoch}
+    found = checkpoint.latest(state)          # from memory when that is newest, else a file
+    start = 0 if found is None else found[1] + 1
+    for step in range(start, steps):
+        ...forward, backward, optimizer.step()...
+        checkpoint.keep(state, step)          # a copy into this host's memory
+        if step % 500 == 0:
+            checkpoint.save(state, step)      # the durable copy, on the shared folder
+
+The state is replicated (DDP, Horovod: every rank holds it whole), so each host keeps it once,
+written by its first rank; a host lost takes nothing the others do not hold. ``keep`` copies
+tensors into a file in the host's shared memory (:mod:`hvd_magics.common.kept_steps`): a
+module's buffers and plain tensors before it returns, its parameters and its optimizer's state
+while the next step's forward and backward run (they change only in the optimizer's step, which
+waits for the copy). The part is renamed into place once whole, and the rank tells the driver
+(a ``kept`` event), which resumes the next attempt from the newest step every host holds when
+that is newer than the newest file.
+
+A host whose shared memory (or control group) has no room for a step says so once, and the job
+goes on: ``keep`` then does nothing, and restarts resume from files.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import mmap
+import os
+import pickle
+import secrets
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hvd_magics.common.step_keeper_wire import digest, fetch
+from hvd_magics.common.kept_steps import (STEPS_KEPT, PartName, job_folder, keep_root, layout,
+                                          older_parts, read_header, whole_steps, write_header)
+from hvd_magics.errors import KeepRefused, KeptStepUnreachable
+from hvd_magics.events import KeptEvent
+from hvd_magics.protocol import (ENV_HOST_RANK, ENV_KEEP_JOB, ENV_KEEP_PEERS, ENV_KEEP_SECRET,
+                                 ENV_RANK_HOST, KEPT)
+from hvd_magics.rank import rank_events
+from hvd_magics.rank.api.state_tree import Leaf, copy_leaf, flatten, load_into, rebuild
+from hvd_magics.rank.rank_job import rank_job
+from hvd_magics.rank.step_keeper import ensure_keeper
+
+
+@dataclass
+class _Copy:
+    """A part being copied: its buffer, the leaves still to copy, and where it goes once whole."""
+
+    name: PartName
+    temporary: Path
+    memory: mmap.mmap
+    leaves: list[Leaf]
+    nbytes: int
+    began: float
+    error: BaseException | None = None
+
+
+class _Keeper:
+    """This rank's side of keeping: the copy under way and the host's keeper's address."""
+
+    def __init__(self) -> None:
+        self.pending: _Copy | None = None
+        self.done = threading.Event()
+        self.done.set()
+        self.keeper: str | None = None
+        self.without_room = False
+        #: Seconds the loop waited for copies since the last ``kept`` event said so.
+        self.stalled = 0.0
+        self.lock = threading.Lock()
+
+
+_keeper = _Keeper()
+
+
+def job_key() -> tuple[str, str]:
+    """This job's key among kept steps and its secret (the driver's; outside a job of ours, one
+    per checkpoint folder)."""
+    job = rank_job()
+    key = os.environ.get(ENV_KEEP_JOB)
+    if key:
+        return key, os.environ.get(ENV_KEEP_SECRET, "")
+    return digest(str(job.checkpoint_dir))[:16], ""
+
+
+def _folder() -> Path:
+    return job_folder(keep_root(), os.environ.get(ENV_RANK_HOST), job_key()[0])
+
+
+def _writes() -> bool:
+    """Whether this rank writes its host's copy (the host's first rank)."""
+    return os.environ.get(ENV_HOST_RANK, "0") == "0"
+
+
+def wait() -> None:
+    """Wait until the step being copied is in place (an optimizer's step waits by itself)."""
+    pending = _keeper.pending
+    if pending is None:
+        return
+    began = time.monotonic()
+    _keeper.done.wait()
+    _keeper.stalled += time.monotonic() - began
+
+
+def _hook_optimizers(state: Any) -> bool:
+    """Make every optimizer in ``state`` wait for the copy before its step; whether any is."""
+    import torch
+    found = False
+    values = state.values() if isinstance(state, dict) else \
+        state if isinstance(state, (list, tuple)) else [state]
+    for value in values:
+        if isinstance(value, torch.optim.Optimizer):
+            if not getattr(value, "_hvd_magics_waits", False):
+                value.register_step_pre_hook(lambda *_: wait())
+                value._hvd_magics_waits = True
+            found = True
+        elif isinstance(value, (dict, list, tuple)):
+            found = _hook_optimizers(value) or found
+    return found
+
+
+def keep(state: Any, step: int) -> None:
+    """Copy ``state`` as the state after ``step`` into this host's memory (see the module).
+
+    Raises
+    ------
+    KeepRefused
+        ``state`` holds what cannot be kept (sharded tensors, a DeepSpeed engine).
+    """
+    wait()
+    with _keeper.lock:
+        error, _keeper.pending = (_keeper.pending.error if _keeper.pending else None), None
+    if error is not None:
+        raise error
+    if "torch" in sys.modules:
+        later = _hook_optimizers(state)
+    else:
+        later = False
+    tree, leaves, nbytes = flatten(state)
+    if not _writes() or _keeper.without_room:
+        return
+    try:
+        header, start = layout(tree, [leaf.slot for leaf in leaves])
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        raise KeepRefused(f"checkpoint.keep cannot copy the state of step {step}: {exc}. Fix: "
+                          "keep tensors, arrays, modules, optimizers and values pickle takes"
+                          ) from None
+    folder = _folder()
+    copy = _open(folder, PartName(int(step)), header, start, start + nbytes, leaves)
+    if copy is None:
+        return
+    for leaf in leaves:
+        if not (later and leaf.later):
+            copy_leaf(memoryview(copy.memory)[start:], leaf)
+    copy.leaves = [leaf for leaf in leaves if later and leaf.later]
+    if not copy.leaves:
+        _finish(copy, folder, start)
+        return
+    _keeper.pending = copy
+    _keeper.done.clear()
+    threading.Thread(target=_copy_later, args=(copy, folder, start), daemon=True,
+                     name="hvd-magics-keep").start()
+
+
+def _copy_later(copy: _Copy, folder: Path, start: int) -> None:
+    try:
+        view = memoryview(copy.memory)[start:]
+        for leaf in copy.leaves:
+            copy_leaf(view, leaf)
+        del view
+        _finish(copy, folder, start)
+    except BaseException as exc:  # noqa: BLE001 - raised by the next keep
+        copy.error = exc
+    finally:
+        _keeper.done.set()
+
+
+def _room_left(path: Path) -> int | None:
+    """Bytes the control group of this process may still grow by (``None``: no limit read)."""
+    with contextlib.suppress(OSError, ValueError):
+        cgroup = Path("/sys/fs/cgroup")
+        most = (cgroup / "memory.max").read_text().strip()
+        if most != "max":
+            return int(most) - int((cgroup / "memory.current").read_text())
+    return None
+
+
+def _open(folder: Path, name: PartName, header: bytes, start: int, size: int,
+          leaves: list[Leaf]) -> _Copy | None:
+    """The part's buffer in shared memory, its header written (an older step's reused when
+    there is one); ``None`` when the host has no room (said once)."""
+    for made in (folder.parent.parent, folder.parent, folder):
+        made.mkdir(exist_ok=True, mode=0o700)
+    _mark_secret(folder)
+    temporary = folder / f".{name.file}.tmp-{os.getpid()}"
+    for old in older_parts(folder, name.part, name.parts, name.step - 1, STEPS_KEPT - 1):
+        with contextlib.suppress(OSError):
+            os.replace(old, temporary)
+            break
+    fd = os.open(temporary, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        room = _room_left(folder)
+        if room is not None and size > room + os.fstat(fd).st_size:
+            raise OSError(errno.ENOSPC, "the control group's memory limit")
+        os.ftruncate(fd, size)
+        os.posix_fallocate(fd, 0, size)
+        memory = mmap.mmap(fd, size)
+    except OSError as exc:
+        os.close(fd)
+        temporary.unlink(missing_ok=True)
+        if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+            raise
+        _keeper.without_room = True
+        said = folder / ".no-room"  # an empty file: a full tmpfs takes it
+        if said.exists():
+            return None  # an earlier attempt's rank said it
+        with contextlib.suppress(OSError):
+            said.touch()
+        print(f"hvd_magics: checkpoint.keep: {folder.parent.parent} has no room for a step of "
+              f"{size / 2**20:,.0f} MB ({exc.strerror}); steps are not kept in this host's "
+              "memory from here on, and a restart resumes from the newest checkpoint file. Fix: "
+              "a larger /dev/shm (docker --shm-size, a Kubernetes emptyDir of medium Memory) or "
+              "HVD_MAGICS_KEEP_DIR on a tmpfs with room", file=sys.stderr, flush=True)
+        return None
+    os.close(fd)
+    write_header(memoryview(memory), header)
+    return _Copy(name, temporary, memory, leaves, size, time.monotonic())
+
+
+def _mark_secret(folder: Path) -> None:
+    secret = job_key()[1]
+    marked = folder / ".secret"
+    if secret and not marked.exists():
+        temporary = folder / f".secret.{os.getpid()}"
+        temporary.write_text(digest(secret))
+        os.replace(temporary, marked)
+
+
+def _finish(copy: _Copy, folder: Path, start: int) -> None:  # noqa: ARG001
+    """Put the whole part in place, drop the steps before the kept two, tell the driver."""
+    copy.memory.close()
+    os.replace(copy.temporary, folder / copy.name.file)
+    for old in older_parts(folder, copy.name.part, copy.name.parts, copy.name.step):
+        old.unlink(missing_ok=True)
+    if _keeper.keeper is None:
+        port = ensure_keeper(folder.parent)
+        host = os.environ.get(ENV_RANK_HOST) or "127.0.0.1"
+        _keeper.keeper = f"{host}:{port}" if port else ""
+    rank_events.emit(KeptEvent(
+        kind=KEPT, step=copy.name.step, part=copy.name.part, parts=copy.name.parts,
+        holder=os.environ.get(ENV_RANK_HOST, ""), keeper=_keeper.keeper or "",
+        nbytes=copy.nbytes, copy_s=round(time.monotonic() - copy.began, 4),
+        stall_s=round(_keeper.stalled, 4)))
+    _keeper.stalled = 0.0
+
+
+def newest_kept() -> int | None:
+    """The newest step whole in this host's memory (this process's copy under way waited
+    for), or ``None``."""
+    wait()
+    found = whole_steps(_folder())
+    return found[0] if found else None
+
+
+def _part_bytes(step: int) -> memoryview:
+    """Step ``step``'s part, from this host's memory or a peer's keeper (kept here then)."""
+    folder = _folder()
+    path = folder / PartName(step).file
+    with contextlib.suppress(FileNotFoundError):
+        with open(path, "rb") as handle:  # a private copy on write: a writable view, read
+            return memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY))
+    key, secret = job_key()
+    peers = [p.split("=", 1)[1] for p in os.environ.get(ENV_KEEP_PEERS, "").split(",")
+             if "=" in p]
+    tried = []
+    for address in peers:
+        try:
+            data = fetch(address, key, secret, path.name)
+        except OSError as exc:
+            tried.append(f"{address} ({type(exc).__name__})")
+            continue
+        if data is not None:
+            return memoryview(bytearray(data))
+        tried.append(f"{address} (does not hold it)")
+    raise KeptStepUnreachable(
+        f"the step {step:,} this attempt resumes from was kept in the hosts' memory, and "
+        f"neither this host nor a keeper that held it has it now (asked: "
+        f"{', '.join(tried) or 'no other host'}). The next attempt resumes from the newest "
+        "checkpoint file")
+
+
+def restore(state: Any, step: int) -> tuple[Any, int]:
+    """``(state, step)`` with step ``step``'s kept part loaded into ``state`` (modules and
+    optimizers in place; see :func:`~hvd_magics.rank.api.state_tree.load_into})."""
+    data = _part_bytes(step)
+    tree, start = read_header(data)
+    values = rebuild(tree, data[start:])
+    return load_into(state, values), step
+
+
+def new_secret() -> str:
+    """A job's secret for its keepers."""
+    return secrets.token_hex(16)

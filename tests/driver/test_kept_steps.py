@@ -1,0 +1,162 @@
+"""Every step kept in the host's memory (issue 84), on ranks on the driver: a rank SIGKILLed
+without notice costs at most the step under way, and the job ends with the weights and the
+optimizer's state of an unbroken run, bit for bit."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from hvd_magics import HorovodJobError, HorovodRunner, last_run
+from hvd_magics.common.kept_steps import whole_steps
+from tests import engine_jobs
+from tests.full_disk import small_disk
+
+
+@pytest.fixture
+def keep_dir(tmp_path, monkeypatch):
+    """A folder of kept steps of the test's own; its keepers end a second after it is empty."""
+    monkeypatch.setenv("HVD_MAGICS_KEEP_DIR", str(tmp_path / "keep"))
+    monkeypatch.setenv("HVD_MAGICS_KEEP_IDLE_S", "1")
+    return tmp_path / "keep"
+
+
+def _steps_taken(path_prefix, rank=0):
+    with open(f"{path_prefix}-{rank}") as lines:
+        return [tuple(map(int, line.split())) for line in lines]
+
+
+def _redone(taken):
+    """Steps the later attempt took that the first one had taken already."""
+    first = {step for attempt, step in taken if attempt == 0}
+    return sorted(step for attempt, step in taken if attempt == 1 and step in first)
+
+
+def _job_folders(keep_dir):
+    return [p for p in keep_dir.glob("*/*") if p.is_dir()] if keep_dir.is_dir() else []
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _keepers_of(keep_dir):
+    found = []
+    for said in keep_dir.glob("*/keeper.json"):
+        pid = json.loads(said.read_text())["pid"]
+        if _alive(pid):
+            found.append(pid)
+    return found
+
+
+def _gone(keep_dir, limit=30.0):
+    """Wait until no keeper of ``keep_dir`` runs; whether none does."""
+    deadline = time.monotonic() + limit
+    while _keepers_of(keep_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)  # polls for the keepers' exit
+    return not _keepers_of(keep_dir)
+
+
+@pytest.mark.parametrize("engine", ["torch", "horovod"])
+def test_a_killed_rank_costs_at_most_one_step_and_the_job_ends_bit_for_bit(
+        engine, tmp_path, keep_dir, capfd):
+    whole = HorovodRunner(np=-2, engine=engine, checkpoint_dir=tmp_path / "whole").run(
+        engine_jobs.steps_kept, engine=engine)
+    steps = tmp_path / "steps"
+    resumed = HorovodRunner(np=-2, engine=engine, restarts=1,
+                            checkpoint_dir=tmp_path / "lost").run(
+        engine_jobs.steps_kept, engine=engine, kill_on=(12, [0]), steps_file=str(steps))
+    assert resumed["weights"] == whole["weights"]  # bit for bit
+    assert resumed["moment"] == whole["moment"]  # Adam's state came back with the weights
+    assert resumed["attempt"] == 1 and resumed["start"] in (12, 13)
+    assert len(_redone(_steps_taken(steps))) <= 1
+    said = capfd.readouterr().err
+    record = last_run()
+    assert "kept in the memory of 1 host" in record.attempts[0]
+    assert (f"which resumes from step {resumed['start'] - 1} kept in the memory of 1 host"
+            in said)
+    assert not (tmp_path / "lost").exists()  # no file was ever written: memory alone
+    assert _job_folders(keep_dir) == []  # the job succeeded: its steps went with it
+    assert _gone(keep_dir)  # and its keeper, once idle
+
+
+def test_plain_state_dicts_resume_with_the_optimizers_state(tmp_path, keep_dir):
+    whole = HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path / "whole").run(
+        engine_jobs.steps_kept, plain=True)
+    resumed = HorovodRunner(np=-2, engine="torch", restarts=1,
+                            checkpoint_dir=tmp_path / "lost").run(
+        engine_jobs.steps_kept, plain=True, kill_on=(7, [0]))
+    assert (resumed["weights"], resumed["moment"]) == (whole["weights"], whole["moment"])
+    assert resumed["start"] in (7, 8)
+
+
+def test_a_newer_file_wins_over_older_kept_steps_and_memory_over_an_older_file(
+        tmp_path, keep_dir):
+    resumed = HorovodRunner(np=-2, engine="torch", restarts=1, checkpoint_dir=tmp_path).run(
+        engine_jobs.steps_kept, kill_on=(12, [0]), every=5)
+    assert resumed["start"] in (12, 13)  # memory's step 11 or 12, not the file of step 9
+    assert "kept in the memory" in last_run().attempts[0]
+
+
+def test_a_killed_keeper_loses_no_step_and_a_new_one_serves(tmp_path, keep_dir):
+    whole = HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path / "whole").run(
+        engine_jobs.steps_kept)
+    said = tmp_path / "keeper"
+    resumed = HorovodRunner(np=-2, engine="torch", restarts=1,
+                            checkpoint_dir=tmp_path / "lost").run(
+        engine_jobs.steps_kept, kill_on=(12, [0]), kill_keeper=str(said))
+    killed = json.loads(said.read_text())
+    assert killed is not None and not _alive(killed[0])
+    assert resumed["weights"] == whole["weights"] and resumed["start"] in (12, 13)
+
+
+def test_running_a_failed_job_again_resumes_from_its_kept_steps(tmp_path, keep_dir):
+    runner = HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path)
+    with pytest.raises(HorovodJobError, match="rank 1"):
+        runner.run(engine_jobs.steps_kept, kill_on=(9, [0]))
+    (folder,) = _job_folders(keep_dir)
+    assert whole_steps(folder)[0] in (8, 9)
+    again = runner.run(engine_jobs.steps_kept, kill_on=(9, [0]))  # the same job, run again
+    assert again["start"] in (9, 10)  # attempt 0 of the new run: no kill on the way
+    fresh = HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path, fresh=True).run(
+        engine_jobs.steps_kept)
+    assert fresh["start"] == 0
+
+
+def test_a_host_without_room_goes_on_with_files_and_says_so_once(tmp_path, keep_dir, capfd):
+    with small_disk(keep_dir, "64k"):
+        resumed = HorovodRunner(np=-2, engine="torch", restarts=1, checkpoint_dir=tmp_path).run(
+            engine_jobs.steps_kept, kill_on=(12, [0]), every=5, width=4096)
+    said = "".join(capfd.readouterr())
+    assert said.count("has no room for a step") == 1  # the host's first rank, once
+    assert resumed["start"] == 10  # the file of step 9
+    assert "resumes from the checkpoint of step 9" in last_run().attempts[0]
+
+
+def test_two_notebooks_jobs_keep_their_steps_apart(tmp_path, keep_dir):
+    script = textwrap.dedent(f"""
+        import json, sys
+        from hvd_magics import HorovodRunner
+        from tests import engine_jobs
+        got = HorovodRunner(np=-2, engine="torch", restarts=1,
+                            checkpoint_dir={str(tmp_path / 'shared')!r}).run(
+            engine_jobs.steps_kept, kill_on=(int(sys.argv[1]), [0]), width=int(sys.argv[2]))
+        print(json.dumps(got))
+    """)
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    runs = [subprocess.Popen([sys.executable, "-c", script, str(kill), str(width)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            for kill, width in ((6, 16), (11, 24))]
+    results = [json.loads(run.communicate(timeout=300)[0].splitlines()[-1]) for run in runs]
+    alone = [HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path / f"alone{w}").run(
+        engine_jobs.steps_kept, width=w) for w in (16, 24)]
+    assert [r["weights"] for r in results] == [a["weights"] for a in alone]
+    assert [r["start"] in (kill, kill + 1) for r, kill in zip(results, (6, 11))] == [True, True]
+    assert _job_folders(keep_dir) == []
