@@ -17,6 +17,8 @@ RANK_LOST = "RankLost"
 #: The error name of a rank that ended on purpose at a preemption notice
 #: (:class:`hvd_magics.errors.Preempted`).
 PREEMPTED_ERROR = "Preempted"
+#: The exception a rank raises when the kept step it resumes from is gone (hvd_magics.errors).
+KEPT_GONE_ERROR = "KeptStepUnreachable"
 
 #: What a rank's error says when it failed only because a peer went away first: certainly a
 #: consequence, never the cause a job's error names first.
@@ -45,6 +47,8 @@ class RankCause(Enum):
     HOST_LOST = "its host stopped answering"
     #: It ended on purpose at a preemption notice, its part of the save done.
     PREEMPTED = "ended at a preemption notice"
+    #: The step it was to resume from, kept in the hosts' memory, was on no host it could reach.
+    KEPT_GONE = "its kept step was gone"
 
 
 #: Causes that are another rank's consequence when one of :data:`DEATHS` is beside them.
@@ -63,6 +67,8 @@ def rank_cause(error: str, message: str = "", traceback: str = "",
         return RankCause.DIED
     if error == PREEMPTED_ERROR:
         return RankCause.PREEMPTED
+    if error == KEPT_GONE_ERROR:
+        return RankCause.KEPT_GONE
     said = f"{error} {message}"
     if any(words in said for words in PEER_LOST_WORDS):
         return RankCause.PEER_LOST
@@ -87,10 +93,14 @@ class AttemptCause(Enum):
     USER_ERROR = "a rank's own error"
     #: Not every rank started within the start timeout.
     START_TIMEOUT = "a start timeout"
+    #: A rank found the kept step it was to resume from on no host: the next attempt resumes
+    #: from a file.
+    KEPT_GONE = "the kept step was gone"
 
 
 #: The attempts' ends a restart can get past.
-LOSSES = frozenset({AttemptCause.LOST_RANK, AttemptCause.LOST_HOST, AttemptCause.LOST_EXECUTOR})
+LOSSES = frozenset({AttemptCause.LOST_RANK, AttemptCause.LOST_HOST, AttemptCause.LOST_EXECUTOR,
+                    AttemptCause.KEPT_GONE})
 
 
 def attempt_cause(failed: Sequence[tuple[int, RankCause]]) -> AttemptCause:
@@ -106,6 +116,8 @@ def attempt_cause(failed: Sequence[tuple[int, RankCause]]) -> AttemptCause:
     causes = {cause for _, cause in failed}
     if (0, RankCause.PREEMPTED) in failed and causes <= CONSEQUENCES | DEATHS:
         return AttemptCause.PREEMPTION
+    if RankCause.KEPT_GONE in causes and causes <= CONSEQUENCES | DEATHS | {RankCause.KEPT_GONE}:
+        return AttemptCause.KEPT_GONE
     if causes & DEATHS and causes <= CONSEQUENCES | DEATHS:
         return (AttemptCause.LOST_HOST if RankCause.HOST_LOST in causes
                 else AttemptCause.LOST_RANK)

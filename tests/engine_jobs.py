@@ -1599,7 +1599,7 @@ def keras_mwms_history():
 
 
 def steps_kept(steps=20, kill_on=None, engine="torch", every=None, steps_file=None, width=16,
-               plain=False, kill_keeper=None):
+               plain=False, kill_keeper=None, wipe=False, step_s=0.0):
     """A small network trained ``steps`` steps with Adam from seeded data under DDP
     (``engine="torch"``) or Horovod, keeping every step in the hosts' memory
     (``checkpoint.keep``) and resuming from ``checkpoint.latest``; ``every``: also saves a
@@ -1608,11 +1608,14 @@ def steps_kept(steps=20, kill_on=None, engine="torch", every=None, steps_file=No
     ``steps_file``: every rank appends ``"<attempt> <step>"`` to ``<steps_file>-<rank>`` for each
     step it takes; ``plain``: keeps and resumes state dicts rather than the modules;
     ``kill_keeper``: a file; on the first attempt, after step 3, rank 0 SIGKILLs its host's
-    keeper and writes its pid there. Returns the weights (as lists, bit for bit), the
-    optimizer's first moment's sum, the attempt and the step it started from."""
+    keeper and writes its pid there; ``wipe``: at that step, rank 0 removes its host's kept steps
+    (the host's memory lost with rank 1); ``step_s``: seconds each step takes more. Returns the
+    weights (as lists, bit for bit), the optimizer's first moment's sum, the attempt, the step
+    it started from and when (``time.time()``) its first step ended."""
     import json
     import os
     import signal
+    import time
 
     import torch
 
@@ -1643,7 +1646,9 @@ def steps_kept(steps=20, kill_on=None, engine="torch", every=None, steps_file=No
     else:
         found = checkpoint.latest(state)
     start = 0 if found is None else found[1] + 1
+    first_step_at = None
     for step in range(start, steps):
+        time.sleep(step_s)
         data = torch.Generator().manual_seed(step * 10 + rank)
         x = torch.randn(8, 4, generator=data)
         optimizer.zero_grad()
@@ -1670,9 +1675,16 @@ def steps_kept(steps=20, kill_on=None, engine="torch", every=None, steps_file=No
                 os.kill(found_keeper[0], signal.SIGKILL)
             with open(kill_keeper, "w") as out:
                 json.dump(found_keeper, out)
+        if wipe and rank == 0 and step == kill_on[0] and checkpoint.attempt() in kill_on[1]:
+            import shutil
+
+            from hvd_magics.rank.api import keeping
+            keeping.wait()
+            shutil.rmtree(keeping._folder())
         if kill_on and rank == 1 and step == kill_on[0] and checkpoint.attempt() in kill_on[1]:
             os.kill(os.getpid(), signal.SIGKILL)
+        first_step_at = first_step_at or time.time()
     moments = optimizer.state_dict()["state"]
     return {"weights": [p.detach().tolist() for p in model.parameters()],
             "moment": float(sum(s["exp_avg"].sum() for s in moments.values())),
-            "attempt": checkpoint.attempt(), "start": start}
+            "attempt": checkpoint.attempt(), "start": start, "first_step_at": first_step_at}

@@ -227,6 +227,8 @@ class JobController:
         if not isinstance(error, HorovodJobError):
             return self._errored(error)
         cause = error.cause
+        if cause is AttemptCause.KEPT_GONE:
+            self.kept.steps.forget()  # the next attempt resumes from a file
         decision = self.policy.decide(cause, self.losses, self.preemptions)
         if cause is AttemptCause.PREEMPTION:
             return self._preempted(error, decision)

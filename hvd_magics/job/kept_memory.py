@@ -8,6 +8,7 @@ removes them after ``HVD_MAGICS_KEEP_IDLE_S`` untouched (600 s).
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,8 +61,9 @@ def drop_kept(folder: Path) -> None:
     kept = SESSION.kept.pop(str(folder), None)
     if kept is None:
         return
-    for address in kept.steps.keepers():
-        drop(address, kept.key, kept.secret)
+    for address in kept.steps.keepers():  # a lost host's keeper is not waited for
+        threading.Thread(target=drop, args=(address, kept.key, kept.secret), daemon=True,
+                         name="hvd-magics-drop-kept").start()
     remove_job(keep_root(), kept.key)  # this machine's own, keeper or not
 
 

@@ -105,6 +105,19 @@ def test_a_newer_file_wins_over_older_kept_steps_and_memory_over_an_older_file(
     assert "kept in the memory" in last_run().attempts[0]
 
 
+def test_kept_steps_gone_with_the_host_resume_the_job_from_its_files(tmp_path, keep_dir):
+    whole = HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path / "whole").run(
+        engine_jobs.steps_kept)
+    resumed = HorovodRunner(np=-2, engine="torch", restarts=2,
+                            checkpoint_dir=tmp_path / "lost").run(
+        engine_jobs.steps_kept, kill_on=(12, [0]), every=5, wipe=True)
+    assert resumed["weights"] == whole["weights"]
+    assert (resumed["attempt"], resumed["start"]) == (2, 10)  # the file of step 9
+    first, second, _ = last_run().attempts
+    assert "kept in the memory" in first
+    assert "KeptStepUnreachable: the step" in second and "checkpoint of step 9" in second
+
+
 def test_a_killed_keeper_loses_no_step_and_a_new_one_serves(tmp_path, keep_dir):
     whole = HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path / "whole").run(
         engine_jobs.steps_kept)

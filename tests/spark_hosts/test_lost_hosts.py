@@ -95,6 +95,52 @@ def test_a_cut_host_restarts_the_job_on_the_other_hosts(three_hosts_spark, three
           f"in {resumed['entered_at'] - began:.1f} s, its first step in {took:.1f} s")
 
 
+@pytest.mark.parametrize("engine", ["torch", "horovod"])
+def test_a_cut_host_costs_at_most_a_step_kept_in_the_other_hosts_memory(
+        three_hosts_spark, three_hosts, shared_folder, engine):
+    """Issue 84: every step kept in each host's memory, no checkpoint file. A host cut: the next
+    attempt runs on the survivor and the spare host, which fetches the step from the survivor's
+    keeper; at most the step under way is redone, and the job ends bit for bit."""
+    keep = Path("/dev/shm") / f"hvd-tests-keep-{os.getpid()}-{engine}"
+    env = {"HVD_MAGICS_KEEP_DIR": str(keep), "HVD_MAGICS_KEEP_IDLE_S": "60"}
+    steps = shared_folder / "steps"
+    try:
+        whole = HorovodRunner(np=2, engine=engine, env=env,
+                              checkpoint_dir=shared_folder / "whole").run(
+            engine_jobs.steps_kept, steps=60, engine=engine)
+        job = HorovodRunner(np=2, engine=engine, restarts=1, env=env,
+                            checkpoint_dir=shared_folder / "lost").start(
+            engine_jobs.steps_kept, steps=60, engine=engine, step_s=0.1,
+            steps_file=str(steps))
+        try:
+            deadline = time.monotonic() + 120
+            while not list(keep.glob("*/*/step-1[0-9].part-*")):
+                assert time.monotonic() < deadline and not job.done(), "no step was kept"
+                time.sleep(0.1)
+            first = job.live.job
+            host = first.ranks[1].host
+            next(h for h in three_hosts.hosts if h.address == host).cut()
+            began = time.time()
+            resumed = job.wait(timeout=240)
+        finally:
+            for each in three_hosts.hosts:
+                each.restore()
+            job.stop()
+        record = last_run()
+        assert record.status == "succeeded" and len(record.attempts) == 2, record.attempts
+        assert "kept in the memory of" in record.attempts[0], record.attempts[0]
+        assert (resumed["weights"], resumed["moment"]) == (whole["weights"], whole["moment"])
+        taken = [tuple(map(int, line.split())) for line in open(f"{steps}-0")]
+        before = {step for attempt, step in taken if attempt == 0}
+        redone = [step for attempt, step in taken if attempt == 1 and step in before]
+        assert len(redone) <= 1, redone
+        took = resumed["first_step_at"] - began
+        print(f"{engine}: a cut host to the next attempt's first step {took:.1f} s, "
+              f"{len(redone)} step redone, resumed at step {resumed['start']}")
+    finally:
+        shutil.rmtree(keep, ignore_errors=True)
+
+
 def test_an_elastic_job_goes_on_without_a_cut_host(three_hosts_spark, three_hosts,
                                                   shared_folder):
     """An elastic job of 3 ranks waited for ever (a cut link never closes the channel its

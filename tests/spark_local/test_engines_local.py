@@ -95,6 +95,21 @@ def test_a_rank_lost_in_a_spark_job_restarts_it_on_a_new_stage_from_its_checkpoi
     assert len(last_run().attempts) == 2 and last_run().where == "spark local[2]"
 
 
+def test_a_rank_lost_in_a_spark_job_resumes_from_the_step_its_host_kept_in_memory(
+        local_spark, tmp_path):
+    """Issue 84, in Spark tasks: Horovod's ranks keep every step in the host's memory; a rank
+    SIGKILLed costs at most the step under way, and the job ends bit for bit."""
+    env = {"HVD_MAGICS_KEEP_DIR": str(tmp_path / "keep"), "HVD_MAGICS_KEEP_IDLE_S": "1"}
+    whole = HorovodRunner(np=2, checkpoint_dir=tmp_path / "whole", env=env).run(
+        engine_jobs.steps_kept, engine="horovod")
+    resumed = HorovodRunner(np=2, restarts=1, checkpoint_dir=tmp_path / "lost", env=env).run(
+        engine_jobs.steps_kept, engine="horovod", kill_on=(12, [0]))
+    assert (resumed["weights"], resumed["moment"]) == (whole["weights"], whole["moment"])
+    assert resumed["attempt"] == 1 and resumed["start"] in (12, 13)
+    assert "kept in the memory of 1 host" in last_run().attempts[0]
+    assert [p for p in (tmp_path / "keep").glob("*/*") if p.is_dir()] == []  # dropped
+
+
 def test_a_shard_given_to_a_trainer_that_deals_it_out_again_is_refused_with_the_fix(
         local_spark):
     """Hugging Face's Trainer and Lightning's (its DistributedSampler) would each train every

@@ -159,3 +159,21 @@ def test_the_driver_resumes_from_the_newest_step_every_host_holds():
     assert kept.resume_step() == 3 and kept.newest() == 4
     assert kept.peers(3) == "a=a:1,b=b:1" and kept.peers(4) == "a=a:1"
     assert kept.memory_bytes() == 40
+
+
+def test_state_dicts_saved_to_a_file_are_loaded_into_the_state_given(keep_dir):
+    """The state given to latest() held the model and optimizer; the file, their state dicts:
+    they were returned as saved and the model silently trained on from its first weights."""
+    import torch
+
+    from hvd_magics import checkpoint
+    model, optimizer = _model_and_adam()
+    _step(model, optimizer, 0)
+    checkpoint.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "epoch": 4}, 0)
+    again, adam = _model_and_adam(seed=1)
+    state, step = checkpoint.latest({"model": again, "optimizer": adam, "epoch": 0})
+    assert step == 0 and state["model"] is again and state["epoch"] == 4
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                 again.state_dict().values()))
+    assert adam.state_dict()["state"][0]["exp_avg"].abs().sum() > 0

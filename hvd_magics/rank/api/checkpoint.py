@@ -65,6 +65,7 @@ from hvd_magics.errors import (CheckpointFolderNotShared, CheckpointMismatch,
                                ShardedCheckpointNeedsState, ShardedStateRefused)
 from hvd_magics.rank.api.disk_full import disk_full, no_room
 from hvd_magics.rank.api.keeping import keep, newest_kept, restore
+from hvd_magics.rank.api.state_tree import load_into
 from hvd_magics.rank.api.preemption import after_save, noticed, preempting
 from hvd_magics.rank.api.deepspeed_checkpoint import TAG as DEEPSPEED_TAG
 from hvd_magics.rank.api.deepspeed_checkpoint import engine_in, load_engine, save_engine
@@ -368,7 +369,10 @@ def latest(state: Any = None, strict: bool = True) -> tuple[Any, int] | None:
     sharding holds. It returns ``(state, step)``; call it on every rank. A DeepSpeed engine's
     checkpoint is read into the engine given (or the dict holding it, whose other values are
     replaced), on the number of ranks that wrote it. A checkpoint rank 0 wrote alone is
-    returned as it was saved, whether ``state`` is given or not.
+    returned as it was saved when no ``state`` is given; given one, it is loaded into it (a
+    state dict saved where ``state`` holds its module or optimizer is loaded into that, every
+    other entry of a dict replaced) and ``(state, step)`` returned. A step kept in the hosts'
+    memory (:func:`keep`) is read the same way, from this host's memory or a peer's.
 
     Raises
     ------
@@ -422,4 +426,7 @@ def latest(state: Any = None, strict: bool = True) -> tuple[Any, int] | None:
         load_sharded(state, found[1], strict)
         return state, found[0].global_step
     with open(found[1], "rb") as handle:
-        return pickle.load(handle), found[0].global_step
+        saved = pickle.load(handle)
+    if state is None:
+        return saved, found[0].global_step
+    return load_into(state, saved), found[0].global_step  # its modules' and optimizers' too

@@ -33,6 +33,7 @@ import secrets
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,7 @@ class _Keeper:
         self.done.set()
         self.keeper: str | None = None
         self.without_room = False
+        self.said_not_kept = False
         #: Seconds the loop waited for copies since the last ``kept`` event said so.
         self.stalled = 0.0
         self.lock = threading.Lock()
@@ -153,15 +155,19 @@ def keep(state: Any, step: int) -> None:
                           "keep tensors, arrays, modules, optimizers and values pickle takes"
                           ) from None
     folder = _folder()
-    copy = _open(folder, PartName(int(step)), header, start, start + nbytes, leaves)
-    if copy is None:
-        return
-    for leaf in leaves:
-        if not (later and leaf.later):
-            copy_leaf(memoryview(copy.memory)[start:], leaf)
-    copy.leaves = [leaf for leaf in leaves if later and leaf.later]
-    if not copy.leaves:
-        _finish(copy, folder, start)
+    try:
+        copy = _open(folder, PartName(int(step)), header, start, start + nbytes, leaves)
+        if copy is None:
+            return
+        for leaf in leaves:
+            if not (later and leaf.later):
+                copy_leaf(memoryview(copy.memory)[start:], leaf)
+        copy.leaves = [leaf for leaf in leaves if later and leaf.later]
+        if not copy.leaves:
+            _finish(copy, folder, start)
+            return
+    except OSError as exc:
+        _not_kept(step, exc)
         return
     _keeper.pending = copy
     _keeper.done.clear()
@@ -176,10 +182,21 @@ def _copy_later(copy: _Copy, folder: Path, start: int) -> None:
             copy_leaf(view, leaf)
         del view
         _finish(copy, folder, start)
+    except OSError as exc:  # the host's memory, not the job's code: training goes on
+        _not_kept(copy.name.step, exc)
     except BaseException as exc:  # noqa: BLE001 - raised by the next keep
         copy.error = exc
     finally:
         _keeper.done.set()
+
+
+def _not_kept(step: int, exc: OSError) -> None:
+    """Say (once a process) that a step could not be put in place; the next is tried."""
+    if not _keeper.said_not_kept:
+        _keeper.said_not_kept = True
+        print(f"hvd_magics: checkpoint.keep: step {step:,} was not kept in this host's memory "
+              f"({type(exc).__name__}: {exc}); the next steps are tried, and a restart resumes "
+              "from the newest step every host holds", file=sys.stderr, flush=True)
 
 
 def _room_left(path: Path) -> int | None:
@@ -270,7 +287,7 @@ def newest_kept() -> int | None:
 
 
 def _part_bytes(step: int) -> memoryview:
-    """Step ``step``'s part, from this host's memory or a peer's keeper (kept here then)."""
+    """Step ``step``'s part, from this host's memory or a peer's keeper."""
     folder = _folder()
     path = folder / PartName(step).file
     with contextlib.suppress(FileNotFoundError):
@@ -279,21 +296,38 @@ def _part_bytes(step: int) -> memoryview:
     key, secret = job_key()
     peers = [p.split("=", 1)[1] for p in os.environ.get(ENV_KEEP_PEERS, "").split(",")
              if "=" in p]
-    tried = []
-    for address in peers:
-        try:
-            data = fetch(address, key, secret, path.name)
-        except OSError as exc:
-            tried.append(f"{address} ({type(exc).__name__})")
-            continue
-        if data is not None:
-            return memoryview(bytearray(data))
-        tried.append(f"{address} (does not hold it)")
+    data, tried = _fetch_first(peers, key, secret, path.name)
+    if data is not None:
+        return memoryview(bytearray(data))
     raise KeptStepUnreachable(
         f"the step {step:,} this attempt resumes from was kept in the hosts' memory, and "
         f"neither this host nor a keeper that held it has it now (asked: "
         f"{', '.join(tried) or 'no other host'}). The next attempt resumes from the newest "
         "checkpoint file")
+
+
+def _fetch_first(peers: list[str], key: str, secret: str,
+                 name: str) -> tuple[bytes | None, list[str]]:
+    """The part from the first of ``peers`` to give it (asked all at once: a lost host's keeper
+    does not answer, and is not waited for), and what each one asked said."""
+    if not peers:
+        return None, []
+    tried: list[str] = []
+    pool = ThreadPoolExecutor(len(peers), thread_name_prefix="hvd-magics-fetch")
+    asked = {pool.submit(fetch, address, key, secret, name): address for address in peers}
+    try:
+        for done in as_completed(asked):
+            try:
+                data = done.result()
+            except OSError as exc:
+                tried.append(f"{asked[done]} ({type(exc).__name__})")
+                continue
+            if data is not None:
+                return data, tried
+            tried.append(f"{asked[done]} (does not hold it)")
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # a silent host's answer not waited for
+    return None, tried
 
 
 def restore(state: Any, step: int) -> tuple[Any, int]:

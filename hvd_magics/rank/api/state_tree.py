@@ -169,12 +169,16 @@ def plain(values: Any) -> Any:
 
 
 def load_into(state: Any, values: Any) -> Any:
-    """Load ``values`` (from :func:`rebuild`) into ``state``: modules, optimizers and other
-    objects with ``load_state_dict`` in place, a dict's other entries replaced; what the job's
-    state is now (``values`` themselves when ``state`` is not a dict, list or stateful)."""
-    if isinstance(values, (ModuleState, OptimizerState)) and \
-            callable(getattr(state, "load_state_dict", None)):
+    """Load ``values`` (from :func:`rebuild`, or a checkpoint's pickle) into ``state``: modules,
+    optimizers and other objects with ``load_state_dict`` in place (from their kept state or a
+    state dict saved in their place), a dict's other entries replaced; what the job's state is
+    now (``values`` themselves when ``state`` is not a dict, list or stateful)."""
+    loads = callable(getattr(state, "load_state_dict", None))
+    if loads and isinstance(values, (ModuleState, OptimizerState)):
         state.load_state_dict(values.tree)
+        return state
+    if loads and isinstance(values, dict):  # a state dict saved as such: into its owner
+        state.load_state_dict(values)
         return state
     if isinstance(state, dict) and isinstance(values, dict):
         for key, item in values.items():
