@@ -1599,7 +1599,7 @@ def keras_mwms_history():
 
 
 def steps_kept(steps=20, kill_on=None, engine="torch", every=None, steps_file=None, width=16,
-               plain=False, kill_keeper=None, wipe=False, step_s=0.0):
+               plain=False, kill_keeper=None, wipe=False, step_s=0.0, mark_pid=None):
     """A small network trained ``steps`` steps with Adam from seeded data under DDP
     (``engine="torch"``) or Horovod, keeping every step in the hosts' memory
     (``checkpoint.keep``) and resuming from ``checkpoint.latest``; ``every``: also saves a
@@ -1609,7 +1609,9 @@ def steps_kept(steps=20, kill_on=None, engine="torch", every=None, steps_file=No
     step it takes; ``plain``: keeps and resumes state dicts rather than the modules;
     ``kill_keeper``: a file; on the first attempt, after step 3, rank 0 SIGKILLs its host's
     keeper and writes its pid there; ``wipe``: at that step, rank 0 removes its host's kept steps
-    (the host's memory lost with rank 1); ``step_s``: seconds each step takes more. Returns the
+    (the host's memory lost with rank 1); ``step_s``: seconds each step takes more; ``mark_pid``: ``(step, folder)``, on the first
+    attempt rank 1 writes its pid to ``folder/rank1`` after that step (for the test to kill its
+    executor) and trains on. Returns the
     weights (as lists, bit for bit), the optimizer's first moment's sum, the attempt, the step
     it started from and when (``time.time()``) its first step ended."""
     import json
@@ -1683,6 +1685,9 @@ def steps_kept(steps=20, kill_on=None, engine="torch", every=None, steps_file=No
             shutil.rmtree(keeping._folder())
         if kill_on and rank == 1 and step == kill_on[0] and checkpoint.attempt() in kill_on[1]:
             os.kill(os.getpid(), signal.SIGKILL)
+        if mark_pid and rank == 1 and step == mark_pid[0] and not checkpoint.attempt():
+            with open(os.path.join(mark_pid[1], "rank1"), "w") as out:
+                out.write(str(os.getpid()))
         first_step_at = first_step_at or time.time()
     moments = optimizer.state_dict()["state"]
     return {"weights": [p.detach().tolist() for p in model.parameters()],

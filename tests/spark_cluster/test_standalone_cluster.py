@@ -73,6 +73,32 @@ def kill_rank_1s_executor_once_marked(folder) -> None:
     threading.Thread(target=kill, daemon=True).start()
 
 
+def test_a_killed_executor_costs_at_most_the_step_under_way_kept_in_memory(cluster_spark,
+                                                                           tmp_path):
+    """Issue 84: the executor JVM of rank 1 SIGKILLed while DDP trains, every step kept in the
+    host's memory and no checkpoint file written: the next attempt redoes at most one step and
+    the job ends bit for bit."""
+    from tests import engine_jobs
+
+    env = {"HVD_MAGICS_KEEP_DIR": str(tmp_path / "keep"), "HVD_MAGICS_KEEP_IDLE_S": "30"}
+    whole = HorovodRunner(np=2, engine="torch", env=env,
+                          checkpoint_dir=tmp_path / "whole").run(engine_jobs.steps_kept, steps=40)
+    kill_rank_1s_executor_once_marked(tmp_path)
+    steps = tmp_path / "steps"
+    resumed = HorovodRunner(np=2, engine="torch", restarts=1, env=env,
+                            checkpoint_dir=tmp_path / "lost").run(
+        engine_jobs.steps_kept, steps=40, step_s=0.05, mark_pid=(8, str(tmp_path)),
+        steps_file=str(steps))
+    assert (resumed["weights"], resumed["moment"]) == (whole["weights"], whole["moment"])
+    record = last_run()
+    assert "executor was lost or killed" in record.attempts[0], record.attempts
+    assert "kept in the memory of 1 host" in record.attempts[0], record.attempts
+    taken = [tuple(map(int, line.split())) for line in open(f"{steps}-0")]
+    before = {step for attempt, step in taken if attempt == 0}
+    assert len([s for a, s in taken if a == 1 and s in before]) <= 1, taken
+    assert not (tmp_path / "lost").exists()  # no file: memory alone
+
+
 def test_a_lost_executor_is_named_first_with_its_rank(cluster_spark, tmp_path):
     """Regression: only the surviving rank's 'Horovod has been shut down' was shown."""
     kill_rank_1s_executor_once_marked(tmp_path)
