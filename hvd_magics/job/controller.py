@@ -188,6 +188,7 @@ class JobController:
             return self._errored(exc)
         finally:
             self._checkpoints.close()
+        record.kept, record.kept_stall_s = self.kept.steps.describe(), self.kept.steps.stall_s
         drop_kept(self.folder)  # the job is done: its hosts need not keep its steps
         if self.causes:  # the record tells the attempts; the wall time and epochs are all theirs
             record.attempts, record.started_at = [*self.causes, "succeeded"], self.began
@@ -226,6 +227,9 @@ class JobController:
             return self._errored(self._no_slots(error))
         if not isinstance(error, HorovodJobError):
             return self._errored(error)
+        if error.record is not None:
+            error.record.kept = self.kept.steps.describe()
+            error.record.kept_stall_s = self.kept.steps.stall_s
         cause = error.cause
         if cause is AttemptCause.KEPT_GONE:
             self.kept.steps.forget()  # the next attempt resumes from a file

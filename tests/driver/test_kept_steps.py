@@ -83,6 +83,8 @@ def test_a_killed_rank_costs_at_most_one_step_and_the_job_ends_bit_for_bit(
     assert (f"which resumes from step {resumed['start'] - 1} kept in the memory of 1 host"
             in said)
     assert not (tmp_path / "lost").exists()  # no file was ever written: memory alone
+    assert record.kept.split(" steps kept in memory")[0] in ("20", "21"), record.kept
+    assert "kept steps" in str(record) and "(2 steps on each of 1 host)" in record.kept
     assert _job_folders(keep_dir) == []  # the job succeeded: its steps went with it
     assert _gone(keep_dir)  # and its keeper, once idle
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hvd_magics.common.sizes import byte_size
 from hvd_magics.events import KeptEvent
 from hvd_magics.protocol import KEPT
 
@@ -82,6 +83,19 @@ class KeptSteps:
     def memory_bytes(self) -> int:
         """What the hosts hold: two steps each."""
         return sum(2 * host.nbytes for host in self.hosts.values() if host.steps)
+
+    def describe(self) -> str:
+        """What the hosts held and what it cost, in words (``""``: nothing was kept)."""
+        holding = [host for host in self.hosts.values() if host.steps]
+        if not self.kept or not holding:
+            return ""
+        each = max(host.nbytes for host in holding)
+        held = byte_size(self.memory_bytes(), binary=True)
+        return (f"{self.kept:,} steps kept in memory, {byte_size(each, binary=True)} each; the "
+                f"hosts hold {held} (2 steps on each of {len(holding)} "
+                f"host{'s' if len(holding) != 1 else ''}); a copy took "
+                f"{1000 * self.copy_s / self.kept:.0f} ms on average, and the loops waited "
+                f"{self.stall_s:.2f} s for copies")
 
     def forget(self) -> None:
         """Resume from files from here on (the kept steps were found gone)."""

@@ -85,6 +85,11 @@ class RunRecord:
     links : str
         When every rank waited in communication for most of its steps, the hosts' links as
         the driver measured them (:mod:`hvd_magics.job.verdicts.links`); else ``""``.
+    kept : str
+        What keeping every step in the hosts' memory held and cost (``checkpoint.keep``), in
+        words; ``""`` when no step was kept.
+    kept_stall_s : float
+        Seconds the ranks' loops waited for those copies (the first rank of each host).
     """
 
     job_id: str
@@ -118,6 +123,8 @@ class RunRecord:
     step_intervals: list[dict[str, Any]] = field(default_factory=list, repr=False)
     stragglers: list[str] = field(default_factory=list)
     links: str = ""
+    kept: str = ""
+    kept_stall_s: float = 0.0
     #: The job's charts (loss, metrics, samples/s) as inline SVG, for saved notebooks.
     charts_html: str = field(default="", repr=False)
 
@@ -177,6 +184,8 @@ class RunRecord:
         if self.training_s is not None:
             rows.append(("training", f"{self.training_s:.2f} s over {len(self.epochs)} epochs"))
         rows.extend(self._split_rows())
+        if self.kept:
+            rows.append(("kept steps", self.kept))
         if self.timeline_path:
             rows.append(("timeline", self.timeline_path))
         if self.mlflow:
