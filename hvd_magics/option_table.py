@@ -200,6 +200,11 @@ OPTIONS: tuple[Option, ...] = (
                      "folder."),
     Option("fresh", "bool", False, validate_flag,
            "Remove the job's checkpoints first: start over.", ("--fresh",), SWITCH),
+    Option("keep_steps", "bool", False, validate_flag,
+           "Keep every training step in the hosts' memory where Lightning's Trainer trains, "
+           "with no line added: a rank killed without notice costs at most one step, and "
+           "--restarts resumes there (a loop of your own calls hvd_magics.checkpoint.keep).",
+           ("--keep-steps",), SWITCH),
     # whether it divides np is JobOptions.checked's and HorovodPool's to say
     Option("ranks_per_task", "int | None", None, _alone(validate_ranks_per_task),
            "run K ranks in each Spark task (np/K tasks, ranks numbered node by node; each "

@@ -25,7 +25,7 @@ from hvd_magics.option_checks import (VERBOSITIES, VERBOSITY_ALL, VERBOSITY_DEBU
 from hvd_magics.option_table import (DEFAULT_ELASTIC_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S,
                                      DEFAULT_START_TIMEOUT_S, RUNNER_OPTIONS, STALL_AFTER_S,
                                      check_all)
-from hvd_magics.protocol import (ENGINE_HOROVOD, ENV_ENGINE, ENV_STALL_CHECK,
+from hvd_magics.protocol import (ENGINE_HOROVOD, ENV_ENGINE, ENV_KEEP_STEPS, ENV_STALL_CHECK,
                                  ENV_TIMELINE_MARK_CYCLES, ENV_WANT_TIMELINE)
 
 __all__ = [
@@ -66,6 +66,7 @@ class JobOptions:
     restarts: int = 0
     checkpoint_dir: str | None = None
     fresh: bool = False
+    keep_steps: bool = False
     ranks_per_task: int | None = None
 
     @property
@@ -80,11 +81,14 @@ class JobOptions:
 
     def rank_env(self) -> dict[str, str]:
         """The ranks' environment: the user's, the engine, Horovod's stall check (the stall
-        time, unless the user set it) and the timeline's switches."""
+        time, unless the user set it), whether libraries keep every step, and the timeline's
+        switches."""
         env = dict(self.env)
         if self.engine == ENGINE_HOROVOD:
             env.setdefault(ENV_STALL_CHECK, str(max(1, round(self.stall_after))))
         env[ENV_ENGINE] = self.engine
+        if self.keep_steps:
+            env[ENV_KEEP_STEPS] = "1"
         if self.timeline is not None:
             env[ENV_WANT_TIMELINE] = "1"
             if self.timeline_mark_cycles:

@@ -212,6 +212,8 @@ ENV_KEEP_PEERS = "HVD_MAGICS_KEEP_PEERS"
 #: The user's folder of kept steps on a host (default ``/dev/shm/hvd-magics-keep-<uid>``), and
 #: the seconds a keeper keeps a job's steps untouched before it removes them (600).
 ENV_KEEP_DIR = "HVD_MAGICS_KEEP_DIR"
+#: ``1``: the libraries that train for the job (Lightning) keep every step themselves.
+ENV_KEEP_STEPS = "HVD_MAGICS_KEEP_STEPS"
 ENV_KEEP_IDLE_S = "HVD_MAGICS_KEEP_IDLE_S"
 #: The rank's host as its task named it, and the rank's index among that host's ranks.
 ENV_RANK_HOST = "HVD_MAGICS_RANK_HOST"

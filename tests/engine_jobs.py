@@ -1682,7 +1682,7 @@ def steps_kept(steps=20, kill_on=None, engine="torch", every=None, steps_file=No
 
             from hvd_magics.rank.api import keeping
             keeping.wait()
-            shutil.rmtree(keeping._folder())
+            shutil.rmtree(keeping.job_part_folder())
         if kill_on and rank == 1 and step == kill_on[0] and checkpoint.attempt() in kill_on[1]:
             os.kill(os.getpid(), signal.SIGKILL)
         if mark_pid and rank == 1 and step == mark_pid[0] and not checkpoint.attempt():
@@ -1693,3 +1693,60 @@ def steps_kept(steps=20, kill_on=None, engine="torch", every=None, steps_file=No
     return {"weights": [p.detach().tolist() for p in model.parameters()],
             "moment": float(sum(s["exp_avg"].sum() for s in moments.values())),
             "attempt": checkpoint.attempt(), "start": start, "first_step_at": first_step_at}
+
+
+def lightning_kept(folder: str, steps: int = 40, kill_at: int | None = None,
+                   save_at: int | None = None, ckpt_path: str | None = None):
+    """A Lightning ``Trainer`` of ``steps`` steps on the job's topology, as written, with nothing
+    about checkpoints (the job may keep its steps: ``keep_steps=True``); its module appends
+    ``"<attempt> <global step>"`` to ``folder/steps-<rank>`` after each batch. On the first
+    attempt: with ``save_at``, every rank saves Lightning's own checkpoint of that step (before
+    its next batch, where keeping keeps it) to ``folder/own.ckpt``; with ``kill_at``, rank 1
+    SIGKILLs itself before the batch after that global step (after that save). ``ckpt_path`` is
+    given to ``fit``. Returns the
+    attempt, the first global step it took, the last, and the weights."""
+    import os
+    import signal
+
+    import pytorch_lightning as pl
+    import torch
+
+    from hvd_magics import checkpoint
+
+    class Logged(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+            self.first = None
+
+        def training_step(self, batch, _index):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def on_train_batch_start(self, batch, batch_idx):
+            step, rank = self.trainer.global_step, self.trainer.global_rank
+            if step == save_at and not checkpoint.attempt():
+                self.trainer.save_checkpoint(os.path.join(folder, "own.ckpt"))
+            if step == kill_at and rank == 1 and not checkpoint.attempt():
+                os.kill(os.getpid(), signal.SIGKILL)  # every rank past its hooks' keep
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            step = self.trainer.global_step
+            self.first = self.first or step
+            rank = self.trainer.global_rank
+            with open(os.path.join(folder, f"steps-{rank}"), "a") as out_file:
+                out_file.write(f"{checkpoint.attempt()} {step}\n")
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=0.01)
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(512, 4), torch.randn(512, 1))
+    trainer = pl.Trainer(devices=int(os.environ["LOCAL_WORLD_SIZE"]),
+                         num_nodes=int(os.environ["GROUP_WORLD_SIZE"]), accelerator="cpu",
+                         max_steps=steps, enable_progress_bar=False, enable_model_summary=False,
+                         logger=False, enable_checkpointing=False)
+    module = Logged()
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=8), ckpt_path=ckpt_path)
+    return (checkpoint.attempt(), module.first, trainer.global_step,
+            [p.detach().tolist() for p in module.parameters()])

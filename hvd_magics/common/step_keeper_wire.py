@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 import socket
 import struct
 
@@ -20,6 +21,11 @@ MISSING = 2 ** 64 - 1
 #: Seconds a request may take to connect, and between two reads.
 CONNECT_S = 3.0
 READ_S = 30.0
+
+
+def new_secret() -> str:
+    """A job's secret for its keepers."""
+    return secrets.token_hex(16)
 
 
 def digest(secret: str) -> str:

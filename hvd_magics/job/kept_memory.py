@@ -12,13 +12,12 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hvd_magics.common.step_keeper_wire import digest, drop
+from hvd_magics.common.step_keeper_wire import digest, drop, new_secret
 from hvd_magics.common.kept_steps import keep_root, remove_job
 from hvd_magics.job.readings.kept_steps import KeptSteps
 from hvd_magics.job.session import SESSION
 from hvd_magics.protocol import (ENV_KEEP_JOB, ENV_KEEP_PEERS, ENV_KEEP_SECRET,
                                  ENV_RESUME_FROM)
-from hvd_magics.rank.api.keeping import new_secret
 
 
 @dataclass

@@ -114,6 +114,11 @@ class HorovodRunner:
         every executor shares.
     fresh : bool
         Remove the job's checkpoints first, so that it starts over (``%%horovod --fresh``).
+    keep_steps : bool
+        Keep every training step in the hosts' memory where Lightning's ``Trainer`` trains,
+        with no line added (``%%horovod --keep-steps``): a rank killed without notice costs at
+        most one step, and ``restarts`` resume there. A loop of your own calls
+        :func:`hvd_magics.checkpoint.keep`.
     ranks_per_task : int, optional
         Rank processes in each Spark task (``%%horovod --ranks-per-task``): ``np=16,
         ranks_per_task=8`` runs 2 tasks of 8 ranks, numbered node by node, each task holding
@@ -151,7 +156,7 @@ class HorovodRunner:
                  timeout: float | None = None, stall_after: float = STALL_AFTER_S,
                  engine: str | None = None, restarts: int = 0,
                  checkpoint_dir: str | os.PathLike | None = None, fresh: bool = False,
-                 ranks_per_task: int | None = None) -> None:
+                 keep_steps: bool = False, ranks_per_task: int | None = None) -> None:
         # every keyword but pool is a declared option (hvd_magics.option_table), checked once
         self.options = JobOptions.checked(
             declared(locals(), RUNNER_OPTIONS),

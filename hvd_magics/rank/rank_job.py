@@ -17,10 +17,10 @@ from typing import Any
 
 from hvd_magics.protocol import (ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_TOKEN,
                                  ENV_ENGINE, ENV_EVERY_RESULT, ENV_GROUP_WORLD_SIZE,
-                                 ENV_HOROVOD_RANK, ENV_KERAS_PROGRESS, ENV_LOCAL_WORLD_SIZE,
-                                 ENV_LOOP_PROGRESS, ENV_PREIMPORT, ENV_RANK, ENV_RANK_TMPDIR,
-                                 ENV_RESUME_FROM, ENV_RESUME_STEP, ENV_SHARDS, ENV_SIZE,
-                                 ENV_STEP_SPLIT, ENV_TF_CONFIG)
+                                 ENV_HOROVOD_RANK, ENV_KEEP_STEPS, ENV_KERAS_PROGRESS,
+                                 ENV_LOCAL_WORLD_SIZE, ENV_LOOP_PROGRESS, ENV_PREIMPORT,
+                                 ENV_RANK, ENV_RANK_TMPDIR, ENV_RESUME_FROM, ENV_RESUME_STEP,
+                                 ENV_SHARDS, ENV_SIZE, ENV_STEP_SPLIT, ENV_TF_CONFIG)
 
 #: A job's checkpoint folder when the driver named none (code run outside a job of ours).
 DEFAULT_CHECKPOINT_DIR = Path(tempfile.gettempdir()) / "hvd_magics" / "checkpoints" / "default"
@@ -60,6 +60,8 @@ class RankJob:
     resume_step: str | None = None
     #: ``"memory"``: the resume step was kept in the hosts' memory (``checkpoint.keep``).
     resume_from: str = "file"
+    #: Whether the libraries that train (Lightning) keep every step themselves.
+    keep_steps: bool = False
     every_result: bool = False
     preimport: tuple[str, ...] = ()
     tmpdir: str | None = None
@@ -94,6 +96,7 @@ class RankJob:
             checkpoint_token=env.get(ENV_CHECKPOINT_TOKEN),
             resume_step=env.get(ENV_RESUME_STEP),
             resume_from=env.get(ENV_RESUME_FROM) or "file",
+            keep_steps=env.get(ENV_KEEP_STEPS) == "1",
             every_result=env.get(ENV_EVERY_RESULT) == "1",
             preimport=tuple(n for n in env.get(ENV_PREIMPORT, "").split(",") if n),
             tmpdir=env.get(ENV_RANK_TMPDIR) or None,

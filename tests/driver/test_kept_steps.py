@@ -175,3 +175,23 @@ def test_two_notebooks_jobs_keep_their_steps_apart(tmp_path, keep_dir):
     assert [r["weights"] for r in results] == [a["weights"] for a in alone]
     assert [r["start"] in (kill, kill + 1) for r, kill in zip(results, (6, 11))] == [True, True]
     assert _job_folders(keep_dir) == []
+
+
+def test_a_lightning_trainer_keeps_its_steps_with_no_line_added(tmp_path, keep_dir):
+    """--keep-steps: the Trainer's checkpoint of every step kept by the host's first rank; a
+    rank killed mid-epoch costs at most one step, and the fit goes on as one resumed from
+    Lightning's own checkpoint of that step does, bit for bit. (Not as an unbroken fit: a fit
+    Lightning resumes mid-epoch from its own file differs from one never stopped.)"""
+    attempt, first, last, weights = HorovodRunner(
+        np=-2, engine="torch", restarts=1, keep_steps=True, checkpoint_dir=tmp_path / "c").run(
+        engine_jobs.lightning_kept, folder=str(tmp_path), kill_at=17, save_at=17)
+    assert "resumes from step 17 kept in the memory of 1 host" in last_run().attempts[0], \
+        last_run().attempts
+    taken = [tuple(map(int, line.split())) for line in open(tmp_path / "steps-0")]
+    assert [step for _, step in taken] == list(range(1, 41)), taken  # none redone
+    assert (attempt, first, last) == (1, 18, 40)
+    (tmp_path / "own").mkdir()
+    *_, own = HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path / "o").run(
+        engine_jobs.lightning_kept, folder=str(tmp_path / "own"),
+        ckpt_path=str(tmp_path / "own.ckpt"))
+    assert weights == own

@@ -21,7 +21,7 @@ from hvd_magics.protocol import ENGINE_HOROVOD
 WRONG = {"np": 0, "driver_log_verbosity": "loud", "start_timeout": 0, "env": "FOO",
          "timeline_mark_cycles": "yes", "elastic_timeout": -1, "reset_limit": -1, "timeout": 0,
          "stall_after": 0, "engine": "jax", "restarts": -1, "checkpoint_dir": "", "fresh": "no",
-         "ranks_per_task": 0, "idle_timeout": 0}
+         "keep_steps": "yes", "ranks_per_task": 0, "idle_timeout": 0}
 #: What a value typed on a magic's line becomes, by how the magic reads it.
 TYPED = {NUMBER: ("2", 2), TEXT: ("x", "x"), MAYBE_TEXT: ("x", "x")}
 

@@ -64,7 +64,8 @@ from hvd_magics.common.checkpoints import (Position, checkpoint_at, folder_check
 from hvd_magics.errors import (CheckpointFolderNotShared, CheckpointMismatch,
                                ShardedCheckpointNeedsState, ShardedStateRefused)
 from hvd_magics.rank.api.disk_full import disk_full, no_room
-from hvd_magics.rank.api.keeping import keep, newest_kept, restore
+from hvd_magics.rank.api.keeping import keep
+from hvd_magics.rank.api.kept_restore import newest_kept, restore
 from hvd_magics.rank.api.state_tree import load_into
 from hvd_magics.rank.api.preemption import after_save, noticed, preempting
 from hvd_magics.rank.api.deepspeed_checkpoint import TAG as DEEPSPEED_TAG

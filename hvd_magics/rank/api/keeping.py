@@ -29,24 +29,23 @@ import errno
 import mmap
 import os
 import pickle
-import secrets
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hvd_magics.common.step_keeper_wire import digest, fetch
+from hvd_magics.common.step_keeper_wire import digest
 from hvd_magics.common.kept_steps import (STEPS_KEPT, PartName, job_folder, keep_root, layout,
-                                          older_parts, read_header, whole_steps, write_header)
-from hvd_magics.errors import KeepRefused, KeptStepUnreachable
+                                          older_parts, write_header)
+from hvd_magics.errors import KeepRefused
 from hvd_magics.events import KeptEvent
-from hvd_magics.protocol import (ENV_HOST_RANK, ENV_KEEP_JOB, ENV_KEEP_PEERS, ENV_KEEP_SECRET,
+from hvd_magics.protocol import (ENV_HOST_RANK, ENV_KEEP_JOB, ENV_KEEP_SECRET,
                                  ENV_RANK_HOST, KEPT)
 from hvd_magics.rank import rank_events
-from hvd_magics.rank.api.state_tree import Leaf, copy_leaf, flatten, load_into, rebuild
+from hvd_magics.rank.api.kept_buffers import PartBuffers
+from hvd_magics.rank.api.state_tree import Leaf, copy_leaf, flatten
 from hvd_magics.rank.rank_job import rank_job
 from hvd_magics.rank.step_keeper import ensure_keeper
 
@@ -74,9 +73,7 @@ class _Keeper:
         self.keeper: str | None = None
         self.without_room = False
         self.said_not_kept = False
-        #: This process's mappings of its parts' files, by ``(device, inode)``: the two
-        #: buffers a part's steps take turns in.
-        self.buffers: dict[tuple[int, int], mmap.mmap] = {}
+        self.buffers = PartBuffers()
         #: Seconds the loop waited for copies since the last ``kept`` event said so.
         self.stalled = 0.0
         self.lock = threading.Lock()
@@ -95,12 +92,13 @@ def job_key() -> tuple[str, str]:
     return digest(str(job.checkpoint_dir))[:16], ""
 
 
-def _folder() -> Path:
+def job_part_folder() -> Path:
+    """This job's folder of kept steps on this rank's host."""
     return job_folder(keep_root(), os.environ.get(ENV_RANK_HOST), job_key()[0])
 
 
-def _writes() -> bool:
-    """Whether this rank writes its host's copy (the host's first rank)."""
+def writes_kept_steps() -> bool:
+    """Whether this rank writes its host's copy of each step (the host's first rank)."""
     return os.environ.get(ENV_HOST_RANK, "0") == "0"
 
 
@@ -149,7 +147,7 @@ def keep(state: Any, step: int) -> None:
     else:
         later = False
     tree, leaves, nbytes = flatten(state)
-    if not _writes() or _keeper.without_room:
+    if not writes_kept_steps() or _keeper.without_room:
         return
     try:
         header, start = layout(tree, [leaf.slot for leaf in leaves])
@@ -157,7 +155,7 @@ def keep(state: Any, step: int) -> None:
         raise KeepRefused(f"checkpoint.keep cannot copy the state of step {step}: {exc}. Fix: "
                           "keep tensors, arrays, modules, optimizers and values pickle takes"
                           ) from None
-    folder = _folder()
+    folder = job_part_folder()
     try:
         copy = _open(folder, PartName(int(step)), header, start, start + nbytes, leaves)
         if copy is None:
@@ -202,16 +200,6 @@ def _not_kept(step: int, exc: OSError) -> None:
               "from the newest step every host holds", file=sys.stderr, flush=True)
 
 
-def _room_left(path: Path) -> int | None:
-    """Bytes the control group of this process may still grow by (``None``: no limit read)."""
-    with contextlib.suppress(OSError, ValueError):
-        cgroup = Path("/sys/fs/cgroup")
-        most = (cgroup / "memory.max").read_text().strip()
-        if most != "max":
-            return int(most) - int((cgroup / "memory.current").read_text())
-    return None
-
-
 def _open(folder: Path, name: PartName, header: bytes, start: int, size: int,
           leaves: list[Leaf]) -> _Copy | None:
     """The part's buffer in shared memory, its header written (an older step's reused when
@@ -225,7 +213,7 @@ def _open(folder: Path, name: PartName, header: bytes, start: int, size: int,
             os.replace(old, temporary)
             break
     try:
-        memory = _buffer(temporary, size)
+        memory = _keeper.buffers.take(temporary, size)
     except OSError as exc:
         temporary.unlink(missing_ok=True)
         if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
@@ -246,45 +234,6 @@ def _open(folder: Path, name: PartName, header: bytes, start: int, size: int,
     return _Copy(name, temporary, memory, leaves, size, time.monotonic())
 
 
-def _buffer(path: Path, size: int) -> mmap.mmap:
-    """A writable mapping of ``size`` bytes of the file ``path``: the one this process kept of
-    it when it is the buffer of an older step of the same size (its pages mapped already: a
-    fresh mapping of a step of 300 MB faulted 75,000 pages in, 75 ms a step), else a new one
-    (the file's pages taken first, so that a host without room raises ``ENOSPC`` here, not
-    ``SIGBUS`` in the copy)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        found = os.fstat(fd)
-        kept = _keeper.buffers.get((found.st_dev, found.st_ino))
-        if kept is not None and len(kept) == size and found.st_size == size:
-            return kept
-        room = _room_left(path)
-        if room is not None and size > room + found.st_size:
-            raise OSError(errno.ENOSPC, "the control group's memory limit")
-        os.ftruncate(fd, size)
-        os.posix_fallocate(fd, 0, size)
-        memory = mmap.mmap(fd, size)
-    finally:
-        os.close(fd)
-    if kept is not None:
-        kept.close()
-    buffers = _keeper.buffers
-    buffers[(found.st_dev, found.st_ino)] = memory
-    while len(buffers) > STEPS_KEPT + 1:  # a part's two and the one being written
-        buffers.pop(next(iter(buffers))).close()
-    return memory
-
-
-def _forget_buffer(path: Path) -> None:
-    """Unmap this process's mapping of ``path`` (a step's part about to be removed: its pages
-    are freed only once nobody maps them)."""
-    with contextlib.suppress(OSError):
-        found = os.stat(path)
-        memory = _keeper.buffers.pop((found.st_dev, found.st_ino), None)
-        if memory is not None:
-            memory.close()
-
-
 def _mark_secret(folder: Path) -> None:
     secret = job_key()[1]
     marked = folder / ".secret"
@@ -298,7 +247,7 @@ def _finish(copy: _Copy, folder: Path, start: int) -> None:  # noqa: ARG001
     """Put the whole part in place, drop the steps before the kept two, tell the driver."""
     os.replace(copy.temporary, folder / copy.name.file)
     for old in older_parts(folder, copy.name.part, copy.name.parts, copy.name.step):
-        _forget_buffer(old)
+        _keeper.buffers.forget(old)
         old.unlink(missing_ok=True)
     if _keeper.keeper is None:
         port = ensure_keeper(folder.parent)
@@ -312,67 +261,3 @@ def _finish(copy: _Copy, folder: Path, start: int) -> None:  # noqa: ARG001
     _keeper.stalled = 0.0
 
 
-def newest_kept() -> int | None:
-    """The newest step whole in this host's memory (this process's copy under way waited
-    for), or ``None``."""
-    wait()
-    found = whole_steps(_folder())
-    return found[0] if found else None
-
-
-def _part_bytes(step: int) -> memoryview:
-    """Step ``step``'s part, from this host's memory or a peer's keeper."""
-    folder = _folder()
-    path = folder / PartName(step).file
-    with contextlib.suppress(FileNotFoundError):
-        with open(path, "rb") as handle:  # a private copy on write: a writable view, read
-            return memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY))
-    key, secret = job_key()
-    peers = [p.split("=", 1)[1] for p in os.environ.get(ENV_KEEP_PEERS, "").split(",")
-             if "=" in p]
-    data, tried = _fetch_first(peers, key, secret, path.name)
-    if data is not None:
-        return memoryview(bytearray(data))
-    raise KeptStepUnreachable(
-        f"the step {step:,} this attempt resumes from was kept in the hosts' memory, and "
-        f"neither this host nor a keeper that held it has it now (asked: "
-        f"{', '.join(tried) or 'no other host'}). The next attempt resumes from the newest "
-        "checkpoint file")
-
-
-def _fetch_first(peers: list[str], key: str, secret: str,
-                 name: str) -> tuple[bytes | None, list[str]]:
-    """The part from the first of ``peers`` to give it (asked all at once: a lost host's keeper
-    does not answer, and is not waited for), and what each one asked said."""
-    if not peers:
-        return None, []
-    tried: list[str] = []
-    pool = ThreadPoolExecutor(len(peers), thread_name_prefix="hvd-magics-fetch")
-    asked = {pool.submit(fetch, address, key, secret, name): address for address in peers}
-    try:
-        for done in as_completed(asked):
-            try:
-                data = done.result()
-            except OSError as exc:
-                tried.append(f"{asked[done]} ({type(exc).__name__})")
-                continue
-            if data is not None:
-                return data, tried
-            tried.append(f"{asked[done]} (does not hold it)")
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)  # a silent host's answer not waited for
-    return None, tried
-
-
-def restore(state: Any, step: int) -> tuple[Any, int]:
-    """``(state, step)`` with step ``step``'s kept part loaded into ``state`` (modules and
-    optimizers in place; see :func:`~hvd_magics.rank.api.state_tree.load_into})."""
-    data = _part_bytes(step)
-    tree, start = read_header(data)
-    values = rebuild(tree, data[start:])
-    return load_into(state, values), step
-
-
-def new_secret() -> str:
-    """A job's secret for its keepers."""
-    return secrets.token_hex(16)

@@ -15,6 +15,11 @@ it, under a temporary name renamed into place) in the job's checkpoint folder,
 ``lightning/step-<global step>.ckpt``, and the attempt ends (``Preempted``); the next attempt's
 ``fit`` resumes from the newest one there when it is not told where to (``ckpt_path``).
 
+With ``--keep-steps`` (``keep_steps=True``), the first rank of each host keeps the ``Trainer``'s
+checkpoint of every step in the host's memory before the next batch
+(:mod:`hvd_magics.rank.api.keeping`); a later attempt's ``fit`` resumes from the step every host
+holds when it is newer than a checkpoint saved on a notice.
+
 On the torch engine, a ``Trainer``'s or ``Fabric``'s ``devices`` and ``num_nodes`` left at their
 defaults take the job's topology (each host's ranks and the hosts, as torchrun's variables say
 them), so one cell runs on a laptop's local Spark and on a cluster of several hosts; a strategy
@@ -27,10 +32,13 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from hvd_magics.rank.api import preemption, progress
-from hvd_magics.rank.api.checkpoint import newest_saved_on_notice, notice_folder
+from hvd_magics.rank.api.checkpoint import latest, newest_saved_on_notice, notice_folder
+from hvd_magics.rank.api.keeping import keep, writes_kept_steps
 from hvd_magics.protocol import ENGINE_TORCH
 from hvd_magics.rank.guards.import_hooks import (after_call, after_import, before_call, refusing,
                                           with_kwargs)
@@ -65,14 +73,31 @@ def _save_on_notice(trainer: Any) -> None:
     preemption.after_save(step)
 
 
+def _keep_step(trainer: Any) -> None:
+    """Keep the Trainer's checkpoint of this step in the host's memory (``--keep-steps``): what
+    ``save_checkpoint`` would write, by the host's first rank."""
+    if trainer.global_step > 0 and writes_kept_steps():
+        keep(trainer._checkpoint_connector.dump_checkpoint(weights_only=False),
+             int(trainer.global_step))
+
+
 def _resume_saved(trainer: Any, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:  # noqa: ARG001
     """On a later attempt, a ``fit`` told no ``ckpt_path`` resumes from the newest checkpoint
-    saved on a notice, if any."""
-    if len(args) < 5 and kwargs.get("ckpt_path") is None:
-        saved = newest_saved_on_notice(SAVED_ON_NOTICE)
-        if saved is not None:
-            return {**kwargs, "ckpt_path": str(saved)}
-    return kwargs
+    saved on a notice, or from the step kept in the hosts' memory when that is newer (written
+    to the rank's temporary folder for ``fit`` to read)."""
+    if len(args) >= 5 or kwargs.get("ckpt_path") is not None:
+        return kwargs
+    saved = newest_saved_on_notice(SAVED_ON_NOTICE)
+    job = rank_job()
+    if job.resume_from == "memory" and job.resume_step is not None and (
+            saved is None or int(job.resume_step) > int(saved.stem.split("-")[1])):
+        import torch
+
+        state, step = latest()  # type: ignore[misc]
+        path = Path(job.tmpdir or tempfile.gettempdir()) / f"kept-step-{step}.ckpt"
+        torch.save(state, path)
+        return {**kwargs, "ckpt_path": str(path)}
+    return {**kwargs, "ckpt_path": str(saved)} if saved is not None else kwargs
 
 
 def _loss(outputs: Any) -> Any:
@@ -102,6 +127,7 @@ def _callback_class(base: type) -> type:
         def __init__(self) -> None:
             super().__init__()
             self.samples = 0
+            self.keep_steps = rank_job().keep_steps
 
         def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:  # noqa: ARG002
             self.samples = 0
@@ -125,6 +151,8 @@ def _callback_class(base: type) -> type:
             # end-of-batch hook included)
             if preemption.preempting():
                 _save_on_notice(trainer)
+            if self.keep_steps:
+                _keep_step(trainer)
 
         def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:  # noqa: ARG002
             metrics = {name: value for name, value in trainer.callback_metrics.items()
