@@ -231,7 +231,8 @@ class KeptEvent(Stamps):
     """A part of a step is whole in a host's memory (checkpoint.keep; hvd_magics.rank.api.keeping):
     part 'part' of 'parts' of step 'step', on host 'holder' (as its task named it), whose keeper
     serves at 'keeper' (host:port, "" when none started); 'nbytes' its size, 'copy_s' how long
-    its copy took, 'stall_s' how long the loop waited for it."""
+    its copy took, 'stall_s' how long the loop waited for it; 'peer': a copy the rank sent to
+    the next host's keeper (a sharded state's ring), not its own host's."""
 
     kind: Literal["kept"]
     step: int
@@ -242,6 +243,7 @@ class KeptEvent(Stamps):
     nbytes: int
     copy_s: float
     stall_s: float
+    peer: bool
 
 
 class StacksEvent(Stamps):

@@ -209,6 +209,8 @@ ENV_RESUME_FROM = "HVD_MAGICS_RESUME_FROM"
 ENV_KEEP_JOB = "HVD_MAGICS_KEEP_JOB"
 ENV_KEEP_SECRET = "HVD_MAGICS_KEEP_SECRET"
 ENV_KEEP_PEERS = "HVD_MAGICS_KEEP_PEERS"
+#: How many parts the kept step has (1: replicated; a sharded state's: the ranks that kept it).
+ENV_KEEP_PARTS = "HVD_MAGICS_KEEP_PARTS"
 #: The user's folder of kept steps on a host (default ``/dev/shm/hvd-magics-keep-<uid>``), and
 #: the seconds a keeper keeps a job's steps untouched before it removes them (600).
 ENV_KEEP_DIR = "HVD_MAGICS_KEEP_DIR"

@@ -1750,3 +1750,70 @@ def lightning_kept(folder: str, steps: int = 40, kill_at: int | None = None,
     trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=8), ckpt_path=ckpt_path)
     return (checkpoint.attempt(), module.first, trainer.global_step,
             [p.detach().tolist() for p in module.parameters()])
+
+
+def fsdp_kept(steps: int = 16, kill_at: int | None = None, width: int = 64,
+              steps_file: str | None = None, step_s: float = 0.0):
+    """An FSDP2 model of two layers trained ``steps`` steps of Adam on data seeded by the step,
+    keeping every step in the hosts' memory (each rank its part, and its peer host a copy) and
+    resuming from ``checkpoint.latest(state)``; rank 1 of the first attempt SIGKILLs itself right
+    after keeping step ``kill_at``; ``steps_file``: each rank appends ``"<attempt> <step>"`` to
+    ``<steps_file>-<rank>`` for each step it takes; ``step_s``: seconds each step takes more.
+    Rank 0 returns a digest of the full weights and of Adam's full state, where it started, and
+    when its first step ended."""
+    import hashlib
+    import os
+    import signal
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+    from torch.distributed.fsdp import fully_shard
+
+    from hvd_magics import checkpoint
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.ReLU(),
+                                torch.nn.Linear(width, 1))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    state = {"model": model, "optimizer": optimizer, "step": 0}
+    found = checkpoint.latest(state)
+    start = 0 if found is None else found[1] + 1
+    rank, size = dist.get_rank(), dist.get_world_size()
+    first_step_at = None
+    for step in range(start, steps):
+        time.sleep(step_s)
+        batch = torch.randn(8, 64, generator=torch.Generator().manual_seed(step))
+        part = batch[rank * 8 // size:(rank + 1) * 8 // size]
+        optimizer.zero_grad()
+        (model(part).pow(2).sum() / 8).backward()
+        optimizer.step()
+        state["step"] = step
+        if steps_file:
+            with open(f"{steps_file}-{rank}", "a") as out:
+                out.write(f"{checkpoint.attempt()} {step}\n")
+        checkpoint.keep(state, step)
+        if step == kill_at and rank == 1 and checkpoint.attempt() == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        first_step_at = first_step_at or time.time()
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(model, options=full)
+    moments = get_optimizer_state_dict(model, optimizer, options=full).get("state", {})
+
+    def digest(tensors: dict) -> str:
+        hashed = hashlib.sha256()
+        for name in sorted(tensors):
+            hashed.update(tensors[name].detach().float().numpy().tobytes())
+        return hashed.hexdigest()[:16]
+
+    flat = {f"{name}.{key}": value for name, entry in moments.items()
+            for key, value in entry.items() if torch.is_tensor(value)}
+    return {"weights": digest(weights), "moments": digest(flat), "start": start,
+            "first_step_at": first_step_at}

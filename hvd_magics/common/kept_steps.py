@@ -46,13 +46,15 @@ _PART = re.compile(r"^step-(?P<step>\d+)\.part-(?P<part>\d+)-of-(?P<parts>\d+)$"
 @dataclass(frozen=True)
 class Slot:
     """Where one tensor's or array's bytes are in a part: ``kind`` ``"torch"`` or ``"numpy"``,
-    its dtype's name, shape, and offset from the start of the bytes."""
+    its dtype's name, shape, and offset from the start of the bytes; ``sharded``: the rank's own
+    part of a sharded tensor (a ``DTensor``'s local tensor)."""
 
     kind: str
     dtype: str
     shape: tuple[int, ...]
     offset: int
     nbytes: int
+    sharded: bool = False
 
 
 @dataclass(frozen=True)

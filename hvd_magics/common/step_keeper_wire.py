@@ -2,10 +2,12 @@
 the asking: a part of a step (a rank of a later attempt whose host lacks it), or to drop a job's
 steps (the driver, once the job succeeded).
 
-A request is one JSON line, ``{"op": "get" | "drop", "job": key, "secret": ..., "file": name}``;
-a keeper answers only a request whose secret is the job's (its digest is in the job's folder).
-``get`` is answered by the part's length (8 bytes) and its bytes, or :data:`MISSING`;
-``drop`` by one byte.
+A request is one JSON line, ``{"op": "get" | "put" | "drop", "job": key, "secret": ...,
+"file": name, "size": bytes}``; a keeper answers only a request whose secret is the job's (its
+digest is in the job's folder; a ``put`` to a host that holds nothing of the job yet makes the
+folder with it). ``get`` is answered by the part's length (8 bytes) and its bytes, or
+:data:`MISSING`; ``put`` sends ``size`` bytes after its line (a rank's part of a sharded step,
+for the peer host to hold) and ``put`` and ``drop`` are answered by one byte.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import json
 import secrets
 import socket
 import struct
+from typing import BinaryIO
 
 _LENGTH = struct.Struct("<Q")
 #: The length a keeper answers for a part it does not hold.
@@ -33,8 +36,9 @@ def digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def request_line(op: str, job: str, secret: str, file: str = "") -> bytes:
-    return json.dumps({"op": op, "job": job, "secret": secret, "file": file}).encode() + b"\n"
+def request_line(op: str, job: str, secret: str, file: str = "", size: int = 0) -> bytes:
+    return json.dumps({"op": op, "job": job, "secret": secret, "file": file,
+                       "size": size}).encode() + b"\n"
 
 
 def length_bytes(length: int) -> bytes:
@@ -61,6 +65,22 @@ def fetch(address: str, job: str, secret: str, file: str) -> bytes | None:
         conn.sendall(request_line("get", job, secret, file))
         (length,) = _LENGTH.unpack(_read(conn, _LENGTH.size))
         return None if length == MISSING else _read(conn, length)
+
+
+def put(address: str, job: str, secret: str, file: str, handle: BinaryIO, size: int) -> bool:
+    """Send ``size`` bytes of ``handle`` as ``file`` of ``job`` to the keeper at ``address``;
+    whether it holds them now.
+
+    Raises
+    ------
+    OSError
+        The keeper cannot be reached, or the connection broke.
+    """
+    with socket.create_connection(split_address(address), timeout=CONNECT_S) as conn:
+        conn.settimeout(READ_S)
+        conn.sendall(request_line("put", job, secret, file, size))
+        conn.sendfile(handle, 0, size)
+        return conn.recv(1) == b"\x01"
 
 
 def drop(address: str, job: str, secret: str) -> bool:

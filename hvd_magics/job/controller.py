@@ -233,6 +233,9 @@ class JobController:
         cause = error.cause
         if cause is AttemptCause.KEPT_GONE:
             self.kept.steps.forget()  # the next attempt resumes from a file
+        for failure in error.failures:
+            if failure.host_lost:  # its keeper cannot be asked for what it holds
+                self.kept.steps.lost(failure.host)
         decision = self.policy.decide(cause, self.losses, self.preemptions)
         if cause is AttemptCause.PREEMPTION:
             return self._preempted(error, decision)

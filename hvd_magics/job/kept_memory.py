@@ -16,7 +16,7 @@ from hvd_magics.common.step_keeper_wire import digest, drop, new_secret
 from hvd_magics.common.kept_steps import keep_root, remove_job
 from hvd_magics.job.readings.kept_steps import KeptSteps
 from hvd_magics.job.session import SESSION
-from hvd_magics.protocol import (ENV_KEEP_JOB, ENV_KEEP_PEERS, ENV_KEEP_SECRET,
+from hvd_magics.protocol import (ENV_KEEP_JOB, ENV_KEEP_PARTS, ENV_KEEP_PEERS, ENV_KEEP_SECRET,
                                  ENV_RESUME_FROM)
 
 
@@ -33,7 +33,8 @@ class KeptJob:
         from memory (``step``), that it does and the keepers that hold it."""
         env = {ENV_KEEP_JOB: self.key, ENV_KEEP_SECRET: self.secret, ENV_RESUME_FROM: "file"}
         if step is not None:
-            env.update({ENV_RESUME_FROM: "memory", ENV_KEEP_PEERS: self.steps.peers(step)})
+            env.update({ENV_RESUME_FROM: "memory", ENV_KEEP_PEERS: self.steps.peers(step),
+                        ENV_KEEP_PARTS: str(self.steps.parts)})
         return env
 
 

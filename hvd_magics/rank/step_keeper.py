@@ -2,6 +2,9 @@
 to the ranks of other hosts, drops them when the job is done, and removes what nobody touched
 for ``HVD_MAGICS_KEEP_IDLE_S`` (600 s).
 
+A sharded job's ranks send each part they keep to the next host's keeper as well (``put``), which
+holds it beside its own host's parts: a lost host's parts are then on its peer.
+
 The steps themselves are files in shared memory (:mod:`hvd_magics.common.kept_steps`): they
 outlive the ranks that wrote them, their Spark tasks and this keeper. The first rank on a host
 that keeps a step starts the host's keeper (:func:`ensure_keeper`) as a process of its own
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import json
 import os
 import shutil
@@ -23,7 +27,7 @@ import time
 from pathlib import Path
 
 from hvd_magics.common.step_keeper_wire import MISSING, digest, length_bytes
-from hvd_magics.common.kept_steps import secret_matches
+from hvd_magics.common.kept_steps import PartName, older_parts, secret_matches
 from hvd_magics.protocol import ENV_KEEP_IDLE_S
 
 #: Seconds a job's kept steps stay untouched before the keeper removes them, by default.
@@ -97,7 +101,12 @@ class _Handler(socketserver.StreamRequestHandler):
             name = Path(str(asked["file"])).name
         except (ValueError, KeyError, TypeError):
             return
-        if not secret_matches(folder, digest(str(asked.get("secret", "")))):
+        said = digest(str(asked.get("secret", "")))
+        if asked.get("op") == "put":
+            self.wfile.write(b"\x01" if _receive(self.rfile, folder, name, said,
+                                                  int(asked.get("size", 0))) else b"\x00")
+            return
+        if not secret_matches(folder, said):
             self.wfile.write(length_bytes(MISSING) if asked.get("op") == "get" else b"\x00")
             return
         if asked.get("op") == "drop":
@@ -110,6 +119,40 @@ class _Handler(socketserver.StreamRequestHandler):
             data = None
         self.wfile.write(length_bytes(MISSING) if data is None
                          else length_bytes(len(data)) + data)
+
+
+def _receive(stream: io.BufferedIOBase, folder: Path, name: str, said: str, size: int) -> bool:
+    """Hold a peer's part ``name`` of ``size`` bytes read from ``stream`` in the job's
+    ``folder`` (made with the secret's digest ``said`` when the host holds nothing of the job),
+    put in place whole; that part's steps but the newest two removed. Whether it is held."""
+    found = PartName.parse(name)
+    if found is None:
+        return False
+    if not folder.is_dir():
+        folder.mkdir(mode=0o700, exist_ok=True)
+        marked = folder / f".secret.{os.getpid()}.{threading.get_ident()}"
+        marked.write_text(said)
+        os.replace(marked, folder / ".secret")
+    if not secret_matches(folder, said):
+        return False
+    temporary = folder / f".{name}.put-{os.getpid()}-{threading.get_ident()}"
+    try:
+        with open(temporary, "wb") as out:
+            left = size
+            while left:
+                chunk = stream.read(min(left, 1 << 22))
+                if not chunk:
+                    return False
+                out.write(chunk)
+                left -= len(chunk)
+        os.replace(temporary, folder / name)
+    except OSError:
+        return False
+    finally:
+        temporary.unlink(missing_ok=True)
+    for old in older_parts(folder, found.part, found.parts, found.step):
+        old.unlink(missing_ok=True)
+    return True
 
 
 class _KeeperServer(socketserver.ThreadingTCPServer):

@@ -195,3 +195,18 @@ def test_a_lightning_trainer_keeps_its_steps_with_no_line_added(tmp_path, keep_d
         engine_jobs.lightning_kept, folder=str(tmp_path / "own"),
         ckpt_path=str(tmp_path / "own.ckpt"))
     assert weights == own
+
+
+def test_fsdp2_parts_kept_by_every_rank_resume_bit_for_bit(tmp_path, keep_dir):
+    """Each rank keeps its own part of the sharded model and Adam's state; a rank killed right
+    after keeping step 9 costs at most that step, and the full weights and moments end as an
+    unbroken run's."""
+    whole = HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path / "whole").run(
+        engine_jobs.fsdp_kept)
+    resumed = HorovodRunner(np=-2, engine="torch", restarts=1,
+                            checkpoint_dir=tmp_path / "lost").run(engine_jobs.fsdp_kept, kill_at=9)
+    assert (resumed["weights"], resumed["moments"]) == (whole["weights"], whole["moments"])
+    assert resumed["start"] in (9, 10)
+    record = last_run()
+    assert "kept in the memory of 1 host" in record.attempts[0], record.attempts
+    assert "2 parts of" in record.kept, record.kept

@@ -141,6 +141,50 @@ def test_a_cut_host_costs_at_most_a_step_kept_in_the_other_hosts_memory(
         shutil.rmtree(keep, ignore_errors=True)
 
 
+def test_a_cut_host_s_fsdp2_parts_come_back_from_its_peer_host(three_hosts_spark, three_hosts,
+                                                               shared_folder):
+    """Issue 84, sharded: each rank keeps its FSDP2 part and sends a copy to the next host's
+    keeper. A host cut: its rank's part comes back from the survivor, which held its copy, and
+    the job ends bit for bit with at most one step redone."""
+    keep = Path("/dev/shm") / f"hvd-tests-keep-{os.getpid()}-fsdp"
+    env = {"HVD_MAGICS_KEEP_DIR": str(keep), "HVD_MAGICS_KEEP_IDLE_S": "60"}
+    steps = shared_folder / "steps"
+    try:
+        whole = HorovodRunner(np=2, engine="torch", env=env,
+                              checkpoint_dir=shared_folder / "whole").run(
+            engine_jobs.fsdp_kept, steps=60)
+        job = HorovodRunner(np=2, engine="torch", restarts=1, env=env,
+                            checkpoint_dir=shared_folder / "lost").start(
+            engine_jobs.fsdp_kept, steps=60, step_s=0.1, steps_file=str(steps))
+        try:
+            deadline = time.monotonic() + 120
+            while len(list(keep.glob("*/*/step-1[0-9].part-1-of-2"))) < 2:  # and its copy
+                assert time.monotonic() < deadline and not job.done(), "no step was kept"
+                time.sleep(0.1)
+            first = job.live.job
+            host = first.ranks[1].host
+            next(h for h in three_hosts.hosts if h.address == host).cut()
+            began = time.time()
+            resumed = job.wait(timeout=240)
+        finally:
+            for each in three_hosts.hosts:
+                each.restore()
+            job.stop()
+        record = last_run()
+        assert record.status == "succeeded" and len(record.attempts) == 2, record.attempts
+        assert "kept in the memory of" in record.attempts[0], record.attempts[0]
+        assert (resumed["weights"], resumed["moments"]) == (whole["weights"], whole["moments"])
+        taken = [tuple(map(int, line.split())) for line in open(f"{steps}-0")]
+        before = {step for attempt, step in taken if attempt == 0}
+        redone = [step for attempt, step in taken if attempt == 1 and step in before]
+        assert len(redone) <= 1, redone
+        print(f"fsdp2: a cut host to the next attempt's first step "
+              f"{resumed['first_step_at'] - began:.1f} s, {len(redone)} step redone, resumed at "
+              f"step {resumed['start']}; {record.kept}")
+    finally:
+        shutil.rmtree(keep, ignore_errors=True)
+
+
 def test_an_elastic_job_goes_on_without_a_cut_host(three_hosts_spark, three_hosts,
                                                   shared_folder):
     """An elastic job of 3 ranks waited for ever (a cut link never closes the channel its

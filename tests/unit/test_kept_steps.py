@@ -150,7 +150,8 @@ def test_the_driver_resumes_from_the_newest_step_every_host_holds():
 
     def event(host, step):
         return {"kind": "kept", "step": step, "part": 0, "parts": 1, "holder": host,
-                "keeper": f"{host}:1", "nbytes": 10, "copy_s": 0.0, "stall_s": 0.0}
+                "keeper": f"{host}:1", "nbytes": 10, "copy_s": 0.0, "stall_s": 0.0,
+                "peer": False}
     for step in range(5):
         kept.observe(event("a", step))
     for step in range(4):  # host b was a step behind when the job was lost
@@ -177,3 +178,22 @@ def test_state_dicts_saved_to_a_file_are_loaded_into_the_state_given(keep_dir):
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
                                                  again.state_dict().values()))
     assert adam.state_dict()["state"][0]["exp_avg"].abs().sum() > 0
+
+
+def test_a_sharded_step_is_whole_once_every_part_is_on_a_host_not_lost():
+    kept = KeptSteps()
+
+    def event(host, step, part, peer=False):
+        kept.observe({"kind": "kept", "step": step, "part": part, "parts": 2, "holder": host,
+                      "keeper": f"{host}:1", "nbytes": 10, "copy_s": 0.0, "stall_s": 0.0,
+                      "peer": peer})
+    for step in range(6):  # rank 0 on host a, rank 1 on b; each part copied to the other
+        event("a", step, 0)
+        event("b", step, 1)
+        event("b", step, 0, peer=True)
+        if step < 4:  # b's link is slow: its part's copies on a lag two steps
+            event("a", step, 1, peer=True)
+    assert kept.resume_step() == 5 and kept.peer_lag() == 2
+    kept.lost("b")  # a holds part 0 of steps 4-5 and part 1 of steps 2-3: none whole
+    assert kept.resume_step() is None
+    assert kept.hosts["a"].held == {2: {1}, 3: {1}, 4: {0}, 5: {0}}

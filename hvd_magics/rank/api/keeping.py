@@ -45,6 +45,7 @@ from hvd_magics.protocol import (ENV_HOST_RANK, ENV_KEEP_JOB, ENV_KEEP_SECRET,
                                  ENV_RANK_HOST, KEPT)
 from hvd_magics.rank import rank_events
 from hvd_magics.rank.api.kept_buffers import PartBuffers
+from hvd_magics.rank.api.kept_peers import PeerRing
 from hvd_magics.rank.api.state_tree import Leaf, copy_leaf, flatten
 from hvd_magics.rank.rank_job import rank_job
 from hvd_magics.rank.step_keeper import ensure_keeper
@@ -74,6 +75,7 @@ class _Keeper:
         self.without_room = False
         self.said_not_kept = False
         self.buffers = PartBuffers()
+        self.ring = PeerRing()
         #: Seconds the loop waited for copies since the last ``kept`` event said so.
         self.stalled = 0.0
         self.lock = threading.Lock()
@@ -95,6 +97,12 @@ def job_key() -> tuple[str, str]:
 def job_part_folder() -> Path:
     """This job's folder of kept steps on this rank's host."""
     return job_folder(keep_root(), os.environ.get(ENV_RANK_HOST), job_key()[0])
+
+
+def _part_of_this_rank() -> tuple[int, int]:
+    """``(rank, size)`` of the job's process group: a sharded state's part and parts."""
+    import torch.distributed as dist
+    return dist.get_rank(), dist.get_world_size()
 
 
 def writes_kept_steps() -> bool:
@@ -146,9 +154,13 @@ def keep(state: Any, step: int) -> None:
         later = _hook_optimizers(state)
     else:
         later = False
-    tree, leaves, nbytes = flatten(state)
-    if not writes_kept_steps() or _keeper.without_room:
-        return
+    tree, leaves, nbytes, sharded = flatten(state)
+    if not (sharded or writes_kept_steps()) or _keeper.without_room:
+        return  # replicated state: the host's first rank keeps it for the host
+    name = PartName(int(step), *_part_of_this_rank()) if sharded else PartName(int(step))
+    if sharded:
+        _keeper.ring.find(os.environ.get(ENV_RANK_HOST) or "127.0.0.1",
+                          _own_keeper(job_part_folder()))
     try:
         header, start = layout(tree, [leaf.slot for leaf in leaves])
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
@@ -157,7 +169,7 @@ def keep(state: Any, step: int) -> None:
                           ) from None
     folder = job_part_folder()
     try:
-        copy = _open(folder, PartName(int(step)), header, start, start + nbytes, leaves)
+        copy = _open(folder, name, header, start, start + nbytes, leaves)
         if copy is None:
             return
         for leaf in leaves:
@@ -209,6 +221,8 @@ def _open(folder: Path, name: PartName, header: bytes, start: int, size: int,
     _mark_secret(folder)
     temporary = folder / f".{name.file}.tmp-{os.getpid()}"
     for old in older_parts(folder, name.part, name.parts, name.step - 1, STEPS_KEPT - 1):
+        if old == _keeper.ring.sending:
+            continue  # on its way to the peer host: this step takes fresh pages
         with contextlib.suppress(OSError):
             os.replace(old, temporary)
             break
@@ -243,21 +257,31 @@ def _mark_secret(folder: Path) -> None:
         os.replace(temporary, marked)
 
 
-def _finish(copy: _Copy, folder: Path, start: int) -> None:  # noqa: ARG001
-    """Put the whole part in place, drop the steps before the kept two, tell the driver."""
-    os.replace(copy.temporary, folder / copy.name.file)
-    for old in older_parts(folder, copy.name.part, copy.name.parts, copy.name.step):
-        _keeper.buffers.forget(old)
-        old.unlink(missing_ok=True)
+def _own_keeper(folder: Path) -> str:
+    """This host's keeper's address (started when none runs), found once."""
     if _keeper.keeper is None:
         port = ensure_keeper(folder.parent)
         host = os.environ.get(ENV_RANK_HOST) or "127.0.0.1"
         _keeper.keeper = f"{host}:{port}" if port else ""
+    return _keeper.keeper
+
+
+def _finish(copy: _Copy, folder: Path, start: int) -> None:  # noqa: ARG001
+    """Put the whole part in place, drop the steps before the kept two, tell the driver."""
+    os.replace(copy.temporary, folder / copy.name.file)
+    for old in older_parts(folder, copy.name.part, copy.name.parts, copy.name.step):
+        if old != _keeper.ring.sending:  # on its way to the peer: removed after a later step
+            _keeper.buffers.forget(old)
+            old.unlink(missing_ok=True)
+    _own_keeper(folder)
     rank_events.emit(KeptEvent(
         kind=KEPT, step=copy.name.step, part=copy.name.part, parts=copy.name.parts,
         holder=os.environ.get(ENV_RANK_HOST, ""), keeper=_keeper.keeper or "",
         nbytes=copy.nbytes, copy_s=round(time.monotonic() - copy.began, 4),
-        stall_s=round(_keeper.stalled, 4)))
+        stall_s=round(_keeper.stalled, 4), peer=False))
     _keeper.stalled = 0.0
+    if copy.name.parts > 1:  # a rank's part of a sharded step: its peer host holds it too
+        key, secret = job_key()
+        _keeper.ring.send(folder / copy.name.file, copy.name, key, secret, copy.nbytes)
 
 

@@ -7,10 +7,10 @@ import os
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
-from hvd_magics.common.kept_steps import PartName, read_header, whole_steps
+from hvd_magics.common.kept_steps import PartName, parts_in, read_header, whole_steps
 from hvd_magics.common.step_keeper_wire import fetch
 from hvd_magics.errors import KeptStepUnreachable
-from hvd_magics.protocol import ENV_KEEP_PEERS
+from hvd_magics.protocol import ENV_KEEP_PARTS, ENV_KEEP_PEERS
 from hvd_magics.rank.api.keeping import job_key, job_part_folder, wait
 from hvd_magics.rank.api.state_tree import load_into, rebuild
 
@@ -23,10 +23,35 @@ def newest_kept() -> int | None:
     return found[0] if found else None
 
 
+def _this_part(step: int) -> PartName:
+    """This rank's part of step ``step``: the whole of a replicated state, or the rank's own
+    of a sharded one (on as many ranks as kept it).
+
+    Raises
+    ------
+    KeptStepUnreachable
+        The sharded step was kept by another number of ranks.
+    """
+    parts = int(os.environ.get(ENV_KEEP_PARTS) or 0)
+    if not parts:  # outside a job of ours: what this host holds says it
+        held = [p for p in parts_in(job_part_folder()) if p.step == step]
+        parts = held[0].parts if held else 1
+    if parts == 1:
+        return PartName(step)
+    import torch.distributed as dist
+    if dist.get_world_size() != parts:
+        raise KeptStepUnreachable(
+            f"the step {step:,} this attempt resumes from was kept in the hosts' memory by "
+            f"{parts} ranks, each its part, and this attempt has {dist.get_world_size()}: a "
+            f"rank's part is read back by its rank only. The next attempt resumes from the "
+            f"newest checkpoint file (which any number of ranks reads)")
+    return PartName(step, dist.get_rank(), parts)
+
+
 def _part_bytes(step: int) -> memoryview:
-    """Step ``step``'s part, from this host's memory or a peer's keeper."""
+    """This rank's part of step ``step``, from this host's memory or a peer's keeper."""
     folder = job_part_folder()
-    path = folder / PartName(step).file
+    path = folder / _this_part(step).file
     try:
         with open(path, "rb") as handle:  # a private copy on write: a writable view, read
             return memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY))

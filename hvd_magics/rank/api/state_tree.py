@@ -39,10 +39,13 @@ class _Walk:
     def __init__(self) -> None:
         self.leaves: list[Leaf] = []
         self.offset = 0
+        #: Whether a leaf is a rank's part of a sharded tensor (each rank keeps its own part).
+        self.sharded = False
 
     def leaf(self, value: Any, kind: str, dtype: str, shape: tuple[int, ...], nbytes: int,
-             later: bool) -> Slot:
-        slot = Slot(kind, dtype, shape, self.offset, nbytes)
+             later: bool, sharded: bool = False) -> Slot:
+        slot = Slot(kind, dtype, shape, self.offset, nbytes, sharded)
+        self.sharded = self.sharded or sharded
         self.offset += -(-nbytes // 64) * 64
         self.leaves.append(Leaf(value, slot, later))
         return slot
@@ -61,7 +64,7 @@ class _Walk:
         if numpy is not None and isinstance(value, numpy.ndarray) and value.dtype != object:
             return self.leaf(value, "numpy", value.dtype.str, value.shape, value.nbytes, False)
         if torch is not None and isinstance(value, torch.nn.Module):
-            params = frozenset(p.data_ptr() for p in value.parameters())
+            params = frozenset(_local(p).data_ptr() for p in value.parameters())
             return ModuleState(self.walk(value.state_dict(), where, params))
         if torch is not None and isinstance(value, torch.optim.Optimizer):
             return OptimizerState(self.walk(value.state_dict(), where, _ALL))
@@ -74,22 +77,28 @@ class _Walk:
 
     def _tensor(self, value: Any, where: str, later: frozenset[int]) -> Slot:
         kind = type(value).__name__
-        if kind in ("DTensor", "ShardedTensor"):
+        if kind == "ShardedTensor":
             raise KeepRefused(
-                f"checkpoint.keep got a sharded tensor ({kind}) at {where}: each rank holds a "
-                f"part of it, and keeping sharded state (FSDP, ZeRO) in the hosts' memory is not "
-                f"built yet. {_FIX}")
-        data = value.detach()
-        later_too = later is _ALL or data.data_ptr() in later
+                f"checkpoint.keep got a ShardedTensor (FSDP1's sharded state dict) at {where}. "
+                f"{_FIX}")
+        sharded = kind == "DTensor"
+        data = value.to_local().detach() if sharded else value.detach()
+        later_too = later is _ALL or data.data_ptr() in later or value.data_ptr() in later
         return self.leaf(data, "torch", str(data.dtype).removeprefix("torch."),
-                         tuple(data.shape), data.numel() * data.element_size(), later_too)
+                         tuple(data.shape), data.numel() * data.element_size(), later_too,
+                         sharded)
 
 
 #: Every tensor of an optimizer's state: they change only in its step.
 _ALL: frozenset[int] = frozenset({-1})
-_FIX = ("Fix: keep the model and optimizer of a replicated loop (DDP, Horovod), their state "
-        "dicts, tensors, arrays and plain values; save sharded state with "
+_FIX = ("Fix: keep the model and optimizer themselves (DDP, Horovod, FSDP2), their state "
+        "dicts, tensors, arrays and plain values; save other sharded state with "
         "checkpoint.save(state, step, asynchronous=True)")
+
+
+def _local(tensor: Any) -> Any:
+    """A ``DTensor``'s local part, any other tensor itself."""
+    return tensor.to_local() if type(tensor).__name__ == "DTensor" else tensor
 
 
 def _refused(value: Any) -> str | None:
@@ -105,8 +114,9 @@ def _module(name: str) -> Any:
     return sys.modules.get(name)
 
 
-def flatten(state: Any) -> tuple[Any, list[Leaf], int]:
-    """``state``'s tree (each tensor and array a :class:`Slot`), its leaves, and their bytes.
+def flatten(state: Any) -> tuple[Any, list[Leaf], int, bool]:
+    """``state``'s tree (each tensor and array a :class:`Slot`), its leaves, their bytes, and
+    whether it is sharded (a leaf is a rank's part of a ``DTensor``: each rank keeps its own).
 
     Raises
     ------
@@ -115,7 +125,7 @@ def flatten(state: Any) -> tuple[Any, list[Leaf], int]:
     """
     walk = _Walk()
     tree = walk.walk(state, "state")
-    return tree, walk.leaves, walk.offset
+    return tree, walk.leaves, walk.offset, walk.sharded
 
 
 def target(buffer: Any, slot: Slot) -> Any:
@@ -174,6 +184,12 @@ def load_into(state: Any, values: Any) -> Any:
     state dict saved in their place), a dict's other entries replaced; what the job's state is
     now (``values`` themselves when ``state`` is not a dict, list or stateful)."""
     loads = callable(getattr(state, "load_state_dict", None))
+    if loads and isinstance(values, ModuleState) and _has_dtensors(state):
+        _copy_into_parts(state.state_dict(), values.tree)  # a sharded module: its parts in place
+        return state
+    if loads and isinstance(values, OptimizerState) and _shards_parameters(state):
+        state.load_state_dict(_as_dtensors(state, values.tree))
+        return state
     if loads and isinstance(values, (ModuleState, OptimizerState)):
         state.load_state_dict(values.tree)
         return state
@@ -188,3 +204,58 @@ def load_into(state: Any, values: Any) -> Any:
         state[:] = [load_into(old, new) for old, new in zip(state, values)]
         return state
     return plain(values)
+
+
+def _has_dtensors(module: Any) -> bool:
+    return any(type(p).__name__ == "DTensor" for p in module.parameters())
+
+
+def _shards_parameters(optimizer: Any) -> bool:
+    return any(type(p).__name__ == "DTensor" for group in optimizer.param_groups
+               for p in group["params"])
+
+
+def _copy_into_parts(live: dict[str, Any], kept: dict[str, Any]) -> None:
+    """Copy each kept tensor into this rank's part of the module's tensor of that name.
+
+    Raises
+    ------
+    CheckpointMismatch
+        A name the module lacks, or a part of another shape (another model, or another number
+        of ranks: kept parts are read back on as many ranks as kept them).
+    """
+    from hvd_magics.errors import CheckpointMismatch
+    for name, value in kept.items():
+        target = live.get(name)
+        part = _local(target) if target is not None else None
+        if part is None or tuple(part.shape) != tuple(value.shape):
+            raise CheckpointMismatch(
+                f"the kept step's {name} ({list(value.shape)}) has no place of its shape in the "
+                f"model ({list(part.shape) if part is not None else 'no such entry'}): another "
+                f"model, or another number of ranks than kept it. Fix: resume on as many ranks "
+                f"as kept it, or from a checkpoint file (checkpoint.save), which any number of "
+                f"ranks reads")
+        with _no_grad():
+            part.copy_(value)
+
+
+def _no_grad() -> Any:
+    import torch
+    return torch.no_grad()
+
+
+def _as_dtensors(optimizer: Any, kept: dict[str, Any]) -> dict[str, Any]:
+    """The kept optimizer state with each tensor of a parameter's shape made a ``DTensor`` of
+    that parameter's sharding (what the optimizer holds of a sharded parameter)."""
+    from torch.distributed.tensor import DTensor
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state = {}
+    for index, entries in kept["state"].items():
+        param = params[int(index)]
+        state[index] = {
+            key: DTensor.from_local(value, param.device_mesh, param.placements,
+                                    shape=param.shape, stride=param.stride())
+            if type(param).__name__ == "DTensor" and hasattr(value, "shape")
+            and tuple(value.shape) == tuple(param.to_local().shape) and value.dim() else value
+            for key, value in entries.items()}
+    return {**kept, "state": state}
