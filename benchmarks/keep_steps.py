@@ -14,9 +14,14 @@ Recovery: the same job of 10 MB with ``restarts=1`` keeping every step; rank 1 S
 right after keeping step 12 (its copy may still be under way); the seconds from the kill to the
 next attempt's first step, and the steps done twice.
 
+Each mode runs ``--rounds`` times, in turn (none, keep, async, none, ...), and its median step is
+taken over all its rounds' steps (the first two of each job left out): the machine's drift over
+a run falls on every mode alike.
+
 Usage: .venv/bin/python benchmarks/keep_steps.py [--sizes 10,100,1000] [--ranks 2,4] [--steps 12]
+       [--rounds 3]
 Last lines: ``keep_steps size_mb=<m> ranks=<n> none_s=<s> keep_s=<s> async_s=<s>
-keep_overhead=<%> async_overhead=<%> stall_s=<s>`` per size and count, then ``keep_recovery
+keep_overhead=<%> async_overhead=<%> stall_s_per_step=<s>`` per size and count, then ``keep_recovery
 ranks=2 kill_to_first_step_s=<s> redone=<steps>`` (goals: keep_overhead <= 3% at 100 MB on 2
 ranks; the kill to the next first step <= 5 s; redone <= 1)
 """
@@ -34,11 +39,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+MODES = ("none", "keep", "async")
 
 
 def train(size_mb: float, steps: int, mode: str, out: str, kill_after: int | None = None):
     import signal
-    import time
 
     import torch
     import torch.distributed as dist
@@ -78,35 +83,48 @@ def train(size_mb: float, steps: int, mode: str, out: str, kill_after: int | Non
     return times
 
 
-def overhead(size_mb: float, ranks: int, steps: int) -> dict[str, float]:
+def _run(size_mb: float, ranks: int, steps: int, mode: str) -> tuple[list[float], float]:
+    """One job's step times, and the seconds its loops waited for copies."""
+    import shutil
+
     from hvd_magics import HorovodRunner, last_run
 
-    medians: dict[str, float] = {}
+    folder = tempfile.mkdtemp(prefix="hvd-keep-bench-")
+    try:
+        times = HorovodRunner(np=-ranks, engine="torch", checkpoint_dir=folder).run(
+            train, size_mb=size_mb, steps=steps, mode=mode, out=folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return times[2:] if len(times) > 4 else times, last_run().kept_stall_s
+
+
+def overhead(size_mb: float, ranks: int, steps: int, rounds: int) -> dict[str, float]:
+    """The modes' median steps, measured in ``rounds`` rounds of one job each, in turn (the
+    machine's drift over a run shared out), and their line."""
+    times: dict[str, list[float]] = {mode: [] for mode in MODES}
     stall = 0.0
-    for mode in ("none", "keep", "async"):
-        folder = tempfile.mkdtemp(prefix="hvd-keep-bench-")
-        try:
-            times = HorovodRunner(np=-ranks, engine="torch", checkpoint_dir=folder,
-                                  ).run(train, size_mb=size_mb, steps=steps,
-                                                  mode=mode, out=folder)
-        except Exception as exc:  # noqa: BLE001 - a mode that does not fit is said, not hidden
-            print(f"  {mode}: failed: {str(exc).splitlines()[0][:300]}", flush=True)
-            medians[mode] = math.nan
-            continue
-        finally:
-            import shutil
-            shutil.rmtree(folder, ignore_errors=True)
-        medians[mode] = statistics.median(times[2:] if len(times) > 4 else times)
-        if mode == "keep":
-            kept = last_run()
-            stall = getattr(kept, "kept_stall_s", 0.0) or 0.0
-        print(f"  {mode}: median step {medians[mode]:.3f} s over {len(times)} steps", flush=True)
+    for _ in range(rounds):
+        for mode in MODES:
+            if times[mode] and math.isnan(times[mode][0]):
+                continue
+            try:
+                taken, stalled = _run(size_mb, ranks, steps, mode)
+            except Exception as exc:  # noqa: BLE001 - a mode that does not fit is said
+                print(f"  {mode}: failed: {str(exc).splitlines()[0][:300]}", flush=True)
+                times[mode] = [math.nan]
+                continue
+            times[mode] += taken
+            stall += stalled if mode == "keep" else 0.0
+    medians = {mode: statistics.median(found) for mode, found in times.items()}
+    for mode in MODES:
+        print(f"  {mode}: median step {medians[mode]:.3f} s over {len(times[mode])} steps",
+              flush=True)
     none = medians["none"]
     print(f"keep_steps size_mb={size_mb:g} ranks={ranks} none_s={none:.3f} "
           f"keep_s={medians['keep']:.3f} async_s={medians['async']:.3f} "
           f"keep_overhead={100 * (medians['keep'] / none - 1):.1f}% "
-          f"async_overhead={100 * (medians['async'] / none - 1):.1f}% stall_s={stall:.3f}",
-          flush=True)
+          f"async_overhead={100 * (medians['async'] / none - 1):.1f}% "
+          f"stall_s_per_step={stall / max(1, len(times['keep'])):.4f}", flush=True)
     return medians
 
 
@@ -129,6 +147,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="10,100,1000")
     parser.add_argument("--ranks", default="2,4")
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     os.environ.setdefault("HVD_MAGICS_KEEP_IDLE_S", "30")
     for size in (float(s) for s in args.sizes.split(",")):
@@ -137,7 +156,10 @@ def main() -> None:
                 print(f"keep_steps size_mb={size:g} ranks={ranks}: left out (the state of "
                       f"{ranks} ranks and their kept steps does not fit this machine's 24 GiB)")
                 continue
-            overhead(size, ranks, args.steps if size < 1000 else max(4, args.steps // 2))
+            if size < 1000:
+                overhead(size, ranks, args.steps, args.rounds)
+            else:  # a step of seconds: one round, half the steps
+                overhead(size, ranks, max(6, args.steps // 2), 1)
     recovery()
 
 

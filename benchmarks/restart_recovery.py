@@ -2,15 +2,19 @@
 cluster of one-core workers on loopback (``--workers``: 3 leaves a spare executor for the second
 attempt, as a cluster with room has; 2 makes it wait for the worker to start a new executor).
 
-A DDP job (an MNIST-shaped MLP, 40 steps of 64 rows per rank, a checkpoint every 5 steps) with
-``restarts=1``; after step 22 of its first attempt, rank 1's executor JVM is SIGKILLed (the
-standalone worker starts a new executor). Measured, ``--runs`` times:
+A DDP job (an MNIST-shaped MLP, 40 steps of 64 rows per rank) with ``restarts=1``, saving a
+checkpoint file every 5 steps (``files``) or keeping every step in the hosts' memory
+(``memory``, ``checkpoint.keep``, issue 84); after step 22 of its first attempt, rank 1's executor
+JVM is SIGKILLed (the standalone worker starts a new executor). Measured, ``--runs`` times each,
+side by side:
   recovery  seconds from the kill to the first training step of the second attempt
-  redone    steps done twice (the kill's step minus the checkpoint it resumed from)
+  redone    steps done twice (the kill's step minus the step it resumed from)
   cold      a cold launch of a trivial DDP job on the same cluster (the goal's yardstick)
 Usage: .venv/bin/python benchmarks/restart_recovery.py [--runs 3] [--workers 3]
-Last line: restart_recovery workers=<n> recovery_s=<s> cold_s=<s> over_cold_s=<s> redone=<steps>
-(medians; goals: over_cold_s <= 2, redone <= 5)
+       [--modes files,memory]
+Last lines, a mode each: restart_recovery mode=<m> workers=<n> recovery_s=<s> cold_s=<s>
+over_cold_s=<s> redone=<steps> (medians; goals: over_cold_s <= 2, redone <= 5 with files,
+<= 1 with memory, recovery_s <= 10 with memory)
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 KILL_AFTER, EVERY, STEPS = 22, 5, 40
 
 
-def train(folder: str):
+def train(folder: str, mode: str = "files"):
     import time
 
     import torch
@@ -45,12 +49,8 @@ def train(folder: str):
                                 torch.nn.Linear(256, 10))
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    start = 0
-    found = checkpoint.latest()
-    if found is not None:
-        state, start = found
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+    found = checkpoint.latest({"model": model, "optimizer": optimizer})
+    start = 0 if found is None else found[1]
     for step in range(start, STEPS):
         data = torch.Generator().manual_seed(step * 10 + rank)
         x, y = torch.randn(64, 784, generator=data), torch.randint(0, 10, (64,), generator=data)
@@ -64,7 +64,9 @@ def train(folder: str):
             with open(os.path.join(folder, "rank1"), "w") as out:
                 out.write(str(os.getpid()))
             time.sleep(600)  # the benchmark kills this rank's executor now
-        if (step + 1) % EVERY == 0:
+        if mode == "memory":
+            checkpoint.keep({"model": model, "optimizer": optimizer}, step + 1)
+        elif (step + 1) % EVERY == 0:
             checkpoint.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
                             step + 1)
     return checkpoint.attempt()
@@ -81,57 +83,69 @@ def trivial():
 
 
 def executor_jvm(pid: int):
-    import psutil
+    """The executor JVM that (through the Python worker and the rank's keeper, or the zygote
+    that forked it) started rank ``pid``."""
+    from tests.conftest import supervisor_of
 
-    for parent in psutil.Process(pid).parents():
+    for parent in supervisor_of(pid).parents():
         if "CoarseGrainedExecutorBackend" in " ".join(parent.cmdline()):
             return parent
     raise RuntimeError(f"no executor JVM above process {pid}")
+
+
+def _runs(mode: str, runs: int, workers: int) -> None:
+    """``runs`` restarts of the job in ``mode`` (and as many cold launches); its line."""
+    from hvd_magics import HorovodRunner, last_run
+
+    recovery, cold, redone = [], [], []
+    for _ in range(runs):
+        began = time.monotonic()
+        HorovodRunner(np=2, engine="torch").run(trivial)
+        cold.append(time.monotonic() - began)
+        folder = tempfile.mkdtemp(prefix="hvd-restart-bench-")
+        killed: list[float] = []
+
+        def kill(folder: str = folder, killed: list = killed) -> None:
+            marker = Path(folder, "rank1")
+            while not marker.exists():
+                time.sleep(0.05)
+            time.sleep(0.1)  # its pid is written whole
+            jvm = executor_jvm(int(marker.read_text()))
+            killed.append(time.time())
+            jvm.kill()
+
+        threading.Thread(target=kill, daemon=True).start()
+        runner = HorovodRunner(np=2, engine="torch", restarts=1,
+                               checkpoint_dir=os.path.join(folder, "checkpoints"))
+        assert runner.run(train, folder=folder, mode=mode) == 1
+        first, start = Path(folder, "first_step").read_text().split()
+        recovery.append(float(first) - killed[0])
+        redone.append(KILL_AFTER + 1 - int(start))
+        print(f"{mode} run: recovery {recovery[-1]:.2f} s, cold {cold[-1]:.2f} s, redone "
+              f"{redone[-1]} steps; attempts {last_run().attempts}", flush=True)
+    over = [r - c for r, c in zip(recovery, cold)]
+    print(f"restart_recovery mode={mode} workers={workers} "
+          f"recovery_s={statistics.median(recovery):.2f} cold_s={statistics.median(cold):.2f} "
+          f"over_cold_s={statistics.median(over):.2f} "
+          f"over_cold_s_min={min(over):.2f} over_cold_s_max={max(over):.2f} "
+          f"redone={statistics.median(redone):.0f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--modes", default="files,memory")
     args = parser.parse_args()
-    from hvd_magics import HorovodRunner, last_run
+    from hvd_magics import HorovodRunner
     from tests.standalone import StandaloneCluster
 
     cluster = StandaloneCluster(workers=args.workers)
     try:
         cluster.session("restart_recovery")
         assert HorovodRunner(np=2, engine="torch").run(trivial) == 2.0  # warm
-        recovery, cold, redone = [], [], []
-        for _ in range(args.runs):
-            began = time.monotonic()
-            HorovodRunner(np=2, engine="torch").run(trivial)
-            cold.append(time.monotonic() - began)
-            folder = tempfile.mkdtemp(prefix="hvd-restart-bench-")
-            killed: list[float] = []
-
-            def kill(folder: str = folder, killed: list = killed) -> None:
-                marker = Path(folder, "rank1")
-                while not marker.exists():
-                    time.sleep(0.05)
-                time.sleep(0.1)  # its pid is written whole
-                jvm = executor_jvm(int(marker.read_text()))
-                killed.append(time.time())
-                jvm.kill()
-
-            threading.Thread(target=kill, daemon=True).start()
-            runner = HorovodRunner(np=2, engine="torch", restarts=1,
-                                   checkpoint_dir=os.path.join(folder, "checkpoints"))
-            assert runner.run(train, folder=folder) == 1
-            first, start = Path(folder, "first_step").read_text().split()
-            recovery.append(float(first) - killed[0])
-            redone.append(KILL_AFTER + 1 - int(start))
-            print(f"run: recovery {recovery[-1]:.2f} s, cold {cold[-1]:.2f} s, redone "
-                  f"{redone[-1]} steps; attempts {last_run().attempts}", flush=True)
-        over = [r - c for r, c in zip(recovery, cold)]
-        print(f"restart_recovery workers={args.workers} recovery_s={statistics.median(recovery):.2f} "
-              f"cold_s={statistics.median(cold):.2f} over_cold_s={statistics.median(over):.2f} "
-              f"over_cold_s_min={min(over):.2f} over_cold_s_max={max(over):.2f} "
-              f"redone={statistics.median(redone):.0f}")
+        for mode in args.modes.split(","):
+            _runs(mode, args.runs, args.workers)
     finally:
         cluster.stop()
 

@@ -1817,3 +1817,44 @@ def fsdp_kept(steps: int = 16, kill_at: int | None = None, width: int = 64,
             for key, value in entry.items() if torch.is_tensor(value)}
     return {"weights": digest(weights), "moments": digest(flat), "start": start,
             "first_step_at": first_step_at}
+
+
+def keras_kept(folder: str, epochs: int = 4, steps: int = 20, kill_at: int | None = None):
+    """A Keras ``fit`` under Horovod (tf_keras) of ``epochs`` epochs of ``steps`` batches of
+    seeded data, unshuffled, with Adam, with nothing of checkpoints in it (the job keeps its
+    steps: ``keep_steps=True``); each rank appends ``"<attempt> <global step>"`` to
+    ``folder/steps-<rank>`` per batch, and on the first attempt rank 1 SIGKILLs itself after
+    global step ``kill_at``. Returns the weights (as lists) and the attempt."""
+    import os
+    import signal
+
+    import numpy as np
+    import tensorflow as tf
+    import horovod.tensorflow.keras as hvd
+
+    from hvd_magics import checkpoint
+
+    hvd.init()
+    rng = np.random.default_rng(hvd.rank())
+    x = rng.normal(size=(steps * 8, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(8),
+                                 tf.keras.layers.BatchNormalization(), tf.keras.layers.Dense(1)])
+    model.compile(hvd.DistributedOptimizer(tf.keras.optimizers.Adam(0.01)), "mse")
+    attempt = checkpoint.attempt()
+
+    class Steps(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            step = self.epoch * steps + batch + 1
+            with open(os.path.join(folder, f"steps-{hvd.rank()}"), "a") as out:
+                out.write(f"{attempt} {step}\n")
+            if step == kill_at and hvd.rank() == 1 and not attempt:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    model.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Steps()])
+    return [w.tolist() for w in model.get_weights()], attempt

@@ -37,7 +37,7 @@ from hvd_magics.errors import HorovodJobError, JobInterrupted, NotEnoughSlotsErr
 from hvd_magics.job.failure_policy import (Decision, FailurePolicy, loss, max_preemptions,
                                            preempted)
 from hvd_magics.job.job_life import Attempt
-from hvd_magics.job.kept_memory import drop_kept, kept_job
+from hvd_magics.job.kept_memory import drop_kept, idle_words, kept_job
 from hvd_magics.job.launch_request import LaunchRequest
 from hvd_magics.job.records.run_record import RunRecord
 from hvd_magics.job.restarts import (ResumeFix, attempt_checkpoints, job_resume_fix, one_timing,
@@ -240,6 +240,7 @@ class JobController:
         if cause is AttemptCause.PREEMPTION:
             return self._preempted(error, decision)
         if cause not in LOSSES or not self.policy.restarts:
+            self._say_kept(error, cause)
             return self._errored(error)  # a loss without restarts is raised as it is
         self.last = error.record if error.record is not None else self.last
         self.run_id = self.run_id or getattr(self.last, "mlflow_run_id", None)
@@ -252,10 +253,19 @@ class JobController:
             error.add_summary(f"the job was started {self.attempt + 1} times, and each ended "
                               "with a loss: " + "; ".join(f"attempt {i + 1}: {c}"
                                                          for i, c in enumerate(self.causes)))
+            self._say_kept(error, cause)
             return self._errored(error)
         self.attempt += 1
         self.losses += 1
         return State.RESTARTING
+
+    def _say_kept(self, error: HorovodJobError, cause: AttemptCause) -> None:
+        """A job lost to a fault says which step its hosts keep for it to resume from."""
+        step = self.kept.steps.resume_step()
+        if cause in LOSSES and step is not None:
+            error.add_summary(
+                f"its step {step:,} stays kept in the hosts' memory for "
+                f"{idle_words(self.request.env)}: run the job again to resume from it")
 
     def _preempted(self, error: HorovodJobError, decision: Decision) -> State:
         notice = preempted(error) or ""

@@ -8,7 +8,9 @@ removes them after ``HVD_MAGICS_KEEP_IDLE_S`` untouched (600 s).
 """
 from __future__ import annotations
 
+import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,8 +18,9 @@ from hvd_magics.common.step_keeper_wire import digest, drop, new_secret
 from hvd_magics.common.kept_steps import keep_root, remove_job
 from hvd_magics.job.readings.kept_steps import KeptSteps
 from hvd_magics.job.session import SESSION
-from hvd_magics.protocol import (ENV_KEEP_JOB, ENV_KEEP_PARTS, ENV_KEEP_PEERS, ENV_KEEP_SECRET,
-                                 ENV_RESUME_FROM)
+from hvd_magics.protocol import (ENV_KEEP_IDLE_S, ENV_KEEP_JOB, ENV_KEEP_PARTS, ENV_KEEP_PEERS,
+                                 ENV_KEEP_SECRET, ENV_RESUME_FROM)
+from hvd_magics.rank.step_keeper import IDLE_S
 
 
 @dataclass
@@ -75,3 +78,14 @@ def resumed_from_memory(kept: KeptJob, step: int) -> str:
         else ""
     return (f"resumes from step {step:,} kept in the memory of {len(hosts)} "
             f"host{'s' if len(hosts) != 1 else ''}{redo}")
+
+
+def idle_words(env: Mapping[str, str]) -> str:
+    """How long a keeper keeps a failed job's steps, in words (``HVD_MAGICS_KEEP_IDLE_S`` of
+    the ranks' environment, else 600 s)."""
+    try:
+        seconds = float(env.get(ENV_KEEP_IDLE_S) or os.environ.get(ENV_KEEP_IDLE_S) or IDLE_S)
+    except ValueError:
+        seconds = IDLE_S
+    return (f"{seconds / 60:g} minutes" if seconds >= 120 else f"{seconds:g} s") + \
+        " (HVD_MAGICS_KEEP_IDLE_S)"

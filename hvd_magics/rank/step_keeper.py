@@ -9,7 +9,8 @@ The steps themselves are files in shared memory (:mod:`hvd_magics.common.kept_st
 outlive the ranks that wrote them, their Spark tasks and this keeper. The first rank on a host
 that keeps a step starts the host's keeper (:func:`ensure_keeper`) as a process of its own
 session, outside its task and its Spark worker, as a zygote is; it writes ``keeper.json`` (its
-pid and port) in the host's folder, and ends once it holds nothing and has been idle as long.
+pid and port) in the host's folder, and ends once it holds nothing: at once when the last job's
+steps were dropped (the job succeeded), else once it has been idle as long.
 """
 from __future__ import annotations
 
@@ -112,6 +113,7 @@ class _Handler(socketserver.StreamRequestHandler):
         if asked.get("op") == "drop":
             shutil.rmtree(folder, ignore_errors=True)
             self.wfile.write(b"\x01")
+            self.server.dropped.set()  # ends now if it holds nothing else
             return
         try:
             data = (folder / name).read_bytes() if name.startswith("step-") else None
@@ -162,6 +164,8 @@ class _KeeperServer(socketserver.ThreadingTCPServer):
     def __init__(self, folder: Path) -> None:
         super().__init__(("0.0.0.0", 0), _Handler)
         self.folder = folder
+        #: Set when a job's steps were dropped (its job succeeded).
+        self.dropped = threading.Event()
 
 
 def _newest_touch(job: Path) -> float:
@@ -198,11 +202,12 @@ def serve(folder: Path, idle_s: float) -> None:
     last_held = time.monotonic()
     try:
         while True:
-            time.sleep(min(idle_s / 4, 5.0))  # the keeper's own pace of looking
+            dropped = server.dropped.wait(min(idle_s / 4, 5.0))  # its pace, or a drop
+            server.dropped.clear()
             if _sweep(folder, idle_s):
                 last_held = time.monotonic()
-            elif time.monotonic() - last_held > idle_s:
-                return
+            elif dropped or time.monotonic() - last_held > idle_s:
+                return  # its jobs succeeded, or nothing was touched for the idle time
     finally:
         server.shutdown()
         found = running_keeper(folder)

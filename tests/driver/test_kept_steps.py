@@ -18,9 +18,10 @@ from tests.full_disk import small_disk
 
 @pytest.fixture
 def keep_dir(tmp_path, monkeypatch):
-    """A folder of kept steps of the test's own; its keepers end a second after it is empty."""
+    """A folder of kept steps of the test's own (its keepers end once their jobs succeeded, or
+    30 s after a failed one: longer than a restart takes)."""
     monkeypatch.setenv("HVD_MAGICS_KEEP_DIR", str(tmp_path / "keep"))
-    monkeypatch.setenv("HVD_MAGICS_KEEP_IDLE_S", "1")
+    monkeypatch.setenv("HVD_MAGICS_KEEP_IDLE_S", "30")
     return tmp_path / "keep"
 
 
@@ -134,8 +135,10 @@ def test_a_killed_keeper_loses_no_step_and_a_new_one_serves(tmp_path, keep_dir):
 
 def test_running_a_failed_job_again_resumes_from_its_kept_steps(tmp_path, keep_dir):
     runner = HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path)
-    with pytest.raises(HorovodJobError, match="rank 1"):
+    with pytest.raises(HorovodJobError, match="rank 1") as info:
         runner.run(engine_jobs.steps_kept, kill_on=(9, [0]))
+    assert "stays kept in the hosts' memory for 30 s (HVD_MAGICS_KEEP_IDLE_S): run the job " \
+           "again to resume from it" in str(info.value)
     (folder,) = _job_folders(keep_dir)
     assert whole_steps(folder)[0] in (8, 9)
     again = runner.run(engine_jobs.steps_kept, kill_on=(9, [0]))  # the same job, run again
@@ -210,3 +213,22 @@ def test_fsdp2_parts_kept_by_every_rank_resume_bit_for_bit(tmp_path, keep_dir):
     record = last_run()
     assert "kept in the memory of 1 host" in record.attempts[0], record.attempts
     assert "2 parts of" in record.kept, record.kept
+
+
+def test_a_keras_fit_keeps_its_steps_with_no_line_added(tmp_path, keep_dir):
+    """--keep-steps under Horovod: a tf_keras fit's variables (a BatchNormalization's moving
+    statistics too) and Adam's slots kept every batch; a rank killed mid-epoch costs at most
+    one step, and the fit ends with an unbroken fit's weights, bit for bit."""
+    (tmp_path / "whole").mkdir()
+    whole, _ = HorovodRunner(np=-2, checkpoint_dir=tmp_path / "w").run(
+        engine_jobs.keras_kept, folder=str(tmp_path / "whole"))
+    weights, attempt = HorovodRunner(np=-2, restarts=1, keep_steps=True,
+                                     checkpoint_dir=tmp_path / "c").run(
+        engine_jobs.keras_kept, folder=str(tmp_path), kill_at=27)
+    assert attempt == 1 and "kept in the memory of 1 host" in last_run().attempts[0], \
+        last_run().attempts
+    taken = [tuple(map(int, line.split())) for line in open(tmp_path / "steps-0")]
+    before = {step for a, step in taken if a == 0}
+    assert len([s for a, s in taken if a == 1 and s in before]) <= 1, taken
+    assert sorted({s for _, s in taken}) == list(range(1, 81))
+    assert weights == whole

@@ -99,7 +99,7 @@ def test_a_rank_lost_in_a_spark_job_resumes_from_the_step_its_host_kept_in_memor
         local_spark, tmp_path):
     """Issue 84, in Spark tasks: Horovod's ranks keep every step in the host's memory; a rank
     SIGKILLed costs at most the step under way, and the job ends bit for bit."""
-    env = {"HVD_MAGICS_KEEP_DIR": str(tmp_path / "keep"), "HVD_MAGICS_KEEP_IDLE_S": "1"}
+    env = {"HVD_MAGICS_KEEP_DIR": str(tmp_path / "keep"), "HVD_MAGICS_KEEP_IDLE_S": "30"}
     whole = HorovodRunner(np=2, checkpoint_dir=tmp_path / "whole", env=env).run(
         engine_jobs.steps_kept, engine="horovod")
     resumed = HorovodRunner(np=2, restarts=1, checkpoint_dir=tmp_path / "lost", env=env).run(

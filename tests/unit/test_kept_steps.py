@@ -17,7 +17,7 @@ from tests.full_disk import small_disk
 def keep_dir(tmp_path, monkeypatch):
     """A folder of kept steps of the test's own, its keeper ending soon after the test."""
     monkeypatch.setenv("HVD_MAGICS_KEEP_DIR", str(tmp_path / "keep"))
-    monkeypatch.setenv("HVD_MAGICS_KEEP_IDLE_S", "1")
+    monkeypatch.setenv("HVD_MAGICS_KEEP_IDLE_S", "30")
     monkeypatch.setenv("HVD_MAGICS_CHECKPOINT_DIR", str(tmp_path / "checkpoints"))
     monkeypatch.setenv("HVD_MAGICS_RANK_HOST", "host-a")
     from hvd_magics.rank.api import keeping

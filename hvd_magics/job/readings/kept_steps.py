@@ -138,8 +138,14 @@ class KeptSteps:
         peers = ("" if lag is None else "; the next host's copy of each part was "
                  + ("up to date" if lag <= 0 else f"{lag} step{'s' if lag != 1 else ''} behind")
                  + " at the end")
-        return (f"{self.kept:,} steps kept in memory, {what}; the hosts hold {held} (2 steps "
-                f"of each part, on {len(holding)} host{'s' if len(holding) != 1 else ''})"
+        if self.parts > 1 and len(self.own_newest) < self.parts:
+            peers += (f"; only {len(self.own_newest)} of the {self.parts} ranks kept their parts "
+                      "(keep is called on every rank of a sharded state), so restarts resume "
+                      "from files")
+        hosts = f"{len(holding)} host{'s' if len(holding) != 1 else ''}"
+        where = (f"2 steps on each of {hosts}" if self.parts == 1 else
+                 f"2 steps of each part, on {hosts}")
+        return (f"{self.kept:,} steps kept in memory, {what}; the hosts hold {held} ({where})"
                 f"{peers}; a copy took {1000 * self.copy_s / max(1, self.copies):.0f} ms on "
                 f"average, and the loops waited {self.stall_s:.2f} s for copies")
 

@@ -62,6 +62,8 @@ class _Copy:
     nbytes: int
     began: float
     error: BaseException | None = None
+    #: A CUDA event the copy from a GPU waits for (``None``: the leaves are in host memory).
+    ready: Any = None
 
 
 class _Keeper:
@@ -72,6 +74,8 @@ class _Keeper:
         self.done = threading.Event()
         self.done.set()
         self.keeper: str | None = None
+        #: Whether a thread is starting the host's keeper (or finding it).
+        self.starting = False
         self.without_room = False
         self.said_not_kept = False
         self.buffers = PartBuffers()
@@ -182,17 +186,38 @@ def keep(state: Any, step: int) -> None:
     except OSError as exc:
         _not_kept(step, exc)
         return
+    copy.ready = _device_mark(copy.leaves)
     _keeper.pending = copy
     _keeper.done.clear()
     threading.Thread(target=_copy_later, args=(copy, folder, start), daemon=True,
                      name="hvd-magics-keep").start()
 
 
+def _device_mark(leaves: list[Leaf]) -> Any:
+    """A CUDA event recorded now on the training's stream when a leaf is on a GPU (its copy
+    waits for it on a stream of its own), else ``None``."""
+    if not any(getattr(leaf.value, "is_cuda", False) for leaf in leaves):
+        return None
+    import torch
+    mark = torch.cuda.Event()
+    mark.record()
+    return mark
+
+
 def _copy_later(copy: _Copy, folder: Path, start: int) -> None:
     try:
         view = memoryview(copy.memory)[start:]
-        for leaf in copy.leaves:
-            copy_leaf(view, leaf)
+        if copy.ready is None:
+            for leaf in copy.leaves:
+                copy_leaf(view, leaf)
+        else:  # from the GPU on a side stream, after what the step queued before keep
+            import torch
+            side = torch.cuda.Stream()
+            side.wait_event(copy.ready)
+            with torch.cuda.stream(side):
+                for leaf in copy.leaves:
+                    copy_leaf(view, leaf)
+            side.synchronize()
         del view
         _finish(copy, folder, start)
     except OSError as exc:  # the host's memory, not the job's code: training goes on
@@ -273,7 +298,10 @@ def _finish(copy: _Copy, folder: Path, start: int) -> None:  # noqa: ARG001
         if old != _keeper.ring.sending:  # on its way to the peer: removed after a later step
             _keeper.buffers.forget(old)
             old.unlink(missing_ok=True)
-    _own_keeper(folder)
+    if _keeper.keeper is None and not _keeper.starting:  # its start not waited for: the
+        _keeper.starting = True  # events say its address once it serves
+        threading.Thread(target=_own_keeper, args=(folder,), daemon=True,
+                         name="hvd-magics-keeper-start").start()
     rank_events.emit(KeptEvent(
         kind=KEPT, step=copy.name.step, part=copy.name.part, parts=copy.name.parts,
         holder=os.environ.get(ENV_RANK_HOST, ""), keeper=_keeper.keeper or "",

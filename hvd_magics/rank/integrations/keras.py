@@ -46,6 +46,8 @@ from typing import Any
 from hvd_magics.protocol import ENGINE_HOROVOD, ENGINE_TF
 from hvd_magics.rank.api import preemption, progress
 from hvd_magics.rank.api.checkpoint import newest_saved_on_notice, notice_folder
+from hvd_magics.rank.integrations.keras_kept import (keeps_steps, keep_step, kept_step_to_resume,
+                                                     restore_kept)
 from hvd_magics.rank.guards.import_hooks import after_call, after_import, before_call, refusing
 from hvd_magics.rank.integrations.guards import (ALONE_FIX, ALONE_MARK, RunsAloneError, job_size,
                                                  mine_alone)
@@ -115,9 +117,12 @@ class _ResumeAt:
 
 
 def _resume_saved(model: Any) -> _ResumeAt | None:
-    """On a later attempt, restore the newest checkpoint saved on a notice into ``model``;
-    where to start."""
+    """On a later attempt, restore the newest checkpoint saved on a notice, or the step kept
+    in the hosts' memory when that is newer (:mod:`hvd_magics.rank.integrations.keras_kept`),
+    into ``model``; where to start."""
     saved = newest_saved_on_notice(SAVED_ON_NOTICE)
+    if kept_step_to_resume(int(saved.name.split("-")[1]) if saved else None) is not None:
+        return _ResumeAt(*restore_kept(model))
     if saved is None:
         return None
     import tensorflow as tf
@@ -179,6 +184,7 @@ def _callback_class(base: type) -> type:
             self.steps_done = 0
             self.saves = saves  # on a preemption notice (a user's fit in a Horovod job)
             self.global_step = first_step  # batches trained, in this attempt and before
+            self.keeps = saves and keeps_steps()  # every step kept in the hosts' memory
             self.epoch = 0
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
@@ -194,6 +200,8 @@ def _callback_class(base: type) -> type:
             progress.report(batch + 1, **(logs or {}))
             if self.saves and preemption.preempting():
                 _save_on_notice(self.model, self.epoch, batch, self.global_step)
+            if self.keeps:
+                keep_step(self.model, self.epoch, batch, self.global_step)
 
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             samples = self.steps_done * self.batch_size if self.batch_size else None
