@@ -95,7 +95,7 @@ class JobController:
         self.request, self.policy, self.folder, self.fresh = request, policy, folder, fresh
         self.fix = resume_fix or job_resume_fix(folder)
         if fresh:
-            drop_kept(folder)
+            drop_kept(folder, request.env)
         #: The steps the job's hosts keep in memory (``checkpoint.keep``), across attempts.
         self.kept = kept_job(folder)
         self.make_attempt = attempts
@@ -189,7 +189,7 @@ class JobController:
         finally:
             self._checkpoints.close()
         record.kept, record.kept_stall_s = self.kept.steps.describe(), self.kept.steps.stall_s
-        drop_kept(self.folder)  # the job is done: its hosts need not keep its steps
+        drop_kept(self.folder, self.request.env)  # the job is done: its hosts need not keep it
         if self.causes:  # the record tells the attempts; the wall time and epochs are all theirs
             record.attempts, record.started_at = [*self.causes, "succeeded"], self.began
             record.epochs = one_timing(self.epochs, record.epochs)

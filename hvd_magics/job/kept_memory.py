@@ -59,15 +59,16 @@ def memory_step(kept: KeptJob, file_step: int | None) -> int | None:
     return step
 
 
-def drop_kept(folder: Path) -> None:
-    """Remove the job's kept steps from every host (the job succeeded, or starts fresh)."""
+def drop_kept(folder: Path, env: Mapping[str, str]) -> None:
+    """Remove the job's kept steps from every host (the job succeeded, or starts fresh);
+    ``env``: the ranks' environment (which may name the hosts' folder of kept steps)."""
     kept = SESSION.kept.pop(str(folder), None)
     if kept is None:
         return
     for address in kept.steps.keepers():  # a lost host's keeper is not waited for
         threading.Thread(target=drop, args=(address, kept.key, kept.secret), daemon=True,
                          name="hvd-magics-drop-kept").start()
-    remove_job(keep_root(), kept.key)  # this machine's own, keeper or not
+    remove_job(keep_root({**os.environ, **env}), kept.key)  # this machine's, keeper or not
 
 
 def resumed_from_memory(kept: KeptJob, step: int) -> str:

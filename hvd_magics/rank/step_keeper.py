@@ -107,6 +107,10 @@ class _Handler(socketserver.StreamRequestHandler):
             self.wfile.write(b"\x01" if _receive(self.rfile, folder, name, said,
                                                   int(asked.get("size", 0))) else b"\x00")
             return
+        if asked.get("op") == "drop" and not folder.exists():  # gone already (the driver's
+            self.wfile.write(b"\x01")  # own removal on its machine came first)
+            self.server.dropped.set()
+            return
         if not secret_matches(folder, said):
             self.wfile.write(length_bytes(MISSING) if asked.get("op") == "get" else b"\x00")
             return

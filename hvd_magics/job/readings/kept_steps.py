@@ -68,6 +68,9 @@ class KeptSteps:
         host = self.hosts.setdefault(str(event.get("holder", "")), HostKept())
         step, part = int(event["step"]), int(event.get("part", 0))
         self.parts = int(event.get("parts", 1))
+        if part in host.held.get(step, ()):  # said again, with its host's keeper
+            host.keeper = str(event.get("keeper") or host.keeper)
+            return
         host.held.setdefault(step, set()).add(part)
         for old in sorted(s for s, held in host.held.items() if part in held)[:-_STEPS_HELD]:
             host.held[old].discard(part)  # the host's keeper removed it

@@ -76,6 +76,8 @@ class _Keeper:
         self.keeper: str | None = None
         #: Whether a thread is starting the host's keeper (or finding it).
         self.starting = False
+        #: The last ``kept`` event sent (said again once the keeper's address is known).
+        self.last_said: KeptEvent | None = None
         self.without_room = False
         self.said_not_kept = False
         self.buffers = PartBuffers()
@@ -283,11 +285,15 @@ def _mark_secret(folder: Path) -> None:
 
 
 def _own_keeper(folder: Path) -> str:
-    """This host's keeper's address (started when none runs), found once."""
+    """This host's keeper's address (started when none runs), found once; the last step said
+    again with it, for the driver to know where the host's steps are served (and dropped)."""
     if _keeper.keeper is None:
         port = ensure_keeper(folder.parent)
         host = os.environ.get(ENV_RANK_HOST) or "127.0.0.1"
         _keeper.keeper = f"{host}:{port}" if port else ""
+        said = _keeper.last_said
+        if said is not None and _keeper.keeper and not said["keeper"]:
+            rank_events.emit(KeptEvent(**{**said, "keeper": _keeper.keeper}))
     return _keeper.keeper
 
 
@@ -302,11 +308,12 @@ def _finish(copy: _Copy, folder: Path, start: int) -> None:  # noqa: ARG001
         _keeper.starting = True  # events say its address once it serves
         threading.Thread(target=_own_keeper, args=(folder,), daemon=True,
                          name="hvd-magics-keeper-start").start()
-    rank_events.emit(KeptEvent(
+    _keeper.last_said = said = KeptEvent(
         kind=KEPT, step=copy.name.step, part=copy.name.part, parts=copy.name.parts,
         holder=os.environ.get(ENV_RANK_HOST, ""), keeper=_keeper.keeper or "",
         nbytes=copy.nbytes, copy_s=round(time.monotonic() - copy.began, 4),
-        stall_s=round(_keeper.stalled, 4), peer=False))
+        stall_s=round(_keeper.stalled, 4), peer=False)
+    rank_events.emit(said)
     _keeper.stalled = 0.0
     if copy.name.parts > 1:  # a rank's part of a sharded step: its peer host holds it too
         key, secret = job_key()
