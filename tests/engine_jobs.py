@@ -417,6 +417,23 @@ class SlowToPickle:
         return (SlowToPickle, (self.folder,))
 
 
+def _data_parallel(model, optimizer, engine):
+    """``(rank, module to call, optimizer to step)`` of ``model`` trained by ``optimizer`` under
+    DDP (``engine="torch"``) or Horovod."""
+    import torch
+
+    if engine == "torch":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        return dist.get_rank(), torch.nn.parallel.DistributedDataParallel(model), optimizer
+    import horovod.torch as hvd
+
+    hvd.init()
+    return hvd.rank(), model, hvd.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters())
+
+
 def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engine="torch",
                            hold_on=None, step_s=0.0, spot=None, torn_save=None):
     """A regression trained ``steps`` steps from seeded data under DDP (``engine="torch"``) or
@@ -447,17 +464,7 @@ def steps_with_checkpoints(steps=20, every=5, kill_on=None, bad_rank=None, engin
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    if engine == "torch":
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo")
-        rank, forward = dist.get_rank(), torch.nn.parallel.DistributedDataParallel(model)
-    else:
-        import horovod.torch as hvd
-
-        hvd.init()
-        rank, forward = hvd.rank(), model
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    rank, forward, optimizer = _data_parallel(model, optimizer, engine)
     if rank == bad_rank:
         raise ValueError(f"bad shard on rank {rank}")
     start = 0
@@ -1609,10 +1616,10 @@ def steps_kept(steps=20, kill_on=None, engine="torch", every=None, steps_file=No
     step it takes; ``plain``: keeps and resumes state dicts rather than the modules;
     ``kill_keeper``: a file; on the first attempt, after step 3, rank 0 SIGKILLs its host's
     keeper and writes its pid there; ``wipe``: at that step, rank 0 removes its host's kept steps
-    (the host's memory lost with rank 1); ``step_s``: seconds each step takes more; ``mark_pid``: ``(step, folder)``, on the first
-    attempt rank 1 writes its pid to ``folder/rank1`` after that step (for the test to kill its
-    executor) and trains on. Returns the
-    weights (as lists, bit for bit), the optimizer's first moment's sum, the attempt, the step
+    (the host's memory lost with rank 1); ``step_s``: seconds each step takes more;
+    ``mark_pid``: ``(step, folder)``, on the first attempt rank 1 writes its pid to
+    ``folder/rank1`` after that step (for the test to kill its executor) and trains on. Returns
+    the weights (as lists, bit for bit), the optimizer's first moment's sum, the attempt, the step
     it started from and when (``time.time()``) its first step ended."""
     import json
     import os
@@ -1628,17 +1635,7 @@ def steps_kept(steps=20, kill_on=None, engine="torch", every=None, steps_file=No
     model = torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.Tanh(),
                                 torch.nn.Linear(width, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    if engine == "torch":
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo")
-        rank, forward = dist.get_rank(), torch.nn.parallel.DistributedDataParallel(model)
-    else:
-        import horovod.torch as hvd
-
-        hvd.init()
-        rank, forward = hvd.rank(), model
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    rank, forward, optimizer = _data_parallel(model, optimizer, engine)
     state = {"model": model, "optimizer": optimizer, "next": 0}
     if plain:
         found = checkpoint.latest()

@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from collections.abc import Callable
 
+from hvd_magics.common.process_group import alive
+
 CHECKPOINT_FOLDER = "checkpoints"
 LATEST_FILE = "latest.json"
 _NAME = re.compile(r"^ckpt-(\d+)-e(\d+)-s(\d+)\.(\w+)$")
@@ -54,20 +56,10 @@ def remove_stale_temporaries(folder: Path) -> list[Path]:
     host, gone = socket.gethostname(), []
     for path in folder.glob(".*.tmp-*") if folder.is_dir() else ():
         match = _TEMPORARY.match(path.name)
-        if match and match["host"] == host and not _alive(int(match["pid"])):
+        if match and match["host"] == host and not alive(int(match["pid"])):
             path.unlink(missing_ok=True)
             gone.append(path)
     return gone
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _replace_atomically(path: Path, write: Callable[[Path], object]) -> None:

@@ -22,6 +22,17 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         pass
 
 
+def alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def start_time(pid: int) -> int | None:
     """When process ``pid`` started (clock ticks since boot, ``/proc/PID/stat``), or ``None``
     when there is no such process."""

@@ -60,8 +60,7 @@ def fetch(address: str, job: str, secret: str, file: str) -> bytes | None:
     OSError
         The keeper cannot be reached, or the connection broke.
     """
-    with socket.create_connection(split_address(address), timeout=CONNECT_S) as conn:
-        conn.settimeout(READ_S)
+    with _connect(address) as conn:
         conn.sendall(request_line("get", job, secret, file))
         (length,) = _LENGTH.unpack(_read(conn, _LENGTH.size))
         return None if length == MISSING else _read(conn, length)
@@ -76,8 +75,7 @@ def put(address: str, job: str, secret: str, file: str, handle: BinaryIO, size: 
     OSError
         The keeper cannot be reached, or the connection broke.
     """
-    with socket.create_connection(split_address(address), timeout=CONNECT_S) as conn:
-        conn.settimeout(READ_S)
+    with _connect(address) as conn:
         conn.sendall(request_line("put", job, secret, file, size))
         conn.sendfile(handle, 0, size)
         return conn.recv(1) == b"\x01"
@@ -92,6 +90,13 @@ def drop(address: str, job: str, secret: str) -> bool:
             return conn.recv(1) == b"\x01"
     except (OSError, ValueError):
         return False
+
+
+def _connect(address: str) -> socket.socket:
+    """A connection to the keeper at ``address`` (``CONNECT_S`` to make it, ``READ_S`` a read)."""
+    conn = socket.create_connection(split_address(address), timeout=CONNECT_S)
+    conn.settimeout(READ_S)
+    return conn
 
 
 def _read(conn: socket.socket, size: int) -> bytes:

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from hvd_magics.common.step_keeper_wire import MISSING, digest, length_bytes
+from hvd_magics.common.process_group import alive
 from hvd_magics.common.kept_steps import PartName, older_parts, secret_matches
 from hvd_magics.protocol import ENV_KEEP_IDLE_S
 
@@ -38,16 +39,6 @@ START_WAIT_S = 10.0
 KEEPER_FILE = "keeper.json"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def running_keeper(host_folder: Path) -> tuple[int, int] | None:
     """``(pid, port)`` of the keeper serving ``host_folder``, or ``None``."""
     try:
@@ -55,7 +46,7 @@ def running_keeper(host_folder: Path) -> tuple[int, int] | None:
         pid, port = int(said["pid"]), int(said["port"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return (pid, port) if _alive(pid) else None
+    return (pid, port) if alive(pid) else None
 
 
 def ensure_keeper(host_folder: Path) -> int | None:

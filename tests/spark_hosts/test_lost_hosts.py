@@ -95,6 +95,33 @@ def test_a_cut_host_restarts_the_job_on_the_other_hosts(three_hosts_spark, three
           f"in {resumed['entered_at'] - began:.1f} s, its first step in {took:.1f} s")
 
 
+def _cut_once_kept(job, three_hosts, keep: Path, kept: str, copies: int, steps: Path):
+    """Once ``copies`` files matching ``kept`` are in the hosts' kept steps, cut rank 1's host;
+    the job's value once it succeeded on a second attempt resumed from memory, when the cut
+    came (``time.time()``), and the steps rank 0 took twice (at most one)."""
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(keep.glob(f"*/*/{kept}"))) < copies:
+            assert time.monotonic() < deadline and not job.done(), "no step was kept"
+            time.sleep(0.1)
+        host = job.live.job.ranks[1].host
+        next(h for h in three_hosts.hosts if h.address == host).cut()
+        began = time.time()
+        resumed = job.wait(timeout=240)
+    finally:
+        for each in three_hosts.hosts:
+            each.restore()
+        job.stop()
+    record = last_run()
+    assert record.status == "succeeded" and len(record.attempts) == 2, record.attempts
+    assert "kept in the memory of" in record.attempts[0], record.attempts[0]
+    taken = [tuple(map(int, line.split())) for line in open(f"{steps}-0")]
+    before = {step for attempt, step in taken if attempt == 0}
+    redone = [step for attempt, step in taken if attempt == 1 and step in before]
+    assert len(redone) <= 1, redone
+    return resumed, began, redone
+
+
 @pytest.mark.parametrize("engine", ["torch", "horovod"])
 def test_a_cut_host_costs_at_most_a_step_kept_in_the_other_hosts_memory(
         three_hosts_spark, three_hosts, shared_folder, engine):
@@ -112,28 +139,9 @@ def test_a_cut_host_costs_at_most_a_step_kept_in_the_other_hosts_memory(
                             checkpoint_dir=shared_folder / "lost").start(
             engine_jobs.steps_kept, steps=60, engine=engine, step_s=0.1,
             steps_file=str(steps))
-        try:
-            deadline = time.monotonic() + 120
-            while not list(keep.glob("*/*/step-1[0-9].part-*")):
-                assert time.monotonic() < deadline and not job.done(), "no step was kept"
-                time.sleep(0.1)
-            first = job.live.job
-            host = first.ranks[1].host
-            next(h for h in three_hosts.hosts if h.address == host).cut()
-            began = time.time()
-            resumed = job.wait(timeout=240)
-        finally:
-            for each in three_hosts.hosts:
-                each.restore()
-            job.stop()
-        record = last_run()
-        assert record.status == "succeeded" and len(record.attempts) == 2, record.attempts
-        assert "kept in the memory of" in record.attempts[0], record.attempts[0]
+        resumed, began, redone = _cut_once_kept(job, three_hosts, keep, "step-1[0-9].part-*", 1,
+                                                steps)
         assert (resumed["weights"], resumed["moment"]) == (whole["weights"], whole["moment"])
-        taken = [tuple(map(int, line.split())) for line in open(f"{steps}-0")]
-        before = {step for attempt, step in taken if attempt == 0}
-        redone = [step for attempt, step in taken if attempt == 1 and step in before]
-        assert len(redone) <= 1, redone
         took = resumed["first_step_at"] - began
         print(f"{engine}: a cut host to the next attempt's first step {took:.1f} s, "
               f"{len(redone)} step redone, resumed at step {resumed['start']}")
@@ -156,28 +164,11 @@ def test_a_cut_host_s_fsdp2_parts_come_back_from_its_peer_host(three_hosts_spark
         job = HorovodRunner(np=2, engine="torch", restarts=1, env=env,
                             checkpoint_dir=shared_folder / "lost").start(
             engine_jobs.fsdp_kept, steps=60, step_s=0.1, steps_file=str(steps))
-        try:
-            deadline = time.monotonic() + 120
-            while len(list(keep.glob("*/*/step-1[0-9].part-1-of-2"))) < 2:  # and its copy
-                assert time.monotonic() < deadline and not job.done(), "no step was kept"
-                time.sleep(0.1)
-            first = job.live.job
-            host = first.ranks[1].host
-            next(h for h in three_hosts.hosts if h.address == host).cut()
-            began = time.time()
-            resumed = job.wait(timeout=240)
-        finally:
-            for each in three_hosts.hosts:
-                each.restore()
-            job.stop()
+        # rank 1's part of a step and its copy on the peer host
+        resumed, began, redone = _cut_once_kept(job, three_hosts, keep,
+                                                "step-1[0-9].part-1-of-2", 2, steps)
         record = last_run()
-        assert record.status == "succeeded" and len(record.attempts) == 2, record.attempts
-        assert "kept in the memory of" in record.attempts[0], record.attempts[0]
         assert (resumed["weights"], resumed["moments"]) == (whole["weights"], whole["moments"])
-        taken = [tuple(map(int, line.split())) for line in open(f"{steps}-0")]
-        before = {step for attempt, step in taken if attempt == 0}
-        redone = [step for attempt, step in taken if attempt == 1 and step in before]
-        assert len(redone) <= 1, redone
         print(f"fsdp2: a cut host to the next attempt's first step "
               f"{resumed['first_step_at'] - began:.1f} s, {len(redone)} step redone, resumed at "
               f"step {resumed['start']}; {record.kept}")
