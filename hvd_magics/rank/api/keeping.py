@@ -166,7 +166,7 @@ def keep(state: Any, step: int) -> None:
     name = PartName(int(step), *_part_of_this_rank()) if sharded else PartName(int(step))
     if sharded:
         _keeper.ring.find(os.environ.get(ENV_RANK_HOST) or "127.0.0.1",
-                          _own_keeper(job_part_folder()))
+                          host_keeper(job_part_folder()))
     try:
         header, start = layout(tree, [leaf.slot for leaf in leaves])
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
@@ -284,7 +284,7 @@ def _mark_secret(folder: Path) -> None:
         os.replace(temporary, marked)
 
 
-def _own_keeper(folder: Path) -> str:
+def host_keeper(folder: Path) -> str:
     """This host's keeper's address (started when none runs), found once; the last step said
     again with it, for the driver to know where the host's steps are served (and dropped)."""
     if _keeper.keeper is None:
@@ -306,7 +306,7 @@ def _finish(copy: _Copy, folder: Path, start: int) -> None:  # noqa: ARG001
             old.unlink(missing_ok=True)
     if _keeper.keeper is None and not _keeper.starting:  # its start not waited for: the
         _keeper.starting = True  # events say its address once it serves
-        threading.Thread(target=_own_keeper, args=(folder,), daemon=True,
+        threading.Thread(target=host_keeper, args=(folder,), daemon=True,
                          name="hvd-magics-keeper-start").start()
     _keeper.last_said = said = KeptEvent(
         kind=KEPT, step=copy.name.step, part=copy.name.part, parts=copy.name.parts,
