@@ -137,9 +137,13 @@ def newest_saved_on_notice(library: str) -> Path | None:
     if not attempt():
         return None
     folder = notice_folder(library)
-    found = [(int(p.name.split("-")[1].split(".")[0]), p) for p in folder.glob("step-*")] \
-        if folder.is_dir() else []
+    found = [(notice_step(p), p) for p in folder.glob("step-*")] if folder.is_dir() else []
     return max(found)[1] if found else None
+
+
+def notice_step(saved: Path) -> int:
+    """The global step of a checkpoint saved on a notice (``step-<step>[.<extension>]``)."""
+    return int(saved.name.split("-")[1].split(".")[0])
 
 
 def _pinned() -> int | None:

@@ -80,6 +80,8 @@ class _Keeper:
         self.last_said: KeptEvent | None = None
         self.without_room = False
         self.said_not_kept = False
+        #: The job's folder this process made (and marked with the secret) already.
+        self.made: Path | None = None
         self.buffers = PartBuffers()
         self.ring = PeerRing()
         #: Seconds the loop waited for copies since the last ``kept`` event said so.
@@ -175,15 +177,17 @@ def keep(state: Any, step: int) -> None:
                           ) from None
     folder = job_part_folder()
     try:
-        copy = _open(folder, name, header, start, start + nbytes, leaves)
+        copy = _open(folder, name, header, start + nbytes)
         if copy is None:
             return
+        view = memoryview(copy.memory)[start:]
         for leaf in leaves:
             if not (later and leaf.later):
-                copy_leaf(memoryview(copy.memory)[start:], leaf)
+                copy_leaf(view, leaf)
+        del view
         copy.leaves = [leaf for leaf in leaves if later and leaf.later]
         if not copy.leaves:
-            _finish(copy, folder, start)
+            _finish(copy, folder)
             return
     except OSError as exc:
         _not_kept(step, exc)
@@ -221,7 +225,7 @@ def _copy_later(copy: _Copy, folder: Path, start: int) -> None:
                     copy_leaf(view, leaf)
             side.synchronize()
         del view
-        _finish(copy, folder, start)
+        _finish(copy, folder)
     except OSError as exc:  # the host's memory, not the job's code: training goes on
         _not_kept(copy.name.step, exc)
     except BaseException as exc:  # noqa: BLE001 - raised by the next keep
@@ -239,13 +243,14 @@ def _not_kept(step: int, exc: OSError) -> None:
               "from the newest step every host holds", file=sys.stderr, flush=True)
 
 
-def _open(folder: Path, name: PartName, header: bytes, start: int, size: int,
-          leaves: list[Leaf]) -> _Copy | None:
+def _open(folder: Path, name: PartName, header: bytes, size: int) -> _Copy | None:
     """The part's buffer in shared memory, its header written (an older step's reused when
     there is one); ``None`` when the host has no room (said once)."""
-    for made in (folder.parent.parent, folder.parent, folder):
-        made.mkdir(exist_ok=True, mode=0o700)
-    _mark_secret(folder)
+    if _keeper.made != folder or not folder.is_dir():  # made once, not at every step
+        for made in (folder.parent.parent, folder.parent, folder):
+            made.mkdir(exist_ok=True, mode=0o700)
+        _mark_secret(folder)
+        _keeper.made = folder
     temporary = folder / f".{name.file}.tmp-{os.getpid()}"
     for old in older_parts(folder, name.part, name.parts, name.step - 1, STEPS_KEPT - 1):
         if old == _keeper.ring.sending:
@@ -272,7 +277,7 @@ def _open(folder: Path, name: PartName, header: bytes, start: int, size: int,
               "HVD_MAGICS_KEEP_DIR on a tmpfs with room", file=sys.stderr, flush=True)
         return None
     write_header(memoryview(memory), header)
-    return _Copy(name, temporary, memory, leaves, size, time.monotonic())
+    return _Copy(name, temporary, memory, [], size, time.monotonic())
 
 
 def _mark_secret(folder: Path) -> None:
@@ -297,7 +302,7 @@ def host_keeper(folder: Path) -> str:
     return _keeper.keeper
 
 
-def _finish(copy: _Copy, folder: Path, start: int) -> None:  # noqa: ARG001
+def _finish(copy: _Copy, folder: Path) -> None:
     """Put the whole part in place, drop the steps before the kept two, tell the driver."""
     os.replace(copy.temporary, folder / copy.name.file)
     for old in older_parts(folder, copy.name.part, copy.name.parts, copy.name.step):

@@ -13,6 +13,7 @@ from hvd_magics.errors import KeptStepUnreachable
 from hvd_magics.protocol import ENV_KEEP_PARTS, ENV_KEEP_PEERS
 from hvd_magics.rank.api.keeping import job_key, job_part_folder, wait
 from hvd_magics.rank.api.state_tree import load_into, rebuild
+from hvd_magics.rank.rank_job import rank_job
 
 
 def newest_kept() -> int | None:
@@ -21,6 +22,16 @@ def newest_kept() -> int | None:
     wait()
     found = whole_steps(job_part_folder())
     return found[0] if found else None
+
+
+def memory_step_newer_than(step: int | None) -> int | None:
+    """The step this attempt resumes from the hosts' memory when it is newer than ``step`` (a
+    checkpoint a library saved on a notice; ``None``: none), else ``None``."""
+    job = rank_job()
+    if job.resume_from != "memory" or job.resume_step is None:
+        return None
+    kept = int(job.resume_step)
+    return kept if step is None or kept > step else None
 
 
 def _this_part(step: int) -> PartName:

@@ -45,7 +45,7 @@ from typing import Any
 
 from hvd_magics.protocol import ENGINE_HOROVOD, ENGINE_TF
 from hvd_magics.rank.api import preemption, progress
-from hvd_magics.rank.api.checkpoint import newest_saved_on_notice, notice_folder
+from hvd_magics.rank.api.checkpoint import newest_saved_on_notice, notice_folder, notice_step
 from hvd_magics.rank.integrations.keras_kept import (keeps_steps, keep_step, kept_step_to_resume,
                                                      restore_kept)
 from hvd_magics.rank.guards.import_hooks import after_call, after_import, before_call, refusing
@@ -121,7 +121,7 @@ def _resume_saved(model: Any) -> _ResumeAt | None:
     in the hosts' memory when that is newer (:mod:`hvd_magics.rank.integrations.keras_kept`),
     into ``model``; where to start."""
     saved = newest_saved_on_notice(SAVED_ON_NOTICE)
-    if kept_step_to_resume(int(saved.name.split("-")[1]) if saved else None) is not None:
+    if kept_step_to_resume(notice_step(saved) if saved else None) is not None:
         return _ResumeAt(*restore_kept(model))
     if saved is None:
         return None

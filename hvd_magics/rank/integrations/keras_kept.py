@@ -16,6 +16,7 @@ from typing import Any
 from hvd_magics.protocol import ENGINE_HOROVOD
 from hvd_magics.rank.api.checkpoint import latest
 from hvd_magics.rank.api.keeping import keep, writes_kept_steps
+from hvd_magics.rank.api.kept_restore import memory_step_newer_than
 from hvd_magics.rank.rank_job import rank_job
 
 
@@ -44,11 +45,7 @@ def keep_step(model: Any, epoch: int, batch: int, step: int) -> None:
 def kept_step_to_resume(notice_step: int | None) -> int | None:
     """The global step kept in the hosts' memory this attempt resumes from, when it is newer
     than ``notice_step`` (a checkpoint saved on a notice); else ``None``."""
-    job = rank_job()
-    if not keeps_steps() or job.resume_from != "memory" or job.resume_step is None:
-        return None
-    step = int(job.resume_step)
-    return step if notice_step is None or step > notice_step else None
+    return memory_step_newer_than(notice_step) if keeps_steps() else None
 
 
 def restore_kept(model: Any) -> tuple[int, int, int]:

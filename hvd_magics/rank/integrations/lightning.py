@@ -37,7 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from hvd_magics.rank.api import preemption, progress
-from hvd_magics.rank.api.checkpoint import latest, newest_saved_on_notice, notice_folder
+from hvd_magics.rank.api.checkpoint import (latest, newest_saved_on_notice, notice_folder,
+                                             notice_step)
+from hvd_magics.rank.api.kept_restore import memory_step_newer_than
 from hvd_magics.rank.api.keeping import keep, writes_kept_steps
 from hvd_magics.protocol import ENGINE_TORCH
 from hvd_magics.rank.guards.import_hooks import (after_call, after_import, before_call, refusing,
@@ -88,13 +90,11 @@ def _resume_saved(trainer: Any, args: tuple, kwargs: dict[str, Any]) -> dict[str
     if len(args) >= 5 or kwargs.get("ckpt_path") is not None:
         return kwargs
     saved = newest_saved_on_notice(SAVED_ON_NOTICE)
-    job = rank_job()
-    if job.resume_from == "memory" and job.resume_step is not None and (
-            saved is None or int(job.resume_step) > int(saved.stem.split("-")[1])):
+    if memory_step_newer_than(notice_step(saved) if saved else None) is not None:
         import torch
 
         state, step = latest()  # type: ignore[misc]
-        path = Path(job.tmpdir or tempfile.gettempdir()) / f"kept-step-{step}.ckpt"
+        path = Path(rank_job().tmpdir or tempfile.gettempdir()) / f"kept-step-{step}.ckpt"
         torch.save(state, path)
         return {**kwargs, "ckpt_path": str(path)}
     return {**kwargs, "ckpt_path": str(saved)} if saved is not None else kwargs
