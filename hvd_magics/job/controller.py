@@ -37,7 +37,7 @@ from hvd_magics.errors import HorovodJobError, JobInterrupted, NotEnoughSlotsErr
 from hvd_magics.job.failure_policy import (Decision, FailurePolicy, loss, max_preemptions,
                                            preempted)
 from hvd_magics.job.job_life import Attempt
-from hvd_magics.job.kept_memory import drop_kept, idle_words, kept_job
+from hvd_magics.job.kept_memory import drop_kept, idle_words, kept_job, memory_step
 from hvd_magics.job.launch_request import LaunchRequest
 from hvd_magics.job.records.run_record import RunRecord
 from hvd_magics.job.restarts import (ResumeFix, attempt_checkpoints, job_resume_fix, one_timing,
@@ -139,7 +139,11 @@ class JobController:
         if self.fresh:
             shutil.rmtree(self.folder, ignore_errors=True)
         found = latest_checkpoint(self.folder)
-        if found is not None:
+        kept = memory_step(self.kept, found[0].global_step if found else None)
+        if kept is not None:  # the same job's last run in this session failed after keeping it
+            say(f"the hosts' memory holds step {kept:,} of this job, kept by its last run: "
+                "checkpoint.latest() gives it to the ranks (--fresh starts over)")
+        elif found is not None:
             written = time.strftime("%H:%M:%S", time.localtime(found[1].stat().st_mtime))
             say(f"the job's checkpoints in {self.folder} hold step {found[0].global_step:,} "
                 f"(written at {written}): checkpoint.latest() gives it to the ranks (--fresh "
@@ -188,7 +192,7 @@ class JobController:
             return self._errored(exc)
         finally:
             self._checkpoints.close()
-        record.kept, record.kept_stall_s = self.kept.steps.describe(), self.kept.steps.stall_s
+        self._note_kept(record)
         drop_kept(self.folder, self.request.env)  # the job is done: its hosts need not keep it
         if self.causes:  # the record tells the attempts; the wall time and epochs are all theirs
             record.attempts, record.started_at = [*self.causes, "succeeded"], self.began
@@ -228,8 +232,7 @@ class JobController:
         if not isinstance(error, HorovodJobError):
             return self._errored(error)
         if error.record is not None:
-            error.record.kept = self.kept.steps.describe()
-            error.record.kept_stall_s = self.kept.steps.stall_s
+            self._note_kept(error.record)
         cause = error.cause
         if cause is AttemptCause.KEPT_GONE:
             self.kept.steps.forget()  # the next attempt resumes from a file
@@ -258,6 +261,10 @@ class JobController:
         self.attempt += 1
         self.losses += 1
         return State.RESTARTING
+
+    def _note_kept(self, record: RunRecord) -> None:
+        """What the hosts kept of the job and what it cost, into its record."""
+        record.kept, record.kept_stall_s = self.kept.steps.describe(), self.kept.steps.stall_s
 
     def _say_kept(self, error: HorovodJobError, cause: AttemptCause) -> None:
         """A job lost to a fault says which step its hosts keep for it to resume from."""

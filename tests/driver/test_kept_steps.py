@@ -133,7 +133,7 @@ def test_a_killed_keeper_loses_no_step_and_a_new_one_serves(tmp_path, keep_dir):
     assert resumed["weights"] == whole["weights"] and resumed["start"] in (12, 13)
 
 
-def test_running_a_failed_job_again_resumes_from_its_kept_steps(tmp_path, keep_dir):
+def test_running_a_failed_job_again_resumes_from_its_kept_steps(tmp_path, keep_dir, capfd):
     runner = HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path)
     with pytest.raises(HorovodJobError, match="rank 1") as info:
         runner.run(engine_jobs.steps_kept, kill_on=(9, [0]))
@@ -141,8 +141,11 @@ def test_running_a_failed_job_again_resumes_from_its_kept_steps(tmp_path, keep_d
            "again to resume from it" in str(info.value)
     (folder,) = _job_folders(keep_dir)
     assert whole_steps(folder)[0] in (8, 9)
+    capfd.readouterr()
     again = runner.run(engine_jobs.steps_kept, kill_on=(9, [0]))  # the same job, run again
     assert again["start"] in (9, 10)  # attempt 0 of the new run: no kill on the way
+    assert f"the hosts' memory holds step {again['start'] - 1} of this job, kept by its last " \
+           "run" in capfd.readouterr().err
     fresh = HorovodRunner(np=-2, engine="torch", checkpoint_dir=tmp_path, fresh=True).run(
         engine_jobs.steps_kept)
     assert fresh["start"] == 0
