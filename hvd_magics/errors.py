@@ -72,11 +72,15 @@ class RankFailure:
     exit_how: str = ""
     #: Whether its host stopped answering (its link or machine was lost).
     host_lost: bool = False
+    #: Whether ``error`` was read from the C++ runtime's last words (an uncaught native
+    #: exception aborted it): it died without a Python exception, a cause as any death's.
+    native: bool = False
 
     @property
     def cause(self) -> RankCause:
         """Why it failed (:func:`hvd_magics.causes.rank_cause`)."""
-        return rank_cause(self.error, self.message, self.traceback, self.host_lost)
+        return rank_cause("" if self.native else self.error, self.message, self.traceback,
+                          self.host_lost)
 
     def place(self) -> str:
         """Which rank and where: ``rank 1 on host``."""

@@ -4,6 +4,7 @@ error says of its failed ranks."""
 from __future__ import annotations
 
 import collections
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +44,28 @@ def display_line(line: str, limit: int = DISPLAY_LINE_CHARS) -> str:
     if len(line) <= limit:
         return line
     return f"{line[:limit]} ... [{len(line):,} characters; the whole line is in the log file]"
+
+
+#: How the C++ runtime says an uncaught exception ended a process (then SIGABRT): its type, and
+#: on the next line its ``what()``. Horovod's and Gloo's native errors end a rank this way.
+_TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']+)'")
+_WHAT = re.compile(r"^\s*what\(\):\s*(.*)$")
+#: The ``[file.cc:54]`` places Gloo puts in front of its messages.
+_SOURCE_PLACES = re.compile(r"^(\[[^\]]*:\d+\]\s*)+")
+
+
+def native_exception(lines: Any) -> dict[str, str]:
+    """The C++ exception that aborted a rank, as its last output lines say it: ``{"error":
+    "gloo::IoException", "message": "Wait timeout after 30 seconds for key(s): 0. ..."}``, or
+    ``{}`` when they say none (a rank killed by signal 6 said only that)."""
+    lines = list(lines)
+    for index in range(len(lines) - 1, -1, -1):
+        found = _TERMINATE.search(str(lines[index]))
+        if found:
+            what = _WHAT.match(str(lines[index + 1])) if index + 1 < len(lines) else None
+            message = _SOURCE_PLACES.sub("", what.group(1)).strip() if what else ""
+            return {"error": found.group(1), "message": message}
+    return {}
 
 
 @dataclass
@@ -202,9 +225,12 @@ class RankState:
 
     def failure(self) -> RankFailure:
         err = self.error or ({"error": LOST, "message": self.lost} if self.lost else {})
+        native = {} if err else native_exception(self.tail)
+        err = err or native
         return RankFailure(self.rank, self.host, self.exit_code, err.get("error", ""),
                            err.get("message", ""), err.get("traceback", "") or self.task_error,
-                           list(self.tail), self.unit, self.exit_how, self.host_lost)
+                           list(self.tail), self.unit, self.exit_how, self.host_lost,
+                           bool(native))
 
     def bar(self, text: str) -> None:
         """A rank's live line (a bar); its count moves the rank's steps when the rank reports

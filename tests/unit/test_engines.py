@@ -221,3 +221,28 @@ def test_a_lightning_trainer_of_another_shape_than_the_jobs_is_named_with_the_fi
     spawned = Trainer(strategy=SimpleNamespace(_start_method="fork", num_processes=4,
                                                num_nodes=2))
     assert "starts its processes itself (fork)" in lightning_message(spawned)
+
+def test_sixty_four_ranks_in_two_places_are_said_in_two_lines_and_two_stacks():
+    """``%hvd_stacks`` at 64 ranks: the ranks at the same place are said once (``ranks 0-62``),
+    as py-spy and NCCL's flight recorder group theirs; the odd one is named alone."""
+    from hvd_magics.job.readings.stacks import JobStacks
+
+    def stacks(host, code, file, line):
+        return {"host": host, "threads": [{"main": True, "name": "MainThread", "frames": [
+            ["<%%horovod cell>", line, "<module>", code, "user"],
+            [file, 10, "wait", "", "library"]]}]}
+
+    waiting = {rank: stacks(f"host{rank // 4}", "hvd.allreduce(loss)",
+                            "/x/site-packages/horovod/torch/mpi_ops.py", 7) for rank in range(63)}
+    loading = stacks("host15", "batch = next(loader)", "/x/site-packages/torch/utils/data.py", 5)
+    jobs = JobStacks({**waiting, 63: loading}, missing=[], starting=[])
+    lines = jobs.summary().splitlines()
+    assert lines[0].startswith("  ranks 0-62: <%%horovod cell>:7 <module> (hvd.allreduce(loss))")
+    assert lines[1].startswith("  rank 63: <%%horovod cell>:5 <module> (batch = next(loader))")
+    assert lines[2] == ("  So: ranks 0-62 wait in a Horovod collective for rank 63, which is "
+                        "elsewhere and never entered it.")
+    text = str(jobs)
+    assert text.count("hvd.allreduce(loss)") == 1 and text.count("next(loader)") == 1
+    assert "ranks 0-62 (16 hosts: host0, host1, ...) have this stack:" in text
+    assert "rank 63 (host15):" in text
+    assert len(text.splitlines()) < 15

@@ -105,3 +105,31 @@ def test_a_job_without_horovod_is_told_the_build_command_and_the_torch_engine():
     assert "at most one rank per GPU" in hint_for(gpu)
     assert hint_for(RankFailure(rank=0, host="h", exit_code=1, error="ValueError",
                                 message="No module named 'horovodx'")) == ""
+
+
+def test_a_rank_aborted_by_glooes_start_timeout_says_the_exception_and_the_fix():
+    """Seen at 64 ranks (issue 85): a rank ended by signal 6, its output the C++ runtime's
+    words. The failure reads them (the type and ``what()``, Gloo's source places dropped) and
+    says what happened and the fix, in our words."""
+    from hvd_magics.job.rank_state import RankState, native_exception
+
+    said = ["terminate called after throwing an instance of 'gloo::IoException'",
+            "  what():  [/tmp/h/horovod/common/gloo/http_store.cc:54] [/tmp/h/horovod/common/"
+            "gloo/http_store.cc:54] Wait timeout after 30 seconds for key(s): 0. You may want "
+            "to increase the timeout via HOROVOD_GLOO_TIMEOUT_SECONDS"]
+    assert native_exception(["some output", *said]) == {
+        "error": "gloo::IoException",
+        "message": "Wait timeout after 30 seconds for key(s): 0. You may want to increase the "
+                   "timeout via HOROVOD_GLOO_TIMEOUT_SECONDS"}
+    assert native_exception(["killed"]) == {}
+    rank = RankState(55)
+    rank.host, rank.exit_code = "10.77.0.2", -6
+    rank.tail.extend(said)
+    failure = rank.failure()
+    assert failure.headline() == (
+        "rank 55 on 10.77.0.2: gloo::IoException: Wait timeout after 30 seconds for key(s): 0. "
+        "You may want to increase the timeout via HOROVOD_GLOO_TIMEOUT_SECONDS")
+    assert failure.cause.name == "DIED"  # a death, for the failure policy, as before
+    hint = hint_for(failure)
+    assert "Horovod's start timed out" in hint and "the one that waited" in hint
+    assert "--env HOROVOD_GLOO_TIMEOUT_SECONDS=120" in hint

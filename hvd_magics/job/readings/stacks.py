@@ -4,7 +4,8 @@ A ``stacks`` event (:mod:`hvd_magics.rank.instruments.stack_report`) gives a ran
 list of frames ``[file, line, function, code, kind]`` from outermost to innermost.
 :class:`JobStacks` keeps one per rank and prints them (the user's frames marked ``>``);
 :func:`where` says in a few words where a rank is: its innermost frame of the user's, and the
-library call it waits in.
+library call it waits in. Ranks in the same place are said once, as py-spy and NCCL's flight
+recorder group theirs: at 64 ranks, ``ranks 0-62: ... allreduce``, ``rank 63: ... next(loader)``.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hvd_magics.rank_names import rank_named, ranks_named
+from hvd_magics.rank_names import rank_spans
 
 #: ``.../site-packages/horovod/torch/mpi_ops.py`` is shown as ``horovod/torch/mpi_ops.py``.
 _PACKAGE_ROOT = re.compile(r".*[\\/](?:site|dist)-packages[\\/]")
@@ -169,7 +170,7 @@ class JobStacks:
         elsewhere = sorted(set(self.ranks) - set(waiting)) + list(self.missing)
         if not waiting or not elsewhere:
             return ""
-        names = functools.partial(ranks_named, unit=unit)
+        names = functools.partial(rank_spans, unit=unit)
         verb = "wait" if len(waiting) > 1 else "waits"
         engine = engines[waiting[0]]
         return (f"{names(waiting)} {verb} in a {engine} collective for {names(elsewhere)}, "
@@ -183,22 +184,31 @@ class JobStacks:
                 or len(set(calls.values())) == 1:
             return ""
         places = self.where()
-        first, *rest = sorted(calls.items())
-        return (f"{rank_named(first[0], unit)} waits in {first[1]} ({places[first[0]]}), "
-                + ", ".join(f"{rank_named(rank, unit)} in {call} ({places[rank]})"
-                            for rank, call in rest)
+        (first, ranks), *rest = _grouped(
+            {rank: f"{call} ({places[rank]})" for rank, call in sorted(calls.items())}).items()
+        verb = "wait" if len(ranks) > 1 else "waits"
+        return (f"{rank_spans(ranks, unit)} {verb} in {first}, "
+                + ", ".join(f"{rank_spans(others, unit)} in {call}" for call, others in rest)
                 + ": these collectives never meet")
 
     def summary(self, unit: str = "rank") -> str:
-        """One line per rank (where it is), and the diagnosis when there is one."""
-        lines = [f"  {rank_named(rank, unit)}: {text}" for rank, text in self.where().items()]
+        """A line per place (the ranks there, and where that is), and the diagnosis when there
+        is one."""
+        lines = [f"  {rank_spans(ranks, unit)}: {text}"
+                 for text, ranks in _grouped(self.where()).items()]
         diagnosis = self.diagnosis(unit)
         return "\n".join(lines + ([f"  So: {diagnosis}."] if diagnosis else []))
 
     def __str__(self) -> str:
         parts = []
-        for rank, event in sorted(self.ranks.items()):
-            parts.append(f"{rank_named(rank)} ({event.get('host', '?')}):")
+        alike = _grouped({rank: _stack_key(event) for rank, event in sorted(self.ranks.items())})
+        for ranks in alike.values():
+            event = self.ranks[ranks[0]]
+            hosts = sorted({str(self.ranks[rank].get("host", "?")) for rank in ranks})
+            on = (", ".join(hosts) if len(hosts) <= 3
+                  else f"{len(hosts)} hosts: {', '.join(hosts[:2])}, ...")
+            parts.append(f"{rank_spans(ranks)} ({on})"
+                         + (" have this stack:" if len(ranks) > 1 else ":"))
             for thread in event.get("threads", []):
                 frames = thread.get("frames", [])
                 parts.append(f"  thread {thread.get('name')}"
@@ -211,11 +221,12 @@ class JobStacks:
                         parts.append(f"        {frame[3]}")
             if event.get("others"):
                 parts.append(f"  (and {event['others']} more thread(s) with no frame of yours)")
-        for rank in self.missing:
-            parts.append(f"{rank_named(rank)}: did not answer within the wait (busy in native code "
-                         "that holds Python's lock?)")
-        for rank in self.starting:
-            parts.append(f"{rank_named(rank)}: starting (its process has not begun the job yet)")
+        if self.missing:
+            parts.append(f"{rank_spans(self.missing)}: did not answer within the wait (busy in "
+                         "native code that holds Python's lock?)")
+        if self.starting:
+            parts.append(f"{rank_spans(self.starting)}: starting (the process has not begun the "
+                         "job yet)")
         if not parts:
             return "No rank runs now."
         if self.diagnosis():
@@ -225,6 +236,22 @@ class JobStacks:
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # noqa: FBT001 - IPython's API
         printer.text(str(self))
+
+
+def _grouped(values: dict[int, Any]) -> dict[Any, list[int]]:
+    """Rank -> value, as value -> its ranks, in the order of each value's first rank."""
+    groups: dict[Any, list[int]] = {}
+    for rank, value in sorted(values.items()):
+        groups.setdefault(value, []).append(rank)
+    return groups
+
+
+def _stack_key(event: dict[str, Any]) -> tuple:
+    """What makes two ranks' stacks the same: each thread's name and the place of each of its
+    frames (file, line, function), and how many threads were left out."""
+    return (tuple((str(thread.get("name")), tuple((f[0], f[1], f[2])
+                                                   for f in thread.get("frames", [])))
+                  for thread in event.get("threads", [])), event.get("others"))
 
 
 class StackSource(Protocol):

@@ -40,7 +40,19 @@ HOROVOD_MISSING = FailureHint(
     "notebook's environment with %hvd_env ship), or run the job with --engine torch "
     "(PyTorch DDP, no Horovod needed).")
 
-HINTS = (GPU_SHARING, HOROVOD_MISSING)
+#: A rank's Gloo rendezvous in ``hvd.init()`` timed out (``Wait timeout after 30 seconds for
+#: key(s): 0``): the rank that failed waited; the rank it waited for was late or gone.
+GLOO_START_TIMEOUT = FailureHint(
+    ("You may want to increase the timeout via HOROVOD_GLOO_TIMEOUT_SECONDS",),
+    "\nHorovod's start timed out: this rank waited in hvd.init() for a peer that never gave "
+    "its address (Gloo's key is that peer's rank in the group being formed), for "
+    "HOROVOD_GLOO_TIMEOUT_SECONDS (30 s unless set). The rank that failed is the one that "
+    "waited; the late one is among the others (see their output). Ranks reach hvd.init() late "
+    "when slow work comes before it on some of them (data loading, a download), a host is "
+    "overloaded, or one failed first. Fix: call hvd.init() first, or give the ranks longer: "
+    "--env HOROVOD_GLOO_TIMEOUT_SECONDS=120 (env={'HOROVOD_GLOO_TIMEOUT_SECONDS': '120'}).")
+
+HINTS = (GPU_SHARING, HOROVOD_MISSING, GLOO_START_TIMEOUT)
 
 
 def hint_for(failure: RankFailure) -> str:

@@ -1,0 +1,274 @@
+"""64 ranks on 16 hosts against 2 (issue 85), on real hosts made on this machine (tests/hosts.py:
+one network namespace per host, its own address, name and /tmp, a standalone worker of
+``--cores`` cores inside). One cluster of ``--hosts`` hosts; one SparkSession.
+
+start    a trivial job per engine (``torch``: ``init_process_group`` and one ``all_reduce``;
+         ``horovod``: ``hvd.init()`` and one ``allreduce``) at each size of ``--sizes``, 4 ranks
+         per task (2 ranks: one per task), warm (each size run once first); the wall time of
+         ``HorovodRunner.run`` and its ratio to 2 ranks. Goal: at most 3.
+driver   ``--train-s`` seconds of a DDP loop of a step every 0.1 s with progress reported, at each
+         size: the driver's CPU seconds per second (this Python process, all its threads) and
+         its watch turns (their count and CPU seconds each). Goal: at most 0.25 s/s at 64.
+lines    the text a 64-rank job of 3 epochs printed in a cell (``HorovodRunner``'s output);
+         goal: at most 40 lines.
+memory   RSS and PSS per rank and per host while the biggest size's ranks train.
+cut      a host of the biggest size cut mid-job: seconds from the cut to the job's end, and
+         whether the error's first line names that host. Goal: at most 10 s.
+
+Needs root (network namespaces). Usage:
+  .venv/bin/python benchmarks/scale.py [--hosts 16] [--cores 4] [--sizes 2,8,16,32,64]
+      [--engines torch,horovod] [--runs 1] [--train-s 20] [--parts start,driver,lines,memory,cut]
+Last lines: scale engine=<e> ranks=<n> start_s=<s> ratio=<x>, scale driver ranks=<n>
+cpu_per_s=<x> turn_cpu_ms=<x>, scale lines=<n>, scale memory ..., scale cut_s=<s> named=<bool>
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "tests" / "spark-conf"))
+
+
+def torch_trivial():
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    began = time.time()  # after the imports, as a cell leading with them has (its zygote's)
+    dist.init_process_group("gloo")
+    joined = time.time()
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    mine, views = (began, joined, time.time()), [None] * dist.get_world_size()
+    dist.all_gather_object(views, mine)
+    return views
+
+
+def horovod_trivial():
+    import time
+
+    import horovod.torch as hvd
+    import torch
+
+    began = time.time()
+    hvd.init()
+    joined = time.time()
+    hvd.allreduce(torch.ones(1), op=hvd.Sum)
+    return hvd.allgather_object((began, joined, time.time()))
+
+
+TRIVIAL = {"torch": torch_trivial, "horovod": horovod_trivial}
+
+
+def ddp_train(seconds: float = 20.0, epochs: int = 1, step_s: float = 0.1):
+    """A DDP loop of a step every ``step_s`` with progress reported, for ``seconds``."""
+    import os
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import hvd_magics
+
+    dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    steps = max(1, int(seconds / step_s / epochs))
+    for epoch in range(1, epochs + 1):
+        hvd_magics.progress.start_epoch(epoch, epochs, steps, 8)
+        for step in range(1, steps + 1):
+            optimizer.zero_grad()
+            loss = model(torch.randn(8, 8)).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            hvd_magics.progress.report(step, loss=loss.item())
+            time.sleep(step_s)  # the same on every rank (not a pace: that makes one rank late)
+        hvd_magics.progress.end_epoch(samples=steps * 8, loss=loss.item())
+    return os.getpid()
+
+
+def _session(cluster):
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(cluster.url).appName("scale")
+    for key, value in {**cluster.session_conf(), "spark.ui.showConsoleProgress": "false"}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    deadline = time.monotonic() + 120
+    while spark.sparkContext._jsc.sc().getExecutorIds().size() < len(cluster.hosts):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the hosts' executors did not register")
+        time.sleep(0.2)
+    return spark
+
+
+def _runner(size: int, **options):
+    from hvd_magics import HorovodRunner
+
+    return HorovodRunner(np=size, ranks_per_task=1 if size < 4 else 4,
+                         driver_log_verbosity="log_callback_only", **options)
+
+
+def _phases(launched: float, views: list, returned: float) -> str:
+    """Where a trivial job's time went: to the ranks' start (the last rank's function began),
+    to their meeting (the last rank's ``init`` returned), to the first collective, and back."""
+    entered = max(v[0] for v in views)
+    joined = max(v[1] for v in views)
+    reduced = max(v[2] for v in views)
+    return (f"to_ranks={entered - launched:.2f} spread={entered - min(v[0] for v in views):.2f}"
+            f" init={joined - entered:.2f} collective={reduced - joined:.2f} "
+            f"back={returned - reduced:.2f}")
+
+
+def start_times(sizes: list[int], engines: list[str], runs: int) -> None:
+    for engine in engines:
+        base: list[float] = []
+        for size in sizes:
+            _runner(size, engine=engine, timeout=300).run(TRIVIAL[engine])  # warm
+            times = []
+            for _ in range(runs):
+                began, launched = time.monotonic(), time.time()
+                views = _runner(size, engine=engine, timeout=300).run(TRIVIAL[engine])
+                times.append(time.monotonic() - began)
+                print(f"  {engine} {size} ranks: {times[-1]:.2f} s: "
+                      f"{_phases(launched, views, time.time())}", flush=True)
+            median = statistics.median(times)
+            base = base or times
+            print(f"scale engine={engine} ranks={size} start_s={median:.2f} "
+                  f"ratio={median / statistics.median(base):.2f} "
+                  f"runs={','.join(f'{t:.2f}' for t in times)}", flush=True)
+
+
+def _wait_for_steps(job, size: int) -> None:
+    """Until every rank of ``job`` reported a step."""
+    while not job.done():
+        ranks = list(getattr(job.live.job, "ranks", None) or [])
+        if len(ranks) == size and all(rank.step for rank in ranks):
+            return
+        time.sleep(0.05)
+
+
+def driver_cost(sizes: list[int], seconds: float) -> None:
+    """The driver's CPU while ranks train: this process's (every thread's) per second, and the
+    watch loop's turns (:class:`hvd_magics.job.watch.loop.FixedWatch`): how many, and the CPU
+    of each, on the thread's own clock."""
+    from hvd_magics.job.watch.loop import FixedWatch
+
+    turns: list[float] = []
+    plain = FixedWatch.turn
+
+    def timed(self):
+        began = time.thread_time()
+        try:
+            return plain(self)
+        finally:
+            turns.append(time.thread_time() - began)
+
+    FixedWatch.turn = timed
+    try:
+        for size in sizes:
+            job = _runner(size, engine="torch", timeout=600).start(ddp_train, seconds=seconds)
+            _wait_for_steps(job, size)
+            turns.clear()
+            cpu, wall = time.process_time(), time.monotonic()
+            while not job.done() and time.monotonic() - wall < seconds * 0.8:
+                time.sleep(0.1)
+            cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+            counted = list(turns)
+            job.wait(timeout=600)
+            print(f"scale driver ranks={size} cpu_per_s={cpu / wall:.3f} turns_per_s="
+                  f"{len(counted) / wall:.1f} turn_cpu_ms={1000 * statistics.mean(counted):.2f} "
+                  f"turn_cpu_per_s={sum(counted) / wall:.3f}", flush=True)
+    finally:
+        FixedWatch.turn = plain
+
+
+def cell_lines(size: int) -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        from hvd_magics import HorovodRunner
+
+        HorovodRunner(np=size, ranks_per_task=4, engine="torch", timeout=300).run(
+            ddp_train, seconds=6, epochs=3)
+    text = out.getvalue()
+    print(text)
+    print(f"scale lines={len(text.splitlines())} ranks={size}", flush=True)
+
+
+def _memory_of(pid: int) -> tuple[int, int]:
+    rss = pss = 0
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Rss:"):
+                rss = int(line.split()[1])
+            elif line.startswith("Pss:"):
+                pss = int(line.split()[1])
+    return rss, pss
+
+
+def memory(size: int) -> None:
+    job = _runner(size, engine="torch", timeout=300).start(ddp_train, seconds=15)
+    _wait_for_steps(job, size)
+    time.sleep(2)  # the ranks train: a point in the job, not a condition waited for
+    ranks = job.live.job.ranks
+    per_host: dict[str, list[tuple[int, int]]] = {}
+    for rank in ranks:
+        if getattr(rank, "pid", None):
+            per_host.setdefault(rank.host, []).append(_memory_of(rank.pid))
+    job.wait(timeout=600)
+    everything = [m for host in per_host.values() for m in host]
+    print(f"scale memory ranks={len(everything)} rss_mb_per_rank="
+          f"{statistics.median(r for r, _ in everything) / 1024:.0f} pss_mb_per_rank="
+          f"{statistics.median(p for _, p in everything) / 1024:.0f} pss_mb_per_host="
+          f"{statistics.median(sum(p for _, p in h) for h in per_host.values()) / 1024:.0f}",
+          flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=16)
+    parser.add_argument("--cores", type=int, default=4)
+    parser.add_argument("--sizes", default="2,8,16,32,64")
+    parser.add_argument("--engines", default="torch,horovod")
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--train-s", type=float, default=20.0)
+    parser.add_argument("--parts", default="start,driver,lines,memory")
+    args = parser.parse_args()
+    from tests.hosts import HostCluster
+
+    sizes = [int(s) for s in args.sizes.split(",")]
+    parts = args.parts.split(",")
+    began = time.monotonic()
+    cluster = HostCluster(hosts=args.hosts, cores=args.cores)
+    spark = None
+    try:
+        spark = _session(cluster)
+        print(f"cluster of {args.hosts} hosts x {args.cores} cores up in "
+              f"{time.monotonic() - began:.1f} s", flush=True)
+        if "start" in parts:
+            start_times(sizes, args.engines.split(","), args.runs)
+        if "driver" in parts:
+            driver_cost(sizes, args.train_s)
+        if "lines" in parts:
+            cell_lines(max(sizes))
+        if "memory" in parts:
+            memory(max(sizes))
+    finally:
+        if spark is not None:
+            spark.stop()
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
