@@ -4,8 +4,9 @@ one network namespace per host, its own address, name and /tmp, a standalone wor
 
 start    a trivial job per engine (``torch``: ``init_process_group`` and one ``all_reduce``;
          ``horovod``: ``hvd.init()`` and one ``allreduce``) at each size of ``--sizes``, 4 ranks
-         per task (2 ranks: one per task), warm (each size run once first); the wall time of
-         ``HorovodRunner.run`` and its ratio to 2 ranks. Goal: at most 3.
+         per task (2 ranks: one per task), warm (see :func:`start_times`); the wall time of
+         ``HorovodRunner.run``, its parts (to the ranks' start, ``init``, the collective, back)
+         and its ratio to 2 ranks, medians of ``--runs``. Goal: at most 3.
 driver   ``--train-s`` seconds of a DDP loop of a step every 0.1 s with progress reported, at each
          size: the driver's CPU seconds per second (this Python process, all its threads) and
          its watch turns (their count and CPU seconds each). Goal: at most 0.25 s/s at 64.
@@ -101,7 +102,10 @@ def _session(cluster):
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(cluster.url).appName("scale")
-    for key, value in {**cluster.session_conf(), "spark.ui.showConsoleProgress": "false"}.items():
+    small = {"spark.executor.memory": "512m",  # 16 executors of 1g ran this machine out of memory
+             "spark.executor.extraJavaOptions": "-XX:+UseSerialGC",
+             "spark.ui.showConsoleProgress": "false"}
+    for key, value in {**cluster.session_conf(), **small}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
@@ -116,7 +120,7 @@ def _session(cluster):
 def _runner(size: int, **options):
     from hvd_magics import HorovodRunner
 
-    return HorovodRunner(np=size, ranks_per_task=1 if size < 4 else 4,
+    return HorovodRunner(np=size, ranks_per_task=1 if size < 4 else 4, start_timeout=600,
                          driver_log_verbosity="log_callback_only", **options)
 
 
@@ -132,22 +136,37 @@ def _phases(launched: float, views: list, returned: float) -> str:
 
 
 def start_times(sizes: list[int], engines: list[str], runs: int) -> None:
+    """Warm first: every size of every engine once, the largest first, so that every host has
+    the zygotes and Python workers each layout uses (Spark places a job's tasks where it likes:
+    a 2-rank job warmed once may land on two other hosts next time, and one cold zygote there
+    is 5 s), then the 2-rank layout ``WARM_SMALL`` times more; then ``runs`` timed runs of each
+    size in turn (sizes alternating, so that a slow minute of the machine does not fall on one
+    size alone)."""
     for engine in engines:
-        base: list[float] = []
-        for size in sizes:
-            _runner(size, engine=engine, timeout=300).run(TRIVIAL[engine])  # warm
-            times = []
-            for _ in range(runs):
+        for size in sorted(sizes, reverse=True):
+            _runner(size, engine=engine, timeout=600).run(TRIVIAL[engine])
+        for _ in range(WARM_SMALL):
+            _runner(min(sizes), engine=engine, timeout=600).run(TRIVIAL[engine])
+    times: dict[tuple[str, int], list[float]] = {}
+    for _ in range(runs):
+        for engine in engines:
+            for size in sizes:
                 began, launched = time.monotonic(), time.time()
-                views = _runner(size, engine=engine, timeout=300).run(TRIVIAL[engine])
-                times.append(time.monotonic() - began)
-                print(f"  {engine} {size} ranks: {times[-1]:.2f} s: "
+                views = _runner(size, engine=engine, timeout=600).run(TRIVIAL[engine])
+                times.setdefault((engine, size), []).append(time.monotonic() - began)
+                print(f"  {engine} {size} ranks: {times[engine, size][-1]:.2f} s: "
                       f"{_phases(launched, views, time.time())}", flush=True)
-            median = statistics.median(times)
-            base = base or times
+    for engine in engines:
+        base = statistics.median(times[engine, min(sizes)])
+        for size in sizes:
+            median = statistics.median(times[engine, size])
             print(f"scale engine={engine} ranks={size} start_s={median:.2f} "
-                  f"ratio={median / statistics.median(base):.2f} "
-                  f"runs={','.join(f'{t:.2f}' for t in times)}", flush=True)
+                  f"ratio={median / base:.2f} runs="
+                  f"{','.join(f'{t:.2f}' for t in times[engine, size])}", flush=True)
+
+
+#: Extra warm-up runs of the smallest size (one task a rank: they land where Spark likes).
+WARM_SMALL = 3
 
 
 def _wait_for_steps(job, size: int) -> None:
@@ -235,6 +254,34 @@ def memory(size: int) -> None:
           flush=True)
 
 
+def cut_host(size: int) -> None:
+    """A host of the job's cut mid-training (its link down): seconds from the cut to the job's
+    end, and whether the error's first line names that host."""
+    from hvd_magics import HorovodRunner
+    from hvd_magics.errors import HorovodJobError
+
+    job = HorovodRunner(np=size, ranks_per_task=4, engine="torch", timeout=600,
+                        start_timeout=600).start(ddp_train, seconds=300)
+    _wait_for_steps(job, size)
+    address = job.live.job.ranks[size - 1].host
+    host = next(h for h in CLUSTER[0].hosts if h.address == address)
+    host.cut()
+    cut = time.monotonic()
+    first = ""
+    try:
+        job.wait(timeout=300)
+    except HorovodJobError as error:
+        first = str(error).splitlines()[0]
+    ended = time.monotonic() - cut
+    host.restore()
+    print(f"  first line: {first}")
+    print(f"scale cut_s={ended:.1f} named={address in first} ranks={size}", flush=True)
+
+
+#: The cluster of the run (for the cut).
+CLUSTER: list = []
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=16)
@@ -243,14 +290,16 @@ def main() -> None:
     parser.add_argument("--engines", default="torch,horovod")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--train-s", type=float, default=20.0)
-    parser.add_argument("--parts", default="start,driver,lines,memory")
+    parser.add_argument("--parts", default="start,driver,lines,memory,cut")
     args = parser.parse_args()
     from tests.hosts import HostCluster
 
     sizes = [int(s) for s in args.sizes.split(",")]
     parts = args.parts.split(",")
     began = time.monotonic()
+    os.environ.setdefault("SPARK_DAEMON_MEMORY", "256m")  # the hosts' workers' heaps
     cluster = HostCluster(hosts=args.hosts, cores=args.cores)
+    CLUSTER.append(cluster)
     spark = None
     try:
         spark = _session(cluster)
@@ -264,6 +313,8 @@ def main() -> None:
             cell_lines(max(sizes))
         if "memory" in parts:
             memory(max(sizes))
+        if "cut" in parts:
+            cut_host(max(sizes))
     finally:
         if spark is not None:
             spark.stop()

@@ -20,9 +20,18 @@ def rank_named(rank: int, unit: str = RANK) -> str:
 
 
 def ranks_named(ranks: Iterable[int], unit: str = RANK) -> str:
-    """``rank 1`` or ``ranks 0, 2`` (``task``/``tasks`` for an elastic job's)."""
+    """``rank 1``, ``ranks 0, 2``, and a run of three or more as a span: ``ranks 0-62``
+    (``task``/``tasks`` for an elastic job's). Given in order, said in order."""
     ranks = list(ranks)
-    return f"{unit}{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+    words: list[str] = []
+    start = 0
+    for index in range(1, len(ranks) + 1):
+        if index < len(ranks) and ranks[index] == ranks[index - 1] + 1:
+            continue
+        run = ranks[start:index]
+        words += [f"{run[0]}-{run[-1]}"] if len(run) >= 3 else list(map(str, run))
+        start = index
+    return f"{unit}{'s' if len(ranks) > 1 else ''} {', '.join(words)}"
 
 
 def rank_spans(ranks: Iterable[int], unit: str = RANK) -> str:

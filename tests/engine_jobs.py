@@ -1856,3 +1856,23 @@ def keras_kept(folder: str, epochs: int = 4, steps: int = 20, kill_at: int | Non
     model.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Steps()])
     return [w.tolist() for w in model.get_weights()], attempt
+
+
+def horovod_one_late(release: str, late: int):
+    """Every rank allreduces its rank, but rank ``late`` first waits until the file ``release``
+    exists (the others wait for it in the allreduce); rank 0 returns the sum, the size and each
+    rank's host and local rank."""
+    import os
+    import socket
+    import time
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    if hvd.rank() == late:
+        while not os.path.exists(release):
+            time.sleep(0.05)
+    total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum).item()
+    places = hvd.allgather_object((socket.gethostname(), hvd.local_rank(), hvd.local_size()))
+    return {"sum": total, "size": hvd.size(), "places": places}

@@ -111,6 +111,6 @@ def test_stacks_of_ranks_that_have_not_started_say_so(tmp_path):
     began = time.monotonic()
     stacks = collect_stacks(job, backend, queue.Queue(), wait=0.3)
     assert time.monotonic() - began < 5 and backend.asked == 1
-    assert stacks.starting == [0, 1] and "rank 1: starting (its process has not begun" in str(stacks)
+    assert stacks.starting == [0, 1] and "ranks 0, 1: starting (the process has not begun" in str(stacks)
     assert stacks.where() == {0: "starting (its process has not begun the job yet)",
                               1: "starting (its process has not begun the job yet)"}

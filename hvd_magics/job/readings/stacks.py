@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hvd_magics.rank_names import rank_spans
+from hvd_magics.rank_names import ranks_named
 
 #: ``.../site-packages/horovod/torch/mpi_ops.py`` is shown as ``horovod/torch/mpi_ops.py``.
 _PACKAGE_ROOT = re.compile(r".*[\\/](?:site|dist)-packages[\\/]")
@@ -170,7 +170,7 @@ class JobStacks:
         elsewhere = sorted(set(self.ranks) - set(waiting)) + list(self.missing)
         if not waiting or not elsewhere:
             return ""
-        names = functools.partial(rank_spans, unit=unit)
+        names = functools.partial(ranks_named, unit=unit)
         verb = "wait" if len(waiting) > 1 else "waits"
         engine = engines[waiting[0]]
         return (f"{names(waiting)} {verb} in a {engine} collective for {names(elsewhere)}, "
@@ -187,14 +187,14 @@ class JobStacks:
         (first, ranks), *rest = _grouped(
             {rank: f"{call} ({places[rank]})" for rank, call in sorted(calls.items())}).items()
         verb = "wait" if len(ranks) > 1 else "waits"
-        return (f"{rank_spans(ranks, unit)} {verb} in {first}, "
-                + ", ".join(f"{rank_spans(others, unit)} in {call}" for call, others in rest)
+        return (f"{ranks_named(ranks, unit)} {verb} in {first}, "
+                + ", ".join(f"{ranks_named(others, unit)} in {call}" for call, others in rest)
                 + ": these collectives never meet")
 
     def summary(self, unit: str = "rank") -> str:
         """A line per place (the ranks there, and where that is), and the diagnosis when there
         is one."""
-        lines = [f"  {rank_spans(ranks, unit)}: {text}"
+        lines = [f"  {ranks_named(ranks, unit)}: {text}"
                  for text, ranks in _grouped(self.where()).items()]
         diagnosis = self.diagnosis(unit)
         return "\n".join(lines + ([f"  So: {diagnosis}."] if diagnosis else []))
@@ -207,7 +207,7 @@ class JobStacks:
             hosts = sorted({str(self.ranks[rank].get("host", "?")) for rank in ranks})
             on = (", ".join(hosts) if len(hosts) <= 3
                   else f"{len(hosts)} hosts: {', '.join(hosts[:2])}, ...")
-            parts.append(f"{rank_spans(ranks)} ({on})"
+            parts.append(f"{ranks_named(ranks)} ({on})"
                          + (" have this stack:" if len(ranks) > 1 else ":"))
             for thread in event.get("threads", []):
                 frames = thread.get("frames", [])
@@ -222,10 +222,10 @@ class JobStacks:
             if event.get("others"):
                 parts.append(f"  (and {event['others']} more thread(s) with no frame of yours)")
         if self.missing:
-            parts.append(f"{rank_spans(self.missing)}: did not answer within the wait (busy in "
+            parts.append(f"{ranks_named(self.missing)}: did not answer within the wait (busy in "
                          "native code that holds Python's lock?)")
         if self.starting:
-            parts.append(f"{rank_spans(self.starting)}: starting (the process has not begun the "
+            parts.append(f"{ranks_named(self.starting)}: starting (the process has not begun the "
                          "job yet)")
         if not parts:
             return "No rank runs now."

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hvd_magics.errors import HOROVOD_BUILD_COMMAND, RankFailure
+from hvd_magics.protocol import ENV_GLOO_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -43,14 +44,14 @@ HOROVOD_MISSING = FailureHint(
 #: A rank's Gloo rendezvous in ``hvd.init()`` timed out (``Wait timeout after 30 seconds for
 #: key(s): 0``): the rank that failed waited; the rank it waited for was late or gone.
 GLOO_START_TIMEOUT = FailureHint(
-    ("You may want to increase the timeout via HOROVOD_GLOO_TIMEOUT_SECONDS",),
+    (f"You may want to increase the timeout via {ENV_GLOO_TIMEOUT}",),
     "\nHorovod's start timed out: this rank waited in hvd.init() for a peer that never gave "
     "its address (Gloo's key is that peer's rank in the group being formed), for "
-    "HOROVOD_GLOO_TIMEOUT_SECONDS (30 s unless set). The rank that failed is the one that "
+    f"{ENV_GLOO_TIMEOUT} (30 s unless set). The rank that failed is the one that "
     "waited; the late one is among the others (see their output). Ranks reach hvd.init() late "
     "when slow work comes before it on some of them (data loading, a download), a host is "
     "overloaded, or one failed first. Fix: call hvd.init() first, or give the ranks longer: "
-    "--env HOROVOD_GLOO_TIMEOUT_SECONDS=120 (env={'HOROVOD_GLOO_TIMEOUT_SECONDS': '120'}).")
+    f"--env {ENV_GLOO_TIMEOUT}=120 (env={{'{ENV_GLOO_TIMEOUT}': '120'}}).")
 
 HINTS = (GPU_SHARING, HOROVOD_MISSING, GLOO_START_TIMEOUT)
 

@@ -8,6 +8,7 @@ from hvd_magics.errors import HorovodJobError, StartTimeoutError
 from hvd_magics.job.rank_state import WAITING
 from hvd_magics.job.verdicts.monitor import Turn
 from hvd_magics.notices import say
+from hvd_magics.rank_names import ranks_named
 
 #: How often the cell's line says the executors still fetch and unpack the environment.
 UNPACKING_SHOWN_EVERY_S = 5.0
@@ -51,8 +52,9 @@ class Startup:
         waiting = [r.rank for r in job.ranks if r.pid is None and not r.exited]
         took = f" ({start_timeout:.0f} s, and {extra:.0f} s while {doing})" if doing else ""
         return StartTimeoutError(
-            f"Timed out after {start_timeout + extra:.0f} s{took} waiting for ranks "
-            f"{', '.join(map(str, waiting)) or 'none'} to start ({job.size - len(waiting)} of "
+            f"Timed out after {start_timeout + extra:.0f} s{took} waiting for "
+            f"{ranks_named(waiting, job.unit) if waiting else 'no rank'} to start "
+            f"({job.size - len(waiting)} of "
             f"{job.size} started on {backend.where}). " + backend.silence_note(unheard) +
             "If the cluster needs longer to schedule the tasks, raise start_timeout "
             "(%%horovod --start-timeout SECONDS).", log_path=str(job.log_path))
