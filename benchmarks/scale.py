@@ -13,14 +13,18 @@ driver   ``--train-s`` seconds of a DDP loop of a step every 0.1 s with progress
 lines    the text a 64-rank job of 3 epochs printed in a cell (``HorovodRunner``'s output);
          goal: at most 40 lines.
 memory   RSS and PSS per rank and per host while the biggest size's ranks train.
+kill     a rank of the biggest size SIGKILLed mid-job: seconds from the kill to the job's end,
+         and whether the error's first line names that rank. Goal: at most 1 s.
 cut      a host of the biggest size cut mid-job: seconds from the cut to the job's end, and
          whether the error's first line names that host. Goal: at most 10 s.
 
 Needs root (network namespaces). Usage:
   .venv/bin/python benchmarks/scale.py [--hosts 16] [--cores 4] [--sizes 2,8,16,32,64]
-      [--engines torch,horovod] [--runs 1] [--train-s 20] [--parts start,driver,lines,memory,cut]
+      [--engines torch,horovod] [--runs 1] [--train-s 20]
+      [--parts start,driver,lines,memory,kill,cut]
 Last lines: scale engine=<e> ranks=<n> start_s=<s> ratio=<x>, scale driver ranks=<n>
-cpu_per_s=<x> turn_cpu_ms=<x>, scale lines=<n>, scale memory ..., scale cut_s=<s> named=<bool>
+cpu_per_s=<x> turn_cpu_ms=<x>, scale lines=<n>, scale memory ..., scale kill_s=<s> named=<bool>,
+scale cut_s=<s> named=<bool>
 """
 from __future__ import annotations
 
@@ -45,12 +49,12 @@ def torch_trivial():
     import torch
     import torch.distributed as dist
 
-    began = time.time()  # after the imports, as a cell leading with them has (its zygote's)
+    began, cpu = time.time(), time.process_time()  # after the imports (its zygote's)
     dist.init_process_group("gloo")
-    joined = time.time()
+    joined, init_cpu = time.time(), time.process_time() - cpu
     total = torch.ones(1)
     dist.all_reduce(total)
-    mine, views = (began, joined, time.time()), [None] * dist.get_world_size()
+    mine, views = (began, joined, time.time(), cpu, init_cpu), [None] * dist.get_world_size()
     dist.all_gather_object(views, mine)
     return views
 
@@ -61,11 +65,11 @@ def horovod_trivial():
     import horovod.torch as hvd
     import torch
 
-    began = time.time()
+    began, cpu = time.time(), time.process_time()
     hvd.init()
-    joined = time.time()
+    joined, init_cpu = time.time(), time.process_time() - cpu
     hvd.allreduce(torch.ones(1), op=hvd.Sum)
-    return hvd.allgather_object((began, joined, time.time()))
+    return hvd.allgather_object((began, joined, time.time(), cpu, init_cpu))
 
 
 TRIVIAL = {"torch": torch_trivial, "horovod": horovod_trivial}
@@ -126,13 +130,17 @@ def _runner(size: int, **options):
 
 def _phases(launched: float, views: list, returned: float) -> str:
     """Where a trivial job's time went: to the ranks' start (the last rank's function began),
-    to their meeting (the last rank's ``init`` returned), to the first collective, and back."""
+    to their meeting (the last rank's ``init`` returned), to the first collective, and back;
+    and the CPU seconds a rank's process used before the job's function began and in ``init``
+    (medians over the ranks): what each host pays per rank, in parallel on a real cluster,
+    where here 64 ranks share 2 cores."""
     entered = max(v[0] for v in views)
     joined = max(v[1] for v in views)
     reduced = max(v[2] for v in views)
     return (f"to_ranks={entered - launched:.2f} spread={entered - min(v[0] for v in views):.2f}"
             f" init={joined - entered:.2f} collective={reduced - joined:.2f} "
-            f"back={returned - reduced:.2f}")
+            f"back={returned - reduced:.2f} rank_start_cpu={statistics.median(v[3] for v in views):.3f}"
+            f" rank_init_cpu={statistics.median(v[4] for v in views):.3f}")
 
 
 def start_times(sizes: list[int], engines: list[str], runs: int) -> None:
@@ -144,7 +152,9 @@ def start_times(sizes: list[int], engines: list[str], runs: int) -> None:
     size alone)."""
     for engine in engines:
         for size in sorted(sizes, reverse=True):
+            began = time.monotonic()
             _runner(size, engine=engine, timeout=600).run(TRIVIAL[engine])
+            print(f"  {engine} {size} ranks, warming: {time.monotonic() - began:.1f} s", flush=True)
         for _ in range(WARM_SMALL):
             _runner(min(sizes), engine=engine, timeout=600).run(TRIVIAL[engine])
     times: dict[tuple[str, int], list[float]] = {}
@@ -278,6 +288,31 @@ def cut_host(size: int) -> None:
     print(f"scale cut_s={ended:.1f} named={address in first} ranks={size}", flush=True)
 
 
+def kill_rank(size: int) -> None:
+    """A rank of the job SIGKILLed mid-training (no notice, as the OOM killer): seconds from the
+    kill to the job's end, and whether the error's first line names that rank."""
+    import signal
+
+    from hvd_magics import HorovodRunner
+    from hvd_magics.errors import HorovodJobError
+
+    job = HorovodRunner(np=size, ranks_per_task=4, engine="torch", timeout=600,
+                        start_timeout=600).start(ddp_train, seconds=300)
+    _wait_for_steps(job, size)
+    victim = size // 2 + 1
+    os.kill(job.live.job.ranks[victim].pid, signal.SIGKILL)
+    killed = time.monotonic()
+    first = ""
+    try:
+        job.wait(timeout=300)
+    except HorovodJobError as error:
+        first = str(error).splitlines()[0]
+    ended = time.monotonic() - killed
+    print(f"  first line: {first}")
+    print(f"scale kill_s={ended:.2f} named={f'rank {victim} ' in first} ranks={size}",
+          flush=True)
+
+
 #: The cluster of the run (for the cut).
 CLUSTER: list = []
 
@@ -290,7 +325,7 @@ def main() -> None:
     parser.add_argument("--engines", default="torch,horovod")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--train-s", type=float, default=20.0)
-    parser.add_argument("--parts", default="start,driver,lines,memory,cut")
+    parser.add_argument("--parts", default="start,driver,lines,memory,kill,cut")
     args = parser.parse_args()
     from tests.hosts import HostCluster
 
@@ -313,6 +348,8 @@ def main() -> None:
             cell_lines(max(sizes))
         if "memory" in parts:
             memory(max(sizes))
+        if "kill" in parts:
+            kill_rank(max(sizes))
         if "cut" in parts:
             cut_host(max(sizes))
     finally:

@@ -83,6 +83,22 @@ def starting(path: str) -> bool:
     return False
 
 
+def starter_cpu(path: str) -> float | None:
+    """The CPU seconds so far of the zygote being started at ``path`` (its imports under way),
+    whose id its lock's file holds while it imports; ``None`` when none is named there or this
+    system cannot say (no ``/proc``)."""
+    try:
+        with open(f"{path}.lock") as lock:
+            pid = int(lock.read().strip() or 0)
+        if pid <= 0:
+            return None
+        with open(f"/proc/{pid}/stat") as stat_file:
+            after_name = stat_file.read().rsplit(")", 1)[1].split()
+        return (int(after_name[11]) + int(after_name[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def cuda_mark(path: str) -> str:
     """The file beside the socket path ``path`` that says a zygote started there found a CUDA
     driver loaded by its imports: none is started there again (nor waited for)."""

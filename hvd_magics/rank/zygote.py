@@ -169,7 +169,12 @@ def same_user(connection: socket.socket) -> bool:
 def begin(path: str, names: list[str], idle_s: float, first_path: str,
           lock_fd: int | None) -> None:
     """Import ``names``, serve at ``path`` (releasing the lock ``lock_fd`` once there), never
-    returns."""
+    returns. The lock's file holds this process's id while it imports: ranks waiting for it
+    read whether its imports still move (:func:`hvd_magics.common.zygote_place.starter_cpu`)."""
+    if lock_fd is not None:
+        with contextlib.suppress(OSError):
+            os.ftruncate(lock_fd, 0)
+            os.pwrite(lock_fd, str(os.getpid()).encode(), 0)
     import_frameworks(names)
     if cuda_loaded():  # a forked rank could not use it: mark the path, so none starts here again
         with contextlib.suppress(OSError):

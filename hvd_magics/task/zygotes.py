@@ -42,8 +42,8 @@ from hvd_magics.protocol import (ENV_YARN_CONTAINER, ENV_ZYGOTE, ENV_ZYGOTE_IDLE
                                  KEEPER_PARENT_GONE, KEEPER_STOPPED, KEEPER_TERMINATED,
                                  ZYGOTE_GROW, ZYGOTE_LATE_ENV, ZYGOTE_LATE_ENV_PREFIXES,
                                  ZYGOTE_MODULE, ZYGOTE_MODULES, ZYGOTE_READY)
-from hvd_magics.common.zygote_place import (cuda_mark, socket_path, starting, take_lock,
-                                          zygote_dir)
+from hvd_magics.common.zygote_place import (cuda_mark, socket_path, starter_cpu, starting,
+                                          take_lock, zygote_dir)
 
 #: Seconds a supervisor waits for a zygote to fork a keeper (a zygote alive answers in
 #: milliseconds); past it, the rank starts fresh.
@@ -52,6 +52,14 @@ FORK_WAIT_S = 10.0
 #: imports under way) before it starts fresh: forked from it once it serves, the rank skips
 #: those imports, and is no later than a fresh rank importing the same ones beside it would be.
 STARTING_WAIT_S = 20.0
+#: Past :data:`STARTING_WAIT_S`, a rank waits on while the zygote's imports still use CPU (it
+#: is slow, not hung: a host whose cores are all busy, 16 zygotes importing PyTorch on 2 cores),
+#: up to this many seconds in all: ranks that started fresh instead would each import the same
+#: beside it, a host's memory and CPU times its ranks (at 64 ranks on 16 hosts of this machine
+#: the fresh imports ran it out of memory).
+STARTING_MOST_S = 180.0
+#: A zygote whose imports used no CPU for this long is taken for hung.
+STARTING_STILL_S = 10.0
 #: How often a waiting rank looks whether that zygote serves yet, seconds.
 STARTING_POLL_S = 0.05
 #: Seconds a process waits for a zygote to greet it once connected; past it, the zygote is taken
@@ -112,6 +120,24 @@ def frameworks(names: list[str] | tuple[str, ...], binding: str = "") -> frozens
     others = {module for name, modules in HOROVOD_BINDINGS.items() if name != binding
               for module in modules}
     return frozenset(name for name in names if name in ZYGOTE_MODULES and name not in others)
+
+
+class _Progress:
+    """Whether a zygote being started still works: its starter's CPU seconds grew within
+    :data:`STARTING_STILL_S`, and :data:`STARTING_MOST_S` have not passed."""
+
+    def __init__(self, path: str, began: float) -> None:
+        self.path, self.began = path, began
+        self.cpu, self.moved_at = starter_cpu(path), began
+
+    def moving(self, now: float) -> bool:
+        if now - self.began >= STARTING_MOST_S:
+            return False
+        cpu = starter_cpu(self.path)
+        if cpu is not None and self.cpu is not None and cpu > self.cpu:
+            self.moved_at = now
+        self.cpu = cpu if cpu is not None else self.cpu
+        return cpu is not None and now - self.moved_at < STARTING_STILL_S
 
 
 #: How a rank ended whose keeper did not say its exit code, by what the keeper said instead.
@@ -378,10 +404,13 @@ class Zygotes:
         path = self._path(key, env)
         if path is None or not starting(path):
             return False
+        began = time.monotonic()
         with self._lock:
-            deadline = self._waits.setdefault(key, time.monotonic() + STARTING_WAIT_S)
+            deadline = self._waits.setdefault(key, began + STARTING_WAIT_S)
+        progress = _Progress(path, began)
         while not os.path.exists(path):
-            if time.monotonic() >= deadline or not starting(path):
+            now = time.monotonic()
+            if not starting(path) or (now >= deadline and not progress.moving(now)):
                 return os.path.exists(path)
             time.sleep(STARTING_POLL_S)
         return True

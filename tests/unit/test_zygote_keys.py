@@ -172,3 +172,50 @@ def test_ranks_in_a_yarn_container_start_fresh_unless_zygotes_are_asked_for(monk
     assert enabled({"HVD_MAGICS_ZYGOTE": "1"})
     monkeypatch.setenv("HVD_MAGICS_ZYGOTE", "1")
     assert enabled({}) and not enabled({"HVD_MAGICS_ZYGOTE": "0"})
+
+
+def test_a_zygote_still_importing_is_waited_for_and_one_gone_still_is_not(tmp_path, monkeypatch):
+    """16 zygotes importing PyTorch on 2 cores took longer than a rank's 20 s wait; the ranks
+    then started fresh, four imports on every host instead of one, and ran the machine out of
+    memory (issue 85). A rank now waits on while the zygote's imports use CPU, and not once
+    they stopped moving (hung)."""
+    import subprocess
+    import sys
+    import time
+
+    from hvd_magics.common.zygote_place import starter_cpu
+    from hvd_magics.task import zygotes
+
+    monkeypatch.setattr(zygotes, "STARTING_STILL_S", 0.5)
+    path = str(tmp_path / "z.sock")
+    assert starter_cpu(path) is None  # no lock file
+    lock = take_lock(path)
+    assert lock is not None and starter_cpu(path) is None  # no zygote named in it yet
+    importing = subprocess.Popen([sys.executable, "-c", (
+        "import os, sys, time\n"
+        f"fd = os.open({path + '.lock'!r}, os.O_RDWR)\n"
+        "os.ftruncate(fd, 0); os.pwrite(fd, str(os.getpid()).encode(), 0)\n"
+        "end = time.monotonic() + 1.5\n"
+        "while time.monotonic() < end: pass\n"  # imports: CPU
+        "sys.stdout.write('still\\n'); sys.stdout.flush(); time.sleep(60)\n")],  # hung
+        stdout=subprocess.PIPE, text=True)
+    try:
+        while starter_cpu(path) is None:
+            time.sleep(0.01)
+        progress = zygotes._Progress(path, time.monotonic())
+        seen = []
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            seen.append(progress.moving(time.monotonic()))
+            time.sleep(0.1)
+        assert all(seen), seen  # its CPU grew: waited for
+        assert importing.stdout.readline() == "still\n"
+        while progress.moving(time.monotonic()):  # still for STARTING_STILL_S: hung
+            assert time.monotonic() < deadline + 10
+            time.sleep(0.05)
+        assert starter_cpu(path) is not None  # alive, but no longer moving
+    finally:
+        importing.kill()
+        importing.wait()
+        os.close(lock)
+    assert starter_cpu(path) is None  # gone
