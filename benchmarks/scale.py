@@ -264,28 +264,39 @@ def memory(size: int) -> None:
           flush=True)
 
 
-def cut_host(size: int) -> None:
-    """A host of the job's cut mid-training (its link down): seconds from the cut to the job's
-    end, and whether the error's first line names that host."""
+def _fault_to_end(size: int, fault) -> tuple[float, str]:
+    """Start a ``size``-rank DDP job, let every rank step, do ``fault(job)``; the seconds from
+    the fault to the job's end, and its error's first line."""
     from hvd_magics import HorovodRunner
     from hvd_magics.errors import HorovodJobError
 
     job = HorovodRunner(np=size, ranks_per_task=4, engine="torch", timeout=600,
                         start_timeout=600).start(ddp_train, seconds=300)
     _wait_for_steps(job, size)
-    address = job.live.job.ranks[size - 1].host
-    host = next(h for h in CLUSTER[0].hosts if h.address == address)
-    host.cut()
-    cut = time.monotonic()
-    first = ""
+    fault(job)
+    began, first = time.monotonic(), ""
     try:
         job.wait(timeout=300)
     except HorovodJobError as error:
         first = str(error).splitlines()[0]
-    ended = time.monotonic() - cut
-    host.restore()
+    ended = time.monotonic() - began
     print(f"  first line: {first}")
-    print(f"scale cut_s={ended:.1f} named={address in first} ranks={size}", flush=True)
+    return ended, first
+
+
+def cut_host(size: int) -> None:
+    """A host of the job's cut mid-training (its link down): seconds from the cut to the job's
+    end, and whether the error's first line names that host."""
+    cut: list = []
+
+    def fault(job) -> None:
+        address = job.live.job.ranks[size - 1].host
+        cut.append(next(h for h in CLUSTER[0].hosts if h.address == address))
+        cut[0].cut()
+
+    ended, first = _fault_to_end(size, fault)
+    cut[0].restore()
+    print(f"scale cut_s={ended:.1f} named={cut[0].address in first} ranks={size}", flush=True)
 
 
 def kill_rank(size: int) -> None:
@@ -293,22 +304,9 @@ def kill_rank(size: int) -> None:
     kill to the job's end, and whether the error's first line names that rank."""
     import signal
 
-    from hvd_magics import HorovodRunner
-    from hvd_magics.errors import HorovodJobError
-
-    job = HorovodRunner(np=size, ranks_per_task=4, engine="torch", timeout=600,
-                        start_timeout=600).start(ddp_train, seconds=300)
-    _wait_for_steps(job, size)
     victim = size // 2 + 1
-    os.kill(job.live.job.ranks[victim].pid, signal.SIGKILL)
-    killed = time.monotonic()
-    first = ""
-    try:
-        job.wait(timeout=300)
-    except HorovodJobError as error:
-        first = str(error).splitlines()[0]
-    ended = time.monotonic() - killed
-    print(f"  first line: {first}")
+    ended, first = _fault_to_end(
+        size, lambda job: os.kill(job.live.job.ranks[victim].pid, signal.SIGKILL))
     print(f"scale kill_s={ended:.2f} named={f'rank {victim} ' in first} ranks={size}",
           flush=True)
 
