@@ -148,7 +148,7 @@ class HorovodJobError(HorovodMagicsError, RuntimeError):
     def _line(self, index: int) -> str | None:
         """Failure ``index``'s line, or ``None`` when the summary already says it."""
         failure = self.failures[index]
-        if index == 0 and self.summary.endswith(failure.headline()):
+        if index == 0 and failure.headline() in self.summary:  # its fix may follow it there
             return None
         if self._repeats(index) is not None:
             return f"{failure.place()}: the same {failure.error}"
@@ -194,7 +194,7 @@ class HorovodJobError(HorovodMagicsError, RuntimeError):
         """The summary, less the first rank's message when its traceback, shown next, ends with
         it (said once)."""
         first = self.failures[0] if self.failures else None
-        if first is None or self._line(0) is not None:
+        if first is None or not self.summary.endswith(first.headline()):
             return self.summary
         trace = first.traceback.rstrip().splitlines()
         if not trace or not trace[-1].endswith(f"{first.error}: {first.message}"):

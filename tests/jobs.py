@@ -1012,3 +1012,16 @@ def rank_threads():
 
     hvd.init()
     return hvd.allgather_object((os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()))
+
+
+def horovod_init_late(late: int = 1, seconds: float = 8.0):
+    """Rank ``late`` reaches ``hvd.init()`` ``seconds`` after the others."""
+    import os
+    import time
+
+    import horovod.torch as hvd
+
+    if int(os.environ["HOROVOD_RANK"]) == late:
+        time.sleep(seconds)
+    hvd.init()
+    return hvd.rank()

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from hvd_magics import HorovodRunner, JobInterrupted, JobTimeoutError, last_run
+from hvd_magics import HorovodJobError, HorovodRunner, JobInterrupted, JobTimeoutError, last_run
 from tests import jobs
 from tests.conftest import interrupt_once_marked, rank_processes_alive
 
@@ -33,4 +33,21 @@ def test_an_interrupt_says_where_each_rank_was(tmp_path):
     assert "nothing is left running" in text and "Where each rank was:" in text
     # both ranks sleep on the same line: said once, for both
     assert "ranks 0, 1: " in text and "rank 0: " not in text and "pool_sleep_marked" in text
+    assert rank_processes_alive(list(last_run().pids.values())) == []
+
+
+def test_a_rank_that_waited_out_horovods_start_says_so_in_our_words_and_the_fix():
+    """Gloo's start timeout ends the waiting rank by SIGABRT (a C++ exception): the error names
+    that rank with the exception's type and message once, then what it means and the fix, and
+    leaves the late rank running nowhere."""
+    with pytest.raises(HorovodJobError) as info:
+        HorovodRunner(np=-2, env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "3"}).run(
+            jobs.horovod_init_late, late=1, seconds=8)
+    text = str(info.value)
+    first = text.splitlines()[0]
+    assert first.startswith("1 of 2 ranks failed; the first was rank 0 on ")
+    assert first.endswith("gloo::IoException: Wait timeout after 3 seconds for key(s): 1. You "
+                          "may want to increase the timeout via HOROVOD_GLOO_TIMEOUT_SECONDS")
+    assert text.count("gloo::IoException") == 1  # said once, not again in the ranks' list
+    assert "Horovod's start timed out" in text and "--env HOROVOD_GLOO_TIMEOUT_SECONDS=120" in text
     assert rank_processes_alive(list(last_run().pids.values())) == []
