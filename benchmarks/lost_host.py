@@ -24,26 +24,12 @@ import sys
 import time
 from pathlib import Path
 
+from pairs import hosts_session  # benchmarks/pairs.py
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "tests" / "spark-conf"))
-
-
-def _session(cluster):
-    from pyspark.sql import SparkSession
-
-    builder = SparkSession.builder.master(cluster.url).appName("lost_host")
-    for key, value in {**cluster.session_conf(), "spark.ui.showConsoleProgress": "false"}.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    deadline = time.monotonic() + 60
-    while spark.sparkContext._jsc.sc().getExecutorIds().size() < len(cluster.hosts):
-        if time.monotonic() > deadline:
-            raise RuntimeError("the hosts' executors did not register")
-        time.sleep(0.2)
-    return spark
 
 
 def one_run(engine: str, ours: bool) -> tuple[float, float | None]:
@@ -61,7 +47,7 @@ def one_run(engine: str, ours: bool) -> tuple[float, float | None]:
     folder = Path("/var/tmp") / f"hvd-magics-bench-{os.getpid()}-{time.monotonic_ns()}"
     spark = None
     try:
-        spark = _session(cluster)
+        spark = hosts_session(cluster, "lost_host")
         job = HorovodRunner(np=2, engine=engine, restarts=1 if ours else 0,
                             checkpoint_dir=folder).start(
             engine_jobs.steps_with_checkpoints, steps=400, every=5, engine=engine, step_s=0.05)

@@ -65,6 +65,25 @@ def local_session(app: str, driver_memory: str | None = None, master: str = "loc
     return spark
 
 
+def hosts_session(cluster, app: str, wait_s: float = 60, **conf: str):
+    """A quiet SparkSession on the namespace hosts of ``cluster`` (tests/hosts.py), with
+    ``conf`` over the cluster's own, once an executor of every host registered."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(cluster.url).appName(app)
+    settings = {**cluster.session_conf(), "spark.ui.showConsoleProgress": "false", **conf}
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    deadline = time.monotonic() + wait_s
+    while spark.sparkContext._jsc.sc().getExecutorIds().size() < len(cluster.hosts):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the hosts' executors did not register")
+        time.sleep(0.2)
+    return spark
+
+
 class PhaseTimer:
     """A JobView that notes when each phase of our launch ended (driver clock)."""
 

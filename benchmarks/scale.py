@@ -37,6 +37,8 @@ import sys
 import time
 from pathlib import Path
 
+from pairs import hosts_session  # benchmarks/pairs.py
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -103,22 +105,9 @@ def ddp_train(seconds: float = 20.0, epochs: int = 1, step_s: float = 0.1):
 
 
 def _session(cluster):
-    from pyspark.sql import SparkSession
-
-    builder = SparkSession.builder.master(cluster.url).appName("scale")
-    small = {"spark.executor.memory": "512m",  # 16 executors of 1g ran this machine out of memory
-             "spark.executor.extraJavaOptions": "-XX:+UseSerialGC",
-             "spark.ui.showConsoleProgress": "false"}
-    for key, value in {**cluster.session_conf(), **small}.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    deadline = time.monotonic() + 120
-    while spark.sparkContext._jsc.sc().getExecutorIds().size() < len(cluster.hosts):
-        if time.monotonic() > deadline:
-            raise RuntimeError("the hosts' executors did not register")
-        time.sleep(0.2)
-    return spark
+    # 16 executors of 1g ran this machine out of memory
+    return hosts_session(cluster, "scale", wait_s=120, **{
+        "spark.executor.memory": "512m", "spark.executor.extraJavaOptions": "-XX:+UseSerialGC"})
 
 
 def _runner(size: int, **options):

@@ -62,7 +62,7 @@ import sys
 import time
 from pathlib import Path
 
-from pairs import in_turn, ratio_text  # benchmarks/pairs.py
+from pairs import hosts_session, in_turn, ratio_text  # benchmarks/pairs.py
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -360,7 +360,6 @@ def _loop_in_process(engine: str, width: int, batch: int, on: bool) -> float:
 def links(runs: int) -> tuple[int, int, int, int]:
     """``(right, clean runs that named no link, busy runs that named no link, runs)``."""
     os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "tests" / "spark-conf"))
-    from lost_host import _session
 
     from hvd_magics import HorovodRunner, last_run
     from tests import engine_jobs
@@ -372,7 +371,7 @@ def links(runs: int) -> tuple[int, int, int, int]:
     cluster = HostCluster(hosts=2, cores=2)
     right = clean_ok = busy_ok = 0
     try:
-        spark = _session(cluster)
+        spark = hosts_session(cluster, "straggler")
         for run in range(3 * runs):
             kind, host = ("limited", "clean", "busy")[run % 3], cluster.hosts[run // 3 % 2]
             if kind == "limited":

@@ -19,32 +19,30 @@ def rank_named(rank: int, unit: str = RANK) -> str:
     return f"{unit} {rank}"
 
 
-def ranks_named(ranks: Iterable[int], unit: str = RANK) -> str:
-    """``rank 1``, ``ranks 0, 2``, and a run of three or more as a span: ``ranks 0-62``
-    (``task``/``tasks`` for an elastic job's). Given in order, said in order."""
-    ranks = list(ranks)
+def _spans(ranks: list[int], shortest: int) -> str:
+    """``ranks`` in order, each run of consecutive ranks at least ``shortest`` long as a span."""
     words: list[str] = []
     start = 0
     for index in range(1, len(ranks) + 1):
         if index < len(ranks) and ranks[index] == ranks[index - 1] + 1:
             continue
         run = ranks[start:index]
-        words += [f"{run[0]}-{run[-1]}"] if len(run) >= 3 else list(map(str, run))
+        words += [f"{run[0]}-{run[-1]}"] if len(run) >= shortest else list(map(str, run))
         start = index
-    return f"{unit}{'s' if len(ranks) > 1 else ''} {', '.join(words)}"
+    return ", ".join(words)
+
+
+def ranks_named(ranks: Iterable[int], unit: str = RANK) -> str:
+    """``rank 1``, ``ranks 0, 2``, and a run of three or more as a span: ``ranks 0-62``
+    (``task``/``tasks`` for an elastic job's). Given in order, said in order."""
+    ranks = list(ranks)
+    return f"{unit}{'s' if len(ranks) > 1 else ''} {_spans(ranks, 3)}"
 
 
 def rank_spans(ranks: Iterable[int], unit: str = RANK) -> str:
     """``ranks 1-15``, ``ranks 1-2, 5``, ``rank 2``: runs as spans."""
     ranks = sorted(ranks)
-    runs: list[list[int]] = []
-    for rank in ranks:
-        if runs and rank == runs[-1][-1] + 1:
-            runs[-1].append(rank)
-        else:
-            runs.append([rank])
-    spans = [f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs]
-    return f"{unit}{'s' if len(ranks) > 1 else ''} {', '.join(spans)}"
+    return f"{unit}{'s' if len(ranks) > 1 else ''} {_spans(ranks, 2)}"
 
 
 def line_tag(rank: int, unit: str = RANK, host: str | None = None) -> str:

@@ -338,15 +338,21 @@ def host_cluster():
     assert cluster.left() == []
 
 
-@pytest.fixture()
-def hosts_spark(host_cluster):
-    """A SparkSession whose driver is on the hosts' bridge, with an executor on each host."""
-    spark = _session(host_cluster.url, **host_cluster.session_conf())
-    deadline = time.monotonic() + 60
-    while spark.sparkContext._jsc.sc().getExecutorIds().size() < len(host_cluster.hosts):
+def hosts_session(cluster, wait_s: float = 60):
+    """The tests' SparkSession on ``cluster``'s hosts (tests/hosts.py), its driver on their
+    bridge, once an executor of each host registered."""
+    spark = _session(cluster.url, **cluster.session_conf())
+    deadline = time.monotonic() + wait_s
+    while spark.sparkContext._jsc.sc().getExecutorIds().size() < len(cluster.hosts):
         assert time.monotonic() < deadline, "the hosts' executors did not register"
         time.sleep(0.2)
     return spark
+
+
+@pytest.fixture()
+def hosts_spark(host_cluster):
+    """A SparkSession whose driver is on the hosts' bridge, with an executor on each host."""
+    return hosts_session(host_cluster)
 
 
 #: A GPU discovery script that finds two GPUs (there are none here), as pyspark's tests use.

@@ -85,18 +85,17 @@ def starting(path: str) -> bool:
 
 def starter_cpu(path: str) -> float | None:
     """The CPU seconds so far of the zygote being started at ``path`` (its imports under way),
-    whose id its lock's file holds while it imports; ``None`` when none is named there or this
-    system cannot say (no ``/proc``)."""
+    whose id its lock's file holds while it imports; ``None`` when none is named there or it
+    is gone."""
+    import psutil
+
     try:
         with open(f"{path}.lock") as lock:
             pid = int(lock.read().strip() or 0)
-        if pid <= 0:
-            return None
-        with open(f"/proc/{pid}/stat") as stat_file:
-            after_name = stat_file.read().rsplit(")", 1)[1].split()
-        return (int(after_name[11]) + int(after_name[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
+        times = psutil.Process(pid).cpu_times() if pid > 0 else None
+    except (OSError, ValueError, psutil.Error):
         return None
+    return None if times is None else times.user + times.system
 
 
 def cuda_mark(path: str) -> str:

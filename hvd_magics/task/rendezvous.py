@@ -63,12 +63,13 @@ class _Connection:
 
     sock: socket.socket
     address: Any
-    began: float
+    #: When it is answered unless something else answers it first: 408 while its request
+    #: arrives, 404 while its ``GET`` is held.
+    deadline: float
     received: bytearray = field(default_factory=bytearray)
     reply: bytes = b""
-    #: ``(scope, key)`` a held ``GET`` waits for, and when it gives up.
+    #: ``(scope, key)`` a held ``GET`` waits for.
     held: tuple[str, str] | None = None
-    deadline: float = 0.0
 
 
 class KeyStore:
@@ -199,8 +200,7 @@ class RendezvousServer:
             self._close(connection)
 
     def _next_timeout(self) -> float:
-        deadlines = [c.deadline for c in self._open.values() if c.held] + [
-            c.began + REQUEST_TIMEOUT_S for c in self._open.values() if not c.held]
+        deadlines = [c.deadline for c in self._open.values() if not c.reply]
         return max(0.0, min(deadlines) - time.monotonic()) if deadlines else 1.0
 
     def _accept(self) -> None:
@@ -210,7 +210,7 @@ class RendezvousServer:
             except (BlockingIOError, InterruptedError):
                 return
             sock.setblocking(False)
-            connection = _Connection(sock, address, time.monotonic())
+            connection = _Connection(sock, address, time.monotonic() + REQUEST_TIMEOUT_S)
             self._open[sock.fileno()] = connection
             self._selector.register(sock, selectors.EVENT_READ, connection)
 
@@ -248,8 +248,8 @@ class RendezvousServer:
         elif method == "PUT":
             self.store.put(scope, key, body)
             self._answer(connection, 200)
-            for waiting in self._held.pop((scope, key), []):
-                waiting.held = None
+            for waiting in list(self._held.get((scope, key), [])):
+                self._unhold(waiting)
                 self._answer(waiting, 200, body)
         elif method == "DELETE":
             self.store.delete(scope, key)
@@ -259,15 +259,20 @@ class RendezvousServer:
 
     def _expire(self, now: float) -> None:
         for connection in list(self._open.values()):
-            if connection.held and connection.deadline <= now:
-                self._held[connection.held].remove(connection)
-                if not self._held[connection.held]:
-                    del self._held[connection.held]
-                connection.held = None
-                self._answer(connection, 404)
-            elif not connection.held and not connection.reply \
-                    and connection.began + REQUEST_TIMEOUT_S <= now:
-                self._answer(connection, 408)
+            if not connection.reply and connection.deadline <= now:
+                status = 404 if connection.held else 408
+                self._unhold(connection)
+                self._answer(connection, status)
+
+    def _unhold(self, connection: _Connection) -> None:
+        """``connection``'s ``GET`` no longer waits for its key."""
+        if connection.held is None:
+            return
+        waiting = self._held[connection.held]
+        waiting.remove(connection)
+        if not waiting:
+            del self._held[connection.held]
+        connection.held = None
 
     def _answer(self, connection: _Connection, status: int, body: bytes = b"") -> None:
         connection.reply = (f"HTTP/1.0 {status} {_REASONS[status]}\r\nContent-Length: "
@@ -290,10 +295,7 @@ class RendezvousServer:
     def _close(self, connection: _Connection) -> None:
         if self._open.pop(connection.sock.fileno(), None) is None:
             return
-        if connection.held:
-            held = self._held.get(connection.held, [])
-            if connection in held:
-                held.remove(connection)
+        self._unhold(connection)
         try:
             self._selector.unregister(connection.sock)
         except (KeyError, ValueError):

@@ -25,14 +25,9 @@ def four_hosts():
 
 @pytest.fixture()
 def four_hosts_spark(four_hosts):
-    from tests.conftest import _session
+    from tests.conftest import hosts_session
 
-    spark = _session(four_hosts.url, **four_hosts.session_conf())
-    deadline = time.monotonic() + 90
-    while spark.sparkContext._jsc.sc().getExecutorIds().size() < len(four_hosts.hosts):
-        assert time.monotonic() < deadline, "the hosts' executors did not register"
-        time.sleep(0.2)
-    return spark
+    return hosts_session(four_hosts, wait_s=90)
 
 
 def test_sixteen_horovod_ranks_on_four_hosts_meet_and_their_stacks_are_said_by_place(
