@@ -227,10 +227,11 @@ class RankState:
         err = self.error or ({"error": LOST, "message": self.lost} if self.lost else {})
         native = {} if err else native_exception(self.tail)
         err = err or native
+        tail = [line for line in self.tail  # the lines the native error was read from: said once
+                if not (native and (_TERMINATE.search(str(line)) or _WHAT.match(str(line))))]
         return RankFailure(self.rank, self.host, self.exit_code, err.get("error", ""),
                            err.get("message", ""), err.get("traceback", "") or self.task_error,
-                           list(self.tail), self.unit, self.exit_how, self.host_lost,
-                           bool(native))
+                           tail, self.unit, self.exit_how, self.host_lost, bool(native))
 
     def bar(self, text: str) -> None:
         """A rank's live line (a bar); its count moves the rank's steps when the rank reports

@@ -49,5 +49,7 @@ def test_a_rank_that_waited_out_horovods_start_says_so_in_our_words_and_the_fix(
     assert first.endswith("gloo::IoException: Wait timeout after 3 seconds for key(s): 1. You "
                           "may want to increase the timeout via HOROVOD_GLOO_TIMEOUT_SECONDS")
     assert text.count("gloo::IoException") == 1  # said once, not again in the ranks' list
+    shown = "\n".join(info.value._render_traceback_())  # what the cell shows
+    assert shown.count("gloo::IoException") == 1 and "terminate called" not in shown, shown
     assert "Horovod's start timed out" in text and "--env HOROVOD_GLOO_TIMEOUT_SECONDS=120" in text
     assert rank_processes_alive(list(last_run().pids.values())) == []

@@ -124,8 +124,9 @@ def test_a_rank_aborted_by_glooes_start_timeout_says_the_exception_and_the_fix()
     assert native_exception(["killed"]) == {}
     rank = RankState(55)
     rank.host, rank.exit_code = "10.77.0.2", -6
-    rank.tail.extend(said)
+    rank.tail.extend(["loading data", *said])
     failure = rank.failure()
+    assert failure.output_tail == ["loading data"]  # the runtime's words are said once: above
     assert failure.headline() == (
         "rank 55 on 10.77.0.2: gloo::IoException: Wait timeout after 30 seconds for key(s): 0. "
         "You may want to increase the timeout via HOROVOD_GLOO_TIMEOUT_SECONDS")
