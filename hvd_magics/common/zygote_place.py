@@ -85,17 +85,19 @@ def starting(path: str) -> bool:
 
 def starter_cpu(path: str) -> float | None:
     """The CPU seconds so far of the zygote being started at ``path`` (its imports under way),
-    whose id its lock's file holds while it imports; ``None`` when none is named there or it
-    is gone."""
-    import psutil
-
+    whose id its lock's file holds while it imports; ``None`` when none is named there, it is
+    gone, or this system has no ``/proc``. Read by hand, not through psutil: a Spark task that
+    waits may run on an executor whose Python has only pyspark and pyarrow."""
     try:
         with open(f"{path}.lock") as lock:
             pid = int(lock.read().strip() or 0)
-        times = psutil.Process(pid).cpu_times() if pid > 0 else None
-    except (OSError, ValueError, psutil.Error):
+        if pid <= 0:
+            return None
+        with open(f"/proc/{pid}/stat") as stat_file:
+            after_name = stat_file.read().rsplit(")", 1)[1].split()
+        return (int(after_name[11]) + int(after_name[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
         return None
-    return None if times is None else times.user + times.system
 
 
 def cuda_mark(path: str) -> str:
